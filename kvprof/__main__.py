@@ -1,0 +1,3 @@
+from kvprof.cli import main
+
+raise SystemExit(main())

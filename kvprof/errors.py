@@ -1,0 +1,45 @@
+"""Errors a user can cause, each mapped to one line on stderr and a defined exit code.
+
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class KvprofError(Exception):
+    """A problem with the user's input or machine, reported as one line."""
+
+    exit_code = 1
+
+
+class UsageError(KvprofError):
+    """Unknown model, variant, device or option."""
+
+    exit_code = 2
+
+
+class TraceError(KvprofError):
+    """A trace or export that cannot be read (corrupt, truncated, not a trace)."""
+
+    exit_code = 3
+
+
+class DeviceError(KvprofError):
+    """The machine cannot do what was asked (no GPU, variant not runnable here)."""
+
+    exit_code = 4
+
+
+class ToolError(KvprofError):
+    """An external tool (nsys, its importer, a compiler) is missing or failed."""
+
+    exit_code = 5
+
+
+class OutputError(KvprofError):
+    """The output location cannot be written."""
+
+    exit_code = 6
+
+
+INTERRUPTED_EXIT_CODE = 130

@@ -1,0 +1,202 @@
+"""A KV pool with the layout and write contract of SGLang's ``MHATokenToKVPool``.
+
+Per layer one K buffer ``[size + page_size, head_num, head_dim]`` and one V buffer
+``[size + page_size, head_num, v_head_dim]``; slot 0 is the dummy that padded tokens
+write to; fp8 caches are stored as uint8 and read back through ``dtype`` views. The
+write itself is delegated to a ``KVWriter`` chosen by name, so every implementation is
+measured behind the same contract. Inputs are validated before any kernel runs: a bad
+call raises ``ValueError`` naming the problem and never writes out of bounds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from kvprof.dtypes import FP8_DTYPES, short_name, store_dtype_for
+from kvprof.writers.base import KVWriter
+
+_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, *FP8_DTYPES)
+
+
+class KVPool:
+    """SGLang-compatible MHA token-to-KV pool with a pluggable writer.
+
+    ``check_slots`` validates slot values on every write (one device sync on CUDA; skipped
+    while a CUDA graph is being captured, where a sync is illegal). Workloads that build
+    their slots on the host check them once there and turn it off for the hot path.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device = "cpu",
+        *,
+        writer: KVWriter,
+        v_head_dim: int | None = None,
+        start_layer: int = 0,
+        check_slots: bool = True,
+    ) -> None:
+        for name, value in (("size", size), ("page_size", page_size), ("head_num", head_num),
+                            ("head_dim", head_dim), ("layer_num", layer_num)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if v_head_dim is not None and (not isinstance(v_head_dim, int) or v_head_dim <= 0):
+            raise ValueError(f"v_head_dim must be a positive integer, got {v_head_dim!r}")
+        if not isinstance(start_layer, int) or start_layer < 0:
+            raise ValueError(f"start_layer must be a non-negative integer, got {start_layer!r}")
+        if dtype not in _FLOAT_INPUTS:
+            raise ValueError(f"unsupported cache dtype {dtype}")
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.store_dtype = store_dtype_for(dtype)
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim
+        self.layer_num = layer_num
+        self.start_layer = start_layer
+        self.end_layer = start_layer + layer_num - 1
+        self.device = _resolve(torch.device(device))
+        self.writer = writer
+        self.check_slots = check_slots
+        self.path_counts: Counter[str] = Counter()
+        rows = size + page_size
+        self.k_buffer = [
+            torch.zeros((rows, head_num, head_dim), dtype=self.store_dtype, device=self.device)
+            for _ in range(layer_num)
+        ]
+        self.v_buffer = [
+            torch.zeros((rows, head_num, self.v_head_dim), dtype=self.store_dtype, device=self.device)
+            for _ in range(layer_num)
+        ]
+
+    # -- sizes -------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        """Slots per layer buffer, dummy slot and last page included."""
+        return self.size + self.page_size
+
+    @property
+    def k_row_bytes(self) -> int:
+        return self.head_num * self.head_dim * self.k_buffer[0].element_size()
+
+    @property
+    def v_row_bytes(self) -> int:
+        return self.head_num * self.v_head_dim * self.v_buffer[0].element_size()
+
+    def bytes_per_write(self, tokens: int, input_dtype: torch.dtype | None = None) -> int:
+        """Bytes a K+V write of ``tokens`` must move: inputs read once, rows written once."""
+        in_elem = torch.empty((), dtype=input_dtype or self.dtype).element_size()
+        elems = self.head_num * (self.head_dim + self.v_head_dim)
+        return tokens * (elems * in_elem + self.k_row_bytes + self.v_row_bytes)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "size": self.size, "page_size": self.page_size, "dtype": short_name(self.dtype),
+            "store_dtype": short_name(self.store_dtype), "head_num": self.head_num,
+            "head_dim": self.head_dim, "v_head_dim": self.v_head_dim, "layer_num": self.layer_num,
+            "start_layer": self.start_layer, "device": str(self.device), "writer": self.writer.name,
+        }
+
+    # -- getters (SGLang contract) -------------------------------------------------------
+    def _index(self, layer_id: int) -> int:
+        idx = layer_id - self.start_layer
+        if not isinstance(layer_id, int) or not 0 <= idx < self.layer_num:
+            raise ValueError(
+                f"layer {layer_id!r} is not in this pool (layers {self.start_layer}..{self.end_layer})"
+            )
+        return idx
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        buf = self.k_buffer[self._index(layer_id)]
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        buf = self.v_buffer[self._index(layer_id)]
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    # -- the write -----------------------------------------------------------------------
+    def set_kv_buffer(
+        self,
+        layer: Any,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+        layer_id_override: int | None = None,
+    ) -> None:
+        """Write one layer's K and V rows at slots ``loc``.
+
+        ``layer`` is a layer id or an object with ``layer_id`` (SGLang's RadixAttention).
+        """
+        layer_id = layer_id_override if layer_id_override is not None else getattr(layer, "layer_id", layer)
+        idx = self._index(layer_id)
+        cache_k, cache_v = self._validate(loc, cache_k, cache_v)
+        path = self.writer.write(
+            self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
+        )
+        self.path_counts[path] += 1
+
+    def _validate(
+        self, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(loc, torch.Tensor):
+            raise ValueError(f"loc must be a tensor of slot indices, got {type(loc).__name__}")
+        if loc.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"loc must be an int32 or int64 tensor, got {loc.dtype}")
+        if loc.dim() != 1:
+            raise ValueError(f"loc must be 1-D, got shape {tuple(loc.shape)}")
+        if not isinstance(cache_k, torch.Tensor) or not isinstance(cache_v, torch.Tensor):
+            raise ValueError("cache_k and cache_v must be tensors")
+        for name, t in (("loc", loc), ("cache_k", cache_k), ("cache_v", cache_v)):
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}, the pool is on {self.device}")
+        if cache_k.dtype != cache_v.dtype:
+            raise ValueError(f"cache_k is {cache_k.dtype} but cache_v is {cache_v.dtype}")
+        if cache_k.dtype not in _FLOAT_INPUTS:
+            raise ValueError(f"cache_k/cache_v must be floating point, got {cache_k.dtype}")
+        tokens = loc.shape[0]
+        cache_k = self._rows(cache_k, "cache_k", tokens, self.head_dim)
+        cache_v = self._rows(cache_v, "cache_v", tokens, self.v_head_dim)
+        if self.check_slots and tokens and not _capturing(loc):
+            lo, hi = (int(x) for x in torch.aminmax(loc))
+            if lo < 0:
+                raise ValueError(f"loc has a negative slot ({lo})")
+            if hi >= self.rows:
+                raise ValueError(f"loc has slot {hi}, past the last slot {self.rows - 1}")
+        return cache_k, cache_v
+
+    def _rows(self, t: torch.Tensor, name: str, tokens: int, dim: int) -> torch.Tensor:
+        if t.dim() == 0 or t.shape[0] != tokens:
+            got = t.shape[0] if t.dim() else "a scalar"
+            raise ValueError(f"{name} has {got} tokens but loc has {tokens}")
+        if tuple(t.shape[1:]) not in ((self.head_num, dim), (self.head_num * dim,)):
+            raise ValueError(
+                f"{name} rows have shape {tuple(t.shape[1:])}, expected ({self.head_num}, {dim})"
+            )
+        t = t.reshape(tokens, self.head_num, dim)
+        if t.stride(2) != 1 or t.stride(1) != dim:
+            t = t.contiguous()
+        return t
+
+def _resolve(device: torch.device) -> torch.device:
+    """'cuda' means the current CUDA device, so tensors on cuda:N compare equal."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()

@@ -1,0 +1,34 @@
+"""Write implementations, registered by name. See ``registry`` for adding your own."""
+
+from __future__ import annotations
+
+from kvprof.writers.base import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, KVWriter, is_fused_path
+from kvprof.writers.registry import REGISTRY, WriterRegistry, create_writer, register, writer_names
+
+
+def _builtin(module: str, cls: str):  # noqa: ANN202
+    """Import a built-in writer only when it is asked for (triton, compilers, sgl-kernel)."""
+
+    def factory(**options: object) -> KVWriter:
+        import importlib
+
+        return getattr(importlib.import_module(f"kvprof.writers.{module}"), cls)(**options)
+
+    return factory
+
+
+# The order here is the order of tables and charts.
+for _name, _module, _cls in (
+    ("index_put", "index_put", "IndexPutWriter"),
+    ("two_stream", "two_stream", "TwoStreamWriter"),
+    ("sgl_kernel", "sgl_kernel", "SglKernelWriter"),
+    ("triton_fused", "triton_fused", "TritonFusedWriter"),
+    ("cuda_fused", "cuda_fused", "CudaFusedWriter"),
+    ("torch_compile", "torch_compile", "TorchCompileWriter"),
+):
+    register(_name, _builtin(_module, _cls))
+
+__all__ = [
+    "FALLBACK_PREFIX", "FUSED", "TWO_COPIES", "TWO_STREAMS", "KVWriter", "REGISTRY",
+    "WriterRegistry", "create_writer", "is_fused_path", "register", "writer_names",
+]

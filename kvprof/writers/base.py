@@ -1,0 +1,89 @@
+"""The contract between the pool and a write implementation.
+
+A writer gets the pool's per-layer storage buffers and validated inputs and performs
+one layer's K+V write. It says up front what it can run
+(``unsupported_reason``) so capture can skip it with a stated reason, and after each
+write it says which path actually ran, so a silent fallback is never reported as fused.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+import torch
+
+# Paths a write can take. ``fused`` is one launch for K and V; anything else is not.
+FUSED = "fused"
+TWO_COPIES = "two_copies"
+TWO_STREAMS = "two_streams"
+FALLBACK_PREFIX = "fallback:"
+
+
+def is_fused_path(path: str) -> bool:
+    return path == FUSED
+
+
+def convert_pair(
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    dtype: torch.dtype,
+    k_scale: float | torch.Tensor | None,
+    v_scale: float | torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference conversion, for writers that cannot convert inside their kernel."""
+    from kvprof.dtypes import convert_for_cache
+
+    return convert_for_cache(cache_k, dtype, k_scale), convert_for_cache(cache_v, dtype, v_scale)
+
+
+@dataclass
+class WriterInfo:
+    """What a writer is, for manifests and tables."""
+
+    name: str
+    description: str
+    fused: bool  # one launch for K and V when its main path runs
+    devices: tuple[str, ...]  # device types it can run on ("cpu", "cuda")
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class KVWriter(abc.ABC):
+    """Base class for write implementations; subclass and register with ``@register``."""
+
+    name: str = ""
+    description: str = ""
+    fused: bool = False
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+    def info(self) -> WriterInfo:
+        return WriterInfo(self.name, self.description, self.fused, self.devices)
+
+    def unsupported_reason(
+        self, device: torch.device, dtype: torch.dtype, input_dtype: torch.dtype | None = None
+    ) -> str | None:
+        """None when this writer can run here, else why not (one line)."""
+        if device.type not in self.devices:
+            return f"{self.name} runs on {'/'.join(self.devices)}, not {device.type}"
+        return None
+
+    @abc.abstractmethod
+    def write(
+        self,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        dtype: torch.dtype,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> str:
+        """Write one layer's K and V rows at ``loc``; return the path that ran.
+
+        ``k_buf``/``v_buf`` are the pool's storage views (uint8 for fp8 caches) of shape
+        ``[size + page_size, heads, dim]``; ``cache_k``/``cache_v`` are the caller's rows,
+        ``[tokens, heads, dim]``, in their own dtype, already validated by the pool;
+        ``dtype`` is the cache's logical dtype. Plain arguments, no request object:
+        this is the hot path whose host cost kvprof measures.
+        """
