@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvprof.errors import UsageError
 from kvprof.writers.base import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, KVWriter, is_fused_path
 from kvprof.writers.registry import REGISTRY, WriterRegistry, create_writer, register, writer_names
 
@@ -12,7 +13,14 @@ def _builtin(module: str, cls: str):  # noqa: ANN202
     def factory(**options: object) -> KVWriter:
         import importlib
 
-        return getattr(importlib.import_module(f"kvprof.writers.{module}"), cls)(**options)
+        try:
+            mod = importlib.import_module(f"kvprof.writers.{module}")
+        except ImportError as exc:
+            raise UsageError(f"writer {module} cannot be imported: {exc}") from None
+        try:
+            return getattr(mod, cls)(**options)
+        except TypeError as exc:  # unknown option names
+            raise UsageError(f"bad option for writer {module}: {exc}") from None
 
     return factory
 

@@ -67,6 +67,9 @@ class KVWriter(abc.ABC):
             return f"{self.name} runs on {'/'.join(self.devices)}, not {device.type}"
         return None
 
+    def prepare(self, device: torch.device) -> None:
+        """Set up per-device state (streams, compiled code) before any write or graph capture."""
+
     @abc.abstractmethod
     def write(
         self,

@@ -28,6 +28,11 @@ class TwoStreamWriter(KVWriter):
             return "two_stream(always=True) needs CUDA streams"
         return super().unsupported_reason(device, dtype, input_dtype)
 
+    def prepare(self, device: torch.device) -> None:
+        # created up front, as SGLang's pool does: never inside a graph capture
+        if device.type == "cuda":
+            self._alt_stream(device)
+
     def _alt_stream(self, device: torch.device) -> torch.cuda.Stream:
         index = device.index if device.index is not None else torch.cuda.current_device()
         stream = self._alt.get(index)

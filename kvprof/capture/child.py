@@ -1,0 +1,80 @@
+"""The workload as a child process, for profilers that trace a whole process (Nsight Systems).
+
+torch.profiler and nsys cannot both trace one process (CUPTI allows one subscriber), so
+the nsys pass re-runs the same workload here, with the same config and seed. Warm-up
+happens before ``cudaProfilerStart``; graph capture happens inside the capture range so
+nsys records which NVTX write range each graph node was created in.
+
+Usage (by ``capture``, not by hand): ``python -m kvprof.capture.child SPEC.json RESULT.json``
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import torch
+
+from kvprof.capture.config import CaptureConfig
+from kvprof.capture.session import session_for
+from kvprof.devinfo import resolve_device
+from kvprof.errors import KvprofError
+from kvprof.writers import create_writer
+
+
+def run_child(spec_path: Path, result_path: Path) -> int:
+    spec = orjson.loads(spec_path.read_bytes())
+    config = CaptureConfig.from_dict(spec["config"])
+    variant = spec["variant"]
+    device = resolve_device(config.device)
+    writer = create_writer(variant, **config.writer_options.get(variant, {}))
+    cudart = torch.cuda.cudart() if device.type == "cuda" else None
+    with session_for(config, writer, device) as session:
+        prepared = []
+        for i, phase in enumerate(session.phases):
+            p = session.prepare(phase, i)
+            session.warm_up(p)
+            prepared.append(p)
+        session.pool.path_counts.clear()
+        if cudart is not None:
+            cudart.cudaProfilerStart()
+        try:
+            for p in prepared:
+                if p.spec.graph:
+                    session.capture_graph(p)
+            for p in prepared:
+                session.run_phase(p)
+        finally:
+            if cudart is not None:
+                session.synchronize()
+                cudart.cudaProfilerStop()
+        paths = session.measured_paths(prepared)
+        # graph captures ran writes once more (at capture): not measured, so not counted
+        for p in prepared:
+            for path, n in p.graph_paths.items():
+                paths[path] = paths.get(path, 0) - n
+        paths = {k: v for k, v in paths.items() if v}
+        result = {"variant": variant, "paths": paths, "layers": session.layers,
+                  "bytes_per_token": session.bytes_per_token(),
+                  "phases": [p.spec.as_dict() for p in prepared]}
+    result_path.write_bytes(orjson.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kvprof.capture.child SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    try:
+        return run_child(Path(args[0]), Path(args[1]))
+    except KvprofError as exc:
+        print(f"kvprof child: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

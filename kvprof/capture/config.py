@@ -1,0 +1,114 @@
+"""The full description of a capture: serializable, so a child process can re-run it exactly."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import secrets
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kvprof.dtypes import parse_dtype, short_name
+from kvprof.errors import UsageError
+from kvprof.models import RankShape, resolve_model
+from kvprof.workload import PhaseSpec, build_phases
+
+DEFAULT_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "triton_fused", "cuda_fused")
+PROFILERS = ("torch", "nsys", "both")
+
+
+@dataclass
+class CaptureConfig:
+    """Everything that decides what a capture does. Plain data (JSON round-trips)."""
+
+    model: str = "llama-3.1-70b"
+    tp: int = 8
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    required_variants: list[str] = field(default_factory=list)  # asked for by name: unrunnable is an error
+    phases: list[str] = field(default_factory=lambda: ["decode", "prefill"])
+    decode_sizes: list[int] = field(default_factory=lambda: [1, 10, 64])
+    prefill_sizes: list[int] = field(default_factory=lambda: [4096])
+    serving_steps: int | None = None
+    chunk: int = 8192
+    steps: int = 10
+    warmup: int = 3
+    cuda_graph: bool = True
+    device: str = "auto"
+    cache_dtype: str = "bf16"
+    input_dtype: str | None = None  # None: the cache dtype (fp8 caches: bf16 inputs)
+    k_scale: float | None = None
+    v_scale: float | None = None
+    loc_dtype: str = "int64"
+    slots: str = "random"
+    page_size: int = 1
+    pool_size: int | None = None
+    seed: int = 0
+    profiler: str = "torch"
+    scrub: bool = True
+    pass_env: list[str] = field(default_factory=list)
+    writer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    run_id: str | None = None
+    output: str = "traces"
+
+    # -- derived -------------------------------------------------------------------------
+    def validate(self) -> None:
+        if self.profiler not in PROFILERS:
+            raise UsageError(f"unknown profiler {self.profiler!r}; choose from {', '.join(PROFILERS)}")
+        if self.loc_dtype not in ("int32", "int64"):
+            raise UsageError(f"--loc-dtype must be int32 or int64, got {self.loc_dtype!r}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.page_size < 1:
+            raise UsageError(f"--page-size must be >= 1, got {self.page_size}")
+        if not self.variants:
+            raise UsageError("no variants to capture")
+        for s in (self.k_scale, self.v_scale):
+            if s is not None and not (s > 0 and s == s and s != float("inf")):
+                raise UsageError(f"scales must be positive and finite, got {s}")
+        self.rank_shape()
+        self.cache_torch_dtype()
+        self.input_torch_dtype()
+        self.phase_specs()
+
+    def rank_shape(self) -> RankShape:
+        return resolve_model(self.model).per_rank(self.tp)
+
+    def cache_torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.cache_dtype)
+
+    def input_torch_dtype(self) -> torch.dtype:
+        if self.input_dtype is not None:
+            return parse_dtype(self.input_dtype)
+        cache = self.cache_torch_dtype()
+        return torch.bfloat16 if cache in (torch.float8_e4m3fn, torch.float8_e5m2) else cache
+
+    def torch_loc_dtype(self) -> torch.dtype:
+        return torch.int32 if self.loc_dtype == "int32" else torch.int64
+
+    def phase_specs(self, graphs_possible: bool = True) -> list[PhaseSpec]:
+        return build_phases(
+            self.phases, self.decode_sizes, self.prefill_sizes, self.steps,
+            self.cuda_graph and graphs_possible, self.serving_steps, self.chunk,
+        )
+
+    def ensure_run_id(self) -> str:
+        if not self.run_id:
+            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            shape = self.rank_shape()
+            self.run_id = f"{stamp}-{shape.model}-tp{self.tp}-{secrets.token_hex(2)}"
+        return self.run_id
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["resolved"] = {
+            "shape": self.rank_shape().as_dict(),
+            "cache_dtype": short_name(self.cache_torch_dtype()),
+            "input_dtype": short_name(self.input_torch_dtype()),
+        }
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaptureConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,66 @@
+"""The Nsight Systems pass: each variant's workload re-run as a child under ``nsys profile``.
+
+A separate pass, because torch.profiler and nsys cannot both trace one process. The
+child runs with an allowlisted environment (a report stores the whole environment of
+the process it traced). Failures are returned, not raised: the torch pass is kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+import kvprof
+from kvprof.capture.config import CaptureConfig
+from kvprof.capture.envsafe import child_environment, describe
+from kvprof.capture.nsys import export_sqlite, nsys_profile_command, nsys_version, run_nsys_pass
+from kvprof.errors import KvprofError
+
+CHILD_TIMEOUT_S = 900
+
+
+def run_nsys_passes(
+    nsys: Path,
+    config: CaptureConfig,
+    runnable: Sequence[Any],
+    run_dir: Path,
+    manifest: dict[str, Any],
+    log: Callable[[str], None],
+) -> list[KvprofError]:
+    problems: list[KvprofError] = []
+    package_root = str(Path(kvprof.__file__).resolve().parent.parent)
+    env = child_environment(pass_env=config.pass_env)
+    env["PYTHONPATH"] = package_root + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["KVPROF_CHILD"] = "1"
+    manifest["nsys"] = {"path": str(nsys), "version": nsys_version(nsys), "child_environment": describe(env)}
+    for p in runnable:
+        entry = manifest["variants"][p.name]
+        spec = run_dir / f".{p.name}.child-spec.json"
+        result = run_dir / f".{p.name}.child-result.json"
+        spec.write_bytes(orjson.dumps({"config": config.as_dict(), "variant": p.name}))
+        base = run_dir / p.name
+        argv = [sys.executable, "-m", "kvprof.capture.child", str(spec), str(result)]
+        log(f"nsys pass: {p.name}")
+        try:
+            res = run_nsys_pass(nsys, base, argv, env=env, timeout=CHILD_TIMEOUT_S)
+            entry["files"]["nsys_rep"] = res.report.name
+            if res.log is not None:
+                entry["files"]["nsys_log"] = res.log.name
+            sqlite = run_dir / f"{p.name}.sqlite"
+            export_sqlite(nsys, res.report, sqlite)
+            entry["files"]["nsys_sqlite"] = sqlite.name
+            if result.exists():
+                child = orjson.loads(result.read_bytes())
+                entry["nsys_paths"] = child.get("paths", {})
+        except KvprofError as exc:
+            entry["nsys_error"] = str(exc)
+            problems.append(exc)
+            log(f"nsys pass for {p.name} failed: {exc}")
+        finally:
+            spec.unlink(missing_ok=True)
+            result.unlink(missing_ok=True)
+    return problems

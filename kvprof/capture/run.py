@@ -1,0 +1,206 @@
+"""``capture``: run the workload per variant and write ``traces/<run-id>/`` atomically.
+
+The run directory is built under a temporary name and renamed at the end, so Ctrl-C or
+an error never leaves a half-written run. The Nsight Systems pass comes after the
+torch pass, in child processes with an allowlisted environment; if it fails, the torch
+results are kept, the manifest says what went wrong, and the exit code says so too.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+
+import kvprof
+from kvprof.atomic import atomic_directory, atomic_write_bytes
+from kvprof.capture.config import CaptureConfig
+from kvprof.capture.session import session_for
+from kvprof.capture.torch_pass import run_torch_pass
+from kvprof.devinfo import device_properties, resolve_device, versions
+from kvprof.dtypes import short_name
+from kvprof.errors import DeviceError, KvprofError, ToolError
+from kvprof.writers import KVWriter, create_writer
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class PlannedVariant:
+    name: str
+    writer: KVWriter
+    reason: str | None  # None: runnable here
+
+
+@dataclass
+class CaptureResult:
+    run_dir: Path
+    manifest: dict[str, Any]
+    problems: list[KvprofError] = field(default_factory=list)  # kept-but-failed parts (nsys)
+
+
+def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVariant]:
+    """Build each writer and ask whether it can run here; an explicitly named one must."""
+    cache, inp = config.cache_torch_dtype(), config.input_torch_dtype()
+    planned = []
+    for name in config.variants:
+        try:
+            writer = create_writer(name, **config.writer_options.get(name, {}))
+        except KvprofError as exc:
+            if name in config.required_variants:
+                raise
+            planned.append(PlannedVariant(name, _Unavailable(name), str(exc)))
+            continue
+        reason = writer.unsupported_reason(device, cache, inp)
+        if reason and name in config.required_variants:
+            raise DeviceError(f"variant {name} cannot run on {device}: {reason}")
+        planned.append(PlannedVariant(writer.name, writer, reason))
+    if not any(p.reason is None for p in planned):
+        why = "; ".join(f"{p.name}: {p.reason}" for p in planned)
+        raise DeviceError(f"none of the variants can run on {device} ({why})")
+    return planned
+
+
+class _Unavailable(KVWriter):
+    """Stands in for a writer that could not even be built, so the manifest can say why."""
+
+    description = "could not be built"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, *args: Any, **kwargs: Any) -> str:  # pragma: no cover - never planned to run
+        raise RuntimeError(f"{self.name} is unavailable")
+
+
+def base_manifest(config: CaptureConfig, device: torch.device) -> dict[str, Any]:
+    phases = config.phase_specs(graphs_possible=device.type == "cuda")
+    return {
+        "kvprof": kvprof.__version__,
+        "run_id": config.run_id,
+        "versions": versions(),
+        "device": device_properties(device),
+        "config": config.as_dict(),
+        "phases": [p.as_dict() for p in phases],
+        "cuda_graphs_used": any(p.graph for p in phases),
+        "variants": {},
+    }
+
+
+def _variant_entry(p: PlannedVariant) -> dict[str, Any]:
+    info = p.writer.info()
+    return {
+        "available": p.reason is None,
+        "reason": p.reason,
+        "description": info.description,
+        "fused_claim": info.fused,
+        "files": {},
+    }
+
+
+def fused_verdict(fused_claim: bool, paths: dict[str, int]) -> dict[str, Any]:
+    """What ran, from the writer's own reports: all fused, all fallback, or mixed."""
+    total = sum(paths.values())
+    fused = paths.get("fused", 0)
+    fallbacks = {k: v for k, v in paths.items() if k.startswith("fallback:")}
+    if total == 0:
+        state = "no writes"
+    elif fused == total:
+        state = "fused"
+    elif fused == 0 and fallbacks:
+        state = "fell back"
+    elif fused:
+        state = "partly fell back"
+    else:
+        state = "not fused"
+    return {"claim": fused_claim, "state": state, "fused_writes": fused, "writes": total, "fallbacks": fallbacks}
+
+
+def capture(
+    config: CaptureConfig,
+    *,
+    progress_factory: Callable[[int], Any] | None = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> CaptureResult:
+    config.validate()
+    device = resolve_device(config.device)
+    planned = plan_variants(config, device)
+    run_id = config.ensure_run_id()
+    final = Path(config.output) / run_id
+    nsys_path = None
+    problems: list[KvprofError] = []
+    if config.profiler in ("nsys", "both"):
+        from kvprof.capture.nsys import find_nsys
+
+        nsys_path = find_nsys()
+        if nsys_path is None:
+            err = ToolError(
+                "Nsight Systems (nsys) not found on PATH, in KVPROF_NSYS or the usual install folders"
+            )
+            if config.profiler == "nsys":
+                raise err
+            problems.append(err)
+    runnable = [p for p in planned if p.reason is None]
+    for p in planned:
+        if p.reason is not None:
+            log(f"skipping {p.name}: {p.reason}")
+    with atomic_directory(final) as tmp:
+        tmp = Path(tmp)
+        manifest = base_manifest(config, device)
+        for p in planned:
+            manifest["variants"][p.name] = _variant_entry(p)
+        steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))
+        bar = progress_factory(steps_per_variant * len(runnable)) if progress_factory else None
+        try:
+            if config.profiler in ("torch", "both"):
+                for p in runnable:
+                    entry = manifest["variants"][p.name]
+                    meta = {
+                        "variant": p.name, "fused": entry["fused_claim"], "run_id": run_id,
+                        "cache_dtype": short_name(config.cache_torch_dtype()),
+                        "input_dtype": short_name(config.input_torch_dtype()),
+                        "device": manifest["device"], "model": config.rank_shape().as_dict(),
+                    }
+                    if bar is not None:
+                        bar.describe(p.name)
+                    with session_for(config, p.writer, device) as session:
+                        out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None)
+                    entry["files"]["torch_trace"] = out["torch_trace"]
+                    entry["paths"] = out["paths"]
+                    entry["kernels_per_write"] = out["kernels_per_write"]
+                    entry["bytes_per_token"] = out["bytes_per_token"]
+                    entry["fused"] = fused_verdict(entry["fused_claim"], out["paths"])
+        finally:
+            if bar is not None:
+                bar.close()
+        if nsys_path is not None:
+            from kvprof.capture.nsys_pass import run_nsys_passes
+
+            problems += run_nsys_passes(nsys_path, config, runnable, tmp, manifest, log)
+        if config.scrub:
+            from kvprof.scrub import scrub_path
+
+            manifest["scrubbed"] = [
+                str(r) for f in sorted(tmp.iterdir()) if f.is_file() and (r := scrub_path(f)) is not None and r.changed
+            ]
+        manifest["problems"] = [str(e) for e in problems]
+        atomic_write_bytes(tmp / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    return CaptureResult(final, manifest, problems)
+
+
+def load_manifest(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / MANIFEST
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise KvprofError(f"{run_dir} is not a kvprof run directory (no {MANIFEST})") from None
+    except orjson.JSONDecodeError as exc:
+        raise KvprofError(f"{path} is not valid JSON ({exc})") from None
+
+
+__all__ = ["MANIFEST", "CaptureResult", "capture", "fused_verdict", "load_manifest", "plan_variants"]

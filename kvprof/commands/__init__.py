@@ -1,0 +1,1 @@
+"""One module per ``python -m kvprof`` subcommand (see kvprof/cli.py for the contract)."""

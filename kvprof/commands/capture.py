@@ -1,0 +1,120 @@
+"""Run a workload per write variant and record torch.profiler traces / Nsight Systems reports.
+
+Writes traces/<run-id>/ (manifest.json, <variant>.pt.trace.json.gz, and with
+--profiler nsys|both <variant>.nsys-rep + .sqlite), then prints a first summary.
+With no arguments: Llama-3.1-70B at TP 8 (1 KV head x 128, 80 layers), decode at
+batch 1/10/64 and a 4096-token prefill, on whatever device there is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in text.replace(" ", "").split(",") if x]
+
+
+def _writer_option(text: str) -> tuple[str, str, object]:
+    """variant.key=value, value parsed as JSON when it can be (true, 3, "x")."""
+    import orjson
+
+    try:
+        target, value = text.split("=", 1)
+        variant, key = target.split(".", 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected VARIANT.KEY=VALUE, got {text!r}") from None
+    try:
+        parsed: object = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        parsed = value
+    return variant, key, parsed
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvprof.capture.config import DEFAULT_VARIANTS
+
+    w = p.add_argument_group("workload")
+    w.add_argument("--model", default="llama-3.1-70b", help="preset name or LAYERSxKV_HEADSxHEAD_DIM (default: %(default)s)")
+    w.add_argument("--tp", type=int, default=8, help="tensor-parallel degree; KV heads per rank = ceil(kv_heads/tp) (default: %(default)s)")
+    w.add_argument("--phase", type=_names, default=["decode", "prefill"], help="decode, prefill, serving (comma-separated; default: decode,prefill)")
+    w.add_argument("--batch-sizes", "--decode-sizes", dest="decode_sizes", type=_ints, default=[1, 10, 64], help="decode batch sizes (default: 1,10,64)")
+    w.add_argument("--prefill-tokens", "--prefill-sizes", dest="prefill_sizes", type=_ints, default=[4096], help="prefill tokens per chunk (default: 4096)")
+    w.add_argument("--steps", type=int, default=10, help="measured steps per phase and size (default: %(default)s)")
+    w.add_argument("--warmup", type=int, default=3, help="unmeasured warm-up steps (default: %(default)s)")
+    w.add_argument("--serving-steps", type=int, default=None, help="decode steps of the serving phase (default: 1024, its output length)")
+    w.add_argument("--chunk", type=int, default=8192, help="chunked-prefill size of the serving phase (default: %(default)s)")
+    w.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True, help="replay decode steps from a captured CUDA graph (default: on, CUDA only)")
+    w.add_argument("--slots", choices=["random", "contiguous", "paged"], default="random", help="slot allocation pattern (default: %(default)s)")
+    w.add_argument("--page-size", type=int, default=1, help="tokens per page (default: %(default)s)")
+    w.add_argument("--pool-size", type=int, default=None, help="slots per layer (default: sized to the workload and device memory)")
+    w.add_argument("--seed", type=int, default=0)
+
+    d = p.add_argument_group("write")
+    d.add_argument("--variants", type=_names, default=None, help=f"write variants (default: {','.join(DEFAULT_VARIANTS)}, skipping what cannot run here)")
+    d.add_argument("--writer", action="append", default=[], metavar="MODULE:FUNCTION", help="add a third-party writer factory (repeatable)")
+    d.add_argument("--writer-option", action="append", type=_writer_option, default=[], metavar="VARIANT.KEY=VALUE", help="pass an option to a writer, e.g. two_stream.always=true")
+    d.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    d.add_argument("--cache-dtype", default="bf16", help="bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 (default: %(default)s)")
+    d.add_argument("--input-dtype", default=None, help="dtype of incoming K/V (default: the cache dtype; bf16 for fp8 caches)")
+    d.add_argument("--k-scale", type=float, default=None)
+    d.add_argument("--v-scale", type=float, default=None)
+    d.add_argument("--loc-dtype", choices=["int32", "int64"], default="int64")
+
+    o = p.add_argument_group("output")
+    o.add_argument("--profiler", choices=["torch", "nsys", "both"], default="torch", help="torch.profiler, Nsight Systems, or both in separate passes (default: %(default)s)")
+    o.add_argument("--out", "--output", dest="output", default="traces", help="root folder of run directories (default: %(default)s)")
+    o.add_argument("--run-id", default=None, help="name of the run directory (default: time, model, tp)")
+    o.add_argument("--no-scrub", dest="scrub", action="store_false", help="keep environment data in what is written (default: scrub)")
+    o.add_argument("--pass-env", action="append", default=[], metavar="NAME", help="pass this environment variable to profiled child processes too")
+    o.add_argument("--no-summary", dest="summary", action="store_false", help="do not analyse the traces after capture")
+    o.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def config_from_args(args: argparse.Namespace):  # noqa: ANN201
+    from kvprof.capture.config import DEFAULT_VARIANTS, CaptureConfig
+
+    variants = list(args.variants) if args.variants else list(DEFAULT_VARIANTS)
+    required = list(args.variants or []) + list(args.writer)
+    variants += [spec for spec in args.writer if spec not in variants]
+    options: dict[str, dict[str, object]] = {}
+    for variant, key, value in args.writer_option:
+        options.setdefault(variant, {})[key] = value
+    return CaptureConfig(
+        model=args.model, tp=args.tp, variants=variants, required_variants=required,
+        phases=args.phase, decode_sizes=args.decode_sizes, prefill_sizes=args.prefill_sizes,
+        serving_steps=args.serving_steps, chunk=args.chunk, steps=args.steps, warmup=args.warmup,
+        cuda_graph=args.cuda_graph, device=args.device, cache_dtype=args.cache_dtype,
+        input_dtype=args.input_dtype, k_scale=args.k_scale, v_scale=args.v_scale,
+        loc_dtype=args.loc_dtype, slots=args.slots, page_size=args.page_size, pool_size=args.pool_size,
+        seed=args.seed, profiler=args.profiler, scrub=args.scrub, pass_env=args.pass_env,
+        writer_options=options, run_id=args.run_id, output=args.output,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvprof.capture.run import capture
+    from kvprof.progress import StepProgress
+
+    config = config_from_args(args)
+    factory = (lambda total: StepProgress(total)) if args.progress else None
+    result = capture(config, progress_factory=factory)
+    print(f"run directory: {result.run_dir}")
+    if args.summary:
+        from kvprof.capture.summary import print_capture_summary
+
+        print_capture_summary(result.run_dir, result.manifest)
+    for problem in result.problems:
+        print(f"kvprof capture: error: {problem} (the torch.profiler results are kept)", file=sys.stderr)
+    return max((p.exit_code for p in result.problems), default=0)

@@ -1,0 +1,37 @@
+"""List the write variants and whether each can run here (device, dtypes), with the reason if not."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    p.add_argument("--cache-dtype", default="bf16")
+    p.add_argument("--input-dtype", default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvprof.devinfo import resolve_device
+    from kvprof.dtypes import parse_dtype
+    from kvprof.errors import KvprofError
+    from kvprof.writers import create_writer, writer_names
+
+    device = resolve_device(args.device)
+    cache = parse_dtype(args.cache_dtype)
+    inp = parse_dtype(args.input_dtype) if args.input_dtype else cache
+    table = Table(title=f"write variants on {device}")
+    for col in ("variant", "fused", "runs here", "description"):
+        table.add_column(col)
+    for name in writer_names():
+        try:
+            w = create_writer(name)
+            reason = w.unsupported_reason(device, cache, inp)
+            table.add_row(name, "yes" if w.fused else "no", "yes" if reason is None else f"no: {reason}", w.description)
+        except KvprofError as exc:
+            table.add_row(name, "?", f"no: {exc}", "")
+    Console().print(table)
+    return 0
