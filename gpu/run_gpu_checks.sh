@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Everything kvprof needs a GPU for, in one call on the lent H200:
+#   bash ../shared/tools/gpu-carry.sh orjson==3.13.0      # here, once: fills .gpu/
+#   device run (carry .gpu):  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
+# Steps (default: all): env tests tune capture bench. Results go to $OUT (the device
+# tool brings them back); logs are tee'd so a timeout still returns what ran.
+set -uo pipefail
+OUT=${OUT:-/tmp/kvprof-gpu}
+mkdir -p "$OUT"
+steps=${*:-env tests capture bench}
+export KVPROF_CACHE_DIR=${KVPROF_CACHE_DIR:-/tmp/kvprof-cache}
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+for step in $steps; do
+  case $step in
+  env)
+    stamp env
+    { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+      python3 - <<'PY'
+import torch, triton, platform
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)
+p = torch.cuda.get_device_properties(0)
+print(p.name, p.multi_processor_count, "SMs", p.total_memory >> 20, "MiB", "L2", getattr(p, "L2_cache_size", None))
+PY
+      "$KVPROF_NSYS" --version; nvcc --version | tail -1; } 2>&1 | tee "$OUT/env.txt"
+    ;;
+  tests)
+    stamp tests
+    python3 -m pytest tests -m gpu -q -p no:cacheprovider -x 2>&1 | tee "$OUT/gpu-tests.txt"
+    ;;
+  tune)
+    stamp tune
+    timeout 300 python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
+    ;;
+  capture)
+    stamp capture
+    # the samples the tests and the dashboard use: Llama-3.1-70B TP8 decode at batch
+    # 1/10/64 with CUDA graphs, and a 4096-token prefill
+    rm -rf /tmp/kvprof-traces
+    time python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
+      --variants index_put,two_stream,triton_fused,cuda_fused --phase decode,prefill \
+      --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 \
+      --profiler both --out /tmp/kvprof-traces --run-id h200-llama70b-tp8 --no-progress 2>&1 | tee "$OUT/capture.txt"
+    ( cd /tmp/kvprof-traces && tar czf "$OUT/samples.tgz" h200-llama70b-tp8 )
+    ;;
+  bench)
+    stamp bench
+    timeout 420 python3 -m kvprof bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+    ;;
+  *) echo "unknown step $step" ;;
+  esac
+done
+stamp done

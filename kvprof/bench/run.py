@@ -1,0 +1,239 @@
+"""Benchmark one layer's K+V write per variant over a grid of row shapes, dtypes and token counts.
+
+Each point is checked bitwise against ``index_put`` before it is timed (a fast wrong
+write is not a result), then timed as graph replays (CUDA) and eagerly. Results are
+plain records (one per point, variant and mode) so the table, the JSON/CSV files and
+the dashboard's Sweeps page all read the same data.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph
+from kvprof.devinfo import device_properties, versions
+from kvprof.dtypes import parse_dtype, short_name
+from kvprof.errors import KvprofError, UsageError
+from kvprof.pool import KVPool
+from kvprof.writers import create_writer
+
+BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "torch_compile", "triton_fused", "cuda_fused")
+KVPROF_FUSED = ("triton_fused", "cuda_fused")
+
+# The fused target of the issue: 1.2 µs + bytes / (0.9 x measured copy rate).
+TARGET_FIXED_US = 1.2
+TARGET_RATE_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    heads: int
+    dim: int
+    cache_dtype: str
+    input_dtype: str
+    tokens: int
+
+    @property
+    def shape(self) -> str:
+        return f"{self.heads}x{self.dim}"
+
+    @property
+    def dtype_label(self) -> str:
+        return self.cache_dtype if self.cache_dtype == self.input_dtype else f"{self.cache_dtype}<-{self.input_dtype}"
+
+    def bytes_moved(self) -> int:
+        """Inputs read once plus rows written once, K and V."""
+        elems = 2 * self.heads * self.dim * self.tokens
+        cache = torch.empty((), dtype=parse_dtype(self.cache_dtype)).element_size()
+        inp = torch.empty((), dtype=parse_dtype(self.input_dtype)).element_size()
+        return elems * (cache + inp)
+
+
+def grid(
+    shapes: Sequence[tuple[int, int]],
+    dtypes: Sequence[tuple[str, str]],
+    tokens: Sequence[int],
+) -> list[BenchPoint]:
+    return [BenchPoint(h, d, c, i, t) for (h, d) in shapes for (c, i) in dtypes for t in tokens]
+
+
+def default_grid(device: torch.device) -> list[BenchPoint]:
+    if device.type == "cuda":
+        return grid(
+            [(1, 128), (8, 128), (4, 256), (32, 128)],
+            [("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3", "bf16")],
+            [1, 8, 64, 512, 4096, 32768],
+        )
+    return grid([(1, 128), (8, 128)], [("bf16", "bf16"), ("fp8_e4m3", "bf16")], [1, 64, 512])
+
+
+def writes_per_graph(tokens: int) -> int:
+    """Enough writes per replay that one replay is far above the timer's resolution."""
+    return max(4, min(100, 20000 // max(tokens, 1)))
+
+
+def _pool_rows(point: BenchPoint, device: torch.device, pool_bytes: int) -> int:
+    row = 2 * point.heads * point.dim * torch.empty((), dtype=parse_dtype(point.cache_dtype)).element_size()
+    return max(pool_bytes // row, 4 * point.tokens + 1) if device.type == "cuda" else max(4 * point.tokens + 1, 1024)
+
+
+class _Case:
+    """One point on one device: pool, slots and inputs shared by every variant."""
+
+    def __init__(self, point: BenchPoint, device: torch.device, pool_bytes: int, seed: int) -> None:
+        self.point = point
+        self.device = device
+        self.cache = parse_dtype(point.cache_dtype)
+        self.inp = parse_dtype(point.input_dtype)
+        self.rows = _pool_rows(point, device, pool_bytes)
+        gen = torch.Generator().manual_seed(seed)
+        self.writes = writes_per_graph(point.tokens) if device.type == "cuda" else max(2, min(20, 2000 // point.tokens))
+        self.locs = [
+            (torch.randperm(self.rows - 1, generator=gen)[: point.tokens] + 1).to(device)
+            for _ in range(self.writes)
+        ]
+        scale = 0.5 if self.cache in (torch.float8_e4m3fn, torch.float8_e5m2) else None
+        self.scale = scale
+        k = torch.randn((point.tokens, point.heads, point.dim), generator=gen)
+        v = torch.randn((point.tokens, point.heads, point.dim), generator=gen)
+        self.k, self.v = k.to(self.inp).to(device), v.to(self.inp).to(device)
+
+    def pool(self, writer_name: str, writer: Any, rows: int | None = None) -> KVPool:
+        return KVPool(rows or self.rows, 1, self.cache, self.point.heads, self.point.dim, 1, self.device,
+                      writer=writer, check_slots=False)
+
+    def check(self, writer: Any) -> str | None:
+        """None when ``writer`` leaves a small pool bitwise equal to index_put, else what differs."""
+        rows = min(self.rows, 4 * self.point.tokens + 1)
+        loc = (torch.randperm(rows - 1, generator=torch.Generator().manual_seed(1))[: self.point.tokens] + 1).to(self.device)
+        ref = self.pool("index_put", create_writer("index_put"), rows)
+        got = self.pool(writer.name, writer, rows)
+        for p in (ref, got):
+            p.set_kv_buffer(0, loc, self.k, self.v, self.scale, self.scale)
+        for name, a, b in (("K", ref.k_buffer[0], got.k_buffer[0]), ("V", ref.v_buffer[0], got.v_buffer[0])):
+            if not torch.equal(a, b):
+                bad = int((a != b).any(dim=-1).any(dim=-1).sum())
+                return f"{name} differs from index_put in {bad} rows"
+        return None
+
+
+def bench_variant(case: _Case, variant: str, replays: int, eager_repeats: int) -> list[dict[str, Any]]:
+    point = case.point
+    base = {**asdict(point), "shape": point.shape, "dtype": point.dtype_label, "variant": variant,
+            "bytes": point.bytes_moved(), "writes_per_sample": case.writes}
+    try:
+        writer = create_writer(variant)
+    except KvprofError as exc:
+        return [{**base, "mode": m, "status": "unavailable", "reason": str(exc)} for m in _modes(case.device)]
+    reason = writer.unsupported_reason(case.device, case.cache, case.inp)
+    if reason:
+        status = "not installed" if "not installed" in reason else "unavailable"
+        return [{**base, "mode": m, "status": status, "reason": reason} for m in _modes(case.device)]
+    writer.prepare(case.device)
+    wrong = case.check(writer)
+    if wrong:
+        return [{**base, "mode": m, "status": "wrong", "reason": wrong} for m in _modes(case.device)]
+    pool = case.pool(variant, writer)
+
+    def step() -> None:
+        for loc in case.locs:
+            pool.set_kv_buffer(0, loc, case.k, case.v, case.scale, case.scale)
+
+    out = []
+    for mode in _modes(case.device):
+        pool.path_counts.clear()
+        try:
+            t: Timing = (
+                time_graph(step, case.writes, replays) if mode == "graph"
+                else time_eager(step, case.writes, eager_repeats, case.device)
+            )
+        except Exception as exc:  # a variant that cannot be captured (e.g. syncs) is a result too  # noqa: BLE001
+            out.append({**base, "mode": mode, "status": "failed", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+            continue
+        out.append({**base, "mode": mode, "status": "ok", "median_us": t.median_us, "iqr_us": t.spread_us,
+                    "samples": t.samples, "paths": dict(pool.path_counts)})
+    del pool
+    return out
+
+
+def _modes(device: torch.device) -> tuple[str, ...]:
+    return ("graph", "eager") if device.type == "cuda" else ("eager",)
+
+
+def derive(records: list[dict[str, Any]], limits: dict[str, Any]) -> list[dict[str, Any]]:
+    """Bandwidth, share of the copy rate, target, and ratios to every peer at the same point."""
+    rate = limits.get("copy_rate_gbs")
+    by_point: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        by_point.setdefault((r["shape"], r["dtype"], r["tokens"], r["mode"]), {})[r["variant"]] = r
+    for r in records:
+        if r.get("status") != "ok":
+            continue
+        us = r["median_us"]
+        r["gbs"] = r["bytes"] / (us * 1e3)
+        r["pct_copy_rate"] = 100.0 * r["gbs"] / rate if rate else None
+        if rate:
+            r["target_us"] = TARGET_FIXED_US + r["bytes"] / (TARGET_RATE_FRACTION * rate * 1e3)
+            r["meets_target"] = us <= r["target_us"]
+        r["floor_us"] = limits.get("empty_kernel_us")
+        peers = by_point[(r["shape"], r["dtype"], r["tokens"], r["mode"])]
+        r["ratio_to"] = {
+            name: p["median_us"] / us for name, p in peers.items() if name != r["variant"] and p.get("status") == "ok"
+        }  # > 1: this variant is faster than that peer
+    return records
+
+
+def run_bench(
+    points: Iterable[BenchPoint],
+    variants: Sequence[str],
+    device: torch.device,
+    *,
+    replays: int = 100,
+    eager_repeats: int = 20,
+    pool_bytes: int = 256 << 20,
+    seed: int = 0,
+    on_point: Callable[[BenchPoint], None] | None = None,
+) -> dict[str, Any]:
+    if replays < 1 or eager_repeats < 1:
+        raise UsageError("--replays and --eager-repeats must be positive")
+    points = list(points)
+    limits: dict[str, Any] = {"copy_rate_gbs": copy_rate_gbs(device), **empty_node_us(device)}
+    records: list[dict[str, Any]] = []
+    for i, point in enumerate(points):
+        if on_point:
+            on_point(point)
+        case = _Case(point, device, pool_bytes, seed + i)
+        for variant in variants:
+            records += bench_variant(case, variant, replays, eager_repeats)
+        del case
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {
+        "kind": "kvprof-bench",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_properties(device),
+        "versions": versions(),
+        "limits": limits,
+        "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes,
+                     "target": f"{TARGET_FIXED_US} us + bytes / ({TARGET_RATE_FRACTION} x copy rate)",
+                     "variants": list(variants)},
+        "records": derive(records, limits),
+    }
+
+
+def fused_verdicts(result: dict[str, Any], variant: str, baseline: str = "sgl_kernel") -> dict[str, Any]:
+    """The issue's three checks for one fused variant, from one run's records."""
+    recs = [r for r in result["records"] if r["variant"] == variant and r.get("status") == "ok" and r["mode"] == "graph"]
+    missed = [r for r in recs if r.get("meets_target") is False]
+    slower = [r for r in recs if baseline in r.get("ratio_to", {}) and r["ratio_to"][baseline] < 1.0]
+    return {"points": len(recs), "missed_target": len(missed), f"slower_than_{baseline}": len(slower),
+            "worst_target_margin_us": max((r["median_us"] - r["target_us"] for r in recs if "target_us" in r), default=math.nan)}
+
+
+__all__ = ["BENCH_VARIANTS", "BenchPoint", "default_grid", "derive", "fused_verdicts", "grid", "run_bench", "short_name"]

@@ -1,0 +1,118 @@
+"""Timers for one layer's write, and the two limits every result is read against.
+
+On CUDA a write is timed as replays of a captured graph of many writes (launch gaps
+shrink to the device's own node cost, as in a serving engine's decode graph), median of
+many replays after warm-up, with CUDA events. Eagerly it is the wall time of a loop of
+writes, which at small sizes is the host launch path. On CPU only the wall clock exists.
+
+The limits: the device-to-device copy rate (bytes read + written per second) and the
+cost of one empty kernel node in a replayed graph. A write cannot beat either.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    samples: int
+    spread_us: float  # interquartile range, to judge whether two medians differ
+
+
+def _summary(samples_us: list[float]) -> Timing:
+    samples_us = sorted(samples_us)
+    q = statistics.quantiles(samples_us, n=4) if len(samples_us) >= 4 else [samples_us[0], 0, samples_us[-1]]
+    return Timing(statistics.median(samples_us), len(samples_us), q[2] - q[0])
+
+
+def time_graph(fn: Callable[[], None], writes: int, replays: int, warmup: int = 10) -> Timing:
+    """µs per write: ``fn`` issues ``writes`` writes; it is captured once and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm up outside capture (compilation, allocator)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for s, e in zip(starts, ends):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    per_write = [s.elapsed_time(e) * 1000.0 / writes for s, e in zip(starts, ends)]
+    del graph
+    return _summary(per_write)
+
+
+def time_eager(fn: Callable[[], None], writes: int, repeats: int, device: torch.device, warmup: int = 3) -> Timing:
+    """µs per write of ``fn`` (``writes`` writes) run eagerly, wall clock, synchronized at the end."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn()
+        sync()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0 / writes)
+    return _summary(samples)
+
+
+def copy_rate_gbs(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float:
+    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
+    if device.type != "cuda":
+        src = torch.empty(nbytes // 16, dtype=torch.uint8)
+        src.fill_(1)
+        dst = torch.empty_like(src)
+        t = time_eager(lambda: dst.copy_(src), 1, 5, device)
+        return 2 * src.numel() / (t.median_us * 1e3)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    src.fill_(7)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        e.synchronize()
+        samples.append(s.elapsed_time(e) / 1000.0)
+    seconds = statistics.median(samples)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / seconds / 1e9
+
+
+def empty_node_us(device: torch.device, nodes: int = 200, replays: int = 100) -> dict[str, float | None]:
+    """Cost of one node in a replayed graph: an empty kernel, and a one-element torch fill_."""
+    if device.type != "cuda":
+        return {"empty_kernel_us": None, "fill_node_us": None}
+    out: dict[str, float | None] = {}
+    try:
+        from kvprof.bench.empty_kernel import launch_empty
+
+        out["empty_kernel_us"] = time_graph(lambda: [launch_empty() for _ in range(nodes)], nodes, replays).median_us
+    except Exception as exc:  # no triton: the fill_ node still gives a floor  # noqa: BLE001
+        out["empty_kernel_us"] = None
+        out["empty_kernel_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # type: ignore[assignment]
+    x = torch.zeros(1, device=device)
+    out["fill_node_us"] = time_graph(lambda: [x.fill_(1.0) for _ in range(nodes)], nodes, replays).median_us
+    return out

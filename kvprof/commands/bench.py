@@ -1,0 +1,86 @@
+"""Time one layer's K+V write per variant over row shapes, dtypes and token counts.
+
+On CUDA: graph replays of many writes (median of >= 100 replays after warm-up) into a
+pool several times larger than L2 with random slots, and eagerly (host launch path),
+beside the device-to-device copy rate and the cost of an empty kernel node. On CPU: a
+small grid, wall clock. Prints a table and writes bench.json / bench.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        out = [tuple(int(v) for v in s.split("x")) for s in text.split(",") if s]
+    except ValueError:
+        out = []
+    if not out or any(len(s) != 2 or min(s) < 1 for s in out):
+        raise argparse.ArgumentTypeError(f"expected HEADSxDIM[,HEADSxDIM...], got {text!r}")
+    return out  # type: ignore[return-value]
+
+
+def _dtypes(text: str) -> list[tuple[str, str]]:
+    out = []
+    for item in text.split(","):
+        cache, _, inp = item.partition("<-")
+        out.append((cache, inp or cache))
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--variants", default=None, help="comma-separated (default: all built-ins)")
+    p.add_argument("--shapes", type=_shapes, default=None, help="HEADSxDIM list (default: 1x128,8x128,4x256,32x128 on CUDA)")
+    p.add_argument("--dtypes", type=_dtypes, default=None, help="CACHE[<-INPUT] list (default: bf16,fp16,fp8_e4m3<-bf16 on CUDA)")
+    p.add_argument("--tokens", type=_ints, default=None, help="token counts (default: 1,8,64,512,4096,32768 on CUDA)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--replays", type=int, default=100, help="graph replays per point (default: %(default)s)")
+    p.add_argument("--eager-repeats", type=int, default=20)
+    p.add_argument("--pool-mb", type=int, default=256, help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
+    p.add_argument("--out", default="bench-results", help="folder for bench.json and bench.csv (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import orjson
+
+    from kvprof.atomic import atomic_write_bytes, atomic_write_text
+    from kvprof.bench.render import render_table, to_csv
+    from kvprof.bench.run import BENCH_VARIANTS, default_grid, grid, run_bench
+    from kvprof.devinfo import resolve_device
+    from kvprof.dtypes import parse_dtype
+
+    device = resolve_device(args.device)
+    points = default_grid(device)
+    if args.shapes or args.dtypes or args.tokens:
+        shapes = args.shapes or sorted({(p.heads, p.dim) for p in points})
+        dtypes = args.dtypes or sorted({(p.cache_dtype, p.input_dtype) for p in points})
+        tokens = args.tokens or sorted({p.tokens for p in points})
+        for c, i in dtypes:
+            parse_dtype(c), parse_dtype(i)
+        if any(t < 1 for t in tokens):
+            from kvprof.errors import UsageError
+
+            raise UsageError("--tokens must be positive")
+        points = grid(shapes, dtypes, tokens)
+    variants = [v for v in (args.variants.split(",") if args.variants else BENCH_VARIANTS) if v]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
+                       pool_bytes=args.pool_mb << 20, seed=args.seed)
+    result["command"] = "python -m kvprof bench " + " ".join(getattr(args, "_argv", []))
+    render_table(result)
+    atomic_write_bytes(out / "bench.json", orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    atomic_write_text(out / "bench.csv", to_csv(result))
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.csv'}")
+    return 0
