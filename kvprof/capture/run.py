@@ -42,6 +42,8 @@ class CaptureResult:
     run_dir: Path
     manifest: dict[str, Any]
     problems: list[KvprofError] = field(default_factory=list)  # kept-but-failed parts (nsys)
+    summary: dict[str, Any] | None = None  # the analysis of the run, as `analyze` makes it
+    analysis_error: str | None = None
 
 
 def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVariant]:
@@ -126,6 +128,7 @@ def capture(
     *,
     progress_factory: Callable[[int], Any] | None = None,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    analyse: bool = True,
 ) -> CaptureResult:
     config.validate()
     device = resolve_device(config.device)
@@ -190,7 +193,13 @@ def capture(
             ]
         manifest["problems"] = [str(e) for e in problems]
         atomic_write_bytes(tmp / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-    return CaptureResult(final, manifest, problems)
+    # The run is complete and in place; the analysis adds its files one atomic write each.
+    summary, analysis_error = (None, "not analysed (--no-summary)")
+    if analyse:
+        from kvprof.capture.summary import analyze_run_dir
+
+        summary, analysis_error = analyze_run_dir(final, config.rank_shape().layers)
+    return CaptureResult(final, manifest, problems, summary, analysis_error)
 
 
 def load_manifest(run_dir: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kvprof.capture.session import PreparedPhase, VariantSession
+from kvprof.trace.hta import hta_metadata_json
 
 
 def _activities(device: torch.device) -> list[ProfilerActivity]:
@@ -80,7 +81,7 @@ def run_torch_pass(
     for i, spec in enumerate(session.phases):
         p = session.prepare(spec, i)
         session.warm_up(p)
-        templates[spec.key] = kernels_per_write(session, p)
+        templates[f"{spec.phase} {spec.size}"] = kernels_per_write(session, p)
         if spec.graph:
             session.capture_graph(p)
         prepared.append(p)
@@ -88,18 +89,20 @@ def run_torch_pass(
     with profile(activities=_activities(session.device), experimental_config=_experimental()) as prof:
         for p in prepared:
             session.run_phase(p, on_step)
-    paths = session.measured_paths(prepared)
-    meta = {
-        **metadata,
-        "layers": session.layers,
-        "bytes_per_token": session.bytes_per_token(),
-        "phases": [p.spec.as_dict() for p in prepared],
-        "kernels_per_write": {k: v["kernels"] for k, v in templates.items()},
-        "template": templates,
-        "paths": paths,
-    }
-    prof.add_metadata_json("kvprof", orjson.dumps(meta).decode())
-    prof.add_metadata_json("distributedInfo", orjson.dumps({"rank": 0, "world_size": 1, "backend": "none"}).decode())
+        paths = session.measured_paths(prepared)
+        meta = {
+            **metadata,
+            "layers": session.layers,
+            "bytes_per_token": session.bytes_per_token(),
+            "phases": [p.spec.as_dict() for p in prepared],
+            # keyed "<phase> <size>", e.g. "decode 10"
+            "kernels_per_write": {k: v["kernels"] for k, v in templates.items()},
+            "template": templates,
+            "paths": paths,
+        }
+        # metadata must be added while the profiler is still recording
+        prof.add_metadata_json("kvprof", orjson.dumps(meta).decode())
+        prof.add_metadata_json("distributedInfo", hta_metadata_json(rank=0))  # HolisticTraceAnalysis reads the rank here
     name = f"{session.writer.name}.pt.trace.json.gz"
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         raw = os.path.join(tmp, "trace.json")

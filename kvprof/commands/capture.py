@@ -109,12 +109,12 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     factory = (lambda total: StepProgress(total)) if args.progress else None
-    result = capture(config, progress_factory=factory)
-    print(f"run directory: {result.run_dir}")
+    result = capture(config, progress_factory=factory, analyse=args.summary)
     if args.summary:
         from kvprof.capture.summary import print_capture_summary
 
-        print_capture_summary(result.run_dir, result.manifest)
+        print_capture_summary(result.summary, result.analysis_error)
+    print(f"run directory: {result.run_dir}")
     for problem in result.problems:
         print(f"kvprof capture: error: {problem} (the torch.profiler results are kept)", file=sys.stderr)
     return max((p.exit_code for p in result.problems), default=0)

@@ -7,6 +7,7 @@ the source's own clock, missing integers are -1 and missing strings null.
 
 | column      | type          | meaning                                                        |
 |-------------|---------------|----------------------------------------------------------------|
+| trace       | dict<string>  | the file the row was read from                                 |
 | source      | dict<string>  | "kineto" or "nsys"                                             |
 | rank        | int32         | distributed rank (0 when the trace has none)                   |
 | pid         | int64         | host process id (GPU rows: the process that launched them)     |
@@ -31,6 +32,33 @@ the source's own clock, missing integers are -1 and missing strings null.
 | size        | int32         | batch size (decode) or chunk tokens (prefill) of that step; -1 |
 | step        | int32         | step index within its phase and size; -1                       |
 | attribution | dict<string>  | how the row was tied to its write: one of ATTRIBUTION_METHODS  |
+| domain      | dict<string>  | NVTX domain of a range (nsys); null for Kineto and non-ranges  |
+| category    | dict<string>  | NVTX category name of a range (kvprof: the variant); null      |
+| graph_launch| int64         | correlation id of the cudaGraphLaunch that replayed the row; -1|
+
+Kinds (``kind``), and what each source maps to them:
+
+| kind           | Kineto ``cat``                | nsys table / rows                                   |
+|----------------|-------------------------------|-----------------------------------------------------|
+| kernel         | kernel                        | CUPTI_ACTIVITY_KIND_KERNEL                          |
+| memcpy         | gpu_memcpy                    | CUPTI_ACTIVITY_KIND_MEMCPY                          |
+| memset         | gpu_memset                    | CUPTI_ACTIVITY_KIND_MEMSET                          |
+| runtime        | cuda_runtime                  | CUPTI_ACTIVITY_KIND_RUNTIME, names ``cuda*``        |
+| driver         | cuda_driver                   | CUPTI_ACTIVITY_KIND_RUNTIME, names ``cu*`` (driver) |
+| cpu_op         | cpu_op                        | -                                                   |
+| cpu_annotation | user_annotation               | NVTX_EVENTS push/pop (59) and start/end (60) ranges |
+| gpu_annotation | gpu_user_annotation           | -                                                   |
+| sync           | cuda_sync                     | CUPTI_ACTIVITY_KIND_SYNCHRONIZATION                 |
+| other          | any other complete event      | -                                                   |
+
+Kineto ``python_function`` events (with_stack) and flow/metadata/instant events are not
+rows; flows (``ac2g``) only supply a correlation id where a GPU event lacks one.
+nsys runtime names lose their ``_v<version>`` suffix (``cudaGraphLaunch_v10000`` ->
+``cudaGraphLaunch``) so both sources name calls alike.
+
+GPU rows (``GPU_KINDS``) carry ``device`` and ``stream``; host rows carry ``pid``/``tid``.
+Times: Kineto ``ts``/``dur`` (microseconds, float) become integer ns by rounding; the
+``clock`` of a loaded trace (kvprof.trace.model.Trace) says what the origin is.
 """
 
 from __future__ import annotations
@@ -50,17 +78,27 @@ KINDS = (
     "other",
 )
 
-# How a GPU row was tied to a kvprof write:
-#   range        - the row is itself a kvprof range (host annotation)
+# How a row was tied to a kvprof write:
+#   range        - the row is a kvprof write range, or a host call made inside one (same thread)
 #   correlation  - its launching runtime call lies inside the write's host range
 #   graph_node   - replayed graph node, tied through the range open when the node was captured
 #   graph_order  - replayed graph kernel, tied by its fixed position within the replay
 ATTRIBUTION_METHODS = ("range", "correlation", "graph_node", "graph_order")
 
+SOURCES = ("kineto", "nsys")
+
+# Rows that run on the GPU, and the subset that does work a write is measured by.
+GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
+GPU_WORK_KINDS = ("kernel", "memcpy", "memset")
+# Host calls that launch GPU work (their correlation id is shared with what they launched).
+LAUNCH_KINDS = ("runtime", "driver")
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
+
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 SCHEMA = pa.schema(
     [
+        ("trace", _DICT),
         ("source", _DICT),
         ("rank", pa.int32()),
         ("pid", pa.int64()),
@@ -85,8 +123,15 @@ SCHEMA = pa.schema(
         ("size", pa.int32()),
         ("step", pa.int32()),
         ("attribution", _DICT),
+        ("domain", _DICT),
+        ("category", _DICT),
+        ("graph_launch", pa.int64()),
     ]
 )
+
+# Defaults of the columns a reader leaves unset (integers -1, strings null).
+INT_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_integer(f.type))
+STRING_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_dictionary(f.type))
 
 COLUMNS = tuple(SCHEMA.names)
 

@@ -1,0 +1,105 @@
+"""Variant vs baseline: ratios, and what the difference is worth per decode step.
+
+The motivating measurement (SGLang PR #9775, Llama-3.1-70B TP8, 10 concurrent requests)
+moved mean inter-token latency from 12.05 ms (two streams) to 11.87 ms (fused), with 80
+layers per step. This module turns a captured per-write cost difference into the same
+unit -- layers x (baseline cost - variant cost) per decode step, and as a share of the
+inter-token latency -- so the capture can be held against that benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns", "kernels_per_write", "step_gpu_ns")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """The serving benchmark the projection is compared with."""
+
+    itl_before_ms: float = 12.05
+    itl_after_ms: float = 11.87
+    layers: int = 80
+    batch: int = 10
+    label: str = "SGLang #9775: Llama-3.1-70B TP8, 10 requests, two_stream -> fused"
+
+    @property
+    def measured_saving_ms(self) -> float:
+        return self.itl_before_ms - self.itl_after_ms
+
+
+def _ratio(a: float, b: float) -> float | None:
+    if a is None or b is None or not np.isfinite(a) or not np.isfinite(b) or b == 0:
+        return None
+    return float(a / b)
+
+
+def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None = None,
+                   layers: int | None = None, prefer: list[str] | None = None) -> dict[str, Any]:
+    """Each variant's (source, phase, size) rows against the baseline's same rows.
+
+    ``layers``: how many layers a decode step writes in the projection (default: the
+    benchmark's model, 80). ``prefer``: variants the headline is drawn from first (the
+    fused ones: the benchmark measured a change to a fused write).
+    """
+    bench = bench or Benchmark()
+    layers = int(layers or bench.layers)
+    out: dict[str, Any] = {"baseline": baseline, "benchmark": asdict(bench), "layers": layers, "rows": [],
+                           "warnings": []}
+    if groups.empty:
+        out["warnings"].append("nothing to compare: no measured writes")
+        return out
+    g = groups[groups["layer"].astype(str) == "all"] if "layer" in groups.columns else groups
+    base = g[g["variant"] == baseline]
+    if base.empty:
+        out["warnings"].append(f"baseline variant {baseline!r} has no measured writes; "
+                               f"variants present: {', '.join(sorted(g['variant'].astype(str).unique()))}")
+        return out
+    keyed = {(r.source, r.phase, int(r.size)): r for r in base.itertuples()}
+    for r in g[g["variant"] != baseline].itertuples():
+        b = keyed.get((r.source, r.phase, int(r.size)))
+        if b is None:
+            continue
+        row: dict[str, Any] = {"variant": r.variant, "source": r.source, "phase": r.phase, "size": int(r.size)}
+        for m in RATIO_METRICS:
+            row[f"{m}"] = _num(getattr(r, m))
+            row[f"baseline_{m}"] = _num(getattr(b, m))
+            row[f"ratio_{m}"] = _ratio(getattr(r, m), getattr(b, m))
+        diff = _num(b.cost_per_write_ns) - _num(r.cost_per_write_ns) if _finite(b.cost_per_write_ns, r.cost_per_write_ns) else None
+        row["saving_per_write_ns"] = diff
+        if r.phase == "decode" and diff is not None:
+            step_ms = diff * layers / 1e6
+            row["saving_per_step_ms"] = step_ms
+            row["saving_share_of_itl"] = step_ms / bench.itl_before_ms
+            row["predicted_itl_ms"] = bench.itl_before_ms - step_ms
+        out["rows"].append(row)
+    decode = [r for r in out["rows"] if r["phase"] == "decode" and r.get("saving_per_step_ms") is not None]
+    if decode:
+        pref = [r for r in decode if r["variant"] in (prefer or [])] or decode
+        near = min(pref, key=lambda r: (abs(r["size"] - bench.batch), r["source"] != "nsys"))
+        out["headline"] = {
+            "variant": near["variant"], "source": near["source"], "size": near["size"],
+            "saving_per_step_ms": near["saving_per_step_ms"],
+            "predicted_itl_ms": near["predicted_itl_ms"],
+            "measured_itl_ms": bench.itl_after_ms,
+            "measured_saving_ms": bench.measured_saving_ms,
+            "explains_fraction": near["saving_per_step_ms"] / bench.measured_saving_ms if bench.measured_saving_ms else None,
+        }
+    return out
+
+
+def _finite(*vals: Any) -> bool:
+    return all(v is not None and np.isfinite(float(v)) for v in vals)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if np.isfinite(f) else None

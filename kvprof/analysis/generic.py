@@ -1,0 +1,95 @@
+"""What any trace gets, kvprof-made or not: kernels by name, streams, overlap, gaps, launches.
+
+No per-write numbers here, so it works on any torch.profiler trace or nsys export; a
+CPU-only trace gets its host side (ops and calls by name) and an explicit note that
+there was no GPU activity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvprof.analysis.gpu_groups import group_gpu_stats, short_kernel_name
+from kvprof.trace.intervals import busy_and_overlap, gaps
+from kvprof.trace.schema import GPU_WORK_KINDS, LAUNCH_KINDS
+
+TOP = 15
+
+
+def _by_name(rows: pd.DataFrame, top: int = TOP, short: bool = True) -> list[dict[str, Any]]:
+    if rows.empty:
+        return []
+    names = rows["name"].astype(str)
+    if short:
+        names = names.map(short_kernel_name)
+    g = rows.assign(n=names).groupby("n", observed=True)["dur_ns"]
+    t = pd.DataFrame({"count": g.size(), "total_ns": g.sum(), "mean_ns": g.mean(), "median_ns": g.median()})
+    t = t.sort_values("total_ns", ascending=False).head(top)
+    return [{"name": n, **{k: (int(v) if k in ("count", "total_ns") else float(v)) for k, v in r.items()}}
+            for n, r in t.iterrows()]
+
+
+def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
+    """Generic GPU and host statistics of one trace's event frame."""
+    kind = events["kind"].astype(str)
+    work = events[kind.isin(GPU_WORK_KINDS)]
+    out: dict[str, Any] = {
+        "events": int(len(events)),
+        "events_by_kind": {k: int(v) for k, v in kind.value_counts().items() if v},
+        "gpu": bool(len(work)),
+    }
+    if work.empty:
+        out["note"] = "no GPU activity in this trace: CPU-side numbers only"
+    else:
+        end = work["start_ns"] + work["dur_ns"]
+        s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), work["stream"].to_numpy()
+        busy, overlap = busy_and_overlap(s, e, ln)
+        n_gaps, idle = gaps(s, e)
+        window = int(e.max() - s.min())
+        per_stream = group_gpu_stats(work, "stream")
+        out.update({
+            "gpu_window_ns": window,
+            "gpu_busy_ns": busy,
+            "gpu_utilization": busy / window if window else None,
+            "overlap_ns": overlap,
+            "overlap_frac": overlap / busy if busy else None,
+            "idle_ns": idle,
+            "gaps": n_gaps,
+            "streams": [
+                {"stream": int(st), "activities": int(r["gpu_ops"]), "busy_ns": int(r["gpu_union_ns"]),
+                 "span_ns": int(r["gpu_span_ns"]), "idle_ns": int(r["idle_ns"]), "gaps": int(r["gaps"])}
+                for st, r in per_stream.iterrows()
+            ],
+            "kernels_by_name": _by_name(work[work["kind"].astype(str) == "kernel"]),
+            "memcpy_memset": _by_name(work[work["kind"].astype(str) != "kernel"], short=False),
+        })
+    out["launches"] = launch_stats(events)
+    host = events[kind.isin(["cpu_op", "runtime", "driver"])]
+    out["host_calls_by_name"] = _by_name(host, short=False)
+    return out
+
+
+def launch_stats(events: pd.DataFrame) -> dict[str, Any]:
+    """Launch calls (count, host duration) and launch -> GPU start delay through correlation ids."""
+    kind = events["kind"].astype(str)
+    launch = events[kind.isin(LAUNCH_KINDS)]
+    if launch.empty:
+        return {"calls": 0}
+    work = events[kind.isin(GPU_WORK_KINDS) & (events["correlation"] >= 0)]
+    lk = launch[launch["correlation"] >= 0][["pid", "correlation", "start_ns", "name"]].drop_duplicates(
+        ["pid", "correlation"]).rename(columns={"start_ns": "launch_ns", "name": "call"})
+    j = work[["pid", "correlation", "start_ns"]].merge(lk, on=["pid", "correlation"], how="inner")
+    first = j.sort_values("start_ns").groupby(["pid", "correlation"]).first() if len(j) else j
+    delay = (first["start_ns"] - first["launch_ns"]).to_numpy() if len(first) else np.empty(0)
+    launching = launch[launch["correlation"].isin(work["correlation"])] if len(work) else launch.iloc[:0]
+    return {
+        "calls": int(len(launch)),
+        "launching_calls": int(len(launching)),
+        "launch_call_ns_median": float(launching["dur_ns"].median()) if len(launching) else None,
+        "launch_to_start_ns_median": float(np.median(delay)) if len(delay) else None,
+        "launch_to_start_ns_p90": float(np.percentile(delay, 90)) if len(delay) else None,
+        "graph_launches": int(launch["name"].astype(str).isin(["cudaGraphLaunch", "cuGraphLaunch"]).sum()),
+    }

@@ -1,0 +1,160 @@
+"""Per-variant and per-(phase, size[, layer]) numbers from the per-write and per-step tables.
+
+Medians, because a handful of first-replay or allocator outliers in a short capture
+should not move the headline; min/max of the kernel count, because one write with a
+different count is itself a finding. ``cost_per_write_ns`` is what a write costs the
+step: for CUDA-graph replays the step's GPU span divided by its writes (inter-node
+gaps included: what an inter-token latency pays), for eager writes the GPU span of one
+write. Also the fused-or-fell-back verdict, from the writer's own report (paths) and
+from the kernel count, which must agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# Path names of kvprof.writers.base, repeated here so the analysis never imports torch.
+FUSED = "fused"
+FALLBACK_PREFIX = "fallback:"
+
+GROUP_KEYS = ("variant", "source", "phase", "size")
+GROUP_COLUMNS = (
+    *GROUP_KEYS, "layer", "writes", "steps", "graph", "attribution", "kernels_per_write", "kernels_per_write_min",
+    "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "cost_per_write_ns", "host_launch_ns",
+    "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak",
+    "step_ns", "step_gpu_ns", "tokens",
+)
+
+
+def _median(s: pd.Series) -> float:
+    s = pd.to_numeric(s, errors="coerce").dropna()
+    return float(s.median()) if len(s) else float("nan")
+
+
+def measured(writes: pd.DataFrame) -> pd.DataFrame:
+    """Writes that are measurements: inside a step, not graph-capture templates."""
+    if writes.empty:
+        return writes
+    return writes[(~writes["during_capture"].astype(bool)) & (writes["step"] >= 0)]
+
+
+def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None) -> dict[str, Any]:
+    graph = bool(w["graph"].any())
+    kpw = w["gpu_ops"]
+    row: dict[str, Any] = {
+        "writes": int(len(w)),
+        "steps": int(w[["trace", "step"]].drop_duplicates().shape[0]),
+        "graph": graph,
+        "attribution": "+".join(sorted(w["attribution"].dropna().astype(str).unique())),
+        "kernels_per_write": _median(kpw),
+        "kernels_per_write_min": int(kpw.min()) if len(kpw) else None,
+        "kernels_per_write_max": int(kpw.max()) if len(kpw) else None,
+        "gpu_busy_ns": _median(w["gpu_busy_ns"]),
+        "gpu_span_ns": _median(w["gpu_span_ns"]),
+        "host_launch_ns": _median(w["host_dur_ns"]),
+        "launch_delay_ns": _median(w["launch_delay_ns"]),
+        "streams": int(w["streams"].max()) if len(w) else 0,
+        "overlap_frac": _median(w["overlap_frac"]),
+        "idle_ns": _median(w["idle_ns"]),
+        "gaps": _median(w["gaps"]),
+        "bandwidth_gbs": _median(w["bandwidth_gbs"]),
+        "pct_of_peak": _median(w["pct_of_peak"]),
+        "tokens": _median(w["tokens"].where(w["tokens"] >= 0)),
+        "step_ns": float("nan"),
+        "step_gpu_ns": float("nan"),
+    }
+    row["cost_per_write_ns"] = row["gpu_span_ns"]
+    if steps is not None and len(steps):
+        row["step_ns"] = _median(steps["dur_ns"])
+        row["step_gpu_ns"] = _median(steps["gpu_span_ns"])
+        if graph:
+            per = steps["gpu_span_ns"] / steps["writes"].where(steps["writes"] > 0)
+            row["cost_per_write_ns"] = _median(per)
+    return row
+
+
+def group_metrics(writes: pd.DataFrame, steps: pd.DataFrame, by_layer: bool = False) -> pd.DataFrame:
+    """One row per (variant, source, phase, size) -- and layer when ``by_layer``."""
+    w = measured(writes)
+    if w.empty:
+        return pd.DataFrame(columns=list(GROUP_COLUMNS))
+    keys = [*GROUP_KEYS, "layer"] if by_layer else list(GROUP_KEYS)
+    rows = []
+    for key, grp in w.groupby(keys, sort=True, observed=True, dropna=True):
+        k = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        st = None
+        if steps is not None and len(steps) and not by_layer:
+            st = steps[(steps["variant"] == k["variant"]) & (steps["source"] == k["source"])
+                       & (steps["phase"] == k["phase"]) & (steps["size"] == k["size"])]
+        row = {**k, **_aggregate(grp, st)}
+        row.setdefault("layer", "all")
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    for c in GROUP_COLUMNS:
+        if c not in out.columns:
+            out[c] = np.nan
+    return out[list(GROUP_COLUMNS)]
+
+
+def paths_verdict(paths: dict[str, int] | None) -> tuple[bool | None, list[str]]:
+    """(fused?, fallback reasons) from the writer's reported paths; None when it reported nothing decisive."""
+    if not paths:
+        return None, []
+    names = [p for p, c in paths.items() if c]
+    fallbacks = [p[len(FALLBACK_PREFIX):].strip() for p in names if p.startswith(FALLBACK_PREFIX)]
+    if fallbacks or any(p not in (FUSED, "compiled") for p in names):
+        return False, fallbacks
+    if all(p == FUSED for p in names):
+        return True, []
+    return None, []  # "compiled" alone: the kernel count decides
+
+
+def kernels_verdict(writes: pd.DataFrame) -> tuple[bool | None, dict[str, Any]]:
+    """(fused?, detail) from GPU activities per measured write: fused means exactly one each."""
+    w = measured(writes)
+    w = w[w["gpu_ops"] > 0] if len(w) else w
+    if w.empty:
+        return None, {"writes_with_gpu_work": 0}
+    counts = w["gpu_ops"].value_counts().sort_index()
+    detail = {"writes_with_gpu_work": int(len(w)), "gpu_ops_per_write": {int(k): int(v) for k, v in counts.items()}}
+    if (w["gpu_ops"] == 1).all():
+        return True, detail
+    return False, detail
+
+
+def fused_verdict(variant: str, meta: dict[str, Any] | None, manifest_entry: dict[str, Any] | None,
+                  writes: pd.DataFrame) -> dict[str, Any]:
+    """Did the variant run fused, or fall back? Both witnesses, and whether they agree."""
+    meta = meta or {}
+    entry = manifest_entry or {}
+    paths = meta.get("paths") or entry.get("paths") or {}
+    claim = meta.get("fused", entry.get("fused_claim"))
+    by_paths, reasons = paths_verdict(paths)
+    by_kernels, detail = kernels_verdict(writes)
+    warnings: list[str] = []
+    agree: bool | None = None
+    if by_paths is not None and by_kernels is not None:
+        agree = by_paths == by_kernels
+        if not agree:
+            per = ", ".join(f"{n} per write x{c}" for n, c in detail["gpu_ops_per_write"].items())
+            warnings.append(
+                f"{variant}: the writer reported {'fused' if by_paths else 'not fused'} paths {paths} but the "
+                f"trace shows {per} GPU activities")
+    if claim and by_kernels is False and by_paths is None:
+        warnings.append(f"{variant}: claims to be fused but its writes launch more than one GPU activity")
+    fused = by_kernels if by_kernels is not None else by_paths
+    return {
+        "fused_claim": claim,
+        "paths": paths,
+        "fused_by_paths": by_paths,
+        "fused_by_kernels": by_kernels,
+        "agree": agree,
+        "fused": fused,
+        "fell_back": bool(reasons) or (bool(claim) and fused is False),
+        "fallback_reasons": reasons,
+        "kernel_counts": detail,
+        "warnings": warnings,
+    }

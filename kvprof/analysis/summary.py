@@ -1,0 +1,150 @@
+"""From loaded traces to the tables and the summary document that analyze writes.
+
+summary.json (``SUMMARY_SCHEMA``), top-level keys:
+- schema, kvprof_version, input, input_kind
+- device: name, peak_bandwidth_gbs, copy_rate_gbs (capture metadata, else the source's)
+- traces: per file -- path, source, variants, is_kvprof, events, gpu_events, clock,
+  attribution (method counts, see kvprof.trace.attribution), stats, generic (see
+  kvprof.analysis.generic: kernels by name, streams, overlap, gaps, launches)
+- variants: per variant -- available, reason, sources, fused_claim, paths,
+  fused_by_paths, fused_by_kernels, agree, fused, fell_back, fallback_reasons,
+  kernel_counts
+- groups: rows of kvprof.analysis.metrics.GROUP_COLUMNS per (variant, source, phase, size)
+- layers: the same per layer
+- comparison: kvprof.analysis.compare.compare_groups against the baseline (when present)
+- warnings: every warning, one sentence each
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from kvprof import __version__
+from kvprof.analysis.compare import Benchmark, compare_groups
+from kvprof.analysis.generic import generic_summary
+from kvprof.analysis.metrics import fused_verdict, group_metrics
+from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs
+from kvprof.trace.load import Loaded
+from kvprof.trace.table import to_frame
+
+SUMMARY_SCHEMA = "kvprof.summary/1"
+DEFAULT_BASELINE = "two_stream"
+
+
+@dataclass
+class Analysis:
+    writes: pd.DataFrame
+    steps: pd.DataFrame
+    groups: pd.DataFrame
+    layers: pd.DataFrame
+    summary: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        try:
+            obj = obj.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is pd.NA or obj is pd.NaT:
+        return None
+    return obj
+
+
+def _device(loaded: Loaded) -> dict[str, Any]:
+    dev: dict[str, Any] = {"name": None, "peak_bandwidth_gbs": None, "copy_rate_gbs": None}
+    mdev = (loaded.manifest or {}).get("device") or {}
+    for t in loaded.traces:
+        kd = (t.kvprof or {}).get("device") or {}
+        for d in [kd, *t.devices]:
+            for k in dev:
+                if dev[k] is None and d.get(k) is not None:
+                    dev[k] = d[k]
+    for k in dev:
+        if dev[k] is None and mdev.get(k) is not None:
+            dev[k] = mdev[k]
+    return dev
+
+
+def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None = None,
+            layers: int | None = None) -> Analysis:
+    warnings = list(loaded.warnings)
+    writes_l, steps_l, traces_doc = [], [], []
+    bpt: dict[str, float] = {}
+    for name, entry in loaded.variants.items():
+        if isinstance(entry.get("bytes_per_token"), (int, float)):
+            bpt[name] = float(entry["bytes_per_token"])
+    for t in loaded.traces:
+        if t.kvprof and t.kvprof.get("variant") and isinstance(t.kvprof.get("bytes_per_token"), (int, float)):
+            bpt[str(t.kvprof["variant"])] = float(t.kvprof["bytes_per_token"])
+    for t in loaded.traces:
+        ev = to_frame(t.events)
+        w = per_write_table(t, ev, bpt)
+        s = per_step_table(t, w, ev)
+        writes_l.append(w)
+        steps_l.append(s)
+        gen = generic_summary(ev)
+        if not gen["gpu"]:
+            warnings.append(f"{t.path}: no GPU events (CPU-only trace): only CPU-side numbers are reported")
+        warnings.extend(f"{t.path}: {m}" for m in t.warnings)
+        traces_doc.append({
+            "path": t.path, "source": t.source, "variants": t.variants, "is_kvprof": t.is_kvprof,
+            "events": int(len(ev)), "gpu_events": int((ev["device"] >= 0).sum()), "clock": t.clock,
+            "attribution": t.attribution, "stats": t.stats, "devices": t.devices,
+            "peak_bandwidth_gbs": peak_bandwidth_gbs(t), "generic": gen,
+        })
+    writes = pd.concat([w for w in writes_l if len(w)], ignore_index=True) if any(len(w) for w in writes_l) \
+        else pd.DataFrame(columns=list(WRITE_COLUMNS))
+    steps = pd.concat([s for s in steps_l if len(s)], ignore_index=True) if any(len(s) for s in steps_l) \
+        else pd.DataFrame()
+    groups = group_metrics(writes, steps)
+    layer_groups = group_metrics(writes, steps, by_layer=True)
+    variants: dict[str, Any] = {}
+    names = list(loaded.variants) + sorted(set(writes["variant"].dropna().astype(str)) - set(loaded.variants))
+    for name in names:
+        entry = loaded.variants.get(name, {})
+        if entry and not entry.get("available", True):
+            variants[name] = {"available": False, "reason": entry.get("reason"), "sources": []}
+            continue
+        meta = next((t.kvprof for t in loaded.traces if t.kvprof and t.kvprof.get("variant") == name), None)
+        vw = writes[writes["variant"] == name]
+        verdict = fused_verdict(name, meta, entry, vw)
+        warnings.extend(verdict.pop("warnings"))
+        variants[name] = {"available": True, "reason": None,
+                          "sources": sorted(vw["source"].dropna().astype(str).unique()), **verdict}
+    present = set(groups["variant"].astype(str)) if len(groups) else set()
+    base = baseline or (DEFAULT_BASELINE if DEFAULT_BASELINE in present else None)
+    comparison = None
+    if base and len(present) > 1:
+        fused = [n for n, v in variants.items() if v.get("fused")]
+        comparison = compare_groups(groups, base, bench, layers, prefer=fused)
+        warnings.extend(comparison.pop("warnings"))
+    elif baseline and baseline not in present:
+        warnings.append(f"baseline {baseline!r} has no measured writes; no comparison")
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "kvprof_version": __version__,
+        "input": str(loaded.input),
+        "input_kind": loaded.kind,
+        "device": _device(loaded),
+        "traces": traces_doc,
+        "variants": variants,
+        "groups": groups.to_dict(orient="records"),
+        "layers": layer_groups.to_dict(orient="records"),
+        "comparison": comparison,
+        "warnings": list(dict.fromkeys(warnings)),
+    }
+    return Analysis(writes=writes, steps=steps, groups=groups, layers=layer_groups, summary=clean(summary),
+                    warnings=summary["warnings"])

@@ -1,0 +1,145 @@
+"""One row per write with its measured numbers: the table behind writes.parquet.
+
+Pure function of an attributed Trace. Columns (WRITE_COLUMNS):
+
+| column           | meaning                                                                  |
+|------------------|--------------------------------------------------------------------------|
+| trace            | file the write came from                                                 |
+| source           | kineto / nsys                                                            |
+| write_id         | id within that file                                                      |
+| variant, phase, size, step, layer, tokens | what was written, in which step                 |
+| attribution      | correlation / graph_node / graph_order                                   |
+| graph            | replayed from a CUDA graph                                               |
+| during_capture   | range entered while a graph was captured (a template, not a measurement) |
+| gpu_ops, kernels | GPU activities (kernel+memcpy+memset) and kernels of the write           |
+| streams          | distinct streams they ran on                                             |
+| gpu_start_ns, gpu_end_ns, gpu_span_ns | first start, last end, and their distance           |
+| gpu_busy_ns      | sum of activity durations                                                |
+| gpu_union_ns     | time with at least one activity running                                  |
+| overlap_ns, overlap_frac | time with >= 2 streams busy, and its share of gpu_union_ns       |
+| idle_ns, gaps    | idle time and number of holes inside the span                            |
+| host_start_ns, host_dur_ns | the write range on the host (eager writes; NaN for replays)    |
+| launch_delay_ns  | eager: first activity start - start of the call that launched it         |
+| graph_launch     | correlation of the cudaGraphLaunch that replayed it (-1: eager)          |
+| bytes            | bytes_per_token x tokens from the capture metadata (NaN if unknown)      |
+| bandwidth_gbs    | bytes / gpu_span_ns                                                      |
+| pct_of_peak      | bandwidth_gbs / the device's peak bandwidth x 100                        |
+| kernel_names     | distinct short kernel names, " | " separated                              |
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvprof.analysis.gpu_groups import GROUP_STAT_COLUMNS, group_gpu_stats, short_kernel_name
+from kvprof.trace.model import Trace
+from kvprof.trace.schema import GPU_WORK_KINDS, LAUNCH_KINDS
+from kvprof.trace.table import to_frame
+
+WRITE_COLUMNS = (
+    "trace", "source", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
+    "graph", "during_capture", *GROUP_STAT_COLUMNS, "overlap_frac", "host_start_ns", "host_dur_ns",
+    "launch_delay_ns", "graph_launch", "bytes", "bandwidth_gbs", "pct_of_peak", "kernel_names",
+)
+
+
+def peak_bandwidth_gbs(trace: Trace) -> float | None:
+    """The device's peak: capture metadata first (measured/declared), then the source's device info."""
+    dev = ((trace.kvprof or {}).get("device") or {})
+    if dev.get("peak_bandwidth_gbs"):
+        return float(dev["peak_bandwidth_gbs"])
+    for d in trace.devices:
+        if d.get("peak_bandwidth_gbs"):
+            return float(d["peak_bandwidth_gbs"])
+    return None
+
+
+def gpu_work_rows(events: pd.DataFrame) -> pd.DataFrame:
+    return events[events["kind"].isin(GPU_WORK_KINDS)]
+
+
+def _launch_delay(events: pd.DataFrame, work: pd.DataFrame) -> pd.Series:
+    """Per write: first activity start minus start of the call that launched that activity."""
+    launch = events[events["kind"].isin(LAUNCH_KINDS) & (events["correlation"] >= 0)]
+    lk = launch[["pid", "correlation", "start_ns"]].drop_duplicates(["pid", "correlation"]).rename(
+        columns={"start_ns": "launch_ns"})
+    w = work[(work["write_id"] >= 0) & (work["graph_launch"] < 0)][["write_id", "pid", "correlation", "start_ns"]]
+    j = w.merge(lk, on=["pid", "correlation"], how="inner")
+    if j.empty:
+        return pd.Series(dtype=float)
+    j = j.sort_values("start_ns").groupby("write_id").first()
+    return (j["start_ns"] - j["launch_ns"]).astype(float)
+
+
+def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
+                    bytes_per_token: dict[str, float] | None = None) -> pd.DataFrame:
+    """The writes of an attributed trace with their GPU and host numbers (WRITE_COLUMNS).
+
+    ``bytes_per_token``: per variant, for traces that carry no kvprof metadata themselves
+    (an nsys export: its variant's Kineto trace or the manifest knows).
+    """
+    idx = trace.writes
+    if idx is None or idx.empty:
+        return pd.DataFrame(columns=list(WRITE_COLUMNS))
+    ev = to_frame(trace.events) if events is None else events
+    work = gpu_work_rows(ev)
+    mine = work[work["write_id"] >= 0]
+    stats = group_gpu_stats(mine, "write_id")
+    names = (mine.assign(short=mine["name"].astype(str).map(short_kernel_name))
+             .groupby("write_id")["short"].agg(lambda s: " | ".join(dict.fromkeys(s))))
+    out = idx.set_index("write_id").join(stats, how="left").join(names.rename("kernel_names"), how="left")
+    for c in ("gpu_ops", "kernels", "streams", "gaps"):
+        out[c] = out[c].fillna(0).astype(np.int64)
+    out["overlap_frac"] = np.where(out["gpu_union_ns"] > 0, out["overlap_ns"] / out["gpu_union_ns"], np.nan)
+    out["host_start_ns"] = out["host_start_ns"].where(out["host_start_ns"] >= 0)
+    out["host_dur_ns"] = out["host_dur_ns"].where(out["graph_launch"] < 0)
+    out["launch_delay_ns"] = _launch_delay(ev, work).reindex(out.index)
+    out["graph"] = out["graph_launch"] >= 0
+    bpt = (trace.kvprof or {}).get("bytes_per_token")
+    tokens = out["tokens"].where(out["tokens"] >= 0)
+    if isinstance(bpt, (int, float)) and bpt > 0:
+        out["bytes"] = tokens * float(bpt)
+    else:
+        per = out["variant"].astype(str).map(bytes_per_token or {}).astype(float)
+        out["bytes"] = tokens * per
+    span = out["gpu_span_ns"].where(out["gpu_span_ns"] > 0)
+    out["bandwidth_gbs"] = out["bytes"] / span  # bytes per ns == GB/s
+    peak = peak_bandwidth_gbs(trace)
+    out["pct_of_peak"] = out["bandwidth_gbs"] / peak * 100.0 if peak else np.nan
+    out["trace"] = trace.path
+    out["source"] = trace.source
+    out = out.reset_index()
+    return out[list(WRITE_COLUMNS)]
+
+
+STEP_METRIC_COLUMNS = (
+    "trace", "source", "variant", "phase", "size", "step", "start_ns", "dur_ns", "writes", "graph",
+    *GROUP_STAT_COLUMNS,
+)
+
+
+def per_step_table(trace: Trace, writes: pd.DataFrame, events: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per kvprof step: host duration, GPU span/busy of its work, writes in it."""
+    st = trace.steps
+    if st is None or st.empty:
+        return pd.DataFrame(columns=list(STEP_METRIC_COLUMNS))
+    ev = to_frame(trace.events) if events is None else events
+    work = gpu_work_rows(ev)
+    work = work[work["step"] >= 0].assign(
+        skey=lambda d: d["variant"].astype(str) + "|" + d["phase"].astype(str) + "|" + d["size"].astype(str)
+        + "|" + d["step"].astype(str))
+    stats = group_gpu_stats(work, "skey")
+    w = writes[~writes["during_capture"]] if len(writes) else writes
+    wkey = (w["variant"].astype(str) + "|" + w["phase"].astype(str) + "|" + w["size"].astype(str) + "|"
+            + w["step"].astype(str)) if len(w) else pd.Series(dtype=str)
+    n_writes = wkey.value_counts() if len(w) else pd.Series(dtype=int)
+    graph = w.groupby(wkey)["graph"].any() if len(w) else pd.Series(dtype=bool)
+    out = st.copy()
+    out["skey"] = (out["variant"].astype(str) + "|" + out["phase"].astype(str) + "|" + out["size"].astype(str)
+                   + "|" + out["step"].astype(str))
+    out = out.join(stats, on="skey").assign(
+        writes=lambda d: d["skey"].map(n_writes).fillna(0).astype(np.int64),
+        graph=lambda d: d["skey"].map(graph).fillna(False).astype(bool),
+        trace=trace.path, source=trace.source)
+    return out[list(STEP_METRIC_COLUMNS)]

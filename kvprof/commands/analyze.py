@@ -1,0 +1,68 @@
+"""Analyze a capture: per-write GPU/host numbers, fused-or-fell-back verdicts, comparison.
+
+PATH is a run directory (with manifest.json), a folder of traces, a torch.profiler
+Chrome trace (.json or .json.gz), an nsys SQLite export or an .nsys-rep (exported with
+nsys when it is found). Prints a table and writes summary.json, summary.csv,
+events.parquet and writes.parquet into PATH (a folder) or next to it (a file), or
+into --out. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvprof.errors import UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvprof.analysis.compare import Benchmark
+
+    b = Benchmark()
+    parser.add_argument("path", help="run directory, trace folder, Chrome trace, nsys .sqlite or .nsys-rep")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the outputs (default: next to PATH)")
+    parser.add_argument("--baseline", default=None,
+                        help="variant to compare the others with (default: two_stream when present)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help=f"layers per decode step in the projection (default {b.layers}, the benchmark's model)")
+    parser.add_argument("--itl-before", type=float, default=b.itl_before_ms,
+                        help=f"inter-token latency of the baseline, ms (default {b.itl_before_ms})")
+    parser.add_argument("--itl-after", type=float, default=b.itl_after_ms,
+                        help=f"measured inter-token latency after the change, ms (default {b.itl_after_ms})")
+    parser.add_argument("--max-events", type=int, default=None,
+                        help="refuse traces with more events than this (default 4,000,000; memory bound)")
+    parser.add_argument("--no-files", action="store_true", help="print only; write nothing")
+    parser.add_argument("--quiet", action="store_true", help="write the files, print only their paths")
+
+
+def output_dir(path: Path, out: Path | None) -> Path:
+    if out is not None:
+        return out
+    return path if path.is_dir() else path.parent
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvprof.analysis.compare import Benchmark
+    from kvprof.analysis.summary import analyze
+    from kvprof.report.console import render
+    from kvprof.report.files import write_analysis
+    from kvprof.trace.kineto import DEFAULT_MAX_EVENTS
+    from kvprof.trace.load import load
+
+    if args.layers is not None and args.layers <= 0:
+        raise UsageError(f"--layers must be positive, got {args.layers}")
+    if args.itl_before <= 0 or args.itl_after <= 0:
+        raise UsageError("--itl-before and --itl-after must be positive milliseconds")
+    path = Path(args.path)
+    loaded = load(path, args.max_events or DEFAULT_MAX_EVENTS)
+    bench = Benchmark(itl_before_ms=args.itl_before, itl_after_ms=args.itl_after,
+                      layers=args.layers or Benchmark().layers)
+    result = analyze(loaded, baseline=args.baseline, bench=bench, layers=args.layers)
+    if not args.quiet:
+        render(result.summary)
+    if args.no_files:
+        return 0
+    written = write_analysis(loaded, result, output_dir(path, args.out))
+    for p in written:
+        print(p)
+    return 0

@@ -1,0 +1,1 @@
+"""Renderers only: they format what kvprof.analysis computed and never compute numbers."""

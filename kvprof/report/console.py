@@ -1,0 +1,121 @@
+"""The console view of an analysis: one table per source, verdicts, comparison, warnings."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _us(ns: Any, digits: int = 2) -> str:
+    try:
+        v = float(ns)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if not math.isfinite(v) else f"{v / 1000:.{digits}f}"
+
+
+def _num(v: Any, fmt: str = "{:.1f}") -> str:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if not math.isfinite(f) else fmt.format(f)
+
+
+def groups_table(rows: list[dict[str, Any]], source: str) -> Table:
+    t = Table(title=f"per write, median ({source})", title_justify="left")
+    for col, just in (("variant", "left"), ("phase", "left"), ("size", "right"), ("writes", "right"),
+                      ("attribution", "left"), ("kern/wr", "right"), ("GPU span µs", "right"),
+                      ("cost/wr µs", "right"), ("host µs", "right"), ("launch→GPU µs", "right"),
+                      ("streams", "right"), ("overlap %", "right"), ("GB/s", "right"), ("% peak", "right"),
+                      ("step µs", "right"), ("step GPU µs", "right")):
+        t.add_column(col, justify=just, no_wrap=True)
+    for r in rows:
+        t.add_row(
+            str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["writes"]), str(r["attribution"]),
+            _num(r["kernels_per_write"], "{:g}"), _us(r["gpu_span_ns"]), _us(r["cost_per_write_ns"]),
+            _us(r["host_launch_ns"]), _us(r["launch_delay_ns"]), str(r["streams"]),
+            _num((r["overlap_frac"] or 0) * 100 if r["overlap_frac"] is not None else None),
+            _num(r["bandwidth_gbs"]), _num(r["pct_of_peak"], "{:.2f}"), _us(r["step_ns"], 1),
+            _us(r["step_gpu_ns"], 1),
+        )
+    return t
+
+
+def verdict_line(name: str, v: dict[str, Any]) -> str:
+    if not v.get("available", True):
+        return f"[dim]{name}: not run ({v.get('reason')})[/dim]"
+    fused = v.get("fused")
+    word = "fused" if fused else ("not fused" if fused is False else "unknown")
+    parts = [f"{name}: {word}"]
+    parts.append(f"paths say {'fused' if v.get('fused_by_paths') else 'not fused' if v.get('fused_by_paths') is False else '?'}")
+    counts = (v.get("kernel_counts") or {}).get("gpu_ops_per_write") or {}
+    if counts:
+        parts.append("GPU ops/write " + ", ".join(f"{k} x{c}" for k, c in counts.items()))
+    if v.get("fell_back"):
+        parts.append("[red]fell back[/red]" + (f" ({'; '.join(v['fallback_reasons'])})" if v.get("fallback_reasons") else ""))
+    if v.get("agree") is False:
+        parts.append("[yellow]paths and kernel count disagree[/yellow]")
+    return " · ".join(parts)
+
+
+def comparison_table(cmp: dict[str, Any]) -> Table:
+    t = Table(title=f"vs baseline {cmp['baseline']} (projection: {cmp['layers']} layers/step)", title_justify="left")
+    for col in ("variant", "source", "phase", "size", "cost/write µs", "baseline µs", "ratio", "saving/step ms",
+                "% of ITL", "predicted ITL ms"):
+        t.add_column(col, justify="left" if col in ("variant", "source", "phase") else "right", no_wrap=True)
+    for r in cmp["rows"]:
+        t.add_row(str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                  _us(r["cost_per_write_ns"]), _us(r["baseline_cost_per_write_ns"]),
+                  _num(r["ratio_cost_per_write_ns"], "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}"),
+                  _num((r.get("saving_share_of_itl") or 0) * 100 if r.get("saving_share_of_itl") is not None else None, "{:.2f}"),
+                  _num(r.get("predicted_itl_ms"), "{:.2f}"))
+    return t
+
+
+def make_console() -> Console:
+    """Wide enough for the tables when printing to a pipe or file (rich assumes 80)."""
+    con = Console()
+    return con if con.is_terminal else Console(width=200)
+
+
+def render(summary: dict[str, Any], console: Console | None = None) -> None:
+    con = console or make_console()
+    dev = summary.get("device") or {}
+    con.print(f"[bold]kvprof analyze[/bold] {summary['input']}  ({summary['input_kind']}; device: {dev.get('name') or '?'}, "
+              f"peak {_num(dev.get('peak_bandwidth_gbs'), '{:.0f}')} GB/s)")
+    for tr in summary["traces"]:
+        att = tr.get("attribution") or {}
+        con.print(f"  {tr['source']}: {tr['path']} — {tr['events']:,} events, {tr['gpu_events']:,} on GPU, "
+                  f"writes {att.get('writes', 0)}, attribution {att.get('method', 'none')}")
+    groups = summary.get("groups") or []
+    for source in sorted({g["source"] for g in groups}):
+        con.print(groups_table([g for g in groups if g["source"] == source], source))
+    if not groups:
+        con.print("no kvprof writes: generic numbers only (see summary.json 'traces[].generic')")
+        for tr in summary["traces"]:
+            g = tr.get("generic") or {}
+            if g.get("gpu"):
+                con.print(f"  {tr['path']}: GPU busy {_us(g.get('gpu_busy_ns'), 1)} µs of {_us(g.get('gpu_window_ns'), 1)} µs, "
+                          f"overlap {_num((g.get('overlap_frac') or 0) * 100)} %, {len(g.get('streams') or [])} streams")
+                for k in (g.get("kernels_by_name") or [])[:5]:
+                    con.print(f"    {k['count']:>6} x {k['name'][:70]}  total {_us(k['total_ns'], 1)} µs")
+            else:
+                con.print(f"  {tr['path']}: {g.get('note', 'no GPU activity')}")
+    for name, v in (summary.get("variants") or {}).items():
+        con.print(verdict_line(name, v))
+    cmp = summary.get("comparison")
+    if cmp and cmp.get("rows"):
+        con.print(comparison_table(cmp))
+        h = cmp.get("headline")
+        if h:
+            b = cmp["benchmark"]
+            con.print(f"captured {h['variant']} ({h['source']}, decode bs={h['size']}) predicts ITL "
+                      f"{b['itl_before_ms']:.2f} → {h['predicted_itl_ms']:.2f} ms "
+                      f"(saving {h['saving_per_step_ms']:.3f} ms/step); the benchmark measured "
+                      f"{b['itl_before_ms']:.2f} → {b['itl_after_ms']:.2f} ms ({h['measured_saving_ms']:.2f} ms)")
+    for w in summary.get("warnings") or []:
+        con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)

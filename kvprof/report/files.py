@@ -1,0 +1,72 @@
+"""Write analysis outputs atomically (temp file + os.replace via kvprof.atomic).
+
+summary.json (orjson, indented), summary.csv (the groups table), events.parquet (the
+normalized event table of every trace, SCHEMA), writes.parquet (one row per write,
+kvprof.analysis.writes.WRITE_COLUMNS). A reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvprof.atomic import atomic_file, atomic_path
+from kvprof.errors import OutputError
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    data = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    with atomic_file(path, "wb") as fh:
+        fh.write(data + b"\n")
+
+
+def write_csv(path: Path, df: pd.DataFrame) -> None:
+    with atomic_file(path, "w") as fh:
+        df.to_csv(fh, index=False)
+
+
+def write_parquet(path: Path, table: pa.Table | pd.DataFrame) -> None:
+    if isinstance(table, pd.DataFrame):
+        table = pa.Table.from_pandas(table, preserve_index=False)
+    with atomic_path(path) as tmp:
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc}") from None
+
+
+def writes_for_parquet(writes: pd.DataFrame) -> pd.DataFrame:
+    """Stable dtypes for the dashboard: strings as str, booleans as bool, numbers as float/int."""
+    w = writes.copy()
+    for c in ("trace", "source", "variant", "phase", "attribution", "kernel_names"):
+        if c in w.columns:
+            w[c] = w[c].astype("string")
+    for c in ("graph", "during_capture"):
+        if c in w.columns:
+            w[c] = w[c].astype(bool)
+    for c in w.columns:
+        if w[c].dtype == object:
+            w[c] = pd.to_numeric(w[c], errors="coerce")
+    return w
+
+
+OUTPUT_NAMES = ("summary.json", "summary.csv", "events.parquet", "writes.parquet")
+
+
+def write_analysis(loaded: Any, result: Any, out: Path) -> list[Path]:
+    """Every analysis output into ``out``; the summary last, so its presence means the rest is there."""
+    events = (
+        pa.concat_tables([t.events for t in loaded.traces], promote_options="permissive")
+        if len(loaded.traces) > 1 else loaded.traces[0].events
+    )
+    summary, groups, events_path, writes_path = (out / n for n in OUTPUT_NAMES)
+    write_parquet(events_path, events)
+    write_parquet(writes_path, writes_for_parquet(result.writes))
+    write_csv(groups, result.groups)
+    write_json(summary, result.summary)
+    return [summary, groups, events_path, writes_path]

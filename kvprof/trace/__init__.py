@@ -1,0 +1,1 @@
+"""Trace readers and the normalized event table."""

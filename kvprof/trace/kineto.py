@@ -1,0 +1,417 @@
+"""Read a torch.profiler (Kineto) Chrome trace, plain or gzipped, into the event table.
+
+Why it looks the way it does:
+- Speed and memory: the document is parsed once with orjson, then one pass copies the
+  few fields kvprof needs into plain lists and interns names (each distinct kernel name
+  is stored once); the parsed document is dropped right after. No per-event Python
+  object outlives the pass.
+- Size guard: the decompressed bytes are read in chunks while counting events, so a
+  trace too large to parse on this machine is refused (``max_events``) before it is
+  held in memory, with a one-line message rather than an out-of-memory kill.
+- Clock: ``ts`` is microseconds. Current torch writes it relative to
+  ``baseTimeNanoseconds`` (which is not the trace start: it can be weeks earlier, so
+  ``ts`` *looks* absolute); older traces wrote unix microseconds and no base. Both are
+  detected from the values, and ``Trace.clock`` says which one was found.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from kvprof.errors import TraceError
+from kvprof.trace.model import Trace
+from kvprof.trace.schema import KINDS
+from kvprof.trace.table import build_table
+
+# Kineto "cat" -> kvprof kind (see the table in kvprof.trace.schema).
+KIND_OF_CAT = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "driver",
+    "cpu_op": "cpu_op",
+    "user_annotation": "cpu_annotation",
+    "gpu_user_annotation": "gpu_annotation",
+    "cuda_sync": "sync",
+}
+# Complete events that are not rows: the profiler's own span, and Python stacks
+# (with_stack=True makes them the majority of a trace and kvprof never reads them).
+SKIPPED_CATS = frozenset({"Trace", "python_function"})
+DEFAULT_MAX_EVENTS = 4_000_000
+_CHUNK = 16 << 20
+_GPU_CODES = frozenset(KINDS.index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync"))
+_ARG_CODES = _GPU_CODES | {KINDS.index("runtime"), KINDS.index("driver")}
+_KERNEL, _MEMCPY, _MEMSET = KINDS.index("kernel"), KINDS.index("memcpy"), KINDS.index("memset")
+_OTHER = KINDS.index("other")
+_CODE_OF_CAT = {cat: KINDS.index(kind) for cat, kind in KIND_OF_CAT.items()}
+# Plausible wall-clock range for epoch nanoseconds (2015 .. 2100).
+_EPOCH_MIN_NS, _EPOCH_MAX_NS = 1.42e18, 4.1e18
+
+
+def _gunzip_chunks(raw: Any) -> Any:
+    """Decompressed chunks of a (possibly multi-member) gzip stream; truncation is an error.
+
+    zlib directly rather than the gzip module: gzip.GzipFile.read(n) can return a short
+    read and then b"" for a stream cut short, which would hand half a trace to the parser.
+    """
+    d = zlib.decompressobj(31)
+    fed = False
+    while True:
+        block = raw.read(_CHUNK // 4)
+        if not block:
+            break
+        while block:
+            fed = True
+            out = d.decompress(block)
+            if out:
+                yield out
+            block = b""
+            if d.eof:
+                block = d.unused_data
+                d = zlib.decompressobj(31)
+                fed = False
+    if fed and not d.eof:
+        raise EOFError("the gzip stream ends before its end-of-stream marker")
+
+
+def read_bytes(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> bytes:
+    """The decompressed trace bytes, refusing early when they hold more than ``max_events``."""
+    p = Path(path)
+    try:
+        raw = open(p, "rb")
+    except OSError as exc:
+        raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
+    chunks: list[bytes] = []
+    count, tail, size = 0, b"", 0
+    try:
+        with raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            source = _gunzip_chunks(raw) if gz else iter(lambda: raw.read(_CHUNK), b"")
+            for chunk in source:
+                count += (tail + chunk[:3]).count(b'"ph"') + chunk.count(b'"ph"')
+                tail = chunk[-3:]
+                chunks.append(chunk)
+                size += len(chunk)
+                if count > max_events:
+                    raise TraceError(
+                        f"{p.name}: more than {max_events:,} events (counted {count:,} in the first "
+                        f"{size >> 20} MiB); too large to load here: capture a shorter "
+                        "window, or raise --max-events on a machine with more memory"
+                    )
+    except (EOFError, zlib.error) as exc:
+        raise TraceError(f"{p.name}: truncated or corrupt gzip ({exc or type(exc).__name__})") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
+    data = b"".join(chunks)
+    del chunks
+    return data
+
+
+def parse_document(data: bytes, name: str) -> dict[str, Any]:
+    """orjson parse with one-line errors; a bare event list is accepted as a trace."""
+    if not data.strip():
+        raise TraceError(f"{name}: empty file")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(f"{name}: not valid JSON ({exc})") from None
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceError(f"{name}: JSON but not a Chrome/Kineto trace (no traceEvents list)")
+    return doc
+
+
+def _int(v: Any) -> int:
+    if v.__class__ is int:
+        return v
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _dims(v: Any) -> str | None:
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return None
+
+
+def clock_of(min_ts_us: float, base_ns: Any) -> dict[str, Any]:
+    """Which origin ``ts`` has: unix time, ``baseTimeNanoseconds``, or unknown (see module doc)."""
+    clock: dict[str, Any] = {"unit": "ns", "source_unit": "us", "base_time_ns": base_ns}
+    first_ns = min_ts_us * 1000.0
+    if _EPOCH_MIN_NS < first_ns < _EPOCH_MAX_NS:
+        clock.update(form="unix", epoch_offset_ns=0)
+    elif isinstance(base_ns, (int, float)) and _EPOCH_MIN_NS < base_ns + first_ns < _EPOCH_MAX_NS:
+        clock.update(form="relative_to_base", epoch_offset_ns=int(base_ns))
+    else:
+        clock.update(form="unknown", epoch_offset_ns=None)
+    return clock
+
+
+def _to_ns(ts_us: np.ndarray) -> tuple[np.ndarray, float]:
+    """Microsecond floats -> int64 ns without losing the sub-µs digits of large values."""
+    if not len(ts_us):
+        return ts_us.astype(np.int64), 0.0
+    origin = float(np.floor(np.nanmin(ts_us)))
+    rel = np.rint((ts_us - origin) * 1000.0).astype(np.int64)
+    return rel + np.int64(origin) * 1000, origin
+
+
+def events_from_document(doc: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, int]]:
+    """One pass over ``traceEvents`` into columns; consumes (empties) the event list."""
+    events: list[Any] = doc["traceEvents"]
+    names: dict[str, int] = {}
+    dims: dict[str, int] = {}
+    kind_l: list[int] = []
+    name_l: list[int] = []
+    pid_l: list[int] = []
+    tid_l: list[int] = []
+    ts_l: list[float] = []
+    dur_l: list[float] = []
+    dev_l: list[int] = []
+    stream_l: list[int] = []
+    corr_l: list[int] = []
+    node_l: list[int] = []
+    grid_l: list[int] = []
+    block_l: list[int] = []
+    bytes_l: list[int] = []
+    flows: dict[tuple[int, int, float], int] = {}
+    stats = {"skipped": 0, "non_complete": 0, "malformed": 0}
+    code_of_cat = _CODE_OF_CAT
+    arg_codes = _ARG_CODES
+    gpu_codes = _GPU_CODES
+    names_setdefault = names.setdefault
+    dims_setdefault = dims.setdefault
+    # Walk from the end and pop, so each event's dict is freed as soon as it is read.
+    events.reverse()
+    pop = events.pop
+    for _ in range(len(events)):
+        e = pop()
+        if e.__class__ is not dict:
+            stats["malformed"] += 1
+            continue
+        ph = e.get("ph")
+        if ph != "X":
+            if ph == "f" and e.get("cat") == "ac2g":
+                flows[(_int(e.get("pid")), _int(e.get("tid")), e.get("ts"))] = _int(e.get("id"))
+            else:
+                stats["non_complete"] += 1
+            continue
+        cat = e.get("cat")
+        code = code_of_cat.get(cat)
+        if code is None:
+            if cat in SKIPPED_CATS:
+                stats["skipped"] += 1
+                continue
+            code = _OTHER
+        ts = e.get("ts")
+        if ts is None or not isinstance(ts, (int, float)):
+            stats["malformed"] += 1
+            continue
+        dur = e.get("dur", 0)
+        if not isinstance(dur, (int, float)):
+            dur = 0
+        name = e.get("name")
+        if name.__class__ is not str:
+            name = "" if name is None else str(name)
+        kind_l.append(code)
+        name_l.append(names_setdefault(name, len(names)))
+        pid = e.get("pid")
+        tid = e.get("tid")
+        pid_l.append(pid if pid.__class__ is int else _int(pid))
+        tid_l.append(tid if tid.__class__ is int else _int(tid))
+        ts_l.append(ts)
+        dur_l.append(dur)
+        if code in arg_codes:
+            args = e.get("args") or {}
+            corr_l.append(_int(args.get("correlation", -1)))
+            if code in gpu_codes:
+                dev_l.append(_int(args.get("device", pid)))
+                stream_l.append(_int(args.get("stream", tid)))
+                node_l.append(_int(args.get("graph node id", args.get("graphNodeId", -1))))
+                g = _dims(args.get("grid"))
+                b = _dims(args.get("block"))
+                grid_l.append(-1 if g is None else dims_setdefault(g, len(dims)))
+                block_l.append(-1 if b is None else dims_setdefault(b, len(dims)))
+                bytes_l.append(_int(args.get("bytes", -1)) if code in (_MEMCPY, _MEMSET) else -1)
+                continue
+        else:
+            corr_l.append(-1)
+        dev_l.append(-1)
+        stream_l.append(-1)
+        node_l.append(-1)
+        grid_l.append(-1)
+        block_l.append(-1)
+        bytes_l.append(-1)
+    n = len(kind_l)
+    cols = {
+        "kind": np.asarray(kind_l, dtype=np.int32),
+        "name": np.asarray(name_l, dtype=np.int32),
+        "pid": np.asarray(pid_l, dtype=np.int64),
+        "tid": np.asarray(tid_l, dtype=np.int64),
+        "ts_us": np.asarray(ts_l, dtype=np.float64),
+        "dur_us": np.asarray(dur_l, dtype=np.float64),
+        "device": np.asarray(dev_l, dtype=np.int32),
+        "stream": np.asarray(stream_l, dtype=np.int64),
+        "correlation": np.asarray(corr_l, dtype=np.int64),
+        "graph_node": np.asarray(node_l, dtype=np.int64),
+        "grid": np.asarray(grid_l, dtype=np.int32),
+        "block": np.asarray(block_l, dtype=np.int32),
+        "bytes": np.asarray(bytes_l, dtype=np.int64),
+        "_names": list(names),
+        "_dims": list(dims),
+        "_flows": flows,
+    }
+    return cols, n, stats
+
+
+def _resolve_flow_correlations(cols: dict[str, Any]) -> int:
+    """GPU rows without ``args.correlation`` (older traces): take the ac2g flow id bound to them."""
+    flows = cols["_flows"]
+    if not flows:
+        return 0
+    kind = cols["kind"]
+    corr = cols["correlation"]
+    missing = np.flatnonzero((corr < 0) & np.isin(kind, list(_GPU_CODES)))
+    fixed = 0
+    for i in missing:
+        fid = flows.get((int(cols["pid"][i]), int(cols["tid"][i]), float(cols["ts_us"][i])))
+        if fid is None:
+            fid = flows.get((int(cols["pid"][i]), int(cols["tid"][i]), int(cols["ts_us"][i])))
+        if fid is not None:
+            corr[i] = fid
+            fixed += 1
+    return fixed
+
+
+def devices_of(doc: dict[str, Any], meta: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """deviceProperties, with the capture's measured peak/copy rates where it gave them."""
+    out = []
+    kv_dev = (meta or {}).get("device") or {}
+    for d in doc.get("deviceProperties") or []:
+        if not isinstance(d, dict):
+            continue
+        out.append({
+            "id": _int(d.get("id", 0)),
+            "name": d.get("name"),
+            "sms": d.get("numSms"),
+            "memory_bytes": d.get("totalGlobalMem"),
+            "peak_bandwidth_gbs": kv_dev.get("peak_bandwidth_gbs"),
+            "copy_rate_gbs": kv_dev.get("copy_rate_gbs"),
+        })
+    if not out and kv_dev:
+        out.append({"id": 0, "name": kv_dev.get("name"), "sms": None, "memory_bytes": None,
+                    "peak_bandwidth_gbs": kv_dev.get("peak_bandwidth_gbs"),
+                    "copy_rate_gbs": kv_dev.get("copy_rate_gbs")})
+    return out
+
+
+def _kvprof_meta(doc: dict[str, Any]) -> dict[str, Any] | None:
+    meta = doc.get("kvprof")
+    if isinstance(meta, str):  # written as a JSON string by some torch versions
+        try:
+            meta = orjson.loads(meta)
+        except orjson.JSONDecodeError:
+            return None
+    return meta if isinstance(meta, dict) else None
+
+
+def read_kineto(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> Trace:
+    """Load one Kineto trace; write columns are left unset (see kvprof.trace.attribution)."""
+    p = Path(path)
+    data = read_bytes(p, max_events)
+    doc = parse_document(data, p.name)
+    del data
+    total = len(doc["traceEvents"])
+    if total == 0:
+        raise TraceError(f"{p.name}: empty trace (traceEvents is empty)")
+    cols, n, stats = events_from_document(doc)
+    if n == 0:
+        raise TraceError(f"{p.name}: no complete events among {total:,} trace events: nothing was profiled")
+    stats["events_in_file"] = total
+    stats["flow_correlations"] = _resolve_flow_correlations(cols)
+    start_ns, _ = _to_ns(cols["ts_us"])
+    dur_ns = np.maximum(np.rint(cols["dur_us"] * 1000.0).astype(np.int64), 0)
+    meta = _kvprof_meta(doc)
+    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    rank = _int(dist.get("rank", 0)) if dist else 0
+    table = build_table(
+        {
+            "trace": str(p),
+            "source": "kineto",
+            "rank": max(rank, 0),
+            "pid": cols["pid"],
+            "tid": cols["tid"],
+            "device": cols["device"],
+            "stream": cols["stream"],
+            "kind": (cols["kind"], list(KINDS)),
+            "name": (cols["name"], cols["_names"]),
+            "start_ns": start_ns,
+            "dur_ns": dur_ns,
+            "correlation": cols["correlation"],
+            "graph_node": cols["graph_node"],
+            "grid": (cols["grid"], cols["_dims"]),
+            "block": (cols["block"], cols["_dims"]),
+            "bytes": cols["bytes"],
+        },
+        n,
+    )
+    clock = clock_of(float(cols["ts_us"].min()), doc.get("baseTimeNanoseconds"))
+    trace = Trace(
+        events=table,
+        source="kineto",
+        path=str(p),
+        kvprof=meta,
+        devices=devices_of(doc, meta),
+        clock=clock,
+        stats=stats,
+    )
+    _fill_gpu_pids(trace)
+    return trace
+
+
+def _fill_gpu_pids(trace: Trace) -> None:
+    """Kineto GPU rows carry the device as pid; the schema wants the launching process.
+
+    Taken from the runtime/driver call with the same correlation id; with a single host
+    process, that process.
+    """
+    t = trace.events
+    kind = np.asarray(t.column("kind").combine_chunks().indices)
+    corr = t.column("correlation").to_numpy()
+    pid = t.column("pid").to_numpy().copy()
+    tid = t.column("tid").to_numpy().copy()
+    gpu = np.isin(kind, list(_GPU_CODES))
+    if not gpu.any():
+        return
+    launch = np.isin(kind, [KINDS.index("runtime"), KINDS.index("driver")]) & (corr >= 0)
+    host_pids = np.unique(pid[~gpu & (pid >= 0)])
+    fill = np.full(int(gpu.sum()), host_pids[0] if len(host_pids) == 1 else -1, dtype=np.int64)
+    if launch.any():
+        order = np.argsort(corr[launch], kind="stable")
+        lc, lp = corr[launch][order], pid[launch][order]
+        gc = corr[gpu]
+        pos = np.searchsorted(lc, gc)
+        pos_c = np.minimum(pos, len(lc) - 1)
+        hit = (pos < len(lc)) & (lc[pos_c] == gc) & (gc >= 0)
+        fill = np.where(hit, lp[pos_c], fill)
+    pid[gpu] = fill
+    tid[gpu] = -1
+    idx_pid = t.schema.get_field_index("pid")
+    idx_tid = t.schema.get_field_index("tid")
+    import pyarrow as pa
+
+    t = t.set_column(idx_pid, "pid", pa.array(pid, type=pa.int64()))
+    t = t.set_column(idx_tid, "tid", pa.array(tid, type=pa.int64()))
+    trace.events = t

@@ -1,0 +1,159 @@
+"""Open whatever the user points at: a run directory, a Chrome trace, an nsys .sqlite or .nsys-rep.
+
+The format is sniffed from the first bytes, not trusted from the name (a renamed or
+mis-suffixed file still loads, and a non-trace gets a clear one-line refusal). A run
+directory is read through its manifest.json: unavailable variants are carried with
+their reason, and a variant's Kineto metadata is lent to its nsys export (which has no
+place for it) so graph replays there can still be split by order if node ids are missing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvprof.errors import TraceError, UsageError
+from kvprof.trace.attribution import attribute
+from kvprof.trace.kineto import DEFAULT_MAX_EVENTS, read_kineto
+from kvprof.trace.model import Trace
+from kvprof.trace.nsys_sqlite import export_report, read_nsys_sqlite
+
+MANIFEST = "manifest.json"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+@dataclass
+class Loaded:
+    """Everything analyze needs from the input, traces already attributed."""
+
+    input: Path
+    kind: str  # "run" | "dir" | "kineto" | "nsys"
+    traces: list[Trace]
+    manifest: dict[str, Any] | None = None
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest entries by name
+    warnings: list[str] = field(default_factory=list)
+
+
+def sniff(path: Path) -> str:
+    """"kineto", "nsys_sqlite" or "nsys_rep" from content (and the .nsys-rep suffix, a binary format)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not head:
+        raise TraceError(f"{path.name}: empty file")
+    if head.startswith(_SQLITE_MAGIC):
+        return "nsys_sqlite"
+    if head[:2] == b"\x1f\x8b":
+        return "kineto"
+    if path.suffix == ".nsys-rep" or path.name.endswith(".qdrep"):
+        return "nsys_rep"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "kineto"
+    raise TraceError(
+        f"{path.name}: not a trace kvprof can read (expected a Chrome/Kineto JSON, gzipped or not, "
+        "an nsys SQLite export or an .nsys-rep)")
+
+
+def load_file(path: Path, max_events: int = DEFAULT_MAX_EVENTS, fallback_meta: dict[str, Any] | None = None,
+              export_dir: Path | None = None) -> Trace:
+    """Read and attribute one file."""
+    fmt = sniff(path)
+    if fmt == "kineto":
+        trace = read_kineto(path, max_events)
+    elif fmt == "nsys_sqlite":
+        trace = read_nsys_sqlite(path)
+    else:
+        trace = read_nsys_sqlite(export_report(path, export_dir))
+        trace = trace.replace(path=str(path))
+    return attribute(trace, fallback_meta)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("variants"), dict):
+        raise TraceError(f"{path}: not a kvprof manifest (no variants)")
+    return doc
+
+
+def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
+    manifest = _read_manifest(run_dir / MANIFEST)
+    loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest)
+    seen: set[Path] = set()
+    for name, entry in manifest["variants"].items():
+        entry = entry if isinstance(entry, dict) else {}
+        loaded.variants[name] = entry
+        if not entry.get("available", True):
+            continue
+        files = entry.get("files") or {}
+        meta = None
+        kt = files.get("torch_trace")
+        if kt:
+            p = run_dir / kt
+            if p.is_file():
+                t = load_file(p, max_events)
+                meta = t.kvprof
+                loaded.traces.append(t)
+                seen.add(p.resolve())
+            else:
+                loaded.warnings.append(f"{name}: manifest names {kt} but it is missing")
+        for key in ("nsys_sqlite", "nsys_rep"):
+            f = files.get(key)
+            if not f:
+                continue
+            p = run_dir / f
+            if not p.is_file():
+                loaded.warnings.append(f"{name}: manifest names {f} but it is missing")
+                continue
+            if p.resolve() in seen:
+                break
+            loaded.traces.append(load_file(p, max_events, fallback_meta=meta, export_dir=run_dir))
+            seen.add(p.resolve())
+            break  # the sqlite is the export of the rep: one of the two
+    if not loaded.traces:
+        raise TraceError(f"{run_dir}: the manifest lists no readable trace "
+                         f"({sum(1 for e in loaded.variants.values() if not e.get('available', True))} variants unavailable)")
+    return loaded
+
+
+def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
+    """A folder of traces without a manifest: every Chrome trace, nsys export and report in it."""
+    files = sorted(p for p in d.iterdir() if p.is_file() and (
+        p.name.endswith((".json", ".json.gz", ".sqlite", ".nsys-rep")) and p.name not in (MANIFEST, "summary.json")))
+    sqlite_stems = {p.name[: -len(".sqlite")] for p in files if p.name.endswith(".sqlite")}
+    files = [p for p in files if not (p.name.endswith(".nsys-rep") and p.name[: -len(".nsys-rep")] in sqlite_stems)]
+    loaded = Loaded(input=d, kind="dir", traces=[])
+    for p in files:
+        try:
+            loaded.traces.append(load_file(p, max_events, export_dir=d))
+        except TraceError as exc:
+            if p.name.endswith((".json", ".json.gz")) and "not a Chrome/Kineto trace" in str(exc):
+                loaded.warnings.append(f"skipped {p.name}: not a trace")
+                continue
+            raise
+    if not loaded.traces:
+        raise TraceError(f"{d}: no traces here (no manifest.json, *.json[.gz], *.sqlite or *.nsys-rep)")
+    return loaded
+
+
+def load(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
+    """Dispatch on what ``path`` is; every trace comes back attributed."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"no such file or directory: {p}")
+    if max_events <= 0:
+        raise UsageError(f"--max-events must be positive, got {max_events}")
+    if p.is_dir():
+        return load_run(p, max_events) if (p / MANIFEST).is_file() else load_dir(p, max_events)
+    t = load_file(p, max_events)
+    return Loaded(input=p, kind=t.source, traces=[t])

@@ -1,0 +1,355 @@
+"""Read an Nsight Systems SQLite export (``nsys export --type sqlite``) into the event table.
+
+The export's columns change between Nsight versions and its tables are created lazily
+(a capture without memcpys has no memcpy table), so every table is read through its
+``PRAGMA table_info``: optional columns are used when present and defaulted when not;
+only the kernel table and StringIds are required. A ``.nsys-rep`` is exported first
+with the nsys that kvprof.capture.nsys finds.
+
+What is kept beside the events: ``Trace.graph_nodes`` (CUDA_GRAPH_NODE_EVENTS: which
+thread created each graph node when, and which captured node an instantiated node was
+cloned from), which lets attribution tie replayed kernels to the NVTX range that was
+open when their node was captured.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvprof.errors import ToolError, TraceError
+from kvprof.trace.model import Trace
+from kvprof.trace.schema import KINDS
+from kvprof.trace.table import build_table
+
+NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE, NVTX_CATEGORY_NAME = 59, 60, 75, 33
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+_VERSION_SUFFIX = re.compile(r"_v\d+$")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def split_global_id(gid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """nsys serialized globalTid/globalPid -> (pid, tid): bits 24..47 and 0..23."""
+    gid = np.asarray(gid, dtype=np.int64)
+    return (gid >> 24) & 0xFFFFFF, gid & 0xFFFFFF
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in db.execute(f"PRAGMA table_info([{table}])")}
+
+
+def _select(db: sqlite3.Connection, table: str, wanted: dict[str, str], where: str = "") -> pd.DataFrame:
+    """SELECT the wanted columns that exist; missing ones come back as the given SQL default."""
+    have = _columns(db, table)
+    parts = [f"[{c}]" if c in have else f"{default} AS [{c}]" for c, default in wanted.items()]
+    sql = f"SELECT {', '.join(parts)} FROM [{table}] {where}"
+    rows = db.execute(sql).fetchall()
+    return pd.DataFrame.from_records(rows, columns=list(wanted))
+
+
+def _i64(s: pd.Series, default: int = -1) -> np.ndarray:
+    return pd.to_numeric(s, errors="coerce").fillna(default).to_numpy(dtype=np.int64)
+
+
+def open_export(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """Open read-only after checking it is SQLite and an nsys export with a kernel table."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(16)
+    except OSError as exc:
+        raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
+    if magic != _SQLITE_MAGIC:
+        raise TraceError(f"{p.name}: not an SQLite file")
+    try:
+        db = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(f"{p.name}: unreadable SQLite file ({exc})") from None
+    if "StringIds" not in tables or not any(t.startswith(("CUPTI_", "NVTX_", "TARGET_INFO")) for t in tables):
+        db.close()
+        raise TraceError(f"{p.name}: SQLite but not an Nsight Systems export (no StringIds/CUPTI tables)")
+    if KERNEL_TABLE not in tables:
+        db.close()
+        raise TraceError(
+            f"{p.name}: nsys export without {KERNEL_TABLE}: no GPU kernels were traced "
+            "(capture with `nsys profile -t cuda,nvtx`)"
+        )
+    return db
+
+
+class _Names:
+    """Interning table shared by every string column (StringIds values included)."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+
+    def code(self, value: str | None) -> int:
+        if value is None or value.__class__ is not str:
+            return -1  # None / NaN from pandas
+        return self.codes.setdefault(value, len(self.codes))
+
+    def codes_of(self, values: pd.Series) -> np.ndarray:
+        return np.fromiter((self.code(v) for v in values), dtype=np.int32, count=len(values))
+
+    @property
+    def values(self) -> list[str]:
+        return list(self.codes)
+
+
+def _strings(db: sqlite3.Connection) -> dict[int, str]:
+    return dict(db.execute("SELECT id, value FROM StringIds").fetchall())
+
+
+def _tables(db: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _gpu_frame(db: sqlite3.Connection, table: str, kind: str, strings: dict[int, str], enum: dict[int, str]) -> pd.DataFrame:
+    wanted = {
+        "start": "NULL", "end": "NULL", "deviceId": "-1", "streamId": "-1", "correlationId": "-1",
+        "globalPid": "NULL", "graphNodeId": "NULL",
+    }
+    if kind == "kernel":
+        wanted.update(demangledName="NULL", shortName="NULL", gridX="NULL", gridY="NULL", gridZ="NULL",
+                      blockX="NULL", blockY="NULL", blockZ="NULL")
+    elif kind == "memcpy":
+        wanted.update(bytes="-1", copyKind="NULL")
+    elif kind == "memset":
+        wanted.update(bytes="-1")
+    elif kind == "sync":
+        wanted.update(syncType="NULL")
+    df = _select(db, table, wanted, "WHERE start IS NOT NULL")
+    if kind == "kernel":
+        name_id = df["demangledName"].where(df["demangledName"].notna(), df["shortName"])
+        df["name"] = [strings.get(int(i), f"kernel#{int(i)}") if pd.notna(i) else "kernel" for i in name_id]
+        grid = df[["gridX", "gridY", "gridZ"]].astype("Int64").astype(str)
+        block = df[["blockX", "blockY", "blockZ"]].astype("Int64").astype(str)
+        df["grid"] = (grid["gridX"] + "," + grid["gridY"] + "," + grid["gridZ"]).where(df["gridX"].notna(), None)
+        df["block"] = (block["blockX"] + "," + block["blockY"] + "," + block["blockZ"]).where(df["blockX"].notna(), None)
+    elif kind == "memcpy":
+        df["name"] = ["Memcpy " + enum.get(int(k), "?") if pd.notna(k) else "Memcpy" for k in df["copyKind"]]
+    elif kind == "memset":
+        df["name"] = "Memset"
+    elif kind == "sync":
+        df["name"] = [enum.get(int(k), "Synchronization") if pd.notna(k) else "Synchronization" for k in df["syncType"]]
+    df["kind"] = kind
+    return df
+
+
+def _enum(db: sqlite3.Connection, tables: set[str], name: str) -> dict[int, str]:
+    if name not in tables:
+        return {}
+    cols = _columns(db, name)
+    label = "label" if "label" in cols else "name"
+    return dict(db.execute(f"SELECT id, [{label}] FROM [{name}]").fetchall())
+
+
+def _nvtx_frame(db: sqlite3.Connection, strings: dict[int, str]) -> tuple[pd.DataFrame, dict[int, str]]:
+    wanted = {
+        "start": "NULL", "end": "NULL", "eventType": "NULL", "text": "NULL", "textId": "NULL",
+        "globalTid": "NULL", "domainId": "0", "category": "NULL", "int64Value": "NULL",
+        "uint64Value": "NULL", "int32Value": "NULL", "uint32Value": "NULL",
+    }
+    df = _select(db, "NVTX_EVENTS", wanted)
+    et = pd.to_numeric(df["eventType"], errors="coerce")
+    domains = {int(r.domainId): r.text for r in df[et == NVTX_DOMAIN_CREATE].itertuples() if pd.notna(r.domainId)}
+    categories = {
+        (int(r.domainId), int(r.category)): r.text
+        for r in df[et == NVTX_CATEGORY_NAME].itertuples()
+        if pd.notna(r.category) and pd.notna(r.domainId)
+    }
+    rng = df[et.isin([NVTX_PUSH_POP, NVTX_START_END]) & df["end"].notna()].copy()
+    text = rng["text"].where(rng["text"].notna(), [strings.get(int(i)) if pd.notna(i) else None for i in rng["textId"]])
+    rng["name"] = text.fillna("")
+    dom = pd.to_numeric(rng["domainId"], errors="coerce").fillna(0).astype(np.int64)
+    rng["domain"] = [domains.get(int(d)) for d in dom]
+    rng["category_name"] = [
+        categories.get((int(d), int(c))) if pd.notna(c) else None for d, c in zip(dom, rng["category"])
+    ]
+    payload = rng["int64Value"]
+    for alt in ("uint64Value", "int32Value", "uint32Value"):
+        payload = payload.where(payload.notna(), rng[alt])
+    rng["payload"] = payload
+    rng["kind"] = "cpu_annotation"
+    return rng, domains
+
+
+def graph_nodes_of(db: sqlite3.Connection, tables: set[str]) -> pd.DataFrame | None:
+    """CUDA_GRAPH_NODE_EVENTS as (node, original, start_ns, pid, tid); None when absent."""
+    if "CUDA_GRAPH_NODE_EVENTS" not in tables:
+        return None
+    df = _select(db, "CUDA_GRAPH_NODE_EVENTS",
+                 {"start": "NULL", "globalTid": "NULL", "graphNodeId": "NULL", "originalGraphNodeId": "NULL"},
+                 "WHERE graphNodeId IS NOT NULL")
+    pid, tid = split_global_id(_i64(df["globalTid"], 0))
+    return pd.DataFrame({
+        "node": _i64(df["graphNodeId"]),
+        "original": _i64(df["originalGraphNodeId"]),
+        "start_ns": _i64(df["start"]),
+        "pid": np.where(df["globalTid"].notna(), pid, -1),
+        "tid": np.where(df["globalTid"].notna(), tid, -1),
+    })
+
+
+def _devices(db: sqlite3.Connection, tables: set[str]) -> list[dict[str, Any]]:
+    if "TARGET_INFO_GPU" not in tables:
+        return []
+    df = _select(db, "TARGET_INFO_GPU", {"id": "0", "name": "NULL", "smCount": "NULL", "totalMemory": "NULL",
+                                          "memoryBandwidth": "NULL"})
+    out = []
+    for r in df.itertuples():
+        bw = float(r.memoryBandwidth) / 1e9 if pd.notna(r.memoryBandwidth) and r.memoryBandwidth else None
+        out.append({"id": int(r.id) if pd.notna(r.id) else 0, "name": r.name,
+                    "sms": int(r.smCount) if pd.notna(r.smCount) else None,
+                    "memory_bytes": int(r.totalMemory) if pd.notna(r.totalMemory) else None,
+                    "peak_bandwidth_gbs": bw, "copy_rate_gbs": None})
+    return out
+
+
+def _clock(db: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
+    clock: dict[str, Any] = {"unit": "ns", "source_unit": "ns", "form": "session", "epoch_offset_ns": None}
+    if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(db, "TARGET_INFO_SESSION_START_TIME"):
+        row = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+        if row and row[0] is not None:
+            clock["epoch_offset_ns"] = int(row[0])
+    return clock
+
+
+def read_nsys_sqlite(path: str | os.PathLike[str]) -> Trace:
+    """Load one nsys SQLite export; write columns are left unset (see attribution)."""
+    p = Path(path)
+    db = open_export(p)
+    try:
+        return _read(db, p)
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(f"{p.name}: unreadable nsys export ({exc})") from None
+    finally:
+        db.close()
+
+
+def _read(db: sqlite3.Connection, p: Path) -> Trace:
+    tables = _tables(db)
+    strings = _strings(db)
+    frames: list[pd.DataFrame] = []
+    for table, kind, enum in (
+        (KERNEL_TABLE, "kernel", None),
+        ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy", "ENUM_CUDA_MEMCPY_OPER"),
+        ("CUPTI_ACTIVITY_KIND_MEMSET", "memset", None),
+        ("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "sync", "ENUM_CUPTI_SYNC_TYPE"),
+    ):
+        if table in tables:
+            frames.append(_gpu_frame(db, table, kind, strings, _enum(db, tables, enum) if enum else {}))
+    gpu = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    host_frames: list[pd.DataFrame] = []
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        rt = _select(db, "CUPTI_ACTIVITY_KIND_RUNTIME", {"start": "NULL", "end": "NULL", "globalTid": "NULL",
+                                                         "correlationId": "-1", "nameId": "NULL"},
+                     "WHERE start IS NOT NULL")
+        raw = [strings.get(int(i), "?") if pd.notna(i) else "?" for i in rt["nameId"]]
+        names = [_VERSION_SUFFIX.sub("", s) for s in raw]
+        rt["name"] = names
+        rt["kind"] = ["runtime" if s.startswith("cuda") or not s.startswith("cu") else "driver" for s in names]
+        host_frames.append(rt)
+    if "NVTX_EVENTS" in tables:
+        nv, _ = _nvtx_frame(db, strings)
+        host_frames.append(nv)
+    host = pd.concat(host_frames, ignore_index=True) if host_frames else pd.DataFrame()
+    n_gpu, n_host = len(gpu), len(host)
+    if n_gpu + n_host == 0:
+        raise TraceError(f"{p.name}: nsys export with no kernels, runtime calls or NVTX ranges")
+    names = _Names()
+    kinds = list(KINDS)
+
+    def col(df: pd.DataFrame, c: str) -> pd.Series:
+        return df[c] if c in df.columns else pd.Series([None] * len(df), dtype=object)
+
+    g_pid, _ = split_global_id(_i64(col(gpu, "globalPid"), 0)) if n_gpu else (np.empty(0, np.int64),) * 2
+    h_pid, h_tid = split_global_id(_i64(col(host, "globalTid"), 0)) if n_host else (np.empty(0, np.int64),) * 2
+    start = np.concatenate([_i64(col(gpu, "start")), _i64(col(host, "start"))])
+    end = np.concatenate([_i64(col(gpu, "end")), _i64(col(host, "end"))])
+    kind = np.concatenate([
+        np.asarray([kinds.index(k) for k in col(gpu, "kind")], dtype=np.int32),
+        np.asarray([kinds.index(k) for k in col(host, "kind")], dtype=np.int32),
+    ])
+    n = n_gpu + n_host
+    name_codes = np.concatenate([names.codes_of(col(gpu, "name")), names.codes_of(col(host, "name"))])
+    grid = np.concatenate([names.codes_of(col(gpu, "grid")), np.full(n_host, -1, np.int32)])
+    block = np.concatenate([names.codes_of(col(gpu, "block")), np.full(n_host, -1, np.int32)])
+    domain = np.concatenate([np.full(n_gpu, -1, np.int32), names.codes_of(col(host, "domain"))])
+    category = np.concatenate([np.full(n_gpu, -1, np.int32), names.codes_of(col(host, "category_name"))])
+    neg = lambda k: np.full(k, -1, np.int64)  # noqa: E731
+    table = build_table(
+        {
+            "trace": str(p),
+            "source": "nsys",
+            "rank": 0,
+            "pid": np.concatenate([np.where(col(gpu, "globalPid").notna().to_numpy(), g_pid, -1) if n_gpu else neg(0), h_pid]),
+            "tid": np.concatenate([neg(n_gpu), h_tid]),
+            "device": np.concatenate([_i64(col(gpu, "deviceId")), neg(n_host)]),
+            "stream": np.concatenate([_i64(col(gpu, "streamId")), neg(n_host)]),
+            "kind": (kind, kinds),
+            "name": (name_codes, names.values),
+            "start_ns": start,
+            "dur_ns": np.maximum(end - start, 0),
+            "correlation": np.concatenate([_i64(col(gpu, "correlationId")), _i64(col(host, "correlationId"))]),
+            "graph_node": np.concatenate([_i64(col(gpu, "graphNodeId")), neg(n_host)]),
+            "grid": (grid, names.values),
+            "block": (block, names.values),
+            "bytes": np.concatenate([_i64(col(gpu, "bytes")), neg(n_host)]),
+            "payload": np.concatenate([neg(n_gpu), _i64(col(host, "payload"))]),
+            "domain": (domain, names.values),
+            "category": (category, names.values),
+        },
+        n,
+    )
+    return Trace(
+        events=table,
+        source="nsys",
+        path=str(p),
+        kvprof=None,
+        devices=_devices(db, tables),
+        clock=_clock(db, tables),
+        stats={"events_in_file": n, "kernels": int((col(gpu, "kind") == "kernel").sum()) if n_gpu else 0},
+        graph_nodes=graph_nodes_of(db, tables),
+    )
+
+
+def export_report(rep: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> Path:
+    """``nsys export --type sqlite`` of a ``.nsys-rep``; reuses a fresh ``<name>.sqlite`` beside it."""
+    rep = Path(rep)
+    sibling = rep.with_suffix(".sqlite")
+    if sibling.is_file() and sibling.stat().st_mtime >= rep.stat().st_mtime:
+        return sibling
+    try:
+        from kvprof.capture.nsys import find_nsys  # written alongside the capture
+    except ImportError:
+        raise ToolError(
+            f"{rep.name}: reading a .nsys-rep needs Nsight Systems (kvprof.capture.nsys is not available); "
+            "export it yourself with `nsys export --type sqlite` and pass the .sqlite"
+        ) from None
+    try:
+        nsys = find_nsys()
+    except Exception as exc:  # noqa: BLE001 - its own message says what is missing
+        raise ToolError(f"{rep.name}: cannot find nsys to export it ({exc})") from None
+    if not nsys:
+        raise ToolError(f"{rep.name}: nsys not found (set KVPROF_NSYS or put nsys on PATH), or pass the exported .sqlite")
+    target_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="kvprof-export-"))
+    target = target_dir / (rep.stem + ".sqlite")
+    cmd = [str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(target), str(rep)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolError(f"nsys export of {rep.name} failed: {exc}") from None
+    if res.returncode != 0 or not target.is_file():
+        last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ToolError(f"nsys export of {rep.name} failed (exit {res.returncode}): {last[0]}")
+    return target

@@ -1,0 +1,171 @@
+"""Readers: real H200 traces (Kineto + nsys), synthetic traces, and every kind of bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvprof.errors import TraceError, UsageError
+from kvprof.trace.kineto import clock_of, read_kineto
+from kvprof.trace.load import load, sniff
+from kvprof.trace.nsys_sqlite import read_nsys_sqlite, split_global_id
+from kvprof.trace.schema import SCHEMA
+from kvprof.trace.synthetic import TraceSpec, build, dumps
+from kvprof.trace.table import to_frame
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+
+
+def test_real_kineto_two_stream_reads_every_gpu_event():
+    t = read_kineto(REAL / "two_stream.pt.trace.json.gz")
+    assert t.events.schema.equals(SCHEMA)
+    df = to_frame(t.events)
+    kernels = df[df["kind"] == "kernel"]
+    assert len(kernels) == 50
+    assert {7, 21, 143} <= set(kernels["stream"])  # eager alt stream 21; replay branches on 143
+    assert (kernels["device"] == 0).all() and (kernels["pid"] == 450).all() and (kernels["tid"] == -1).all()
+    assert (kernels["correlation"] >= 0).all()
+    assert "64,1,1" in set(kernels["grid"].astype(str)) and "128,1,1" in set(kernels["block"].astype(str))
+    assert (df["kind"] == "sync").sum() == 39
+    assert t.kvprof["variant"] == "two_stream" and t.kvprof["layers"] == [0, 1, 2, 3]
+    assert t.devices[0]["name"] == "NVIDIA H200" and t.devices[0]["sms"] == 132
+
+
+def test_real_kineto_clock_is_relative_to_base_time():
+    t = read_kineto(REAL / "triton_fused.pt.trace.json.gz")
+    assert t.clock["form"] == "relative_to_base"
+    start = to_frame(t.events)["start_ns"].min() + t.clock["epoch_offset_ns"]
+    assert 1.79e18 < start < 1.80e18  # 2026-12-02, the day it was captured
+
+
+def test_clock_forms():
+    assert clock_of(1.7e15, None)["form"] == "unix"  # older traces: ts in unix microseconds
+    assert clock_of(5.3e12, 1_790_857_026_000_000_000)["form"] == "relative_to_base"
+    assert clock_of(1000.0, None)["form"] == "unknown"
+
+
+def test_driver_launches_are_driver_kind():
+    df = to_frame(read_kineto(REAL / "triton_fused.pt.trace.json.gz").events)
+    drv = df[df["kind"] == "driver"]
+    assert set(drv["name"].astype(str)) == {"cuLaunchKernelEx"}
+
+
+def test_real_nsys_export():
+    t = read_nsys_sqlite(REAL / "nsys_run.sqlite")
+    df = to_frame(t.events)
+    assert (df["kind"] == "kernel").sum() == 320
+    rng = df[(df["kind"] == "cpu_annotation") & (df["domain"] == "kvprof")]
+    assert set(rng["category"].astype(str)) == {"index_put", "two_stream", "triton_fused"}
+    writes = rng[rng["name"].astype(str).str.startswith("set_kv_buffer")]
+    assert set(writes["payload"]) == {256, 8}
+    # runtime names lose their _v<N> suffix
+    assert "cudaGraphLaunch" in set(df["name"].astype(str))
+    assert t.devices[0]["peak_bandwidth_gbs"] == pytest.approx(4814.304)
+    assert t.graph_nodes is not None and (t.graph_nodes["original"] >= 0).any()
+    assert t.clock["epoch_offset_ns"] == 1796212344706519784
+
+
+def test_split_global_id():
+    pid, tid = split_global_id(np.array([281483767972364]))
+    assert (int(pid[0]), int(tid[0])) == (524, 524)
+
+
+def _write(tmp_path: Path, name: str, data: bytes) -> Path:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def test_plain_and_gzip_give_the_same_table(tmp_path):
+    doc, _ = build(TraceSpec())
+    a = read_kineto(_write(tmp_path, "a.json", dumps(doc)))
+    b = read_kineto(_write(tmp_path, "b.json.gz", gzip.compress(dumps(doc))))
+    assert a.events.drop_columns(["trace"]).to_pylist() == b.events.drop_columns(["trace"]).to_pylist()
+
+
+@pytest.mark.parametrize("name,data,match", [
+    ("trunc.json.gz", (lambda z: z[: len(z) // 2])(gzip.compress(json.dumps(build(TraceSpec())[0]).encode())),
+     "truncated or corrupt gzip"),
+    ("corrupt.json.gz", (lambda z: z[:40] + bytes(64) + z[104:])(gzip.compress(json.dumps(build(TraceSpec())[0]).encode())),
+     "truncated or corrupt gzip"),
+    ("bad.json", b'{"traceEvents": [{"ph": "X",', "not valid JSON"),
+    ("notatrace.json", b'{"hello": 1}', "not a Chrome/Kineto trace"),
+    ("empty.json", b'{"traceEvents": []}', "empty trace"),
+    ("zero.json", b"", "empty file"),
+    ("meta_only.json", json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}).encode(),
+     "no complete events"),
+    ("text.txt", b"hello world", "not a trace kvprof can read"),
+])
+def test_bad_inputs_are_one_line_trace_errors(tmp_path, name, data, match):
+    p = _write(tmp_path, name, data)
+    with pytest.raises(TraceError, match=match) as exc:
+        load(p)
+    assert "\n" not in str(exc.value)
+    assert exc.value.exit_code == 3
+
+
+def test_missing_path_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError):
+        load(tmp_path / "nope.json")
+
+
+def test_sqlite_that_is_not_nsys(tmp_path):
+    p = tmp_path / "x.sqlite"
+    with sqlite3.connect(p) as db:
+        db.execute("CREATE TABLE t (a INTEGER)")
+    with pytest.raises(TraceError, match="not an Nsight Systems export"):
+        load(p)
+
+
+def test_nsys_export_without_kernel_table(tmp_path):
+    p = tmp_path / "cpu.sqlite"
+    with sqlite3.connect(p) as db:
+        db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+        db.execute("CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT)")
+    with pytest.raises(TraceError, match="without CUPTI_ACTIVITY_KIND_KERNEL"):
+        load(p)
+
+
+def test_too_many_events_is_refused_before_parsing(tmp_path):
+    # 10 million events: gzip members of 100k events each, concatenated (cheap to make)
+    one = b",".join([b'{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 1.0}'] * 100_000)
+    member = gzip.compress(b'{"traceEvents": [' + one, compresslevel=1)
+    body = gzip.compress(b"," + one, compresslevel=1)
+    p = tmp_path / "huge.json.gz"
+    with open(p, "wb") as f:
+        f.write(member)
+        for _ in range(99):
+            f.write(body)
+        f.write(gzip.compress(b"]}"))
+    with pytest.raises(TraceError, match="more than 4,000,000 events"):
+        load(p)
+    with pytest.raises(TraceError, match="more than 1,000 events"):
+        load(p, max_events=1000)
+
+
+def test_sniff_ignores_the_suffix(tmp_path):
+    doc, _ = build(TraceSpec())
+    assert sniff(_write(tmp_path, "renamed.sqlite", gzip.compress(dumps(doc)))) == "kineto"
+    assert sniff(REAL / "nsys_run.sqlite") == "nsys_sqlite"
+
+
+def test_nsys_rep_without_nsys_is_a_tool_error(tmp_path, monkeypatch):
+    from kvprof.errors import ToolError
+
+    p = _write(tmp_path, "run.nsys-rep", b"\x00\x01binary")
+    import kvprof.trace.nsys_sqlite as ns
+
+    def boom(*a, **k):
+        raise ToolError("nsys not found")
+
+    monkeypatch.setattr(ns, "export_report", boom)
+    import kvprof.trace.load as ld
+
+    monkeypatch.setattr(ld, "export_report", boom)
+    with pytest.raises(ToolError):
+        load(p)
