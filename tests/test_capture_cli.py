@@ -1,0 +1,148 @@
+"""`python -m kvprof capture` end to end on CPU, and every kind of bad input it must refuse cleanly."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kvprof.cli import main
+
+SMALL = ["--model", "llama-3.1-70b", "--tp", "8", "--batch-sizes", "1,4", "--prefill-tokens", "64",
+         "--steps", "2", "--warmup", "1", "--no-progress"]
+
+
+def run_cli(*args: str) -> int:
+    return main(list(args))
+
+
+def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
+    rc = run_cli("capture", *SMALL, "--variants", "index_put,two_stream", "--out", str(tmp_path), "--run-id", "r1")
+    assert rc == 0
+    run = tmp_path / "r1"
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    assert manifest["config"]["model"] == "llama-3.1-70b"
+    assert manifest["config"]["resolved"]["shape"] == {
+        "model": "llama-3.1-70b", "tp": 8, "layers": 80, "head_num": 1, "head_dim": 128, "v_head_dim": 128}
+    for v in ("index_put", "two_stream"):
+        entry = manifest["variants"][v]
+        assert entry["available"] and entry["files"]["torch_trace"] == f"{v}.pt.trace.json.gz"
+        # 80 layers x (2 decode sizes + 1 prefill) x 2 steps, and on CPU two copies each
+        assert entry["paths"] == {"two_copies": 80 * 3 * 2}
+        assert entry["fused"]["state"] == "not fused"
+        trace = orjson.loads(gzip.decompress((run / entry["files"]["torch_trace"]).read_bytes()))
+        assert trace["kvprof"]["variant"] == v and trace["kvprof"]["layers"] == list(range(80))
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert f"set_kv_buffer[{v}] L79" in names and "kvprof.step[decode bs=4] #1" in names
+    for out in ("summary.json", "summary.csv", "events.parquet", "writes.parquet"):
+        assert (run / out).is_file()
+    summary = orjson.loads((run / "summary.json").read_bytes())
+    assert set(summary["variants"]) >= {"index_put", "two_stream"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+    assert "run directory" in capsys.readouterr().out
+
+
+def test_default_variants_skip_what_cannot_run_with_a_reason(tmp_path):
+    rc = run_cli("capture", *SMALL, "--out", str(tmp_path), "--run-id", "r2", "--no-summary")
+    assert rc == 0
+    manifest = orjson.loads((tmp_path / "r2" / "manifest.json").read_bytes())
+    sgl = manifest["variants"]["sgl_kernel"]
+    assert sgl["available"] is False and "sgl-kernel" in sgl["reason"]
+    assert manifest["variants"]["cuda_fused"]["available"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--model", "gpt-17"], 2, "unknown model 'gpt-17'"),
+        (["--variants", "nope"], 2, "unknown variant 'nope'"),
+        (["--device", "tpu"], 2, "unknown device 'tpu'"),
+        (["--device", "cuda"], 4, "--device cuda asked for"),
+        (["--variants", "cuda_fused"], 4, "variant cuda_fused cannot run on cpu"),
+        (["--variants", "sgl_kernel", "--device", "cpu"], 4, "sgl-kernel"),
+        (["--steps", "0"], 2, "--steps must be at least 1"),
+        (["--cache-dtype", "int4"], 2, "unknown dtype 'int4'"),
+        (["--phase", "train"], 2, "unknown phase 'train'"),
+        (["--slots", "paged"], 2, "needs --page-size"),
+        (["--tp", "0"], 2, "--tp must be a positive integer"),
+        (["--profiler", "nsys"], 5, "nsys"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_code(tmp_path, capsys, monkeypatch, args, code, message):
+    monkeypatch.setenv("KVPROF_NSYS", str(tmp_path / "no-nsys-here"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    rc = run_cli("capture", *SMALL, "--out", str(tmp_path / "out"), *args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == code
+    assert err and message in err[-1] and err[-1].startswith("kvprof capture: error:")
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_unwritable_output(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--out", str(blocker / "sub"))
+    assert rc == 6
+    assert "kvprof capture: error:" in capsys.readouterr().err
+
+
+def test_existing_run_id_is_refused(tmp_path, capsys):
+    (tmp_path / "taken").mkdir()
+    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--out", str(tmp_path), "--run-id", "taken")
+    assert rc == 6
+    assert "exists" in capsys.readouterr().err
+
+
+def test_ctrl_c_leaves_no_run_dir(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvprof", "capture", "--model", "llama-3.1-70b", "--steps", "400",
+         "--variants", "index_put", "--no-progress", "--out", str(tmp_path), "--run-id", "interrupted"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(tmp_path.iterdir()):
+        time.sleep(0.2)  # wait until the temp run dir exists: capture is under way
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"interrupted" in err and b"Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_third_party_writer_by_spec(tmp_path, monkeypatch):
+    plugin = tmp_path / "plug"
+    plugin.mkdir()
+    (plugin / "my_writer.py").write_text(
+        "from kvprof.writers.index_put import IndexPutWriter\n"
+        "class Mine(IndexPutWriter):\n    name = 'mine'\n"
+        "def make():\n    return Mine()\n"
+    )
+    monkeypatch.syspath_prepend(str(plugin))
+    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--writer", "my_writer:make",
+                 "--out", str(tmp_path / "o"), "--run-id", "r", "--no-summary")
+    assert rc == 0
+    manifest = orjson.loads((tmp_path / "o" / "r" / "manifest.json").read_bytes())
+    assert manifest["variants"]["mine"]["files"]["torch_trace"] == "mine.pt.trace.json.gz"
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("capture", "analyze", "compare", "bench", "scrub", "variants"):
+        assert cmd in out
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
