@@ -21,7 +21,7 @@ from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
-from kvprof.writers import create_writer
+from kvprof.writers import create_writer, writer_names
 
 BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "torch_compile", "triton_fused", "cuda_fused")
 KVPROF_FUSED = ("triton_fused", "cuda_fused")
@@ -123,14 +123,13 @@ class _Case:
         return None
 
 
-def bench_variant(case: _Case, variant: str, replays: int, eager_repeats: int) -> list[dict[str, Any]]:
+def bench_variant(case: _Case, variant: str, writer: Any, replays: int, eager_repeats: int) -> list[dict[str, Any]]:
+    """``writer`` is built once per run (compiled writers then compile once, not per point)."""
     point = case.point
     base = {**asdict(point), "shape": point.shape, "dtype": point.dtype_label, "variant": variant,
             "bytes": point.bytes_moved(), "writes_per_sample": case.writes}
-    try:
-        writer = create_writer(variant)
-    except KvprofError as exc:
-        return [{**base, "mode": m, "status": "unavailable", "reason": str(exc)} for m in _modes(case.device)]
+    if isinstance(writer, KvprofError):
+        return [{**base, "mode": m, "status": "unavailable", "reason": str(writer)} for m in _modes(case.device)]
     reason = writer.unsupported_reason(case.device, case.cache, case.inp)
     if reason:
         status = "not installed" if "not installed" in reason else "unavailable"
@@ -205,12 +204,21 @@ def run_bench(
     points = list(points)
     limits: dict[str, Any] = {"copy_rate_gbs": copy_rate_gbs(device), **empty_node_us(device)}
     records: list[dict[str, Any]] = []
+    unknown = [v for v in variants if ":" not in v and v not in writer_names()]
+    if unknown:
+        raise UsageError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(writer_names())}")
+    writers: dict[str, Any] = {}
+    for variant in variants:
+        try:
+            writers[variant] = create_writer(variant)
+        except KvprofError as exc:
+            writers[variant] = exc
     for i, point in enumerate(points):
         if on_point:
             on_point(point)
         case = _Case(point, device, pool_bytes, seed + i)
         for variant in variants:
-            records += bench_variant(case, variant, replays, eager_repeats)
+            records += bench_variant(case, variant, writers[variant], replays, eager_repeats)
         del case
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,0 +1,75 @@
+"""kvprof bench on CPU: it runs, checks correctness first, and derives its columns from one run."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from kvprof.bench.run import BenchPoint, derive, grid, run_bench
+from kvprof.cli import main
+
+
+def test_bench_cpu_small_grid(tmp_path, capsys):
+    rc = main(["bench", "--variants", "index_put,two_stream,sgl_kernel", "--shapes", "1x128,2x96",
+               "--dtypes", "bf16,fp8_e4m3<-bf16", "--tokens", "1,16", "--eager-repeats", "3",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    result = orjson.loads((tmp_path / "bench.json").read_bytes())
+    recs = result["records"]
+    assert {r["variant"] for r in recs} == {"index_put", "two_stream", "sgl_kernel"}
+    assert len(recs) == 2 * 2 * 2 * 3  # shapes x dtypes x tokens x variants, eager only on CPU
+    ok = [r for r in recs if r["status"] == "ok"]
+    assert len(ok) == 16 and all(r["median_us"] > 0 and r["mode"] == "eager" for r in ok)
+    assert all(r["status"] == "unavailable" and "sgl-kernel" in r["reason"] for r in recs if r["variant"] == "sgl_kernel")
+    assert result["limits"]["copy_rate_gbs"] > 0
+    assert (tmp_path / "bench.csv").read_text().startswith("shape,heads,dim")
+    assert "index_put" in capsys.readouterr().out
+
+
+def test_bench_rejects_unknown_variant(tmp_path, capsys):
+    assert main(["bench", "--variants", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown variant" in capsys.readouterr().err
+
+
+def test_bytes_moved_counts_inputs_and_rows():
+    p = BenchPoint(heads=1, dim=128, cache_dtype="fp8_e4m3", input_dtype="bf16", tokens=10)
+    assert p.bytes_moved() == 10 * 2 * 128 * (1 + 2)
+
+
+def test_derive_ratios_and_target():
+    recs = [
+        {"shape": "1x128", "dtype": "bf16", "tokens": 1, "mode": "graph", "variant": "a", "status": "ok",
+         "median_us": 1.0, "bytes": 4300},
+        {"shape": "1x128", "dtype": "bf16", "tokens": 1, "mode": "graph", "variant": "b", "status": "ok",
+         "median_us": 2.0, "bytes": 4300},
+    ]
+    out = derive(recs, {"copy_rate_gbs": 4300.0, "empty_kernel_us": 0.5})
+    a, b = out
+    assert a["ratio_to"] == {"b": 2.0} and b["ratio_to"] == {"a": 0.5}
+    assert a["gbs"] == pytest.approx(4.3) and a["target_us"] == pytest.approx(1.2 + 4300 / (0.9 * 4300 * 1e3))
+    assert a["meets_target"] and not b["meets_target"]
+
+
+def test_wrong_writer_is_reported_not_timed(monkeypatch):
+    from kvprof.writers.index_put import IndexPutWriter
+
+    class Broken(IndexPutWriter):
+        name = "broken"
+
+        def write(self, k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale=None, v_scale=None):
+            super().write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
+            v_buf[loc[:1]] = 0  # loses one V row
+            return "fused"
+
+    import sys
+    import types
+
+    mod = types.ModuleType("broken_writer_mod")
+    mod.make = Broken
+    monkeypatch.setitem(sys.modules, "broken_writer_mod", mod)
+    import torch
+
+    result = run_bench(grid([(1, 64)], [("bf16", "bf16")], [4]), ["broken_writer_mod:make"], torch.device("cpu"),
+                       eager_repeats=2)
+    (rec,) = result["records"]
+    assert rec["status"] == "wrong" and "V differs" in rec["reason"]
