@@ -7,7 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
 mkdir -p "$OUT"
-steps=${*:-env capture bench tests}
+steps=${*:-env capture tests bench}
 # A planted secret: no byte of it may reach any file of the run (issue: reports must not
 # carry the user's environment). tests/test_samples.py checks the committed samples.
 export KVPROF_TEST_SECRET=kvprof-planted-9c41e7d2b85a
@@ -30,7 +30,7 @@ PY
     ;;
   tests)
     stamp tests
-    TRITON_INTERPRET=0 timeout 150 python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+    TRITON_INTERPRET=0 timeout 110 python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
     ;;
   tune)
     stamp tune
@@ -41,15 +41,23 @@ PY
     # the samples the tests and the dashboard use: Llama-3.1-70B TP8 decode at batch
     # 1/10/64 with CUDA graphs, and a 4096-token prefill
     rm -rf /tmp/kvprof-traces
-    timeout 260 python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
+    timeout 200 python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
       --variants index_put,two_stream,triton_fused,cuda_fused --phase decode,prefill \
       --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 \
       --profiler both --out /tmp/kvprof-traces --run-id h200-llama70b-tp8 --no-progress 2>&1 | tee "$OUT/capture.txt"
     ( cd /tmp/kvprof-traces && tar czf "$OUT/samples.tgz" h200-llama70b-tp8 )
+    # The .nsys-rep files cannot be scrubbed: export each again, unscrubbed, and look
+    # for the planted values in every byte (the committed .sqlite files are scrubbed).
+    for rep in /tmp/kvprof-traces/h200-llama70b-tp8/*.nsys-rep; do
+      "$KVPROF_NSYS" export --type=sqlite --force-overwrite=true -o /tmp/raw-export.sqlite "$rep" >/dev/null 2>&1
+      for f in "$rep" /tmp/raw-export.sqlite; do
+        n=$(grep -c -a -e "$KVPROF_TEST_SECRET" -e "$HF_TOKEN" "$f"); echo "planted secret in $(basename "$f") ($(basename "$rep")): $n matching lines"
+      done
+    done 2>&1 | tee "$OUT/secret-check.txt"
     ;;
   bench)
     stamp bench
-    timeout ${BENCH_TIMEOUT:-270} python3 -m kvprof bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+    timeout ${BENCH_TIMEOUT:-250} python3 -m kvprof bench --eager-repeats 10 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

@@ -198,7 +198,10 @@ def run_bench(
     pool_bytes: int = 256 << 20,
     seed: int = 0,
     on_point: Callable[[BenchPoint], None] | None = None,
+    on_partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """``on_partial`` gets the result so far after every point (marked ``complete: False``),
+    so a run cut short by a time limit still leaves every point it measured."""
     if replays < 1 or eager_repeats < 1:
         raise UsageError("--replays and --eager-repeats must be positive")
     points = list(points)
@@ -213,6 +216,20 @@ def run_bench(
             writers[variant] = create_writer(variant)
         except KvprofError as exc:
             writers[variant] = exc
+    def result(complete: bool) -> dict[str, Any]:
+        return {
+            "kind": "kvprof-bench",
+            "complete": complete,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "device": device_properties(device),
+            "versions": versions(),
+            "limits": limits,
+            "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes,
+                         "target": f"{TARGET_FIXED_US} us + bytes / ({TARGET_RATE_FRACTION} x copy rate)",
+                         "variants": list(variants), "points": len(points)},
+            "records": derive([dict(r) for r in records], limits),
+        }
+
     for i, point in enumerate(points):
         if on_point:
             on_point(point)
@@ -222,17 +239,9 @@ def run_bench(
         del case
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {
-        "kind": "kvprof-bench",
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_properties(device),
-        "versions": versions(),
-        "limits": limits,
-        "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes,
-                     "target": f"{TARGET_FIXED_US} us + bytes / ({TARGET_RATE_FRACTION} x copy rate)",
-                     "variants": list(variants)},
-        "records": derive(records, limits),
-    }
+        if on_partial:
+            on_partial(result(complete=False))
+    return result(complete=True)
 
 
 def fused_verdicts(result: dict[str, Any], variant: str, baseline: str = "sgl_kernel") -> dict[str, Any]:

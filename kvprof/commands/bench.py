@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     from pathlib import Path
 
     import orjson
@@ -76,11 +77,17 @@ def run(args: argparse.Namespace) -> int:
     variants = [v for v in (args.variants.split(",") if args.variants else BENCH_VARIANTS) if v]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
+    command = " ".join(["python -m kvprof bench", *given])
+
+    def save(result: dict) -> None:
+        result["command"] = command
+        atomic_write_bytes(out / "bench.json", orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        atomic_write_text(out / "bench.csv", to_csv(result))
+
     result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
-                       pool_bytes=args.pool_mb << 20, seed=args.seed)
-    result["command"] = "python -m kvprof bench " + " ".join(getattr(args, "_argv", []))
+                       pool_bytes=args.pool_mb << 20, seed=args.seed, on_partial=save)
+    save(result)
     render_table(result)
-    atomic_write_bytes(out / "bench.json", orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    atomic_write_text(out / "bench.csv", to_csv(result))
     print(f"wrote {out / 'bench.json'} and {out / 'bench.csv'}")
     return 0
