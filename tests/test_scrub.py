@@ -431,17 +431,35 @@ def test_command_exit_codes(tmp_path: Path, secret: str, capsys: pytest.CaptureF
 REAL = Path(__file__).parent / "fixtures" / "real"
 
 
+def _replant_environment(db: Path) -> None:
+    """The committed export is scrubbed already: put back what nsys stored there (env rows,
+    KEY=VALUE blocks, the device environment) so the scrub has real work to do."""
+    con = sqlite3.connect(db)
+    env = [f"VAR_{i}=value-{i}" for i in range(60)] + [
+        "LD_LIBRARY_PATH=/work/main/.gpu/lib:/usr/local/nvidia/lib64", "NV_LIBNCCL_PACKAGE=libnccl2=2.21",
+        "UV_CONCURRENT_DOWNLOADS=8", "HF_TOKEN=hf_replantedTokenValue0123456789"]
+    con.executemany("INSERT INTO META_DATA_CAPTURE(name, value) VALUES (?, ?)",
+                    [(f"PROCESS_{i % 3}:ENVIRONMENT_VARIABLE", e) for i, e in enumerate(env)])
+    top = con.execute("SELECT max(id) FROM StringIds").fetchone()[0]
+    con.executemany("INSERT INTO StringIds(id, value) VALUES (?, ?)",
+                    [(top + 1 + i, " ".join(env[i * 8:(i + 1) * 8])) for i in range(8)])
+    con.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'DeviceEnvironment'", (";".join(env),))
+    con.commit()
+    con.close()
+
+
 @pytest.mark.skipif(not (REAL / "nsys_run.sqlite").exists(), reason="no real nsys export in this checkout")
 def test_real_nsys_export_reads_the_same_after_scrub(tmp_path: Path) -> None:
-    """A real H200 export (captured with the full environment): every env row and
-    KEY=VALUE string goes, and kvprof's reader returns the very same event table."""
+    """A real H200 export with its environment put back: every env row and KEY=VALUE
+    string goes, and kvprof's reader returns the very same event table."""
     from kvprof.trace.nsys_sqlite import read_nsys_sqlite
 
     db = tmp_path / "nsys_run.sqlite"
     shutil.copy(REAL / "nsys_run.sqlite", db)
+    _replant_environment(db)
     before = read_nsys_sqlite(db).events
     report = scrub_path(db)
-    assert report.rewritten and report.env_rows > 50 and report.strings >= 5
+    assert report.rewritten and report.env_rows >= 64 and report.strings >= 8
     after = read_nsys_sqlite(db).events
     assert after.equals(before)
     con = sqlite3.connect(db)
@@ -449,7 +467,7 @@ def test_real_nsys_export_reads_the_same_after_scrub(tmp_path: Path) -> None:
     left = [v for (v,) in con.execute("SELECT value FROM StringIds") if "=" in v and not v.startswith("kvprof.")]
     con.close()
     assert env_block == (MARKER,) and left == []
-    for needle in (b"LD_LIBRARY_PATH", b"NV_LIBNCCL_PACKAGE", b"UV_CONCURRENT_DOWNLOADS"):
+    for needle in (b"LD_LIBRARY_PATH", b"NV_LIBNCCL_PACKAGE", b"UV_CONCURRENT_DOWNLOADS", b"hf_replanted"):
         assert needle not in db.read_bytes()
 
 
