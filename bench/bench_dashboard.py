@@ -1,0 +1,265 @@
+"""How fast the dashboard shows its first page: the samples, and a ~100 MB trace.
+
+    python bench/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser]
+
+Two measurements per data set, each from a fresh process so nothing is warm by accident:
+- AppTest (streamlit.testing): the server-side script run of the first page, in a new
+  process (imports included: what a freshly started server pays), then in a new session of
+  a warm process, then every other page;
+- a real headless Chromium (Debian's /usr/bin/chromium, see shared/BROWSER.md) against
+  ``streamlit run``: ``goto`` until every chart of the first page is drawn -- first visit of
+  a just-started server, a new browser (empty cache) on a warm server, and a reload.
+Data sets: the samples under traces/samples (when that is empty, the real H200 fixture
+tests/fixtures/real analysed into a temp folder, and the table says so); a synthesized
+kvprof-shaped Kineto trace of --mb MB uncompressed (kvprof.trace.synthetic via
+bench/bench_load.py) both before analyze has run (the dashboard runs the pipeline) and
+after (its summary/parquet files present). Targets: samples < 3 s, 100 MB trace < 15 s.
+For scale, the same browser measurement of a data-free Streamlit app with the same kinds
+of widgets and one chart (Streamlit's and Plotly's own front-end cost on this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "dashboards" / "app.py"
+PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from streamlit.testing.v1 import AppTest
+t1 = time.perf_counter()
+app, pages = sys.argv[1], sys.argv[2].split(",")
+out = {"import_s": t1 - t0, "pages": {}, "problems": []}
+def problems(at):
+    return [str(e.value)[:200] for e in at.exception] + [str(e.value)[:200] for e in at.error]
+at = AppTest.from_file(app, default_timeout=900)
+t = time.perf_counter(); at.run(); out["first_s"] = time.perf_counter() - t
+out["charts"] = len(at.get("plotly_chart")); out["problems"] += problems(at)
+t = time.perf_counter(); AppTest.from_file(app, default_timeout=900).run(); out["warm_session_s"] = time.perf_counter() - t
+for p in pages:
+    t = time.perf_counter(); at.sidebar.radio(key="nav_page").set_value(p).run()
+    out["pages"][p] = time.perf_counter() - t; out["problems"] += problems(at)
+print(json.dumps(out))
+"""
+
+
+def env_for(root: Path, run: Path, cache: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "KVPROF_DASHBOARD_ROOTS": str(root),
+            "KVPROF_DASHBOARD_RUN": str(run), "KVPROF_DASHBOARD_CACHE": str(cache)}
+
+
+def apptest(root: Path, run: Path, cache: Path) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-c", CHILD, str(APP), ",".join(PAGES)], capture_output=True, text=True,
+                         env=env_for(root, run, cache), timeout=1800)
+    if res.returncode != 0:
+        return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+FLOOR_APP = """
+import plotly.graph_objects as go
+import streamlit as st
+st.sidebar.radio("Page", ["a", "b"])
+st.sidebar.selectbox("root", ["x", "y"])
+with st.sidebar.expander("Upload"):
+    st.file_uploader("up")
+st.sidebar.multiselect("v", ["a", "b"], default=["a", "b"])
+st.dataframe({"a": [1, 2]})
+st.number_input("n", value=3)
+st.metric("m", "3 ms", delta="-1")
+st.download_button("d", data=b"x")
+st.plotly_chart(go.Figure(go.Bar(x=[1, 2], y=[3, 4])))
+"""
+
+
+def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path = APP) -> dict[str, Any]:
+    """goto -> all first-page charts drawn: just-started server, new browser, reload; then page switches."""
+    from playwright.sync_api import sync_playwright
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+                             "--server.address", "127.0.0.1", "--server.port", str(port),
+                             "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env_for(root, run, cache),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    drawn = ("n => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.querySelector('.main-svg'))"
+             ".length >= n && !document.querySelector('[data-testid=\"stStatusWidget\"]')")
+    out: dict[str, Any] = {"new_browser_s": [], "reload_s": [], "pages": {}}
+    try:
+        t = time.perf_counter()
+        while True:
+            try:
+                urllib.request.urlopen(url + "_stcore/health", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.perf_counter() - t > 120:
+                    return {"error": "streamlit did not start"}
+                time.sleep(0.1)
+        out["server_start_s"] = time.perf_counter() - t
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            for i in range(repeat):
+                ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+                pg = ctx.new_page()
+                pg.set_default_timeout(900_000)
+                t = time.perf_counter()
+                pg.goto(url)
+                pg.wait_for_function(drawn, arg=charts)
+                (out.setdefault("first_visit_s", time.perf_counter() - t) if i == 0
+                 else out["new_browser_s"].append(time.perf_counter() - t))
+                t = time.perf_counter()
+                pg.reload()
+                pg.wait_for_function(drawn, arg=charts)
+                out["reload_s"].append(time.perf_counter() - t)
+                if i == repeat - 1 and app == APP:
+                    side = pg.locator('[data-testid="stSidebar"]')
+                    for name in PAGES[1:]:
+                        t = time.perf_counter()
+                        side.get_by_text(name, exact=True).click()
+                        pg.locator('[data-testid="stMain"] h3').filter(has_text=name.split()[0]).first.wait_for()
+                        pg.wait_for_function(drawn, arg=1)
+                        out["pages"][name] = time.perf_counter() - t
+                ctx.close()
+            b.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return out
+
+
+def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
+    sys.path.insert(0, str(ROOT))
+    from dashboards.data import analyse_to, discover_runs
+
+    root = (arg or ROOT / "traces" / "samples").resolve()
+    runs = [e for e in discover_runs(root) if e.analysed] or discover_runs(root)
+    if runs:
+        return root, runs[0].path, f"samples: {root.relative_to(ROOT) if root.is_relative_to(ROOT) else root}/{runs[0].rel}"
+    fx = tmp / "samples" / "h200-fixture"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "real", fx)
+    analyse_to(fx, fx)
+    return fx.parent, fx, f"SAMPLES MISSING in {root}: real H200 fixture tests/fixtures/real instead"
+
+
+def big_run(tmp: Path, mb: int) -> tuple[Path, dict[str, Any]]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_load import synthesize
+
+    d = tmp / "big" / "synthetic-100mb"
+    d.mkdir(parents=True)
+    info = synthesize(d / "two_stream.pt.trace.json.gz", mb)
+    return d, info
+
+
+def fmt(x: Any) -> str:
+    if isinstance(x, list):
+        return f"{min(x):.2f} (best of {len(x)})" if x else "-"
+    return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=Path, default=None, help="traces root with the samples (default traces/samples)")
+    ap.add_argument("--mb", type=int, default=100, help="size of the synthesized trace, uncompressed MB")
+    ap.add_argument("--repeat", type=int, default=3, help="browser visits per data set")
+    ap.add_argument("--no-browser", action="store_true")
+    args = ap.parse_args()
+    rows: list[tuple[str, str, Any, str]] = []
+    with tempfile.TemporaryDirectory(prefix="kvprof-bench-dash-") as t:
+        tmp = Path(t)
+        s_root, s_run, s_label = samples_root(args.samples, tmp)
+        print(f"data set 1: {s_label}")
+        t0 = time.perf_counter()
+        big, info = big_run(tmp, args.mb)
+        print(f"data set 2: SYNTHESIZED kvprof-shaped Kineto trace, {info['events']:,} events, "
+              f"{info['uncompressed_mb']:.0f} MB uncompressed ({info['gzipped_mb']:.1f} MB gzipped), "
+              f"built in {time.perf_counter() - t0:.0f} s; not a real capture")
+
+        sets = [("samples", s_root, s_run, 3.0)]
+        # the big trace before analyze ran: the dashboard runs kvprof's pipeline (cache outside the root)
+        cache = tmp / "cache"
+        r = apptest(big.parent, big, cache)
+        rows.append((f"{args.mb} MB trace, not analysed", "AppTest first page, new process (runs analyze)",
+                     r.get("first_s", r.get("error")), "15"))
+        outs = next((cache / "runs").glob("*/summary.json"), None)
+        if outs is not None:  # the same outputs in the run folder: the analysed case
+            for n in ("summary.json", "writes.parquet", "events.parquet"):
+                shutil.copy2(outs.parent / n, big / n)
+        sets.append((f"{args.mb} MB trace, analysed", big.parent, big, 15.0))
+
+        for name, root, run, target in sets:
+            r = apptest(root, run, tmp / f"cache-{name.split()[0]}")
+            if "error" in r:
+                rows.append((name, "AppTest", r["error"], ""))
+                continue
+            rows.append((name, "AppTest first page, new process", r["first_s"], f"{target:g}"))
+            rows.append((name, "AppTest first page, new session (warm process)", r["warm_session_s"], f"{target:g}"))
+            rows.append((name, "AppTest imports (streamlit testing)", r["import_s"], ""))
+            for p, s in r["pages"].items():
+                rows.append((name, f"AppTest switch to {p}", s, ""))
+            if r["problems"]:
+                rows.append((name, "errors shown", "; ".join(r["problems"])[:300], ""))
+            if args.no_browser:
+                continue
+            if not Path(CHROMIUM).is_file():
+                rows.append((name, "browser", f"skipped: {CHROMIUM} missing", ""))
+                continue
+            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, min(r.get("charts", 1), 2)), args.repeat)
+            if "error" in b:
+                rows.append((name, "browser", b["error"], ""))
+                continue
+            rows.append((name, "browser: server start (process up, health ok)", b["server_start_s"], ""))
+            rows.append((name, "browser: first visit, server just started", b["first_visit_s"], f"{target:g}"))
+            rows.append((name, "browser: new browser, empty cache, warm server", b["new_browser_s"], f"{target:g}"))
+            rows.append((name, "browser: reload (cached assets)", b["reload_s"], f"{target:g}"))
+            for p, s in b["pages"].items():
+                rows.append((name, f"browser: switch to {p}", s, ""))
+
+        if not args.no_browser and Path(CHROMIUM).is_file():
+            # the floor: a data-free app with the same kinds of widgets and one chart, measured the same way
+            floor = tmp / "floor_app.py"
+            floor.write_text(FLOOR_APP)
+            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor)
+            name = "floor: no-data app, same widgets"
+            if "error" not in b:
+                rows.append((name, "browser: first visit, server just started", b["first_visit_s"], ""))
+                rows.append((name, "browser: new browser, empty cache, warm server", b["new_browser_s"], ""))
+                rows.append((name, "browser: reload (cached assets)", b["reload_s"], ""))
+
+    w1 = max(len(r[0]) for r in rows)
+    w2 = max(len(r[1]) for r in rows)
+    print(f"\n{'data set':<{w1}}  {'measurement':<{w2}}  {'seconds':>22}  target s")
+    print("-" * (w1 + w2 + 36))
+    for name, what, val, target in rows:
+        print(f"{name:<{w1}}  {what:<{w2}}  {fmt(val):>22}  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

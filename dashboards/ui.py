@@ -1,0 +1,59 @@
+"""Streamlit helpers shared by the pages: every chart exports PNG/HTML, every table CSV.
+
+The PNG comes from Plotly's own modebar (rendered in the browser, no kaleido); the HTML
+is generated only when its button is clicked (a deferred ``data`` callable), so a page
+does not build megabytes of self-contained HTML on every rerun.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "chart"
+
+
+def _html_of(fig: go.Figure) -> Callable[[], bytes]:
+    def make() -> bytes:
+        return fig.to_html(include_plotlyjs=True, full_html=True).encode()  # self-contained: works offline
+
+    return make
+
+
+def show_figure(fig: go.Figure, key: str) -> None:
+    """The chart, its PNG modebar button (named after the chart) and an HTML download."""
+    name = slug(key)
+    st.plotly_chart(fig, key=f"chart-{name}", config={
+        "displaylogo": False,
+        "toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},
+        "modeBarButtonsToRemove": ["lasso2d", "select2d"],
+    })
+    st.download_button("Download chart as HTML", data=_html_of(fig), file_name=f"{name}.html", mime="text/html",
+                       key=f"html-{name}", on_click="ignore")
+
+
+def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_config: dict[str, Any] | None = None,
+               max_rows: int = 5000) -> None:
+    """The table (at most ``max_rows`` shown) and a CSV download of all of it."""
+    name = slug(key)
+    if caption:
+        st.caption(caption)
+    shown = df if len(df) <= max_rows else df.head(max_rows)
+    st.dataframe(shown, hide_index=True, column_config=column_config, key=f"table-{name}")
+    if len(df) > max_rows:
+        st.caption(f"showing the first {max_rows:,} of {len(df):,} rows; the CSV has all of them")
+    st.download_button("Download table as CSV", data=lambda: df.to_csv(index=False).encode(), file_name=f"{name}.csv",
+                       mime="text/csv", key=f"csv-{name}", on_click="ignore")
+
+
+def number_format(df: pd.DataFrame, digits: int = 3) -> dict[str, Any]:
+    """Column config that shows floats with a few significant digits (the CSV keeps them all)."""
+    return {c: st.column_config.NumberColumn(format=f"%.{digits}g") for c in df.columns
+            if pd.api.types.is_float_dtype(df[c])}

@@ -1,0 +1,1 @@
+"""One module per dashboard page; each has ``render(ctx)`` and reads only what analyze wrote."""

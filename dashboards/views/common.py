@@ -1,0 +1,46 @@
+"""Bits every page repeats: the no-run notice, the run header, the phase·size picker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboards import frames
+from dashboards.state import Context
+
+
+def need_run(ctx: Context) -> bool:
+    """True when a run is open; otherwise says why the page is empty."""
+    if ctx.run is not None:
+        return True
+    st.info("No run is open. Pick one in the sidebar, or upload a trace there.")
+    return False
+
+
+def device_line(summary: dict[str, Any]) -> str:
+    dev = summary.get("device") or {}
+    parts = [str(dev.get("name") or "unknown device")]
+    if dev.get("peak_bandwidth_gbs"):
+        parts.append(f"peak {dev['peak_bandwidth_gbs']:,.0f} GB/s")
+    if dev.get("copy_rate_gbs"):
+        parts.append(f"measured copy rate {dev['copy_rate_gbs']:,.0f} GB/s")
+    return " · ".join(parts)
+
+
+def no_gpu_traces(summary: dict[str, Any]) -> list[str]:
+    return [str(t.get("path")) for t in summary.get("traces") or [] if not t.get("gpu_events")]
+
+
+def pick_phase_size(df: pd.DataFrame, key: str, label: str = "phase · size", allow_all: bool = True) -> str | None:
+    """A select over the (phase, size) pairs in ``df`` (columns phase, size); None means all."""
+    pairs = df[["phase", "size"]].dropna().drop_duplicates()
+    pairs = pairs.sort_values(["phase", "size"], key=lambda s: s if s.name == "size" else s.astype(str))
+    opts = [frames.phase_size(p, s) for p, s in zip(pairs["phase"], pairs["size"])]
+    if allow_all:
+        opts = ["all", *opts]
+    if not opts:
+        return None
+    choice = st.selectbox(label, opts, key=key)
+    return None if choice == "all" else choice

@@ -1,0 +1,105 @@
+"""Sweeps: time per write against tokens (log-log) per variant, with the bandwidth floor lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from dashboards import charts, data, frames
+from dashboards.state import Context
+from dashboards.ui import number_format, show_figure, show_table
+
+
+def _run_sweep(ctx: Context) -> None:
+    assert ctx.run is not None
+    summary = ctx.summary()
+    st.markdown(f"#### From the run's groups · {ctx.run.label}")
+    pts = frames.sweep_from_groups(ctx.groups(), ctx.variants, ctx.source)
+    phases = sorted(pts["phase"].unique()) if len(pts) else []
+    if not phases:
+        st.info("No (phase, size) of this run has a GPU time per write (CPU-only trace, or no measured writes).")
+        return
+    phase = st.radio("phase", phases, horizontal=True, key=f"sw-phase::{ctx.run.label}")
+    p = pts[pts["phase"] == phase].rename(columns={"us_per_write": "us"})
+    if p["tokens"].nunique() < 2:
+        st.info(f"{phase}: one size only ({int(p['tokens'].iloc[0])} tokens); a sweep needs several "
+                "(capture --batch-sizes 1,10,64 / --prefill-tokens ...).")
+    dev = summary.get("device") or {}
+    rates = {f"floor at peak {dev['peak_bandwidth_gbs']:,.0f} GB/s": dev.get("peak_bandwidth_gbs")} \
+        if dev.get("peak_bandwidth_gbs") else {}
+    if dev.get("copy_rate_gbs"):
+        rates[f"measured copy rate {dev['copy_rate_gbs']:,.0f} GB/s"] = dev["copy_rate_gbs"]
+    wb = frames.write_bytes(frames.measured_writes(ctx.writes(), ctx.variants, ctx.source))
+    floors = frames.floor_lines(wb[wb["tokens"].isin(p["tokens"])], rates)
+    if not rates:
+        st.caption("the device's peak bandwidth is unknown here: no floor line")
+    show_figure(charts.sweep(p, floors, f"{phase}: GPU µs per write vs tokens · {ctx.source or 'all sources'}"),
+                f"sweep-run-{phase}")
+    show_table(p, f"sweep-run-{ctx.run.label}-{phase}", column_config=number_format(p))
+
+
+def _bench_sweep(ctx: Context) -> None:
+    st.markdown("#### From kvprof bench results (bench.json under the root)")
+    if ctx.root is None:
+        return
+    files = data.discover_bench(ctx.root)
+    if not files:
+        st.info(f"No bench.json under {ctx.root}. `python -m kvprof bench --out {ctx.root}/bench-<name>` writes one.")
+        return
+    labels = {f.relative_to(ctx.root).as_posix(): f for f in files}
+    chosen = st.multiselect("bench files", list(labels), default=list(labels)[:1], key="sw-bench-files")
+    docs: dict[str, dict] = {}
+    for lab in chosen:
+        try:
+            f = data.contained(ctx.root, labels[lab])
+            docs[lab] = data.read_bench(str(f), data.stamp(f))
+        except data.DashboardError as exc:
+            st.error(f"{lab}: {exc}")
+    if not docs:
+        return
+    recs = frames.bench_frame(docs)
+    show_table(frames.bench_limits(docs), "bench-limits", caption="limits measured by each bench run")
+    ok = recs[recs["status"] == "ok"]
+    if ok.empty:
+        st.warning("These bench files have no successful measurement.")
+    else:
+        c1, c2, c3 = st.columns(3)
+        shape = c1.selectbox("shape (heads x dim)", sorted(ok["shape"].dropna().unique()), key="sw-shape")
+        dtype = c2.selectbox("dtype (cache<-input)", sorted(ok["dtype"].dropna().unique()), key="sw-dtype")
+        modes = sorted(ok["mode"].dropna().unique(), key=lambda m: (m != "graph", m))  # graph replays first
+        mode = c3.radio("mode", modes, horizontal=True, key="sw-mode")
+        sel = ok[(ok["shape"] == shape) & (ok["dtype"] == dtype) & (ok["mode"] == mode)]
+        names = sorted(sel["variant"].dropna().unique())
+        chosen = st.multiselect("bench variants", names, default=names, key="sw-bench-variants")
+        sel = sel[sel["variant"].isin(chosen)]
+        pts = sel.rename(columns={"median_us": "us"})
+        floors = []
+        hlines: dict[str, float] = {}
+        for lab, doc in docs.items():
+            lim = doc.get("limits") or {}
+            rate = lim.get("copy_rate_gbs")
+            pairs = sel[sel["file"] == lab][["tokens", "bytes"]]
+            floors.append(frames.floor_lines(pairs, {f"measured copy rate {rate:,.0f} GB/s ({Path(lab).parent.name or lab})": rate}
+                                             if rate else {}))
+            if lim.get("empty_kernel_us"):
+                hlines[f"empty kernel node {lim['empty_kernel_us']:.2f} µs"] = float(lim["empty_kernel_us"])
+        target = sel.dropna(subset=["target_us"]).groupby("tokens", as_index=False)["target_us"].first()
+        if len(target):  # kvprof bench's target for the fused writes: 1.2 µs + bytes / (0.9 x copy rate)
+            floors.append(pd.DataFrame({"line": "target for fused writes", "tokens": target["tokens"],
+                                        "us": target["target_us"]}))
+        fl = pd.concat([f for f in floors if len(f)], ignore_index=True) if any(len(f) for f in floors) else \
+            pd.DataFrame(columns=["line", "tokens", "us"])
+        show_figure(charts.sweep(pts, fl, f"bench: µs per write vs tokens · {shape} {dtype} · {mode}",
+                                 hlines=hlines, symbol="file" if len(docs) > 1 else None), f"sweep-bench-{shape}-{mode}")
+    show_table(recs, "bench-records", column_config=number_format(recs))
+
+
+def render(ctx: Context) -> None:
+    st.subheader("Sweeps")
+    if ctx.run is not None:
+        _run_sweep(ctx)
+    else:
+        st.info("No run is open: only bench results are shown.")
+    _bench_sweep(ctx)

@@ -1,0 +1,128 @@
+"""Run folders for the dashboard tests, built once per session from real and synthetic traces.
+
+Why these: the real H200 fixture (tests/fixtures/real) for every page with real numbers; a
+copy of it without analyze outputs (the dashboard must run kvprof's pipeline, into its
+cache, not the root); a CPU-only trace (no GPU events); a corrupt run; two synthetic
+two-stream runs whose K/V kernels differ in length (before/after with a known ratio);
+a bench.json from kvprof bench on the CPU.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+import pytest
+
+from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `dashboards` is a folder of the checkout, not an installed package
+    sys.path.insert(0, str(REPO))
+FIXTURE = REPO / "tests" / "fixtures" / "real"
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "ac2g"}
+
+
+def synth_spec(k_ns: int, v_ns: int) -> TraceSpec:
+    """A two-stream write (K on stream 7, V on 21, overlapping) in decode bs=8 and 64, eager and graph."""
+    return TraceSpec(
+        variant="two_stream", layers=[0, 1, 2, 3],
+        phases=[PhaseSpec("decode", 8, 3, graph=True), PhaseSpec("decode", 64, 3), PhaseSpec("prefill", 512, 2)],
+        write=WriteSpec([KernelSpec(7, 0, k_ns), KernelSpec(21, 300, v_ns)]))
+
+
+def write_trace(path: Path, doc: dict) -> Path:
+    path.write_bytes(gzip.compress(dumps(doc), compresslevel=1))
+    return path
+
+
+def cpu_only(doc: dict) -> dict:
+    """The same capture as if no GPU had been there: no kernels, flows, GPU annotations or syncs."""
+    events = [e for e in doc["traceEvents"] if e.get("cat") not in GPU_CATS and e.get("ph") not in ("s", "f")]
+    return {**doc, "traceEvents": events, "deviceProperties": []}
+
+
+def analyse_in_place(d: Path) -> None:
+    from dashboards.data import analyse_to
+
+    analyse_to(d, d)
+
+
+def build_root(root: Path) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, Path] = {}
+    h200 = root / "h200"
+    shutil.copytree(FIXTURE, h200)
+    analyse_in_place(h200)
+    runs["h200"] = h200
+    raw = root / "h200-raw"
+    shutil.copytree(FIXTURE, raw)
+    runs["h200-raw"] = raw
+    cpu = root / "cpu-only"
+    cpu.mkdir()
+    doc, _ = build(replace(synth_spec(2500, 2500), phases=[PhaseSpec("decode", 8, 2), PhaseSpec("prefill", 256, 2)]))
+    write_trace(cpu / "two_stream.pt.trace.json.gz", cpu_only(doc))
+    analyse_in_place(cpu)
+    runs["cpu-only"] = cpu
+    bad = root / "corrupt"
+    bad.mkdir()
+    good = (FIXTURE / "index_put.pt.trace.json.gz").read_bytes()
+    (bad / "index_put.pt.trace.json.gz").write_bytes(good[: len(good) // 3])  # truncated gzip
+    (bad / "manifest.json").write_text(json.dumps({"variants": {"index_put": {
+        "available": True, "files": {"torch_trace": "index_put.pt.trace.json.gz"}}}}))
+    runs["corrupt"] = bad
+    for name, (k, v) in {"synth-before": (2600, 2600), "synth-after": (1300, 1300)}.items():
+        d = root / name
+        d.mkdir()
+        doc, _ = build(synth_spec(k, v))
+        write_trace(d / "two_stream.pt.trace.json.gz", doc)
+        analyse_in_place(d)
+        runs[name] = d
+    part = root / "partial"  # analyze's summary and writes, no events table and no traces to redo it
+    part.mkdir()
+    for n in ("summary.json", "writes.parquet"):
+        shutil.copy2(runs["synth-after"] / n, part / n)
+    runs["partial"] = part
+    bench = root / "bench-cpu"
+    bench.mkdir()
+    (bench / "bench.json").write_bytes(orjson.dumps(cpu_bench(), option=orjson.OPT_SERIALIZE_NUMPY))
+    runs["bench"] = bench / "bench.json"
+    return runs
+
+
+def cpu_bench() -> dict:
+    """kvprof bench on the CPU, smallest useful grid: real records, eager mode only."""
+    import torch
+
+    from kvprof.bench.run import grid, run_bench
+
+    return run_bench(grid([(1, 128)], [("bf16", "bf16")], [1, 16, 128]), ["index_put", "two_stream"],
+                     torch.device("cpu"), eager_repeats=2)
+
+
+_BUILT: dict[Path, dict[str, Path]] = {}
+
+
+@pytest.fixture(scope="session")
+def dash_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Built once per session even though each test module imports the fixture (one definition each)."""
+    base = tmp_path_factory.getbasetemp()
+    if base not in _BUILT:
+        _BUILT[base] = build_root(tmp_path_factory.mktemp("dash") / "root")
+    return _BUILT[base]
+
+
+@pytest.fixture()
+def dash_env(dash_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """The dashboard pointed at the test root, with its own cache folder, opening the H200 run."""
+    root = dash_runs["h200"].parent
+    monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(root))
+    monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(dash_runs["h200"]))
+    monkeypatch.delenv("KVPROF_DASHBOARD_MAX_UPLOAD_MB", raising=False)
+    return {**dash_runs, "root": root, "cache": tmp_path / "cache"}

@@ -1,0 +1,231 @@
+"""The dashboard's pure parts: frames (shaping), charts (figures), data (paths, uploads) and the
+``kvprof dashboard`` command line, without a Streamlit server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+
+from dashboard_support import REPO, dash_runs  # noqa: E402,F401
+from dashboards import charts, data, frames  # noqa: E402
+from kvprof.analysis.compare import compare_groups  # noqa: E402
+from kvprof.commands import dashboard as dash_cmd  # noqa: E402
+
+
+def fake_kernels(n: int, streams: int = 4, seed: int = 0) -> pd.DataFrame:
+    """``n`` GPU activities spread over ``streams`` streams, the columns events.parquet has."""
+    rng = np.random.default_rng(seed)
+    start = np.sort(rng.integers(0, n * 2_000, n))
+    return pd.DataFrame({
+        "trace": "t", "source": "kineto", "kind": "kernel", "name": "k" + pd.Series(rng.integers(0, 5, n)).astype(str),
+        "device": 0, "stream": rng.integers(0, streams, n) * 4 + 7, "start_ns": start,
+        "dur_ns": rng.integers(500, 3_000, n), "grid": "2,1,1", "block": "128,1,1",
+        "write_id": np.where(rng.random(n) < 0.8, np.arange(n) // 2, -1), "variant": "two_stream",
+        "layer": (np.arange(n) // 2) % 80, "phase": "decode", "size": 10, "step": 0, "correlation": np.arange(n),
+        "graph_launch": -1,
+    })
+
+
+def test_window_bins_past_100k_kernels_to_the_bar_budget() -> None:
+    k = fake_kernels(250_000)
+    t = time.perf_counter()
+    rows = frames.lane_rows(k, k.iloc[0:0], float(k["start_ns"].min()))
+    end = float(rows["start_us"].add(rows["dur_us"]).max())
+    bars, info = frames.window(rows, 0.0, end, 2000)
+    fig = charts.timeline(bars)
+    took = time.perf_counter() - t
+    assert info["binned"] and info["in_window"] == 250_000
+    assert len(bars) <= 2000 and int(bars["count"].sum()) == 250_000  # every kernel is in some bar
+    assert sum(len(tr["y"]) for tr in fig.data) == len(bars)
+    assert took < 5.0, took
+    narrow, ninfo = frames.window(rows, 1000.0, 1010.0, 2000)  # a 10 µs window: single kernels again
+    assert not ninfo["binned"] and (narrow["count"] == 1).all()
+
+
+def test_timeline_is_horizontal_bars_with_base_on_a_numeric_axis() -> None:
+    k = fake_kernels(50, streams=2)
+    rows = frames.lane_rows(k, k.iloc[0:0], float(k["start_ns"].min()))
+    fig = charts.timeline(rows)
+    assert all(tr.type == "bar" and tr.orientation == "h" and tr.base is not None for tr in fig.data)
+    assert fig.layout.xaxis.type in (None, "linear", "-")
+    lanes = list(fig.layout.yaxis.categoryarray)
+    assert lanes == ["GPU0 · stream 11", "GPU0 · stream 7"]  # top to bottom: stream 7 first
+
+
+def test_overview_numbers_are_analyzes(dash_runs: dict[str, Path]) -> None:
+    summary = data.read_summary(str(dash_runs["h200"] / "summary.json"), 0)
+    groups = frames.groups_frame(summary)
+    comp = frames.comparison(groups, "two_stream", 80, 12.05, 11.87)
+    ref = compare_groups(groups, "two_stream", None, 80)
+    assert [r["ratio_cost_per_write_ns"] for r in comp["rows"]] == [r["ratio_cost_per_write_ns"] for r in ref["rows"]]
+    table = frames.overview_frame(groups, comp, summary, "two_stream")
+    row = table[(table["variant"] == "triton_fused") & (table["source"] == "nsys") & (table["phase"] == "decode")].iloc[0]
+    g = groups[(groups["variant"] == "triton_fused") & (groups["source"] == "nsys") & (groups["phase"] == "decode")].iloc[0]
+    assert row["GPU µs/write"] == pytest.approx(g["cost_per_write_ns"] / 1e3)
+    r = next(r for r in ref["rows"] if (r["variant"], r["source"], r["phase"]) == ("triton_fused", "nsys", "decode"))
+    assert row["speed-up vs baseline"] == pytest.approx(1 / r["ratio_cost_per_write_ns"])
+    assert row["saving ms/decode step"] == pytest.approx(r["saving_per_step_ms"])
+    assert row["verdict"] == "fused"
+
+
+def test_compare_runs_of_a_run_with_itself_is_one(dash_runs: dict[str, Path]) -> None:
+    groups = frames.groups_frame(data.read_summary(str(dash_runs["h200"] / "summary.json"), 0))
+    df, warns = frames.compare_runs(groups, groups, [("two_stream", "two_stream"), ("index_put", "sgl_kernel")],
+                                    80, 12.05, 11.87)
+    assert len(df) == 4 and (df["ratio after/before"] == 1).all() and (df["saving µs/write"] == 0).all()
+    assert warns == ["sgl_kernel: no measured writes in the after run"]
+
+
+def test_floor_lines_are_bytes_over_rate() -> None:
+    pairs = pd.DataFrame({"tokens": [8, 8, 64], "bytes": [8192, 8192, 65536]})
+    fl = frames.floor_lines(pairs, {"peak": 4800.0, "none": None})
+    assert list(fl["line"].unique()) == ["peak"]
+    assert fl["us"].tolist() == pytest.approx([8192 / 4.8e6, 65536 / 4.8e6])
+
+
+def test_sweep_and_distribution_figures() -> None:
+    pts = pd.DataFrame({"variant": ["a", "a", "b"], "tokens": [1, 10, 1], "us": [1.0, 2.0, 3.0]})
+    fig = charts.sweep(pts, pd.DataFrame(columns=["line", "tokens", "us"]), "t")
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    df = pd.DataFrame({"variant": ["a"] * 4, "phase_size": ["decode bs=1"] * 4, "size": 1, "layer": [0, 1, 0, 1],
+                       "step": 0, "write_id": range(4), "value": [1.0, 2.0, 3.0, 4.0]})
+    for kind, t in (("box", "box"), ("violin", "violin"), ("ecdf", "scatter")):
+        assert {tr.type for tr in charts.distribution(df, "m", kind).data} == {t}
+    assert charts.distribution(df.iloc[0:0], "m").layout.annotations  # empty: says why
+
+
+# ---------------------------------------------------------------------------- paths and uploads
+
+
+def test_contained_refuses_traversal_and_symlinks_out(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "manifest.json").write_text('{"variants": {}}')
+    assert data.contained(root, Path("run")) == (root / "run").resolve()
+    with pytest.raises(data.PathError):
+        data.contained(root, Path("../outside"))
+    with pytest.raises(data.PathError):
+        data.contained(root, outside)
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(data.PathError):
+        data.contained(root, Path("link"))
+    assert [e.rel for e in data.discover_runs(root)] == []  # the symlinked run outside is not offered
+
+
+def test_manifest_pointing_outside_the_root_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    run = root / "evil"
+    run.mkdir(parents=True)
+    secret = tmp_path / "secret.json"
+    secret.write_text("{}")
+    (run / "manifest.json").write_text(
+        '{"variants": {"x": {"available": true, "files": {"torch_trace": "../../secret.json"}}}}')
+    with pytest.raises(data.PathError, match="outside the traces root"):
+        data.ensure_outputs(run, root)
+    with pytest.raises(data.PathError):
+        data.ensure_outputs(tmp_path, root)
+
+
+def test_upload_limits_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(data.DashboardError, match="limit is 1 MB"):
+        data.analyse_upload("big.json", b"x" * (2 << 20), limit=1 << 20)
+    with pytest.raises(data.DashboardError, match="empty"):
+        data.analyse_upload("e.json", b"", limit=1 << 20)
+    with pytest.raises(data.DashboardError, match="not a trace"):
+        data.analyse_upload("../../x.json", b"hello", limit=1 << 20)
+    assert not (tmp_path / "cache" / "uploads").exists() or not any((tmp_path / "cache" / "uploads").iterdir())
+    assert data.upload_suffix("A.PT.TRACE.JSON.GZ") == ".json.gz"
+    assert data.upload_suffix("../../etc/passwd") == ".bin"
+    assert data.max_upload_bytes({"KVPROF_DASHBOARD_MAX_UPLOAD_MB": "3"}) == 3 << 20
+    assert data.max_upload_bytes({}) == 200 << 20
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    dash_cmd.add_arguments(p)
+    ns = p.parse_args([])
+    for k, v in kw.items():
+        setattr(ns, k, v)
+    return ns
+
+
+def test_dashboard_command_line(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    cmd, env = dash_cmd.streamlit_command(_args(run_dir=str(run), port=9123))
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("dashboards/app.py")
+    flags = dict(zip(cmd[5::2], cmd[6::2]))
+    assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "9123"
+    assert flags["--server.maxUploadSize"] == "200" and flags["--browser.gatherUsageStats"] == "false"
+    assert env["KVPROF_DASHBOARD_ROOTS"] == str(run.parent.resolve())
+    assert env["KVPROF_DASHBOARD_RUN"] == str(run.resolve())
+    from kvprof.errors import UsageError
+
+    with pytest.raises(UsageError):
+        dash_cmd.streamlit_command(_args(port=0))
+    with pytest.raises(UsageError, match="not under any --root"):
+        dash_cmd.streamlit_command(_args(run_dir=str(tmp_path), root=[run]))
+    with pytest.raises(UsageError, match="not a folder"):
+        dash_cmd.streamlit_command(_args(run_dir=str(tmp_path / "missing")))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_kvprof_dashboard_starts_on_localhost(dash_runs: dict[str, Path], tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "KVPROF_DASHBOARD_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "kvprof", "dashboard", str(dash_runs["h200"]), "--port", str(port)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1) as r:
+                    assert r.read().strip() == b"ok"
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "the dashboard did not answer within 60 s"
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    out = proc.stdout.read() if proc.stdout else ""
+    assert f"http://127.0.0.1:{port}" in out
+
+
+def test_stale_summary_is_noticed(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text("{}")
+    trace = tmp_path / "a.pt.trace.json.gz"
+    trace.write_bytes(b"x")
+    assert data.stale_traces(tmp_path) == []  # written together (a checkout): not stale
+    later = time.time() + 3600
+    os.utime(trace, (later, later))
+    assert data.stale_traces(tmp_path) == ["a.pt.trace.json.gz"]
