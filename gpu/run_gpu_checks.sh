@@ -30,7 +30,7 @@ PY
     ;;
   tests)
     stamp tests
-    TRITON_INTERPRET=0 timeout 110 python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+    TRITON_INTERPRET=0 timeout 90 python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
     ;;
   tune)
     stamp tune
@@ -57,7 +57,7 @@ PY
     ;;
   bench)
     stamp bench
-    timeout ${BENCH_TIMEOUT:-250} python3 -m kvprof bench --eager-repeats 10 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+    timeout ${BENCH_TIMEOUT:-170} python3 -m kvprof bench --eager-repeats 10 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

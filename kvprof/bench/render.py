@@ -78,3 +78,29 @@ def to_csv(result: dict[str, Any]) -> str:
     for r in result["records"]:
         w.writerow(r)
     return buf.getvalue()
+
+
+def to_markdown(result: dict[str, Any], mode: str = "graph") -> str:
+    """One Markdown table per bench run (for docs/benchmarks.md): µs per write per variant."""
+    variants = result["settings"]["variants"]
+    rows = [r for r in result["records"] if r["mode"] == mode]
+    head = ["shape", "dtype", "tokens", *variants, "best kvprof", "GB/s", "% copy", "target", "meets", "x sgl", "x 2str"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    keys = sorted({(r["heads"], r["dim"], r["dtype"], r["tokens"]) for r in rows})
+    for heads, dim, dtype, tokens in keys:
+        at = {r["variant"]: r for r in rows if (r["heads"], r["dim"], r["dtype"], r["tokens"]) == (heads, dim, dtype, tokens)}
+        cells = [f"{heads}x{dim}", dtype, str(tokens)]
+        for v in variants:
+            r = at.get(v)
+            cells.append(_fmt(r["median_us"]) if r and r.get("status") == "ok" else (r or {}).get("status", "-"))
+        fused = [at[v] for v in KVPROF_FUSED if v in at and at[v].get("status") == "ok"]
+        if fused:
+            b = min(fused, key=lambda r: r["median_us"])
+            ratios = b.get("ratio_to", {})
+            cells += [b["variant"], _fmt(b.get("gbs"), 0), _fmt(b.get("pct_copy_rate"), 0), _fmt(b.get("target_us")),
+                      {True: "yes", False: "**no**", None: "-"}[b.get("meets_target")],
+                      _fmt(ratios.get("sgl_kernel")), _fmt(ratios.get("two_stream"))]
+        else:
+            cells += ["-"] * 7
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"

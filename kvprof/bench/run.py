@@ -23,7 +23,7 @@ from kvprof.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
 
-BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "torch_compile", "triton_fused", "cuda_fused")
+BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "triton_fused", "cuda_fused", "torch_compile")
 KVPROF_FUSED = ("triton_fused", "cuda_fused")
 
 # The fused target of the issue: 1.2 µs + bytes / (0.9 x measured copy rate).
