@@ -2,8 +2,8 @@
 
 Pure: takes the GPU work rows and a group key, returns one row per group. Cheap
 aggregates come from pandas groupby; the interval questions (union, >= 2 streams busy,
-idle gaps) only loop over groups with more than one activity, which keeps 100k writes
-of one fused kernel each fast.
+idle gaps) are answered for all groups in one vectorised pass
+(``kvprof.trace.intervals.grouped_interval_stats``), so 100k writes cost a few sorts.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvprof.trace.intervals import busy_and_overlap, gaps
+from kvprof.trace.intervals import grouped_interval_stats
 
 GROUP_STAT_COLUMNS = (
     "gpu_ops", "kernels", "streams", "gpu_start_ns", "gpu_end_ns", "gpu_span_ns", "gpu_busy_ns",
@@ -45,22 +45,14 @@ def group_gpu_stats(rows: pd.DataFrame, key: str | list[str]) -> pd.DataFrame:
     out["overlap_ns"] = 0
     out["idle_ns"] = 0
     out["gaps"] = 0
-    multi = out.index[out["gpu_ops"] > 1]
-    if len(multi):
-        sub = r.set_index(keys).loc[multi]
-        union, overlap, idle, ngaps = [], [], [], []
-        for _, grp in sub.groupby(level=list(range(len(keys))), sort=True, observed=True):
-            s, e, ln = grp["start_ns"].to_numpy(), grp["end_ns"].to_numpy(), grp["_lane"].to_numpy()
-            u, o = busy_and_overlap(s, e, ln)
-            n, idl = gaps(s, e)
-            union.append(u)
-            overlap.append(o)
-            idle.append(idl)
-            ngaps.append(n)
-        out.loc[multi, "gpu_union_ns"] = union
-        out.loc[multi, "overlap_ns"] = overlap
-        out.loc[multi, "idle_ns"] = idle
-        out.loc[multi, "gaps"] = ngaps
+    if (out["gpu_ops"] > 1).any():
+        codes = g.ngroup().to_numpy()  # positions in ``out`` (both sorted by the keys)
+        st = grouped_interval_stats(codes, r["start_ns"].to_numpy(), r["end_ns"].to_numpy(),
+                                    r["_lane"].to_numpy(), len(out))
+        out["gpu_union_ns"] = st["union"]
+        out["overlap_ns"] = st["overlap"]
+        out["idle_ns"] = st["idle"]
+        out["gaps"] = st["gaps"]
     return out[list(GROUP_STAT_COLUMNS)]
 
 

@@ -119,3 +119,54 @@ def gaps(start: np.ndarray, end: np.ndarray) -> tuple[int, int]:
         return 0, 0
     g = s[1:] - e[:-1]
     return int((g > 0).sum()), int(g[g > 0].sum())
+
+
+def _merge_segments(seg: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``merge`` for many segments at once: (segment, block start, block end), sorted."""
+    order = np.lexsort((start, seg))
+    seg, s, e = seg[order], start[order], end[order]
+    run_end = pd.Series(e).groupby(seg, sort=False).cummax().to_numpy()
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = (seg[1:] != seg[:-1]) | (s[1:] > run_end[:-1])
+    block = np.cumsum(new) - 1
+    b_end = np.zeros(int(block[-1]) + 1, dtype=np.int64)
+    np.maximum.at(b_end, block, e)
+    return seg[new], s[new], b_end
+
+
+def grouped_interval_stats(group: np.ndarray, start: np.ndarray, end: np.ndarray, lane: np.ndarray,
+                           groups: int) -> dict[str, np.ndarray]:
+    """``busy_and_overlap`` and ``gaps`` for every group in one vectorised pass.
+
+    ``group`` holds codes 0..groups-1. Same semantics as the per-group functions (each
+    lane merged first, ends before starts at one instant, touching blocks merge), so a
+    trace of 100k writes costs a few sorts instead of 100k Python iterations.
+    """
+    group = np.asarray(group, dtype=np.int64)
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    out = {k: np.zeros(groups, dtype=np.int64) for k in ("union", "overlap", "gaps", "idle")}
+    if not len(start):
+        return out
+    _, lane_code = np.unique(np.asarray(lane), return_inverse=True)
+    lanes = int(lane_code.max()) + 1
+    seg_g, bs, be = _merge_segments(group * lanes + lane_code, start, end)
+    g = seg_g // lanes
+    times = np.concatenate([bs, be])
+    deltas = np.concatenate([np.ones(len(bs), np.int64), -np.ones(len(be), np.int64)])
+    gg = np.concatenate([g, g])
+    order = np.lexsort((deltas, times, gg))
+    times, deltas, gg = times[order], deltas[order], gg[order]
+    level = np.cumsum(deltas)  # each group's deltas sum to zero, so levels never leak across groups
+    span = np.diff(times)
+    same = gg[1:] == gg[:-1]
+    lvl = level[:-1]
+    out["union"] = np.bincount(gg[:-1][same & (lvl >= 1)], weights=span[same & (lvl >= 1)], minlength=groups).astype(np.int64)
+    out["overlap"] = np.bincount(gg[:-1][same & (lvl >= 2)], weights=span[same & (lvl >= 2)], minlength=groups).astype(np.int64)
+    seg_all, as_, ae = _merge_segments(group, start, end)
+    between = seg_all[1:] == seg_all[:-1]
+    holes = as_[1:] - ae[:-1]
+    has = between & (holes > 0)
+    out["gaps"] = np.bincount(seg_all[:-1][has], minlength=groups).astype(np.int64)
+    out["idle"] = np.bincount(seg_all[:-1][has], weights=holes[has], minlength=groups).astype(np.int64)
+    return out
