@@ -146,3 +146,16 @@ def test_help_lists_subcommands(capsys):
 
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
+
+
+def test_child_counts_only_measured_writes(tmp_path):
+    """The nsys pass's child reports the same paths the torch pass does for one config."""
+    from kvprof.capture.child import run_child
+    from kvprof.capture.config import CaptureConfig
+
+    config = CaptureConfig(decode_sizes=[2], prefill_sizes=[8], steps=2, warmup=2, device="cpu")
+    spec = tmp_path / "spec.json"
+    spec.write_bytes(orjson.dumps({"config": config.as_dict(), "variant": "two_stream"}))
+    assert run_child(spec, tmp_path / "result.json") == 0
+    result = orjson.loads((tmp_path / "result.json").read_bytes())
+    assert result["paths"] == {"two_copies": 80 * 2 * 2}  # 80 layers x (decode + prefill) x 2 steps

@@ -36,13 +36,13 @@ def run_child(spec_path: Path, result_path: Path) -> int:
             p = session.prepare(phase, i)
             session.warm_up(p)
             prepared.append(p)
-        session.pool.path_counts.clear()
         if cudart is not None:
             cudart.cudaProfilerStart()
         try:
             for p in prepared:
                 if p.spec.graph:
                     session.capture_graph(p)
+            session.pool.path_counts.clear()  # capture and its warm-up are not measured writes
             for p in prepared:
                 session.run_phase(p)
         finally:
@@ -50,11 +50,6 @@ def run_child(spec_path: Path, result_path: Path) -> int:
                 session.synchronize()
                 cudart.cudaProfilerStop()
         paths = session.measured_paths(prepared)
-        # graph captures ran writes once more (at capture): not measured, so not counted
-        for p in prepared:
-            for path, n in p.graph_paths.items():
-                paths[path] = paths.get(path, 0) - n
-        paths = {k: v for k, v in paths.items() if v}
         result = {"variant": variant, "paths": paths, "layers": session.layers,
                   "bytes_per_token": session.bytes_per_token(),
                   "phases": [p.spec.as_dict() for p in prepared]}
