@@ -73,9 +73,15 @@ def default_grid(device: torch.device) -> list[BenchPoint]:
     return grid([(1, 128), (8, 128)], [("bf16", "bf16"), ("fp8_e4m3", "bf16")], [1, 64, 512])
 
 
-def writes_per_graph(tokens: int) -> int:
-    """Enough writes per replay that one replay is far above the timer's resolution."""
-    return max(4, min(100, 20000 // max(tokens, 1)))
+def writes_per_graph(bytes_per_write: int) -> int:
+    """Writes per replay: enough that a replay's own launch cost (a few µs) is amortised.
+
+    Sized by bytes, not tokens: the first H200 run (docs/bench/h200-2026-12-02.json) used
+    max(4, 20000 // tokens), i.e. only 4 writes of ~1.5 µs at 4096 tokens x 1x128, and
+    the replay overhead spread over 4 writes made those points miss the target while a
+    graph of 80 such writes (gpu/tune_fused.py) measured 1.58 µs.
+    """
+    return max(10, min(100, -(-(256 << 20) // max(bytes_per_write, 1))))
 
 
 def _pool_rows(point: BenchPoint, device: torch.device, pool_bytes: int) -> int:
@@ -93,7 +99,7 @@ class _Case:
         self.inp = parse_dtype(point.input_dtype)
         self.rows = _pool_rows(point, device, pool_bytes)
         gen = torch.Generator().manual_seed(seed)
-        self.writes = writes_per_graph(point.tokens) if device.type == "cuda" else max(2, min(20, 2000 // point.tokens))
+        self.writes = writes_per_graph(point.bytes_moved()) if device.type == "cuda" else max(2, min(20, 2000 // point.tokens))
         self.locs = [
             (torch.randperm(self.rows - 1, generator=gen)[: point.tokens] + 1).to(device)
             for _ in range(self.writes)
