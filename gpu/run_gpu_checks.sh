@@ -7,7 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
 mkdir -p "$OUT"
-steps=${*:-env capture tests bench}
+steps=${*:-env capture bench tests}
 # A planted secret: no byte of it may reach any file of the run (issue: reports must not
 # carry the user's environment). tests/test_samples.py checks the committed samples.
 export KVPROF_TEST_SECRET=kvprof-planted-9c41e7d2b85a
