@@ -171,3 +171,16 @@ def test_kvprof_trace_loads_in_hta(tmp_path):
     # the real H200 captures load too
     ta2 = hta.TraceAnalysis(trace_files={0: str(REAL / "two_stream.pt.trace.json.gz")})
     assert len(ta2.t.get_trace(0)) > 0
+
+
+def test_captured_sample_loads_in_hta_as_is():
+    """A trace written by `kvprof capture` (distributedInfo added at capture) needs no fix-up."""
+    hta = pytest.importorskip("hta.trace_analysis")
+    path = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8" / "two_stream.pt.trace.json.gz"
+    ta = hta.TraceAnalysis(trace_files={0: str(path)})
+    df = ta.t.get_trace(0)
+    names = ta.t.symbol_table.get_sym_table()
+    hta_kernels = int((df["cat"].map(lambda i: names[i]) == "kernel").sum())
+    ours = load(path).traces[0].events.to_pandas()
+    assert hta_kernels == int((ours["kind"] == "kernel").sum()) > 0
+    assert ta.t.meta_data[0]["distributedInfo"]["rank"] == 0
