@@ -73,3 +73,14 @@ def test_wrong_writer_is_reported_not_timed(monkeypatch):
                        eager_repeats=2)
     (rec,) = result["records"]
     assert rec["status"] == "wrong" and "V differs" in rec["reason"]
+
+
+def test_markdown_has_one_row_per_point_from_the_committed_h200_run():
+    from pathlib import Path
+
+    from kvprof.bench.render import to_markdown
+
+    result = orjson.loads((Path(__file__).resolve().parent.parent / "docs" / "bench" / "h200-2026-12-02.json").read_bytes())
+    lines = to_markdown(result, "graph").splitlines()
+    assert len(lines) == 2 + 72  # header, rule, 4 shapes x 3 dtypes x 6 token counts
+    assert lines[2].startswith("| 1x128 | bf16 | 1 | ") and "| triton_fused |" in lines[2]

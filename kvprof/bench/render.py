@@ -16,6 +16,36 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+EXTRA_COLUMNS = ("best kvprof", "GB/s", "% copy", "target", "ok", "floor", "x sgl", "x 2str", "x idx")
+
+
+def point_rows(result: dict[str, Any], mode: str, no: str = "NO") -> list[list[str]]:
+    """One row of cells per (shape, dtype, tokens): each variant's µs, then the best kvprof
+    fused variant's bandwidth, target verdict, floor and ratios to the peers."""
+    variants = result["settings"]["variants"]
+    rows = [r for r in result["records"] if r["mode"] == mode]
+    out = []
+    for key in sorted({(r["heads"], r["dim"], r["dtype"], r["tokens"]) for r in rows}):
+        heads, dim, dtype, tokens = key
+        at = {r["variant"]: r for r in rows if (r["heads"], r["dim"], r["dtype"], r["tokens"]) == key}
+        cells = [f"{heads}x{dim}", dtype, str(tokens)]
+        for v in variants:
+            r = at.get(v)
+            cells.append(_fmt(r["median_us"]) if r and r.get("status") == "ok" else (r or {}).get("status", "-"))
+        ok = [at[v] for v in KVPROF_FUSED if v in at and at[v].get("status") == "ok"]
+        if ok:
+            best = min(ok, key=lambda r: r["median_us"])
+            ratios = best.get("ratio_to", {})
+            cells += [best["variant"], _fmt(best.get("gbs"), 0), _fmt(best.get("pct_copy_rate"), 0),
+                      _fmt(best.get("target_us")), {True: "yes", False: no, None: "-"}[best.get("meets_target")],
+                      _fmt(best.get("floor_us")), _fmt(ratios.get("sgl_kernel")), _fmt(ratios.get("two_stream")),
+                      _fmt(ratios.get("index_put"))]
+        else:
+            cells += ["-"] * len(EXTRA_COLUMNS)
+        out.append(cells)
+    return out
+
+
 def render_table(result: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console(width=200)
     limits = result["limits"]
@@ -35,30 +65,9 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
             table.add_column(col)
         for v in variants:
             table.add_column(v, justify="right")
-        fused = [v for v in variants if v in KVPROF_FUSED]
-        extra = ("best kvprof", "GB/s", "% copy", "target", "ok", "floor", "x sgl", "x 2str", "x idx")
-        if fused:
-            for col in extra:
-                table.add_column(col, justify="right")
-        keys = sorted({(r["heads"], r["dim"], r["dtype"], r["tokens"]) for r in rows})
-        for heads, dim, dtype, tokens in keys:
-            at = {r["variant"]: r for r in rows if (r["heads"], r["dim"], r["dtype"], r["tokens"]) == (heads, dim, dtype, tokens)}
-            cells = [f"{heads}x{dim}", dtype, str(tokens)]
-            for v in variants:
-                r = at.get(v)
-                cells.append(_fmt(r["median_us"]) if r and r.get("status") == "ok" else (r or {}).get("status", "-"))
-            if fused:
-                ok = [at[v] for v in fused if v in at and at[v].get("status") == "ok"]
-                if ok:
-                    best = min(ok, key=lambda r: r["median_us"])
-                    ratios = best.get("ratio_to", {})
-                    cells += [best["variant"], _fmt(best.get("gbs"), 0), _fmt(best.get("pct_copy_rate"), 0),
-                              _fmt(best.get("target_us")),
-                              {True: "yes", False: "NO", None: "-"}[best.get("meets_target")],
-                              _fmt(best.get("floor_us")),
-                              _fmt(ratios.get("sgl_kernel")), _fmt(ratios.get("two_stream")), _fmt(ratios.get("index_put"))]
-                else:
-                    cells += ["-"] * len(extra)
+        for col in EXTRA_COLUMNS:
+            table.add_column(col, justify="right")
+        for cells in point_rows(result, mode):
             table.add_row(*cells)
         console.print(table)
     reasons = {(r["variant"], r.get("reason")) for r in result["records"] if r.get("status") != "ok"}
@@ -83,24 +92,7 @@ def to_csv(result: dict[str, Any]) -> str:
 def to_markdown(result: dict[str, Any], mode: str = "graph") -> str:
     """One Markdown table per bench run (for docs/benchmarks.md): µs per write per variant."""
     variants = result["settings"]["variants"]
-    rows = [r for r in result["records"] if r["mode"] == mode]
-    head = ["shape", "dtype", "tokens", *variants, "best kvprof", "GB/s", "% copy", "target", "meets", "x sgl", "x 2str"]
+    head = ["shape", "dtype", "tokens", *variants, *EXTRA_COLUMNS]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    keys = sorted({(r["heads"], r["dim"], r["dtype"], r["tokens"]) for r in rows})
-    for heads, dim, dtype, tokens in keys:
-        at = {r["variant"]: r for r in rows if (r["heads"], r["dim"], r["dtype"], r["tokens"]) == (heads, dim, dtype, tokens)}
-        cells = [f"{heads}x{dim}", dtype, str(tokens)]
-        for v in variants:
-            r = at.get(v)
-            cells.append(_fmt(r["median_us"]) if r and r.get("status") == "ok" else (r or {}).get("status", "-"))
-        fused = [at[v] for v in KVPROF_FUSED if v in at and at[v].get("status") == "ok"]
-        if fused:
-            b = min(fused, key=lambda r: r["median_us"])
-            ratios = b.get("ratio_to", {})
-            cells += [b["variant"], _fmt(b.get("gbs"), 0), _fmt(b.get("pct_copy_rate"), 0), _fmt(b.get("target_us")),
-                      {True: "yes", False: "**no**", None: "-"}[b.get("meets_target")],
-                      _fmt(ratios.get("sgl_kernel")), _fmt(ratios.get("two_stream"))]
-        else:
-            cells += ["-"] * 7
-        out.append("| " + " | ".join(cells) + " |")
+    out += ["| " + " | ".join(cells) + " |" for cells in point_rows(result, mode, no="**no**")]
     return "\n".join(out) + "\n"
