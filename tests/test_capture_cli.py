@@ -159,3 +159,19 @@ def test_child_counts_only_measured_writes(tmp_path):
     assert run_child(spec, tmp_path / "result.json") == 0
     result = orjson.loads((tmp_path / "result.json").read_bytes())
     assert result["paths"] == {"two_copies": 80 * 2 * 2}  # 80 layers x (decode + prefill) x 2 steps
+
+
+def test_planted_secret_reaches_no_byte_of_a_cpu_run(tmp_path, monkeypatch):
+    """The CPU half of the environment check (the H200 samples are checked in test_samples.py)."""
+    secret = "kvprof-planted-cpu-5e0c1a9f77"
+    monkeypatch.setenv("KVPROF_TEST_SECRET", secret)
+    monkeypatch.setenv("HF_TOKEN", "hf_" + secret)
+    rc = run_cli("capture", *SMALL, "--variants", "index_put,two_stream", "--out", str(tmp_path), "--run-id", "s")
+    assert rc == 0
+    files = [p for p in (tmp_path / "s").rglob("*") if p.is_file()]
+    assert len(files) >= 6
+    for p in files:
+        data = p.read_bytes()
+        if p.suffix == ".gz":
+            data = gzip.decompress(data)
+        assert secret.encode() not in data, p
