@@ -169,3 +169,18 @@ def test_nsys_rep_without_nsys_is_a_tool_error(tmp_path, monkeypatch):
     monkeypatch.setattr(ld, "export_report", boom)
     with pytest.raises(ToolError):
         load(p)
+
+
+def test_nsys_export_without_nvtx_says_so(tmp_path):
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "no_nvtx.sqlite"
+    shutil.copy(REAL / "nsys_run.sqlite", db)
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE NVTX_EVENTS")
+    con.commit()
+    con.close()
+    trace = read_nsys_sqlite(db)
+    assert any("no NVTX_EVENTS table" in w for w in trace.warnings)
+    assert trace.stats["kernels"] > 0

@@ -320,7 +320,19 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         clock=_clock(db, tables),
         stats={"events_in_file": n, "kernels": int((col(gpu, "kind") == "kernel").sum()) if n_gpu else 0},
         graph_nodes=graph_nodes_of(db, tables),
+        warnings=_missing_table_warnings(tables),
     )
+
+
+def _missing_table_warnings(tables: set[str] | list[str]) -> list[str]:
+    """Say what an export cannot give when the profile did not trace it (never a silent hole)."""
+    out = []
+    if "NVTX_EVENTS" not in tables:
+        out.append("no NVTX_EVENTS table (profiled without -t nvtx?): no kvprof write ranges, "
+                   "so no per-write numbers, only the generic ones")
+    if KERNEL_TABLE not in tables:
+        out.append(f"no {KERNEL_TABLE} table: no GPU kernels in this export")
+    return out
 
 
 def export_report(rep: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> Path:
