@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from kvprof.errors import TraceError, UsageError
@@ -184,3 +185,43 @@ def test_nsys_export_without_nvtx_says_so(tmp_path):
     trace = read_nsys_sqlite(db)
     assert any("no NVTX_EVENTS table" in w for w in trace.warnings)
     assert trace.stats["kernels"] > 0
+
+
+def test_batched_parse_gives_the_same_table(monkeypatch):
+    """Kineto's layout parsed in batches (low peak memory) equals the one-shot parse."""
+    import kvprof.trace.kineto as kineto
+
+    sample = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8" / "two_stream.pt.trace.json.gz"
+    whole = kineto.read_kineto(sample)
+    monkeypatch.setattr(kineto, "_SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(kineto, "_BATCH", 997)  # many batches, boundaries anywhere
+    calls = []
+    real = kineto.event_batches
+    monkeypatch.setattr(kineto, "event_batches", lambda *a: calls.append(1) or real(*a))
+    batched = kineto.read_kineto(sample)
+    assert calls, "the batched path was not taken"
+    assert batched.events.equals(whole.events)
+    assert batched.kvprof == whole.kvprof and batched.clock == whole.clock and batched.devices == whole.devices
+
+
+def test_batched_parse_falls_back_on_other_layouts(monkeypatch, tmp_path):
+    import kvprof.trace.kineto as kineto
+
+    monkeypatch.setattr(kineto, "_SPLIT_MIN_BYTES", 0)
+    doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}]}
+    f = tmp_path / "compact.json"
+    f.write_bytes(orjson.dumps(doc))  # no Kineto indentation: one-shot parse
+    assert kineto.read_kineto(f).events.num_rows == 1
+
+
+def test_batched_parse_handles_kinetos_blank_first_line(monkeypatch, tmp_path):
+    """CPU-only Kineto traces open the array with an empty indented line."""
+    import kvprof.trace.kineto as kineto
+
+    monkeypatch.setattr(kineto, "_SPLIT_MIN_BYTES", 0)
+    ev = '  {\n    "ph": "X", "cat": "cpu_op", "name": "aten::x", "pid": 1, "tid": 1, "ts": %d.5, "dur": 1.0\n  }'
+    text = '{\n  "schemaVersion": 1,\n  "traceEvents": [\n    \n' + ",\n".join(ev % i for i in range(5)) + '\n  ],"traceName": "t" }'
+    f = tmp_path / "cpu.json"
+    f.write_text(text)
+    assert kineto.split_events(f.read_bytes(), "cpu.json") is not None
+    assert kineto.read_kineto(f).events.num_rows == 5
