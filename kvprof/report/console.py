@@ -76,6 +76,10 @@ def comparison_table(cmp: dict[str, Any]) -> Table:
     return t
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and v == v
+
+
 def make_console() -> Console:
     """Wide enough for the tables when printing to a pipe or file (rich assumes 80)."""
     con = Console()
@@ -108,7 +112,10 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     for name, v in (summary.get("variants") or {}).items():
         con.print(verdict_line(name, v))
     cmp = summary.get("comparison")
-    if cmp and cmp.get("rows"):
+    measured_rows = [r for r in (cmp or {}).get("rows") or [] if _is_number(r.get("cost_per_write_ns"))]
+    if cmp and cmp.get("rows") and not measured_rows:
+        con.print(f"vs baseline {cmp.get('baseline')}: no GPU time to compare (no GPU events in these traces)")
+    elif cmp and cmp.get("rows"):
         con.print(comparison_table(cmp))
         h = cmp.get("headline")
         if h:
