@@ -84,3 +84,11 @@ def test_markdown_has_one_row_per_point_from_the_committed_h200_run():
     lines = to_markdown(result, "graph").splitlines()
     assert len(lines) == 2 + 72  # header, rule, 4 shapes x 3 dtypes x 6 token counts
     assert lines[2].startswith("| 1x128 | bf16 | 1 | ") and "| triton_fused |" in lines[2]
+
+
+def test_unwritable_output_is_one_line_before_measuring(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc = main(["bench", "--variants", "index_put", "--shapes", "1x8", "--tokens", "1", "--out", str(blocker / "sub")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 6 and len(err) == 1 and err[0].startswith("kvprof bench: error: cannot create output folder")

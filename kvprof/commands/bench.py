@@ -76,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
         points = grid(shapes, dtypes, tokens)
     variants = [v for v in (args.variants.split(",") if args.variants else BENCH_VARIANTS) if v]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # before any measurement: a bench is too long to lose to an unwritable folder
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from kvprof.errors import OutputError
+
+        raise OutputError(f"cannot create output folder {out}: {exc.strerror or exc}") from None
     given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
     command = " ".join(["python -m kvprof bench", *given])
 
