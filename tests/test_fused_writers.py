@@ -146,8 +146,10 @@ def write_cases(draw, max_tokens: int = 160):
     pattern = draw(st.sampled_from(["random", "contiguous", "paged"]))
     loc_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     scaled = draw(st.booleans())
-    k_scale = draw(st.floats(1 / 512, 64)) if scaled else None
-    v_scale = draw(st.floats(1 / 512, 64)) if scaled else None
+    # powers of two take the kernel's POW2 shortcut (no round trip through the input dtype)
+    scales = st.one_of(st.floats(1 / 512, 64), st.sampled_from([0.5, 1.0, 2.0, 2.0**-9, 2.0**6, 2.0**-126]))
+    k_scale = draw(scales) if scaled else None
+    v_scale = draw(scales) if scaled else None
     strided = draw(st.booleans())  # K/V as slices of one wider qkv-like tensor
     magnitude = draw(st.sampled_from([1.0, 100.0, 1e4, 1e-6]))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -213,6 +215,17 @@ def run_case(case: dict, writer, device: str = "cpu") -> None:
 @given(case=write_cases())
 def test_triton_fused_matches_index_put(case):
     run_case(case, create_writer("triton_fused"))
+
+
+@needs_interpreter
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=write_cases(max_tokens=64), block_t=st.sampled_from([1, 2, 4, 16]),
+       num_warps=st.sampled_from([1, 2, 4]), split=st.sampled_from([1, 2, 4, 8, 64]))
+def test_triton_fused_launch_shapes_match_index_put(case, block_t, num_warps, split):
+    """Every launch shape writes the same bits: tokens per program, warps and column chunks
+    (split larger than the row's block is clamped to it)."""
+    config = tf.TritonConfig(block_t, num_warps, split)
+    run_case(case, create_writer("triton_fused", config=config))
 
 
 @needs_interpreter
@@ -292,8 +305,16 @@ def test_triton_config_table():
     assert tf.pick_config(512, 32768).block_t > 1
     cfg = tf.TritonConfig(8, 4)
     assert tf.TritonFusedWriter(config={"block_t": 8, "num_warps": 4}).config == cfg
+    assert cfg.split == 1 and tf.TritonConfig(1, 1, 8).split == 8
     with pytest.raises(ValueError):
         tf.TritonConfig(3, 4)
+    with pytest.raises(ValueError):
+        tf.TritonConfig(1, 4, 3)
+
+
+def test_pow2_shortcut_only_for_exact_powers_of_two():
+    assert all(tf._pow2_exact(x) for x in (1.0, 0.5, 2.0, 2.0**-126, 2.0**127, 2.0**-149))
+    assert not any(tf._pow2_exact(x) for x in (0.0, 3.0, 0.37, float("inf"), float("nan"), 1.0000001))
 
 
 @needs_interpreter
@@ -318,7 +339,8 @@ def test_fp8_cast_only_on_layouts_checked_against_triton_3_6_ptxas():
     for rk in (128, 1024, 4096):  # the table's own choices for the common shapes
         for tokens in (1, 8, 64, 512, 4096, 32768):
             cfg = tf.pick_config(2 * rk * 2, tokens)
-            assert tf._fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, rk, rk), (rk, tokens, cfg)
+            chunk = rk // cfg.split
+            assert tf._fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, chunk, chunk), (rk, tokens, cfg)
 
 
 def test_cuda_fused_reason_on_cpu():
@@ -365,6 +387,7 @@ GPU_WRITERS = [
     ("triton_fused", {}),
     ("triton_fused", {"convert": "int"}),
     ("triton_fused", {"pdl": False}),
+    ("triton_fused", {"config": {"block_t": 2, "num_warps": 1, "split": 4}}),
     ("cuda_fused", {}),
     ("cuda_fused", {"pdl": True}),
     ("cuda_fused", {"hw_fp8": True}),
@@ -404,7 +427,7 @@ def test_gpu_fused_large_writes(name, options, heads, dim, tokens, cache, inp):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("config", [None, {"block_t": 1, "num_warps": 1}, {"block_t": 4, "num_warps": 2},
-                                    {"block_t": 16, "num_warps": 4}])
+                                    {"block_t": 16, "num_warps": 4}, {"block_t": 1, "num_warps": 1, "split": 4}])
 @pytest.mark.parametrize("dim", [20, 16, 128])
 @pytest.mark.parametrize("scale", [None, 0.5])
 def test_gpu_triton_small_rows_fp8(pdl, config, dim, scale):

@@ -37,6 +37,7 @@ The launch configuration is a function of (row bytes, tokens) in one small table
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -71,16 +72,23 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 @dataclass(frozen=True)
 class TritonConfig:
-    """Launch shape: tokens per program and warps per program."""
+    """Launch shape: tokens per program, warps per program, and column chunks per row.
+
+    ``split`` > 1 cuts every K and V row into that many chunks, one program each (grid
+    axis 1): a write of a few tokens with long rows then runs on ``split`` times as many
+    SMs instead of making one SM issue every load, conversion and store of the row."""
 
     block_t: int
     num_warps: int
+    split: int = 1
 
     def __post_init__(self) -> None:
         if self.block_t < 1 or self.block_t & (self.block_t - 1):
             raise ValueError(f"block_t must be a power of two, got {self.block_t}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if self.split < 1 or self.split & (self.split - 1):
+            raise ValueError(f"split must be a power of two, got {self.split}")
 
 
 # (largest K+V input row bytes per token, largest token count, config): first match wins.
@@ -282,14 +290,16 @@ if triton is not None:
 
     @triton.jit
     def _convert(raw, inv, IN: tl.constexpr, OUT: tl.constexpr, SCALED: tl.constexpr, HW: tl.constexpr,
-                 SAT: tl.constexpr, FP8_INT: tl.constexpr = 0):
+                 SAT: tl.constexpr, FP8_INT: tl.constexpr = 0, POW2: tl.constexpr = 0):
         """Input rows (raw storage bits) -> cache storage bits:
-        ``(x.float() * inv).to(x.dtype).to(cache_dtype)``, or ``x.to(cache_dtype)``."""
+        ``(x.float() * inv).to(x.dtype).to(cache_dtype)``, or ``x.to(cache_dtype)``.
+        POW2: ``inv`` is a power of two and the input bf16/fp32, so the round trip through
+        the input dtype is exact and skipped (see ``_pow2_exact``)."""
         if HW:
             x = _hw_widen(raw, IN, FP8_INT)
             if SCALED:
                 x = x * inv
-                if IN != F32:
+                if IN != F32 and POW2 == 0:
                     x = _hw_widen(_hw_narrow(x, IN, SAT, FP8_INT), IN, FP8_INT)
             r = _hw_narrow(x, OUT, SAT, FP8_INT)
         else:
@@ -302,7 +312,7 @@ if triton is not None:
             xb = _int_widen(code, IN)
             if SCALED:
                 xb = (xb.to(tl.float32, bitcast=True) * inv).to(tl.int32, bitcast=True)
-                if IN != F32:
+                if IN != F32 and POW2 == 0:
                     xb = _int_widen(_int_narrow(xb, IN, SAT), IN)
             r = _int_narrow(xb, OUT, SAT)
         return r
@@ -313,11 +323,13 @@ if triton is not None:
         k_inv, v_inv,
         tokens, rows, k_stride, v_stride,
         RK: tl.constexpr, RV: tl.constexpr,
-        BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, MODE: tl.constexpr,
+        BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
+        MODE: tl.constexpr,
     ):
-        """Program p writes tokens [p*BLOCK_T, (p+1)*BLOCK_T): K row RK and V row RV elements
-        each (row-major, rows of the cache are [slot, RK] and [slot, RV]). MODE packs the
-        compile-time flags (see ``_mode``): fewer arguments, less launch overhead."""
+        """Program (p, c) writes chunk c of SPLIT of the K and V rows (RK and RV elements,
+        row-major; the cache's rows are [slot, RK] and [slot, RV]) of tokens
+        [p*BLOCK_T, (p+1)*BLOCK_T). MODE packs the compile-time flags (see ``_mode``):
+        fewer arguments, less launch overhead."""
         IN: tl.constexpr = MODE & 7
         OUT: tl.constexpr = (MODE >> 3) & 7
         K_SCALED: tl.constexpr = (MODE >> 6) & 1
@@ -327,6 +339,9 @@ if triton is not None:
         WIDE: tl.constexpr = (MODE >> 10) & 1
         PDL: tl.constexpr = (MODE >> 11) & 1
         FP8_INT: tl.constexpr = (MODE >> 12) & 1
+        POW2: tl.constexpr = (MODE >> 13) & 1
+        CK: tl.constexpr = BLOCK_K // SPLIT  # columns of K and of V per program
+        CV: tl.constexpr = BLOCK_V // SPLIT
         if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -338,8 +353,9 @@ if triton is not None:
         tmask = tok < tokens
         slot = tl.load(loc + tok, mask=tmask, other=-1)
 
-        ck = tl.arange(0, BLOCK_K)
-        cv = tl.arange(0, BLOCK_V)
+        chunk = tl.program_id(1)
+        ck = chunk * CK + tl.arange(0, CK)
+        cv = chunk * CV + tl.arange(0, CV)
         if RK == BLOCK_K:
             kin_mask = tmask[:, None]
         else:
@@ -358,8 +374,8 @@ if triton is not None:
             k_new = k_raw
             v_new = v_raw
         else:
-            k_new = _to_storage(_convert(k_raw, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT), OUT)
-            v_new = _to_storage(_convert(v_raw, v_inv, IN, OUT, V_SCALED, HW, SAT, FP8_INT), OUT)
+            k_new = _to_storage(_convert(k_raw, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT, POW2), OUT)
+            v_new = _to_storage(_convert(v_raw, v_inv, IN, OUT, V_SCALED, HW, SAT, FP8_INT, POW2), OUT)
 
         ok = tmask & (slot >= 0) & (slot < rows)  # never write outside the buffer
         if WIDE:
@@ -391,7 +407,7 @@ def _mode(in_kind: int, out_kind: int, k_scaled: bool, v_scaled: bool, hw: bool,
           pdl: bool) -> int:
     """The kernel's packed compile-time flags (MODE)."""
     return (in_kind | out_kind << 3 | k_scaled << 6 | v_scaled << 7 | hw << 8 | sat << 9 | wide << 10
-            | pdl << 11)  # bit 12: FP8_INT, set per call
+            | pdl << 11)  # bit 12: FP8_INT, bit 13: POW2, both set per call
 
 
 def _pow2(n: int) -> int:
@@ -405,6 +421,17 @@ def _scale_flag(scale: Any, same: bool) -> tuple[bool, float]:
 
 
 _INV_CACHE: dict[float, float] = {}
+
+
+def _pow2_exact(inv: float) -> bool:
+    """Whether ``x * inv`` is exact for every bf16/fp32 ``x``, so that rounding the product
+    back to the input dtype (the reference's ``.to(x.dtype)``) cannot change it: ``inv`` is
+    a finite power of two. The only inexact products land below fp32's normal range
+    (< 2^-126) or overflow to inf; fp8 rounds the former to a signed zero and the latter to
+    the same inf/saturated value with or without the round trip. Not for fp16 inputs: their
+    narrower exponent range makes the round trip round (fp16 subnormals, overflow)."""
+    mantissa, _ = math.frexp(inv)
+    return mantissa == 0.5 and math.isfinite(inv)
 
 
 def _inverse(scale: float | torch.Tensor) -> float:
@@ -515,8 +542,9 @@ class TritonFusedWriter(KVWriter):
         if hw and not same and in_dtype in _FP8:
             base |= 1 << 12  # FP8_INT
         fp8_hw = hw and not same and in_dtype not in _FP8 and dtype in _FP8
+        pow2_ok = not same and in_dtype in (torch.bfloat16, torch.float32) and dtype in _FP8
         plan = (rows, rk, rv, _pow2(rk), _pow2(rv), (rk + rv) * in_size, base, same,
-                {"launch_pdl": True} if pdl else {}, fp8_hw)
+                {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok)
         self._plans[key] = plan
         return plan
 
@@ -536,7 +564,7 @@ class TritonFusedWriter(KVWriter):
             return FUSED
         key = (k_buf.shape, v_buf.shape, k_buf.device, cache_k.dtype, dtype)
         plan = self._plans.get(key) or self._plan(k_buf, v_buf, cache_k.dtype, dtype, key)
-        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw = plan
+        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw, pow2_ok = plan
         cache_k = _rows(cache_k)
         cache_v = _rows(cache_v)
         if k_scale is not None and not same:
@@ -549,16 +577,19 @@ class TritonFusedWriter(KVWriter):
             v_inv = _inverse(v_scale)
         else:
             v_inv = 1.0
+        if pow2_ok and mode & 0xC0 and _pow2_exact(k_inv) and _pow2_exact(v_inv):
+            mode |= 1 << 13  # POW2: no round trip through the input dtype
         cfg = self.config or pick_config(row_bytes, tokens)
-        block_t, num_warps = cfg.block_t, cfg.num_warps
+        block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
         k_stride, v_stride = cache_k.stride(0), cache_v.stride(0)
-        if fp8_hw and not _fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk, bv):
+        if fp8_hw and not _fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split, bv // split):
             mode |= 1 << 12  # FP8_INT
         if rows * max(rk, rv) > _INT32_MAX or (tokens + block_t) * max(k_stride, v_stride, rk, rv) > _INT32_MAX:
             mode |= 1 << 10  # 64-bit offsets
-        _store_kv_kernel[(triton.cdiv(tokens, block_t),)](
+        _store_kv_kernel[(triton.cdiv(tokens, block_t), split)](
             k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride,
-            RK=rk, RV=rv, BLOCK_K=bk, BLOCK_V=bv, BLOCK_T=block_t, MODE=mode, num_warps=num_warps, **extra,
+            RK=rk, RV=rv, BLOCK_K=bk, BLOCK_V=bv, BLOCK_T=block_t, SPLIT=split, MODE=mode,
+            num_warps=num_warps, **extra,
         )
         return FUSED
 
@@ -575,8 +606,9 @@ def _fp8_cast_safe(rk: int, rv: int, k_stride: int, v_stride: int, block_t: int,
     and reading the SASS; it never showed with rows in 16-element multiples, 16-element
     aligned token strides and >= 4 elements per thread (the layouts every common KV shape
     gets: 1x128 .. 32x128). Anything else takes the exact integer encode (slower, rare),
-    and so do fp8 *inputs* (their widening and rounding showed the same defect)."""
-    if rk % 16 or rv % 16 or k_stride % 16 or v_stride % 16:
+    and so do fp8 *inputs* (their widening and rounding showed the same defect).
+    ``block_k``/``block_v``: the columns one program holds (the row's block over ``split``)."""
+    if rk % 16 or rv % 16 or k_stride % 16 or v_stride % 16 or block_k % 16 or block_v % 16:
         return False
     threads = 32 * num_warps
     return block_t * block_k >= 4 * threads and block_t * block_v >= 4 * threads
