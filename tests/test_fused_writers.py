@@ -390,7 +390,7 @@ GPU_WRITERS = [
     ("triton_fused", {"config": {"block_t": 2, "num_warps": 1, "split": 4}}),
     ("cuda_fused", {}),
     ("cuda_fused", {"pdl": True}),
-    ("cuda_fused", {"hw_fp8": True}),
+    ("cuda_fused", {"pdl": False, "hw_fp8": False}),  # c10's integer fp8 routine
 ]
 
 
@@ -522,6 +522,24 @@ def test_gpu_fused_in_cuda_graph(name, options):
         ref.set_kv_buffer(0, loc, k, v, 0.5, 0.5)
     torch.cuda.synchronize()
     assert torch.equal(ref.k_buffer[0], pool.k_buffer[0]) and torch.equal(ref.v_buffer[0], pool.v_buffer[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,options", GPU_WRITERS)
+def test_gpu_fused_rows_not_contiguous_inside(name, options):
+    """Rows whose heads are not adjacent (a [heads, tokens, dim] tensor transposed) are copied
+    by the writer, not rejected, and land bitwise as index_put writes them."""
+    w = _gpu_writer(name, options)
+    g = torch.Generator().manual_seed(5)
+    k = (torch.randn(4, 9, 64, generator=g) * 10).to(torch.bfloat16).cuda().transpose(0, 1)
+    v = (torch.randn(4, 9, 64, generator=g)).to(torch.bfloat16).cuda().transpose(0, 1)
+    assert not k.is_contiguous() and k.stride(1) != 64
+    loc = torch.randperm(40, generator=g)[:9].cuda() + 1
+    for cache in (torch.bfloat16, torch.float8_e4m3fn):
+        bufs = [torch.zeros(41, 4, 64, dtype=store_dtype_for(cache), device="cuda") for _ in range(4)]
+        create_writer("index_put").write(bufs[0], bufs[1], loc, k, v, cache, 0.5, 0.5)
+        assert w.write(bufs[2], bufs[3], loc, k, v, cache, 0.5, 0.5) == FUSED
+        assert torch.equal(bufs[0], bufs[2]) and torch.equal(bufs[1], bufs[3]), (name, options, cache)
 
 
 @pytest.mark.gpu

@@ -12,8 +12,9 @@ Build: ``torch.utils.cpp_extension.load`` into ``$TORCH_EXTENSIONS_DIR`` or
 ``-Xptxas -v``; the whole build output (register counts included) is appended to
 ``build.log`` there. A failed build is one line naming that log, never a traceback.
 
-``pdl=True`` launches with programmatic dependent launch (the kernel waits with
-``griddepcontrol.wait`` before its first load), so its effect can be measured.
+Programmatic dependent launch is on by default on sm_90+ (the kernel waits with
+``griddepcontrol.wait`` before its first load); ``pdl=False``/``True`` forces it, so its
+effect can be measured.
 fp8 caches are converted with the hardware instruction plus a fix-up to c10's overflow rule
 (``hw_fp8=True``, the default; bitwise c10's, verified exhaustively on the H200): c10's
 integer routine (``hw_fp8=False``) made large fp8 writes compute-bound (8x128 x 32768
@@ -60,20 +61,9 @@ class CudaConfig:
         return (self.threads.bit_length() - 1) << 8 | self.blocks_per_sm << 12
 
 
-# (largest K+V input row bytes per token, largest token count, config): first match wins.
-# Each block row handles one token at a time with 2 vectors of K and V per thread in flight;
-# the grid is min(tokens / tokens-per-block, blocks_per_sm * SMs) with a grid-stride loop.
-CUDA_TABLE: list[tuple[int, int, CudaConfig]] = [
-    (1 << 62, 512, CudaConfig(128, 8)),
-    (1 << 62, 1 << 62, CudaConfig(256, 8)),
-]
-
-
-def pick_cuda_config(row_bytes: int, tokens: int, table: list[tuple[int, int, CudaConfig]] | None = None) -> CudaConfig:
-    for max_row, max_tokens, cfg in table or CUDA_TABLE:
-        if row_bytes <= max_row and tokens <= max_tokens:
-            return cfg
-    return CudaConfig(256, 8)
+# The default launch shape lives in the op (store_kv.cpp, one place): 128 threads per block
+# up to 512 tokens, 256 above, grid capped at 8 blocks per SM. Each block row handles one
+# token at a time with 2 vectors of K and V per thread in flight, grid-stride loop.
 
 
 def build_dir() -> Path:
@@ -173,18 +163,19 @@ class CudaFusedWriter(KVWriter):
     fused = True
     devices = ("cuda",)
 
-    def __init__(self, pdl: bool = False, config: CudaConfig | dict[str, int] | None = None,
+    def __init__(self, pdl: bool | None = None, config: CudaConfig | dict[str, int] | None = None,
                  hw_fp8: bool = True) -> None:
-        """``pdl``: programmatic dependent launch (off by default, to measure it);
-        ``config`` forces one launch shape; ``hw_fp8=False`` uses c10's integer fp8 routine
-        (the reference; slower, compute-bound for large fp8 writes) instead of the hardware
-        conversion plus fix-up. Both give torch's bits."""
+        """``pdl``: programmatic dependent launch; None (default) lets the op turn it on where
+        the device has it (sm_90+), as triton_fused does. ``config`` forces one launch shape
+        (tuning); ``hw_fp8=False`` uses c10's integer fp8 routine (the reference; slower,
+        compute-bound for large fp8 writes) instead of the hardware conversion plus fix-up.
+        Both give torch's bits."""
         if isinstance(config, dict):
             config = CudaConfig(**config)
-        self.pdl = bool(pdl)
+        self.pdl = pdl
         self.hw_fp8 = bool(hw_fp8)
         self.config = config
-        self._plans: dict[tuple[Any, ...], tuple[int, int, bool]] = {}
+        self._plans: dict[tuple[torch.dtype, torch.dtype], tuple[Any, int, bool]] = {}
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         if device.type != "cuda":
@@ -194,6 +185,18 @@ class CudaFusedWriter(KVWriter):
                 return f"cuda_fused has no conversion for {d}"
         _, error = load_extension()
         return error
+
+    def _plan(self, in_dtype: torch.dtype, dtype: torch.dtype) -> tuple[Any, int, bool]:
+        """The op and the flags that depend only on the dtypes, computed once per pair."""
+        ext, error = load_extension()
+        if ext is None:
+            raise RuntimeError(f"cuda_fused cannot run: {error}")
+        if dtype not in KINDS or in_dtype not in KINDS:
+            raise ValueError(f"cuda_fused has no conversion from {in_dtype} to {dtype}")
+        pdl = (1 << 7) if self.pdl is None else int(self.pdl) << 5  # bit 7: the op decides
+        flags = KINDS[dtype] | pdl | self.hw_fp8 << 6 | (self.config.bits if self.config else 0)
+        plan = self._plans[(in_dtype, dtype)] = (ext.store_kv, flags, in_dtype == dtype)
+        return plan
 
     def write(
         self,
@@ -206,25 +209,13 @@ class CudaFusedWriter(KVWriter):
         k_scale: float | torch.Tensor | None = None,
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
-        tokens = loc.shape[0]
-        if tokens == 0:
-            return FUSED
-        key = (k_buf.stride(0), v_buf.stride(0), cache_k.dtype, dtype)
-        plan = self._plans.get(key)
-        if plan is None:
-            ext, error = load_extension()
-            if ext is None:
-                raise RuntimeError(f"cuda_fused cannot run: {error}")
-            if dtype not in KINDS or cache_k.dtype not in KINDS:
-                raise ValueError(f"cuda_fused has no conversion from {cache_k.dtype} to {dtype}")
-            flags = KINDS[dtype] | self.pdl << 5 | self.hw_fp8 << 6
-            plan = self._plans[key] = (flags, (key[0] + key[1]) * cache_k.element_size(), cache_k.dtype == dtype)
-        flags, row_bytes, same = plan
-        # rows with a non-contiguous inside are rare (the pool hands contiguous rows): copy them
-        if cache_k.stride(-1) != 1 or (cache_k.dim() == 3 and cache_k.stride(1) != cache_k.shape[2]):
-            cache_k = cache_k.contiguous()
-        if cache_v.stride(-1) != 1 or (cache_v.dim() == 3 and cache_v.stride(1) != cache_v.shape[2]):
-            cache_v = cache_v.contiguous()
+        # The eager host path is this writer's reason to exist: the common call does one dict
+        # lookup and one pybind call; shapes, strides, alignment and the launch shape are
+        # checked and chosen in C++ (store_kv.cpp), where they cost nanoseconds.
+        if not loc.shape[0]:
+            return FUSED  # nothing to launch, on any device
+        plan = self._plans.get((cache_k.dtype, dtype)) or self._plan(cache_k.dtype, dtype)
+        op, flags, same = plan
         k_inv = v_inv = 1.0
         if not same:
             if k_scale is not None:
@@ -233,6 +224,15 @@ class CudaFusedWriter(KVWriter):
             if v_scale is not None:
                 flags |= 16
                 v_inv = _inverse(v_scale)
-        flags |= (self.config or pick_cuda_config(row_bytes, tokens)).bits
-        _EXT.store_kv(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, flags)
+        try:
+            op(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, flags)
+        except RuntimeError as exc:
+            # rows with a non-contiguous inside are rare (the pool hands contiguous rows)
+            if NOT_ROW_CONTIGUOUS not in str(exc):
+                raise
+            op(k_buf, v_buf, loc, cache_k.contiguous(), cache_v.contiguous(), k_inv, v_inv, flags)
         return FUSED
+
+
+# The op's message for input rows that are not contiguous (the writer then copies them).
+NOT_ROW_CONTIGUOUS = "cuda_fused: input rows must be contiguous"

@@ -38,17 +38,32 @@ int elem_bytes(int kind) { return kind == 0 ? 4 : (kind <= 2 ? 2 : 1); }
 
 bool aligned(const void* p, int64_t n) { return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(n) == 0; }
 
-// SM count per device, asked once (the grid is capped at blocks_per_sm * SMs).
-int sm_count(int device) {
-  static std::array<int, 64> cache{};
-  if (device < 0 || device >= static_cast<int>(cache.size())) return 132;
-  if (cache[device] == 0) {
-    int n = 0;
+// SM count and compute capability major per device, asked once (the grid is capped at
+// blocks_per_sm * SMs; programmatic dependent launch needs sm_90+).
+struct DeviceFacts {
+  int sms = 0;
+  int major = 0;
+};
+
+const DeviceFacts& device_facts(int device) {
+  static std::array<DeviceFacts, 64> cache{};
+  static const DeviceFacts fallback{132, 0};
+  if (device < 0 || device >= static_cast<int>(cache.size())) return fallback;
+  DeviceFacts& f = cache[device];
+  if (f.sms == 0) {
+    int n = 0, major = 0;
     if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 132;
-    cache[device] = n;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) major = 0;
+    f.major = major;
+    f.sms = n;
   }
-  return cache[device];
+  return f;
 }
+
+// The default launch shape when the caller forces none (one place; measured on an H200 with
+// gpu/tune_fused.py): 128 threads per block up to 512 tokens, 256 above, 8 blocks per SM.
+constexpr int64_t kDefaultBlocksPerSm = 8;
+int64_t default_threads(int64_t tokens) { return tokens <= 512 ? 128 : 256; }
 
 // Elements per row of a [n, ...] tensor.
 int64_t row_elems(const at::Tensor& t) {
@@ -74,16 +89,19 @@ bool rows_contiguous(const at::Tensor& t) {
 // arguments (fewer Python -> C++ conversions on the hot path):
 //   bits 0-2 the cache's logical dtype (0 fp32, 1 bf16, 2 fp16, 3 fp8 e4m3fn, 4 fp8 e5m2),
 //   bit 3 k_scaled, bit 4 v_scaled, bit 5 pdl, bit 6 hardware fp8 conversion,
-//   bits 8-11 log2(threads per block), bits 12-19 blocks per SM (grid cap).
+//   bit 7 pdl where the device has it (sm_90+; overrides bit 5),
+//   bits 8-11 log2(threads per block), bits 12-19 blocks per SM (grid cap); both 0: the
+//   default launch shape above.
 void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor& loc, const at::Tensor& k_in,
               const at::Tensor& v_in, double k_inv, double v_inv, int64_t flags) {
-  const int64_t out_kind = flags & 7;
-  const bool k_scaled = (flags >> 3) & 1, v_scaled = (flags >> 4) & 1, pdl = (flags >> 5) & 1;
-  const bool hw_fp8 = (flags >> 6) & 1;
-  const int64_t threads = int64_t{1} << ((flags >> 8) & 15);
-  const int64_t blocks_per_sm = (flags >> 12) & 255;
-  const int64_t tokens = loc.size(0);
+  const int64_t tokens = loc.dim() == 1 ? loc.size(0) : -1;
   if (tokens == 0) return;  // launch nothing
+  const int64_t out_kind = flags & 7;
+  const bool k_scaled = (flags >> 3) & 1, v_scaled = (flags >> 4) & 1;
+  const bool hw_fp8 = (flags >> 6) & 1, pdl_auto = (flags >> 7) & 1;
+  const bool forced_shape = ((flags >> 8) & 0xFFF) != 0;
+  const int64_t threads = forced_shape ? int64_t{1} << ((flags >> 8) & 15) : default_threads(tokens);
+  const int64_t blocks_per_sm = forced_shape ? (flags >> 12) & 255 : kDefaultBlocksPerSm;
   TORCH_CHECK(k_out.is_cuda() && v_out.is_cuda() && loc.is_cuda() && k_in.is_cuda() && v_in.is_cuda(),
               "cuda_fused: all tensors must be CUDA tensors");
   TORCH_CHECK(loc.dim() == 1 && (loc.scalar_type() == at::kInt || loc.scalar_type() == at::kLong),
@@ -136,9 +154,12 @@ void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor
     }
   }
 
-  const c10::cuda::CUDAGuard guard(k_out.device());
-  const int sms = sm_count(k_out.get_device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(k_out.get_device()).stream();
+  const int device = k_out.get_device();
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const DeviceFacts& facts = device_facts(device);
+  const bool pdl = pdl_auto ? facts.major >= 9 : ((flags >> 5) & 1) != 0;
+  const int sms = facts.sms;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   const int err = kvprof_store_kv_launch(
       ko, vo, loc.data_ptr(), loc.scalar_type() == at::kLong, kp, vp, ks, vs, tokens, k_out.size(0), rk, rv, in_kind,
       static_cast<int>(out_kind), static_cast<float>(k_inv), static_cast<float>(v_inv), k_scaled, v_scaled, vec_bytes,
