@@ -92,3 +92,57 @@ def test_unwritable_output_is_one_line_before_measuring(tmp_path, capsys):
     rc = main(["bench", "--variants", "index_put", "--shapes", "1x8", "--tokens", "1", "--out", str(blocker / "sub")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 6 and len(err) == 1 and err[0].startswith("kvprof bench: error: cannot create output folder")
+
+
+def test_eager_records_carry_host_time(tmp_path):
+    import torch
+
+    result = run_bench(grid([(1, 64)], [("bf16", "bf16")], [4]), ["index_put"], torch.device("cpu"), eager_repeats=3)
+    (rec,) = result["records"]
+    # on CPU the write runs on the host, so its host time is its wall time, give or take
+    assert 0 < rec["host_us"] <= rec["median_us"] * 1.5 and rec["host_iqr_us"] >= 0
+
+
+def _committed_h200() -> dict:
+    from pathlib import Path
+
+    return orjson.loads((Path(__file__).resolve().parent.parent / "docs" / "bench" / "h200-2026-12-02.json").read_bytes())
+
+
+def test_fused_verdicts_on_the_first_h200_run():
+    """The first H200 run's known results: 69/72 targets met, the misses at 1x128 x 4096, and
+    sgl-kernel (not installed there) compared through its reference numbers, labelled so."""
+    from kvprof.bench.run import fused_verdicts
+
+    v = fused_verdicts(_committed_h200(), "triton_fused")
+    assert v["target"]["met"] == 69 and v["target"]["points"] == 72
+    assert all(m.startswith("1x128 ") and " 4096 tok" in m for m in v["target"]["missed"])
+    assert v["vs_sgl"]["compared"] == 6 and v["vs_sgl"]["slower"] == []
+    assert v["vs_sgl"]["source"].startswith("reference: sgl-kernel store_kv_cache, H200")
+    assert v["fp8_vs_bf16"]["compared"] == 24 and len(v["fp8_vs_bf16"]["slower"]) > 0
+    assert v["eager_host"]["compared"] == 0  # that run had no host-time column
+
+
+def test_fused_verdicts_use_a_measured_sgl_kernel_over_the_reference():
+    from kvprof.bench.run import fused_verdicts
+
+    def rec(variant, mode, us, host=None, dtype="bf16"):
+        r = {"variant": variant, "mode": mode, "status": "ok", "shape": "1x128", "dtype": dtype, "tokens": 1,
+             "cache_dtype": dtype.split("<-")[0], "input_dtype": "bf16", "median_us": us, "target_us": 1.3,
+             "meets_target": us <= 1.3}
+        if host is not None:
+            r["host_us"] = host
+        return r
+
+    result = {"device": {"name": "NVIDIA H200"}, "records": [
+        rec("triton_fused", "graph", 1.2), rec("sgl_kernel", "graph", 1.1),
+        rec("triton_fused", "eager", 20.0, host=9.0), rec("sgl_kernel", "eager", 20.0, host=9.5),
+        rec("triton_fused", "graph", 1.25, dtype="fp8_e4m3<-bf16")]}
+    v = fused_verdicts(result, "triton_fused")
+    assert v["vs_sgl"] == {"compared": 1, "slower": ["1x128 bf16 1 tok 1.20 > 1.10 µs"], "source": "measured"}
+    assert v["eager_host"]["over"] == [] and v["eager_host"]["compared"] == 1
+    assert v["fp8_vs_bf16"]["slower"] == ["1x128 fp8_e4m3<-bf16 1 tok 1.25 > bf16 1.20 µs"]
+    result["device"]["name"] = "NVIDIA A100"  # the reference numbers apply to an H200 only
+    result["records"] = [r for r in result["records"] if r["variant"] != "sgl_kernel"]
+    v = fused_verdicts(result, "triton_fused")
+    assert v["vs_sgl"]["compared"] == 0 and v["eager_host"]["compared"] == 0

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvprof.bench.run import KVPROF_FUSED
+from kvprof.bench.run import KVPROF_FUSED, fused_verdicts
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -19,9 +19,10 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 EXTRA_COLUMNS = ("best kvprof", "GB/s", "% copy", "target", "ok", "floor", "x sgl", "x 2str", "x idx")
 
 
-def point_rows(result: dict[str, Any], mode: str, no: str = "NO") -> list[list[str]]:
-    """One row of cells per (shape, dtype, tokens): each variant's µs, then the best kvprof
-    fused variant's bandwidth, target verdict, floor and ratios to the peers."""
+def point_rows(result: dict[str, Any], mode: str, no: str = "NO", field: str = "median_us") -> list[list[str]]:
+    """One row of cells per (shape, dtype, tokens): each variant's µs (``field``: the median
+    per write, or ``host_us``, the eager host time), then the best kvprof fused variant's
+    bandwidth, target verdict, floor and ratios to the peers (graph and wall-clock rows)."""
     variants = result["settings"]["variants"]
     rows = [r for r in result["records"] if r["mode"] == mode]
     out = []
@@ -31,7 +32,10 @@ def point_rows(result: dict[str, Any], mode: str, no: str = "NO") -> list[list[s
         cells = [f"{heads}x{dim}", dtype, str(tokens)]
         for v in variants:
             r = at.get(v)
-            cells.append(_fmt(r["median_us"]) if r and r.get("status") == "ok" else (r or {}).get("status", "-"))
+            cells.append(_fmt(r.get(field)) if r and r.get("status") == "ok" else (r or {}).get("status", "-"))
+        if field != "median_us":
+            out.append(cells)
+            continue
         ok = [at[v] for v in KVPROF_FUSED if v in at and at[v].get("status") == "ok"]
         if ok:
             best = min(ok, key=lambda r: r["median_us"])
@@ -55,28 +59,57 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
         f"target for kvprof's fused writes: {result['settings']['target']}"
     )
     variants = result["settings"]["variants"]
-    for mode in ("graph", "eager"):
-        rows = [r for r in result["records"] if r["mode"] == mode]
+    tables = (("graph", "median_us", "CUDA-graph replay, µs per write (median)"),
+              ("eager", "median_us", "eager, µs per write (median, wall clock)"),
+              ("eager", "host_us", "eager, host µs per write (median, launch loop before the sync)"))
+    for mode, field, title in tables:
+        rows = [r for r in result["records"] if r["mode"] == mode and (field == "median_us" or field in r)]
         if not rows:
             continue
-        title = "CUDA-graph replay, µs per write (median)" if mode == "graph" else "eager, µs per write (median, wall clock)"
         table = Table(title=title, show_lines=False)
         for col in ("shape", "dtype", "tokens"):
             table.add_column(col)
         for v in variants:
             table.add_column(v, justify="right")
-        for col in EXTRA_COLUMNS:
-            table.add_column(col, justify="right")
-        for cells in point_rows(result, mode):
+        if field == "median_us":
+            for col in EXTRA_COLUMNS:
+                table.add_column(col, justify="right")
+        for cells in point_rows(result, mode, field=field):
             table.add_row(*cells)
         console.print(table)
     reasons = {(r["variant"], r.get("reason")) for r in result["records"] if r.get("status") != "ok"}
     for variant, reason in sorted(reasons, key=str):
         console.print(f"  {variant}: {reason}")
+    for line in verdict_lines(result):
+        console.print(line)
+
+
+def verdict_lines(result: dict[str, Any]) -> list[str]:
+    """The issue's checks per kvprof fused variant, one line each, from this run only."""
+    lines = []
+    for variant in KVPROF_FUSED:
+        if variant not in result["settings"]["variants"]:
+            continue
+        v = fused_verdicts(result, variant)
+        if not v["graph_points"] and not v["eager_host"]["median_us"]:
+            continue
+        t, s, e, f = v["target"], v["vs_sgl"], v["eager_host"], v["fp8_vs_bf16"]
+        lines.append(f"{variant}: target met at {t['met']}/{t['points']} graph points"
+                     + (f" (missed: {'; '.join(t['missed'][:6])})" if t["missed"] else ""))
+        if s["compared"]:
+            lines.append(f"{variant}: slower than sgl-kernel at {len(s['slower'])}/{s['compared']} points "
+                         f"[{s['source']}]" + (f": {'; '.join(s['slower'][:6])}" if s["slower"] else ""))
+        if e["compared"]:
+            lines.append(f"{variant}: eager host time above sgl-kernel's at {len(e['over'])}/{e['compared']} points"
+                         f" (median {_fmt(e['median_us'])} µs)" + (f": {'; '.join(e['over'][:6])}" if e["over"] else ""))
+        if f["compared"]:
+            lines.append(f"{variant}: fp8<-bf16 slower than bf16 at {len(f['slower'])}/{f['compared']} points"
+                         + (f": {'; '.join(f['slower'][:6])}" if f["slower"] else ""))
+    return lines
 
 
 CSV_COLUMNS = ("shape", "heads", "dim", "cache_dtype", "input_dtype", "tokens", "variant", "mode", "status",
-               "median_us", "iqr_us", "samples", "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target",
+               "median_us", "iqr_us", "host_us", "host_iqr_us", "samples", "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target",
                "floor_us", "reason")
 
 

@@ -24,12 +24,22 @@ class Timing:
     median_us: float
     samples: int
     spread_us: float  # interquartile range, to judge whether two medians differ
+    host_us: float | None = None  # eager only: the host's own time per write (launch path)
+    host_spread_us: float | None = None
 
 
-def _summary(samples_us: list[float]) -> Timing:
-    samples_us = sorted(samples_us)
-    q = statistics.quantiles(samples_us, n=4) if len(samples_us) >= 4 else [samples_us[0], 0, samples_us[-1]]
-    return Timing(statistics.median(samples_us), len(samples_us), q[2] - q[0])
+def _summary(samples_us: list[float], host_us: list[float] | None = None) -> Timing:
+    med, spread = _median_iqr(samples_us)
+    if host_us is None:
+        return Timing(med, len(samples_us), spread)
+    host_med, host_spread = _median_iqr(host_us)
+    return Timing(med, len(samples_us), spread, host_med, host_spread)
+
+
+def _median_iqr(samples: list[float]) -> tuple[float, float]:
+    samples = sorted(samples)
+    q = statistics.quantiles(samples, n=4) if len(samples) >= 4 else [samples[0], 0, samples[-1]]
+    return statistics.median(samples), q[2] - q[0]
 
 
 def time_graph(fn: Callable[[], None], writes: int, replays: int, warmup: int = 10) -> Timing:
@@ -59,18 +69,23 @@ def time_graph(fn: Callable[[], None], writes: int, replays: int, warmup: int = 
 
 
 def time_eager(fn: Callable[[], None], writes: int, repeats: int, device: torch.device, warmup: int = 3) -> Timing:
-    """µs per write of ``fn`` (``writes`` writes) run eagerly, wall clock, synchronized at the end."""
+    """µs per write of ``fn`` (``writes`` writes) run eagerly: wall clock, synchronized at the
+    end, and the host's own time (the loop of launches before the sync). The host time is
+    what "host launch path" means; with at most a few hundred launches in flight the launch
+    queue does not fill, so it is not inflated by waiting for the GPU."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         fn()
     sync()
-    samples = []
+    samples, host = [], []
     for _ in range(repeats):
         t0 = time.perf_counter_ns()
         fn()
+        t1 = time.perf_counter_ns()
         sync()
         samples.append((time.perf_counter_ns() - t0) / 1000.0 / writes)
-    return _summary(samples)
+        host.append((t1 - t0) / 1000.0 / writes)
+    return _summary(samples, host)
 
 
 def copy_rate_gbs(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float:
