@@ -28,6 +28,7 @@ VARIANT_COLORS: dict[str, int] = {
     "sgl_kernel": 0xFF4C78A8,
     "triton_fused": 0xFF54A24B,
     "cuda_fused": 0xFF72B7B2,
+    "store_kv_fused": 0xFF88D27A,
     "torch_compile": 0xFFB279A2,
 }
 _BAD_CALL = object()  # a call the plain pool will reject: no range for it

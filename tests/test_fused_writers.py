@@ -343,6 +343,28 @@ def test_fp8_cast_only_on_layouts_checked_against_triton_3_6_ptxas():
             assert tf._fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, chunk, chunk), (rk, tokens, cfg)
 
 
+@needs_interpreter
+def test_store_kv_fused_on_cpu_is_the_triton_path():
+    """Without CUDA the one fused variant runs the portable Triton kernel, and says so."""
+    w = create_writer("store_kv_fused")
+    assert w.unsupported_reason(torch.device("cpu"), torch.bfloat16) is None
+    assert w.kernel_for(torch.device("cpu"), captured=False) == "triton_fused"
+    case = dict(cache=torch.float8_e4m3fn, inp=torch.bfloat16, heads=2, dim=64, vdim=64, page=1, tokens=9,
+                pattern="random", loc_dtype=torch.int64, k_scale=0.5, v_scale=0.37, strided=False,
+                magnitude=10.0, seed=1)
+    run_case(case, w)
+
+
+def test_store_kv_fused_reason_names_both_paths(monkeypatch):
+    w = create_writer("store_kv_fused")
+    monkeypatch.setattr(tf, "triton", None)
+    monkeypatch.setattr(tf, "_TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    reason = w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
+    if not torch.cuda.is_available():
+        assert reason.startswith("triton is not importable") and "cuda_fused needs" not in reason
+        assert "; and " in reason and "\n" not in reason
+
+
 def test_cuda_fused_reason_on_cpu():
     w = create_writer("cuda_fused")
     assert w.unsupported_reason(torch.device("cpu"), torch.bfloat16) == "cuda_fused needs CUDA"
@@ -391,12 +413,13 @@ GPU_WRITERS = [
     ("cuda_fused", {}),
     ("cuda_fused", {"pdl": True}),
     ("cuda_fused", {"pdl": False, "hw_fp8": False}),  # c10's integer fp8 routine
+    ("store_kv_fused", {}),
 ]
 
 
 def _gpu_writer(name: str, options: dict):
-    if name == "triton_fused" and (tf.triton is None or tf._interpreted()):
-        pytest.skip("triton_fused GPU tests need TRITON_INTERPRET=0")
+    if name in ("triton_fused", "store_kv_fused") and (tf.triton is None or tf._interpreted()):
+        pytest.skip(f"{name} GPU tests need TRITON_INTERPRET=0")
     w = create_writer(name, **options)
     reason = w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
     if reason:
@@ -543,6 +566,28 @@ def test_gpu_fused_rows_not_contiguous_inside(name, options):
 
 
 @pytest.mark.gpu
+def test_gpu_store_kv_fused_picks_the_op_eagerly_and_triton_when_captured():
+    w = _gpu_writer("store_kv_fused", {})
+    dev = torch.device("cuda")
+    assert w.kernel_for(dev, captured=False) == "cuda_fused"
+    assert w.kernel_for(dev, captured=True) == "triton_fused"
+    calls = []
+    for inner in (w.cuda, w.triton):
+        orig = inner.write
+        inner.write = lambda *a, orig=orig, name=inner.name, **k: (calls.append(name), orig(*a, **k))[1]
+    k = torch.randn(4, 1, 128, device="cuda").to(torch.bfloat16)
+    buf = torch.zeros(16, 1, 128, dtype=torch.bfloat16, device="cuda")
+    loc = torch.arange(1, 5, device="cuda")
+    w.write(buf, buf.clone(), loc, k, k, torch.bfloat16)
+    w.triton.write(buf, buf.clone(), loc, k, k, torch.bfloat16)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.write(buf, buf.clone(), loc, k, k, torch.bfloat16)
+    assert calls == ["cuda_fused", "triton_fused", "triton_fused"]
+
+
+@pytest.mark.gpu
 def test_gpu_nan_inputs_stay_nan():
     """NaN in, NaN out (bits not compared: torch has no single NaN encoding to match)."""
     x = torch.tensor([float("nan"), -float("nan"), 1.0], device="cuda").to(torch.bfloat16)
@@ -562,5 +607,5 @@ def test_gpu_nan_inputs_stay_nan():
 
 
 def test_gpu_test_list_is_consistent():
-    assert all(n in ("triton_fused", "cuda_fused") for n, _ in GPU_WRITERS)
+    assert all(n in ("triton_fused", "cuda_fused", "store_kv_fused") for n, _ in GPU_WRITERS)
     assert not math.isnan(tf._inverse(0.5))

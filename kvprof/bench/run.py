@@ -22,8 +22,9 @@ from kvprof.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
 
-BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "triton_fused", "cuda_fused", "torch_compile")
-KVPROF_FUSED = ("triton_fused", "cuda_fused")
+BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "triton_fused", "cuda_fused", "store_kv_fused",
+                  "torch_compile")
+KVPROF_FUSED = ("triton_fused", "cuda_fused", "store_kv_fused")
 
 # The fused target of the issue: 1.2 µs + bytes / (0.9 x measured copy rate).
 TARGET_FIXED_US = 1.2

@@ -32,6 +32,7 @@ for _name, _module, _cls in (
     ("sgl_kernel", "sgl_kernel", "SglKernelWriter"),
     ("triton_fused", "triton_fused", "TritonFusedWriter"),
     ("cuda_fused", "cuda_fused", "CudaFusedWriter"),
+    ("store_kv_fused", "store_kv_fused", "StoreKVFusedWriter"),
     ("torch_compile", "torch_compile", "TorchCompileWriter"),
 ):
     register(_name, _builtin(_module, _cls))

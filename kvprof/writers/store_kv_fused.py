@@ -1,0 +1,86 @@
+"""kvprof's fused write as one variant: the compiled op eagerly, the Triton kernel in graphs.
+
+Why two kernels behind one name: the two places a write runs want different things.
+Eagerly, a small write is bound by the host launch path, where the compiled CUDA op
+(``cuda_fused``: one pybind call into a ``<<<>>>`` launch) costs a few µs and a Triton
+launch from Python 30-50 µs. Inside a CUDA graph the launch path is paid once, at capture,
+and only device time is left, where ``triton_fused`` is the faster kernel on the H200
+(docs/benchmarks.md). So: while the current stream is capturing, the Triton kernel; else
+the compiled op when a compiler built it, and the Triton kernel as the portable path
+(no nvcc, or a CPU under Triton's interpreter). Both write the same bits (bitwise
+``index_put``), so the choice never changes the cache, only the cost. Which kernel ran
+shows in every trace by name (``_store_kv_kernel`` vs ``store_kv_kernel<...>``);
+``kernel_for`` says which one a call will use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvprof.writers.base import KVWriter
+from kvprof.writers.cuda_fused import CudaFusedWriter
+from kvprof.writers.triton_fused import TritonFusedWriter
+
+
+class StoreKVFusedWriter(KVWriter):
+    """One launch for K and V: the compiled CUDA op eagerly, the Triton kernel when captured."""
+
+    name = "store_kv_fused"
+    description = ("kvprof's fused write: compiled CUDA op for eager launches, Triton kernel inside "
+                   "CUDA-graph capture; Triton alone where no compiler")
+    fused = True
+    devices = ("cpu", "cuda")
+
+    def __init__(self) -> None:
+        self.triton = TritonFusedWriter()
+        self.cuda = CudaFusedWriter()
+        self._eager: dict[int, KVWriter] = {}  # by device index (-1: CPU), set by prepare
+
+    def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
+        triton_reason = self.triton.unsupported_reason(device, dtype, input_dtype)
+        if triton_reason is None or device.type != "cuda":
+            return triton_reason
+        cuda_reason = self.cuda.unsupported_reason(device, dtype, input_dtype)
+        return None if cuda_reason is None else f"{triton_reason}; and {cuda_reason}"
+
+    def prepare(self, device: torch.device) -> None:
+        self._eager_writer(device)
+
+    def _eager_writer(self, device: torch.device) -> KVWriter:
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = device.index if device.type == "cuda" else -1
+        writer = self._eager.get(key)
+        if writer is None:
+            use_cuda = device.type == "cuda" and self.cuda.unsupported_reason(device, torch.bfloat16) is None
+            writer = self._eager[key] = self.cuda if use_cuda else self.triton
+        return writer
+
+    def kernel_for(self, device: torch.device, captured: bool) -> str:
+        """The writer that a call on ``device`` uses, captured or eager."""
+        if captured and device.type == "cuda" and self.triton.unsupported_reason(device, torch.bfloat16) is None:
+            return self.triton.name
+        return self._eager_writer(device).name
+
+    def write(
+        self,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        dtype: torch.dtype,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> str:
+        writer: Any
+        if loc.is_cuda and _capturing():
+            writer = self.triton if self.kernel_for(loc.device, True) == self.triton.name else self.cuda
+        else:
+            writer = self._eager.get(loc.get_device()) or self._eager_writer(loc.device)
+        return writer.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
+
+
+_capturing = torch.cuda.is_current_stream_capturing
