@@ -2,7 +2,7 @@
 # Everything kvprof needs a GPU for, in one call on the lent H200:
 #   bash ../shared/tools/gpu-carry.sh orjson==3.13.0      # here, once: fills .gpu/
 #   device run (carry .gpu):  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: all): env tests tune capture bench. Results go to $OUT (the device
+# Steps (default: env capture bench tests): env tests tune facts capture bench. Results go to $OUT (the device
 # tool brings them back); logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -30,11 +30,16 @@ PY
     ;;
   tests)
     stamp tests
-    TRITON_INTERPRET=0 timeout 90 python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+    TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-180} python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
     ;;
   tune)
     stamp tune
-    timeout 300 python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
+    timeout ${TUNE_TIMEOUT:-300} python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
+    ;;
+  facts)
+    stamp facts
+    # registers, access widths (SASS) and, where ncu may read counters, achieved bandwidth
+    timeout ${FACTS_TIMEOUT:-110} python3 gpu/kernel_facts.py 2>&1 | tee "$OUT/kernel-facts.txt"
     ;;
   capture)
     stamp capture
