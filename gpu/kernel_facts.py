@@ -48,7 +48,10 @@ NCU_METRICS = ("gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.su
 WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16, "256": 32}  # else 4 bytes
 MEM_OP = re.compile(r"(?<![\w.])(LDG|STG|LD|ST)((?:\.\w+)*)\s")  # global and generic loads/stores
 UNITS = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "nsecond": 1e-9, "usecond": 1e-6,
-         "msecond": 1e-3, "second": 1}  # ncu's units (decimal bytes) -> bytes and seconds
+         "msecond": 1e-3, "second": 1, "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1,
+         "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}  # ncu's units (decimal bytes) -> bytes and seconds
+# With --print-units base ncu prints times in nanoseconds; an unrecognised time unit is read so.
+TIME_UNIT_DEFAULT = 1e-9
 
 
 def log(msg: str) -> None:
@@ -155,7 +158,8 @@ def triton_point(tf, spy, heads: int, dim: int, cache, scale, tokens: int, kerne
     loc = torch.randperm(slots - 1, device="cuda")[:tokens] + 1  # int64
     k = torch.randn(tokens, heads, dim, device="cuda").to(torch.bfloat16)
     v = torch.randn(tokens, heads, dim, device="cuda").to(torch.bfloat16)
-    cfg = tf.pick_config(2 * heads * dim * 2, tokens)  # what the writer picks: K+V input bytes per token
+    # what the writer picks: K+V input bytes per token, and which table (fp8 caches have their own)
+    cfg = tf.pick_config(2 * heads * dim * 2, tokens, fp8=cache.itemsize == 1)
     spy.calls.clear()
     tf.TritonFusedWriter(config=cfg, pdl=True).write(k_buf, v_buf, loc, k, v, cache, scale, scale)
     torch.cuda.synchronize()
@@ -259,7 +263,7 @@ def ncu_child(manifest: str) -> None:
                 loc = torch.randperm(4 * tokens, device="cuda")[:tokens]
                 k = torch.randn(tokens, heads, 128, device="cuda").to(torch.bfloat16)
                 v = torch.randn(tokens, heads, 128, device="cuda").to(torch.bfloat16)
-                cfg = pick_config(2 * heads * 128 * 2, tokens)
+                cfg = pick_config(2 * heads * 128 * 2, tokens, fp8=cache.itemsize == 1)
                 needed = tokens * (8 + 2 * heads * 128 * (2 + k_buf.element_size()))  # slots, rows in, rows out
                 for _ in range(2):
                     TritonFusedWriter(config=cfg, pdl=True).write(k_buf, v_buf, loc, k, v, cache, scale, scale)
@@ -279,8 +283,10 @@ def parse_ncu_csv(stdout: str) -> list[dict]:
         k = by_id.setdefault(int(row[col["ID"]]), dict(kernel=row[col["Kernel Name"]], grid=row[col["Grid Size"]],
                                                       block=row[col["Block Size"]]))
         raw = row[col["Metric Value"]].replace(",", "")
+        name, unit = row[col["Metric Name"]], row[col["Metric Unit"]].lower()
+        default = TIME_UNIT_DEFAULT if "time_duration" in name else 1
         try:
-            k[row[col["Metric Name"]]] = float(raw) * UNITS.get(row[col["Metric Unit"]].lower(), 1)
+            k[name] = float(raw) * UNITS.get(unit, default)
         except ValueError:
             k[row[col["Metric Name"]]] = raw
     return [by_id[i] for i in sorted(by_id)]

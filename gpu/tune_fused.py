@@ -125,7 +125,7 @@ def tune(results: list[dict]) -> None:
                 case = _Case(point, device, 256 << 20, seed=tokens)
                 target = TARGET_FIXED_US + point.bytes_moved() / (TARGET_RATE_FRACTION * rate * 1e3)
                 row_bytes = 2 * heads * dim * 2
-                current = pick_config(row_bytes, tokens)
+                current = pick_config(row_bytes, tokens, fp8=cache.startswith("fp8"))
                 cands = [TritonConfig(*c) for c in candidates(heads * dim, tokens)]
                 if current not in cands:
                     cands.append(current)

@@ -336,9 +336,9 @@ def test_fp8_cast_only_on_layouts_checked_against_triton_3_6_ptxas():
     assert not tf._fp8_cast_safe(16, 16, 16, 16, 4, 2, 16, 16)  # 1 element per thread
     for rk, bt, nw in ((128, 1, 1), (128, 4, 2), (128, 16, 4), (1024, 1, 4), (1024, 2, 4), (4096, 1, 8)):
         assert tf._fp8_cast_safe(rk, rk, rk, rk, bt, nw, rk, rk)
-    for rk in (128, 1024, 4096):  # the table's own choices for the common shapes
+    for rk in (128, 1024, 4096):  # the tables' own choices for the common shapes
         for tokens in (1, 8, 64, 512, 4096, 32768):
-            cfg = tf.pick_config(2 * rk * 2, tokens)
+            cfg = tf.pick_config(2 * rk * 2, tokens, fp8=True)
             chunk = rk // cfg.split
             assert tf._fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, chunk, chunk), (rk, tokens, cfg)
 

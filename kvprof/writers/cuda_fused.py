@@ -175,7 +175,7 @@ class CudaFusedWriter(KVWriter):
         self.pdl = pdl
         self.hw_fp8 = bool(hw_fp8)
         self.config = config
-        self._plans: dict[tuple[torch.dtype, torch.dtype], tuple[Any, int, bool]] = {}
+        self._plans: dict[tuple[Any, ...], tuple[Any, int, float, float]] = {}
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         if device.type != "cuda":
@@ -186,8 +186,10 @@ class CudaFusedWriter(KVWriter):
         _, error = load_extension()
         return error
 
-    def _plan(self, in_dtype: torch.dtype, dtype: torch.dtype) -> tuple[Any, int, bool]:
-        """The op and the flags that depend only on the dtypes, computed once per pair."""
+    def _plan(self, in_dtype: torch.dtype, dtype: torch.dtype, k_scale: Any, v_scale: Any) -> tuple[Any, int, float, float]:
+        """The op, its flags and the inverse scales for one (dtypes, scales) combination.
+        Cached when the scales are Python numbers or None (a tensor scale may change in place,
+        so it is read on every call)."""
         ext, error = load_extension()
         if ext is None:
             raise RuntimeError(f"cuda_fused cannot run: {error}")
@@ -195,7 +197,17 @@ class CudaFusedWriter(KVWriter):
             raise ValueError(f"cuda_fused has no conversion from {in_dtype} to {dtype}")
         pdl = (1 << 7) if self.pdl is None else int(self.pdl) << 5  # bit 7: the op decides
         flags = KINDS[dtype] | pdl | self.hw_fp8 << 6 | (self.config.bits if self.config else 0)
-        plan = self._plans[(in_dtype, dtype)] = (ext.store_kv, flags, in_dtype == dtype)
+        k_inv = v_inv = 1.0
+        if in_dtype != dtype:
+            if k_scale is not None:
+                flags |= 8
+                k_inv = _inverse(k_scale)
+            if v_scale is not None:
+                flags |= 16
+                v_inv = _inverse(v_scale)
+        plan = (ext.store_kv, flags, k_inv, v_inv)
+        if not isinstance(k_scale, torch.Tensor) and not isinstance(v_scale, torch.Tensor) and len(self._plans) < 256:
+            self._plans[(in_dtype, dtype, k_scale, v_scale)] = plan
         return plan
 
     def write(
@@ -210,20 +222,14 @@ class CudaFusedWriter(KVWriter):
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
         # The eager host path is this writer's reason to exist: the common call does one dict
-        # lookup and one pybind call; shapes, strides, alignment and the launch shape are
-        # checked and chosen in C++ (store_kv.cpp), where they cost nanoseconds.
-        if not loc.shape[0]:
-            return FUSED  # nothing to launch, on any device
-        plan = self._plans.get((cache_k.dtype, dtype)) or self._plan(cache_k.dtype, dtype)
-        op, flags, same = plan
-        k_inv = v_inv = 1.0
-        if not same:
-            if k_scale is not None:
-                flags |= 8
-                k_inv = _inverse(k_scale)
-            if v_scale is not None:
-                flags |= 16
-                v_inv = _inverse(v_scale)
+        # lookup and one pybind call; shapes, strides, alignment, zero tokens and the launch
+        # shape are checked and chosen in C++ (store_kv.cpp), where they cost nanoseconds.
+        plan = self._plans.get((cache_k.dtype, dtype, k_scale, v_scale))
+        if plan is None:
+            if not loc.shape[0]:
+                return FUSED  # nothing to launch, on any device (no op needed)
+            plan = self._plan(cache_k.dtype, dtype, k_scale, v_scale)
+        op, flags, k_inv, v_inv = plan
         try:
             op(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, flags)
         except RuntimeError as exc:

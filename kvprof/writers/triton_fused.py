@@ -30,8 +30,9 @@ Why it looks the way it does:
 * On CPU the kernel runs under Triton's interpreter; Triton decides that when the
   kernel is decorated, i.e. when this module is imported, from ``TRITON_INTERPRET``.
 
-The launch configuration is a function of (row bytes, tokens) in one small table,
-``TRITON_TABLE``; ``gpu/tune_fused.py`` overrides it per call with ``config=``.
+The launch configuration is a function of (row bytes, tokens) in two small tables, one
+for fp8 caches (``TRITON_TABLE``, ``TRITON_TABLE_FP8``), measured by ``gpu/tune_fused.py``,
+which overrides them per call with ``config=``.
 """
 
 from __future__ import annotations
@@ -92,24 +93,49 @@ class TritonConfig:
 
 
 # (largest K+V input row bytes per token, largest token count, config): first match wins.
-# From gpu/tune_fused.py on an H200 (graph replays, bf16 and fp8-from-bf16 alike):
-# rows up to 1 KB (1x128 bf16 = 512 B) want 1 token per program for a handful of tokens,
-# then 4 and 16 (each program ~8 KB, 16-byte accesses); 4 KB rows (8x128, 4x256) one token
-# per program up to 512 tokens (the fp8 conversion likes more threads), then 2; 16 KB rows
-# (32x128) one token per program with 8 warps throughout.
+# From gpu/tune_fused.py on an H200 (docs/gpu/tune-2026-12-02.txt: graph replays, the bench's
+# method). 512-byte rows (1x128 bf16) want one token per program for a handful of tokens,
+# then more tokens per program as the write grows; 4 KB rows (8x128, 4x256) one or two
+# tokens per program with 4 warps; 16 KB rows (32x128) split into column chunks for up to 64
+# tokens (one program per chunk: 0.90 -> 0.71 us at 1 token), then 16 warps per token.
 TRITON_TABLE: list[tuple[int, int, TritonConfig]] = [
     (1024, 8, TritonConfig(1, 1)),
     (1024, 64, TritonConfig(4, 2)),
+    (1024, 512, TritonConfig(4, 1)),
+    (1024, 4096, TritonConfig(8, 2)),
     (1024, 1 << 62, TritonConfig(16, 4)),
     (8192, 512, TritonConfig(1, 4)),
-    (8192, 1 << 62, TritonConfig(2, 4)),
-    (1 << 62, 1 << 62, TritonConfig(1, 8)),
+    (8192, 4096, TritonConfig(2, 4)),
+    (8192, 1 << 62, TritonConfig(1, 4)),
+    (1 << 62, 1, TritonConfig(1, 2, 4)),
+    (1 << 62, 8, TritonConfig(1, 4, 2)),
+    (1 << 62, 64, TritonConfig(1, 2, 4)),
+    (1 << 62, 1 << 62, TritonConfig(1, 16)),
+]
+# fp8 caches (the conversion runs in the kernel): same tuning run. They prefer about 8
+# elements per thread where the copy takes 16 (the conversion's registers and latency),
+# and more column chunks for long rows at a few tokens (0.94 -> 0.75 us at 32x128 x 1).
+TRITON_TABLE_FP8: list[tuple[int, int, TritonConfig]] = [
+    (1024, 1, TritonConfig(1, 1)),
+    (1024, 8, TritonConfig(2, 1)),
+    (1024, 64, TritonConfig(1, 1)),
+    (1024, 512, TritonConfig(4, 2)),
+    (1024, 4096, TritonConfig(4, 1)),
+    (1024, 1 << 62, TritonConfig(32, 8)),
+    (8192, 512, TritonConfig(1, 4)),
+    (8192, 4096, TritonConfig(2, 4)),
+    (8192, 1 << 62, TritonConfig(2, 8)),
+    (1 << 62, 8, TritonConfig(1, 2, 8)),
+    (1 << 62, 64, TritonConfig(1, 2, 4)),
+    (1 << 62, 1 << 62, TritonConfig(1, 16)),
 ]
 
 
-def pick_config(row_bytes: int, tokens: int, table: list[tuple[int, int, TritonConfig]] | None = None) -> TritonConfig:
-    """The table's config for one token's K+V input bytes and the token count."""
-    for max_row, max_tokens, cfg in table or TRITON_TABLE:
+def pick_config(row_bytes: int, tokens: int, table: list[tuple[int, int, TritonConfig]] | None = None,
+                fp8: bool = False) -> TritonConfig:
+    """The table's config for one token's K+V input bytes and the token count (``fp8``: the
+    cache is fp8, converted in the kernel)."""
+    for max_row, max_tokens, cfg in table or (TRITON_TABLE_FP8 if fp8 else TRITON_TABLE):
         if row_bytes <= max_row and tokens <= max_tokens:
             return cfg
     return TritonConfig(1, 8)
@@ -544,7 +570,7 @@ class TritonFusedWriter(KVWriter):
         fp8_hw = hw and not same and in_dtype not in _FP8 and dtype in _FP8
         pow2_ok = not same and in_dtype in (torch.bfloat16, torch.float32) and dtype in _FP8
         plan = (rows, rk, rv, _pow2(rk), _pow2(rv), (rk + rv) * in_size, base, same,
-                {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok)
+                {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok, dtype in _FP8)
         self._plans[key] = plan
         return plan
 
@@ -564,7 +590,7 @@ class TritonFusedWriter(KVWriter):
             return FUSED
         key = (k_buf.shape, v_buf.shape, k_buf.device, cache_k.dtype, dtype)
         plan = self._plans.get(key) or self._plan(k_buf, v_buf, cache_k.dtype, dtype, key)
-        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw, pow2_ok = plan
+        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw, pow2_ok, fp8_out = plan
         cache_k = _rows(cache_k)
         cache_v = _rows(cache_v)
         if k_scale is not None and not same:
@@ -579,7 +605,7 @@ class TritonFusedWriter(KVWriter):
             v_inv = 1.0
         if pow2_ok and mode & 0xC0 and _pow2_exact(k_inv) and _pow2_exact(v_inv):
             mode |= 1 << 13  # POW2: no round trip through the input dtype
-        cfg = self.config or pick_config(row_bytes, tokens)
+        cfg = self.config or pick_config(row_bytes, tokens, fp8=fp8_out)
         block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
         k_stride, v_stride = cache_k.stride(0), cache_v.stride(0)
         if fp8_hw and not _fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split, bv // split):
