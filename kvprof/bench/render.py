@@ -81,7 +81,7 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
     for variant, reason in sorted(reasons, key=str):
         console.print(f"  {variant}: {reason}")
     for line in verdict_lines(result):
-        console.print(line)
+        console.print(line, markup=False, highlight=False)  # "[reference: ...]" is text, not markup
 
 
 def verdict_lines(result: dict[str, Any]) -> list[str]:
