@@ -146,3 +146,23 @@ def test_fused_verdicts_use_a_measured_sgl_kernel_over_the_reference():
     result["records"] = [r for r in result["records"] if r["variant"] != "sgl_kernel"]
     v = fused_verdicts(result, "triton_fused")
     assert v["vs_sgl"]["compared"] == 0 and v["eager_host"]["compared"] == 0
+
+
+def test_committed_h200_bench_meets_the_target_and_says_what_it_does_not():
+    """The committed second H200 run (traces/samples/h200-bench): the verdicts quoted in
+    docs/benchmarks.md come from these records."""
+    from pathlib import Path
+
+    from kvprof.bench.run import fused_verdicts
+
+    root = Path(__file__).resolve().parent.parent
+    result = orjson.loads((root / "traces" / "samples" / "h200-bench" / "bench.json").read_bytes())
+    assert result["complete"] and result["device"]["name"] == "NVIDIA H200"
+    for variant in ("triton_fused", "store_kv_fused"):
+        v = fused_verdicts(result, variant)
+        assert v["target"] == {"met": 72, "points": 72, "missed": []}
+        assert v["vs_sgl"]["compared"] == 6 and not v["vs_sgl"]["slower"]
+    v = fused_verdicts(result, "triton_fused")
+    assert len(v["fp8_vs_bf16"]["slower"]) == 9 and v["fp8_vs_bf16"]["compared"] == 24
+    cuda = fused_verdicts(result, "cuda_fused")["eager_host"]
+    assert cuda["compared"] == 72 and len(cuda["over"]) == 32 and abs(cuda["median_us"] - 8.48) < 0.01
