@@ -34,6 +34,7 @@ PY
     ;;
   tune)
     stamp tune
+    # TUNE_PARTS / TUNE_SHAPES / TUNE_DTYPES / TUNE_TOKENS run a subset (gpu/tune_fused.py)
     timeout ${TUNE_TIMEOUT:-300} python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
     ;;
   facts)
@@ -62,7 +63,8 @@ PY
     ;;
   bench)
     stamp bench
-    timeout ${BENCH_TIMEOUT:-170} python3 -m kvprof bench --eager-repeats 10 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+    # BENCH_ARGS narrows the grid (e.g. --variants cuda_fused --tokens 1,64) for a quick look
+    timeout ${BENCH_TIMEOUT:-170} python3 -m kvprof bench --eager-repeats 10 ${BENCH_ARGS:-} --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

@@ -17,7 +17,12 @@ them from there instead of compiling one at a time.
 
 It also times the eager host path of every fused writer at 1 token (host time per call:
 the loop of launches before the sync), split into the compiled op alone, the writer, and
-the pool, so the cost of each layer is visible.
+the pool, so the cost of each layer is visible; and the op's own parts (the pybind call
+with no launch, the launch with and without programmatic dependent launch), once with the
+process free to migrate between cores and once pinned to one core.
+
+Environment: ``TUNE_PARTS`` (default ``host,tune``), ``TUNE_SHAPES`` (``1x128,8x128``),
+``TUNE_DTYPES`` (``bf16,fp8_e4m3``) and ``TUNE_TOKENS`` (``1,8,64``) run a subset.
 """
 
 from __future__ import annotations
@@ -35,9 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 T0 = time.perf_counter()
-SHAPES = [(1, 128), (8, 128), (32, 128)]
-DTYPES = [("bf16", "bf16"), ("fp8_e4m3", "bf16")]
-TOKENS = [1, 8, 64, 512, 4096, 32768]
+
+
+def _env_list(name: str, default: list, parse) -> list:
+    raw = os.environ.get(name)
+    return [parse(x) for x in raw.split(",") if x] if raw else default
+
+
+SHAPES = _env_list("TUNE_SHAPES", [(1, 128), (8, 128), (32, 128)], lambda s: tuple(int(v) for v in s.split("x")))
+DTYPES = _env_list("TUNE_DTYPES", [("bf16", "bf16"), ("fp8_e4m3", "bf16")], lambda s: (s, "bf16"))
+TOKENS = _env_list("TUNE_TOKENS", [1, 8, 64, 512, 4096, 32768], int)
+PARTS = set(_env_list("TUNE_PARTS", ["host", "tune"], str))
 
 # (row elements, token upper bound) -> candidate (block_t, num_warps, split); hand-picked so
 # each thread holds 4..16 elements per row chunk (8 or 16 bytes of bf16 per access).
@@ -62,15 +75,37 @@ CANDIDATES: dict[int, list[tuple[int, list[tuple[int, int, int]]]]] = {
 }
 
 
+# fp8 caches convert in the kernel, so at a few tokens (latency-bound) they also try shapes
+# that give each thread fewer elements (4 per row chunk: more warps or more column chunks),
+# which shortens the load -> convert -> store chain of each warp. Every one keeps >= 4
+# elements per thread, so the hardware fp8 cast stays on (_fp8_cast_safe).
+FP8_EXTRA: dict[int, list[tuple[int, list[tuple[int, int, int]]]]] = {
+    128: [
+        (64, [(2, 2, 1), (4, 4, 1), (8, 8, 1)]),
+        (4096, [(8, 4, 1), (16, 8, 1), (16, 16, 1)]),
+    ],
+    1024: [
+        (64, [(1, 8, 1), (1, 4, 2), (1, 2, 4), (1, 1, 8), (2, 8, 1), (2, 4, 2)]),
+    ],
+    4096: [
+        (64, [(1, 4, 4), (1, 8, 4), (1, 4, 8), (1, 2, 16), (1, 16, 2), (1, 8, 2), (2, 8, 4)]),
+    ],
+}
+
+
 def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
 
 
-def candidates(rk: int, tokens: int) -> list[tuple[int, int, int]]:
-    for bound, cands in CANDIDATES[rk]:
-        if tokens <= bound:
-            return cands
-    raise AssertionError
+def candidates(rk: int, tokens: int, fp8: bool = False) -> list[tuple[int, int, int]]:
+    out: list[tuple[int, int, int]] = []
+    for table in (CANDIDATES, FP8_EXTRA) if fp8 else (CANDIDATES,):
+        for bound, cands in table.get(rk, []):
+            if tokens <= bound:
+                out += [c for c in cands if c not in out]
+                break
+    assert out, (rk, tokens)
+    return out
 
 
 def _compile_one(job: tuple[int, int, str, str, tuple[int, int, int]]) -> str:
@@ -94,7 +129,7 @@ def _compile_one(job: tuple[int, int, str, str, tuple[int, int, int]]) -> str:
 
 def precompile() -> None:
     jobs = sorted({(h, d, c, i, cfg) for (h, d) in SHAPES for (c, i) in DTYPES for t in TOKENS
-                   for cfg in candidates(h * d, t)})
+                   for cfg in candidates(h * d, t, c.startswith("fp8"))})
     log(f"compiling {len(jobs)} kernels in worker processes")
     ctx = __import__("multiprocessing").get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=min(12, os.cpu_count() or 4), mp_context=ctx) as pool:
@@ -126,7 +161,7 @@ def tune(results: list[dict]) -> None:
                 target = TARGET_FIXED_US + point.bytes_moved() / (TARGET_RATE_FRACTION * rate * 1e3)
                 row_bytes = 2 * heads * dim * 2
                 current = pick_config(row_bytes, tokens, fp8=cache.startswith("fp8"))
-                cands = [TritonConfig(*c) for c in candidates(heads * dim, tokens)]
+                cands = [TritonConfig(*c) for c in candidates(heads * dim, tokens, cache.startswith("fp8"))]
                 if current not in cands:
                     cands.append(current)
                 rec = {"shape": point.shape, "dtype": point.dtype_label, "tokens": tokens, "writes": case.writes,
@@ -167,7 +202,11 @@ def tune(results: list[dict]) -> None:
 
 
 def host_times(calls: int = 200, repeats: int = 15) -> dict[str, float]:
-    """Host µs per call at 1x128, 1 token: the loop of calls before the sync, median."""
+    """Host µs per call at 1x128, 1 token: the loop of calls before the sync, median.
+    Each layer of the eager path is timed on its own (Python call, pybind call without a
+    launch, the op with and without PDL, writer, pool), first with the process free to move
+    between cores, then pinned to one core: the bench's eager host numbers move by several
+    µs between points, and this says whether the host or the code moves."""
     import torch
 
     from kvprof.dtypes import store_dtype_for
@@ -175,7 +214,11 @@ def host_times(calls: int = 200, repeats: int = 15) -> dict[str, float]:
     from kvprof.writers import create_writer
     from kvprof.writers import cuda_fused as cfm
 
+    def noop(*args: object) -> None:
+        return None
+
     out: dict[str, float] = {}
+    fns: dict[str, object] = {}
     for label, cache, inp, scale in (("bf16", torch.bfloat16, torch.bfloat16, None),
                                      ("fp8<-bf16", torch.float8_e4m3fn, torch.bfloat16, 0.5)):
         k_buf = torch.zeros(4096, 1, 128, dtype=store_dtype_for(cache), device="cuda")
@@ -183,34 +226,55 @@ def host_times(calls: int = 200, repeats: int = 15) -> dict[str, float]:
         loc = torch.tensor([7], device="cuda")
         k = torch.randn(1, 1, 128, device="cuda").to(inp)
         v = torch.randn(1, 1, 128, device="cuda").to(inp)
-        fns = {}
         for name in ("index_put", "triton_fused", "cuda_fused", "store_kv_fused"):
             try:
                 w = create_writer(name)
             except Exception:  # noqa: BLE001  (a variant this checkout does not have)
                 continue
             pool = KVPool(4095, 1, cache, 1, 128, 1, "cuda", writer=w, check_slots=False)
-            fns[f"{name} writer"] = lambda w=w: w.write(k_buf, v_buf, loc, k, v, cache, scale, scale)
-            fns[f"{name} pool"] = lambda pool=pool: pool.set_kv_buffer(0, loc, k, v, scale, scale)
+            fns[f"{label} {name} writer"] = (lambda w=w, k_buf=k_buf, v_buf=v_buf, loc=loc, k=k, v=v, cache=cache,
+                                             scale=scale: w.write(k_buf, v_buf, loc, k, v, cache, scale, scale))
+            fns[f"{label} {name} pool"] = (lambda pool=pool, loc=loc, k=k, v=v, scale=scale:
+                                           pool.set_kv_buffer(0, loc, k, v, scale, scale))
         create_writer("cuda_fused").write(k_buf, v_buf, loc, k, v, cache, scale, scale)  # builds the op
         op = cfm._EXT.store_kv
-        flags = cfm.KINDS[cache] | (24 if cache != inp else 0) | 1 << 6 | 1 << 7
-        fns["cuda op alone"] = lambda: op(k_buf, v_buf, loc, k, v, 2.0, 2.0, flags)
-        empty = torch.empty(0, device="cuda")
-        fns["torch empty_like (floor: one torch op)"] = lambda: torch.empty_like(empty)
-        for name, fn in fns.items():
-            for _ in range(50):
+        flags = cfm.KINDS[cache] | (24 if cache != inp else 0) | 1 << 6
+        args = (k_buf, v_buf, loc, k, v, 2.0, 2.0)
+        empty_loc = loc[:0]
+        fns[f"{label} python call, 8 args (no-op)"] = lambda args=args, flags=flags: noop(*args, flags)
+        fns[f"{label} cuda op, 0 tokens (pybind + args, no launch)"] = (
+            lambda args=args, flags=flags, e=empty_loc: op(args[0], args[1], e, args[3][:0], args[4][:0], 2.0, 2.0, flags))
+        fns[f"{label} cuda op, launch with PDL"] = lambda args=args, flags=flags: op(*args, flags | 1 << 7)
+        fns[f"{label} cuda op, launch without PDL"] = lambda args=args, flags=flags: op(*args, flags)
+    fns["pybind call, no args (e4m3_saturates)"] = cfm._EXT.e4m3_saturates
+    fns["torch.cuda.is_current_stream_capturing()"] = torch.cuda.is_current_stream_capturing
+    empty = torch.empty(0, device="cuda")
+    fns["torch empty_like (floor: one torch op)"] = lambda: torch.empty_like(empty)
+
+    def measure(fn) -> float:
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
                 fn()
+            samples.append((time.perf_counter_ns() - t0) / 1e3 / calls)
             torch.cuda.synchronize()
-            samples = []
-            for _ in range(repeats):
-                t0 = time.perf_counter_ns()
-                for _ in range(calls):
-                    fn()
-                samples.append((time.perf_counter_ns() - t0) / 1e3 / calls)
-                torch.cuda.synchronize()
-            out[f"{label} {name}"] = round(statistics.median(samples), 2)
-            log(f"host {label:>10} {name:<40} {out[f'{label} {name}']:7.2f} us/call")
+        return round(statistics.median(samples), 2)
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    for affinity in ("free", "pinned"):
+        if affinity == "pinned":
+            if not cpus:
+                break
+            os.sched_setaffinity(0, {cpus[len(cpus) // 2]})
+        for name, fn in fns.items():
+            out[f"{affinity} {name}"] = measure(fn)
+            log(f"host {affinity:>6} {name:<52} {out[f'{affinity} {name}']:7.2f} us/call")
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
     return out
 
 
@@ -222,11 +286,13 @@ def main() -> None:
         raise SystemExit(1)
     out = Path(os.environ.get("OUT", "/tmp/kvprof-gpu"))
     out.mkdir(parents=True, exist_ok=True)
-    host = host_times()
-    precompile()
+    host = host_times() if "host" in PARTS else {}
     results: list[dict] = []
+    if "tune" in PARTS:
+        precompile()
     try:
-        tune(results)
+        if "tune" in PARTS:
+            tune(results)
     finally:
         (out / "tune.json").write_text(json.dumps({"host_us": host, "points": results,
                                                    "elapsed_s": round(time.perf_counter() - T0, 1)}, indent=1))
