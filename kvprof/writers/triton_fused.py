@@ -112,21 +112,25 @@ TRITON_TABLE: list[tuple[int, int, TritonConfig]] = [
     (1 << 62, 64, TritonConfig(1, 2, 4)),
     (1 << 62, 1 << 62, TritonConfig(1, 16)),
 ]
-# fp8 caches (the conversion runs in the kernel): same tuning run. They prefer about 8
-# elements per thread where the copy takes 16 (the conversion's registers and latency),
-# and more column chunks for long rows at a few tokens (0.94 -> 0.75 us at 32x128 x 1).
+# fp8 caches (the conversion runs in the kernel). Few tokens: latency-bound, so each warp's
+# load -> convert -> store chain is what counts, and the best shapes give every thread 4
+# elements per row chunk (more warps, or more column chunks for long rows): 8x128 x 1 token
+# 0.72 -> 0.66 us, 32x128 x 64 1.26 -> 1.08, 1x128 x 4096 1.67 -> 1.49
+# (docs/gpu/tune-fp8-2026-12-02.txt). 512 tokens and up: docs/gpu/tune-2026-12-02.txt.
 TRITON_TABLE_FP8: list[tuple[int, int, TritonConfig]] = [
-    (1024, 1, TritonConfig(1, 1)),
-    (1024, 8, TritonConfig(2, 1)),
-    (1024, 64, TritonConfig(1, 1)),
+    (1024, 64, TritonConfig(4, 4)),
     (1024, 512, TritonConfig(4, 2)),
-    (1024, 4096, TritonConfig(4, 1)),
+    (1024, 4096, TritonConfig(8, 4)),
     (1024, 1 << 62, TritonConfig(32, 8)),
+    (8192, 1, TritonConfig(1, 8)),
+    (8192, 8, TritonConfig(1, 2, 4)),
+    (8192, 64, TritonConfig(1, 8)),
     (8192, 512, TritonConfig(1, 4)),
-    (8192, 4096, TritonConfig(2, 4)),
+    (8192, 4096, TritonConfig(2, 8)),
     (8192, 1 << 62, TritonConfig(2, 8)),
-    (1 << 62, 8, TritonConfig(1, 2, 8)),
-    (1 << 62, 64, TritonConfig(1, 2, 4)),
+    (1 << 62, 1, TritonConfig(1, 8, 4)),
+    (1 << 62, 8, TritonConfig(1, 4, 8)),
+    (1 << 62, 64, TritonConfig(1, 4, 4)),
     (1 << 62, 1 << 62, TritonConfig(1, 16)),
 ]
 
