@@ -101,6 +101,8 @@ def test_eager_records_carry_host_time(tmp_path):
     (rec,) = result["records"]
     # on CPU the write runs on the host, so its host time is its wall time, give or take
     assert 0 < rec["host_us"] <= rec["median_us"] * 1.5 and rec["host_iqr_us"] >= 0
+    # and the writer alone (no pool checks) is timed beside it
+    assert 0 < rec["writer_host_us"] and rec["writer_host_iqr_us"] >= 0
 
 
 def _committed_h200() -> dict:
@@ -142,6 +144,8 @@ def test_fused_verdicts_use_a_measured_sgl_kernel_over_the_reference():
     assert v["vs_sgl"] == {"compared": 1, "slower": ["1x128 bf16 1 tok 1.20 > 1.10 µs"], "source": "measured"}
     assert v["eager_host"]["over"] == [] and v["eager_host"]["compared"] == 1
     assert v["fp8_vs_bf16"]["slower"] == ["1x128 fp8_e4m3<-bf16 1 tok 1.25 > bf16 1.20 µs"]
+    assert v["eager_host"]["basis"] == "pool"  # records without the writer column
+    assert v["fp8_vs_bf16"]["within_noise"] == []  # no spread recorded: a difference is a difference
     result["device"]["name"] = "NVIDIA A100"  # the reference numbers apply to an H200 only
     result["records"] = [r for r in result["records"] if r["variant"] != "sgl_kernel"]
     v = fused_verdicts(result, "triton_fused")
@@ -166,3 +170,41 @@ def test_committed_h200_bench_meets_the_target_and_says_what_it_does_not():
     assert len(v["fp8_vs_bf16"]["slower"]) == 9 and v["fp8_vs_bf16"]["compared"] == 24
     cuda = fused_verdicts(result, "cuda_fused")["eager_host"]
     assert cuda["compared"] == 72 and len(cuda["over"]) == 32 and abs(cuda["median_us"] - 8.48) < 0.01
+
+
+def test_eager_host_verdict_judges_the_writer_and_reports_the_pool():
+    """With the writer column present the check is on the writer's launch path (the
+    counterpart of sgl-kernel's op), and the pool's and two index_put's host times on the
+    same host are reported beside it, not dropped."""
+    from kvprof.bench.run import fused_verdicts
+
+    def rec(variant, tokens, host, writer_host):
+        return {"variant": variant, "mode": "eager", "status": "ok", "shape": "1x128", "dtype": "bf16",
+                "tokens": tokens, "cache_dtype": "bf16", "input_dtype": "bf16", "median_us": 30.0,
+                "host_us": host, "writer_host_us": writer_host}
+
+    result = {"device": {"name": "NVIDIA H200"}, "records": [
+        rec("cuda_fused", 1, 9.5, 7.0), rec("cuda_fused", 8, 8.0, 8.9),
+        rec("index_put", 1, 30.0, 27.0), rec("index_put", 8, 31.0, 29.0)]}
+    e = fused_verdicts(result, "cuda_fused")["eager_host"]
+    assert e["basis"] == "writer" and e["compared"] == 2
+    assert e["over"] == ["1x128 bf16 8 tok 8.90 > 8.60 µs"]
+    assert e["median_us"] == 7.95 and e["pool_median_us"] == 8.75 and e["pool_over"] == 1
+    assert e["index_put_median_us"] == 28.0
+
+
+def test_fp8_verdict_separates_differences_within_the_spread():
+    from kvprof.bench.run import fused_verdicts
+
+    def rec(dtype, tokens, us, iqr):
+        return {"variant": "triton_fused", "mode": "graph", "status": "ok", "shape": "8x128", "dtype": dtype,
+                "tokens": tokens, "cache_dtype": dtype.split("<-")[0], "input_dtype": "bf16", "median_us": us,
+                "iqr_us": iqr, "target_us": 2.0, "meets_target": True}
+
+    result = {"device": {"name": "NVIDIA H200"}, "records": [
+        rec("bf16", 1, 0.700, 0.006), rec("fp8_e4m3<-bf16", 1, 0.704, 0.005),   # +4 ns, spread 6 ns
+        rec("bf16", 8, 0.700, 0.006), rec("fp8_e4m3<-bf16", 8, 0.730, 0.005),   # +30 ns: slower
+        rec("bf16", 64, 0.800, 0.006), rec("fp8_e4m3<-bf16", 64, 0.790, 0.005)]}
+    f = fused_verdicts(result, "triton_fused")["fp8_vs_bf16"]
+    assert f["compared"] == 3 and len(f["slower"]) == 2
+    assert f["within_noise"] == ["8x128 fp8_e4m3<-bf16 1 tok 0.70 > bf16 0.70 µs"]

@@ -61,7 +61,8 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
     variants = result["settings"]["variants"]
     tables = (("graph", "median_us", "CUDA-graph replay, µs per write (median)"),
               ("eager", "median_us", "eager, µs per write (median, wall clock)"),
-              ("eager", "host_us", "eager, host µs per write (median, launch loop before the sync)"))
+              ("eager", "host_us", "eager, host µs per write through the pool (median, launch loop before the sync)"),
+              ("eager", "writer_host_us", "eager, host µs per write, writer alone (the op's launch path, no pool checks)"))
     for mode, field, title in tables:
         rows = [r for r in result["records"] if r["mode"] == mode and (field == "median_us" or field in r)]
         if not rows:
@@ -100,16 +101,23 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
             lines.append(f"{variant}: slower than sgl-kernel at {len(s['slower'])}/{s['compared']} points "
                          f"[{s['source']}]" + (f": {'; '.join(s['slower'][:6])}" if s["slower"] else ""))
         if e["compared"]:
-            lines.append(f"{variant}: eager host time above sgl-kernel's at {len(e['over'])}/{e['compared']} points"
-                         f" (median {_fmt(e['median_us'])} µs)" + (f": {'; '.join(e['over'][:6])}" if e["over"] else ""))
+            what = "writer alone" if e["basis"] == "writer" else "through the pool"
+            extra = (f"; through the pool: median {_fmt(e['pool_median_us'])} µs, above at {e['pool_over']}"
+                     if e["basis"] == "writer" else "")
+            if e.get("index_put_median_us") is not None:
+                extra += f"; two index_put on this host: median {_fmt(e['index_put_median_us'])} µs"
+            lines.append(f"{variant}: eager host time ({what}) above sgl-kernel's op at {len(e['over'])}/{e['compared']}"
+                         f" points (median {_fmt(e['median_us'])} µs{extra})"
+                         + (f": {'; '.join(e['over'][:6])}" if e["over"] else ""))
         if f["compared"]:
             lines.append(f"{variant}: fp8<-bf16 slower than bf16 at {len(f['slower'])}/{f['compared']} points"
+                         + (f", {len(f['within_noise'])} of them by less than the replays' spread" if f["slower"] else "")
                          + (f": {'; '.join(f['slower'][:6])}" if f["slower"] else ""))
     return lines
 
 
 CSV_COLUMNS = ("shape", "heads", "dim", "cache_dtype", "input_dtype", "tokens", "variant", "mode", "status",
-               "median_us", "iqr_us", "host_us", "host_iqr_us", "samples", "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target",
+               "median_us", "iqr_us", "host_us", "host_iqr_us", "writer_host_us", "writer_host_iqr_us", "samples", "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target",
                "floor_us", "reason")
 
 
