@@ -83,4 +83,8 @@ class StoreKVFusedWriter(KVWriter):
         return writer.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
 
-_capturing = torch.cuda.is_current_stream_capturing
+# The capture check runs on every eager write (the host path this variant exists for): the
+# C binding directly saves the Python wrapper's frame. A CPU build of torch has only a dummy
+# there (it is never called: the check follows loc.is_cuda), so it keeps the wrapper.
+_capturing = (torch._C._cuda_isCurrentStreamCapturing if torch.version.cuda
+              else torch.cuda.is_current_stream_capturing)
