@@ -2,7 +2,7 @@
 # Everything kvprof needs a GPU for, in one call on the lent H200:
 #   bash ../shared/tools/gpu-carry.sh orjson==3.13.0      # here, once: fills .gpu/
 #   device run (carry .gpu):  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env tests tune facts capture bench. Results go to $OUT (the device
+# Steps (default: env capture bench tests): env tests tune floor facts capture bench. Results go to $OUT (the device
 # tool brings them back); logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -36,6 +36,11 @@ PY
     stamp tune
     # TUNE_PARTS / TUNE_SHAPES / TUNE_DTYPES / TUNE_TOKENS run a subset (gpu/tune_fused.py)
     timeout ${TUNE_TIMEOUT:-300} python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
+    ;;
+  floor)
+    stamp floor
+    # the same floor-bound points over several pool allocations and graph captures
+    timeout ${FLOOR_TIMEOUT:-120} python3 gpu/floor_modes.py 2>&1 | tee "$OUT/floor-modes.txt"
     ;;
   facts)
     stamp facts

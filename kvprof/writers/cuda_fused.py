@@ -63,7 +63,7 @@ class CudaConfig:
 
 # The default launch shape lives in the op (store_kv.cpp, one place): 128 threads per block
 # up to 512 tokens, 256 above, grid capped at 8 blocks per SM. Each block row handles one
-# token at a time with 2 vectors of K and V per thread in flight, grid-stride loop.
+# token at a time with 2 vectors of K and V per thread in flight (1 when converting), grid-stride loop.
 
 
 def build_dir() -> Path:

@@ -200,6 +200,7 @@ __device__ __forceinline__ typename KindT<OUT>::T convert1(typename KindT<IN>::T
 template <typename U> struct CopyOp {
   using In = U;
   using Out = U;
+  static constexpr int kUnroll = 2;  // vectors of K and of V in flight per thread and step
   static __device__ __forceinline__ Out k(const In& x, const Params&) { return x; }
   static __device__ __forceinline__ Out v(const In& x, const Params&) { return x; }
 };
@@ -207,6 +208,10 @@ template <typename U> struct CopyOp {
 template <int IN, int OUT, int N, bool HW_FP8> struct ConvertOp {
   using In = Vec<typename KindT<IN>::T, N>;
   using Out = Vec<typename KindT<OUT>::T, N>;
+  // One vector of K and of V per thread and step: the conversion sits between each load and
+  // its store, so at a few tokens (one warp's chain decides the time) half the work per
+  // thread, twice the threads.
+  static constexpr int kUnroll = 1;
   static __device__ __forceinline__ Out run(const In& x, float inv, bool scaled, bool exact, bool sat) {
     Out y;
     if constexpr (HW_FP8 && (OUT == E4M3 || OUT == E5M2) && N % 2 == 0) {
@@ -231,12 +236,11 @@ template <int IN, int OUT, int N, bool HW_FP8> struct ConvertOp {
   }
 };
 
-constexpr int kUnroll = 2;  // vectors of K and of V in flight per thread and step
-
 template <class Op>
 __global__ void __launch_bounds__(512) store_kv_kernel(const Params p) {
   using In = typename Op::In;
   using Out = typename Op::Out;
+  constexpr int kUnroll = Op::kUnroll;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.pdl) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -299,7 +303,7 @@ template <class Op>
 cudaError_t launch(const Params& p, const Launch& l) {
   const int nmax = p.nk > p.nv ? p.nk : p.nv;
   int tx = 1;
-  const int want = (nmax + kUnroll - 1) / kUnroll;
+  const int want = (nmax + Op::kUnroll - 1) / Op::kUnroll;
   while (tx < want && tx < l.threads) tx <<= 1;
   const int ty = l.threads / tx > 0 ? l.threads / tx : 1;
   long long blocks = (p.tokens + ty - 1) / ty;
