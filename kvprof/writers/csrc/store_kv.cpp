@@ -19,7 +19,8 @@ int kvprof_store_kv_launch(void* k_out, void* v_out, const void* loc, bool loc64
                            const void* v_in, long long k_stride, long long v_stride, long long tokens,
                            long long rows, long long rk, long long rv, int in_kind, int out_kind, float k_inv,
                            float v_inv, bool k_scaled, bool v_scaled, int vec_bytes, int threads,
-                           int blocks_per_sm, int sms, bool pdl, bool hw_fp8, cudaStream_t stream);
+                           bool cover_row, int blocks_per_sm, int sms, bool pdl, bool hw_fp8,
+                           cudaStream_t stream);
 
 namespace {
 
@@ -61,7 +62,9 @@ const DeviceFacts& device_facts(int device) {
 }
 
 // The default launch shape when the caller forces none (one place; measured on an H200 with
-// gpu/tune_fused.py): 128 threads per block up to 512 tokens, 256 above, 8 blocks per SM.
+// gpu/tune_fused.py): 128 threads per block up to 512 tokens, 256 above, 8 blocks per SM,
+// and wider blocks (up to 512 threads) where a row needs more threads than that to be
+// covered in one step (store_kv.cu, launch).
 constexpr int64_t kDefaultBlocksPerSm = 8;
 int64_t default_threads(int64_t tokens) { return tokens <= 512 ? 128 : 256; }
 
@@ -163,7 +166,7 @@ void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor
   const int err = kvprof_store_kv_launch(
       ko, vo, loc.data_ptr(), loc.scalar_type() == at::kLong, kp, vp, ks, vs, tokens, k_out.size(0), rk, rv, in_kind,
       static_cast<int>(out_kind), static_cast<float>(k_inv), static_cast<float>(v_inv), k_scaled, v_scaled, vec_bytes,
-      static_cast<int>(threads), static_cast<int>(blocks_per_sm), sms, pdl, hw_fp8, stream);
+      static_cast<int>(threads), !forced_shape, static_cast<int>(blocks_per_sm), sms, pdl, hw_fp8, stream);
   TORCH_CHECK(err == cudaSuccess, "cuda_fused: launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
