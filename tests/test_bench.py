@@ -153,8 +153,8 @@ def test_fused_verdicts_use_a_measured_sgl_kernel_over_the_reference():
 
 
 def test_committed_h200_bench_meets_the_target_and_says_what_it_does_not():
-    """The committed third H200 run (traces/samples/h200-bench): the verdicts quoted in
-    docs/benchmarks.md come from these records."""
+    """The committed fourth H200 run (traces/samples/h200-bench, this code's kernels): the
+    verdicts quoted in docs/benchmarks.md come from these records."""
     from pathlib import Path
 
     from kvprof.bench.run import fused_verdicts
@@ -167,13 +167,31 @@ def test_committed_h200_bench_meets_the_target_and_says_what_it_does_not():
         assert v["target"] == {"met": 72, "points": 72, "missed": []}
         assert v["vs_sgl"]["compared"] == 6 and not v["vs_sgl"]["slower"]
     v = fused_verdicts(result, "triton_fused")
-    assert len(v["fp8_vs_bf16"]["slower"]) == 5 and v["fp8_vs_bf16"]["compared"] == 24
-    assert all(" 1 tok " in m or " 8 tok " in m for m in v["fp8_vs_bf16"]["slower"])  # latency-bound points only
-    cuda = fused_verdicts(result, "cuda_fused")["eager_host"]
-    assert cuda["basis"] == "writer" and cuda["compared"] == 72 and len(cuda["over"]) == 1
-    assert abs(cuda["median_us"] - 5.28) < 0.01 and cuda["pool_over"] == 29 and abs(cuda["pool_median_us"] - 7.67) < 0.01
+    f = v["fp8_vs_bf16"]
+    assert f["compared"] == 24 and len(f["slower"]) == 6 and len(f["within_noise"]) == 1
+    assert all(" 1 tok " in m or " 8 tok " in m for m in f["slower"] if m not in f["within_noise"])
+    cuda = fused_verdicts(result, "cuda_fused")
+    assert cuda["target"]["met"] == 63
+    e = cuda["eager_host"]
+    assert e["basis"] == "writer" and e["compared"] == 72 and len(e["over"]) == 1
+    assert abs(e["median_us"] - 5.63) < 0.01 and e["pool_over"] == 35 and abs(e["pool_median_us"] - 8.50) < 0.01
     store = fused_verdicts(result, "store_kv_fused")["eager_host"]
-    assert len(store["over"]) == 3 and store["pool_over"] == 34
+    assert len(store["over"]) == 4 and store["pool_over"] == 41
+
+
+def test_committed_third_h200_bench():
+    """The third run (before cuda_fused's wider default blocks): the same triton_fused kernels,
+    fp8 slower at 5 of 24 points, all beyond the spread."""
+    from pathlib import Path
+
+    from kvprof.bench.run import fused_verdicts
+
+    root = Path(__file__).resolve().parent.parent
+    result = orjson.loads((root / "docs" / "bench" / "h200-2026-12-02-run3.json").read_bytes())
+    f = fused_verdicts(result, "triton_fused")["fp8_vs_bf16"]
+    assert len(f["slower"]) == 5 and f["within_noise"] == []
+    cuda = fused_verdicts(result, "cuda_fused")
+    assert cuda["target"]["met"] == 52 and len(cuda["eager_host"]["over"]) == 1
 
 
 def test_committed_second_h200_bench_is_judged_through_the_pool():
