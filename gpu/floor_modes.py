@@ -2,7 +2,7 @@
 """Is a write's graph time at the latency floor a property of the kernel, or of one pool
 allocation and one graph capture?
 
-    cd <repo> && OUT=/tmp/out python gpu/floor_modes.py      # ~20 s, JSON to $OUT/floor-modes.json
+    cd <repo> && OUT=/tmp/out python gpu/floor_modes.py      # ~60 s, JSON to $OUT/floor-modes.json
 
 Why it exists: at 1-8 tokens a write costs about one empty kernel node (0.7 µs on an H200),
 and two runs of the same kernel gave different medians there (gpu/tune_fused.py measured

@@ -240,10 +240,12 @@ def host_times(calls: int = 200, repeats: int = 15) -> dict[str, float]:
         op = cfm._EXT.store_kv
         flags = cfm.KINDS[cache] | (24 if cache != inp else 0) | 1 << 6
         args = (k_buf, v_buf, loc, k, v, 2.0, 2.0)
-        empty_loc = loc[:0]
+        # built once: slicing inside the timed call would time two torch ops too (the first
+        # tuning run of docs/gpu/tune-fp8-2026-12-02.txt did, and read 8.5 µs for this line)
+        empty = (args[0], args[1], loc[:0], k[:0], v[:0], 2.0, 2.0)
         fns[f"{label} python call, 8 args (no-op)"] = lambda args=args, flags=flags: noop(*args, flags)
         fns[f"{label} cuda op, 0 tokens (pybind + args, no launch)"] = (
-            lambda args=args, flags=flags, e=empty_loc: op(args[0], args[1], e, args[3][:0], args[4][:0], 2.0, 2.0, flags))
+            lambda empty=empty, flags=flags: op(*empty, flags))
         fns[f"{label} cuda op, launch with PDL"] = lambda args=args, flags=flags: op(*args, flags | 1 << 7)
         fns[f"{label} cuda op, launch without PDL"] = lambda args=args, flags=flags: op(*args, flags)
     fns["pybind call, no args (e4m3_saturates)"] = cfm._EXT.e4m3_saturates
