@@ -26,6 +26,8 @@ os.environ["TRITON_INTERPRET"] = "0"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+
 POINTS = [(8, 128, 1), (8, 128, 8), (32, 128, 1), (1, 128, 1), (1, 128, 64)]
 DTYPES = [("bf16", "bf16"), ("fp8_e4m3", "bf16")]
 POOLS = int(os.environ.get("FLOOR_POOLS", "4"))
@@ -77,8 +79,8 @@ def main() -> None:
         print(f"{key:<44} {statistics.median(flat):13.3f} {min(flat):7.3f} {max(flat):7.3f} {iqr:13.3f}   {rows}")
     dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu"))
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "floor-modes.json").write_text(json.dumps({"pools": POOLS, "captures": CAPTURES, "points": out,
-                                                       "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
+    atomic_write_text(dest / "floor-modes.json", json.dumps({"pools": POOLS, "captures": CAPTURES, "points": out,
+                                                             "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
     print(f"wrote {dest / 'floor-modes.json'} ({time.perf_counter() - t0:.1f} s)")
 
 

@@ -37,6 +37,8 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "0"  # the compiled kernels, whatever the shell says
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+
 import torch  # noqa: E402
 
 T0 = time.perf_counter()
@@ -396,7 +398,7 @@ def main() -> int:
             doc["sections"][name] = dict(error=oneline(exc))
         log(f"{name}: {time.perf_counter() - t:.1f} s {doc['sections'][name].get('error') or ''}")
         doc["elapsed_s"] = round(time.perf_counter() - T0, 1)
-        (out / "kernel-facts.json").write_text(json.dumps(doc, indent=1, default=str))  # after every section
+        atomic_write_text(out / "kernel-facts.json", json.dumps(doc, indent=1, default=str))  # after every section
     try:
         summary(doc)
     except Exception as exc:  # the JSON is written already

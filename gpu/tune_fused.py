@@ -39,12 +39,18 @@ os.environ["TRITON_INTERPRET"] = "0"  # the compiled kernels, whatever the shell
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+
 T0 = time.perf_counter()
 
 
 def _env_list(name: str, default: list, parse) -> list:
     raw = os.environ.get(name)
-    return [parse(x) for x in raw.split(",") if x] if raw else default
+    try:
+        return [parse(x) for x in raw.split(",") if x] if raw else default
+    except ValueError:
+        raise SystemExit(f"tune_fused.py: error: cannot read {name}={raw!r} (e.g. TUNE_SHAPES=1x128,8x128, "
+                         "TUNE_TOKENS=1,8,64)") from None
 
 
 SHAPES = _env_list("TUNE_SHAPES", [(1, 128), (8, 128), (32, 128)], lambda s: tuple(int(v) for v in s.split("x")))
@@ -296,8 +302,8 @@ def main() -> None:
         if "tune" in PARTS:
             tune(results)
     finally:
-        (out / "tune.json").write_text(json.dumps({"host_us": host, "points": results,
-                                                   "elapsed_s": round(time.perf_counter() - T0, 1)}, indent=1))
+        atomic_write_text(out / "tune.json", json.dumps({"host_us": host, "points": results,
+                                                         "elapsed_s": round(time.perf_counter() - T0, 1)}, indent=1))
         log(f"wrote {out / 'tune.json'}")
 
 
