@@ -141,7 +141,8 @@ def test_fused_verdicts_use_a_measured_sgl_kernel_over_the_reference():
         rec("triton_fused", "eager", 20.0, host=9.0), rec("sgl_kernel", "eager", 20.0, host=9.5),
         rec("triton_fused", "graph", 1.25, dtype="fp8_e4m3<-bf16")]}
     v = fused_verdicts(result, "triton_fused")
-    assert v["vs_sgl"] == {"compared": 1, "slower": ["1x128 bf16 1 tok 1.20 > 1.10 µs"], "source": "measured"}
+    assert v["vs_sgl"] == {"compared": 1, "slower": ["1x128 bf16 1 tok 1.20 > 1.10 µs"],
+                           "source": "measured: sgl_kernel"}
     assert v["eager_host"]["over"] == [] and v["eager_host"]["compared"] == 1
     assert v["fp8_vs_bf16"]["slower"] == ["1x128 fp8_e4m3<-bf16 1 tok 1.25 > bf16 1.20 µs"]
     assert v["eager_host"]["basis"] == "pool"  # records without the writer column
@@ -150,6 +151,29 @@ def test_fused_verdicts_use_a_measured_sgl_kernel_over_the_reference():
     result["records"] = [r for r in result["records"] if r["variant"] != "sgl_kernel"]
     v = fused_verdicts(result, "triton_fused")
     assert v["vs_sgl"]["compared"] == 0 and v["eager_host"]["compared"] == 0
+
+
+def test_fused_verdicts_compare_with_sgl_kernels_cubin_in_graphs_only():
+    """sgl_kernel_cubin runs sgl-kernel's own kernels, so it is the graph peer where the op is
+    missing (at every dtype, bf16 and fp8 alike); its eager host time is kvprof's ctypes launch,
+    never a stand-in for the op's, and the op itself still wins where both ran."""
+    from kvprof.bench.run import fused_verdicts
+
+    def rec(variant, mode, us, dtype="bf16", host=None):
+        return {"variant": variant, "mode": mode, "status": "ok", "shape": "8x128", "dtype": dtype, "tokens": 8,
+                "cache_dtype": dtype.split("<-")[0], "input_dtype": "bf16", "median_us": us, "host_us": host}
+
+    result = {"device": {"name": "NVIDIA H100 80GB HBM3"}, "records": [
+        rec("triton_fused", "graph", 0.7), rec("sgl_kernel_cubin", "graph", 1.9),
+        rec("triton_fused", "graph", 0.8, "fp8_e4m3<-bf16"), rec("sgl_kernel_cubin", "graph", 0.75, "fp8_e4m3<-bf16"),
+        rec("triton_fused", "eager", 30.0, host=30.0), rec("sgl_kernel_cubin", "eager", 40.0, host=40.0)]}
+    v = fused_verdicts(result, "triton_fused")
+    assert v["vs_sgl"] == {"compared": 2, "slower": ["8x128 fp8_e4m3<-bf16 8 tok 0.80 > 0.75 µs"],
+                           "source": "measured: sgl_kernel_cubin"}
+    assert v["eager_host"]["compared"] == 0  # no host limit from the cubin's ctypes launch, none on an H100
+    result["records"].append(rec("sgl_kernel", "graph", 2.0))
+    v = fused_verdicts(result, "triton_fused")
+    assert v["vs_sgl"]["compared"] == 2 and v["vs_sgl"]["source"] == "measured: sgl_kernel; measured: sgl_kernel_cubin"
 
 
 def test_committed_h200_bench_meets_the_target_and_says_what_it_does_not():

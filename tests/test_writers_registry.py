@@ -17,8 +17,8 @@ from kvprof.writers.two_stream import TwoStreamWriter
 
 def test_builtins_registered_in_order():
     names = writer_names()
-    assert names[:7] == ["index_put", "two_stream", "sgl_kernel", "triton_fused", "cuda_fused", "store_kv_fused",
-                         "torch_compile"]
+    assert names[:8] == ["index_put", "two_stream", "sgl_kernel", "sgl_kernel_cubin", "triton_fused", "cuda_fused",
+                         "store_kv_fused", "torch_compile"]
 
 
 def test_unknown_variant_is_a_usage_error():

@@ -42,7 +42,8 @@ def point_rows(result: dict[str, Any], mode: str, no: str = "NO", field: str = "
             ratios = best.get("ratio_to", {})
             cells += [best["variant"], _fmt(best.get("gbs"), 0), _fmt(best.get("pct_copy_rate"), 0),
                       _fmt(best.get("target_us")), {True: "yes", False: no, None: "-"}[best.get("meets_target")],
-                      _fmt(best.get("floor_us")), _fmt(ratios.get("sgl_kernel")), _fmt(ratios.get("two_stream")),
+                      _fmt(best.get("floor_us")), _fmt(ratios.get("sgl_kernel", ratios.get("sgl_kernel_cubin"))),
+                      _fmt(ratios.get("two_stream")),
                       _fmt(ratios.get("index_put"))]
         else:
             cells += ["-"] * len(EXTRA_COLUMNS)
@@ -55,7 +56,8 @@ def render_table(result: dict[str, Any], console: Console | None = None) -> None
     limits = result["limits"]
     console.print(
         f"[bold]{result['device'].get('name')}[/]  copy rate {_fmt(limits.get('copy_rate_gbs'), 0)} GB/s (read+write)  "
-        f"empty kernel node {_fmt(limits.get('empty_kernel_us'))} µs  fill_ node {_fmt(limits.get('fill_node_us'))} µs  "
+        f"empty kernel node {_fmt(limits.get('empty_kernel_us'))} µs  (with PDL {_fmt(limits.get('empty_pdl_kernel_us'))} µs)  "
+        f"fill_ node {_fmt(limits.get('fill_node_us'))} µs  "
         f"target for kvprof's fused writes: {result['settings']['target']}"
     )
     variants = result["settings"]["variants"]

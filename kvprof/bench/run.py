@@ -22,8 +22,11 @@ from kvprof.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
 
-BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "triton_fused", "cuda_fused", "store_kv_fused",
-                  "torch_compile")
+BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "sgl_kernel_cubin", "triton_fused", "cuda_fused",
+                  "store_kv_fused", "torch_compile")
+# sgl-kernel's store_kv_cache, as the op (where it installs) or as its own kernels launched from
+# the wheel's cubin (device time only: that variant's host path is kvprof's ctypes call)
+SGL_PEERS = ("sgl_kernel", "sgl_kernel_cubin")
 KVPROF_FUSED = ("triton_fused", "cuda_fused", "store_kv_fused")
 
 # The fused target of the issue: 1.2 µs + bytes / (0.9 x measured copy rate).
@@ -243,6 +246,9 @@ def run_bench(
             "device": device_properties(device),
             "versions": versions(),
             "limits": limits,
+            # where a peer's kernels come from (sgl_kernel_cubin: the wheel and the cubin's hash)
+            "sources": {name: w.source() for name, w in writers.items() if callable(getattr(w, "source", None))
+                        and w.source()},
             "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes,
                          "target": f"{TARGET_FIXED_US} us + bytes / ({TARGET_RATE_FRACTION} x copy rate)",
                          "variants": list(variants), "points": len(points)},
@@ -268,8 +274,9 @@ def fused_verdicts(result: dict[str, Any], variant: str) -> dict[str, Any]:
 
     * ``target``: graph median <= 1.2 µs + bytes / (0.9 x copy rate), at every point;
     * ``vs_sgl``: no slower than sgl-kernel's ``store_kv_cache`` in graph replays: the
-      measured ``sgl_kernel`` column where it ran, else (on an H200) the reference numbers
-      of :mod:`kvprof.bench.reference`, reported as such;
+      measured ``sgl_kernel`` column where it ran, else the measured ``sgl_kernel_cubin``
+      column (sgl-kernel's own kernels from its wheel), else (on an H200) the reference
+      numbers of :mod:`kvprof.bench.reference`, reported as such;
     * ``eager_host``: host time per eager write <= sgl-kernel's op (measured, else
       reference). Judged on the writer's own launch path (``writer_host_us``: the call the
       pool makes, the counterpart of calling sgl-kernel's op), with the time through the
@@ -292,22 +299,26 @@ def fused_verdicts(result: dict[str, Any], variant: str) -> dict[str, Any]:
                      "missed": [_where(r) + f" {r['median_us']:.2f} > {r['target_us']:.2f} µs" for r in missed]}
 
     use_ref = reference.applies(result.get("device", {}).get("name"))
-    sgl = {(r["shape"], r["dtype"], r["tokens"], r["mode"]): r for r in result["records"]
-           if r["variant"] == "sgl_kernel" and r.get("status") == "ok"}
-    slower, compared, source = [], 0, "measured"
+    by_peer = {name: {(r["shape"], r["dtype"], r["tokens"], r["mode"]): r for r in result["records"]
+                      if r["variant"] == name and r.get("status") == "ok"} for name in SGL_PEERS}
+    sgl = by_peer["sgl_kernel"]
+    slower, compared, sources = [], 0, set()
     for r in graph:
-        peer = sgl.get((r["shape"], r["dtype"], r["tokens"], "graph"))
-        ref_us = peer["median_us"] if peer else None
-        if ref_us is None and use_ref and r["dtype"] == "bf16":
+        key = (r["shape"], r["dtype"], r["tokens"], "graph")
+        peer_name = next((name for name in SGL_PEERS if key in by_peer[name]), None)
+        ref_us = by_peer[peer_name][key]["median_us"] if peer_name else None
+        if peer_name:
+            sources.add(f"measured: {peer_name}")
+        elif use_ref and r["dtype"] == "bf16":
             ref_us = reference.GRAPH_US.get((r["shape"], r["tokens"]))
             if ref_us is not None:
-                source = f"reference: {reference.SOURCE}"
+                sources.add(f"reference: {reference.SOURCE}")
         if ref_us is None:
             continue
         compared += 1
         if r["median_us"] > ref_us:
             slower.append(_where(r) + f" {r['median_us']:.2f} > {ref_us:.2f} µs")
-    out["vs_sgl"] = {"compared": compared, "slower": slower, "source": source if compared else "none"}
+    out["vs_sgl"] = {"compared": compared, "slower": slower, "source": "; ".join(sorted(sources)) or "none"}
 
     field = "writer_host_us" if eager and all(r.get("writer_host_us") is not None for r in eager) else "host_us"
 

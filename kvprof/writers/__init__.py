@@ -30,6 +30,7 @@ for _name, _module, _cls in (
     ("index_put", "index_put", "IndexPutWriter"),
     ("two_stream", "two_stream", "TwoStreamWriter"),
     ("sgl_kernel", "sgl_kernel", "SglKernelWriter"),
+    ("sgl_kernel_cubin", "sgl_cubin", "SglKernelCubinWriter"),
     ("triton_fused", "triton_fused", "TritonFusedWriter"),
     ("cuda_fused", "cuda_fused", "CudaFusedWriter"),
     ("store_kv_fused", "store_kv_fused", "StoreKVFusedWriter"),

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from kvprof.writers.base import FALLBACK_PREFIX, FUSED, KVWriter, convert_pair
+from kvprof.dtypes import convert_for_cache, store_dtype_for
+from kvprof.writers.base import FALLBACK_PREFIX, FUSED, KVWriter
 
 StoreOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
@@ -33,18 +34,34 @@ def find_store_op() -> tuple[StoreOp | None, str]:
         return None, "sgl-kernel is installed but has no store_kv_cache op"
 
 
+def sglang_convert(x: torch.Tensor, dtype: torch.dtype, scale: float | torch.Tensor | None) -> torch.Tensor:
+    """The conversion SGLang runs before the op, as its kernels: ``x.div_(scale)`` then
+    ``.to(dtype)``, two kernels per tensor (``div`` here: kvprof never mutates the caller's
+    rows). CUDA's division by a Python number multiplies by its fp32 reciprocal, which is the
+    reference's rounding (bench and tests check the bits); tensor scales take the reference."""
+    if isinstance(scale, torch.Tensor) or not x.is_cuda:
+        return convert_for_cache(x, dtype, scale)
+    if x.dtype != dtype:
+        if scale is not None:
+            x = x.div(scale)
+        x = x.to(dtype)
+    store = store_dtype_for(dtype)
+    return x.view(store) if store != dtype else x
+
+
 class SglKernelWriter(KVWriter):
     name = "sgl_kernel"
     description = "sgl-kernel store_kv_cache (one launch), wrapper fallback to two index_put"
     fused = True
     devices = ("cuda",)
 
-    def __init__(self, op: StoreOp | None = None, devices: tuple[str, ...] | None = None) -> None:
-        # ``op``/``devices`` let tests drive the path logic with a stand-in op on CPU.
-        if op is None:
-            op, self._missing = find_store_op()
-        else:
-            self._missing = ""
+    def __init__(self, op: StoreOp | None = None, devices: tuple[str, ...] | None = None,
+                 missing: str | None = None) -> None:
+        # ``op``/``devices`` let tests drive the path logic with a stand-in op on CPU;
+        # ``missing``: why there is no op (a subclass that looked for its own).
+        if op is None and missing is None:
+            op, missing = find_store_op()
+        self._missing = missing or ""
         self._op = op
         if devices is not None:
             self.devices = devices
@@ -66,7 +83,7 @@ class SglKernelWriter(KVWriter):
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
         if cache_k.dtype != k_buf.dtype or cache_v.dtype != v_buf.dtype:
-            cache_k, cache_v = convert_pair(cache_k, cache_v, dtype, k_scale, v_scale)
+            cache_k, cache_v = sglang_convert(cache_k, dtype, k_scale), sglang_convert(cache_v, dtype, v_scale)
         if self._op is None:
             reason = self._missing
         else:
