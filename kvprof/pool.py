@@ -4,8 +4,9 @@ Per layer one K buffer ``[size + page_size, head_num, head_dim]`` and one V buff
 ``[size + page_size, head_num, v_head_dim]``; slot 0 is the dummy that padded tokens
 write to; fp8 caches are stored as uint8 and read back through ``dtype`` views. The
 write itself is delegated to a ``KVWriter`` chosen by name, so every implementation is
-measured behind the same contract. Inputs are validated before any kernel runs: a bad
-call raises ``ValueError`` naming the problem and never writes out of bounds.
+measured behind the same contract. Inputs are validated before any kernel runs
+(``kvprof.validation``): a bad call raises ``ValueError`` naming the problem and never
+writes out of bounds.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ from typing import Any
 
 import torch
 
-from kvprof.dtypes import FP8_DTYPES, short_name, store_dtype_for
+from kvprof.dtypes import short_name, store_dtype_for
+from kvprof.validation import FLOAT_INPUTS, check_write_inputs
 from kvprof.writers.base import KVWriter
-
-_FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, *FP8_DTYPES)
-_LOC_DTYPES = (torch.int32, torch.int64)
 
 
 class KVPool:
@@ -28,6 +27,12 @@ class KVPool:
     ``check_slots`` validates slot values on every write (one device sync on CUDA; skipped
     while a CUDA graph is being captured, where a sync is illegal). Workloads that build
     their slots on the host check them once there and turn it off for the hot path.
+
+    Every other input is checked before any kernel runs (:func:`check_write_inputs`): in
+    Python here, or, for a writer that checks the same things itself in compiled code
+    (``validates_inputs``, e.g. ``cuda_fused``), there, with the Python checks run only when
+    the writer refuses a call, to give the same one-line error. The writer is fixed at
+    construction.
     """
 
     def __init__(
@@ -53,7 +58,7 @@ class KVPool:
             raise ValueError(f"v_head_dim must be a positive integer, got {v_head_dim!r}")
         if not isinstance(start_layer, int) or start_layer < 0:
             raise ValueError(f"start_layer must be a non-negative integer, got {start_layer!r}")
-        if dtype not in _FLOAT_INPUTS:
+        if dtype not in FLOAT_INPUTS:
             raise ValueError(f"unsupported cache dtype {dtype}")
         self.size = size
         self.page_size = page_size
@@ -68,6 +73,7 @@ class KVPool:
         self.device = _resolve(torch.device(device))
         self._device_index = self.device.index if self.device.type == "cuda" else -1  # Tensor.get_device()
         self.writer = writer
+        self._writer_checks = bool(getattr(writer, "validates_inputs", False))
         self.check_slots = check_slots
         self.path_counts: Counter[str] = Counter()
         rows = size + page_size
@@ -152,66 +158,35 @@ class KVPool:
         idx = layer_id - self.start_layer if type(layer_id) is int else -1
         if not 0 <= idx < self.layer_num:
             idx = self._index(layer_id)  # raises the one-line error
-        cache_k, cache_v = self._validate(loc, cache_k, cache_v)
-        path = self.writer.write(
-            self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
-        )
+        if self._writer_checks and not self.check_slots:
+            # The writer checks every input in compiled code before it launches anything
+            # (KVWriter.validates_inputs); the Python checks run only to word a refusal.
+            try:
+                path = self.writer.write(
+                    self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
+                )
+            except Exception:
+                self._validate(loc, cache_k, cache_v)  # the pool's one-line ValueError for bad input
+                raise  # the inputs were fine: the writer's own error
+        else:
+            cache_k, cache_v = self._validate(loc, cache_k, cache_v)
+            path = self.writer.write(
+                self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
+            )
         self.path_counts[path] += 1
 
     def _validate(
         self, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Ordered and written so that the common, valid call costs about a dozen attribute
-        # reads (identity tests, one shape read per tensor, integer device ids instead of
-        # torch.device objects): this runs on the eager launch path whose host time kvprof
-        # reports, and on the H200's host each Python-level read costs ~0.1-0.2 µs.
-        if not isinstance(loc, torch.Tensor):
-            raise ValueError(f"loc must be a tensor of slot indices, got {type(loc).__name__}")
-        loc_dtype = loc.dtype
-        if loc_dtype is not torch.int64 and loc_dtype is not torch.int32:
-            raise ValueError(f"loc must be an int32 or int64 tensor, got {loc_dtype}")
-        loc_shape = loc.shape
-        if len(loc_shape) != 1:
-            raise ValueError(f"loc must be 1-D, got shape {tuple(loc_shape)}")
-        if not isinstance(cache_k, torch.Tensor) or not isinstance(cache_v, torch.Tensor):
-            raise ValueError("cache_k and cache_v must be tensors")
-        dev = self._device_index
-        # get_device() is -1 for every non-CUDA device: a CPU pool compares device objects
-        if dev < 0 or loc.get_device() != dev or cache_k.get_device() != dev or cache_v.get_device() != dev:
-            for name, t in (("loc", loc), ("cache_k", cache_k), ("cache_v", cache_v)):
-                if t.device != self.device:
-                    raise ValueError(f"{name} is on {t.device}, the pool is on {self.device}")
-        k_dtype = cache_k.dtype
-        if k_dtype is not cache_v.dtype:
-            raise ValueError(f"cache_k is {k_dtype} but cache_v is {cache_v.dtype}")
-        if k_dtype not in _FLOAT_INPUTS:
-            raise ValueError(f"cache_k/cache_v must be floating point, got {k_dtype}")
-        tokens = loc_shape[0]
-        if cache_k.shape != (tokens, self.head_num, self.head_dim) or not cache_k.is_contiguous():
-            cache_k = self._rows(cache_k, "cache_k", tokens, self.head_dim)
-        if cache_v.shape != (tokens, self.head_num, self.v_head_dim) or not cache_v.is_contiguous():
-            cache_v = self._rows(cache_v, "cache_v", tokens, self.v_head_dim)
-        if self.check_slots and tokens and not _capturing(loc):
+        cache_k, cache_v = check_write_inputs(loc, cache_k, cache_v, self.head_num, self.head_dim,
+                                              self.v_head_dim, self.device, self._device_index)
+        if self.check_slots and loc.shape[0] and not _capturing(loc):
             lo, hi = (int(x) for x in torch.aminmax(loc))
             if lo < 0:
                 raise ValueError(f"loc has a negative slot ({lo})")
             if hi >= self.rows:
                 raise ValueError(f"loc has slot {hi}, past the last slot {self.rows - 1}")
         return cache_k, cache_v
-
-    def _rows(self, t: torch.Tensor, name: str, tokens: int, dim: int) -> torch.Tensor:
-        shape = t.shape
-        if len(shape) == 3 and shape[0] == tokens and shape[1] == self.head_num and shape[2] == dim:
-            if t.is_contiguous() or (t.stride(2) == 1 and t.stride(1) == dim):
-                return t  # the common case: no new tensor object
-            return t.contiguous()
-        if len(shape) == 0 or shape[0] != tokens:
-            got = shape[0] if len(shape) else "a scalar"
-            raise ValueError(f"{name} has {got} tokens but loc has {tokens}")
-        if tuple(shape[1:]) not in ((self.head_num, dim), (self.head_num * dim,)):
-            raise ValueError(f"{name} rows have shape {tuple(shape[1:])}, expected ({self.head_num}, {dim})")
-        t = t.reshape(tokens, self.head_num, dim)
-        return t if t.stride(2) == 1 and t.stride(1) == dim else t.contiguous()
 
 
 def _resolve(device: torch.device) -> torch.device:

@@ -136,3 +136,150 @@ def test_bytes_per_write_counts_read_and_write():
     pool = make(dtype=torch.float8_e4m3fn, heads=1, dim=128)
     # bf16 inputs read (2 x 128 x 2 B) + fp8 rows written (2 x 128 x 1 B), per token
     assert pool.bytes_per_write(10, torch.bfloat16) == 10 * (512 + 256)
+
+
+# --- writers that check their own inputs (KVWriter.validates_inputs) -----------------------
+class _CheckingWriter:
+    """A stand-in for cuda_fused: refuses bad calls itself, before writing anything."""
+
+    name = "checking"
+    validates_inputs = True
+
+    def __init__(self, fail_with: Exception | None = None):
+        self.calls = 0
+        self.fail_with = fail_with
+
+    def write(self, k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale=None, v_scale=None):
+        from kvprof.validation import check_buffers_inputs
+
+        self.calls += 1
+        try:
+            check_buffers_inputs(k_buf, v_buf, loc, cache_k, cache_v)
+        except ValueError:
+            raise RuntimeError("checking: refused") from None  # a compiled op's own words
+        if self.fail_with:
+            raise self.fail_with
+        k_buf[loc] = cache_k.reshape(k_buf[loc].shape)
+        v_buf[loc] = cache_v.reshape(v_buf[loc].shape)
+        return "fused"
+
+
+def _checking_pool(writer, check_slots=False):
+    return KVPool(64, 1, torch.bfloat16, 2, 8, 3, "cpu", writer=writer, check_slots=check_slots)
+
+
+def test_a_checking_writer_takes_valid_calls_without_the_pools_python_checks(monkeypatch):
+    import kvprof.pool as pool_mod
+
+    checked = []
+    real = pool_mod.check_write_inputs
+    monkeypatch.setattr(pool_mod, "check_write_inputs", lambda *a: checked.append(1) or real(*a))
+    pool = _checking_pool(_CheckingWriter())
+    k = rows(3)
+    pool.set_kv_buffer(0, torch.tensor([1, 2, 3]), k, k)
+    assert checked == [] and torch.equal(pool.get_key_buffer(0)[1:4], k)
+    assert pool.path_counts == {"fused": 1}
+    # slot checks are the pool's (a device sync): with them on, every check runs in Python
+    slow = _checking_pool(_CheckingWriter(), check_slots=True)
+    slow.set_kv_buffer(0, torch.tensor([1, 2, 3]), k, k)
+    assert checked == [1]
+
+
+@pytest.mark.parametrize(
+    ("loc", "k", "v", "match"),
+    [
+        (torch.tensor([1.0, 2.0]), rows(2), rows(2), "int32 or int64"),
+        ([1, 2], rows(2), rows(2), "must be a tensor"),
+        (torch.tensor([1, 2, 3]), rows(2), rows(3), "cache_k has 2 tokens but loc has 3"),
+        (torch.tensor([1, 2]), rows(2, heads=3), rows(2), r"cache_k rows have shape \(3, 8\)"),
+        (torch.tensor([1, 2]), rows(2), rows(2, dtype=torch.float16), "cache_k is torch.bfloat16 but cache_v"),
+    ],
+)
+def test_a_refusal_by_a_checking_writer_gets_the_pools_words(loc, k, v, match):
+    pool = _checking_pool(_CheckingWriter())
+    with pytest.raises(ValueError, match=match):
+        pool.set_kv_buffer(0, loc, k, v)
+    assert not pool.get_key_buffer(0).any()
+
+
+def test_a_checking_writers_own_error_on_valid_input_is_kept():
+    pool = _checking_pool(_CheckingWriter(fail_with=RuntimeError("launch failed: out of resources")))
+    with pytest.raises(RuntimeError, match="launch failed"):
+        pool.set_kv_buffer(0, torch.tensor([1]), rows(1), rows(1))
+    assert not pool.path_counts
+
+
+def test_store_kv_fused_checks_its_triton_path_itself():
+    """On CPU store_kv_fused runs the Triton kernel (interpreter), which checks nothing: the
+    writer checks first, so the pool may skip its own checks and still refuse bad input."""
+    w = create_writer("store_kv_fused")
+    if w.unsupported_reason(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("triton is not importable")
+    assert w.validates_inputs
+    pool = _checking_pool(w)
+    with pytest.raises(ValueError, match="cache_v has 3 tokens but loc has 2"):
+        pool.set_kv_buffer(0, torch.tensor([1, 2]), rows(2), rows(3))
+    with pytest.raises(ValueError, match="cache_k has 2 tokens but loc has 1"):
+        w.write(pool.k_buffer[0], pool.v_buffer[0], torch.tensor([1]), rows(2), rows(2), torch.bfloat16)
+    k = rows(2)
+    pool.set_kv_buffer(0, torch.tensor([4, 5]), k, k)
+    assert torch.equal(pool.get_key_buffer(0)[4:6], k)
+
+
+_GPU_BAD = [
+    (lambda: torch.tensor([1.0, 2.0]), 2, 2, {}, "int32 or int64"),
+    (lambda: torch.tensor([[1, 2]]), 2, 2, {}, "1-D"),
+    (lambda: [1, 2], 2, 2, {}, "must be a tensor"),
+    (lambda: torch.tensor([1, 2, 3]), 2, 3, {}, "cache_k has 2 tokens but loc has 3"),
+    (lambda: torch.tensor([1, 2]), 2, 3, {}, "cache_v has 3 tokens but loc has 2"),
+    (lambda: torch.tensor([1, 2]), 2, 2, {"heads": 4, "dim": 4}, r"cache_k rows have shape \(4, 4\)"),
+    (lambda: torch.tensor([1, 2]), 2, 2, {"v_dtype": torch.float16}, "cache_k is torch.bfloat16 but cache_v"),
+    (lambda: torch.tensor([1, 2]), 2, 2, {"dtype": torch.int32}, "floating point"),
+    (lambda: torch.tensor([1, 2]), 2, 2, {"cpu_rows": True}, "is on cpu, the pool is on cuda"),
+    (lambda: torch.empty(0, dtype=torch.int64), 3, 3, {}, "cache_k has 3 tokens but loc has 0"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["cuda_fused", "store_kv_fused"])
+@pytest.mark.parametrize(("make_loc", "nk", "nv", "opts", "match"), _GPU_BAD)
+def test_compiled_checks_refuse_what_the_pool_refuses(variant, make_loc, nk, nv, opts, match):
+    """The fast path on a GPU: cuda_fused's C++ checks refuse every call the pool's Python
+    checks refuse, before launching, and the pool words the error the same way."""
+    w = create_writer(variant)
+    pool = KVPool(64, 1, torch.bfloat16, 2, 8, 1, "cuda", writer=w, check_slots=False)
+    good = rows(1).cuda()
+    pool.set_kv_buffer(0, torch.tensor([9]).cuda(), good, good)  # plans cached: the op's own path
+    pool.k_buffer[0].zero_()
+    pool.v_buffer[0].zero_()
+    dtype = opts.get("dtype", torch.bfloat16)
+    k = rows(nk, heads=opts.get("heads", 2), dim=opts.get("dim", 8)).to(dtype)
+    v = rows(nv).to(opts.get("v_dtype", dtype))
+    loc = make_loc()
+    if not opts.get("cpu_rows"):
+        k, v = k.cuda(), v.cuda()
+    if isinstance(loc, torch.Tensor):
+        loc = loc.cuda()
+    with pytest.raises(ValueError, match=match):
+        pool.set_kv_buffer(0, loc, k, v)
+    torch.cuda.synchronize()
+    assert not pool.k_buffer[0].any() and not pool.v_buffer[0].any()
+
+
+@pytest.mark.gpu
+def test_compiled_op_refuses_shapes_the_pool_refuses_directly():
+    """The op itself (no pool): rows of the right element count but another head shape, and
+    tensors on two devices' worth of checks, are refused in C++."""
+    from kvprof.writers.cuda_fused import load_extension
+
+    ext, error = load_extension()
+    assert ext is not None, error
+    buf = torch.zeros(16, 2, 8, dtype=torch.bfloat16, device="cuda")
+    loc = torch.tensor([1, 2], device="cuda")
+    odd = torch.ones(2, 4, 4, dtype=torch.bfloat16, device="cuda")  # 16 elements, not (2, 8)
+    with pytest.raises(RuntimeError, match="must be \\[tokens, heads, dim\\]"):
+        ext.store_kv(buf, buf.clone(), loc, odd, odd, 1.0, 1.0, 1)
+    flat = torch.ones(2, 16, dtype=torch.bfloat16, device="cuda")
+    ext.store_kv(buf, buf.clone(), loc, flat, flat, 1.0, 1.0, 1)  # [tokens, heads * dim] is fine
+    torch.cuda.synchronize()
+    assert buf[1:3].eq(1).all()

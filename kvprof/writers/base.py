@@ -55,6 +55,10 @@ class KVWriter(abc.ABC):
     description: str = ""
     fused: bool = False
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # True: ``write`` refuses, before any kernel runs, every call that
+    # ``kvprof.validation.check_write_inputs`` refuses (compiled checks cost nanoseconds), so
+    # the pool skips its Python checks on the hot path and runs them only to word an error.
+    validates_inputs: bool = False
 
     def info(self) -> WriterInfo:
         return WriterInfo(self.name, self.description, self.fused, self.devices)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from kvprof.validation import check_buffers_inputs
 from kvprof.writers.base import FUSED, KVWriter
 from kvprof.writers.triton_fused import KINDS, _inverse
 
@@ -162,6 +163,7 @@ class CudaFusedWriter(KVWriter):
     description = "kvprof's fused CUDA C++ store (pybind op): one launch for K and V, dtype conversion in-kernel"
     fused = True
     devices = ("cuda",)
+    validates_inputs = True  # store_kv.cpp checks what the pool checks, before launching
 
     def __init__(self, pdl: bool | None = None, config: CudaConfig | dict[str, int] | None = None,
                  hw_fp8: bool = True) -> None:
@@ -227,6 +229,7 @@ class CudaFusedWriter(KVWriter):
         plan = self._plans.get((cache_k.dtype, dtype, k_scale, v_scale))
         if plan is None:
             if not loc.shape[0]:
+                check_buffers_inputs(k_buf, v_buf, loc, cache_k, cache_v)  # what the op would check
                 return FUSED  # nothing to launch, on any device (no op needed)
             plan = self._plan(cache_k.dtype, dtype, k_scale, v_scale)
         op, flags, k_inv, v_inv = plan

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kvprof.validation import check_buffers_inputs
 from kvprof.writers.base import KVWriter
 from kvprof.writers.cuda_fused import CudaFusedWriter
 from kvprof.writers.triton_fused import TritonFusedWriter
@@ -32,6 +33,9 @@ class StoreKVFusedWriter(KVWriter):
                    "CUDA-graph capture; Triton alone where no compiler")
     fused = True
     devices = ("cpu", "cuda")
+    # the compiled op checks its calls; the Triton path (captured, or no compiler) is checked
+    # here in Python first, where host time is paid once at capture or is Triton's anyway
+    validates_inputs = True
 
     def __init__(self) -> None:
         self.triton = TritonFusedWriter()
@@ -80,6 +84,8 @@ class StoreKVFusedWriter(KVWriter):
             writer = self.triton if self.kernel_for(loc.device, True) == self.triton.name else self.cuda
         else:
             writer = self._eager.get(loc.get_device()) or self._eager_writer(loc.device)
+        if writer is self.triton:
+            cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, cache_k, cache_v)
         return writer.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
 

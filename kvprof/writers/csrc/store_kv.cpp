@@ -75,6 +75,17 @@ int64_t row_elems(const at::Tensor& t) {
   return n;
 }
 
+// Whether an input's rows have the cache's row shape: the same dims after dim 0, or one dim
+// of the same number of elements.
+bool rows_like_cache(const at::Tensor& in, const at::Tensor& cache) {
+  if (in.dim() == 2) return in.size(1) == row_elems(cache);
+  if (in.dim() != cache.dim()) return false;
+  for (int64_t d = 1; d < in.dim(); ++d) {
+    if (in.size(d) != cache.size(d)) return false;
+  }
+  return true;
+}
+
 // Whether everything after dim 0 is one contiguous row (dim 0 may have any stride).
 bool rows_contiguous(const at::Tensor& t) {
   int64_t expect = 1;
@@ -98,7 +109,6 @@ bool rows_contiguous(const at::Tensor& t) {
 void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor& loc, const at::Tensor& k_in,
               const at::Tensor& v_in, double k_inv, double v_inv, int64_t flags) {
   const int64_t tokens = loc.dim() == 1 ? loc.size(0) : -1;
-  if (tokens == 0) return;  // launch nothing
   const int64_t out_kind = flags & 7;
   const bool k_scaled = (flags >> 3) & 1, v_scaled = (flags >> 4) & 1;
   const bool hw_fp8 = (flags >> 6) & 1, pdl_auto = (flags >> 7) & 1;
@@ -107,12 +117,20 @@ void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor
   const int64_t blocks_per_sm = forced_shape ? (flags >> 12) & 255 : kDefaultBlocksPerSm;
   TORCH_CHECK(k_out.is_cuda() && v_out.is_cuda() && loc.is_cuda() && k_in.is_cuda() && v_in.is_cuda(),
               "cuda_fused: all tensors must be CUDA tensors");
+  const int device = k_out.get_device();
+  TORCH_CHECK(v_out.get_device() == device && loc.get_device() == device && k_in.get_device() == device &&
+                  v_in.get_device() == device,
+              "cuda_fused: all tensors must be on one device");
   TORCH_CHECK(loc.dim() == 1 && (loc.scalar_type() == at::kInt || loc.scalar_type() == at::kLong),
               "cuda_fused: loc must be a 1-D int32 or int64 tensor");
   TORCH_CHECK(loc.stride(0) == 1 || tokens == 1, "cuda_fused: loc must be contiguous");
   TORCH_CHECK(k_out.is_contiguous() && v_out.is_contiguous(), "cuda_fused: cache buffers must be contiguous");
   TORCH_CHECK(k_in.dim() >= 2 && v_in.dim() >= 2 && k_in.size(0) == tokens && v_in.size(0) == tokens,
               "cuda_fused: k/v inputs must be [tokens, ...]");
+  // Exactly the pool's row shapes ([tokens, heads, dim] or [tokens, heads * dim]), so that the
+  // pool can leave its Python checks to this op (KVWriter.validates_inputs).
+  TORCH_CHECK(rows_like_cache(k_in, k_out) && rows_like_cache(v_in, v_out),
+              "cuda_fused: k/v inputs must be [tokens, heads, dim] or [tokens, heads * dim] of the cache's rows");
   TORCH_CHECK(rows_contiguous(k_in) && rows_contiguous(v_in), "cuda_fused: input rows must be contiguous");
   TORCH_CHECK(k_in.scalar_type() == v_in.scalar_type(), "cuda_fused: k and v inputs differ in dtype");
   TORCH_CHECK(k_out.scalar_type() == v_out.scalar_type(), "cuda_fused: k and v buffers differ in dtype");
@@ -130,6 +148,7 @@ void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor
   const int in_bytes = elem_bytes(in_kind);
   const bool copy = in_kind == out_kind;
   TORCH_CHECK(!copy || in_bytes == out_bytes, "cuda_fused: internal error (copy of different widths)");
+  if (tokens == 0) return;  // every check passed: launch nothing
 
   const void* kp = k_in.data_ptr();
   const void* vp = v_in.data_ptr();
@@ -157,7 +176,6 @@ void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor
     }
   }
 
-  const int device = k_out.get_device();
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const DeviceFacts& facts = device_facts(device);
   const bool pdl = pdl_auto ? facts.major >= 9 : ((flags >> 5) & 1) != 0;

@@ -1,0 +1,88 @@
+"""The checks a write's inputs pass before any kernel runs, as one function.
+
+Why a module of its own: the pool runs these on every write, except for a writer that
+checks the same things itself in compiled code (``KVWriter.validates_inputs``), where they
+cost nanoseconds instead of a few µs of Python on the eager launch path whose host time
+kvprof reports; the pool then runs them only to word the error of a call the writer
+refused. A writer whose kernel cannot check (a Triton launch inside CUDA-graph capture)
+calls them itself. One function, so every path refuses the same calls with the same words.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvprof.dtypes import FP8_DTYPES
+
+FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, *FP8_DTYPES)
+
+
+def check_write_inputs(
+    loc: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    head_num: int,
+    head_dim: int,
+    v_head_dim: int,
+    device: torch.device,
+    device_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raise ``ValueError`` (one line) for anything but 1-D int32/int64 slots and K/V rows of
+    ``[tokens, head_num, head_dim]`` (or ``[tokens, head_num * head_dim]``) floats of one dtype,
+    all on ``device`` (``device_index``: its CUDA index, -1 for any other device). Returns the
+    rows as ``[tokens, heads, dim]`` with contiguous rows, copying only where needed. Slot
+    values are the caller's (a device sync)."""
+    # Ordered and written so that the common, valid call costs about a dozen attribute
+    # reads (identity tests, one shape read per tensor, integer device ids instead of
+    # torch.device objects): on the H200's host each Python-level read costs ~0.1-0.2 µs.
+    if not isinstance(loc, torch.Tensor):
+        raise ValueError(f"loc must be a tensor of slot indices, got {type(loc).__name__}")
+    loc_dtype = loc.dtype
+    if loc_dtype is not torch.int64 and loc_dtype is not torch.int32:
+        raise ValueError(f"loc must be an int32 or int64 tensor, got {loc_dtype}")
+    loc_shape = loc.shape
+    if len(loc_shape) != 1:
+        raise ValueError(f"loc must be 1-D, got shape {tuple(loc_shape)}")
+    if not isinstance(cache_k, torch.Tensor) or not isinstance(cache_v, torch.Tensor):
+        raise ValueError("cache_k and cache_v must be tensors")
+    # get_device() is -1 for every non-CUDA device: those compare device objects
+    if (device_index < 0 or loc.get_device() != device_index or cache_k.get_device() != device_index
+            or cache_v.get_device() != device_index):
+        for name, t in (("loc", loc), ("cache_k", cache_k), ("cache_v", cache_v)):
+            if t.device != device:
+                raise ValueError(f"{name} is on {t.device}, the pool is on {device}")
+    k_dtype = cache_k.dtype
+    if k_dtype is not cache_v.dtype:
+        raise ValueError(f"cache_k is {k_dtype} but cache_v is {cache_v.dtype}")
+    if k_dtype not in FLOAT_INPUTS:
+        raise ValueError(f"cache_k/cache_v must be floating point, got {k_dtype}")
+    tokens = loc_shape[0]
+    if cache_k.shape != (tokens, head_num, head_dim) or not cache_k.is_contiguous():
+        cache_k = _rows(cache_k, "cache_k", tokens, head_num, head_dim)
+    if cache_v.shape != (tokens, head_num, v_head_dim) or not cache_v.is_contiguous():
+        cache_v = _rows(cache_v, "cache_v", tokens, head_num, v_head_dim)
+    return cache_k, cache_v
+
+
+def check_buffers_inputs(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, cache_k: torch.Tensor,
+                         cache_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`check_write_inputs` with the expectations read off a pool's ``[rows, heads,
+    dim]`` buffers, for writers that check their own calls (off the hot path)."""
+    index = k_buf.get_device()
+    return check_write_inputs(loc, cache_k, cache_v, k_buf.shape[1], k_buf.shape[2], v_buf.shape[2],
+                              k_buf.device, index)
+
+
+def _rows(t: torch.Tensor, name: str, tokens: int, head_num: int, dim: int) -> torch.Tensor:
+    shape = t.shape
+    if len(shape) == 3 and shape[0] == tokens and shape[1] == head_num and shape[2] == dim:
+        if t.is_contiguous() or (t.stride(2) == 1 and t.stride(1) == dim):
+            return t  # the common case: no new tensor object
+        return t.contiguous()
+    if len(shape) == 0 or shape[0] != tokens:
+        got = shape[0] if len(shape) else "a scalar"
+        raise ValueError(f"{name} has {got} tokens but loc has {tokens}")
+    if tuple(shape[1:]) not in ((head_num, dim), (head_num * dim,)):
+        raise ValueError(f"{name} rows have shape {tuple(shape[1:])}, expected ({head_num}, {dim})")
+    t = t.reshape(tokens, head_num, dim)
+    return t if t.stride(2) == 1 and t.stride(1) == dim else t.contiguous()
