@@ -2,7 +2,7 @@
 # Everything kvprof needs a GPU for, in one call on the lent H200:
 #   bash ../shared/tools/gpu-carry.sh orjson==3.13.0      # here, once: fills .gpu/
 #   device run (carry .gpu):  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env tests tune floor facts capture bench. Results go to $OUT (the device
+# Steps (default: env capture bench tests): env tests tune floor ablation facts capture bench. Results go to $OUT (the device
 # tool brings them back); logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -13,6 +13,10 @@ steps=${*:-env capture bench tests}
 export KVPROF_TEST_SECRET=kvprof-planted-9c41e7d2b85a
 export HF_TOKEN=hf_kvprofPlantedTokenValue0123456789
 export KVPROF_CACHE_DIR=${KVPROF_CACHE_DIR:-/tmp/kvprof-cache}
+# sgl-kernel's own store kernels, extracted here by gpu/extract_sgl_cubin.py into .gpu/sgl
+if [ -z "${KVPROF_SGL_CUBIN:-}" ] && [ -f .gpu/sgl/store_kv_cache.sm_90.cubin ]; then
+  export KVPROF_SGL_CUBIN=$PWD/.gpu/sgl/store_kv_cache.sm_90.cubin
+fi
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 for step in $steps; do
@@ -36,6 +40,11 @@ PY
     stamp tune
     # TUNE_PARTS / TUNE_SHAPES / TUNE_DTYPES / TUNE_TOKENS run a subset (gpu/tune_fused.py)
     timeout ${TUNE_TIMEOUT:-300} python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
+    ;;
+  ablation)
+    stamp ablation
+    # the fp8 write at the latency floor with one part of its conversion left out at a time
+    timeout ${ABLATION_TIMEOUT:-150} python3 gpu/fp8_ablation.py 2>&1 | tee "$OUT/fp8-ablation.txt"
     ;;
   floor)
     stamp floor

@@ -85,6 +85,8 @@ def _bench_sweep(ctx: Context) -> None:
                                              if rate else {}))
             if lim.get("empty_kernel_us"):
                 hlines[f"empty kernel node {lim['empty_kernel_us']:.2f} µs"] = float(lim["empty_kernel_us"])
+            if lim.get("empty_pdl_kernel_us"):  # the floor of writes launched with PDL
+                hlines[f"empty PDL kernel node {lim['empty_pdl_kernel_us']:.2f} µs"] = float(lim["empty_pdl_kernel_us"])
         target = sel.dropna(subset=["target_us"]).groupby("tokens", as_index=False)["target_us"].first()
         if len(target):  # kvprof bench's target for the fused writes: 1.2 µs + bytes / (0.9 x copy rate)
             floors.append(pd.DataFrame({"line": "target for fused writes", "tokens": target["tokens"],

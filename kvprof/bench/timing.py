@@ -128,6 +128,15 @@ def empty_node_us(device: torch.device, nodes: int = 200, replays: int = 100) ->
     except Exception as exc:  # no triton: the fill_ node still gives a floor  # noqa: BLE001
         out["empty_kernel_us"] = None
         out["empty_kernel_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # type: ignore[assignment]
+    if torch.cuda.get_device_capability(device)[0] >= 9:  # the floor of writes launched with PDL
+        try:
+            from kvprof.bench.empty_kernel import launch_empty_pdl
+
+            out["empty_pdl_kernel_us"] = time_graph(lambda: [launch_empty_pdl() for _ in range(nodes)], nodes,
+                                                    replays).median_us
+        except Exception as exc:  # noqa: BLE001  (a triton without launch_pdl)
+            out["empty_pdl_kernel_us"] = None
+            out["empty_pdl_kernel_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # type: ignore[assignment]
     x = torch.zeros(1, device=device)
     out["fill_node_us"] = time_graph(lambda: [x.fill_(1.0) for _ in range(nodes)], nodes, replays).median_us
     return out

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Where the fp8 write's extra time goes at the latency floor: the same kernel with one
+part of the conversion left out at a time, beside the bf16 copy, timed as the bench times.
+
+    cd <repo> && OUT=/tmp/out python gpu/fp8_ablation.py      # ~1 minute, JSON to $OUT/fp8-ablation.json
+
+Why it exists: at 1-8 tokens an fp8 cache written from bf16 (scale 0.5, in the same launch)
+has been 0.01-0.03 µs slower than the bf16 write at some row shapes, every run. The
+conversion is bf16 -> fp32, a multiply by the inverse scale, the paired hardware cast
+(``cvt.rn.satfinite.e4m3x2.f32``) and a fix-up to torch 2.11's overflow-to-NaN rule. This
+launches ``_store_kv_kernel`` directly with its compile-time MODE changed, so each row
+isolates one part:
+
+* ``bf16 copy``: the bf16 cache (the reference), with its own launch shape and with the fp8
+  table's launch shape (does the shape, not the conversion, make the difference?);
+* ``fp8``: the writer's kernel as it runs (bitwise torch's);
+* ``fp8, no fix-up``: the saturating rule torch >= 2.12 follows (not torch 2.11's bits);
+* ``fp8, no scale``: no multiply (a scale of 1: the cast alone);
+* ``fp8, bf16's shape``: the fp8 kernel with the bf16 table's launch shape.
+
+Each is timed over the bench's case (``_Case``: 256 MB pool, random slots, W writes per
+graph) for ``ABL_CAPTURES`` graph captures (default 3), interleaved, median of 100 replays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+
+POINTS = [(8, 128, 1), (8, 128, 8), (32, 128, 1), (1, 128, 1), (1, 128, 64)]
+CAPTURES = int(os.environ.get("ABL_CAPTURES", "3"))
+
+
+def main() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fp8_ablation.py needs a CUDA GPU")
+        raise SystemExit(1)
+    import triton
+
+    from kvprof.bench.run import BenchPoint, _Case
+    from kvprof.bench.timing import time_graph
+    from kvprof.writers import triton_fused as tf
+
+    t0 = time.perf_counter()
+    device = torch.device("cuda")
+    sat = tf.e4m3_saturates()
+    print(f"torch {torch.__version__}: e4m3 overflow {'saturates' if sat else 'is NaN (fix-up on)'}")
+    out: dict[str, dict[str, list[float]]] = {}
+    for heads, dim, tokens in POINTS:
+        fp8_case = _Case(BenchPoint(heads, dim, "fp8_e4m3", "bf16", tokens), device, 256 << 20, seed=tokens)
+        bf_case = _Case(BenchPoint(heads, dim, "bf16", "bf16", tokens), device, 256 << 20, seed=tokens)
+        rk = heads * dim
+        bk = triton.next_power_of_2(rk)
+        row_bytes = 2 * rk * 2
+        cfg_bf = tf.pick_config(row_bytes, tokens)
+        cfg_fp8 = tf.pick_config(row_bytes, tokens, fp8=True)
+        pdl = 1 << 11
+        bf_mode = tf.KINDS[torch.bfloat16] | tf.KINDS[torch.bfloat16] << 3 | 1 << 8 | pdl
+        fp8_base = tf.KINDS[torch.bfloat16] | tf.KINDS[torch.float8_e4m3fn] << 3 | 1 << 8 | pdl | int(sat) << 9
+        scaled = 1 << 6 | 1 << 7 | 1 << 13  # both scaled, power-of-two inverse (0.5 -> 2.0)
+        rows = [
+            ("bf16 copy", bf_case, bf_mode, cfg_bf, 1.0),
+            ("bf16 copy, fp8's shape", bf_case, bf_mode, cfg_fp8, 1.0),
+            ("fp8", fp8_case, fp8_base | scaled, cfg_fp8, 2.0),
+            ("fp8, no fix-up", fp8_case, fp8_base | scaled | 1 << 9, cfg_fp8, 2.0),
+            ("fp8, no scale", fp8_case, fp8_base, cfg_fp8, 1.0),
+            ("fp8, bf16's shape", fp8_case, fp8_base | scaled, cfg_bf, 2.0),
+        ]
+        pools = {}
+        for label, case, mode, cfg, inv in rows:
+            pool = case.pool("triton_fused", tf.TritonFusedWriter())
+            k_buf, v_buf = pool.k_buffer[0], pool.v_buffer[0]
+            split = min(cfg.split, bk)
+            grid = (triton.cdiv(tokens, cfg.block_t), split)
+
+            def step(case=case, k_buf=k_buf, v_buf=v_buf, mode=mode, cfg=cfg, inv=inv, grid=grid, split=split) -> None:
+                for loc in case.locs:
+                    tf._store_kv_kernel[grid](
+                        k_buf, v_buf, loc, case.k, case.v, inv, inv, tokens, k_buf.shape[0], rk, rk,
+                        RK=rk, RV=rk, BLOCK_K=bk, BLOCK_V=bk, BLOCK_T=cfg.block_t, SPLIT=split, MODE=mode,
+                        num_warps=cfg.num_warps, launch_pdl=True)
+
+            pools[label] = (pool, step, case.writes, f"{cfg.block_t}/{cfg.num_warps}/{split}")
+        for _ in range(CAPTURES):
+            for label, (pool, step, writes, shape) in pools.items():
+                key = f"{heads}x{dim} {tokens:>2} tok  {label} [{shape}]"
+                out.setdefault(key, {"median": [], "iqr": []})
+                t = time_graph(step, writes, 100)
+                out[key]["median"].append(round(t.median_us, 4))
+                out[key]["iqr"].append(round(t.spread_us, 4))
+        # the writer's own fp8 write must be the "fp8" row's kernel: check it is torch's bits
+        bad = fp8_case.check(tf.TritonFusedWriter())
+        print(f"{heads}x{dim} {tokens} tok: writer's fp8 write {'bitwise index_put' if bad is None else bad}")
+        del pools, fp8_case, bf_case
+        torch.cuda.empty_cache()
+    print(f"{'point / kernel [block_t/warps/split]':<62} {'median':>8} {'min':>7} {'max':>7} {'IQR':>6}")
+    for key, runs in out.items():
+        m = runs["median"]
+        print(f"{key:<62} {statistics.median(m):8.3f} {min(m):7.3f} {max(m):7.3f} {statistics.median(runs['iqr']):6.3f}")
+    dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu"))
+    dest.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(dest / "fp8-ablation.json", json.dumps(
+        {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "e4m3_saturates": sat,
+         "captures": CAPTURES, "points": out, "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
+    print(f"wrote {dest / 'fp8-ablation.json'} ({time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
