@@ -22,7 +22,9 @@ with no launch, the launch with and without programmatic dependent launch), once
 process free to migrate between cores and once pinned to one core.
 
 Environment: ``TUNE_PARTS`` (default ``host,tune``), ``TUNE_SHAPES`` (``1x128,8x128``),
-``TUNE_DTYPES`` (``bf16,fp8_e4m3``) and ``TUNE_TOKENS`` (``1,8,64``) run a subset.
+``TUNE_DTYPES`` (``bf16,fp8_e4m3``) and ``TUNE_TOKENS`` (``1,8,64``) run a subset;
+``TUNE_CAPTURES`` (default 1) times each candidate over that many graph captures and keeps
+the median (the first measurement of a process reads low: docs/gpu/floor-modes.txt).
 """
 
 from __future__ import annotations
@@ -103,9 +105,14 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
 
 
+CAPTURES = int(os.environ.get("TUNE_CAPTURES", "1"))  # graph captures per candidate, median taken
+
+
 def candidates(rk: int, tokens: int, fp8: bool = False) -> list[tuple[int, int, int]]:
+    """The launch shapes to time. The few-token shapes of FP8_EXTRA (4 elements per thread)
+    are tried for every dtype: gpu/fp8_ablation.py found them faster for bf16 copies too."""
     out: list[tuple[int, int, int]] = []
-    for table in (CANDIDATES, FP8_EXTRA) if fp8 else (CANDIDATES,):
+    for table in (CANDIDATES, FP8_EXTRA):
         for bound, cands in table.get(rk, []):
             if tokens <= bound:
                 out += [c for c in cands if c not in out]
@@ -187,9 +194,11 @@ def tune(results: list[dict]) -> None:
                             for loc in case.locs:
                                 pool.set_kv_buffer(0, loc, case.k, case.v, case.scale, case.scale)
 
-                        t = time_graph(step, case.writes, 100)
-                        rec["candidates"].append({"config": label, "us": round(t.median_us, 3),
-                                                  "iqr": round(t.spread_us, 3)})
+                        ts = [time_graph(step, case.writes, 100) for _ in range(CAPTURES)]
+                        med = statistics.median(t.median_us for t in ts)
+                        rec["candidates"].append({"config": label, "us": round(med, 3),
+                                                  "iqr": round(statistics.median(t.spread_us for t in ts), 3),
+                                                  "captures": [round(t.median_us, 3) for t in ts]})
                         del pool
                     except Exception as exc:  # noqa: BLE001  one bad candidate must not lose the run
                         rec["candidates"].append({"config": label, "error": str(exc).splitlines()[0][:160]})

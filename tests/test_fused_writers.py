@@ -301,8 +301,10 @@ def test_triton_fused_reasons(monkeypatch):
 
 
 def test_triton_config_table():
-    assert tf.pick_config(512, 1).block_t == 1
-    assert tf.pick_config(512, 32768).block_t > 1
+    # a 1x128 bf16 row at one token: 4 tokens x 4 warps (4 elements per thread, 3 tokens masked)
+    assert tf.pick_config(512, 1) == tf.TritonConfig(4, 4)
+    assert tf.pick_config(512, 32768).block_t > tf.pick_config(512, 1).block_t
+    assert tf.pick_config(4 * 4096, 1) == tf.pick_config(4 * 4096, 1, fp8=True) == tf.TritonConfig(1, 8, 4)
     cfg = tf.TritonConfig(8, 4)
     assert tf.TritonFusedWriter(config={"block_t": 8, "num_warps": 4}).config == cfg
     assert cfg.split == 1 and tf.TritonConfig(1, 1, 8).split == 8
@@ -313,8 +315,11 @@ def test_triton_config_table():
 
 
 def test_pow2_shortcut_only_for_exact_powers_of_two():
-    assert all(tf._pow2_exact(x) for x in (1.0, 0.5, 2.0, 2.0**-126, 2.0**127, 2.0**-149))
+    assert all(tf._pow2_exact(x) for x in (1.0, 0.5, 2.0, 2.0**-99, 2.0**99))
     assert not any(tf._pow2_exact(x) for x in (0.0, 3.0, 0.37, float("inf"), float("nan"), 1.0000001))
+    # extreme powers of two take the round trip: 464 / inv must stay a normal bf16 for the
+    # packed fp8 fix-up's overflow bound
+    assert not any(tf._pow2_exact(x) for x in (2.0**-126, 2.0**127, 2.0**-149))
 
 
 @needs_interpreter
@@ -612,3 +617,30 @@ def test_gpu_nan_inputs_stay_nan():
 def test_gpu_test_list_is_consistent():
     assert all(n in ("triton_fused", "cuda_fused", "store_kv_fused") for n, _ in GPU_WRITERS)
     assert not math.isnan(tf._inverse(0.5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [None, 0.5, 2.0, 7.3, 1 / 448])
+@pytest.mark.parametrize("heads,dim,tokens", [(8, 128, 1), (32, 128, 8), (1, 128, 4096)])
+def test_gpu_packed_fp8_fixup_is_on_and_gives_tritons_bits(scale, heads, dim, tokens):
+    """bf16 -> e4m3fn under torch 2.11's rule takes the packed fix-up by default
+    (MODE bit 14); Triton's per-element fix-up (packed_fp8=False) writes the same bytes, and
+    both match index_put, including overflow (|x| * inv > 464) of either sign."""
+    if tf.triton is None or tf._interpreted():
+        pytest.skip("needs TRITON_INTERPRET=0")
+    g = torch.Generator().manual_seed(tokens)
+    k = (torch.randn(tokens, heads, dim, generator=g) * 300).to(torch.bfloat16).cuda()
+    k.view(-1)[:8] = torch.tensor([464, -464, 465, -470, 928, -1e4, 232, -233], dtype=torch.bfloat16)
+    loc = (torch.randperm(8191, generator=g)[:tokens] + 1).cuda()
+    outs = []
+    for packed in (True, False):
+        w = tf.TritonFusedWriter(packed_fp8=packed)
+        k_buf = torch.zeros(8192, heads, dim, dtype=torch.uint8, device="cuda")
+        v_buf = torch.zeros_like(k_buf)
+        w.write(k_buf, v_buf, loc, k, k, torch.float8_e4m3fn, scale, scale)
+        (plan,) = w._plans.values()
+        assert bool(plan[6] & 1 << 14) == (packed and not tf.e4m3_saturates())
+        outs.append(k_buf[loc])
+    ref = convert_for_cache(k, torch.float8_e4m3fn, scale)
+    assert_same_bits(ref, outs[0], torch.float8_e4m3fn, f"packed scale={scale}")
+    assert torch.equal(outs[0], outs[1])

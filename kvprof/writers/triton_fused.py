@@ -98,16 +98,19 @@ class TritonConfig:
 # then more tokens per program as the write grows; 4 KB rows (8x128, 4x256) one or two
 # tokens per program with 4 warps; 16 KB rows (32x128) split into column chunks for up to 64
 # tokens (one program per chunk: 0.90 -> 0.71 us at 1 token), then 16 warps per token.
+# Few tokens (gpu/fp8_ablation.py, docs/gpu/fp8-ablation-*.txt, interleaved, same allocation):
+# the fp8 table's 4-elements-per-thread shapes are faster for the copy too: 1x128 x 1 token
+# (4 tokens, 4 warps) 0.678 -> 0.651 us, x 64 0.710 -> 0.692; 32x128 x 1 (8 warps, split 4)
+# 0.721 -> 0.707.
 TRITON_TABLE: list[tuple[int, int, TritonConfig]] = [
-    (1024, 8, TritonConfig(1, 1)),
-    (1024, 64, TritonConfig(4, 2)),
+    (1024, 64, TritonConfig(4, 4)),
     (1024, 512, TritonConfig(4, 1)),
     (1024, 4096, TritonConfig(8, 2)),
     (1024, 1 << 62, TritonConfig(16, 4)),
     (8192, 512, TritonConfig(1, 4)),
     (8192, 4096, TritonConfig(2, 4)),
     (8192, 1 << 62, TritonConfig(1, 4)),
-    (1 << 62, 1, TritonConfig(1, 2, 4)),
+    (1 << 62, 1, TritonConfig(1, 8, 4)),
     (1 << 62, 8, TritonConfig(1, 4, 2)),
     (1 << 62, 64, TritonConfig(1, 2, 4)),
     (1 << 62, 1 << 62, TritonConfig(1, 16)),
@@ -123,7 +126,7 @@ TRITON_TABLE_FP8: list[tuple[int, int, TritonConfig]] = [
     (1024, 4096, TritonConfig(8, 4)),
     (1024, 1 << 62, TritonConfig(32, 8)),
     (8192, 1, TritonConfig(1, 8)),
-    (8192, 8, TritonConfig(1, 2, 4)),
+    (8192, 8, TritonConfig(1, 4)),
     (8192, 64, TritonConfig(1, 8)),
     (8192, 512, TritonConfig(1, 4)),
     (8192, 4096, TritonConfig(2, 8)),
@@ -318,14 +321,82 @@ if triton is not None:
             r = code.to(tl.uint8)
         return r
 
+    # bf16 -> e4m3fn, four elements per instance: widen, multiply (MUL), the paired satfinite
+    # cast, and torch 2.11's overflow rule as one packed integer test per bf16 pair:
+    # ((w & 0x7fff7fff) + $7) sets bit 15/31 where |x| > T ($7 = (0x7fff - T) * 0x10001: no
+    # carry between the halves), a byte permute gathers those bits and one OR turns each
+    # flagged 0x7E|s into 0x7F|s (NaN). Triton's own fix-up spends a compare, a select and
+    # byte merges per element (docs/benchmarks.md: it was the fp8 write's whole extra time at
+    # one token). $3: the inverse scale's fp32 bits.
+    _E4M3_BODY = """
+        .reg .b32 a0, a1, a2, a3, m0, m1, q;
+        .reg .f32 f0, f1, f2, f3, fi;
+        .reg .b16 h0, h1;
+        shl.b32 a0, $1, 16;
+        and.b32 a1, $1, 0xffff0000;
+        shl.b32 a2, $2, 16;
+        and.b32 a3, $2, 0xffff0000;
+        mov.b32 f0, a0;
+        mov.b32 f1, a1;
+        mov.b32 f2, a2;
+        mov.b32 f3, a3;
+        {MUL}
+        cvt.rn.satfinite.e4m3x2.f32 h0, f1, f0;
+        cvt.rn.satfinite.e4m3x2.f32 h1, f3, f2;
+        mov.b32 q, {h0, h1};
+        and.b32 m0, $1, 0x7fff7fff;
+        add.u32 m0, m0, $7;
+        and.b32 m1, $2, 0x7fff7fff;
+        add.u32 m1, m1, $7;
+        prmt.b32 m0, m0, m1, 0x7531;
+        shr.b32 m0, m0, 7;
+        and.b32 m0, m0, 0x01010101;
+        or.b32 $0, q, m0;
+    """
+    _E4M3_MUL = """mov.b32 fi, $3;
+        mul.rn.f32 f0, f0, fi;
+        mul.rn.f32 f1, f1, fi;
+        mul.rn.f32 f2, f2, fi;
+        mul.rn.f32 f3, f3, fi;"""
+    _E4M3_ASM_MUL: tl.constexpr = tl.constexpr("{" + _E4M3_BODY.replace("{MUL}", _E4M3_MUL) + "}")
+    _E4M3_ASM: tl.constexpr = tl.constexpr("{" + _E4M3_BODY.replace("{MUL}", "") + "}")
+
+    @triton.jit
+    def _bf16_to_e4m3_packed(bits, inv, thr, MUL: tl.constexpr):
+        """bf16 bits (int16) -> e4m3fn bytes of ``bf16(x) * inv`` (MUL; exact: a power of two)
+        or of ``x``, NaN where |x| > ``thr`` (bf16 bits of 464 / inv), as torch 2.11 casts."""
+        zero = tl.zeros(bits.shape, tl.int32)
+        inv_bits = (zero.to(tl.float32) + inv).to(tl.int32, bitcast=True)
+        t2 = zero + (0x7FFF - thr) * 0x10001
+        if MUL:
+            r = tl.inline_asm_elementwise(_E4M3_ASM_MUL, "=r,r,r,r,r,r,r,r,r,r,r", [bits, inv_bits, t2],
+                                          dtype=tl.uint8, is_pure=True, pack=4)
+        else:
+            r = tl.inline_asm_elementwise(_E4M3_ASM, "=r,r,r,r,r,r,r,r,r,r,r", [bits, inv_bits, t2],
+                                          dtype=tl.uint8, is_pure=True, pack=4)
+        return r
+
     @triton.jit
     def _convert(raw, inv, IN: tl.constexpr, OUT: tl.constexpr, SCALED: tl.constexpr, HW: tl.constexpr,
-                 SAT: tl.constexpr, FP8_INT: tl.constexpr = 0, POW2: tl.constexpr = 0):
+                 SAT: tl.constexpr, FP8_INT: tl.constexpr = 0, POW2: tl.constexpr = 0, PACKED: tl.constexpr = 0):
         """Input rows (raw storage bits) -> cache storage bits:
         ``(x.float() * inv).to(x.dtype).to(cache_dtype)``, or ``x.to(cache_dtype)``.
         POW2: ``inv`` is a power of two and the input bf16/fp32, so the round trip through
-        the input dtype is exact and skipped (see ``_pow2_exact``)."""
-        if HW:
+        the input dtype is exact and skipped (see ``_pow2_exact``). PACKED: bf16 -> e4m3fn
+        under torch 2.11's rule through ``_bf16_to_e4m3_packed`` (>= 4 elements per thread)."""
+        if HW and PACKED and IN == BF16 and OUT == E4M3 and SAT == 0 and FP8_INT == 0:
+            if SCALED and POW2 == 0:  # round to bf16 first (the reference's .to(x.dtype)), then cast
+                y = _hw_narrow(_hw_widen(raw, IN, FP8_INT) * inv, IN, SAT, FP8_INT)
+                r = _bf16_to_e4m3_packed(y, 1.0, 0x43E8, 0)
+            elif SCALED:  # x * inv is exact: the test moves onto x, against 464 / inv (exact too)
+                # inv = 2^e: 464 / inv = 1.8125 * 2^(8 - e), bf16 bits ((135 - e) << 7) | 0x68,
+                # with e + 127 the exponent field of inv (integer ops, no division)
+                e_field = (inv.to(tl.int32, bitcast=True) >> 23) & 0xFF
+                thr = ((262 - e_field) << 7) | 0x68
+                r = _bf16_to_e4m3_packed(raw, inv, thr, 1)
+            else:
+                r = _bf16_to_e4m3_packed(raw, 1.0, 0x43E8, 0)
+        elif HW:
             x = _hw_widen(raw, IN, FP8_INT)
             if SCALED:
                 x = x * inv
@@ -370,6 +441,7 @@ if triton is not None:
         PDL: tl.constexpr = (MODE >> 11) & 1
         FP8_INT: tl.constexpr = (MODE >> 12) & 1
         POW2: tl.constexpr = (MODE >> 13) & 1
+        PACKED: tl.constexpr = (MODE >> 14) & 1
         CK: tl.constexpr = BLOCK_K // SPLIT  # columns of K and of V per program
         CV: tl.constexpr = BLOCK_V // SPLIT
         if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
@@ -404,8 +476,8 @@ if triton is not None:
             k_new = k_raw
             v_new = v_raw
         else:
-            k_new = _to_storage(_convert(k_raw, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT, POW2), OUT)
-            v_new = _to_storage(_convert(v_raw, v_inv, IN, OUT, V_SCALED, HW, SAT, FP8_INT, POW2), OUT)
+            k_new = _to_storage(_convert(k_raw, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT, POW2, PACKED), OUT)
+            v_new = _to_storage(_convert(v_raw, v_inv, IN, OUT, V_SCALED, HW, SAT, FP8_INT, POW2, PACKED), OUT)
 
         ok = tmask & (slot >= 0) & (slot < rows)  # never write outside the buffer
         if WIDE:
@@ -421,15 +493,17 @@ if triton is not None:
 
     @triton.jit
     def _convert_kernel(out, inp, inv, n, IN: tl.constexpr, OUT: tl.constexpr,
-                        SCALED: tl.constexpr, HW: tl.constexpr, SAT: tl.constexpr, BLOCK: tl.constexpr):
-        """Elementwise conversion with the writer's exact rounding (for exhaustive tests)."""
+                        SCALED: tl.constexpr, HW: tl.constexpr, SAT: tl.constexpr, BLOCK: tl.constexpr,
+                        POW2: tl.constexpr = 0, PACKED: tl.constexpr = 0):
+        """Elementwise conversion with the writer's exact rounding and paths (for exhaustive
+        tests: 8 elements per thread, so the packed fp8 path runs as in the writer)."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         raw = _as_bits(tl.load(inp + offs, mask=mask), IN)
         if IN == OUT:
             r = raw
         else:
-            r = _to_storage(_convert(raw, inv, IN, OUT, SCALED, HW, SAT, 0), OUT)
+            r = _to_storage(_convert(raw, inv, IN, OUT, SCALED, HW, SAT, 0, POW2, PACKED), OUT)
         tl.store(out + offs, r.to(out.dtype.element_ty, bitcast=True), mask=mask)
 
 
@@ -437,7 +511,7 @@ def _mode(in_kind: int, out_kind: int, k_scaled: bool, v_scaled: bool, hw: bool,
           pdl: bool) -> int:
     """The kernel's packed compile-time flags (MODE)."""
     return (in_kind | out_kind << 3 | k_scaled << 6 | v_scaled << 7 | hw << 8 | sat << 9 | wide << 10
-            | pdl << 11)  # bit 12: FP8_INT, bit 13: POW2, both set per call
+            | pdl << 11)  # bit 12: FP8_INT, bit 13: POW2, both set per call; bit 14: PACKED
 
 
 def _pow2(n: int) -> int:
@@ -453,6 +527,13 @@ def _scale_flag(scale: Any, same: bool) -> tuple[bool, float]:
 _INV_CACHE: dict[float, float] = {}
 
 
+def _packed_e4m3(hw: bool, in_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+    """Whether bf16 -> e4m3fn takes the packed fix-up (``_bf16_to_e4m3_packed``): only under
+    torch 2.11's overflow-to-NaN rule, which is what the fix-up is for."""
+    return (hw and in_dtype == torch.bfloat16 and dtype == torch.float8_e4m3fn and not e4m3_saturates()
+            and not _interpreted())  # inline PTX: compiled kernels only
+
+
 def _pow2_exact(inv: float) -> bool:
     """Whether ``x * inv`` is exact for every bf16/fp32 ``x``, so that rounding the product
     back to the input dtype (the reference's ``.to(x.dtype)``) cannot change it: ``inv`` is
@@ -460,8 +541,9 @@ def _pow2_exact(inv: float) -> bool:
     (< 2^-126) or overflow to inf; fp8 rounds the former to a signed zero and the latter to
     the same inf/saturated value with or without the round trip. Not for fp16 inputs: their
     narrower exponent range makes the round trip round (fp16 subnormals, overflow)."""
-    mantissa, _ = math.frexp(inv)
-    return mantissa == 0.5 and math.isfinite(inv)
+    mantissa, exponent = math.frexp(inv)
+    # |exponent| <= 100 keeps 464 / inv a normal number, the packed fp8 path's overflow bound
+    return mantissa == 0.5 and math.isfinite(inv) and abs(exponent) <= 100
 
 
 def _inverse(scale: float | torch.Tensor) -> float:
@@ -493,9 +575,10 @@ def convert_with_kernel(
     scaled, inv = _scale_flag(scale, same)
     use_hw = (not _interpreted()) if hw is None else hw
     block = 1024
+    pow2 = scaled and x.dtype in (torch.bfloat16, torch.float32) and dtype in _FP8 and _pow2_exact(inv)
     _convert_kernel[(triton.cdiv(flat.numel(), block),)](
         out, flat, inv, flat.numel(), IN=KINDS[x.dtype], OUT=KINDS[dtype], SCALED=scaled, HW=use_hw,
-        SAT=e4m3_saturates(), BLOCK=block
+        SAT=e4m3_saturates(), BLOCK=block, POW2=int(pow2), PACKED=int(_packed_e4m3(use_hw, x.dtype, dtype)),
     )
     return out.view(x.shape)
 
@@ -509,14 +592,15 @@ class TritonFusedWriter(KVWriter):
     devices = ("cpu", "cuda")
 
     def __init__(self, config: TritonConfig | dict[str, int] | None = None, convert: str = "auto",
-                 pdl: bool | None = None) -> None:
+                 pdl: bool | None = None, packed_fp8: bool = True) -> None:
         """``config`` forces one launch shape (tuning); ``convert`` is 'auto', 'hw' or 'int'
         (the integer emulation of torch's rounding also runs on a GPU, for comparison);
         ``pdl``: programmatic dependent launch. None (default) turns it on where it exists
         (compiled kernel, sm_90+): back-to-back small writes then overlap one kernel's launch
         with the previous one's tail, which is what keeps a 1-token write near 0.7 us on an
         H200 instead of ~1.2 us. The kernel waits (griddepcontrol.wait) before its first load,
-        so it never reads what the previous kernel is still writing."""
+        so it never reads what the previous kernel is still writing. ``packed_fp8=False``
+        keeps Triton's own per-element fp8 fix-up instead of the packed one (to compare)."""
         if isinstance(config, dict):
             config = TritonConfig(**config)
         if convert not in ("auto", "hw", "int"):
@@ -524,6 +608,7 @@ class TritonFusedWriter(KVWriter):
         self.config = config
         self.convert = convert
         self.pdl = pdl
+        self.packed_fp8 = bool(packed_fp8)
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
@@ -572,6 +657,8 @@ class TritonFusedWriter(KVWriter):
         if hw and not same and in_dtype in _FP8:
             base |= 1 << 12  # FP8_INT
         fp8_hw = hw and not same and in_dtype not in _FP8 and dtype in _FP8
+        if self.packed_fp8 and _packed_e4m3(hw, in_dtype, dtype):
+            base |= 1 << 14  # PACKED (ignored where a launch takes FP8_INT)
         pow2_ok = not same and in_dtype in (torch.bfloat16, torch.float32) and dtype in _FP8
         plan = (rows, rk, rv, _pow2(rk), _pow2(rv), (rk + rv) * in_size, base, same,
                 {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok, dtype in _FP8)
