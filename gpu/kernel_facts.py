@@ -10,7 +10,8 @@ registers, achieved bandwidth": tune_fused.py gives the times, this script the w
    ``_store_kv_kernel``: registers, spills, shared memory, warps, the grid, the SASS global
    loads/stores by width (bytes per access per thread), PDL and the packed fp8 cast in the PTX.
 2. cuda: the CUDA op's .so (cuobjdump): registers and LDG/STG widths per kernel
-   instantiation, and ptxas' "Used N registers" lines from its build.log.
+   instantiation, and ptxas' "Used N registers" lines from its build.log; and the same for
+   sgl-kernel's store kernels in the cubin sgl_kernel_cubin runs (with whether they use PDL).
 3. ncu: Nsight Compute on a child run of this script (``--ncu-child``, eager writes):
    duration, DRAM and L2 bytes, throughputs; DRAM bandwidth = (read + write) / duration.
    Needs the GPU performance counters; without them ncu's one-line reason is recorded.
@@ -251,6 +252,32 @@ def cuda_facts() -> dict:
     return dict(out, so=str(sos[0]), cuobjdump=cuobjdump, kernels=dict(zip(demangle(list(kernels)), kernels.values())))
 
 
+# -- 2b. sgl-kernel's store kernels (the bench's peer) --------------------------------------------
+def sgl_facts() -> dict:
+    """Registers, access widths and PDL of sgl-kernel's store_kv_cache kernels, from the cubin
+    the sgl_kernel_cubin variant runs (KVPROF_SGL_CUBIN): why the peer sits where it does."""
+    path, cuobjdump = os.environ.get("KVPROF_SGL_CUBIN"), tool("cuobjdump")
+    if not path or not Path(path).is_file():
+        return dict(error="KVPROF_SGL_CUBIN is not set to a cubin (gpu/extract_sgl_cubin.py)")
+    if not cuobjdump:
+        return dict(error="no cuobjdump found")
+    sass = sh(cuobjdump, "-sass", path)
+    kernels = parse_cuobjdump(sh(cuobjdump, "--dump-resource-usage", path), sass, "")
+    for part in re.split(r"\n(?=\s*Function : )", sass):
+        if m := re.match(r"\s*Function : (\S+)", part):
+            kernels[m.group(1)]["pdl"] = "ACQBULK" in part or "griddepcontrol" in part
+    meta = Path(path).with_suffix(".json")
+    def short(name: str) -> str:  # store_kv_cache_256x1<int64> (c++filt folds the anonymous namespace away)
+        m = re.search(r"store_kv_cache_(\w+?)I([il])E", name)
+        return f"store_kv_cache_{m.group(1)}<{'int32' if m.group(2) == 'i' else 'int64'}>" if m else name
+
+    for k in kernels.values():  # a bare cubin's usage names no arch: it is the sm_90 one
+        if "?" in k:
+            k["sm_90"] = k.pop("?")
+    return dict(cubin=path, meta=json.loads(meta.read_text()) if meta.is_file() else {},
+                kernels={short(n): k for n, k in sorted(kernels.items())})
+
+
 # -- 3. Nsight Compute ---------------------------------------------------------------------------
 def ncu_child(manifest: str) -> None:
     """Eager writes for ncu to profile, 2 per point; what was launched, in order, goes to ``manifest``."""
@@ -363,6 +390,15 @@ def summary(doc: dict) -> None:
             s = k.get("sass", {})
             print(f"   {name:<40} regs {regs:<9} LDG {widths(s.get('ld_widths', {})):<18} "
                   f"STG {widths(s.get('st_widths', {})):<18} ptxas {'; '.join(k.get('ptxas', {}).values())[:40]}")
+    sg = sec.get("sgl", {})
+    print(f"\n2b. sgl-kernel store_kv_cache kernels {sg.get('cubin', '')} ({sg.get('meta', {}).get('wheel', '')})")
+    if sg.get("error"):
+        print(f"   ERROR {sg['error']}")
+    for name, k in sg.get("kernels", {}).items():
+        regs = " ".join(f"{a}:{v['regs']}" for a, v in k.items() if a.startswith("sm_"))
+        sx = k.get("sass", {})
+        print(f"   {name[-60:]:<60} regs {regs:<9} LDG {widths(sx.get('ld_widths', {})):<14} "
+              f"STG {widths(sx.get('st_widths', {})):<14} PDL {'y' if k.get('pdl') else 'n'}")
     nc = sec["ncu"]
     print(f"\n3. ncu {nc.get('ncu', '')} {'ERROR ' + nc['error'] if nc.get('error') else ''} {nc.get('note', '')}")
     if nc.get("kernels"):
@@ -390,7 +426,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     doc: dict = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                      sections={})
-    for name, fn in (("triton", triton_facts), ("cuda", cuda_facts), ("ncu", ncu_facts)):
+    for name, fn in (("triton", triton_facts), ("cuda", cuda_facts), ("sgl", sgl_facts), ("ncu", ncu_facts)):
         t = time.perf_counter()
         try:
             doc["sections"][name] = fn()

@@ -61,8 +61,8 @@ PY
     # the samples the tests and the dashboard use: Llama-3.1-70B TP8 decode at batch
     # 1/10/64 with CUDA graphs, and a 4096-token prefill
     rm -rf /tmp/kvprof-traces
-    timeout 200 python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
-      --variants index_put,two_stream,triton_fused,cuda_fused --phase decode,prefill \
+    timeout ${CAPTURE_TIMEOUT:-300} python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
+      --variants index_put,two_stream,sgl_kernel_cubin,triton_fused,cuda_fused,store_kv_fused --phase decode,prefill \
       --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 \
       --profiler both --out /tmp/kvprof-traces --run-id h200-llama70b-tp8 --no-progress 2>&1 | tee "$OUT/capture.txt"
     ( cd /tmp/kvprof-traces && tar czf "$OUT/samples.tgz" h200-llama70b-tp8 )

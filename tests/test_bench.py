@@ -270,3 +270,17 @@ def test_fp8_verdict_separates_differences_within_the_spread():
     f = fused_verdicts(result, "triton_fused")["fp8_vs_bf16"]
     assert f["compared"] == 3 and len(f["slower"]) == 2
     assert f["within_noise"] == ["8x128 fp8_e4m3<-bf16 1 tok 0.70 > bf16 0.70 µs"]
+
+
+def test_small_points_of_judged_variants_are_timed_over_several_allocations():
+    import torch
+
+    from kvprof.bench.run import FLOOR_ALLOCATIONS, BenchPoint, floor_allocations
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    small, large = BenchPoint(8, 128, "bf16", "bf16", 64), BenchPoint(8, 128, "bf16", "bf16", 4096)
+    assert FLOOR_ALLOCATIONS > 1
+    for variant in ("triton_fused", "cuda_fused", "store_kv_fused", "sgl_kernel", "sgl_kernel_cubin"):
+        assert floor_allocations(small, variant, cuda) == FLOOR_ALLOCATIONS
+        assert floor_allocations(large, variant, cuda) == 1 and floor_allocations(small, variant, cpu) == 1
+    assert floor_allocations(small, "index_put", cuda) == 1

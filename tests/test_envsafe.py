@@ -89,7 +89,8 @@ def test_planted_and_known_secrets_never_pass(caplog: pytest.LogCaptureFixture) 
 def test_kvprof_prefix_is_not_blanket_allowed() -> None:
     env = child_environment({"KVPROF_SOMETHING_NEW": "x", "KVPROF_NSYS": "/x/nsys"})
     assert env == {"KVPROF_NSYS": "/x/nsys"}
-    assert set(envsafe.KVPROF_VARIABLES) == {"KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR"}
+    assert set(envsafe.KVPROF_VARIABLES) == {"KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
+                                             "KVPROF_SGL_CUBIN"}
 
 
 def test_multicast_switches_always_pass_when_set() -> None:

@@ -42,7 +42,8 @@ from kvprof.errors import UsageError
 log = logging.getLogger("kvprof")
 
 # kvprof's own variables: the only KVPROF_* names a child receives.
-KVPROF_VARIABLES: tuple[str, ...] = ("KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR")
+KVPROF_VARIABLES: tuple[str, ...] = ("KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
+                                     "KVPROF_SGL_CUBIN")  # where sgl_kernel_cubin's kernels are
 
 EXACT_NAMES: tuple[str, ...] = (
     "PATH",
