@@ -184,3 +184,20 @@ def test_captured_sample_loads_in_hta_as_is():
     ours = load(path).traces[0].events.to_pandas()
     assert hta_kernels == int((ours["kind"] == "kernel").sum()) > 0
     assert ta.t.meta_data[0]["distributedInfo"]["rank"] == 0
+
+
+def test_new_gpu_time_charges_back_to_back_pdl_writes_the_distance_between_their_ends():
+    """Writes launched with programmatic dependent launch start while the previous one runs
+    and wait: their spans overlap, and each adds only what it ends after the last one."""
+    import math
+
+    import pandas as pd
+
+    from kvprof.analysis.writes import new_gpu_time
+
+    start = pd.Series([0.0, 600.0, 1200.0, 3000.0, float("nan"), 3100.0], index=[5, 6, 7, 8, 9, 10])
+    end = pd.Series([960.0, 1560.0, 2160.0, 3500.0, float("nan"), 3400.0], index=[5, 6, 7, 8, 9, 10])
+    new = new_gpu_time(start, end)
+    assert new.loc[[5, 6, 7, 8]].tolist() == [960.0, 600.0, 600.0, 500.0]
+    assert math.isnan(new.loc[9])
+    assert new.loc[10] == 0.0  # wholly inside the write before it

@@ -4,8 +4,10 @@ Medians, because a handful of first-replay or allocator outliers in a short capt
 should not move the headline; min/max of the kernel count, because one write with a
 different count is itself a finding. ``cost_per_write_ns`` is what a write costs the
 step: for CUDA-graph replays the step's GPU span divided by its writes (inter-node
-gaps included: what an inter-token latency pays), for eager writes the GPU span of one
-write. Also the fused-or-fell-back verdict, from the writer's own report (paths) and
+gaps included: what an inter-token latency pays), or, where a trace has no step ranges,
+the time each write adds to the GPU timeline (``gpu_new_ns``: a write launched with PDL
+starts during the previous one and waits, and its span would count the wait); for eager
+writes the GPU span of one write. Also the fused-or-fell-back verdict, from the writer's own report (paths) and
 from the kernel count, which must agree.
 """
 
@@ -23,7 +25,7 @@ FALLBACK_PREFIX = "fallback:"
 GROUP_KEYS = ("variant", "source", "phase", "size")
 GROUP_COLUMNS = (
     *GROUP_KEYS, "layer", "writes", "steps", "graph", "attribution", "kernels_per_write", "kernels_per_write_min",
-    "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "cost_per_write_ns", "host_launch_ns",
+    "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "cost_per_write_ns", "host_launch_ns",
     "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak",
     "step_ns", "step_gpu_ns", "tokens",
 )
@@ -54,6 +56,7 @@ def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None) -> dict[str, Any]:
         "kernels_per_write_max": int(kpw.max()) if len(kpw) else None,
         "gpu_busy_ns": _median(w["gpu_busy_ns"]),
         "gpu_span_ns": _median(w["gpu_span_ns"]),
+        "gpu_new_ns": _median(w["gpu_new_ns"]) if "gpu_new_ns" in w else float("nan"),
         "host_launch_ns": _median(w["host_dur_ns"]),
         "launch_delay_ns": _median(w["launch_delay_ns"]),
         "streams": int(w["streams"].max()) if len(w) else 0,
@@ -66,7 +69,10 @@ def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None) -> dict[str, Any]:
         "step_ns": float("nan"),
         "step_gpu_ns": float("nan"),
     }
-    row["cost_per_write_ns"] = row["gpu_span_ns"]
+    # replays without step ranges (nsys): the time each write adds to the GPU timeline, so that
+    # writes launched with PDL (which start during the previous write and wait) are not charged
+    # their wait
+    row["cost_per_write_ns"] = row["gpu_new_ns"] if graph and np.isfinite(row["gpu_new_ns"]) else row["gpu_span_ns"]
     if steps is not None and len(steps):
         row["step_ns"] = _median(steps["dur_ns"])
         row["step_gpu_ns"] = _median(steps["gpu_span_ns"])

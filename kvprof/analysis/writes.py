@@ -15,6 +15,10 @@ Pure function of an attributed Trace. Columns (WRITE_COLUMNS):
 | streams          | distinct streams they ran on                                             |
 | gpu_start_ns, gpu_end_ns, gpu_span_ns | first start, last end, and their distance           |
 | gpu_busy_ns      | sum of activity durations                                                |
+| gpu_new_ns       | end - max(start, latest end of the trace's earlier writes): what the write |
+|                  | adds to the GPU timeline. With programmatic dependent launch a kernel     |
+|                  | starts while the previous write runs and waits, so its span counts that   |
+|                  | wait; back-to-back writes then cost the distance between their ends      |
 | gpu_union_ns     | time with at least one activity running                                  |
 | overlap_ns, overlap_frac | time with >= 2 streams busy, and its share of gpu_union_ns       |
 | idle_ns, gaps    | idle time and number of holes inside the span                            |
@@ -39,7 +43,7 @@ from kvprof.trace.table import to_frame
 
 WRITE_COLUMNS = (
     "trace", "source", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
-    "graph", "during_capture", *GROUP_STAT_COLUMNS, "overlap_frac", "host_start_ns", "host_dur_ns",
+    "graph", "during_capture", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac", "host_start_ns", "host_dur_ns",
     "launch_delay_ns", "graph_launch", "bytes", "bandwidth_gbs", "pct_of_peak", "kernel_names",
 )
 
@@ -107,10 +111,21 @@ def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
     out["bandwidth_gbs"] = out["bytes"] / span  # bytes per ns == GB/s
     peak = peak_bandwidth_gbs(trace)
     out["pct_of_peak"] = out["bandwidth_gbs"] / peak * 100.0 if peak else np.nan
+    out["gpu_new_ns"] = new_gpu_time(out["gpu_start_ns"], out["gpu_end_ns"])
     out["trace"] = trace.path
     out["source"] = trace.source
     out = out.reset_index()
     return out[list(WRITE_COLUMNS)]
+
+
+def new_gpu_time(start: pd.Series, end: pd.Series) -> pd.Series:
+    """Per write: end - max(start, the latest end among writes that started before it),
+    clipped at 0 (NaN without GPU work). One trace is one process on one device."""
+    order = start.dropna().sort_values(kind="stable").index
+    e = end.reindex(order)
+    prev_end = e.cummax().shift(1)
+    new = (e - np.maximum(start.reindex(order), prev_end.fillna(-np.inf))).clip(lower=0)
+    return new.reindex(start.index)
 
 
 STEP_METRIC_COLUMNS = (
