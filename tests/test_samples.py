@@ -62,7 +62,8 @@ def test_kernels_per_write(source):
 
 def test_fused_verdicts_agree():
     variants = analysis().summary["variants"]
-    assert variants["triton_fused"]["fused"] is True and variants["triton_fused"]["agree"] is True
+    for v in ("triton_fused", "cuda_fused", "store_kv_fused", "sgl_kernel_cubin"):
+        assert variants[v]["fused"] is True and variants[v]["agree"] is True, v
     for v in ("index_put", "two_stream"):
         assert variants[v]["fused"] is False and variants[v]["agree"] is True
 
@@ -71,16 +72,21 @@ def _per_group(source: str) -> pd.DataFrame:
     w = measured(source)
     return w.groupby(["variant", "phase", "size"]).agg(
         writes=("write_id", "size"), kernels=("kernels", "median"), streams=("streams", "median"),
-        gpu_busy_ns=("gpu_busy_ns", "median"))
+        gpu_busy_ns=("gpu_busy_ns", "median"), gpu_new_ns=("gpu_new_ns", "median"), graph=("graph", "all"))
 
 
 def test_torch_profiler_and_nsys_agree():
+    """Same writes, kernels and streams per write; GPU time within 10 %: for replays the time
+    each write adds to the timeline (a kernel launched with PDL starts during the previous
+    write and waits, and how long it waits depends on the profiler: cuda_fused's kernel
+    durations differ 2.8x between the two at decode bs=1), for eager writes their busy time."""
     k, n = _per_group("kineto"), _per_group("nsys")
     assert list(k.index) == list(n.index)
     pd.testing.assert_series_equal(k["writes"], n["writes"])
     pd.testing.assert_series_equal(k["kernels"], n["kernels"])
     pd.testing.assert_series_equal(k["streams"], n["streams"])
-    ratio = n["gpu_busy_ns"] / k["gpu_busy_ns"]
+    time = k["graph"].map({True: "gpu_new_ns", False: "gpu_busy_ns"})
+    ratio = pd.Series({i: n.loc[i, time[i]] / k.loc[i, time[i]] for i in k.index})
     assert ((ratio - 1).abs() <= 0.10).all(), ratio.to_dict()
 
 
