@@ -177,14 +177,14 @@ def test_fused_verdicts_compare_with_sgl_kernels_cubin_in_graphs_only():
 
 
 def test_committed_h200_bench_meets_the_target_and_says_what_it_does_not():
-    """The committed fourth H200 run (traces/samples/h200-bench, this code's kernels): the
-    verdicts quoted in docs/benchmarks.md come from these records."""
+    """The fourth H200 run (docs/bench/h200-2026-12-02-run4.json, the third session's kernels),
+    as its notes quoted it."""
     from pathlib import Path
 
     from kvprof.bench.run import fused_verdicts
 
     root = Path(__file__).resolve().parent.parent
-    result = orjson.loads((root / "traces" / "samples" / "h200-bench" / "bench.json").read_bytes())
+    result = orjson.loads((root / "docs" / "bench" / "h200-2026-12-02-run4.json").read_bytes())
     assert result["complete"] and result["device"]["name"] == "NVIDIA H200"
     for variant in ("triton_fused", "store_kv_fused"):
         v = fused_verdicts(result, variant)
@@ -284,3 +284,32 @@ def test_small_points_of_judged_variants_are_timed_over_several_allocations():
         assert floor_allocations(small, variant, cuda) == FLOOR_ALLOCATIONS
         assert floor_allocations(large, variant, cuda) == 1 and floor_allocations(small, variant, cpu) == 1
     assert floor_allocations(small, "index_put", cuda) == 1
+
+
+def test_committed_fifth_h200_bench():
+    """The committed fifth run (traces/samples/h200-bench: this code's kernels, sgl-kernel's own
+    kernels measured beside them): the verdicts docs/benchmarks.md and the README quote."""
+    from pathlib import Path
+
+    from kvprof.bench.run import fused_verdicts
+
+    root = Path(__file__).resolve().parent.parent
+    result = orjson.loads((root / "traces" / "samples" / "h200-bench" / "bench.json").read_bytes())
+    assert result["complete"] and result["device"]["name"] == "NVIDIA H200"
+    assert result["sources"]["sgl_kernel_cubin"]["wheel"].startswith("sgl_kernel-0.3.21-")
+    assert 0.55 < result["limits"]["empty_pdl_kernel_us"] < result["limits"]["empty_kernel_us"]
+    for variant in ("triton_fused", "store_kv_fused"):
+        v = fused_verdicts(result, variant)
+        assert v["target"] == {"met": 72, "points": 72, "missed": []}
+        assert v["vs_sgl"] == {"compared": 72, "slower": [], "source": "measured: sgl_kernel_cubin"}
+        f = v["fp8_vs_bf16"]
+        assert f["compared"] == 24 and len(f["slower"]) == 8 and len(f["within_noise"]) == 1
+        assert all(" 1 tok " in m or " 8 tok " in m or " 64 tok " in m for m in f["slower"])
+    small = [r for r in result["records"] if r["variant"] == "store_kv_fused" and r["mode"] == "graph"
+             and r["tokens"] == 1]
+    assert all(len(r["allocation_us"]) == 5 for r in small)
+    cuda = fused_verdicts(result, "cuda_fused")["eager_host"]
+    assert cuda["basis"] == "writer" and cuda["compared"] == 72 and cuda["over"] == []
+    assert abs(cuda["median_us"] - 4.32) < 0.01 and cuda["pool_over"] == 2 and abs(cuda["pool_median_us"] - 4.82) < 0.01
+    store = fused_verdicts(result, "store_kv_fused")["eager_host"]
+    assert len(store["over"]) == 3 and store["pool_over"] == 6
