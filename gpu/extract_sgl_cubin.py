@@ -110,16 +110,25 @@ def main() -> None:
         hits = [p for p in sorted(cubins.glob("*.sm_90.cubin")) if b"store_kv_cache_256x1" in p.read_bytes()]
         if not hits:
             fail(f"no sm_90 cubin in {members[0]} holds store_kv_cache")
-        image = hits[0].read_bytes()
+        try:  # the kernels and signature the writer needs, checked before anything is written
+            info = read_cubin(hits[0])
+        except ValueError as exc:
+            fail(str(exc))
+        image = info.image
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            fail(f"cannot create {out}: {exc.strerror or exc}")
         dest = out / "store_kv_cache.sm_90.cubin"
-        atomic_write_bytes(dest, image)
-    info = read_cubin(dest)  # the kernels and signature the writer needs, or a one-line error
     meta = {"wheel": wheel.name, "wheel_sha256": sha256(wheel), "member": f"{members[0]}:{hits[0].name}",
             "cubin_sha256": info.sha256, "kernels": {f"{a} {b}": n for (a, b), n in sorted(info.kernels.items())},
             "extracted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cuobjdump": cuobjdump}
-    atomic_write_text(dest.with_suffix(".json"), json.dumps(meta, indent=1) + "\n")
+    try:  # the record first, then the cubin: a cubin on disk always has its record beside it
+        atomic_write_text(dest.with_suffix(".json"), json.dumps(meta, indent=1) + "\n")
+        atomic_write_bytes(dest, image)
+    except OSError as exc:
+        fail(f"cannot write {dest}: {exc.strerror or exc}")
     print(f"wrote {dest} ({len(image)} bytes, {len(info.kernels)} kernels) from {wheel.name}")
     print(f"use it with: export KVPROF_SGL_CUBIN={dest}")
 

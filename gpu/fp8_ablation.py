@@ -39,7 +39,12 @@ sys.path.insert(0, str(ROOT))
 from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
 
 POINTS = [(8, 128, 1), (8, 128, 8), (32, 128, 1), (1, 128, 1), (1, 128, 64)]
-CAPTURES = int(os.environ.get("ABL_CAPTURES", "3"))
+try:
+    CAPTURES = int(os.environ.get("ABL_CAPTURES", "3"))
+except ValueError:
+    raise SystemExit(f"fp8_ablation.py: error: ABL_CAPTURES must be an integer, got {os.environ['ABL_CAPTURES']!r}") from None
+if CAPTURES < 1:
+    raise SystemExit(f"fp8_ablation.py: error: ABL_CAPTURES must be at least 1, got {CAPTURES}")
 
 
 def main() -> None:

@@ -105,7 +105,9 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
 
 
-CAPTURES = int(os.environ.get("TUNE_CAPTURES", "1"))  # graph captures per candidate, median taken
+CAPTURES = _env_list("TUNE_CAPTURES", [1], int)[0]  # graph captures per candidate, median taken
+if CAPTURES < 1:
+    raise SystemExit(f"tune_fused.py: error: TUNE_CAPTURES must be at least 1, got {CAPTURES}")
 
 
 def candidates(rk: int, tokens: int, fp8: bool = False) -> list[tuple[int, int, int]]:

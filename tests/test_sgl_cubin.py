@@ -190,3 +190,15 @@ def test_rows_the_op_refuses_fall_back_and_say_so():
     (path,) = got.path_counts
     assert path.startswith("fallback:") and "divisible by 128" in path
     assert torch.equal(ref.k_buffer[0], got.k_buffer[0])
+
+
+@pytest.mark.parametrize("script, env, words", [
+    ("fp8_ablation.py", {"ABL_CAPTURES": "three"}, "ABL_CAPTURES must be an integer"),
+    ("tune_fused.py", {"TUNE_CAPTURES": "x"}, "cannot read TUNE_CAPTURES"),
+    ("tune_fused.py", {"TUNE_CAPTURES": "0"}, "TUNE_CAPTURES must be at least 1"),
+])
+def test_gpu_scripts_refuse_a_bad_setting_in_one_line(script, env, words):
+    r = subprocess.run([sys.executable, str(ROOT / "gpu" / script)], capture_output=True, text=True,
+                       env={**os.environ, **env}, timeout=120)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0

@@ -274,6 +274,9 @@ def run_bench(
             writers[variant] = create_writer(variant)
         except KvprofError as exc:
             writers[variant] = exc
+    sources = {name: src for name, w in writers.items()
+               if callable(getattr(w, "source", None)) and (src := w.source())}
+
     def result(complete: bool) -> dict[str, Any]:
         return {
             "kind": "kvprof-bench",
@@ -283,8 +286,7 @@ def run_bench(
             "versions": versions(),
             "limits": limits,
             # where a peer's kernels come from (sgl_kernel_cubin: the wheel and the cubin's hash)
-            "sources": {name: w.source() for name, w in writers.items() if callable(getattr(w, "source", None))
-                        and w.source()},
+            "sources": sources,
             "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes,
                          "floor_allocations": {"count": FLOOR_ALLOCATIONS, "max_bytes_per_write": FLOOR_BYTES,
                                                "variants": [*KVPROF_FUSED, *SGL_PEERS]},

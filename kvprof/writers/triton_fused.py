@@ -17,6 +17,9 @@ Why it looks the way it does:
     (``satfinite``) where c10's routine overflows to inf (e5m2) or, before torch 2.12,
     to NaN (e4m3fn; torch >= 2.12 saturates it too: the rule is probed at run time, see
     ``e4m3_saturates``). A few instructions per element: large fp8 writes stay memory-bound.
+    bf16 -> e4m3fn under the NaN rule runs in inline PTX, four elements at a time, with the
+    overflow test packed into one integer add per bf16 pair (``_bf16_to_e4m3_packed``): at
+    one token the per-element fix-up was the fp8 write's extra time (gpu/fp8_ablation.py).
   - ``int`` (Triton's interpreter, whose own float casts do not round to nearest
     even): PyTorch's c10 bit algorithms written with integer ops on the fp32 bits.
 
