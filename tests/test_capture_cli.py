@@ -56,6 +56,9 @@ def test_default_variants_skip_what_cannot_run_with_a_reason(tmp_path):
     sgl = manifest["variants"]["sgl_kernel"]
     assert sgl["available"] is False and "sgl-kernel" in sgl["reason"]
     assert manifest["variants"]["cuda_fused"]["available"] is False
+    cubin = manifest["variants"]["sgl_kernel_cubin"]
+    assert cubin["available"] is False and "needs CUDA" in cubin["reason"]
+    assert "store_kv_fused" in manifest["variants"]  # runs here in Triton's interpreter, or says why not
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ from kvprof.errors import UsageError
 from kvprof.models import RankShape, resolve_model
 from kvprof.workload import PhaseSpec, build_phases
 
-DEFAULT_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "triton_fused", "cuda_fused")
+DEFAULT_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "sgl_kernel_cubin", "triton_fused", "cuda_fused",
+                    "store_kv_fused")
 PROFILERS = ("torch", "nsys", "both")
 
 
