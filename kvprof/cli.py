@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from kvprof import __version__
 from kvprof.errors import INTERRUPTED_EXIT_CODE, KvprofError
+from kvprof.interrupts import ctrl_c_raises_interrupted
 
 COMMANDS = ("capture", "analyze", "compare", "bench", "dashboard", "scrub", "variants")
 
@@ -47,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        with ctrl_c_raises_interrupted():
+            return int(args._run(args) or 0)
     except KvprofError as exc:
         print(f"kvprof {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

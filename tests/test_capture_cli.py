@@ -122,6 +122,63 @@ def test_ctrl_c_leaves_no_run_dir(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+BLOCKING_WRITER = (
+    "import os, pathlib\n"
+    "from kvprof.writers.index_put import IndexPutWriter\n"
+    "class Blocking(IndexPutWriter):\n"
+    "    name = 'blocking'\n"
+    "    def write(self, *args, **kwargs):\n"
+    "        pathlib.Path(os.environ['READY_FILE']).touch()\n"  # tell the test we are inside exec() now
+    "        exec('while True: pass')\n"  # where dataclasses and torch's codegen run code
+    "def make():\n    return Blocking()\n"
+)
+
+
+def _interrupt_inside_exec(tmp_path: Path, *command: str) -> tuple[int, bytes]:
+    plugin = tmp_path / "plug"
+    plugin.mkdir()
+    (plugin / "blocking_writer.py").write_text(BLOCKING_WRITER)
+    (plugin / "control.py").write_text(  # the same interrupt, caught by plain code
+        "import blocking_writer\n"
+        "try:\n    blocking_writer.make().write()\n"
+        "except KeyboardInterrupt:\n    raise SystemExit(130)\n")
+    ready = tmp_path / "ready"
+    env = {**os.environ, "READY_FILE": str(ready),
+           "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ready.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate(timeout=60)[1].decode()[-2000:]
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_ctrl_c_inside_exec_still_exits_130(tmp_path):
+    """CPython kills a ``python -m`` process by SIGINT at exit if a KeyboardInterrupt ever left an
+    ``exec()`` of a string, caught or not; CI once saw -2 here. kvprof raises its own subclass."""
+    out = tmp_path / "out"
+    rc, err = _interrupt_inside_exec(
+        tmp_path, "kvprof", "capture", "--model", "llama-3.1-70b", "--steps", "2", "--warmup", "0",
+        "--variants", "index_put", "--writer", "blocking_writer:make", "--no-progress", "--out", str(out),
+        "--run-id", "r", "--no-summary")
+    assert rc == 130, err.decode()[-2000:]
+    assert err.decode().strip().splitlines()[-1] == "kvprof capture: interrupted; nothing half-written was kept"
+    assert b"Traceback" not in err
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_plain_keyboard_interrupt_inside_exec_dies_by_signal(tmp_path):
+    """The control: the same interrupt, caught by plain code under ``python -m``, ends it by SIGINT."""
+    rc, _ = _interrupt_inside_exec(tmp_path, "control")
+    if rc == 130:
+        pytest.skip("this CPython does not exit by signal after a caught KeyboardInterrupt in exec()")
+    assert rc == -signal.SIGINT
+
+
 def test_third_party_writer_by_spec(tmp_path, monkeypatch):
     plugin = tmp_path / "plug"
     plugin.mkdir()

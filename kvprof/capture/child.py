@@ -20,6 +20,7 @@ from kvprof.capture.config import CaptureConfig
 from kvprof.capture.session import session_for
 from kvprof.devinfo import resolve_device
 from kvprof.errors import KvprofError
+from kvprof.interrupts import ctrl_c_raises_interrupted
 from kvprof.writers import create_writer
 
 
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m kvprof.capture.child SPEC.json RESULT.json", file=sys.stderr)
         return 2
     try:
-        return run_child(Path(args[0]), Path(args[1]))
+        with ctrl_c_raises_interrupted():
+            return run_child(Path(args[0]), Path(args[1]))
     except KvprofError as exc:
         print(f"kvprof child: {exc}", file=sys.stderr)
         return exc.exit_code

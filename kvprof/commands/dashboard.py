@@ -98,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
           f"{env.get('KVPROF_DASHBOARD_ROOTS', 'traces/samples, traces')}; Ctrl-C stops)", flush=True)
     proc = subprocess.Popen(cmd, env=env)
 
+    from kvprof.interrupts import Interrupted
+
     def _terminate(signum: int, frame: object) -> None:  # SIGTERM to us must not orphan the server
-        raise KeyboardInterrupt
+        raise Interrupted
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
