@@ -17,7 +17,14 @@ isolates one part:
 * ``fp8, packed fix-up``: the writer's kernel (``_bf16_to_e4m3_packed``, bitwise torch's);
 * ``fp8, no fix-up``: the saturating rule torch >= 2.12 follows (not torch 2.11's bits);
 * ``fp8, no scale``: no multiply (a scale of 1: the cast and the packed fix-up);
-* ``fp8 packed, bf16's shape``: the writer's fp8 kernel with the bf16 table's launch shape.
+* ``fp8 packed, bf16's shape``: the writer's fp8 kernel with the bf16 table's launch shape;
+* ``fp8, cast only``: no scale and no fix-up (Triton's saturating cast): the least any
+  conversion in the kernel can do, widen and cast;
+* ``bf16 copy + N ops``: the bf16 copy with N dependent integer steps on every row word
+  that leave it unchanged (MODE bits 15-17, ``_dependent_ops``): what one more step on a
+  warp's load -> store chain costs here, the yardstick for the conversion's steps. The
+  summary fits a line through N = 0..6 and says how many such steps the fp8 write's extra
+  time is worth.
 
 Each is timed over the bench's case (``_Case``: 256 MB pool, random slots, W writes per
 graph) for ``ABL_CAPTURES`` graph captures (default 3), interleaved, median of 100 replays.
@@ -39,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
 
 POINTS = [(8, 128, 1), (8, 128, 8), (32, 128, 1), (1, 128, 1), (1, 128, 64)]
+CHAIN_STEPS = (1, 2, 3, 4, 6)  # dependent steps added to the bf16 copy's chain (the yardstick)
 try:
     CAPTURES = int(os.environ.get("ABL_CAPTURES", "3"))
 except ValueError:
@@ -85,6 +93,9 @@ def main() -> None:
             ("fp8, no fix-up", fp8_case, fp8_base | scaled | 1 << 9, cfg_fp8, 2.0),
             ("fp8, no scale", fp8_case, fp8_base | packed, cfg_fp8, 1.0),
             ("fp8 packed, bf16's shape", fp8_case, fp8_base | scaled | packed, cfg_bf, 2.0),
+            ("fp8, cast only", fp8_case, fp8_base | 1 << 9, cfg_fp8, 1.0),
+            *((f"bf16 copy + {n} ops", bf_case, bf_mode | n << 15, cfg_bf, 1.0) for n in CHAIN_STEPS),
+            *((f"bf16 copy + {n} ops, fp8's shape", bf_case, bf_mode | n << 15, cfg_fp8, 1.0) for n in (2, 4)),
         ]
         pools = {}
         for label, case, mode, cfg, inv in rows:
@@ -117,12 +128,53 @@ def main() -> None:
     for key, runs in out.items():
         m = runs["median"]
         print(f"{key:<62} {statistics.median(m):8.3f} {min(m):7.3f} {max(m):7.3f} {statistics.median(runs['iqr']):6.3f}")
+    summary = chain_summary(out)
+    for line in summary["lines"]:
+        print(line)
     dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu"))
     dest.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest / "fp8-ablation.json", json.dumps(
         {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "e4m3_saturates": sat,
-         "captures": CAPTURES, "points": out, "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
+         "captures": CAPTURES, "points": out, "chain": summary["points"], "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
     print(f"wrote {dest / 'fp8-ablation.json'} ({time.perf_counter() - t0:.1f} s)")
+
+
+def chain_summary(out: dict[str, dict[str, list[float]]]) -> dict:
+    """Per point: the least-squares cost of one dependent step (bf16 copy + N ops, N = 0..6,
+    the bf16 table's shape) and the fp8 write's extra time over the copy in those steps."""
+    import statistics as st
+
+    def med(key: str) -> float | None:
+        runs = out.get(key)
+        return st.median(runs["median"]) if runs else None
+
+    points, lines = {}, []
+    for key in out:
+        if not key.endswith(" bf16 copy [" + key.rsplit("[", 1)[-1]) or "+" in key:
+            continue
+        prefix = key.split("  bf16 copy [")[0]
+        xs, ys = [0], [med(key)]
+        for n in CHAIN_STEPS:
+            found = [k for k in out if k.startswith(f"{prefix}  bf16 copy + {n} ops [")]
+            if found:
+                xs.append(n)
+                ys.append(med(found[0]))
+        fp8 = [med(k) for k in out if k.startswith(f"{prefix}  fp8, packed fix-up [")]
+        cast = [med(k) for k in out if k.startswith(f"{prefix}  fp8, cast only [")]
+        if len(xs) < 3 or not fp8:
+            continue
+        mx, my = st.fmean(xs), st.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        gap = fp8[0] - ys[0]
+        rec = {"copy_us": ys[0], "ns_per_step": round(slope * 1e3, 2), "fp8_minus_copy_ns": round(gap * 1e3, 1),
+               "cast_only_minus_copy_ns": round((cast[0] - ys[0]) * 1e3, 1) if cast else None,
+               "steps": dict(zip(xs, ys))}
+        points[prefix.strip()] = rec
+        worth = f"{gap / slope:.1f} steps" if slope > 0 else "n/a (no slope)"
+        lines.append(f"{prefix.strip():<16} one dependent step {slope * 1e3:5.2f} ns; fp8 (packed) - copy "
+                     f"{gap * 1e3:+5.1f} ns = {worth}; cast only - copy "
+                     + (f"{(cast[0] - ys[0]) * 1e3:+5.1f} ns" if cast else "n/a"))
+    return {"points": points, "lines": lines}
 
 
 if __name__ == "__main__":

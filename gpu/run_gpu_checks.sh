@@ -44,7 +44,7 @@ PY
   ablation)
     stamp ablation
     # the fp8 write at the latency floor with one part of its conversion left out at a time
-    timeout ${ABLATION_TIMEOUT:-150} python3 gpu/fp8_ablation.py 2>&1 | tee "$OUT/fp8-ablation.txt"
+    timeout ${ABLATION_TIMEOUT:-300} python3 gpu/fp8_ablation.py 2>&1 | tee "$OUT/fp8-ablation.txt"
     ;;
   floor)
     stamp floor

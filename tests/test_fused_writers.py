@@ -644,3 +644,28 @@ def test_gpu_packed_fp8_fixup_is_on_and_gives_tritons_bits(scale, heads, dim, to
     ref = convert_for_cache(k, torch.float8_e4m3fn, scale)
     assert_same_bits(ref, outs[0], torch.float8_e4m3fn, f"packed scale={scale}")
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7])
+def test_gpu_dependent_ops_ablation_leaves_the_copy_unchanged(n):
+    """gpu/fp8_ablation.py's yardstick (MODE bits 15-17) adds n dependent add/xor steps of a
+    runtime zero to every row word: the cache must get the input's exact bits, or the ablation
+    would time something other than a longer chain."""
+    if tf.triton is None or tf._interpreted():
+        pytest.skip("needs TRITON_INTERPRET=0")
+    g = torch.Generator().manual_seed(n)
+    tokens, heads, dim = 8, 8, 128
+    k = torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16).cuda()
+    v = torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16).cuda()
+    loc = (torch.randperm(255, generator=g)[:tokens] + 1).cuda()
+    k_buf = torch.zeros(256, heads, dim, dtype=torch.bfloat16, device="cuda")
+    v_buf = torch.zeros_like(k_buf)
+    bf16 = tf.KINDS[torch.bfloat16]
+    mode = tf._mode(bf16, bf16, False, False, True, False, False, True) | n << 15
+    rk = heads * dim
+    tf._store_kv_kernel[(tokens, 1)](k_buf, v_buf, loc, k, v, 1.0, 1.0, tokens, 256, rk, rk, RK=rk, RV=rk,
+                                     BLOCK_K=rk, BLOCK_V=rk, BLOCK_T=1, SPLIT=1, MODE=mode, num_warps=4,
+                                     launch_pdl=True)
+    assert torch.equal(k_buf[loc].view(torch.int16), k.view(torch.int16))
+    assert torch.equal(v_buf[loc].view(torch.int16), v.view(torch.int16))

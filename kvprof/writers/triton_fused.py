@@ -379,6 +379,25 @@ if triton is not None:
                                           dtype=tl.uint8, is_pure=True, pack=4)
         return r
 
+    # gpu/fp8_ablation.py only (MODE bits 15-17, never set by the writer): N dependent integer
+    # ops that leave a pair of 16-bit row values unchanged, alternating add and xor of a zero
+    # the compiler cannot see (the sign bit of a positive inverse scale), so ptxas can neither
+    # fold nor merge them. They measure what one more step on a warp's load -> store chain
+    # costs at the latency floor: the yardstick for the steps of the fp8 conversion.
+    @triton.jit
+    def _dependent_ops(bits, inv, N: tl.constexpr):
+        """``bits`` (int16) unchanged after N dependent add/xor steps of a runtime zero."""
+        zero = (tl.zeros(bits.shape, tl.int32) + inv.to(tl.int32, bitcast=True)) >> 31
+        r = bits
+        for i in tl.static_range(N):
+            if i % 2 == 0:
+                r = tl.inline_asm_elementwise("add.u32 $0, $1, $2;", "=r,r,r,r", [r, zero], dtype=tl.int16,
+                                              is_pure=True, pack=2)
+            else:
+                r = tl.inline_asm_elementwise("xor.b32 $0, $1, $2;", "=r,r,r,r", [r, zero], dtype=tl.int16,
+                                              is_pure=True, pack=2)
+        return r
+
     @triton.jit
     def _convert(raw, inv, IN: tl.constexpr, OUT: tl.constexpr, SCALED: tl.constexpr, HW: tl.constexpr,
                  SAT: tl.constexpr, FP8_INT: tl.constexpr = 0, POW2: tl.constexpr = 0, PACKED: tl.constexpr = 0):
@@ -445,6 +464,7 @@ if triton is not None:
         FP8_INT: tl.constexpr = (MODE >> 12) & 1
         POW2: tl.constexpr = (MODE >> 13) & 1
         PACKED: tl.constexpr = (MODE >> 14) & 1
+        CHAIN: tl.constexpr = (MODE >> 15) & 7  # gpu/fp8_ablation.py only: see _dependent_ops
         CK: tl.constexpr = BLOCK_K // SPLIT  # columns of K and of V per program
         CV: tl.constexpr = BLOCK_V // SPLIT
         if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
@@ -475,6 +495,10 @@ if triton is not None:
 
         k_raw = _as_bits(k_raw, IN)
         v_raw = _as_bits(v_raw, IN)
+        if CHAIN > 0:
+            tl.static_assert(IN == BF16 or IN == F16, "the dependent-op ablation takes 16-bit rows")
+            k_raw = _dependent_ops(k_raw, k_inv, CHAIN)
+            v_raw = _dependent_ops(v_raw, v_inv, CHAIN)
         if IN == OUT:
             k_new = k_raw
             v_new = v_raw
@@ -514,7 +538,8 @@ def _mode(in_kind: int, out_kind: int, k_scaled: bool, v_scaled: bool, hw: bool,
           pdl: bool) -> int:
     """The kernel's packed compile-time flags (MODE)."""
     return (in_kind | out_kind << 3 | k_scaled << 6 | v_scaled << 7 | hw << 8 | sat << 9 | wide << 10
-            | pdl << 11)  # bit 12: FP8_INT, bit 13: POW2, both set per call; bit 14: PACKED
+            | pdl << 11)  # bit 12: FP8_INT, bit 13: POW2, both set per call; bit 14: PACKED;
+            # bits 15-17: CHAIN (gpu/fp8_ablation.py only)
 
 
 def _pow2(n: int) -> int:
