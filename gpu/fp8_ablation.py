@@ -152,11 +152,10 @@ def main() -> None:
 def chain_summary(out: dict[str, dict[str, list[float]]]) -> dict:
     """Per point: the least-squares cost of one dependent step (bf16 copy + N ops, N = 0..6,
     the bf16 table's shape) and the fp8 write's extra time over the copy in those steps."""
-    import statistics as st
 
     def med(key: str) -> float | None:
         runs = out.get(key)
-        return st.median(runs["median"]) if runs else None
+        return statistics.median(runs["median"]) if runs else None
 
     points, lines = {}, []
     for key in out:
@@ -173,7 +172,7 @@ def chain_summary(out: dict[str, dict[str, list[float]]]) -> dict:
         cast = [med(k) for k in out if k.startswith(f"{prefix}  fp8, cast only [")]
         if len(xs) < 3 or not fp8:
             continue
-        mx, my = st.fmean(xs), st.fmean(ys)
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
         gap = fp8[0] - ys[0]
         rec = {"copy_us": ys[0], "ns_per_step": round(slope * 1e3, 2), "fp8_minus_copy_ns": round(gap * 1e3, 1),
