@@ -2,7 +2,9 @@
 
 Each command module has a docstring (its first line is the help), ``add_arguments`` and
 ``run``; heavy imports happen inside ``run`` so ``--help`` stays fast. User errors
-(``KvprofError``) become one line on stderr and the error's exit code; Ctrl-C exits 130.
+(``KvprofError``) become one line on stderr and the error's exit code; so do argument
+errors (exit 2, one line instead of argparse's usage block), a full or read-only disk
+(exit 6), Ctrl-C, at any moment including start-up (130) and SIGTERM (143).
 """
 
 from __future__ import annotations
@@ -10,17 +12,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 from collections.abc import Sequence
 
 from kvprof import __version__
-from kvprof.errors import INTERRUPTED_EXIT_CODE, KvprofError
-from kvprof.interrupts import ctrl_c_raises_interrupted
+from kvprof.atomic import DISK_ERRNOS  # a full or read-only disk: exit 6, never a traceback
+from kvprof.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, KvprofError, OutputError
+from kvprof.interrupts import Terminated, ctrl_c_raises_interrupted
 
 COMMANDS = ("capture", "analyze", "compare", "bench", "dashboard", "scrub", "variants")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with an argument error reported as one line (exit 2) instead of a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kvprof",
         description="Profile how an LLM serving engine writes keys and values into its KV cache.",
     )
@@ -42,19 +53,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
-        parser.print_help()
-        return 2
+    prog = "kvprof"
     try:
+        # the handlers cover start-up too: building the parser imports torch for seconds
         with ctrl_c_raises_interrupted():
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "_run", None):
+                parser.print_help()
+                return 2
+            prog = f"kvprof {args.command}"
             return int(args._run(args) or 0)
     except KvprofError as exc:
-        print(f"kvprof {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"kvprof {args.command}: interrupted; nothing half-written was kept", file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
+    except KeyboardInterrupt as exc:
+        word = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"{prog}: {word}; nothing half-written was kept", file=sys.stderr)
+        return TERMINATED_EXIT_CODE if isinstance(exc, Terminated) else INTERRUPTED_EXIT_CODE
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"{prog}: error: {exc.strerror or exc}{where}; nothing half-written was kept", file=sys.stderr)
+        return OutputError.exit_code

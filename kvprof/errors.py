@@ -18,6 +18,10 @@ class UsageError(KvprofError):
     exit_code = 2
 
 
+class ResourceError(UsageError):
+    """Sizes that would take more memory (or a larger trace) than the limit allows."""
+
+
 class TraceError(KvprofError):
     """A trace or export that cannot be read (corrupt, truncated, not a trace)."""
 
@@ -42,4 +46,5 @@ class OutputError(KvprofError):
     exit_code = 6
 
 
-INTERRUPTED_EXIT_CODE = 130
+INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (SIGINT)
+TERMINATED_EXIT_CODE = 143  # SIGTERM

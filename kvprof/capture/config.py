@@ -11,6 +11,7 @@ import torch
 
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.errors import UsageError
+from kvprof.guards import check_capture_values
 from kvprof.models import RankShape, resolve_model
 from kvprof.workload import PhaseSpec, build_phases
 
@@ -51,6 +52,7 @@ class CaptureConfig:
     writer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     run_id: str | None = None
     output: str = "traces"
+    max_memory_gb: float | None = None  # None: what the machine has (kvprof.guards.memory_limit)
 
     # -- derived -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -67,6 +69,7 @@ class CaptureConfig:
         for s in (self.k_scale, self.v_scale):
             if s is not None and not (s > 0 and s == s and s != float("inf")):
                 raise UsageError(f"scales must be positive and finite, got {s}")
+        check_capture_values(self)
         self.rank_shape()
         self.cache_torch_dtype()
         self.input_torch_dtype()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvprof.errors import UsageError
+from kvprof.argtypes import positive_float, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for the outputs (default: next to PATH)")
     parser.add_argument("--baseline", default=None,
                         help="variant to compare the others with (default: two_stream when present)")
-    parser.add_argument("--layers", type=int, default=None,
+    parser.add_argument("--layers", type=positive_int, default=None,
                         help=f"layers per decode step in the projection (default {b.layers}, the benchmark's model)")
-    parser.add_argument("--itl-before", type=float, default=b.itl_before_ms,
+    parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms,
                         help=f"inter-token latency of the baseline, ms (default {b.itl_before_ms})")
-    parser.add_argument("--itl-after", type=float, default=b.itl_after_ms,
+    parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms,
                         help=f"measured inter-token latency after the change, ms (default {b.itl_after_ms})")
-    parser.add_argument("--max-events", type=int, default=None,
+    parser.add_argument("--max-events", type=positive_int, default=None,
                         help="refuse traces with more events than this (default 4,000,000; memory bound)")
     parser.add_argument("--no-files", action="store_true", help="print only; write nothing")
     parser.add_argument("--quiet", action="store_true", help="write the files, print only their paths")
@@ -49,12 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from kvprof.trace.kineto import DEFAULT_MAX_EVENTS
     from kvprof.trace.load import load
 
-    if args.layers is not None and args.layers <= 0:
-        raise UsageError(f"--layers must be positive, got {args.layers}")
-    if args.itl_before <= 0 or args.itl_after <= 0:
-        raise UsageError("--itl-before and --itl-after must be positive milliseconds")
     path = Path(args.path)
-    loaded = load(path, args.max_events or DEFAULT_MAX_EVENTS)
+    loaded = load(path, DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events)
     bench = Benchmark(itl_before_ms=args.itl_before, itl_after_ms=args.itl_after,
                       layers=args.layers or Benchmark().layers)
     result = analyze(loaded, baseline=args.baseline, bench=bench, layers=args.layers)

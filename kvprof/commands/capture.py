@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvprof.argtypes import positive_float
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -23,7 +25,10 @@ def _ints(text: str) -> list[int]:
 
 
 def _names(text: str) -> list[str]:
-    return [x for x in text.replace(" ", "").split(",") if x]
+    names = [x for x in text.replace(" ", "").split(",") if x]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
 
 
 def _writer_option(text: str) -> tuple[str, str, object]:
@@ -60,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--page-size", type=int, default=1, help="tokens per page (default: %(default)s)")
     w.add_argument("--pool-size", type=int, default=None, help="slots per layer (default: sized to the workload and device memory)")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--max-memory-gb", type=positive_float, default=None,
+                   help="refuse a capture whose pool, inputs and profiler records would need more "
+                        "(default: 80%% of available host memory, 90%% of the GPU's free memory)")
 
     d = p.add_argument_group("write")
     d.add_argument("--variants", type=_names, default=None, help=f"write variants (default: {','.join(DEFAULT_VARIANTS)}, skipping what cannot run here)")
@@ -99,7 +107,7 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
         input_dtype=args.input_dtype, k_scale=args.k_scale, v_scale=args.v_scale,
         loc_dtype=args.loc_dtype, slots=args.slots, page_size=args.page_size, pool_size=args.pool_size,
         seed=args.seed, profiler=args.profiler, scrub=args.scrub, pass_env=args.pass_env,
-        writer_options=options, run_id=args.run_id, output=args.output,
+        writer_options=options, run_id=args.run_id, output=args.output, max_memory_gb=args.max_memory_gb,
     )
 
 

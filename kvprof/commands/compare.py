@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvprof.argtypes import positive_float, positive_int
 from kvprof.errors import UsageError
 
 
@@ -22,10 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory or trace holding the baseline (and variants)")
     parser.add_argument("run2", nargs="?", default=None, help="second run whose variants are compared with the baseline")
     parser.add_argument("--baseline", default="two_stream", help="baseline variant (default two_stream)")
-    parser.add_argument("--layers", type=int, default=None, help=f"layers per decode step (default {b.layers})")
-    parser.add_argument("--itl-before", type=float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
-    parser.add_argument("--itl-after", type=float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
-    parser.add_argument("--max-events", type=int, default=None, help="refuse traces with more events than this")
+    parser.add_argument("--layers", type=positive_int, default=None, help=f"layers per decode step (default {b.layers})")
+    parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
+    parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
+    parser.add_argument("--max-events", type=positive_int, default=None, help="refuse traces with more events than this")
     parser.add_argument("--out", type=Path, default=None, help="folder for compare.json")
     parser.add_argument("--no-files", action="store_true", help="print only")
 
@@ -39,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from kvprof.trace.kineto import DEFAULT_MAX_EVENTS
     from kvprof.trace.load import load
 
-    if args.layers is not None and args.layers <= 0:
-        raise UsageError(f"--layers must be positive, got {args.layers}")
-    me = args.max_events or DEFAULT_MAX_EVENTS
+    me = DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events
     bench = Benchmark(itl_before_ms=args.itl_before, itl_after_ms=args.itl_after, layers=args.layers or 80)
     first = analyze(load(args.run, me), baseline=args.baseline, bench=bench, layers=args.layers)
     groups = first.groups

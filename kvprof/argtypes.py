@@ -1,0 +1,50 @@
+"""argparse types that refuse what would otherwise be quietly taken for a default.
+
+``--pool-size 0`` or ``--max-events 0`` used to mean "default" through an ``x or default``;
+``--itl-before nan`` passed every ``<= 0`` test. These types refuse them at the argument,
+with the option's name in the one-line error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (nan and inf are refused: they pass every comparison test wrongly)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def finite_positive(value: float | None, name: str) -> None:
+    """The same rule for values that arrive through the Python API (raises ValueError)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
