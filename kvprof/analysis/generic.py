@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvprof.analysis.gpu_groups import group_gpu_stats, short_kernel_name
+from kvprof.analysis.gpu_groups import group_gpu_stats, short_kernel_name, stream_lanes
 from kvprof.trace.intervals import busy_and_overlap, gaps
 from kvprof.trace.schema import GPU_WORK_KINDS, LAUNCH_KINDS
 
@@ -45,11 +45,11 @@ def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
         out["note"] = "no GPU activity in this trace: CPU-side numbers only"
     else:
         end = work["start_ns"] + work["dur_ns"]
-        s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), work["stream"].to_numpy()
+        s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), stream_lanes(work)
         busy, overlap = busy_and_overlap(s, e, ln)
         n_gaps, idle = gaps(s, e)
         window = int(e.max() - s.min())
-        per_stream = group_gpu_stats(work, "stream")
+        per_stream = group_gpu_stats(work, ["device", "stream"])
         out.update({
             "gpu_window_ns": window,
             "gpu_busy_ns": busy,
@@ -59,7 +59,7 @@ def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
             "idle_ns": idle,
             "gaps": n_gaps,
             "streams": [
-                {"stream": int(st), "activities": int(r["gpu_ops"]), "busy_ns": int(r["gpu_union_ns"]),
+                {"device": int(st[0]), "stream": int(st[1]), "activities": int(r["gpu_ops"]), "busy_ns": int(r["gpu_union_ns"]),
                  "span_ns": int(r["gpu_span_ns"]), "idle_ns": int(r["idle_ns"]), "gaps": int(r["gaps"])}
                 for st, r in per_stream.iterrows()
             ],

@@ -30,12 +30,12 @@ def group_gpu_stats(rows: pd.DataFrame, key: str | list[str]) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame(columns=[*keys, *GROUP_STAT_COLUMNS]).set_index(keys)
     r = rows.assign(end_ns=rows["start_ns"] + rows["dur_ns"], is_kernel=(rows["kind"].astype(str) == "kernel"),
-                    _lane=rows["stream"])
+                    _lane=stream_lanes(rows))
     g = r.groupby(keys, sort=True, observed=True)
     out = pd.DataFrame({
         "gpu_ops": g.size(),
         "kernels": g["is_kernel"].sum().astype(np.int64),
-        "streams": g["stream"].nunique(),
+        "streams": g["_lane"].nunique(),
         "gpu_start_ns": g["start_ns"].min(),
         "gpu_end_ns": g["end_ns"].max(),
         "gpu_busy_ns": g["dur_ns"].sum(),
@@ -54,6 +54,15 @@ def group_gpu_stats(rows: pd.DataFrame, key: str | list[str]) -> pd.DataFrame:
         out["idle_ns"] = st["idle"]
         out["gaps"] = st["gaps"]
     return out[list(GROUP_STAT_COLUMNS)]
+
+
+def stream_lanes(rows: pd.DataFrame) -> np.ndarray:
+    """One lane per (device, stream): stream ids are per device, so stream 7 of GPU 0 and
+    stream 7 of GPU 1 are two lanes, never one."""
+    if "device" not in rows.columns:
+        return rows["stream"].to_numpy()
+    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([rows["device"].to_numpy(), rows["stream"].to_numpy()]))
+    return codes
 
 
 def short_kernel_name(name: str) -> str:

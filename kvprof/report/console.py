@@ -99,7 +99,10 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     for source in sorted({g["source"] for g in groups}):
         con.print(groups_table([g for g in groups if g["source"] == source], source))
     if not groups:
-        con.print("no kvprof writes: generic numbers only (see summary.json 'traces[].generic')")
+        found = sum(int((tr.get("attribution") or {}).get("writes") or 0) for tr in summary["traces"])
+        con.print(f"{found:,} writes found, none inside a kvprof step range: no per-phase table; generic numbers "
+                  "only (see the warnings and summary.json 'traces[].generic')" if found else
+                  "no kvprof writes: generic numbers only (see summary.json 'traces[].generic')")
         for tr in summary["traces"]:
             g = tr.get("generic") or {}
             if g.get("gpu"):

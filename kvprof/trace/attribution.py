@@ -37,6 +37,8 @@ from kvprof.trace.schema import (
     NVTX_DOMAIN,
     PHASE_RANGE_PATTERN,
     STEP_RANGE_PATTERN,
+    UNNAMED_VARIANT,
+    WRITE_RANGE_LOOKALIKE,
     WRITE_RANGE_PATTERN,
 )
 from kvprof.trace.table import from_frame, to_frame
@@ -132,13 +134,58 @@ class _Attributor:
         rng = _kvprof_ranges(self.df)
         w = parse_names(rng["name"], WRITE_RANGE_PATTERN)
         s = parse_names(rng["name"], STEP_RANGE_PATTERN)
-        wm = w["variant"].notna().to_numpy()
+        wm = w["base"].notna().to_numpy()
         sm = s["phase"].notna().to_numpy()
+        self.count_lookalikes(rng.index[wm])
+        # the name family's optional parts (kvprof.trace.schema): variant, layer, tokens
+        default = (self.meta or {}).get("variant") or UNNAMED_VARIANT
+        cat = rng["category"].to_numpy(dtype=object)[wm]
+        variant = [v if isinstance(v, str) else (c if isinstance(c, str) else default)
+                   for v, c in zip(w["variant"].to_numpy(dtype=object)[wm], cat)]
+        layer = w["layer"].fillna("-1").to_numpy()[wm]
+        named_tokens = pd.to_numeric(w["tokens"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)[wm]
+        payload = rng["payload"].to_numpy()[wm]
         # plain arrays: assigning Series to an empty frame would adopt their index (pandas 3)
-        writes = rng[wm].assign(w_variant=w["variant"].to_numpy()[wm], w_layer=w["layer"].to_numpy()[wm])
+        writes = rng[wm].assign(w_variant=np.asarray(variant, dtype=object), w_layer=layer,
+                                payload=np.where(payload >= 0, payload, named_tokens))
         steps = rng[sm].assign(s_phase=s["phase"].to_numpy()[sm], s_size=s["size"].to_numpy()[sm],
                                s_step=s["step"].to_numpy()[sm])
         return writes.sort_values(["start_ns", "pid", "tid"], kind="stable"), steps.sort_values("start_ns", kind="stable")
+
+    def count_lookalikes(self, accepted: pd.Index) -> None:
+        """Host ranges that mention set_kv_buffer but are not in the accepted name family (or
+        sit in another NVTX domain): counted and named, so a trace is never "writes 0" in silence."""
+        df = self.df
+        ann = df[df["kind"] == "cpu_annotation"]
+        names = ann["name"].astype(str)
+        looks = names.str.contains(WRITE_RANGE_LOOKALIKE, case=False, regex=False) & ~ann.index.isin(accepted)
+        n = int(looks.sum())
+        if not n:
+            return
+        examples = sorted(set(names[looks]))[:3]
+        self.counts["write_ranges_unrecognised"] = n
+        self.warnings.append(
+            f"{n:,} ranges mention set_kv_buffer but are not kvprof write ranges (e.g. "
+            f"{', '.join(repr(e[:60]) for e in examples)}); they are not counted as writes. Accepted: "
+            "'set_kv_buffer[<variant>] L<layer>', with [<variant>], ' L<layer>' and ' tokens=<n>' optional, "
+            f"in NVTX domain {NVTX_DOMAIN!r} or none")
+
+    def count_outside_steps(self) -> None:
+        """Writes and graph replays that no kvprof step range encloses: said, with counts."""
+        outside = sum(1 for r in self.write_rows if not r.get("during_capture")  # capture templates: not measured
+                      and (r.get("phase") is None or r.get("size", -1) < 0))
+        if outside:
+            self.counts["writes_outside_steps"] = outside
+            self.warnings.append(
+                f"{outside:,} writes lie outside kvprof step ranges (kvprof.step[...]): they have no phase or size, "
+                "so the per-phase tables leave them out")
+        work = (self.graph_launch >= 0) & self.df["kind"].isin(GPU_WORK_KINDS).to_numpy() & (self.step < 0)
+        replays = int(len(np.unique(self.graph_launch[work])))
+        if replays:
+            self.counts["replays_outside_steps"] = replays
+            self.warnings.append(
+                f"{replays:,} graph replays lie outside kvprof step ranges: their GPU activities are not tied to "
+                "writes (the generic numbers still count them)")
 
     def step_variant(self, steps: pd.DataFrame) -> list[str | None]:
         default = (self.meta or {}).get("variant")
@@ -163,6 +210,7 @@ class _Attributor:
         self.eager(writes, host)
         self.gpu_by_correlation()
         self.replays(writes, steps)
+        self.count_outside_steps()
         self.counts["writes"] = len(self.write_rows)
         if self.trace.is_kvprof or len(writes) or len(steps):
             if not len(writes) and not (self.graph_launch >= 0).any():
@@ -397,6 +445,9 @@ class _Attributor:
             "writes_by_method": writes["attribution"].value_counts().to_dict() if len(writes) else {},
             "graph_replays": int(self.counts.get("replays", 0)),
             "graph_replays_unattributed": int(self.counts.get("replays_unattributed", 0)),
+            "graph_replays_outside_steps": int(self.counts.get("replays_outside_steps", 0)),
+            "writes_outside_steps": int(self.counts.get("writes_outside_steps", 0)),
+            "write_ranges_unrecognised": int(self.counts.get("write_ranges_unrecognised", 0)),
             "gpu_rows": int(gpu.sum()),
         }
         df = df.drop(columns=["end_ns"])

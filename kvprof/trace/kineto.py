@@ -29,7 +29,9 @@ import numpy as np
 import orjson
 
 from kvprof.errors import TraceError
+from kvprof.guards import open_regular
 from kvprof.trace.model import Trace
+from kvprof.trace.sanitize import clean_meta, reader_warnings
 from kvprof.trace.schema import KINDS
 from kvprof.trace.table import build_table
 
@@ -89,7 +91,7 @@ def read_bytes(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENT
     """The decompressed trace bytes, refusing early when they hold more than ``max_events``."""
     p = Path(path)
     try:
-        raw = open(p, "rb")
+        raw = open_regular(p)
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
     chunks: list[bytes] = []
@@ -185,13 +187,28 @@ def event_batches(data: bytes, starts: list[int], rb: int) -> Iterator[list[Any]
         yield orjson.loads(b"[" + chunk + b"]")
 
 
+_I64_MAX = (1 << 63) - 1
+# |ts| and dur in microseconds past which ns sums could overflow int64 (3e15 µs: ~95 years)
+_MAX_US = 3.0e15
+
+
 def _int(v: Any) -> int:
+    """An id as int64, -1 when it is missing, not a number, or does not fit (ids >= 2**63)."""
     if v.__class__ is int:
-        return v
+        return v if -_I64_MAX <= v <= _I64_MAX else -1
     try:
-        return int(v)
-    except (TypeError, ValueError):
+        i = int(v)
+    except (TypeError, ValueError, OverflowError):
         return -1
+    return i if -_I64_MAX <= i <= _I64_MAX else -1
+
+
+def _i64_array(values: list[Any]) -> np.ndarray:
+    """int64 column; the rare value that does not fit becomes -1 (checked only on overflow)."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return np.asarray([_int(v) for v in values], dtype=np.int64)
 
 
 def _dims(v: Any) -> str | None:
@@ -243,7 +260,7 @@ def events_from_document(
     block_l: list[int] = []
     bytes_l: list[int] = []
     flows: dict[tuple[int, int, float], int] = {}
-    stats = {"skipped": 0, "non_complete": 0, "malformed": 0}
+    stats = {"skipped": 0, "non_complete": 0, "malformed": 0, "out_of_range": 0}
     code_of_cat = _CODE_OF_CAT
     arg_codes = _ARG_CODES
     gpu_codes = _GPU_CODES
@@ -262,11 +279,17 @@ def events_from_document(
             ph = e.get("ph")
             if ph != "X":
                 if ph == "f" and e.get("cat") == "ac2g":
-                    flows[(_int(e.get("pid")), _int(e.get("tid")), e.get("ts"))] = _int(e.get("id"))
+                    fts = e.get("ts")
+                    if fts.__class__ in (int, float):
+                        flows[(_int(e.get("pid")), _int(e.get("tid")), fts)] = _int(e.get("id"))
+                    else:
+                        stats["malformed"] += 1
                 else:
                     stats["non_complete"] += 1
                 continue
             cat = e.get("cat")
+            if cat.__class__ is not str:
+                cat = None if cat is None else ""  # a list or number: not a category kvprof knows
             code = code_of_cat.get(cat)
             if code is None:
                 if cat in SKIPPED_CATS:
@@ -274,12 +297,15 @@ def events_from_document(
                     continue
                 code = _OTHER
             ts = e.get("ts")
-            if ts is None or not isinstance(ts, (int, float)):
+            if ts.__class__ not in (int, float):
                 stats["malformed"] += 1
                 continue
             dur = e.get("dur", 0)
-            if not isinstance(dur, (int, float)):
+            if dur.__class__ not in (int, float):
                 dur = 0
+            if not (-_MAX_US < ts < _MAX_US and -_MAX_US < dur < _MAX_US):  # NaN fails too
+                stats["out_of_range"] += 1
+                continue
             name = e.get("name")
             if name.__class__ is not str:
                 name = "" if name is None else str(name)
@@ -292,7 +318,9 @@ def events_from_document(
             ts_l.append(ts)
             dur_l.append(dur)
             if code in arg_codes:
-                args = e.get("args") or {}
+                args = e.get("args")
+                if args.__class__ is not dict:
+                    args = {}
                 corr_l.append(_int(args.get("correlation", -1)))
                 if code in gpu_codes:
                     dev_l.append(_int(args.get("device", pid)))
@@ -316,8 +344,8 @@ def events_from_document(
     cols = {
         "kind": np.asarray(kind_l, dtype=np.int32),
         "name": np.asarray(name_l, dtype=np.int32),
-        "pid": np.asarray(pid_l, dtype=np.int64),
-        "tid": np.asarray(tid_l, dtype=np.int64),
+        "pid": _i64_array(pid_l),
+        "tid": _i64_array(tid_l),
         "ts_us": np.asarray(ts_l, dtype=np.float64),
         "dur_us": np.asarray(dur_l, dtype=np.float64),
         "device": np.asarray(dev_l, dtype=np.int32),
@@ -357,14 +385,16 @@ def devices_of(doc: dict[str, Any], meta: dict[str, Any] | None) -> list[dict[st
     """deviceProperties, with the capture's measured peak/copy rates where it gave them."""
     out = []
     kv_dev = (meta or {}).get("device") or {}
-    for d in doc.get("deviceProperties") or []:
+    props = doc.get("deviceProperties")
+    kv_dev = kv_dev if isinstance(kv_dev, dict) else {}
+    for d in props if isinstance(props, list) else []:
         if not isinstance(d, dict):
             continue
         out.append({
             "id": _int(d.get("id", 0)),
-            "name": d.get("name"),
-            "sms": d.get("numSms"),
-            "memory_bytes": d.get("totalGlobalMem"),
+            "name": d.get("name") if isinstance(d.get("name"), str) else None,
+            "sms": _count(d.get("numSms")),
+            "memory_bytes": _count(d.get("totalGlobalMem")),
             "peak_bandwidth_gbs": kv_dev.get("peak_bandwidth_gbs"),
             "copy_rate_gbs": kv_dev.get("copy_rate_gbs"),
         })
@@ -373,6 +403,11 @@ def devices_of(doc: dict[str, Any], meta: dict[str, Any] | None) -> list[dict[st
                     "peak_bandwidth_gbs": kv_dev.get("peak_bandwidth_gbs"),
                     "copy_rate_gbs": kv_dev.get("copy_rate_gbs")})
     return out
+
+
+def _count(v: Any) -> int | None:
+    """A non-negative integer property, or None (a string or a list is not a count)."""
+    return v if v.__class__ is int and 0 <= v <= _I64_MAX else None
 
 
 def _kvprof_meta(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -429,10 +464,14 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
     stats["events_in_file"] = total
     stats["flow_correlations"] = _resolve_flow_correlations(cols)
     start_ns, _ = _to_ns(cols["ts_us"])
-    dur_ns = np.maximum(np.rint(cols["dur_us"] * 1000.0).astype(np.int64), 0)
-    meta = _kvprof_meta(doc)
+    dur_ns = np.rint(cols["dur_us"] * 1000.0).astype(np.int64)
+    warnings = reader_warnings(stats, int((dur_ns < 0).sum()), start_ns, dur_ns)
+    dur_ns = np.maximum(dur_ns, 0)
+    meta, meta_warnings = clean_meta(_kvprof_meta(doc))
+    warnings += meta_warnings
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     rank = _int(dist.get("rank", 0)) if dist else 0
+    rank = rank if 0 <= rank < (1 << 31) else 0
     table = build_table(
         {
             "trace": str(p),
@@ -463,6 +502,7 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
         devices=devices_of(doc, meta),
         clock=clock,
         stats=stats,
+        warnings=warnings,
     )
     _fill_gpu_pids(trace)
     return trace

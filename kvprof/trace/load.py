@@ -17,10 +17,12 @@ from typing import Any
 import orjson
 
 from kvprof.errors import TraceError, UsageError
+from kvprof.guards import open_regular, require_regular
 from kvprof.trace.attribution import attribute
 from kvprof.trace.kineto import DEFAULT_MAX_EVENTS, read_kineto
 from kvprof.trace.model import Trace
 from kvprof.trace.nsys_sqlite import export_report, read_nsys_sqlite
+from kvprof.trace.sanitize import clean_manifest, clean_manifest_entry
 
 MANIFEST = "manifest.json"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -41,7 +43,7 @@ class Loaded:
 def sniff(path: Path) -> str:
     """"kineto", "nsys_sqlite" or "nsys_rep" from content (and the .nsys-rep suffix, a binary format)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(64)
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -62,21 +64,36 @@ def sniff(path: Path) -> str:
 
 def load_file(path: Path, max_events: int = DEFAULT_MAX_EVENTS, fallback_meta: dict[str, Any] | None = None,
               export_dir: Path | None = None) -> Trace:
-    """Read and attribute one file."""
+    """Read and attribute one file.
+
+    A malformed value the readers did not foresee still ends as a one-line TraceError
+    (exit 3) naming the file and the error, never as a traceback (kvprof.trace.sanitize
+    and the readers handle the known cases with a precise message or a warning).
+    """
     fmt = sniff(path)
-    if fmt == "kineto":
-        trace = read_kineto(path, max_events)
-    elif fmt == "nsys_sqlite":
-        trace = read_nsys_sqlite(path)
-    else:
-        trace = read_nsys_sqlite(export_report(path, export_dir))
-        trace = trace.replace(path=str(path))
-    return attribute(trace, fallback_meta)
+    try:
+        if fmt == "kineto":
+            trace = read_kineto(path, max_events)
+        elif fmt == "nsys_sqlite":
+            trace = read_nsys_sqlite(path)
+        else:
+            trace = read_nsys_sqlite(export_report(path, export_dir))
+            trace = trace.replace(path=str(path))
+        return attribute(trace, fallback_meta)
+    except MALFORMED as exc:
+        raise TraceError(f"{path.name}: malformed trace ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})") from exc
+
+
+# What a reader or attribution raises on values no check foresaw (not a KvprofError).
+MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, ZeroDivisionError,
+             RecursionError, UnicodeError)
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     try:
-        doc = orjson.loads(path.read_bytes())
+        with open_regular(path) as fh:
+            doc = orjson.loads(fh.read())
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
@@ -87,11 +104,12 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 
 
 def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
-    manifest = _read_manifest(run_dir / MANIFEST)
-    loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest)
+    manifest, warnings = clean_manifest(_read_manifest(run_dir / MANIFEST))
+    loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest, warnings=warnings)
     seen: set[Path] = set()
     for name, entry in manifest["variants"].items():
-        entry = entry if isinstance(entry, dict) else {}
+        entry, entry_warnings = clean_manifest_entry(name, entry)
+        loaded.warnings += entry_warnings
         loaded.variants[name] = entry
         if not entry.get("available", True):
             continue
@@ -128,7 +146,11 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
 
 def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     """A folder of traces without a manifest: every Chrome trace, nsys export and report in it."""
-    files = sorted(p for p in d.iterdir() if p.is_file() and (
+    try:
+        entries = list(d.iterdir())
+    except OSError as exc:
+        raise TraceError(f"cannot read the folder {d}: {exc.strerror or exc}") from None
+    files = sorted(p for p in entries if p.is_file() and (
         p.name.endswith((".json", ".json.gz", ".sqlite", ".nsys-rep")) and p.name not in (MANIFEST, "summary.json")))
     sqlite_stems = {p.name[: -len(".sqlite")] for p in files if p.name.endswith(".sqlite")}
     files = [p for p in files if not (p.name.endswith(".nsys-rep") and p.name[: -len(".nsys-rep")] in sqlite_stems)]
@@ -155,5 +177,6 @@ def load(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> 
         raise UsageError(f"--max-events must be positive, got {max_events}")
     if p.is_dir():
         return load_run(p, max_events) if (p / MANIFEST).is_file() else load_dir(p, max_events)
+    require_regular(p, "a trace")  # a FIFO or a device would block or never end
     t = load_file(p, max_events)
     return Loaded(input=p, kind=t.source, traces=[t])

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from kvprof.errors import ToolError, TraceError
+from kvprof.guards import open_regular
 from kvprof.trace.model import Trace
 from kvprof.trace.schema import KINDS
 from kvprof.trace.table import build_table
@@ -46,13 +47,34 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in db.execute(f"PRAGMA table_info([{table}])")}
 
 
+TEXT_COLUMNS = frozenset({"text", "name"})  # every other column kvprof reads holds numbers
+_I64_LIMIT = 9.0e18
+
+
+def _numeric(s: pd.Series) -> pd.Series:
+    """Numbers as float or int; text, blobs and values beyond int64 become missing (NaN).
+
+    SQLite columns are not typed: an export edited by hand (or by a hostile tool) can hold
+    text where nsys writes integers, and ``int("abc")`` used to end in a traceback.
+    """
+    if s.dtype.kind in "iu":
+        return s
+    num = pd.to_numeric(s.map(lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) else None),
+                        errors="coerce")
+    return num.where(num.abs() < _I64_LIMIT)
+
+
 def _select(db: sqlite3.Connection, table: str, wanted: dict[str, str], where: str = "") -> pd.DataFrame:
     """SELECT the wanted columns that exist; missing ones come back as the given SQL default."""
     have = _columns(db, table)
     parts = [f"[{c}]" if c in have else f"{default} AS [{c}]" for c, default in wanted.items()]
     sql = f"SELECT {', '.join(parts)} FROM [{table}] {where}"
     rows = db.execute(sql).fetchall()
-    return pd.DataFrame.from_records(rows, columns=list(wanted))
+    df = pd.DataFrame.from_records(rows, columns=list(wanted))
+    for c in wanted:
+        if c not in TEXT_COLUMNS:
+            df[c] = _numeric(df[c])
+    return df
 
 
 def _i64(s: pd.Series, default: int = -1) -> np.ndarray:
@@ -63,7 +85,7 @@ def open_export(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open read-only after checking it is SQLite and an nsys export with a kernel table."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
+        with open_regular(p) as f:
             magic = f.read(16)
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
@@ -105,8 +127,17 @@ class _Names:
         return list(self.codes)
 
 
+def _text(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    return "" if v is None else str(v)
+
+
 def _strings(db: sqlite3.Connection) -> dict[int, str]:
-    return dict(db.execute("SELECT id, value FROM StringIds").fetchall())
+    """StringIds as id -> text (a number or blob stored as a value becomes its text)."""
+    return {i: _text(v) for i, v in db.execute("SELECT id, value FROM StringIds") if isinstance(i, int)}
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:
@@ -131,8 +162,8 @@ def _gpu_frame(db: sqlite3.Connection, table: str, kind: str, strings: dict[int,
     if kind == "kernel":
         name_id = df["demangledName"].where(df["demangledName"].notna(), df["shortName"])
         df["name"] = [strings.get(int(i), f"kernel#{int(i)}") if pd.notna(i) else "kernel" for i in name_id]
-        grid = df[["gridX", "gridY", "gridZ"]].astype("Int64").astype(str)
-        block = df[["blockX", "blockY", "blockZ"]].astype("Int64").astype(str)
+        grid = df[["gridX", "gridY", "gridZ"]].round().astype("Int64").astype(str)
+        block = df[["blockX", "blockY", "blockZ"]].round().astype("Int64").astype(str)
         df["grid"] = (grid["gridX"] + "," + grid["gridY"] + "," + grid["gridZ"]).where(df["gridX"].notna(), None)
         df["block"] = (block["blockX"] + "," + block["blockY"] + "," + block["blockZ"]).where(df["blockX"].notna(), None)
     elif kind == "memcpy":
@@ -150,7 +181,7 @@ def _enum(db: sqlite3.Connection, tables: set[str], name: str) -> dict[int, str]
         return {}
     cols = _columns(db, name)
     label = "label" if "label" in cols else "name"
-    return dict(db.execute(f"SELECT id, [{label}] FROM [{name}]").fetchall())
+    return {i: _text(v) for i, v in db.execute(f"SELECT id, [{label}] FROM [{name}]") if isinstance(i, int)}
 
 
 def _nvtx_frame(db: sqlite3.Connection, strings: dict[int, str]) -> tuple[pd.DataFrame, dict[int, str]]:
@@ -208,7 +239,7 @@ def _devices(db: sqlite3.Connection, tables: set[str]) -> list[dict[str, Any]]:
     out = []
     for r in df.itertuples():
         bw = float(r.memoryBandwidth) / 1e9 if pd.notna(r.memoryBandwidth) and r.memoryBandwidth else None
-        out.append({"id": int(r.id) if pd.notna(r.id) else 0, "name": r.name,
+        out.append({"id": int(r.id) if pd.notna(r.id) else 0, "name": r.name if isinstance(r.name, str) else None,
                     "sms": int(r.smCount) if pd.notna(r.smCount) else None,
                     "memory_bytes": int(r.totalMemory) if pd.notna(r.totalMemory) else None,
                     "peak_bandwidth_gbs": bw, "copy_rate_gbs": None})
@@ -219,7 +250,7 @@ def _clock(db: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
     clock: dict[str, Any] = {"unit": "ns", "source_unit": "ns", "form": "session", "epoch_offset_ns": None}
     if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(db, "TARGET_INFO_SESSION_START_TIME"):
         row = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
-        if row and row[0] is not None:
+        if row and isinstance(row[0], int):
             clock["epoch_offset_ns"] = int(row[0])
     return clock
 
@@ -280,6 +311,8 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         np.asarray([kinds.index(k) for k in col(gpu, "kind")], dtype=np.int32),
         np.asarray([kinds.index(k) for k in col(host, "kind")], dtype=np.int32),
     ])
+    timed = (start >= 0) & (end >= 0)  # _i64 gives -1 for a missing or non-numeric time
+    negative = int((timed & (end < start)).sum())
     n = n_gpu + n_host
     name_codes = np.concatenate([names.codes_of(col(gpu, "name")), names.codes_of(col(host, "name"))])
     grid = np.concatenate([names.codes_of(col(gpu, "grid")), np.full(n_host, -1, np.int32)])
@@ -320,7 +353,9 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         clock=_clock(db, tables),
         stats={"events_in_file": n, "kernels": int((col(gpu, "kind") == "kernel").sum()) if n_gpu else 0},
         graph_nodes=graph_nodes_of(db, tables),
-        warnings=_missing_table_warnings(tables),
+        warnings=_missing_table_warnings(tables) + (
+            [f"{negative:,} rows end before they start (corrupt export); their duration counts as 0 ns"]
+            if negative else []),
     )
 
 
@@ -332,6 +367,9 @@ def _missing_table_warnings(tables: set[str] | list[str]) -> list[str]:
                    "so no per-write numbers, only the generic ones")
     if KERNEL_TABLE not in tables:
         out.append(f"no {KERNEL_TABLE} table: no GPU kernels in this export")
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" not in tables:
+        out.append("no CUPTI_ACTIVITY_KIND_RUNTIME table (profiled without -t cuda?): kernels cannot be tied to "
+                   "the calls and write ranges that launched them, so writes have no GPU time")
     return out
 
 

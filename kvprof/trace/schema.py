@@ -139,7 +139,19 @@ COLUMNS = tuple(SCHEMA.names)
 # readers that parse them back.
 NVTX_DOMAIN = "kvprof"
 WRITE_RANGE_FORMAT = "set_kv_buffer[{variant}] L{layer}"
-WRITE_RANGE_PATTERN = r"^set_kv_buffer\[(?P<variant>[^\]]+)\] L(?P<layer>\d+)$"
+# The family of per-write range names the analysis accepts (kvprof writes the first form;
+# an engine annotated by hand may use any of them):
+#   set_kv_buffer[<variant>] L<layer>   set_kv_buffer[<variant>]   set_kv_buffer L<layer>
+#   set_kv_buffer                       each optionally followed by " tokens=<n>"
+# Without [variant] the variant is the range's NVTX category, else the trace's kvprof
+# metadata, else "unnamed"; without a layer it is -1; tokens come from the NVTX payload,
+# else the name, else the step's size. Ranges that mention set_kv_buffer in any other form
+# are counted and named in a warning, never dropped silently.
+WRITE_RANGE_PATTERN = (
+    r"^(?P<base>set_kv_buffer)(?:\[(?P<variant>[^\]]+)\])?(?: L(?P<layer>\d+))?(?: tokens=(?P<tokens>\d+))?$"
+)
+WRITE_RANGE_LOOKALIKE = "set_kv_buffer"  # case-insensitive substring of names counted when they do not match
+UNNAMED_VARIANT = "unnamed"
 STEP_RANGE_FORMAT = "kvprof.step[{phase} {size_key}={size}] #{step}"
 STEP_RANGE_PATTERN = (
     r"^kvprof\.step\[(?P<phase>\w+) (?P<size_key>bs|tokens)=(?P<size>\d+)\] #(?P<step>\d+)$"

@@ -58,7 +58,12 @@ def build_table(columns: Mapping[str, Any], n: int) -> pa.Table:
                 value = np.full(n, -1, dtype=f.type.to_pandas_dtype())
             elif np.isscalar(value):
                 value = np.full(n, value, dtype=f.type.to_pandas_dtype())
-            arr = pa.array(np.asarray(value).astype(f.type.to_pandas_dtype(), copy=False), type=f.type)
+            target = f.type.to_pandas_dtype()
+            value = np.asarray(value)
+            if target == np.int32 and value.dtype != np.int32 and value.size:
+                # an id that does not fit int32 (a corrupt device or layer) is unknown, not wrapped
+                value = np.where((value < -(1 << 31)) | (value >= (1 << 31)), -1, value)
+            arr = pa.array(value.astype(target, copy=False), type=f.type)
         if len(arr) != n:
             raise ValueError(f"column {f.name} has {len(arr)} rows, expected {n}")
         arrays.append(arr)
