@@ -21,6 +21,18 @@ included) of a JSON file, and line by line to .log/.txt files:
 - home paths: ``/home/<user>``, ``/Users/<user>``, ``/root`` and this user's ``~``
   become ``~`` inside the string; the rest of the string is kept.
 - JSON values under a key that names a secret (``HF_TOKEN``) become ``MARKER``.
+- token-shaped strings (``sk-...``, ``hf_...``, ``ghp_...``, AWS key ids, JWTs, URLs
+  with a password: ``envsafe``'s known formats) become ``TOKEN_MARKER`` wherever they are,
+  whether or not the variable that held them is set where scrub runs.
+- host names: this machine's name (3 characters or more, as a word) and the values of
+  host-name fields (JSON keys ``host_name``/``hostname``/``hostName``; SQLite ``name``/``value``
+  rows whose name mentions HOSTNAME) become ``HOST_MARKER``.
+- JSON escapes are decoded before any rule is applied (``"sk\\u002d..."``, ``"\\/home\\/..."``).
+
+Parquet files (analyze's outputs) get the same rules on every string column.
+``check_path`` (``scrub --check``) verifies without writing: it decodes every string
+(JSON escapes, gzip, SQLite text, Parquet, log lines) and reports any that the rules would
+still change, plus any environment secret found in the raw bytes.
 
 SQLite values are replaced in place (same row, same id: StringIds also holds kernel names
 and NVTX messages referenced by id), never deleted, then the copy is VACUUMed (with
@@ -37,6 +49,7 @@ environment of every other process it can see.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import re
@@ -52,13 +65,18 @@ import orjson
 from kvprof.atomic import atomic_path
 from kvprof.capture import envsafe
 from kvprof.errors import KvprofError, OutputError, TraceError, UsageError
+from kvprof.guards import open_regular, require_regular
 
 MARKER = "[kvprof: environment removed]"
+TOKEN_MARKER = "[kvprof: token removed]"
+HOST_MARKER = "[kvprof: host]"
 HOME = "~"
+HOST_KEYS = ("host_name", "hostname", "hostName", "host")
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 JSON_SUFFIXES = (".json", ".json.gz")
-TEXT_SUFFIXES = (".log", ".txt")
+TEXT_SUFFIXES = (".log", ".txt", ".csv")
+PARQUET_SUFFIXES = (".parquet",)
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep", ".qdstrm")
 SIDECARS = ("-wal", "-shm", "-journal")
 
@@ -73,6 +91,20 @@ _ASSIGNMENT = re.compile(
 )
 _HOME_DIRS = re.compile(r"(?<![\w.\-])(?:(?:/home|/Users)/[^/\s\"'\x00:]+|/root(?=[/\s\"'\x00:]|\Z))")
 _SECRET_KEY = re.compile(r"[A-Z][A-Z0-9_]+\Z")
+# Token-shaped strings (envsafe's known formats), as words: "task-..." or "__hf_x" are not.
+_TOKEN_PREFIXES = (r"hf_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|sk-|sk_live_|rk_live_|xox[abprs]-"
+                   r"|AKIA|ASIA|AIza|ya29\.|eyJ")
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + _TOKEN_PREFIXES + r")[A-Za-z0-9_\-.=+/]{8,}"
+                    r"|[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
+_TOKEN_BYTES = re.compile(rb"(?:" + _TOKEN_PREFIXES.encode() + rb")|://")
+
+
+def this_hostnames() -> list[str]:
+    """This machine's host name and its first label (no DNS lookup: that can take seconds)."""
+    import socket
+
+    name = socket.gethostname() or ""
+    return sorted({n for n in (name, name.split(".")[0]) if len(n) >= 3 and n != "localhost"}, key=len, reverse=True)
 
 
 @dataclass
@@ -80,10 +112,11 @@ class ScrubReport:
     """What scrub did to one file."""
 
     path: Path
-    kind: str  # "sqlite" | "json" | "text" | "nsys-rep" | "other"
+    kind: str  # "sqlite" | "json" | "text" | "parquet" | "nsys-rep" | "other"
     env_rows: int = 0  # META_DATA_CAPTURE environment rows emptied (SQLite)
-    strings: int = 0  # other values / strings / lines replaced by MARKER
+    strings: int = 0  # other values / strings / lines replaced by MARKER (tokens cut out included)
     paths: int = 0  # values with a home path rewritten to ~
+    hosts: int = 0  # values with a host name replaced by HOST_MARKER
     bytes_before: int = 0
     bytes_after: int = 0
     rewritten: bool = False
@@ -107,6 +140,8 @@ class ScrubReport:
             parts.append(f"{self.env_rows} environment rows")
         parts.append(f"{self.strings} {'lines' if self.kind == 'text' else 'strings'} removed")
         parts.append(f"{self.paths} home paths rewritten")
+        if self.hosts:
+            parts.append(f"{self.hosts} host names removed")
         if self.rewritten:
             size = f"{self.bytes_before:,} -> {self.bytes_after:,} bytes"
         else:
@@ -117,8 +152,14 @@ class ScrubReport:
 class Rules:
     """The string rules of the module docstring, built for one environment."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, home: str | None = None) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None, home: str | None = None,
+                 hostnames: Iterable[str] | None = None) -> None:
         env = os.environ if env is None else env
+        hosts = sorted({h for h in (this_hostnames() if hostnames is None else hostnames) if len(h) >= 3},
+                       key=len, reverse=True)
+        self.hostnames = hosts
+        self._hosts = (re.compile(r"(?<![A-Za-z0-9_\-])(?:" + "|".join(map(re.escape, hosts)) + r")(?![A-Za-z0-9_\-])",
+                                  re.IGNORECASE) if hosts else None)
         self.secrets = envsafe.sensitive_values(env)
         values = sorted(set(self.secrets.values()), key=len, reverse=True)
         self._values = re.compile("|".join(map(re.escape, values))) if values else None
@@ -153,11 +194,26 @@ class Rules:
         return self._home.sub(HOME, s) if self._home is not None else s
 
     def scrub(self, s: str) -> tuple[str, str | None]:
-        """(new value, "env" | "home" | None)."""
+        """(new value, "env" | "home" | "host" | None); "env" covers token-shaped strings."""
         if self.is_environment(s):
             return MARKER, "env"
-        new = self.strip_home(s)
-        return new, ("home" if new != s else None)
+        reason = None
+        new = s
+        if _TOKEN.search(new):
+            new, reason = _TOKEN.sub(TOKEN_MARKER, new), "env"
+        if self._hosts is not None and self._hosts.search(new):
+            new, reason = self._hosts.sub(HOST_MARKER, new), reason or "host"
+        home = self.strip_home(new)
+        if home != new:
+            new, reason = home, reason or "home"
+        return new, reason
+
+    def literals(self) -> list[bytes]:
+        """Raw byte strings whose presence makes a JSON literal worth decoding."""
+        out = [b for forms in self.needles().values() for b in forms]
+        out += [h.encode() for h in self.hostnames]
+        home = self.home_bytes()
+        return out + ([home] if home else [])
 
     def needles(self) -> dict[str, list[bytes]]:
         """name -> byte forms of its secret value, for raw-byte checks."""
@@ -254,6 +310,12 @@ def _plan_sqlite(conn: sqlite3.Connection, tables: Iterable[str], rules: Rules) 
     changes: list[_Change] = []
     for table in tables:
         columns = [r[1] for r in conn.execute(f"PRAGMA table_info({_q(table)})")]
+        lower = {c.lower(): c for c in columns}
+        if "name" in lower and "value" in lower:  # TARGET_INFO_SYSTEM_ENV: ("Hostname", "gpu-node-7")
+            n, v = _q(lower["name"]), _q(lower["value"])
+            if conn.execute(f"SELECT count(*) FROM {_q(table)} WHERE upper({n}) LIKE '%HOSTNAME%' "
+                            f"AND {v} IS NOT ?", (HOST_MARKER,)).fetchone()[0]:
+                changes.append(_Change(table, lower["value"], lower["name"], HOST_MARKER, "hostrow"))
         if _is_meta(table, columns):
             value = next(c for c in columns if c.lower() == "value")
             pending = conn.execute(
@@ -285,6 +347,11 @@ def _apply(conn: sqlite3.Connection, changes: list[_Change], report: ScrubReport
             )
             report.env_rows += cur.rowcount
             continue
+        if ch.reason == "hostrow":  # ``old`` holds the name column here
+            cur = conn.execute(f"UPDATE {t} SET {c} = ? WHERE upper({_q(ch.old)}) LIKE '%HOSTNAME%' AND {c} IS NOT ?",
+                               (HOST_MARKER, HOST_MARKER))
+            report.hosts += cur.rowcount
+            continue
         new = ch.new
         while True:
             try:
@@ -295,13 +362,15 @@ def _apply(conn: sqlite3.Connection, changes: list[_Change], report: ScrubReport
                 new = f"{MARKER} #{serial}"
         if ch.reason == "home":
             report.paths += cur.rowcount
+        elif ch.reason == "host":
+            report.hosts += cur.rowcount
         else:
             report.strings += cur.rowcount
 
 
 def scrub_sqlite(path: Path, rules: Rules) -> ScrubReport:
     """Scrub an nsys SQLite export (rules: module docstring)."""
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         if fh.read(16) != _SQLITE_MAGIC:
             raise TraceError(f"{path}: not an SQLite database")
     files = [path, *_sidecars(path)]
@@ -364,15 +433,23 @@ _JSON_SECRET_KEY = re.compile(rb'"([A-Z][A-Z0-9_]+)"\s*:\s*"')
 _NAME_BYTE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
+_JSON_HOST_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in HOST_KEYS) + rb')"\s*:\s*"')
+
+
 def _candidates(data: bytes, literals: Iterable[bytes]) -> Iterable[int]:
     for m in re.finditer(rb"=", data):
         if m.start() and data[m.start() - 1] in _NAME_BYTE:
             yield m.start()
     for m in _JSON_HOME.finditer(data):
         yield m.start()
+    for m in _TOKEN_BYTES.finditer(data):
+        yield m.start()
+    for m in re.finditer(rb"\\", data):  # an escape can hide any of the above: decode and judge
+        yield m.start()
     for lit in literals:
-        for m in re.finditer(re.escape(lit), data):
-            yield m.start()
+        if lit:
+            for m in re.finditer(re.escape(lit), data, re.IGNORECASE):
+                yield m.start()
 
 
 def _escaped(data: bytes, quote: int) -> bool:
@@ -397,10 +474,8 @@ def _literal_at(data: bytes, i: int) -> tuple[int, int] | None:
 
 def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes], int, int]:
     """Replacements (span -> new literal) for every string literal the rules change."""
-    literals = [b for forms in rules.needles().values() for b in forms]
-    home = rules.home_bytes()
     spans: set[tuple[int, int]] = set()
-    for i in _candidates(data, [*literals, *([home] if home else [])]):
+    for i in _candidates(data, rules.literals()):
         span = _literal_at(data, i)
         if span is not None:
             spans.add(span)
@@ -421,8 +496,13 @@ def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes]
             span = _literal_at(data, m.end())
             if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] != b'""':
                 edits[span], reasons[span] = orjson.dumps(MARKER), "env"
+    host_marker = orjson.dumps(HOST_MARKER)
+    for m in _JSON_HOST_KEY.finditer(data):  # "host_name": "gpu-node-7" -> the value goes
+        span = _literal_at(data, m.end())
+        if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] not in (b'""', host_marker):
+            edits[span], reasons[span] = host_marker, "host"
     kinds = list(reasons.values())
-    return edits, kinds.count("env"), kinds.count("home")
+    return edits, kinds.count("env"), kinds.count("home"), kinds.count("host")
 
 
 def _apply_edits(data: bytes, edits: Mapping[tuple[int, int], bytes]) -> bytes:
@@ -437,7 +517,7 @@ def _apply_edits(data: bytes, edits: Mapping[tuple[int, int], bytes]) -> bytes:
 
 
 def _read_json_bytes(path: Path) -> tuple[bytes, bool]:
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         raw = fh.read()
     if not raw.startswith(_GZIP_MAGIC):
         if path.name.endswith(".gz"):
@@ -467,7 +547,7 @@ def scrub_json(path: Path, rules: Rules) -> ScrubReport:
     data, gzipped = _read_json_bytes(path)
     if data.lstrip()[:1] not in (b"{", b"["):
         raise TraceError(f"{path}: not JSON (it does not start with {{ or [)")
-    edits, report.strings, report.paths = _json_edits(data, rules)
+    edits, report.strings, report.paths, report.hosts = _json_edits(data, rules)
     needles = rules.needles()
     if not edits and not _find_in(data, needles):
         report.bytes_after = report.bytes_before
@@ -495,7 +575,8 @@ def scrub_json(path: Path, rules: Rules) -> ScrubReport:
 def scrub_text(path: Path, rules: Rules) -> ScrubReport:
     """Scrub a log line by line: environment lines go whole, home paths become ~."""
     report = ScrubReport(path, "text", bytes_before=_size([path]))
-    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+    with open_regular(path) as fh:
+        text = fh.read().decode("utf-8", errors="surrogateescape")
     lines = text.splitlines(keepends=True)
     out = []
     for line in lines:
@@ -503,6 +584,7 @@ def scrub_text(path: Path, rules: Rules) -> ScrubReport:
         new, reason = rules.scrub(body)
         report.strings += reason == "env"
         report.paths += reason == "home"
+        report.hosts += reason == "host"
         out.append(new + line[len(body):])
     new_text = "".join(out)
     if new_text == text:
@@ -529,7 +611,9 @@ def file_kind(path: Path) -> str | None:
         return "json"
     if name.endswith(TEXT_SUFFIXES):
         return "text"
-    with open(path, "rb") as fh:
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    with open_regular(path) as fh:
         head = fh.read(16)
     if head == _SQLITE_MAGIC:
         return "sqlite"
@@ -563,7 +647,7 @@ def scrub_path(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = 
         raise UsageError(f"{p}: no such file")
     if p.is_dir():
         raise UsageError(f"{p}: is a folder (scrub_tree scrubs folders)")
-    report = _scrub_file(p.resolve(), Rules(env))  # resolved: a symlink's target is scrubbed
+    report = _scrub_one(p.resolve(), Rules(env))  # resolved: a symlink's target is scrubbed
     report.path = p
     return report
 
@@ -576,7 +660,24 @@ def _scrub_file(p: Path, rules: Rules) -> ScrubReport:
         return scrub_json(p, rules)
     if kind == "text":
         return scrub_text(p, rules)
+    if kind == "parquet":
+        return scrub_parquet(p, rules)
     return _unrewritable(p, kind or "other", rules)
+
+
+def _os_error(path: Path, exc: OSError) -> KvprofError:
+    """A failed read or write as the one-line error of its kind (a full disk is exit 6)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM):
+        return OutputError(f"cannot rewrite {path}: {exc.strerror or exc}; the original is kept")
+    return TraceError(f"cannot read {path}: {exc.strerror or exc}")
+
+
+def _scrub_one(p: Path, rules: Rules) -> ScrubReport:
+    require_regular(p, "a file to scrub")  # a FIFO would block the read forever
+    try:
+        return _scrub_file(p, rules)
+    except OSError as exc:
+        raise _os_error(p, exc) from None
 
 
 def scrub_tree(
@@ -593,7 +694,14 @@ def scrub_tree(
         return [scrub_path(base, env=env)]
     rules = Rules(env)
     reports: list[ScrubReport] = []
-    for dirpath, dirnames, filenames in os.walk(base):
+
+    def unreadable(exc: OSError) -> None:  # os.walk skips what it cannot list unless told
+        err = TraceError(f"cannot read the folder {exc.filename}: {exc.strerror or exc}; not scrubbed")
+        if on_error is None:
+            raise err
+        on_error(err)
+
+    for dirpath, dirnames, filenames in os.walk(base, onerror=unreadable):
         dirnames.sort()
         for name in sorted(filenames):
             p = Path(dirpath, name)
@@ -602,11 +710,277 @@ def scrub_tree(
             if name.endswith(SIDECARS):
                 continue  # handled with its database
             try:
-                report = _scrub_file(p.resolve(), rules)
+                report = _scrub_one(p.resolve(), rules)
                 if report.kind != "other" or report.leaks:  # clean unknown files: not listed
                     reports.append(report)
             except KvprofError as exc:
                 if on_error is None:
                     raise
                 on_error(exc)
+    return reports
+
+
+# ---------------------------------------------------------------- documents and tables in memory
+
+
+def scrub_document(obj: Any, rules: Rules) -> Any:
+    """A JSON-like value with the rules applied to every string, keys included (for outputs
+    scrubbed before they are written: manifest, summary)."""
+    if isinstance(obj, str):
+        return rules.scrub(obj)[0]
+    if isinstance(obj, dict):
+        return {scrub_document(k, rules) if isinstance(k, str) else k: scrub_document(v, rules) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub_document(v, rules) for v in obj]
+    return obj
+
+
+def _scrub_array(arr: Any, rules: Rules) -> tuple[Any, int]:
+    """(array, values changed) for a string or dictionary-of-strings Arrow array."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arr.type) and pa.types.is_string(arr.type.value_type):
+        values = arr.dictionary.to_pylist()
+        new = [v if v is None else rules.scrub(v)[0] for v in values]
+        changed = sum(a != b for a, b in zip(values, new))
+        if not changed:
+            return arr, 0
+        return pa.DictionaryArray.from_arrays(arr.indices, pa.array(new, type=arr.type.value_type)), changed
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        values = arr.to_pylist()
+        new = [v if v is None else rules.scrub(v)[0] for v in values]
+        changed = sum(a != b for a, b in zip(values, new))
+        return (pa.array(new, type=arr.type), changed) if changed else (arr, 0)
+    return arr, 0
+
+
+def scrub_table(table: Any, rules: Rules) -> tuple[Any, int]:
+    """(Arrow table, values changed) with the rules applied to every string column."""
+    import pyarrow as pa
+
+    columns, changed = [], 0
+    for col in table.columns:
+        chunks = []
+        for chunk in col.chunks:
+            new, n = _scrub_array(chunk, rules)
+            chunks.append(new)
+            changed += n
+        columns.append(pa.chunked_array(chunks, type=col.type))
+    return (pa.Table.from_arrays(columns, schema=table.schema), changed) if changed else (table, 0)
+
+
+def scrub_frame(df: Any, rules: Rules) -> Any:
+    """A pandas frame with the rules applied to its text (object, string, category) columns."""
+    import pandas as pd
+
+    out = df.copy()
+    for c in out.columns:
+        s = out[c]
+        if isinstance(s.dtype, pd.CategoricalDtype):
+            cats = [rules.scrub(x)[0] if isinstance(x, str) else x for x in s.cat.categories]
+            if len(set(cats)) == len(cats):
+                out[c] = s.cat.rename_categories(cats)
+            else:
+                out[c] = s.astype(object).map(lambda v: rules.scrub(v)[0] if isinstance(v, str) else v)
+        elif s.dtype == object or pd.api.types.is_string_dtype(s.dtype):
+            out[c] = s.map(lambda v: rules.scrub(v)[0] if isinstance(v, str) else v)
+    return out
+
+
+def scrub_parquet(path: Path, rules: Rules) -> ScrubReport:
+    """Rewrite a Parquet file (analyze's events/writes) with the rules on every string column."""
+    import pyarrow.parquet as pq
+
+    report = ScrubReport(path, "parquet", bytes_before=_size([path]))
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise TraceError(f"{path}: not readable Parquet ({' '.join(str(exc).split())[:200]})") from None
+    new, changed = scrub_table(table, rules)
+    if not changed:
+        report.bytes_after = report.bytes_before
+        return report
+    report.strings = changed
+    with atomic_path(path) as tmp:
+        pq.write_table(new, tmp, compression="zstd")
+    report.rewritten = True
+    report.bytes_after = _size([path])
+    return report
+
+
+# ---------------------------------------------------------------- --check: verify, write nothing
+
+
+@dataclass
+class CheckReport:
+    """What ``check_path`` found in one file: each finding is (what, a short sample)."""
+
+    path: Path
+    kind: str
+    findings: list[tuple[str, str]] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def line(self) -> str:
+        if self.clean:
+            return f"{self.path}: clean ({self.kind}{'; ' + self.note if self.note else ''})"
+        counts: dict[str, int] = {}
+        for what, _ in self.findings:
+            counts[what] = counts.get(what, 0) + 1
+        what = ", ".join(f"{n} {w}" for w, n in sorted(counts.items()))
+        sample = self.findings[0][1]
+        return f"{self.path}: NOT CLEAN: {what} remain (first: {sample!r})"
+
+
+_FINDING = {"env": "environment or token strings", "home": "home paths", "host": "host names"}
+_SAMPLE = 48
+
+
+def _judge(s: str, rules: Rules, out: list[tuple[str, str]], key: str | None = None) -> None:
+    reason = rules.scrub(s)[1]
+    if reason:
+        out.append((_FINDING[reason], _redact(s)))
+    elif key in HOST_KEYS and s and s != HOST_MARKER:
+        out.append((_FINDING["host"], f"{key}: {_redact(s)}"))
+    elif key is not None and _SECRET_KEY.match(key) and envsafe.is_secret_name(key) and s and s != MARKER:
+        out.append((_FINDING["env"], f"{key}: ..."))
+
+
+def _redact(s: str) -> str:
+    """A sample for the report that does not print the secret it found in full."""
+    s = " ".join(s.split())
+    return s[:12] + "..." if len(s) > 12 else s[:_SAMPLE]
+
+
+def _walk_json(obj: Any, rules: Rules, out: list[tuple[str, str]], key: str | None = None) -> None:
+    stack: list[tuple[Any, str | None]] = [(obj, key)]
+    while stack:
+        cur, k = stack.pop()
+        if isinstance(cur, str):
+            _judge(cur, rules, out, k)
+        elif isinstance(cur, dict):
+            for kk, v in cur.items():
+                _judge(kk, rules, out)
+                stack.append((v, kk))
+        elif isinstance(cur, list):
+            stack.extend((v, k) for v in cur)
+
+
+def _check_sqlite(path: Path, rules: Rules, out: list[tuple[str, str]]) -> None:
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise TraceError(f"{path}: cannot open the SQLite file: {exc}") from None
+    try:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND coalesce(sql, '') NOT LIKE 'CREATE VIRTUAL%'")]
+        needles = rules.needles()
+        for table in tables:
+            columns = [r[1] for r in conn.execute(f"PRAGMA table_info({_q(table)})")]
+            lower = {c.lower(): c for c in columns}
+            if "name" in lower and "value" in lower:
+                for (v,) in conn.execute(f"SELECT {_q(lower['value'])} FROM {_q(table)} WHERE "
+                                         f"upper({_q(lower['name'])}) LIKE '%HOSTNAME%'"):
+                    if v not in (None, "", HOST_MARKER):
+                        out.append((_FINDING["host"], f"{table} hostname row"))
+            if _is_meta(table, columns):
+                for (v,) in conn.execute(f"SELECT {_q(lower['value'])} FROM {_q(table)} WHERE name LIKE '%ENVIRONMENT%'"):
+                    if v not in (None, "", MARKER):
+                        out.append((_FINDING["env"], f"{table} environment row"))
+            for col in columns:
+                sql = f"SELECT DISTINCT {_q(col)} FROM {_q(table)} WHERE typeof({_q(col)}) IN ('text','blob')"
+                for (value,) in conn.execute(sql):
+                    if isinstance(value, str):
+                        _judge(value, rules, out)
+                    elif _find_in(bytes(value), needles):
+                        out.append((_FINDING["env"], f"{table}.{col} blob"))
+    except sqlite3.DatabaseError as exc:
+        raise TraceError(f"{path}: corrupt SQLite file ({exc})") from None
+    finally:
+        conn.close()
+
+
+def check_file(path: Path, rules: Rules) -> CheckReport:
+    """Verify one regular file without changing it (module docstring: what counts)."""
+    kind = file_kind(path) or "other"
+    report = CheckReport(path, kind)
+    out = report.findings
+    if kind == "json":
+        data, _ = _read_json_bytes(path)
+        _walk_json(_parse_json(data, path), rules, out)
+        for name in _find_in(data, rules.needles()):
+            out.append((_FINDING["env"], f"value of {name}"))
+    elif kind == "sqlite":
+        _check_sqlite(path, rules, out)
+    elif kind == "text":
+        with open_regular(path) as fh:
+            for line in fh.read().decode("utf-8", errors="replace").splitlines():
+                _judge(line, rules, out)
+    elif kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as exc:
+            raise TraceError(f"{path}: not readable Parquet ({' '.join(str(exc).split())[:200]})") from None
+        for col in table.columns:
+            values = col.combine_chunks()
+            if hasattr(values, "dictionary"):
+                values = values.dictionary
+            if values.type in ("string", "large_string") or str(values.type) in ("string", "large_string"):
+                for v in set(values.to_pylist()):
+                    if isinstance(v, str):
+                        _judge(v, rules, out)
+    else:
+        report.note = ("compressed report: only raw bytes were checked" if kind == "nsys-rep"
+                       else "unknown format: only raw bytes were checked")
+    for name in find_values([path, *(_sidecars(path) if kind == "sqlite" else [])], rules.needles()):
+        out.append((_FINDING["env"], f"value of {name} in the raw bytes"))
+    return report
+
+
+def check_path(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
+               on_error: Callable[[KvprofError], None] | None = None) -> list[CheckReport]:
+    """``scrub --check``: one CheckReport per file under ``path`` (a file or a folder); nothing
+    is written. Unreadable files and folders raise, or go to ``on_error``."""
+    base = Path(path)
+    rules = Rules(env)
+
+    def fail(err: KvprofError) -> None:
+        if on_error is None:
+            raise err
+        on_error(err)
+
+    def one(p: Path) -> CheckReport | None:
+        try:
+            require_regular(p, "a file to check")
+            return check_file(p, rules)
+        except KvprofError as exc:
+            fail(exc)
+        except OSError as exc:
+            fail(TraceError(f"cannot read {p}: {exc.strerror or exc}"))
+        return None
+
+    if not base.exists():
+        raise UsageError(f"{base}: no such file or folder")
+    if not base.is_dir():
+        r = one(base)
+        return [r] if r else []
+    reports: list[CheckReport] = []
+
+    def unreadable(exc: OSError) -> None:
+        fail(TraceError(f"cannot read the folder {exc.filename}: {exc.strerror or exc}; not checked"))
+
+    for dirpath, dirnames, filenames in os.walk(base, onerror=unreadable):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath, name)
+            if p.is_symlink() or name.endswith(SIDECARS):
+                continue
+            r = one(p)
+            if r is not None:
+                reports.append(r)
     return reports

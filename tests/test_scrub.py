@@ -290,12 +290,16 @@ def test_run_folder_keeps_no_byte_of_the_planted_secret(tmp_path: Path, secret: 
     (run / "nsys" / "pass.nsys.log").write_text(f"starting\n{PLANTED}={secret}\nGenerated:\n")
     (run / "manifest.json").write_bytes(orjson.dumps({"env_names": [PLANTED, "PATH"], "out": f"{HOME}/run"}))
     (run / "nsys" / "pass.nsys-rep").write_bytes(b"\x00binary report built from the allowlisted env\x00")
-    (run / "events.parquet").write_bytes(b"PAR1\x00\x01PAR1")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"trace": [f"{HOME}/run/kineto.pt.trace.json.gz"], "n": [1]}), run / "events.parquet")
 
     reports = scrub_tree(run)
 
     kinds = sorted(r.kind for r in reports)
-    assert kinds == ["json", "json", "nsys-rep", "sqlite", "text"]  # parquet: checked, clean, not listed
+    assert kinds == ["json", "json", "nsys-rep", "parquet", "sqlite", "text"]
+    assert pq.read_table(run / "events.parquet").column("trace").to_pylist() == ["~/run/kineto.pt.trace.json.gz"]
     assert not any(r.leaks for r in reports)
     files = [p for p in run.rglob("*") if p.is_file()]
     assert files and all(secret.encode() not in _all_bytes(p) for p in files)

@@ -1,11 +1,14 @@
-"""Remove the environment and home paths from nsys SQLite exports, Chrome traces and logs.
+"""Remove the environment, tokens, host names and home paths from exports, traces, logs and outputs.
 
 Each PATH (a file or a run folder) is rewritten in place, atomically; one line per file
-says what changed. Exit status: 0 when every file is clean; for the first file that
-failed, its error's code (2 usage, 3 unreadable trace, 6 unwritable), the others are
-still scrubbed (in a folder too); 1 when a file that cannot be rewritten (.nsys-rep,
-unknown format) holds a secret value; 2 when only .nsys-rep files were given (they
-cannot be rewritten: share the scrubbed .sqlite export).
+says what changed. Then every PATH is verified as ``--check`` does. With ``--check`` nothing
+is written: every string is decoded (JSON escapes, gzip, SQLite text, Parquet, log lines)
+and any environment value, home path, host name or token-shaped string still there is
+reported. Exit status: 0 when every file is clean; for the first file that failed, its
+error's code (2 usage, 3 unreadable, 6 unwritable), the others are still handled; 1 when
+anything remains after scrubbing (or, with --check, is there), or a file that cannot be
+rewritten (.nsys-rep, unknown format) holds a secret value; 2 when only .nsys-rep files
+were given (they cannot be rewritten: share the scrubbed .sqlite export).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 from pathlib import Path
 
 from kvprof.errors import KvprofError, UsageError
-from kvprof.scrub import ScrubReport, file_kind, scrub_path, scrub_tree
+from kvprof.scrub import CheckReport, ScrubReport, check_path, file_kind, scrub_path, scrub_tree
 
 LEAK_EXIT_CODE = KvprofError.exit_code
 
@@ -23,8 +26,21 @@ LEAK_EXIT_CODE = KvprofError.exit_code
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "paths", nargs="+", type=Path, metavar="PATH",
-        help="a .sqlite export, a .json/.json.gz trace, a .log, or a run folder",
+        help="a .sqlite export, a .json/.json.gz trace, a .log, a .parquet, or a run folder",
     )
+    parser.add_argument("--check", action="store_true",
+                        help="verify only: write nothing, exit 1 if anything would still be removed")
+
+
+def verify(paths: list[Path], failed: object) -> list[CheckReport]:
+    """check_path over every PATH; a line per file that is not clean (stderr)."""
+    reports: list[CheckReport] = []
+    for path in paths:
+        try:
+            reports += check_path(path, on_error=failed)  # type: ignore[arg-type]
+        except KvprofError as exc:
+            failed(exc)  # type: ignore[operator]
+    return reports
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,12 +54,21 @@ def run(args: argparse.Namespace) -> int:
         exit_code = exit_code or exc.exit_code
         only_reports = False
 
+    if getattr(args, "check", False):
+        checked = verify(args.paths, failed)
+        for r in checked:
+            print(r.line(), file=sys.stdout if r.clean else sys.stderr)
+        if exit_code:
+            return exit_code
+        return LEAK_EXIT_CODE if any(not r.clean for r in checked) else 0
+
     for path in args.paths:
         try:
             if path.is_dir():
                 found = scrub_tree(path, on_error=failed)
             elif path.is_file() and file_kind(path) is None:
-                raise UsageError(f"{path}: unknown file type (scrub reads .sqlite, .json, .json.gz, .log, .txt)")
+                raise UsageError(f"{path}: unknown file type (scrub reads .sqlite, .json, .json.gz, .log, .txt, "
+                                 ".csv, .parquet)")
             else:
                 found = [scrub_path(path)]
         except KvprofError as exc:
@@ -60,4 +85,9 @@ def run(args: argparse.Namespace) -> int:
         return LEAK_EXIT_CODE
     if only_reports:
         return UsageError.exit_code
-    return 0
+    left = [r for r in verify([p for p in args.paths if p.exists()], failed) if not r.clean]
+    for r in left:
+        print(f"kvprof scrub: after scrubbing, {r.line()}", file=sys.stderr)
+    if exit_code:
+        return exit_code
+    return LEAK_EXIT_CODE if left else 0
