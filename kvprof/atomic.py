@@ -4,27 +4,71 @@ Every output goes to a temporary name next to its final path (same directory, so
 same filesystem), is flushed to disk, and is renamed into place only when complete.
 On any exception, Ctrl-C included, the temporary is removed and the final path is
 untouched. Temporaries are dot-files named ``.<final>.tmp-<pid>-<random>`` so a crashed
-run leaves something obviously disposable.
+run leaves something obviously disposable, and the next kvprof run that writes into the
+same folder removes those whose process is gone (``clean_stale``).
+
+A set of files that belong together (analyze's outputs) is written by ``atomic_outputs``:
+staged in one hidden folder, then swapped in with SIGINT/SIGTERM held back, old files moved
+aside first (the completion marker, summary.json, first) and put back if any rename fails.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from kvprof.errors import OutputError
+from kvprof.interrupts import signals_deferred
 
 _WRITE_MODES = {"w", "wb", "x", "xb", "wt", "xt"}
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})  # the disk cannot take it
 
 
 def temp_name(final: Path, suffix: str = "") -> Path:
     """A fresh hidden name next to ``final`` (not created)."""
     return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+
+
+_TEMP = re.compile(r"\..+\.tmp-(?P<pid>\d+)-[0-9a-f]{8}(?:\.[^/]*)?\Z")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or not a pid we can ask about): leave it
+    return True
+
+
+def clean_stale(folder: Path) -> list[Path]:
+    """Remove kvprof temporaries in ``folder`` whose writing process no longer exists.
+
+    Only names of the form ``.<name>.tmp-<pid>-<8 hex>`` are touched: what a killed
+    (SIGKILL, power loss) capture or analyze left behind.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for e in entries:
+        m = _TEMP.match(e.name)
+        if m and not _alive(int(m["pid"])):
+            _remove(Path(e.path))
+            removed.append(Path(e.path))
+    return removed
 
 
 def _prepare_parent(final: Path) -> Path:
@@ -96,8 +140,10 @@ def atomic_path(path: str | os.PathLike[str], *, keep_suffix: bool = False) -> I
             raise OutputError(f"cannot write {final}: nothing was written")
         _fsync_file(tmp)
         _replace(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         _remove(tmp)
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
         raise
 
 
@@ -163,6 +209,7 @@ def atomic_directory(final_path: str | os.PathLike[str]) -> Iterator[Path]:
     if final.exists() or final.is_symlink():
         raise OutputError(f"cannot write {final}: it already exists")
     _prepare_parent(final)
+    clean_stale(final.parent)
     tmp = temp_name(final)
     try:
         tmp.mkdir()
@@ -181,3 +228,65 @@ def atomic_directory(final_path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         _remove(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_outputs(folder: str | os.PathLike[str], marker: str) -> Iterator[Path]:
+    """Yield a staging folder; on success every file in it replaces its namesake in ``folder``
+    as one set, ``marker`` (the file whose presence says the set is whole) placed last.
+
+    Before any rename, every target is checked to be replaceable (a folder or a device in
+    the way is an OutputError with nothing changed). The renames run with SIGINT/SIGTERM
+    held back; an old file is moved aside first and put back if a later rename fails, so a
+    reader sees the old set, then no marker, then the new set: never a new file beside an
+    old summary. On any exception the staging folder goes and ``folder`` is as it was.
+    """
+    out = Path(folder)
+    _prepare_parent(out / marker)
+    clean_stale(out)
+    stage = temp_name(out / "outputs")
+    try:
+        stage.mkdir()
+    except OSError as exc:
+        raise OutputError(f"cannot write into {out}: {exc.strerror or exc}") from None
+    try:
+        yield stage
+        names = sorted(p.name for p in stage.iterdir())
+        if marker not in names:
+            raise OutputError(f"cannot write {out / marker}: it was not produced")
+        for n in names:
+            _fsync_file(stage / n)
+            target = out / n
+            if target.is_symlink() or (target.exists() and not stat.S_ISREG(target.stat().st_mode)):
+                raise OutputError(f"cannot write {target}: something other than a file is in the way")
+        _swap_in(stage, out, [marker, *(n for n in names if n != marker)])
+        _fsync_dir(out)
+    finally:
+        _remove(stage)
+
+
+def _swap_in(stage: Path, out: Path, names: list[str]) -> None:
+    """Move old files aside (in ``names`` order: the marker first), then place the new ones
+    (the marker last); undo everything if one rename fails."""
+    aside = stage / ".old"
+    aside.mkdir()
+    moved: list[str] = []
+    placed: list[str] = []
+    with signals_deferred():
+        try:
+            for n in names:
+                if (out / n).exists():
+                    os.rename(out / n, aside / n)
+                    moved.append(n)
+            for n in [*names[1:], names[0]]:
+                os.rename(stage / n, out / n)
+                placed.append(n)
+        except OSError as exc:
+            for n in placed:
+                with contextlib.suppress(OSError):
+                    os.unlink(out / n)
+            for n in moved:
+                with contextlib.suppress(OSError):
+                    os.rename(aside / n, out / n)
+            raise OutputError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the previous "
+                              "outputs are kept") from None

@@ -21,10 +21,12 @@ import kvprof
 from kvprof.atomic import atomic_directory, atomic_write_bytes
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.session import session_for
+from kvprof.capture.summary import scrub_manifest, verify_run_dir
 from kvprof.capture.torch_pass import run_torch_pass
 from kvprof.devinfo import device_properties, resolve_device, versions
 from kvprof.dtypes import short_name
 from kvprof.errors import DeviceError, KvprofError, ToolError
+from kvprof.guards import check_capture
 from kvprof.writers import KVWriter, create_writer
 
 MANIFEST = "manifest.json"
@@ -133,6 +135,7 @@ def capture(
     config.validate()
     device = resolve_device(config.device)
     planned = plan_variants(config, device)
+    check_capture(config, device)  # sizes and memory, before anything is allocated
     run_id = config.ensure_run_id()
     final = Path(config.output) / run_id
     nsys_path = None
@@ -192,13 +195,16 @@ def capture(
                 str(r) for f in sorted(tmp.iterdir()) if f.is_file() and (r := scrub_path(f)) is not None and r.changed
             ]
         manifest["problems"] = [str(e) for e in problems]
+        manifest = scrub_manifest(manifest) if config.scrub else manifest  # its paths name $HOME
         atomic_write_bytes(tmp / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     # The run is complete and in place; the analysis adds its files one atomic write each.
     summary, analysis_error = (None, "not analysed (--no-summary)")
     if analyse:
         from kvprof.capture.summary import analyze_run_dir
 
-        summary, analysis_error = analyze_run_dir(final, config.rank_shape().layers)
+        summary, analysis_error = analyze_run_dir(final, config.rank_shape().layers, scrub=config.scrub)
+    if config.scrub:  # after the last file: prove what was written is clean
+        problems += verify_run_dir(final)
     return CaptureResult(final, manifest, problems, summary, analysis_error)
 
 

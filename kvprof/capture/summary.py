@@ -13,8 +13,27 @@ from typing import Any
 from kvprof.errors import KvprofError
 
 
-def analyze_run_dir(run_dir: Path, layers: int | None) -> tuple[dict[str, Any] | None, str | None]:
-    """(summary, None) or (None, why the analysis failed) — a capture is kept either way."""
+def scrub_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as it may be shared: the scrub rules on every string (it names $HOME paths)."""
+    from kvprof.scrub import Rules, scrub_document
+
+    return scrub_document(manifest, Rules())
+
+
+def verify_run_dir(run_dir: Path) -> list[KvprofError]:
+    """``scrub --check`` of a finished run folder: one error per file where anything remains."""
+    from kvprof.scrub import check_path
+
+    problems: list[KvprofError] = []
+    for report in check_path(run_dir, on_error=problems.append):
+        if not report.clean:
+            problems.append(KvprofError(f"scrub check: {report.line()}"))
+    return problems
+
+
+def analyze_run_dir(run_dir: Path, layers: int | None, scrub: bool = False) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None) or (None, why the analysis failed) — a capture is kept either way.
+    ``scrub``: the outputs get the scrub rules before they are written."""
     from kvprof.analysis.compare import Benchmark
     from kvprof.analysis.summary import analyze
     from kvprof.report.files import write_analysis
@@ -24,7 +43,12 @@ def analyze_run_dir(run_dir: Path, layers: int | None) -> tuple[dict[str, Any] |
         loaded = load_run(run_dir)
         bench = Benchmark(layers=layers) if layers else Benchmark()
         result = analyze(loaded, bench=bench, layers=layers)
-        write_analysis(loaded, result, run_dir)
+        rules = None
+        if scrub:
+            from kvprof.scrub import Rules
+
+            rules = Rules()
+        write_analysis(loaded, result, run_dir, rules)
         return result.summary, None
     except KvprofError as exc:
         return None, str(exc)

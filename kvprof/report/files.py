@@ -1,4 +1,4 @@
-"""Write analysis outputs atomically (temp file + os.replace via kvprof.atomic).
+"""Write analysis outputs atomically, as one set (kvprof.atomic.atomic_outputs).
 
 summary.json (orjson, indented), summary.csv (the groups table), events.parquet (the
 normalized event table of every trace, SCHEMA), writes.parquet (one row per write,
@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvprof.atomic import atomic_file, atomic_path
+from kvprof.atomic import atomic_file, atomic_outputs, atomic_path
 from kvprof.errors import OutputError
 
 
@@ -37,7 +37,7 @@ def write_parquet(path: Path, table: pa.Table | pd.DataFrame) -> None:
         try:
             pq.write_table(table, tmp, compression="zstd")
         except OSError as exc:
-            raise OutputError(f"cannot write {path}: {exc}") from None
+            raise OutputError(f"cannot write {path.name}: {exc.strerror or ' '.join(str(exc).split())}") from None
 
 
 def writes_for_parquet(writes: pd.DataFrame) -> pd.DataFrame:
@@ -58,15 +58,27 @@ def writes_for_parquet(writes: pd.DataFrame) -> pd.DataFrame:
 OUTPUT_NAMES = ("summary.json", "summary.csv", "events.parquet", "writes.parquet")
 
 
-def write_analysis(loaded: Any, result: Any, out: Path) -> list[Path]:
-    """Every analysis output into ``out``; the summary last, so its presence means the rest is there."""
+def write_analysis(loaded: Any, result: Any, out: Path, rules: Any = None) -> list[Path]:
+    """Every analysis output into ``out`` as one set (kvprof.atomic.atomic_outputs): all four
+    files replace the old ones together, summary.json (the marker readers require) last.
+
+    ``rules`` (kvprof.scrub.Rules): scrub every string before it is written, so a capture
+    under $HOME or with a token in a trace never writes them into its outputs.
+    """
     events = (
         pa.concat_tables([t.events for t in loaded.traces], promote_options="permissive")
         if len(loaded.traces) > 1 else loaded.traces[0].events
     )
-    summary, groups, events_path, writes_path = (out / n for n in OUTPUT_NAMES)
-    write_parquet(events_path, events)
-    write_parquet(writes_path, writes_for_parquet(result.writes))
-    write_csv(groups, result.groups)
-    write_json(summary, result.summary)
-    return [summary, groups, events_path, writes_path]
+    doc, groups, writes = result.summary, result.groups, writes_for_parquet(result.writes)
+    if rules is not None:
+        from kvprof.scrub import scrub_document, scrub_frame, scrub_table
+
+        doc, groups, writes = scrub_document(doc, rules), scrub_frame(groups, rules), scrub_frame(writes, rules)
+        events, _ = scrub_table(events, rules)
+    with atomic_outputs(out, OUTPUT_NAMES[0]) as stage:
+        summary, groups_path, events_path, writes_path = (stage / n for n in OUTPUT_NAMES)
+        write_parquet(events_path, events)
+        write_parquet(writes_path, writes)
+        write_csv(groups_path, groups)
+        write_json(summary, doc)
+    return [out / n for n in OUTPUT_NAMES]
