@@ -11,12 +11,14 @@ writes out of bounds.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
 import torch
 
 from kvprof.dtypes import short_name, store_dtype_for
+from kvprof.guards import check_memory, memory_limit, pool_bytes
 from kvprof.validation import FLOAT_INPUTS, check_write_inputs
 from kvprof.writers.base import KVWriter
 
@@ -27,6 +29,11 @@ class KVPool:
     ``check_slots`` validates slot values on every write (one device sync on CUDA; skipped
     while a CUDA graph is being captured, where a sync is illegal). Workloads that build
     their slots on the host check them once there and turn it off for the hot path.
+    With it off, slots in ``[0, rows)`` are the caller's promise; a slot outside is never
+    written outside the buffers, but writers differ in what they do with it: ``index_put``
+    and ``two_stream`` raise torch's IndexError for a slot >= rows (a device-side assert on
+    CUDA) and, like Python indexing, write a negative slot to row ``rows + slot``; the
+    Triton and CUDA fused writers skip the row (their kernels mask ``0 <= slot < rows``).
 
     Every other input is checked before any kernel runs (:func:`check_write_inputs`): in
     Python here, or, for a writer that checks the same things itself in compiled code
@@ -52,7 +59,7 @@ class KVPool:
     ) -> None:
         for name, value in (("size", size), ("page_size", page_size), ("head_num", head_num),
                             ("head_dim", head_dim), ("layer_num", layer_num)):
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if v_head_dim is not None and (not isinstance(v_head_dim, int) or v_head_dim <= 0):
             raise ValueError(f"v_head_dim must be a positive integer, got {v_head_dim!r}")
@@ -60,6 +67,11 @@ class KVPool:
             raise ValueError(f"start_layer must be a non-negative integer, got {start_layer!r}")
         if dtype not in FLOAT_INPUTS:
             raise ValueError(f"unsupported cache dtype {dtype}")
+        # sized before allocating: a typo (size=10**12) is a one-line refusal, not an OOM kill
+        need = pool_bytes(size + page_size, layer_num, head_num, head_dim, v_head_dim or head_dim,
+                          torch.empty((), dtype=dtype).element_size())
+        check_memory(need, memory_limit(_resolve(torch.device(device))), f"a KV pool of {layer_num} layers x "
+                     f"{size + page_size:,} slots x {head_num} heads")
         self.size = size
         self.page_size = page_size
         self.dtype = dtype
@@ -116,8 +128,10 @@ class KVPool:
 
     # -- getters (SGLang contract) -------------------------------------------------------
     def _index(self, layer_id: int) -> int:
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):  # True is not layer 1
+            raise ValueError(f"layer {layer_id!r} is not a layer id (an int)")
         idx = layer_id - self.start_layer
-        if not isinstance(layer_id, int) or not 0 <= idx < self.layer_num:
+        if not 0 <= idx < self.layer_num:
             raise ValueError(
                 f"layer {layer_id!r} is not in this pool (layers {self.start_layer}..{self.end_layer})"
             )
@@ -158,6 +172,9 @@ class KVPool:
         idx = layer_id - self.start_layer if type(layer_id) is int else -1
         if not 0 <= idx < self.layer_num:
             idx = self._index(layer_id)  # raises the one-line error
+        if k_scale is not None or v_scale is not None:
+            _check_scale("k_scale", k_scale)
+            _check_scale("v_scale", v_scale)
         if self._writer_checks and not self.check_slots:
             # The writer checks every input in compiled code before it launches anything
             # (KVWriter.validates_inputs); the Python checks run only to word a refusal.
@@ -187,6 +204,22 @@ class KVPool:
             if hi >= self.rows:
                 raise ValueError(f"loc has slot {hi}, past the last slot {self.rows - 1}")
         return cache_k, cache_v
+
+
+def _check_scale(name: str, scale: Any) -> None:
+    """A scale is None, a positive finite number, or a one-element floating tensor (its value
+    is the caller's: reading it would sync the device)."""
+    if scale is None:
+        return
+    if scale.__class__ is float or (isinstance(scale, (int, float)) and not isinstance(scale, bool)):
+        if not (0 < scale < math.inf):
+            raise ValueError(f"{name} must be positive (finite and non-zero), got {scale!r}")
+        return
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or not scale.is_floating_point():
+            raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} {scale.dtype}")
+        return
+    raise ValueError(f"{name} must be a positive number or a one-element tensor, got {type(scale).__name__}")
 
 
 def _resolve(device: torch.device) -> torch.device:

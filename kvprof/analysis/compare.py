@@ -28,6 +28,13 @@ class Benchmark:
     batch: int = 10
     label: str = "SGLang #9775: Llama-3.1-70B TP8, 10 requests, two_stream -> fused"
 
+    def __post_init__(self) -> None:  # 0 divided the projection; NaN passed every "> 0" test
+        from kvprof.argtypes import finite_positive
+
+        finite_positive(self.itl_before_ms, "itl_before_ms")
+        finite_positive(self.itl_after_ms, "itl_after_ms")
+        finite_positive(self.layers, "layers")
+
     @property
     def measured_saving_ms(self) -> float:
         return self.itl_before_ms - self.itl_after_ms

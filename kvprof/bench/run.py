@@ -93,6 +93,35 @@ def _pool_rows(point: BenchPoint, device: torch.device, pool_bytes: int) -> int:
     return max(pool_bytes // row, 4 * point.tokens + 1) if device.type == "cuda" else max(4 * point.tokens + 1, 1024)
 
 
+def point_bytes(point: BenchPoint, device: torch.device, pool_bytes: int, variants: Sequence[str] = ()) -> int:
+    """Peak memory of one point (its cases' pools, slot tables and inputs, the equivalence
+    check's two small pools), from the sizes alone."""
+    from kvprof.guards import pool_bytes as kv_bytes
+
+    cache = torch.empty((), dtype=parse_dtype(point.cache_dtype)).element_size()
+    inp = torch.empty((), dtype=parse_dtype(point.input_dtype)).element_size()
+    rows = _pool_rows(point, device, pool_bytes)
+    cases = max([floor_allocations(point, v, device) for v in variants] or [1])
+    per_case = (kv_bytes(rows, 2, point.heads, point.dim, point.dim, cache)  # the case's pool and a timed one
+                + rows * 8 * 2  # randperm of every row, int64, and its shifted copy
+                + 2 * point.tokens * point.heads * point.dim * (4 + inp))
+    check = kv_bytes(4 * point.tokens + 1, 2, point.heads, point.dim, point.dim, cache)
+    return cases * per_case + check
+
+
+def check_bench_memory(points: Iterable[BenchPoint], device: torch.device, pool_bytes: int,
+                       max_memory_gb: float | None = None, variants: Sequence[str] = ()) -> None:
+    """Refuse, before anything is allocated, a grid whose largest point needs more than the limit."""
+    from kvprof.guards import check_memory, memory_limit
+
+    points = list(points)
+    if not points:
+        return
+    biggest = max(points, key=lambda p: point_bytes(p, device, pool_bytes, variants))
+    check_memory(point_bytes(biggest, device, pool_bytes, variants), memory_limit(device, max_memory_gb),
+                 f"bench point {biggest.shape} x {biggest.tokens} tokens ({biggest.cache_dtype})")
+
+
 class _Case:
     """One point on one device: pool, slots and inputs shared by every variant."""
 

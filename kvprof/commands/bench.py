@@ -9,6 +9,10 @@ small grid, wall clock. Prints a table and writes bench.json / bench.csv.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from kvprof.argtypes import positive_float, positive_int
 
 
 def _ints(text: str) -> list[int]:
@@ -42,9 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", type=_dtypes, default=None, help="CACHE[<-INPUT] list (default: bf16,fp16,fp8_e4m3<-bf16 on CUDA)")
     p.add_argument("--tokens", type=_ints, default=None, help="token counts (default: 1,8,64,512,4096,32768 on CUDA)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--replays", type=int, default=100, help="graph replays per point (default: %(default)s)")
-    p.add_argument("--eager-repeats", type=int, default=20)
-    p.add_argument("--pool-mb", type=int, default=256, help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
+    p.add_argument("--replays", type=positive_int, default=100, help="graph replays per point (default: %(default)s)")
+    p.add_argument("--eager-repeats", type=positive_int, default=20)
+    p.add_argument("--pool-mb", type=positive_int, default=256, help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
+    p.add_argument("--max-memory-gb", type=positive_float, default=None,
+                   help="refuse points that would need more (default: 80%% of available host memory, "
+                        "90%% of the GPU's free memory)")
     p.add_argument("--out", default="bench-results", help="folder for bench.json and bench.csv (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
 
@@ -53,11 +60,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    import orjson
-
-    from kvprof.atomic import atomic_write_bytes, atomic_write_text
-    from kvprof.bench.render import render_table, to_csv
-    from kvprof.bench.run import BENCH_VARIANTS, default_grid, grid, run_bench
+    from kvprof.bench.run import BENCH_VARIANTS, check_bench_memory, default_grid, grid
     from kvprof.devinfo import resolve_device
     from kvprof.dtypes import parse_dtype
 
@@ -75,13 +78,32 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--tokens must be positive")
         points = grid(shapes, dtypes, tokens)
     variants = [v for v in (args.variants.split(",") if args.variants else BENCH_VARIANTS) if v]
+    check_bench_memory(points, device, args.pool_mb << 20, getattr(args, "max_memory_gb", None), variants)
     out = Path(args.out)
+    made = not out.exists()
     try:  # before any measurement: a bench is too long to lose to an unwritable folder
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         from kvprof.errors import OutputError
 
         raise OutputError(f"cannot create output folder {out}: {exc.strerror or exc}") from None
+    try:
+        return _measure(args, points, variants, device, out)
+    except BaseException:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a refused or interrupted bench leaves no empty folder behind
+        raise
+
+
+def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], device: Any, out: Path) -> int:
+    import sys
+
+    import orjson
+
+    from kvprof.atomic import atomic_write_bytes, atomic_write_text
+    from kvprof.bench.render import render_table, to_csv
+    from kvprof.bench.run import run_bench
+
     given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
     command = " ".join(["python -m kvprof bench", *given])
 
