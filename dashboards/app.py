@@ -25,6 +25,7 @@ import streamlit as st  # noqa: E402
 
 from dashboards import data, frames  # noqa: E402
 from dashboards.state import UPLOAD_PREFIX, Context  # noqa: E402
+from dashboards.ui import md  # noqa: E402
 from dashboards.views import compare, distributions, overlap, overview, sweeps, timeline  # noqa: E402
 from kvprof.errors import KvprofError  # noqa: E402
 
@@ -63,10 +64,10 @@ def guarded(what: str, fn: Callable[..., None], *args: object) -> None:
     try:
         fn(*args)
     except KvprofError as exc:
-        st.error(f"{what}: {exc}")
+        st.error(f"{what}: {md(exc)}")
     except Exception as exc:  # a bug or an input nobody foresaw: readable, logged with its traceback  # noqa: BLE001
         log.exception("%s failed", what)
-        st.error(f"{what} failed: {type(exc).__name__}: {exc}. The other pages still work; the server log has "
+        st.error(f"{what} failed: {type(exc).__name__}: {md(exc)}. The other pages still work; the server log has "
                  "the details.")
 
 
@@ -107,9 +108,9 @@ def _handle_upload(f: object) -> None:
                 done[fid] = ("error", f"{name}: cannot analyse it ({type(exc).__name__}: {exc})")
     status, msg = done[fid]
     if status == "error":
-        st.error(msg)
+        st.error(md(msg))
     else:
-        st.success(f"analysed; open as “{msg}”")
+        st.success(f"analysed; open as “{md(msg)}”")
 
 
 def sidebar() -> tuple[str, Context]:
@@ -167,18 +168,18 @@ def sidebar() -> tuple[str, Context]:
             elif sources:
                 ctx.source = sources[0]
             if ctx.run.note:
-                st.warning(f"{run_label}: {ctx.run.note}")
+                st.warning(f"{md(run_label)}: {md(ctx.run.note)}")
             if ctx.run.run_dir is not None:
                 stale = data.stale_traces(ctx.run.run_dir)
                 if stale:
-                    st.warning(f"{run_label}: summary.json is older than {', '.join(stale)}; re-run "
+                    st.warning(f"{md(run_label)}: summary.json is older than {md(', '.join(stale))}; re-run "
                                "`python -m kvprof analyze` on it for current numbers.")
         except KvprofError as exc:
-            st.error(f"Cannot open {run_label}: {exc}")
+            st.error(f"Cannot open {md(run_label)}: {md(exc)}")
             ctx.run = None
         except Exception as exc:  # noqa: BLE001
             log.exception("opening %s failed", run_label)
-            st.error(f"Cannot open {run_label}: {type(exc).__name__}: {exc}")
+            st.error(f"Cannot open {md(run_label)}: {type(exc).__name__}: {md(exc)}")
             ctx.run = None
     st.query_params["page"] = page.split()[0].lower()
     if run_label is not None:
@@ -192,9 +193,9 @@ def main() -> None:
     page, ctx = sidebar()
     if ctx.root is not None and not ctx.runs and not ctx.uploads:
         if not ctx.root.is_dir():
-            st.warning(f"The traces root {ctx.root} does not exist.")
+            st.warning(f"The traces root {md(ctx.root)} does not exist.")
         else:
-            st.warning(f"No runs under {ctx.root}: it holds no run folder (manifest.json, traces or summary.json). "
+            st.warning(f"No runs under {md(ctx.root)}: it holds no run folder (manifest.json, traces or summary.json). "
                        "Capture one with `python -m kvprof capture`, open one with `python -m kvprof dashboard "
                        "RUN_DIR`, or upload a trace in the sidebar.")
     guarded(page, PAGES[page], ctx)

@@ -15,6 +15,18 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$])")
+
+
+def md(value: object) -> str:
+    """Text from a trace, a file name or an error, safe inside Streamlit Markdown.
+
+    Every Markdown-active character is backslash-escaped, so ``![](http://host/x)`` in a
+    device name is shown as those characters instead of making the browser fetch the URL,
+    and ``:red[...]``, ``$math$``, links and HTML stay text. Newlines become spaces (one line).
+    """
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(value).split()))
+
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-").lower() or "chart"

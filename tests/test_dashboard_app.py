@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ def charts(at: AppTest) -> list[dict[str, Any]]:
 
 
 def texts(elements: Any) -> str:
-    return " | ".join(str(e.value) for e in elements)
+    """The text as the browser shows it: Markdown backslash escapes (dashboards.ui.md) removed."""
+    return " | ".join(re.sub(r"\\(.)", r"\1", str(e.value)) for e in elements)
 
 
 def downloads(at: AppTest) -> list[str]:

@@ -9,6 +9,7 @@ import streamlit as st
 
 from dashboards import frames
 from dashboards.state import Context
+from dashboards.ui import md
 
 
 def need_run(ctx: Context) -> bool:
@@ -20,12 +21,14 @@ def need_run(ctx: Context) -> bool:
 
 
 def device_line(summary: dict[str, Any]) -> str:
+    """The device in Markdown: its name (from the trace) escaped, numbers only if numbers."""
     dev = summary.get("device") or {}
-    parts = [str(dev.get("name") or "unknown device")]
-    if dev.get("peak_bandwidth_gbs"):
-        parts.append(f"peak {dev['peak_bandwidth_gbs']:,.0f} GB/s")
-    if dev.get("copy_rate_gbs"):
-        parts.append(f"measured copy rate {dev['copy_rate_gbs']:,.0f} GB/s")
+    dev = dev if isinstance(dev, dict) else {}
+    parts = [md(dev.get("name") or "unknown device")]
+    for key, label in (("peak_bandwidth_gbs", "peak"), ("copy_rate_gbs", "measured copy rate")):
+        v = dev.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v > 0:
+            parts.append(f"{label} {v:,.0f} GB/s")
     return " · ".join(parts)
 
 

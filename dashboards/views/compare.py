@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboards import charts, frames
 from dashboards.state import Context
-from dashboards.ui import number_format, show_figure, show_table
+from dashboards.ui import md, number_format, show_figure, show_table
 from dashboards.views.common import device_line
 from kvprof.analysis.compare import Benchmark
 from kvprof.errors import KvprofError
@@ -52,14 +52,14 @@ def render(ctx: Context) -> None:
         try:
             sums[lab] = ctx.open(lab).summary()
         except KvprofError as exc:
-            st.error(f"Cannot open {lab}: {exc}")
+            st.error(f"Cannot open {md(lab)}: {md(exc)}")
             return
     b_sum, a_sum = sums[before], sums[after]
     bg, ag = frames.groups_frame(b_sum), frames.groups_frame(a_sum)
     side = st.columns(2)
     for col, lab, summ, g in ((side[0], before, b_sum, bg), (side[1], after, a_sum, ag)):
         with col:
-            st.markdown(f"**{lab}** · {device_line(summ)}")
+            st.markdown(f"**{md(lab)}** · {device_line(summ)}")
             t = frames.overview_frame(g, None, summ)
             t = t[["variant", "source", "phase", "size", "verdict", "GPU µs/write", "host launch µs"]]
             if ctx.source:
@@ -84,7 +84,7 @@ def render(ctx: Context) -> None:
     if ctx.source:
         df = df[df["source"] == ctx.source]
     for w in warns:
-        st.info(w)
+        st.info(md(w))
     show_figure(charts.before_after(df, f"GPU µs per write: {before} -> {after}"), "compare-before-after")
     show_figure(charts.ratio_bars(df, [c for c in RATIOS if df[c].notna().any()] or ["ratio after/before"]),
                 "compare-ratios")

@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboards import charts, frames
 from dashboards.state import Context
-from dashboards.ui import number_format, show_figure, show_table
+from dashboards.ui import md, number_format, show_figure, show_table
 from dashboards.views.common import need_run, no_gpu_traces
 
 KINDS = {"box": "box", "violin": "violin", "ECDF": "ecdf"}
@@ -18,7 +18,7 @@ def render(ctx: Context) -> None:
     assert ctx.run is not None
     summary = ctx.summary()
     writes = ctx.writes()
-    st.subheader(f"Distributions · {ctx.run.label}")
+    st.subheader(f"Distributions · {md(ctx.run.label)}")
     if no_gpu_traces(summary):
         st.warning("Some traces have no GPU events (CPU-only): their writes have no GPU times; "
                    "host launch per write still shows.")

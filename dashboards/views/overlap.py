@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboards import charts, frames
 from dashboards.state import Context
-from dashboards.ui import number_format, show_figure, show_table
+from dashboards.ui import md, number_format, show_figure, show_table
 from dashboards.views.common import need_run
 
 MAX_POINTS = 5000
@@ -16,7 +16,7 @@ def render(ctx: Context) -> None:
     if not need_run(ctx):
         return
     assert ctx.run is not None
-    st.subheader(f"Overlap · {ctx.run.label}")
+    st.subheader(f"Overlap · {md(ctx.run.label)}")
     writes = ctx.writes()
     multi = [v for v in frames.multi_stream_variants(writes) if v in ctx.variants]
     if not multi:
@@ -32,7 +32,7 @@ def render(ctx: Context) -> None:
         med = df.groupby("phase_size")["overlap_pct"].median()
         cols = st.columns(min(len(med), 4) or 1)
         for i, (k, v) in enumerate(med.items()):
-            cols[i % len(cols)].metric(f"median overlap · {k}", f"{v:.1f} %")
+            cols[i % len(cols)].metric(f"median overlap · {md(k)}", f"{v:.1f} %")
     shown = df
     if len(df) > MAX_POINTS:  # thousands of SVG markers stall the browser: show a window of writes
         first = int(st.slider(f"writes shown ({MAX_POINTS:,} of {len(df):,}), starting at", 0, len(df) - MAX_POINTS,
@@ -46,8 +46,8 @@ def render(ctx: Context) -> None:
         pick = int(st.number_input(f"write (0 to {len(df) - 1}, in the order of the table below)", min_value=0,
                                    max_value=len(df) - 1, value=0, key=f"ov-write::{variant}"))
         row = df.iloc[pick]
-        st.caption(f"{row['trace'].rsplit('/', 1)[-1]} · write {int(row['write_id'])} · {row['phase_size']} "
-                   f"L{int(row['layer'])} step {int(row['step'])} · {row['kernel_names']}")
+        st.caption(f"{md(row['trace'].rsplit('/', 1)[-1])} · write {int(row['write_id'])} · {md(row['phase_size'])} "
+                   f"L{int(row['layer'])} step {int(row['step'])} · {md(row['kernel_names'])}")
         ev = ctx.run.gpu_events()
         k = ev[(ev["trace"].astype(str) == row["trace"]) & (ev["write_id"] == int(row["write_id"]))]
         origin = frames.trace_origin_ns(k, k.iloc[0:0])

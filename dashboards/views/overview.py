@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboards import charts, frames
 from dashboards.state import Context
-from dashboards.ui import number_format, show_figure, show_table
+from dashboards.ui import md, number_format, show_figure, show_table
 from dashboards.views.common import device_line, need_run, no_gpu_traces
 from kvprof.analysis.compare import Benchmark
 
@@ -17,18 +17,18 @@ def render(ctx: Context) -> None:
     assert ctx.run is not None
     summary = ctx.summary()
     groups = ctx.groups()
-    st.subheader(f"Overview · {ctx.run.label}")
-    st.caption(f"{device_line(summary)} · input: {summary.get('input_kind')} · "
-               f"{len(summary.get('traces') or [])} trace file(s) · kvprof {summary.get('kvprof_version')}")
+    st.subheader(f"Overview · {md(ctx.run.label)}")
+    st.caption(f"{device_line(summary)} · input: {md(summary.get('input_kind'))} · "
+               f"{len(summary.get('traces') or [])} trace file(s) · kvprof {md(summary.get('kvprof_version'))}")
     cpu_only = no_gpu_traces(summary)
     if cpu_only:
         st.warning(f"{len(cpu_only)} trace(s) have no GPU events (CPU-only capture): GPU columns are empty and only "
-                   "host-side numbers are shown. " + ", ".join(p.rsplit('/', 1)[-1] for p in cpu_only))
+                   "host-side numbers are shown. " + ", ".join(md(p.rsplit('/', 1)[-1]) for p in cpu_only))
     warns = summary.get("warnings") or []
     if warns:
         with st.expander(f"analyze reported {len(warns)} warning(s)"):
             for w in warns:
-                st.markdown(f"- {w}")
+                st.markdown(f"- {md(w)}")
 
     st.markdown("#### Fused or fell back")
     show_table(frames.verdicts_frame(summary), f"verdicts-{ctx.run.label}")
@@ -49,7 +49,7 @@ def render(ctx: Context) -> None:
     c1, c2, c3, c4 = st.columns(4)
     baseline = c1.selectbox("baseline", all_variants, index=all_variants.index(default_base), key="ov-baseline",
                             help="the variant the others are compared with (analyze used "
-                                 f"{comp0.get('baseline') or 'none'})")
+                                 f"{md(comp0.get('baseline') or 'none')})")
     layers = int(c2.number_input("layers per decode step", min_value=1, max_value=1000,
                                  value=int(comp0.get("layers") or bench.layers), key="ov-layers",
                                  help="the projection: layers x (baseline - variant) GPU cost per write"))
@@ -62,14 +62,14 @@ def render(ctx: Context) -> None:
     head = comp.get("headline")
     if head and head["variant"] in chosen:
         m1, m2, m3 = st.columns(3)
-        m1.metric(f"{head['variant']} saves per decode step ({head['source']}, bs={head['size']})",
+        m1.metric(f"{md(head['variant'])} saves per decode step ({md(head['source'])}, bs={md(head['size'])})",
                   f"{head['saving_per_step_ms']:.3f} ms", help=f"{layers} layers x GPU cost difference per write")
         m2.metric("predicted inter-token latency", f"{head['predicted_itl_ms']:.2f} ms",
                   delta=f"{head['predicted_itl_ms'] - itl_b:+.2f} ms vs {itl_b:.2f}", delta_color="inverse")
         m3.metric("measured by the benchmark", f"{itl_a:.2f} ms", delta=f"{itl_a - itl_b:+.2f} ms",
                   delta_color="inverse", help=comp["benchmark"]["label"])
     for w in comp.get("warnings") or []:
-        st.info(w)
+        st.info(md(w))
 
     st.markdown("#### Per variant and phase")
     show_table(table, f"overview-{ctx.run.label}", column_config=number_format(table))

@@ -9,13 +9,13 @@ import streamlit as st
 
 from dashboards import charts, data, frames
 from dashboards.state import Context
-from dashboards.ui import number_format, show_figure, show_table
+from dashboards.ui import md, number_format, show_figure, show_table
 
 
 def _run_sweep(ctx: Context) -> None:
     assert ctx.run is not None
     summary = ctx.summary()
-    st.markdown(f"#### From the run's groups · {ctx.run.label}")
+    st.markdown(f"#### From the run's groups · {md(ctx.run.label)}")
     pts = frames.sweep_from_groups(ctx.groups(), ctx.variants, ctx.source)
     phases = sorted(pts["phase"].unique()) if len(pts) else []
     if not phases:
@@ -24,7 +24,7 @@ def _run_sweep(ctx: Context) -> None:
     phase = st.radio("phase", phases, horizontal=True, key=f"sw-phase::{ctx.run.label}")
     p = pts[pts["phase"] == phase].rename(columns={"us_per_write": "us"})
     if p["tokens"].nunique() < 2:
-        st.info(f"{phase}: one size only ({int(p['tokens'].iloc[0])} tokens); a sweep needs several "
+        st.info(f"{md(phase)}: one size only ({int(p['tokens'].iloc[0])} tokens); a sweep needs several "
                 "(capture --batch-sizes 1,10,64 / --prefill-tokens ...).")
     dev = summary.get("device") or {}
     rates = {f"floor at peak {dev['peak_bandwidth_gbs']:,.0f} GB/s": dev.get("peak_bandwidth_gbs")} \
@@ -46,7 +46,8 @@ def _bench_sweep(ctx: Context) -> None:
         return
     files = data.discover_bench(ctx.root)
     if not files:
-        st.info(f"No bench.json under {ctx.root}. `python -m kvprof bench --out {ctx.root}/bench-<name>` writes one.")
+        st.info(f"No bench.json under {md(ctx.root)}. `python -m kvprof bench --out ROOT/bench-NAME` "
+                "writes one (ROOT: this folder).")
         return
     labels = {f.relative_to(ctx.root).as_posix(): f for f in files}
     chosen = st.multiselect("bench files", list(labels), default=list(labels)[:1], key="sw-bench-files")
@@ -56,7 +57,7 @@ def _bench_sweep(ctx: Context) -> None:
             f = data.contained(ctx.root, labels[lab])
             docs[lab] = data.read_bench(str(f), data.stamp(f))
         except data.DashboardError as exc:
-            st.error(f"{lab}: {exc}")
+            st.error(f"{md(lab)}: {md(exc)}")
     if not docs:
         return
     recs = frames.bench_frame(docs)

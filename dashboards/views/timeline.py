@@ -6,7 +6,7 @@ import streamlit as st
 
 from dashboards import charts, data, frames
 from dashboards.state import Context
-from dashboards.ui import show_figure, show_table
+from dashboards.ui import md, show_figure, show_table
 from dashboards.views.common import need_run
 
 WIDTHS_US = (10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0, 10_000_000.0)
@@ -26,7 +26,7 @@ def render(ctx: Context) -> None:
     if not traces:
         st.warning("This run's summary lists no traces.")
         return
-    st.subheader(f"Timeline · {ctx.run.label}")
+    st.subheader(f"Timeline · {md(ctx.run.label)}")
     paths = [str(t["path"]) for t in traces]
     by_path = {str(t["path"]): t for t in traces}
 
