@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("streamlit")
 
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from dashboard_support import REPO
+from streamlit.testing.v1 import AppTest
 
-from dashboard_support import REPO  # noqa: E402
-from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps  # noqa: E402
+from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps
 
 INJECTED = "![](http://attacker.invalid/x)"
 UNESCAPED = re.compile(r"(?<!\\)!\\?\[|(?<!\\)\]\(")  # "![" or "](" not preceded by a backslash

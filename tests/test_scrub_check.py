@@ -144,5 +144,5 @@ def test_capture_under_home_writes_no_home_path_anywhere(tmp_path, capsys, monke
             data = p.read_bytes()
             text = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode("utf-8", "replace")
         assert str(home) not in text, p.name
-    rc, out_text, err = run_cli(capsys, "scrub", "--check", str(run))
+    rc, _, err = run_cli(capsys, "scrub", "--check", str(run))
     assert rc == 0, err
