@@ -47,8 +47,9 @@ def group_gpu_stats(rows: pd.DataFrame, key: str | list[str]) -> pd.DataFrame:
     out["gaps"] = 0
     if (out["gpu_ops"] > 1).any():
         codes = g.ngroup().to_numpy()  # positions in ``out`` (both sorted by the keys)
-        st = grouped_interval_stats(codes, r["start_ns"].to_numpy(), r["end_ns"].to_numpy(),
-                                    r["_lane"].to_numpy(), len(out))
+        keyed = codes >= 0  # -1: a row whose key is missing (NaN), in no group of ``out``
+        st = grouped_interval_stats(codes[keyed], r["start_ns"].to_numpy()[keyed], r["end_ns"].to_numpy()[keyed],
+                                    np.asarray(r["_lane"])[keyed], len(out))
         out["gpu_union_ns"] = st["union"]
         out["overlap_ns"] = st["overlap"]
         out["idle_ns"] = st["idle"]
