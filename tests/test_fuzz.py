@@ -31,8 +31,16 @@ from hypothesis import strategies as st
 
 from kvprof.cli import main
 from kvprof.errors import KvprofError
-from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
+from kvprof.trace.synthetic import (
+    KernelSpec,
+    PhaseSpec,
+    TraceSpec,
+    WriteSpec,
+    build,
+    dumps,
+)
 
+pytest.importorskip("streamlit")  # the dashboard's loader is one of the consumers fuzzed
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 CI_EXAMPLES = 12

@@ -10,6 +10,7 @@ kvprof read ``../../elsewhere`` or an absolute path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return (_is_int(v) or v.__class__ is float) and v == v and v not in (float("inf"), float("-inf"))
+    return _is_int(v) or (v.__class__ is float and math.isfinite(v))
 
 
 def _str_map(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
