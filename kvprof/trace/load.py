@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from kvprof.core.timings import TIMINGS_FILE, StepTimings
 from kvprof.errors import TraceError, UsageError
 from kvprof.trace.attribution import attribute
 from kvprof.trace.kineto import DEFAULT_MAX_EVENTS, read_kineto
@@ -36,6 +37,19 @@ class Loaded:
     manifest: dict[str, Any] | None = None
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest entries by name
     warnings: list[str] = field(default_factory=list)
+    timings: StepTimings | None = None  # step_timings.json of a run: the reference pass and in-pass times
+
+
+def _read_timings(run_dir: Path, manifest: dict[str, Any]) -> tuple[StepTimings | None, str | None]:
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    name = files.get("step_timings") if isinstance(files.get("step_timings"), str) else TIMINGS_FILE
+    path = run_dir / Path(name).name  # a name in the run directory, never a path out of it
+    if not path.is_file():
+        return None, None
+    try:
+        return StepTimings.from_json(path.read_bytes()), None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"{path.name}: unreadable, no reference figures ({exc})"
 
 
 def sniff(path: Path) -> str:
@@ -89,6 +103,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     manifest = _read_manifest(run_dir / MANIFEST)
     loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest)
+    loaded.timings, problem = _read_timings(run_dir, manifest)
+    if problem:
+        loaded.warnings.append(problem)
     seen: set[Path] = set()
     for name, entry in manifest["variants"].items():
         entry = entry if isinstance(entry, dict) else {}
@@ -117,7 +134,12 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
                 continue
             if p.resolve() in seen:
                 break
-            loaded.traces.append(load_file(p, max_events, fallback_meta=meta, export_dir=run_dir))
+            if meta is None:  # nsys alone: what the manifest knows of the capture
+                cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+                meta = {"variant": name, "context": cfg.get("context") or "none"}
+            t = load_file(p, max_events, fallback_meta=meta, export_dir=run_dir)
+            # the export is the same capture as its variant's Kineto trace: the same metadata
+            loaded.traces.append(t if t.kvprof is not None else t.replace(kvprof=meta))
             seen.add(p.resolve())
             break  # the sqlite is the export of the rep: one of the two
     if not loaded.traces:
