@@ -44,7 +44,7 @@ class StepSamples:
     def iqr_ns(self) -> float:
         if len(self.samples_ns) < 4:
             return float("nan")
-        q = statistics.quantiles(self.samples_ns, n=4)
+        q = statistics.quantiles(self.samples_ns, n=4, method="inclusive")  # as pandas
         return float(q[2] - q[0])
 
     def to_json(self) -> dict[str, Any]:
