@@ -92,8 +92,8 @@ PY
     rm -rf /tmp/kvprof-settings
     for s in "node --no-torch-sync-events" "graph --torch-sync-events"; do
       set -- $s
-      timeout ${SETTINGS_TIMEOUT:-200} python3 -m kvprof capture --variants index_put,two_stream,triton_fused,cuda_fused \
-        --phase decode --batch-sizes 1,10,64 --steps 20 --reference-steps 100 --profiler both \
+      timeout ${SETTINGS_TIMEOUT:-150} python3 -m kvprof capture --variants two_stream,triton_fused,cuda_fused \
+        --phase decode --batch-sizes 1,10,64 --steps 10 --reference-steps 100 --profiler both \
         --nsys-graph-trace "$1" "$2" --out /tmp/kvprof-settings --run-id "nsys-$1$2" --no-progress \
         2>&1 | tee "$OUT/settings-$1.txt"
     done

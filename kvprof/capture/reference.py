@@ -2,8 +2,8 @@
 
 Every capture runs it, whatever ``--profiler`` says: a plain (uninstrumented) pool, the
 same phases, slots and graphs as the profiled passes, and a ``StepTimer`` around each
-step (CUDA events: the GPU timeline a step pays, launch gaps included; wall clock on
-CPU). Modes are interleaved in rounds so that a drift in clocks or temperature moves
+step (CUDA events: the GPU timeline a step pays, launch gaps inside the step included;
+wall clock on CPU). Modes are interleaved in rounds so that a drift in clocks or temperature moves
 them alike. With a decoder context it also times the same layers without the write
 (the rest of the step) and the writes alone (the projection's per-write input).
 """
@@ -22,6 +22,12 @@ from kvprof.writers import KVWriter
 
 ROUND = 10  # steps of one mode before the next mode's turn
 WARM_REPLAYS = 3
+# A replayed step is GPU-bound and its host submission (event, slot copy, replay, event)
+# takes tens of µs: should the GPU drain its queue, a step's events would time the wait
+# for the host. Before each round of replays the stream sleeps long enough for the host
+# to queue the whole round, so the events time the GPU timeline alone, as in an engine
+# whose host runs ahead. Eager steps are host-bound and timed as they come.
+HEAD_START_CYCLES = 2_000_000  # about 1 ms at the H200's 1.98 GHz
 
 
 def reference_modes(context: DecoderContext | None) -> list[str]:
@@ -50,6 +56,8 @@ def run_reference_pass(config: CaptureConfig, writer: KVWriter, device: torch.de
                 count = min(ROUND, n - done)
                 for mode in modes:
                     timer = timers[mode]
+                    if spec.graph and device.type == "cuda":
+                        torch.cuda._sleep(HEAD_START_CYCLES)
                     for i in range(done, done + count):
                         timer.start()
                         session.run_step(prepared, i, mode)
