@@ -94,7 +94,7 @@ PY
       set -- $s
       timeout ${SETTINGS_TIMEOUT:-150} python3 -m kvprof capture --variants two_stream,triton_fused,cuda_fused \
         --phase decode --batch-sizes 1,10,64 --steps 10 --reference-steps 100 --profiler both \
-        --nsys-graph-trace "$1" "$2" --out /tmp/kvprof-settings --run-id "nsys-$1$2" --no-progress \
+        --nsys-graph-trace "$1" "$2" --out /tmp/kvprof-settings --run-id "nsys-$1" --no-progress \
         2>&1 | tee "$OUT/settings-$1.txt"
     done
     ( cd /tmp/kvprof-settings && tar czf "$OUT/settings.tgz" */summary.json */step_timings.json */manifest.json )
