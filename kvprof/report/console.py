@@ -99,16 +99,27 @@ def verdict_line(name: str, v: dict[str, Any]) -> str:
 
 
 def comparison_table(cmp: dict[str, Any]) -> Table:
-    t = Table(title=f"vs baseline {cmp['baseline']} (projection: {cmp['layers']} layers/step)", title_justify="left")
-    for col in ("variant", "source", "phase", "size", "cost/write µs", "baseline µs", "ratio", "saving/step ms",
-                "% of ITL", "predicted ITL ms"):
+    rows = cmp["rows"]
+    layer = any(r.get("measured_saving_per_step_ms") is not None for r in rows)
+    title = f"vs baseline {cmp['baseline']} (projection: {cmp['layers']} layers/step"
+    title += "; in a decoder layer the saving is measured, step against step)" if layer else ")"
+    t = Table(title=title, title_justify="left")
+    cols = ["variant", "source", "phase", "size", "cost/write µs", "baseline µs", "ratio", "saving/step ms"]
+    if layer:
+        cols += ["± ms", "projected ms"]
+    cols += ["% of ITL", "predicted ITL ms"]
+    for col in cols:
         t.add_column(col, justify="left" if col in ("variant", "source", "phase") else "right", no_wrap=True)
-    for r in cmp["rows"]:
-        t.add_row(str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                  _us(r["cost_per_write_ns"]), _us(r["baseline_cost_per_write_ns"]),
-                  _num(r["ratio_cost_per_write_ns"], "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}"),
-                  _num((r.get("saving_share_of_itl") or 0) * 100 if r.get("saving_share_of_itl") is not None else None, "{:.2f}"),
-                  _num(r.get("predicted_itl_ms"), "{:.2f}"))
+    for r in rows:
+        cells = [str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                 _us(r["cost_per_write_ns"]), _us(r["baseline_cost_per_write_ns"]),
+                 _num(r["ratio_cost_per_write_ns"], "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}")]
+        if layer:
+            cells += [_num(r.get("measured_saving_spread_ms"), "{:.3f}"),
+                      _num(r.get("projected_saving_per_step_ms"), "{:.3f}")]
+        share = r.get("saving_share_of_itl")
+        cells += [_num(share * 100 if share is not None else None, "{:.2f}"), _num(r.get("predicted_itl_ms"), "{:.2f}")]
+        t.add_row(*cells)
     return t
 
 
