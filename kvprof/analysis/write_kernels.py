@@ -166,8 +166,35 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
     return out
 
 
-def write_kernel_summary(loaded: Any, user_regex: str | None = None) -> dict[str, Any]:
-    """``summary["write_kernels"]``: per trace (rank), the name-classified KV-write kernels."""
+def _median(s: pd.Series) -> float | None:
+    s = pd.to_numeric(s, errors="coerce").dropna()
+    return float(s.median()) if len(s) else None
+
+
+def stepless_writes(writes: pd.DataFrame | None, ranks: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per trace (rank) and variant, the kvprof-ranged writes that no kvprof step encloses.
+
+    SGLang's processes write through kvprof's ranges (its plugin) but have no kvprof step
+    ranges, so these writes are in no (phase, size) group; their numbers are here."""
+    if writes is None or not len(writes):
+        return []
+    w = writes[writes["phase"].isna()] if "phase" in writes else writes
+    out = []
+    for (trace, variant), g in w.groupby(["trace", "variant"], sort=True, observed=True):
+        out.append({
+            "trace": str(trace), "rank": ranks.get(str(trace)), "variant": str(variant), "writes": len(g),
+            "layers": int(g["layer"].nunique()), "graph_writes": int(g["graph"].sum()),
+            "kernels_per_write": _median(g["gpu_ops"]), "gpu_span_ns": _median(g["gpu_span_ns"]),
+            "gpu_busy_ns": _median(g["gpu_busy_ns"]), "host_ns": _median(g["host_dur_ns"]),
+            "launch_delay_ns": _median(g["launch_delay_ns"]),
+        })
+    return out
+
+
+def write_kernel_summary(loaded: Any, user_regex: str | None = None,
+                         writes: pd.DataFrame | None = None) -> dict[str, Any]:
+    """``summary["write_kernels"]``: per trace (rank), the name-classified KV-write kernels, and
+    the kvprof-ranged writes outside any kvprof step (``writes``: analyze's per-write table)."""
     from kvprof.trace.table import to_frame
 
     patterns = patterns_with(user_regex)
@@ -179,7 +206,9 @@ def write_kernel_summary(loaded: Any, user_regex: str | None = None) -> dict[str
         doc["kvprof_writes"] = int((t.attribution or {}).get("writes", 0) or 0)
         traces.append(doc)
     sidecars = getattr(loaded, "sidecars", None) or []
+    ranks = {t["path"]: t["rank"] for t in traces}
     return {
+        "stepless_writes": stepless_writes(writes, ranks),
         "patterns": [{"family": p.name, "regex": p.regex, "kernels_per_write": p.kernels_per_write,
                       "source": p.source} for p in patterns],
         "user_regex": user_regex,
@@ -190,9 +219,21 @@ def write_kernel_summary(loaded: Any, user_regex: str | None = None) -> dict[str
 
 
 def render_write_kernels(section: dict[str, Any], console: Any) -> None:
-    """A table per rank of the matched families; nothing when no kernel matched."""
+    """Per rank: kvprof-ranged writes outside kvprof steps, and the kernels matched by name."""
     from rich.table import Table
 
+    stepless = section.get("stepless_writes") or []
+    if stepless:
+        t = Table(title="kvprof write ranges outside kvprof steps (e.g. SGLang's plugin), per rank, median",
+                  title_justify="left")
+        for col in ("rank", "variant", "writes", "layers", "graph", "kern/wr", "GPU span µs", "GPU busy µs",
+                    "host µs", "launch→GPU µs"):
+            t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
+        for r in stepless:
+            t.add_row(str(r["rank"]), r["variant"], str(r["writes"]), str(r["layers"]), str(r["graph_writes"]),
+                      _fmt(r["kernels_per_write"], 1), _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]),
+                      _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
+        console.print(t)
     rows = [t for t in section.get("traces") or [] if t.get("write_kernels")]
     if not rows:
         if any(t.get("gpu") and not t.get("kvprof_writes") for t in section.get("traces") or []):
@@ -214,3 +255,7 @@ def render_write_kernels(section: dict[str, Any], console: Any) -> None:
                 str(t["path"]).rsplit("/", 1)[-1][:60],
             )
     console.print(table)
+
+
+def _fmt(v: Any, scale: float = 1000.0) -> str:
+    return "-" if v is None else (f"{v:g}" if scale == 1 else f"{v / scale:.2f}")

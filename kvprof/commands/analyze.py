@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     bench = Benchmark(itl_before_ms=args.itl_before, itl_after_ms=args.itl_after,
                       layers=args.layers or Benchmark().layers)
     result = analyze(loaded, baseline=args.baseline, bench=bench, layers=args.layers)
-    result.summary["write_kernels"] = clean(write_kernel_summary(loaded, args.write_kernels))
+    result.summary["write_kernels"] = clean(write_kernel_summary(loaded, args.write_kernels, result.writes))
     if not args.quiet:
         render(result.summary)
         render_write_kernels(result.summary["write_kernels"], make_console())
