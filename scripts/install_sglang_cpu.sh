@@ -19,7 +19,7 @@ set -euo pipefail
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 python -m pip install -q \
   "transformers==5.19.0" "openai==2.8.0" "apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" \
-  numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm \
+  numpy triton orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm \
   IPython aiohttp dill einops gguf loguru partial-json-parser
 python -m pip install -q --no-deps "sglang==${SGLANG_VERSION}" "torchvision==0.16.2" "compressed-tensors==0.18.0"
 # Fail here, with SGLang's own error, rather than in the tests.
