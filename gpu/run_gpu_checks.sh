@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Everything kvprof needs a GPU for, in one call on the lent H200:
-#   bash ../shared/tools/gpu-carry.sh orjson==3.13.0      # here, once: fills .gpu/
-#   device run (carry .gpu):  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
+# Everything kvprof needs a GPU for, in one call on an H200 machine:
+#   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
+#   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
 # Steps (default: env capture bench tests): env smoke tests tune floor ablation facts capture
 # settings layer bench. Results go to $OUT (the device
 # tool brings them back); logs are tee'd so a timeout still returns what ran.
