@@ -104,8 +104,9 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
         pref = [r for r in decode if r["variant"] in (prefer or [])] or decode
         order = list(source_order or []) + ["nsys", "kineto"]
         rank = {s: i for i, s in reversed(list(enumerate(order)))}
+        # the most trusted source, the benchmark's batch size, then the largest saving there
         near = min(pref, key=lambda r: (rank.get(r["source"], len(order)), abs(r["size"] - bench.batch),
-                                        r["saving_per_step_ms"] is None))
+                                        -(r["saving_per_step_ms"] or 0.0)))
         out["headline"] = {
             "variant": near["variant"], "source": near["source"], "size": near["size"],
             "context": near.get("context", "none"),
