@@ -160,11 +160,13 @@ def sidebar() -> tuple[str, Context]:
             groups = frames.groups_frame(summary)
             variants = frames.variants_in(summary, groups)
             ctx.variants = sb.multiselect("Variants", variants, default=variants, key=f"nav_variants::{run_label}")
-            sources = frames.sources_in(groups)
+            sources = frames.sources_in(groups, summary)
             if len(sources) > 1:
-                ctx.source = sb.radio("Trace source", sources, horizontal=True, key=f"nav_source::{run_label}",
-                                      help="kineto: torch.profiler; nsys: Nsight Systems (the same writes, "
-                                           "a second clock)")
+                ctx.source = sb.radio("Source", sources, horizontal=True, key=f"nav_source::{run_label}",
+                                      help="reference: the same steps with no profiler attached, timed with CUDA "
+                                           "events (what a step pays; the default); kineto: torch.profiler; "
+                                           "nsys: Nsight Systems. Each profiler slows what it watches: the "
+                                           "Overview page shows by how much.")
             elif sources:
                 ctx.source = sources[0]
             if ctx.run.note:

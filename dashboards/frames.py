@@ -85,9 +85,32 @@ def variants_in(summary: dict[str, Any], groups: pd.DataFrame | None = None) -> 
     return order + sorted(present - set(order))
 
 
-def sources_in(groups: pd.DataFrame) -> list[str]:
+def sources_in(groups: pd.DataFrame, summary: dict[str, Any] | None = None) -> list[str]:
+    """Sources most trusted first (the analysis' order: the unprofiled reference, then the
+    least perturbed profiler), so the page opens on the figure a step really pays."""
     src = sorted(groups["source"].dropna().astype(str).unique())
-    return sorted(src, key=lambda s: (s != "kineto", s))
+    order = list((summary or {}).get("trusted_sources") or []) + ["reference", "nsys", "kineto"]
+    return sorted(src, key=lambda s: (order.index(s) if s in order else len(order), s))
+
+
+OBSERVER_COLUMNS = ("variant", "source", "phase", "size", "reading µs/write", "reference µs/write",
+                    "reading / reference (write)", "reading / reference (step)", "profiled run / reference", "flag")
+
+
+def observer_frame(summary: dict[str, Any]) -> pd.DataFrame:
+    """Each profiler's reading against the unprofiled reference (summary.json 'observer')."""
+    rows = [{
+        "variant": r["variant"], "source": r["source"], "phase": r["phase"], "size": r["size"],
+        "reading µs/write": _us_or_nan(r.get("cost_per_write_ns")),
+        "reference µs/write": _us_or_nan(r.get("reference_cost_per_write_ns")),
+        "reading / reference (write)": r.get("ratio_per_write"), "reading / reference (step)": r.get("ratio_per_step"),
+        "profiled run / reference": r.get("pass_slowdown"), "flag": "off" if r.get("flagged") else "ok",
+    } for r in ((summary.get("observer") or {}).get("rows") or [])]
+    return pd.DataFrame(rows, columns=list(OBSERVER_COLUMNS))
+
+
+def _us_or_nan(ns: Any) -> float:
+    return float(ns) / NS_PER_US if isinstance(ns, (int, float)) else np.nan
 
 
 def verdict_text(v: dict[str, Any]) -> str:
@@ -129,10 +152,10 @@ def fused_variants(summary: dict[str, Any]) -> list[str]:
 
 
 def comparison(groups: pd.DataFrame, baseline: str, layers: int, itl_before_ms: float, itl_after_ms: float,
-               prefer: list[str] | None = None) -> dict[str, Any]:
+               prefer: list[str] | None = None, source_order: list[str] | None = None) -> dict[str, Any]:
     """kvprof's compare_groups against a baseline chosen in the page (analyze fixed one at run time)."""
     bench = Benchmark(itl_before_ms=itl_before_ms, itl_after_ms=itl_after_ms, layers=layers)
-    return compare_groups(groups, baseline, bench, layers, prefer=prefer)
+    return compare_groups(groups, baseline, bench, layers, prefer=prefer, source_order=source_order)
 
 
 OVERVIEW_COLUMNS = (

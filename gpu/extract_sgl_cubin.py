@@ -3,7 +3,7 @@
 
     python gpu/extract_sgl_cubin.py [--version 0.3.21] [--out .gpu/sgl]
 
-Why: the lent GPU machine has no package registry and sgl-kernel's wheel (over 500 MB,
+Why: the H200 machine kvprof is measured on has no package registry and sgl-kernel's wheel (over 500 MB,
 built against its own torch) cannot be carried there or loaded beside another torch. Its
 ``store_kv_cache`` kernels are device code with no torch in them: this script downloads
 the wheel from PyPI (here, where the registry is reachable), reads its sm_90 ``common_ops``

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything kvprof needs a GPU for, in one call on the lent H200:
-#   bash ../shared/tools/gpu-carry.sh orjson==3.13.0      # here, once: fills .gpu/
-#   device run (carry .gpu):  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env tests tune floor ablation facts capture bench. Results go to $OUT (the device
+# Everything kvprof needs a GPU for, in one call on an H200 machine:
+#   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
+#   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
+# Steps (default: env capture bench tests): env smoke tests tune floor ablation facts capture
+# settings layer bench. Results go to $OUT (the device
 # tool brings them back); logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -31,6 +32,14 @@ p = torch.cuda.get_device_properties(0)
 print(p.name, p.multi_processor_count, "SMs", p.total_memory >> 20, "MiB", "L2", getattr(p, "L2_cache_size", None))
 PY
       "$KVPROF_NSYS" --version; nvcc --version | tail -1; } 2>&1 | tee "$OUT/env.txt"
+    ;;
+  smoke)
+    stamp smoke
+    # a small --context layer capture with both profilers: the whole path, in seconds
+    rm -rf /tmp/kvprof-smoke
+    timeout ${SMOKE_TIMEOUT:-150} python3 -m kvprof capture --model small=4x2x128 --tp 1 --context layer \
+      --context-len 256 --variants two_stream,triton_fused --batch-sizes 1,8 --prefill-tokens 128 --steps 3 \
+      --reference-steps 20 --profiler both --out /tmp/kvprof-smoke --run-id smoke --no-progress 2>&1 | tee "$OUT/smoke.txt"
     ;;
   tests)
     stamp tests
@@ -63,7 +72,7 @@ PY
     rm -rf /tmp/kvprof-traces
     timeout ${CAPTURE_TIMEOUT:-300} python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
       --variants index_put,two_stream,sgl_kernel_cubin,triton_fused,cuda_fused,store_kv_fused --phase decode,prefill \
-      --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 \
+      --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 --reference-steps 200 \
       --profiler both --out /tmp/kvprof-traces --run-id h200-llama70b-tp8 --no-progress 2>&1 | tee "$OUT/capture.txt"
     ( cd /tmp/kvprof-traces && tar czf "$OUT/samples.tgz" h200-llama70b-tp8 )
     # The .nsys-rep files cannot be scrubbed: export each again, unscrubbed, and look
@@ -74,6 +83,32 @@ PY
         n=$(grep -c -a -e "$KVPROF_TEST_SECRET" -e "$HF_TOKEN" "$f"); echo "planted secret in $(basename "$f") ($(basename "$rep")): $n matching lines"
       done
     done 2>&1 | tee "$OUT/secret-check.txt"
+    ;;
+  settings)
+    stamp settings
+    # what the profilers' own settings do to graph replays: the same decode captures with
+    # torch.profiler's cuda_sync events off/on and nsys --cuda-graph-trace node/graph; each
+    # run times its steps in-pass and in the unprofiled reference (step_timings.json)
+    rm -rf /tmp/kvprof-settings
+    for s in "node --no-torch-sync-events" "graph --torch-sync-events"; do
+      set -- $s
+      timeout ${SETTINGS_TIMEOUT:-150} python3 -m kvprof capture --variants two_stream,triton_fused,cuda_fused \
+        --phase decode --batch-sizes 1,10,64 --steps 10 --reference-steps 100 --profiler both \
+        --nsys-graph-trace "$1" "$2" --out /tmp/kvprof-settings --run-id "nsys-$1" --no-progress \
+        2>&1 | tee "$OUT/settings-$1.txt"
+    done
+    ( cd /tmp/kvprof-settings && tar czf "$OUT/settings.tgz" */summary.json */step_timings.json */manifest.json )
+    ;;
+  layer)
+    stamp layer
+    # every write inside a Llama-3.1-70B TP8 decoder layer (per-rank GEMMs, rotary, attention
+    # over 4096 cached tokens per request), decode at batch 1/10/64 from CUDA graphs
+    rm -rf /tmp/kvprof-layer
+    timeout ${LAYER_TIMEOUT:-500} python3 -m kvprof capture --model llama-3.1-70b --tp 8 --context layer \
+      --context-len 4096 --variants ${LAYER_VARIANTS:-index_put,two_stream,sgl_kernel_cubin,triton_fused,cuda_fused} \
+      --phase decode --batch-sizes 1,10,64 --steps 5 --warmup 2 --reference-steps 60 --profiler both \
+      --out /tmp/kvprof-layer --run-id h200-llama70b-tp8-layer --no-progress 2>&1 | tee "$OUT/layer.txt"
+    ( cd /tmp/kvprof-layer && tar czf "$OUT/layer.tgz" h200-llama70b-tp8-layer )
     ;;
   bench)
     stamp bench

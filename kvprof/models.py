@@ -21,6 +21,12 @@ class ModelSpec:
     kv_heads: int
     head_dim: int
     v_head_dim: int | None = None
+    # The rest of a decoder layer, for ``--context layer`` (from config.json: hidden_size,
+    # num_attention_heads, intermediate_size). None: derived (q_heads = kv_heads,
+    # hidden = q_heads x head_dim, intermediate = 4 x hidden).
+    hidden: int | None = None
+    q_heads: int | None = None
+    intermediate: int | None = None
 
     def per_rank(self, tp: int) -> RankShape:
         if not isinstance(tp, int) or tp < 1:
@@ -32,6 +38,9 @@ class ModelSpec:
             head_num=math.ceil(self.kv_heads / tp),
             head_dim=self.head_dim,
             v_head_dim=self.v_head_dim or self.head_dim,
+            hidden=self.hidden or (self.q_heads or self.kv_heads) * self.head_dim,
+            q_head_num=math.ceil((self.q_heads or self.kv_heads) / tp),
+            intermediate=math.ceil((self.intermediate or 4 * (self.hidden or (self.q_heads or self.kv_heads) * self.head_dim)) / tp),
         )
 
 
@@ -45,6 +54,11 @@ class RankShape:
     head_num: int
     head_dim: int
     v_head_dim: int
+    # the layer around the write (``--context layer``): hidden size (not split by TP),
+    # query heads and MLP width per rank
+    hidden: int = 0
+    q_head_num: int = 0
+    intermediate: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -54,13 +68,15 @@ class RankShape:
 PRESETS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec("llama-3.1-8b", layers=32, kv_heads=8, head_dim=128),
-        ModelSpec("llama-3.1-70b", layers=80, kv_heads=8, head_dim=128),
-        ModelSpec("llama-3.1-405b", layers=126, kv_heads=8, head_dim=128),
-        ModelSpec("qwen2.5-7b", layers=28, kv_heads=4, head_dim=128),
-        ModelSpec("qwen2.5-72b", layers=80, kv_heads=8, head_dim=128),
-        ModelSpec("mixtral-8x7b", layers=32, kv_heads=8, head_dim=128),
-        ModelSpec("llama-3.2-1b", layers=16, kv_heads=8, head_dim=64),
+        ModelSpec("llama-3.1-8b", layers=32, kv_heads=8, head_dim=128, hidden=4096, q_heads=32, intermediate=14336),
+        ModelSpec("llama-3.1-70b", layers=80, kv_heads=8, head_dim=128, hidden=8192, q_heads=64, intermediate=28672),
+        ModelSpec("llama-3.1-405b", layers=126, kv_heads=8, head_dim=128, hidden=16384, q_heads=128,
+                  intermediate=53248),
+        ModelSpec("qwen2.5-7b", layers=28, kv_heads=4, head_dim=128, hidden=3584, q_heads=28, intermediate=18944),
+        ModelSpec("qwen2.5-72b", layers=80, kv_heads=8, head_dim=128, hidden=8192, q_heads=64, intermediate=29568),
+        # MoE: the layer context stands in one expert's MLP width (2 of 8 experts run per token)
+        ModelSpec("mixtral-8x7b", layers=32, kv_heads=8, head_dim=128, hidden=4096, q_heads=32, intermediate=14336),
+        ModelSpec("llama-3.2-1b", layers=16, kv_heads=8, head_dim=64, hidden=2048, q_heads=32, intermediate=8192),
     )
 }
 

@@ -30,7 +30,8 @@ def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
     manifest = orjson.loads((run / "manifest.json").read_bytes())
     assert manifest["config"]["model"] == "llama-3.1-70b"
     assert manifest["config"]["resolved"]["shape"] == {
-        "model": "llama-3.1-70b", "tp": 8, "layers": 80, "head_num": 1, "head_dim": 128, "v_head_dim": 128}
+        "model": "llama-3.1-70b", "tp": 8, "layers": 80, "head_num": 1, "head_dim": 128, "v_head_dim": 128,
+        "hidden": 8192, "q_head_num": 8, "intermediate": 3584}
     for v in ("index_put", "two_stream"):
         entry = manifest["variants"][v]
         assert entry["available"] and entry["files"]["torch_trace"] == f"{v}.pt.trace.json.gz"

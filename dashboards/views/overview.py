@@ -56,20 +56,32 @@ def render(ctx: Context) -> None:
     itl_b = float(c3.number_input("ITL before, ms", min_value=0.01, value=bench.itl_before_ms, key="ov-itl-before"))
     itl_a = float(c4.number_input("ITL after (measured), ms", min_value=0.01, value=bench.itl_after_ms,
                                   key="ov-itl-after"))
-    comp = frames.comparison(groups, baseline, layers, itl_b, itl_a, prefer=frames.fused_variants(summary))
+    comp = frames.comparison(groups, baseline, layers, itl_b, itl_a, prefer=frames.fused_variants(summary),
+                             source_order=summary.get("trusted_sources"))
     table = frames.overview_frame(g, comp, summary, baseline)
 
     head = comp.get("headline")
     if head and head["variant"] in chosen:
         m1, m2, m3 = st.columns(3)
+        how = ("measured: the baseline's decoder-layer step minus this variant's" if head.get("measured")
+               else f"projected: {layers} layers x cost difference per write")
         m1.metric(f"{md(head['variant'])} saves per decode step ({md(head['source'])}, bs={md(head['size'])})",
-                  f"{head['saving_per_step_ms']:.3f} ms", help=f"{layers} layers x GPU cost difference per write")
+                  f"{head['saving_per_step_ms']:.3f} ms", help=f"{how}; source: {head['source']}")
         m2.metric("predicted inter-token latency", f"{head['predicted_itl_ms']:.2f} ms",
                   delta=f"{head['predicted_itl_ms'] - itl_b:+.2f} ms vs {itl_b:.2f}", delta_color="inverse")
         m3.metric("measured by the benchmark", f"{itl_a:.2f} ms", delta=f"{itl_a - itl_b:+.2f} ms",
                   delta_color="inverse", help=comp["benchmark"]["label"])
     for w in comp.get("warnings") or []:
         st.info(md(w))
+
+    obs = frames.observer_frame(summary)
+    if len(obs):
+        st.markdown("#### Observer effect")
+        st.caption("Each profiler's reading over the unprofiled reference (the same steps, no profiler, CUDA "
+                   "events); 'profiled run / reference' is how much the profiler slowed the run itself. "
+                   f"More than {round((summary.get('observer') or {}).get('threshold', 0.1) * 100)} % off is "
+                   "flagged; headline figures come from the reference.")
+        show_table(obs, f"observer-{ctx.run.label}", column_config=number_format(obs))
 
     st.markdown("#### Per variant and phase")
     show_table(table, f"overview-{ctx.run.label}", column_config=number_format(table))

@@ -47,12 +47,19 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None = None,
-                   layers: int | None = None, prefer: list[str] | None = None) -> dict[str, Any]:
+                   layers: int | None = None, prefer: list[str] | None = None,
+                   source_order: list[str] | None = None) -> dict[str, Any]:
     """Each variant's (source, phase, size) rows against the baseline's same rows.
 
     ``layers``: how many layers a decode step writes in the projection (default: the
     benchmark's model, 80). ``prefer``: variants the headline is drawn from first (the
-    fused ones: the benchmark measured a change to a fused write).
+    fused ones: the benchmark measured a change to a fused write). ``source_order``: the
+    sources the headline is drawn from, most trusted first (the reference pass, then the
+    least perturbed profiler; see kvprof.analysis.reference.trusted_sources).
+
+    Rows of a step measured inside a decoder layer (``context`` layer, the reference's)
+    also carry ``measured_saving_per_step_ms``: the baseline's step minus the variant's,
+    beside the projection from the writes alone; their predicted ITL uses the measurement.
     """
     bench = bench or Benchmark()
     layers = int(layers or bench.layers)
@@ -79,18 +86,39 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
             row[f"ratio_{m}"] = _ratio(getattr(r, m), getattr(b, m))
         diff = _num(b.cost_per_write_ns) - _num(r.cost_per_write_ns) if _finite(b.cost_per_write_ns, r.cost_per_write_ns) else None
         row["saving_per_write_ns"] = diff
-        if r.phase == "decode" and diff is not None:
+        row["context"] = str(getattr(r, "context", "none") or "none")
+        # a CPU wall clock says nothing about a GPU serving step: no ITL projection from it
+        gpu_time = getattr(r, "attribution", "") != "wall"
+        if r.phase == "decode" and diff is not None and gpu_time:
             step_ms = diff * layers / 1e6
-            row["saving_per_step_ms"] = step_ms
-            row["saving_share_of_itl"] = step_ms / bench.itl_before_ms
-            row["predicted_itl_ms"] = bench.itl_before_ms - step_ms
+            row["projected_saving_per_step_ms"] = step_ms
+            if row["context"] == "layer" and _finite(getattr(b, "writes_only_step_ns", None),
+                                                     getattr(r, "writes_only_step_ns", None)):
+                row["projected_saving_per_step_ms"] = (float(b.writes_only_step_ns) - float(r.writes_only_step_ns)) / 1e6
+            row["saving_per_step_ms"] = row["projected_saving_per_step_ms"]
+            if row["context"] == "layer" and _finite(b.step_ns, r.step_ns):
+                measured = (float(b.step_ns) - float(r.step_ns)) / 1e6
+                row["measured_saving_per_step_ms"] = measured
+                spread = [getattr(x, "step_iqr_ns", None) for x in (b, r)]
+                row["measured_saving_spread_ms"] = (
+                    float(np.hypot(*spread)) / 1e6 if _finite(*spread) else None)
+                row["saving_per_step_ms"] = measured
+            row["saving_share_of_itl"] = row["saving_per_step_ms"] / bench.itl_before_ms
+            row["predicted_itl_ms"] = bench.itl_before_ms - row["saving_per_step_ms"]
         out["rows"].append(row)
     decode = [r for r in out["rows"] if r["phase"] == "decode" and r.get("saving_per_step_ms") is not None]
     if decode:
         pref = [r for r in decode if r["variant"] in (prefer or [])] or decode
-        near = min(pref, key=lambda r: (abs(r["size"] - bench.batch), r["source"] != "nsys"))
+        order = list(source_order or []) + ["nsys", "kineto"]
+        rank = {s: i for i, s in reversed(list(enumerate(order)))}
+        # the most trusted source, the benchmark's batch size, then the largest saving there
+        near = min(pref, key=lambda r: (rank.get(r["source"], len(order)), abs(r["size"] - bench.batch),
+                                        -(r["saving_per_step_ms"] or 0.0)))
         out["headline"] = {
             "variant": near["variant"], "source": near["source"], "size": near["size"],
+            "context": near.get("context", "none"),
+            "measured": near.get("measured_saving_per_step_ms") is not None,
+            "projected_saving_per_step_ms": near.get("projected_saving_per_step_ms"),
             "saving_per_step_ms": near["saving_per_step_ms"],
             "predicted_itl_ms": near["predicted_itl_ms"],
             "measured_itl_ms": bench.itl_after_ms,

@@ -3,12 +3,13 @@
 Medians, because a handful of first-replay or allocator outliers in a short capture
 should not move the headline; min/max of the kernel count, because one write with a
 different count is itself a finding. ``cost_per_write_ns`` is what a write costs the
-step: for CUDA-graph replays the step's GPU span divided by its writes (inter-node
-gaps included: what an inter-token latency pays), or, where a trace has no step ranges,
-the time each write adds to the GPU timeline (``gpu_new_ns``: a write launched with PDL
-starts during the previous one and waits, and its span would count the wait); for eager
-writes the GPU span of one write. Also the fused-or-fell-back verdict, from the writer's own report (paths) and
-from the kernel count, which must agree.
+step, the figure the reference pass measures too: with writes back to back, the step's
+GPU span divided by its writes (launch gaps included: what an inter-token latency pays);
+inside a decoder layer, what each write adds to the GPU timeline (``gpu_new_ns``); where
+a trace has no step ranges, ``gpu_new_ns`` for replays (a write launched with PDL starts
+during the previous one and waits, and its span would count the wait) and the write's
+GPU span for eager writes. Also the fused-or-fell-back verdict, from the writer's own
+report (paths) and from the kernel count, which must agree.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ FALLBACK_PREFIX = "fallback:"
 
 GROUP_KEYS = ("variant", "source", "phase", "size")
 GROUP_COLUMNS = (
-    *GROUP_KEYS, "layer", "writes", "steps", "graph", "attribution", "kernels_per_write", "kernels_per_write_min",
+    *GROUP_KEYS, "layer", "context", "writes", "steps", "graph", "attribution", "kernels_per_write", "kernels_per_write_min",
     "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "cost_per_write_ns", "host_launch_ns",
     "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak",
-    "step_ns", "step_gpu_ns", "tokens",
+    "step_ns", "step_gpu_ns", "step_iqr_ns", "write_share", "writes_only_step_ns", "tokens",
 )
 
 
@@ -43,8 +44,14 @@ def measured(writes: pd.DataFrame) -> pd.DataFrame:
     return writes[(~writes["during_capture"].astype(bool)) & (writes["step"] >= 0)]
 
 
+def _iqr(s: pd.Series) -> float:
+    s = pd.to_numeric(s, errors="coerce").dropna()
+    return float(s.quantile(0.75) - s.quantile(0.25)) if len(s) >= 4 else float("nan")
+
+
 def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None) -> dict[str, Any]:
     graph = bool(w["graph"].any())
+    layer = "context" in w and (w["context"].astype(str) == "layer").any()
     kpw = w["gpu_ops"]
     row: dict[str, Any] = {
         "writes": int(len(w)),
@@ -68,16 +75,22 @@ def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None) -> dict[str, Any]:
         "tokens": _median(w["tokens"].where(w["tokens"] >= 0)),
         "step_ns": float("nan"),
         "step_gpu_ns": float("nan"),
+        "step_iqr_ns": float("nan"),
+        "write_share": float("nan"),
+        "writes_only_step_ns": float("nan"),
+        "context": "layer" if layer else "none",
     }
     # replays without step ranges (nsys): the time each write adds to the GPU timeline, so that
     # writes launched with PDL (which start during the previous write and wait) are not charged
     # their wait
-    row["cost_per_write_ns"] = row["gpu_new_ns"] if graph and np.isfinite(row["gpu_new_ns"]) else row["gpu_span_ns"]
+    new_or_span = graph or layer
+    row["cost_per_write_ns"] = row["gpu_new_ns"] if new_or_span and np.isfinite(row["gpu_new_ns"]) else row["gpu_span_ns"]
     if steps is not None and len(steps):
         row["step_ns"] = _median(steps["dur_ns"])
         row["step_gpu_ns"] = _median(steps["gpu_span_ns"])
-        if graph:
-            per = steps["gpu_span_ns"] / steps["writes"].where(steps["writes"] > 0)
+        row["step_iqr_ns"] = _iqr(steps["gpu_span_ns"])
+        per = steps["gpu_span_ns"] / steps["writes"].where(steps["writes"] > 0)
+        if not layer and np.isfinite(_median(per)):
             row["cost_per_write_ns"] = _median(per)
     return row
 

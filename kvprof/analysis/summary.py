@@ -12,6 +12,9 @@ summary.json (``SUMMARY_SCHEMA``), top-level keys:
 - groups: rows of kvprof.analysis.metrics.GROUP_COLUMNS per (variant, source, phase, size)
 - layers: the same per layer
 - comparison: kvprof.analysis.compare.compare_groups against the baseline (when present)
+- observer: kvprof.analysis.reference.observer_effect, each profiler against the reference
+- trusted_sources: the order headline figures are drawn from (reference first)
+- reference: what the reference pass timed (context, clock, steps per series)
 - warnings: every warning, one sentence each
 """
 
@@ -27,6 +30,7 @@ from kvprof import __version__
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.generic import generic_summary
 from kvprof.analysis.metrics import fused_verdict, group_metrics
+from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs
 from kvprof.trace.load import Loaded
 from kvprof.trace.table import to_frame
@@ -78,6 +82,16 @@ def _device(loaded: Loaded) -> dict[str, Any]:
     return dev
 
 
+def _reference_doc(loaded: Loaded) -> dict[str, Any] | None:
+    t = loaded.timings
+    if t is None:
+        return None
+    recs = t.select(pass_="reference")
+    return {"context": t.context, "context_len": t.context_len,
+            "clock": sorted({r.clock for r in recs}), "series": len(recs),
+            "steps_per_series": sorted({len(r.samples_ns) for r in recs})}
+
+
 def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None = None,
             layers: int | None = None) -> Analysis:
     warnings = list(loaded.warnings)
@@ -110,6 +124,15 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     steps = pd.concat([s for s in steps_l if len(s)], ignore_index=True) if any(len(s) for s in steps_l) \
         else pd.DataFrame()
     groups = group_metrics(writes, steps)
+    ref_groups = reference_groups(loaded.timings)
+    if len(ref_groups):
+        groups = pd.concat([groups, ref_groups], ignore_index=True) if len(groups) else ref_groups
+    observer = observer_effect(groups, loaded.timings)
+    warnings.extend(observer_notes(observer))
+    for name, entry in loaded.variants.items():
+        if isinstance(entry, dict) and entry.get("reference_error"):
+            warnings.append(f"{name}: no reference figures (the unprofiled pass failed: {entry['reference_error']})")
+    sources = trusted_sources(sorted(set(groups["source"].dropna().astype(str))) if len(groups) else [], observer)
     layer_groups = group_metrics(writes, steps, by_layer=True)
     variants: dict[str, Any] = {}
     names = list(loaded.variants) + sorted(set(writes["variant"].dropna().astype(str)) - set(loaded.variants))
@@ -129,7 +152,7 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     comparison = None
     if base and len(present) > 1:
         fused = [n for n, v in variants.items() if v.get("fused")]
-        comparison = compare_groups(groups, base, bench, layers, prefer=fused)
+        comparison = compare_groups(groups, base, bench, layers, prefer=fused, source_order=sources)
         warnings.extend(comparison.pop("warnings"))
     elif baseline and baseline not in present:
         warnings.append(f"baseline {baseline!r} has no measured writes; no comparison")
@@ -144,6 +167,9 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
         "groups": groups.to_dict(orient="records"),
         "layers": layer_groups.to_dict(orient="records"),
         "comparison": comparison,
+        "observer": observer,
+        "trusted_sources": sources,
+        "reference": _reference_doc(loaded),
         "warnings": list(dict.fromkeys(warnings)),
     }
     return Analysis(writes=writes, steps=steps, groups=groups, layers=layer_groups, summary=clean(summary),

@@ -10,15 +10,17 @@ Pure function of an attributed Trace. Columns (WRITE_COLUMNS):
 | variant, phase, size, step, layer, tokens | what was written, in which step                 |
 | attribution      | correlation / graph_node / graph_order                                   |
 | graph            | replayed from a CUDA graph                                               |
+| context          | none (writes back to back) or layer (each inside a decoder layer)        |
 | during_capture   | range entered while a graph was captured (a template, not a measurement) |
 | gpu_ops, kernels | GPU activities (kernel+memcpy+memset) and kernels of the write           |
 | streams          | distinct streams they ran on                                             |
 | gpu_start_ns, gpu_end_ns, gpu_span_ns | first start, last end, and their distance           |
 | gpu_busy_ns      | sum of activity durations                                                |
-| gpu_new_ns       | end - max(start, latest end of the trace's earlier writes): what the write |
-|                  | adds to the GPU timeline. With programmatic dependent launch a kernel     |
-|                  | starts while the previous write runs and waits, so its span counts that   |
-|                  | wait; back-to-back writes then cost the distance between their ends      |
+| gpu_new_ns       | end - max(start, latest end of the trace's earlier writes): what the     |
+|                  | write adds to the GPU timeline. With programmatic dependent launch a     |
+|                  | kernel starts while the previous one runs and waits, so its span counts  |
+|                  | that wait. In a layer context: end - latest end of any earlier GPU work  |
+|                  | (the gap before the write included: its node's launch latency)           |
 | gpu_union_ns     | time with at least one activity running                                  |
 | overlap_ns, overlap_frac | time with >= 2 streams busy, and its share of gpu_union_ns       |
 | idle_ns, gaps    | idle time and number of holes inside the span                            |
@@ -43,7 +45,7 @@ from kvprof.trace.table import to_frame
 
 WRITE_COLUMNS = (
     "trace", "source", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
-    "graph", "during_capture", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac", "host_start_ns", "host_dur_ns",
+    "graph", "during_capture", "context", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac", "host_start_ns", "host_dur_ns",
     "launch_delay_ns", "graph_launch", "bytes", "bandwidth_gbs", "pct_of_peak", "kernel_names",
 )
 
@@ -111,7 +113,12 @@ def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
     out["bandwidth_gbs"] = out["bytes"] / span  # bytes per ns == GB/s
     peak = peak_bandwidth_gbs(trace)
     out["pct_of_peak"] = out["bandwidth_gbs"] / peak * 100.0 if peak else np.nan
-    out["gpu_new_ns"] = new_gpu_time(out["gpu_start_ns"], out["gpu_end_ns"])
+    context = str((trace.kvprof or {}).get("context") or "none")
+    out["context"] = context
+    if context == "layer":
+        out["gpu_new_ns"] = new_time_after_any_work(out["gpu_start_ns"], out["gpu_end_ns"], out["gpu_ops"], work)
+    else:
+        out["gpu_new_ns"] = new_gpu_time(out["gpu_start_ns"], out["gpu_end_ns"])
     out["trace"] = trace.path
     out["source"] = trace.source
     out = out.reset_index()
@@ -126,6 +133,26 @@ def new_gpu_time(start: pd.Series, end: pd.Series) -> pd.Series:
     prev_end = e.cummax().shift(1)
     new = (e - np.maximum(start.reindex(order), prev_end.fillna(-np.inf))).clip(lower=0)
     return new.reindex(start.index)
+
+
+def new_time_after_any_work(start: pd.Series, end: pd.Series, ops: pd.Series, work: pd.DataFrame) -> pd.Series:
+    """Per write: end - the latest end of any GPU activity that started before the write's
+    first one. Inside a decoder layer the write follows the rotary kernel, not the previous
+    write; the gap before it (the graph node's own launch latency) is part of what it adds
+    to the step, and so is the wait of a PDL-launched kernel that started early."""
+    if work.empty:
+        return pd.Series(np.nan, index=start.index)
+    s = work["start_ns"].to_numpy(dtype=np.int64)
+    e = s + work["dur_ns"].to_numpy(dtype=np.int64)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], np.maximum.accumulate(e[order])
+    first = start.to_numpy(dtype=float)
+    out = np.full(len(first), np.nan)
+    ok = np.isfinite(first) & (ops.to_numpy() > 0)
+    idx = np.searchsorted(s, first[ok].astype(np.int64), side="left") - 1  # last activity starting before
+    prev = np.where(idx >= 0, e[np.clip(idx, 0, None)], first[ok])
+    out[ok] = np.clip(end.to_numpy(dtype=float)[ok] - prev, 0, None)
+    return pd.Series(out, index=start.index)
 
 
 STEP_METRIC_COLUMNS = (

@@ -1,6 +1,6 @@
 """sgl-kernel's ``store_kv_cache`` as measured on the machine type kvprof's bench targets.
 
-sgl-kernel cannot be installed on the lent H200 (no package registry there, and its wheel
+sgl-kernel cannot be installed on the H200 machine kvprof is measured on (no package registry there, and its wheel
 pins its own torch), so a run there has no ``sgl_kernel`` column. These are the numbers
 measured the same way (CUDA-graph replays of 80 bf16 writes at random slots) on the same
 machine type, quoted in the project's ``shared/GPU.md`` (2026-12-02). The bench compares

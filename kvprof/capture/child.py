@@ -17,7 +17,9 @@ import orjson
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.session import session_for
+from kvprof.capture.run import make_context
+from kvprof.capture.session import StepTimer, session_for
+from kvprof.core.timings import StepSamples
 from kvprof.devinfo import resolve_device
 from kvprof.errors import KvprofError
 from kvprof.interrupts import ctrl_c_raises_interrupted
@@ -31,7 +33,8 @@ def run_child(spec_path: Path, result_path: Path) -> int:
     device = resolve_device(config.device)
     writer = create_writer(variant, **config.writer_options.get(variant, {}))
     cudart = torch.cuda.cudart() if device.type == "cuda" else None
-    with session_for(config, writer, device) as session:
+    context = make_context(config, device)
+    with session_for(config, writer, device, context=context) as session:
         prepared = []
         for i, phase in enumerate(session.phases):
             p = session.prepare(phase, i)
@@ -44,8 +47,9 @@ def run_child(spec_path: Path, result_path: Path) -> int:
                 if p.spec.graph:
                     session.capture_graph(p)
             session.pool.path_counts.clear()  # capture and its warm-up are not measured writes
-            for p in prepared:
-                session.run_phase(p)
+            timers = [StepTimer(device, p.spec.steps) for p in prepared]
+            for p, timer in zip(prepared, timers):
+                session.run_phase(p, timer=timer)
         finally:
             if cudart is not None:
                 session.synchronize()
@@ -53,7 +57,13 @@ def run_child(spec_path: Path, result_path: Path) -> int:
         paths = session.measured_paths(prepared)
         result = {"variant": variant, "paths": paths, "layers": session.layers,
                   "bytes_per_token": session.bytes_per_token(),
-                  "phases": [p.spec.as_dict() for p in prepared]}
+                  "phases": [p.spec.as_dict() for p in prepared],
+                  # the steps timed inside the nsys pass, as the reference pass times them
+                  "step_timings": [
+                      StepSamples(variant=variant, pass_="nsys", phase=p.spec.phase, size=p.spec.size,
+                                  mode=session.mode, graph=p.spec.graph, writes_per_step=len(session.layers),
+                                  clock=t.clock, samples_ns=tuple(t.samples_ns())).to_json()
+                      for p, t in zip(prepared, timers)]}
     result_path.write_bytes(orjson.dumps(result))
     return 0
 

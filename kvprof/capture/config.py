@@ -18,6 +18,8 @@ from kvprof.workload import PhaseSpec, build_phases
 DEFAULT_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "sgl_kernel_cubin", "triton_fused", "cuda_fused",
                     "store_kv_fused")
 PROFILERS = ("torch", "nsys", "both")
+NSYS_GRAPH_TRACES = ("node", "graph")
+DEFAULT_REFERENCE_STEPS = 100
 
 
 @dataclass
@@ -50,6 +52,11 @@ class CaptureConfig:
     scrub: bool = True
     pass_env: list[str] = field(default_factory=list)
     writer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    context: str = "none"  # "layer": each write inside a decoder layer (kvprof.layer)
+    context_len: int = 4096  # cached tokens per request that decode attention reads
+    reference_steps: int = DEFAULT_REFERENCE_STEPS  # timed unprofiled steps per (phase, size) and mode
+    torch_sync_events: bool = False  # torch.profiler's cuda_sync events (stream waits)
+    nsys_graph_trace: str = "node"  # nsys --cuda-graph-trace: node (per-write kernels) or graph
     run_id: str | None = None
     output: str = "traces"
     max_memory_gb: float | None = None  # None: what the machine has (kvprof.guards.memory_limit)
@@ -66,6 +73,17 @@ class CaptureConfig:
             raise UsageError(f"--page-size must be >= 1, got {self.page_size}")
         if not self.variants:
             raise UsageError("no variants to capture")
+        from kvprof.layer import CONTEXTS
+
+        if self.context not in CONTEXTS:
+            raise UsageError(f"unknown context {self.context!r}; choose from {', '.join(CONTEXTS)}")
+        if self.context_len < 1:
+            raise UsageError(f"--context-len must be positive, got {self.context_len}")
+        if self.reference_steps < 1:
+            raise UsageError(f"--reference-steps must be at least 1, got {self.reference_steps}")
+        if self.nsys_graph_trace not in NSYS_GRAPH_TRACES:
+            raise UsageError(f"--nsys-graph-trace must be one of {', '.join(NSYS_GRAPH_TRACES)}, "
+                             f"got {self.nsys_graph_trace!r}")
         for s in (self.k_scale, self.v_scale):
             if s is not None and not (s > 0 and s == s and s != float("inf")):
                 raise UsageError(f"scales must be positive and finite, got {s}")

@@ -59,7 +59,7 @@ EXACT_NAMES: tuple[str, ...] = (
 
 ALLOWED_PREFIXES: tuple[str, ...] = ("CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "TRITON_", "LC_")
 
-# Multicast off (NVLink SHARP): must reach every process on the lent machines.
+# Multicast off (NVLink SHARP): must reach every process of a multi-GPU run.
 ALWAYS_PASS: tuple[str, ...] = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 
 # A name is secret when one of its _-separated words is one of these ...

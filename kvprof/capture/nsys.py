@@ -1,6 +1,6 @@
 """Find Nsight Systems, run one profiled pass under it, and export the report to SQLite.
 
-nsys is rarely on PATH (on the lent H200 it ships inside the Nsight Compute bundle), its
+nsys is rarely on PATH (on the H200 machine kvprof is measured on it ships inside the Nsight Compute bundle), its
 importer silently leaves only a ``.qdstrm`` when libdw/libelf are missing, and an
 unbounded capture writes gigabytes. This module turns each of those into a ToolError
 that says what is missing, and keeps the profile flags in one place (``PROFILE_FLAGS``).

@@ -18,6 +18,7 @@ import kvprof
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.envsafe import child_environment, describe
 from kvprof.capture.nsys import export_sqlite, nsys_profile_command, nsys_version, run_nsys_pass
+from kvprof.core.timings import StepSamples, StepTimings
 from kvprof.errors import KvprofError
 
 CHILD_TIMEOUT_S = 900
@@ -30,6 +31,7 @@ def run_nsys_passes(
     run_dir: Path,
     manifest: dict[str, Any],
     log: Callable[[str], None],
+    timings: StepTimings | None = None,
 ) -> list[KvprofError]:
     problems: list[KvprofError] = []
     package_root = str(Path(kvprof.__file__).resolve().parent.parent)
@@ -46,7 +48,8 @@ def run_nsys_passes(
         argv = [sys.executable, "-m", "kvprof.capture.child", str(spec), str(result)]
         log(f"nsys pass: {p.name}")
         try:
-            res = run_nsys_pass(nsys, base, argv, env=env, timeout=CHILD_TIMEOUT_S)
+            res = run_nsys_pass(nsys, base, argv, env=env, timeout=CHILD_TIMEOUT_S,
+                                cuda_graph_trace=config.nsys_graph_trace)
             entry["files"]["nsys_rep"] = res.report.name
             if res.log is not None:
                 entry["files"]["nsys_log"] = res.log.name
@@ -56,6 +59,9 @@ def run_nsys_passes(
             if result.exists():
                 child = orjson.loads(result.read_bytes())
                 entry["nsys_paths"] = child.get("paths", {})
+                if timings is not None:
+                    for rec in child.get("step_timings") or []:
+                        timings.add(StepSamples.from_json(rec))
         except KvprofError as exc:
             entry["nsys_error"] = str(exc)
             problems.append(exc)

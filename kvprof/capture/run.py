@@ -8,6 +8,7 @@ results are kept, the manifest says what went wrong, and the exit code says so t
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,13 +21,16 @@ import torch
 import kvprof
 from kvprof.atomic import atomic_directory, atomic_write_bytes
 from kvprof.capture.config import CaptureConfig
+from kvprof.capture.reference import run_reference_pass
 from kvprof.capture.session import session_for
 from kvprof.capture.summary import scrub_manifest, verify_run_dir
 from kvprof.capture.torch_pass import run_torch_pass
+from kvprof.core.timings import TIMINGS_FILE, StepTimings
 from kvprof.devinfo import device_properties, resolve_device, versions
 from kvprof.dtypes import short_name
-from kvprof.errors import DeviceError, KvprofError, ToolError
+from kvprof.errors import DeviceError, KvprofError, ToolError, UsageError
 from kvprof.guards import check_capture
+from kvprof.layer import DecoderContext, weight_bytes
 from kvprof.writers import KVWriter, create_writer
 
 MANIFEST = "manifest.json"
@@ -125,6 +129,31 @@ def fused_verdict(fused_claim: bool, paths: dict[str, int]) -> dict[str, Any]:
     return {"claim": fused_claim, "state": state, "fused_writes": fused, "writes": total, "fallbacks": fallbacks}
 
 
+def _memory_available(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * 0.8)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 0.5)
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext | None:
+    """The decoder layers around the writes (``--context layer``), once per capture; refused
+    before allocating when its weights would not fit."""
+    if config.context != "layer":
+        return None
+    shape = config.rank_shape()
+    dtype = config.input_torch_dtype()
+    need, have = weight_bytes(shape, dtype), _memory_available(device)
+    if need > have:
+        raise UsageError(
+            f"--context layer for {shape.model} at tp {shape.tp} needs {need / 2**30:.1f} GiB of weights on "
+            f"{device}, more than the {have / 2**30:.1f} GiB available; pick a smaller --model or a larger --tp")
+    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed)
+
+
 def capture(
     config: CaptureConfig,
     *,
@@ -152,6 +181,7 @@ def capture(
                 raise err
             problems.append(err)
     runnable = [p for p in planned if p.reason is None]
+    context = make_context(config, device)
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
@@ -162,32 +192,45 @@ def capture(
             manifest["variants"][p.name] = _variant_entry(p)
         steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))
         bar = progress_factory(steps_per_variant * len(runnable)) if progress_factory else None
+        timings = StepTimings(context=config.context, context_len=config.context_len if context else None)
         try:
-            if config.profiler in ("torch", "both"):
-                for p in runnable:
-                    entry = manifest["variants"][p.name]
+            for p in runnable:
+                entry = manifest["variants"][p.name]
+                if bar is not None:
+                    bar.describe(p.name)
+                if config.profiler in ("torch", "both"):
                     meta = {
                         "variant": p.name, "fused": entry["fused_claim"], "run_id": run_id,
                         "cache_dtype": short_name(config.cache_torch_dtype()),
                         "input_dtype": short_name(config.input_torch_dtype()),
                         "device": manifest["device"], "model": config.rank_shape().as_dict(),
                     }
-                    if bar is not None:
-                        bar.describe(p.name)
-                    with session_for(config, p.writer, device) as session:
-                        out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None)
+                    with session_for(config, p.writer, device, context=context) as session:
+                        out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,
+                                             sync_events=config.torch_sync_events)
                     entry["files"]["torch_trace"] = out["torch_trace"]
                     entry["paths"] = out["paths"]
                     entry["kernels_per_write"] = out["kernels_per_write"]
                     entry["bytes_per_token"] = out["bytes_per_token"]
                     entry["fused"] = fused_verdict(entry["fused_claim"], out["paths"])
+                    for rec in out["step_timings"]:
+                        timings.add(rec)
+                # the unperturbed figure every profiler's reading is held against
+                try:
+                    for rec in run_reference_pass(config, p.writer, device, context):
+                        timings.add(rec)
+                except (KvprofError, RuntimeError, ValueError) as exc:
+                    entry["reference_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                    log(f"reference pass for {p.name} failed: {entry['reference_error']}")
         finally:
             if bar is not None:
                 bar.close()
         if nsys_path is not None:
             from kvprof.capture.nsys_pass import run_nsys_passes
 
-            problems += run_nsys_passes(nsys_path, config, runnable, tmp, manifest, log)
+            problems += run_nsys_passes(nsys_path, config, runnable, tmp, manifest, log, timings)
+        atomic_write_bytes(tmp / TIMINGS_FILE, timings.to_json())
+        manifest["files"] = {"step_timings": TIMINGS_FILE}
         if config.scrub:
             from kvprof.scrub import scrub_path
 

@@ -1,12 +1,19 @@
 """One variant's workload on one device: pool, slots, inputs, warm-up, graphs, steps.
 
-Shared by the torch.profiler pass and the Nsight Systems child so both passes run the
-same writes at the same slots (same seed). The session knows nothing about profilers:
-callers wrap ``run_phase`` in whatever records it.
+Shared by the torch.profiler pass, the Nsight Systems child and the unprofiled reference
+pass, so every pass runs the same writes at the same slots (same seed). The session knows
+nothing about profilers: callers wrap ``run_phase`` in whatever records it.
+
+A step runs in one of three modes: ``writes`` (every layer's write back to back), ``layer``
+(each write inside a decoder layer, ``--context layer``) and ``layer_no_write`` (the same
+layers with the write left out: what the rest of the step costs). The capture's own mode
+is ``layer`` with a decoder context, else ``writes``; the reference pass also times the
+other two to measure the write's share of a step and the projection's inputs.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,9 +22,12 @@ import torch
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.instrument import make_pool, phase_range, step_range
+from kvprof.layer import DecoderContext
 from kvprof.pool import KVPool
 from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size, make_inputs
 from kvprof.writers import KVWriter
+
+MODES = ("writes", "layer", "layer_no_write")
 
 
 @dataclass
@@ -26,16 +36,62 @@ class PreparedPhase:
     locs: torch.Tensor  # [steps, tokens] on the device
     k: torch.Tensor
     v: torch.Tensor
-    graph: torch.cuda.CUDAGraph | None = None
+    graphs: dict[str, torch.cuda.CUDAGraph] = field(default_factory=dict)  # by mode
     static_loc: torch.Tensor | None = None
-    graph_paths: dict[str, int] = field(default_factory=dict)  # paths the captured writes took
+    graph_paths: dict[str, int] = field(default_factory=dict)  # paths the captured writes took (main mode)
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        return next(iter(self.graphs.values()), None) if self.graphs else None
+
+
+class StepTimer:
+    """Per-step times without a profiler's help: CUDA events on the step's stream (what the
+    GPU timeline pays, launch gaps included), the wall clock on CPU. Events are made up
+    front so that timing allocates nothing between steps."""
+
+    def __init__(self, device: torch.device, steps: int) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[object, object]] = []
+        if self.cuda:
+            self._pool = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                          for _ in range(steps)]
+        self._wall: list[int] = []
+        self._t0 = 0
+
+    def start(self) -> None:
+        if self.cuda:
+            pair = self._pool[len(self.marks)]
+            pair[0].record()  # type: ignore[attr-defined]
+            self.marks.append(pair)
+        else:
+            self._t0 = time.perf_counter_ns()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.marks[-1][1].record()  # type: ignore[attr-defined]
+        else:
+            self._wall.append(time.perf_counter_ns() - self._t0)
+
+    def samples_ns(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) * 1e6 for a, b in self.marks]  # type: ignore[attr-defined]
+        return [float(x) for x in self._wall]
+
+    @property
+    def clock(self) -> str:
+        return "cuda_events" if self.cuda else "wall"
 
 
 class VariantSession:
     """Builds the pool for one writer and runs the configured phases through it."""
 
-    def __init__(self, config: CaptureConfig, writer: KVWriter, device: torch.device, *, instrument: bool = True):
+    def __init__(self, config: CaptureConfig, writer: KVWriter, device: torch.device, *, instrument: bool = True,
+                 context: DecoderContext | None = None):
         self.config = config
+        self.context = context
+        self.mode = "layer" if context is not None else "writes"
         self.writer = writer
         self.device = device
         self.shape = config.rank_shape()
@@ -47,6 +103,9 @@ class VariantSession:
             self.phases, self.shape.head_num, self.shape.head_dim + self.shape.v_head_dim,
             self.shape.layers, elem, device,
         )
+        if context is not None:  # decode attention reads batch x context-len rows of the pool
+            decode = [p.tokens for p in self.phases if p.phase == "decode"]
+            size = max(size, context.slots_needed(max(decode, default=1)) + 2 * max(p.tokens for p in self.phases))
         self.pool: KVPool = make_pool(
             size, config.page_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
             self.shape.layers, device, writer=writer, v_head_dim=self.shape.v_head_dim,
@@ -73,42 +132,74 @@ class VariantSession:
         for layer in self.layers:
             self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
 
-    def warm_up(self, prepared: PreparedPhase) -> None:
+    def _write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
+
+    def _buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool.get_key_buffer(layer), self.pool.get_value_buffer(layer)
+
+    def step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
+        """One step of ``prepared``'s phase in ``mode`` (default: the session's own)."""
+        mode = mode or self.mode
+        if mode == "writes":
+            self.write_step(loc, prepared.k, prepared.v)
+            return
+        assert self.context is not None
+        self.context.step(loc, self._write if mode == "layer" else None, self.layers, self._buffers,
+                          decode=prepared.spec.phase == "decode")
+
+    def warm_up(self, prepared: PreparedPhase, mode: str | None = None) -> None:
         """Eager warm-up steps (JIT compiles, allocator, autotuning) outside any measurement."""
         for i in range(self.config.warmup):
-            self.write_step(prepared.locs[i % prepared.spec.steps], prepared.k, prepared.v)
+            self.step(prepared, prepared.locs[i % prepared.spec.steps], mode)
         self.synchronize()
 
-    def capture_graph(self, prepared: PreparedPhase) -> None:
-        """One CUDA graph per (variant, batch size) holding every layer's write, as SGLang captures decode."""
-        prepared.static_loc = prepared.locs[0].clone()
+    def capture_graph(self, prepared: PreparedPhase, mode: str | None = None) -> None:
+        """One CUDA graph per (variant, batch size, mode) holding every layer's step, as SGLang captures decode."""
+        mode = mode or self.mode
+        if prepared.static_loc is None:
+            prepared.static_loc = prepared.locs[0].clone()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # torch's recipe: warm up on a side stream before capture
-            self.write_step(prepared.static_loc, prepared.k, prepared.v)
+            self.step(prepared, prepared.static_loc, mode)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         before = dict(self.pool.path_counts)
         with torch.cuda.graph(graph):
-            self.write_step(prepared.static_loc, prepared.k, prepared.v)
-        prepared.graph = graph
-        prepared.graph_paths = {
-            path: n - before.get(path, 0) for path, n in self.pool.path_counts.items() if n != before.get(path, 0)
-        }
+            self.step(prepared, prepared.static_loc, mode)
+        prepared.graphs[mode] = graph
+        if mode == self.mode:
+            prepared.graph_paths = {
+                path: n - before.get(path, 0) for path, n in self.pool.path_counts.items() if n != before.get(path, 0)
+            }
         self.synchronize()
 
+    def run_step(self, prepared: PreparedPhase, i: int, mode: str) -> None:
+        """Step ``i`` of the phase in ``mode``: a graph replay where one was captured, else eager."""
+        graph = prepared.graphs.get(mode)
+        loc = prepared.locs[i % prepared.spec.steps]
+        if graph is not None:
+            assert prepared.static_loc is not None
+            prepared.static_loc.copy_(loc, non_blocking=True)
+            graph.replay()
+        else:
+            self.step(prepared, loc, mode)
+
     # -- measured region -----------------------------------------------------------------
-    def run_phase(self, prepared: PreparedPhase, on_step: Callable[[], None] | None = None) -> None:
+    def run_phase(self, prepared: PreparedPhase, on_step: Callable[[], None] | None = None,
+                  timer: StepTimer | None = None) -> None:
+        """The measured steps, each in its step range; ``timer`` (optional) times each step
+        as the reference pass does, so a profiled pass can be held against it."""
         spec = prepared.spec
         with phase_range(spec.phase, spec.size_key, spec.size):
             for i in range(spec.steps):
                 with step_range(spec.phase, spec.size_key, spec.size, i, spec.tokens):
-                    if prepared.graph is not None:
-                        assert prepared.static_loc is not None
-                        prepared.static_loc.copy_(prepared.locs[i], non_blocking=True)
-                        prepared.graph.replay()
-                    else:
-                        self.write_step(prepared.locs[i], prepared.k, prepared.v)
+                    if timer is not None:
+                        timer.start()
+                    self.run_step(prepared, i, self.mode)
+                    if timer is not None:
+                        timer.stop()
                 if on_step is not None:
                     on_step()
             self.synchronize()
@@ -122,7 +213,7 @@ class VariantSession:
         captured write once per replay (a graph records the path once, at capture)."""
         counts = dict(self.pool.path_counts)
         for p in prepared:
-            if p.graph is not None:
+            if self.mode in p.graphs:
                 for path, n in p.graph_paths.items():
                     counts[path] = counts.get(path, 0) + n * p.spec.steps
         return counts

@@ -20,7 +20,8 @@ import orjson
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kvprof.capture.session import PreparedPhase, VariantSession
+from kvprof.capture.session import PreparedPhase, StepTimer, VariantSession
+from kvprof.core.timings import StepSamples
 from kvprof.trace.hta import hta_metadata_json
 
 
@@ -31,7 +32,10 @@ def _activities(device: torch.device) -> list[ProfilerActivity]:
     return acts
 
 
-def _experimental() -> Any:
+def _experimental(sync_events: bool) -> Any:
+    """torch.profiler's experimental config: cuda_sync events only when asked for."""
+    if not sync_events:
+        return None
     try:
         from torch._C._profiler import _ExperimentalConfig
 
@@ -40,33 +44,44 @@ def _experimental() -> Any:
         return None
 
 
-def kernels_per_write(session: VariantSession, prepared: PreparedPhase) -> dict[str, int | None]:
-    """Kernels, memcpys and memsets one eager write launches, counted in a throwaway trace.
+def step_template(session: VariantSession, prepared: PreparedPhase) -> dict[str, Any]:
+    """What one eager step launches, from a throwaway trace attributed by kvprof itself.
 
-    Graph replays carry no per-write ranges, so the analysis splits a replay's kernels by
-    this count; it is measured, not assumed from the writer's claim.
+    Graph replays carry no per-write ranges, so the analysis cuts a replay by this
+    template: ``ops_per_layer`` GPU activities per layer in start order, of which those
+    at ``write_positions`` belong to the write (all of them without a decoder context).
+    ``kernels``/``memcpy``/``memset`` count one write's own activities. Measured, not
+    assumed from the writer's claim; None where the step does not split evenly by layer.
     """
+    empty: dict[str, Any] = {"kernels": None, "memcpy": None, "memset": None}
     if session.device.type != "cuda":
-        return {"kernels": None, "memcpy": None, "memset": None}
-    loc = prepared.locs[0]
+        return empty
+    from kvprof.trace.attribution import attribute
+    from kvprof.trace.kineto import read_kineto
+    from kvprof.trace.schema import GPU_WORK_KINDS
+    from kvprof.trace.table import to_frame
+
     with profile(activities=_activities(session.device)) as prof:
-        session.write_step(loc, prepared.k, prepared.v)
+        session.step(prepared, prepared.locs[0])
         session.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "template.json")
         prof.export_chrome_trace(path)
-        with open(path, "rb") as f:
-            events = orjson.loads(f.read()).get("traceEvents", [])
-    counts = {"kernel": 0, "gpu_memcpy": 0, "gpu_memset": 0}
-    for e in events:
-        cat = e.get("cat")
-        if cat in counts and e.get("ph") == "X":
-            counts[cat] += 1
+        ev = to_frame(attribute(read_kineto(Path(path))).events)
+    work = ev[ev["kind"].isin(GPU_WORK_KINDS)].sort_values(["start_ns", "dur_ns"], kind="stable")
     layers = len(session.layers)
-    out: dict[str, int | None] = {}
-    for key, name in (("kernel", "kernels"), ("gpu_memcpy", "memcpy"), ("gpu_memset", "memset")):
-        out[name] = counts[key] // layers if counts[key] % layers == 0 else None
-    return out
+    if len(work) == 0 or len(work) % layers:
+        return empty
+    per = len(work) // layers
+    in_write = (work["write_id"].to_numpy() >= 0).reshape(layers, per)
+    if not (in_write == in_write[0]).all():
+        return empty  # layers differ in where their write sits: no template to cut by
+    positions = [int(i) for i in in_write[0].nonzero()[0]]
+    kinds = work["kind"].astype(str).to_numpy().reshape(layers, per)[0][positions]
+    return {
+        "kernels": int((kinds == "kernel").sum()), "memcpy": int((kinds == "gpu_memcpy").sum()),
+        "memset": int((kinds == "gpu_memset").sum()), "ops_per_layer": per, "write_positions": positions,
+    }
 
 
 def run_torch_pass(
@@ -74,25 +89,32 @@ def run_torch_pass(
     out_dir: Path,
     metadata: dict[str, Any],
     on_step: Callable[[], None] | None = None,
+    sync_events: bool = False,
 ) -> dict[str, Any]:
-    """Warm up, capture graphs, then profile every phase; write ``<variant>.pt.trace.json.gz``."""
+    """Warm up, capture graphs, then profile every phase; write ``<variant>.pt.trace.json.gz``.
+
+    Each measured step is also timed as the reference pass times it (``step_timings`` in
+    the result), so the profiler's slowdown of the run can be told from its reading error.
+    """
     prepared: list[PreparedPhase] = []
-    templates: dict[str, dict[str, int | None]] = {}
+    templates: dict[str, dict[str, Any]] = {}
     for i, spec in enumerate(session.phases):
         p = session.prepare(spec, i)
         session.warm_up(p)
-        templates[f"{spec.phase} {spec.size}"] = kernels_per_write(session, p)
+        templates[f"{spec.phase} {spec.size}"] = step_template(session, p)
         if spec.graph:
             session.capture_graph(p)
         prepared.append(p)
     session.pool.path_counts.clear()  # from here on: only the measured steps
-    with profile(activities=_activities(session.device), experimental_config=_experimental()) as prof:
+    timers = {p.spec: StepTimer(session.device, p.spec.steps) for p in prepared}
+    with profile(activities=_activities(session.device), experimental_config=_experimental(sync_events)) as prof:
         for p in prepared:
-            session.run_phase(p, on_step)
+            session.run_phase(p, on_step, timer=timers[p.spec])
         paths = session.measured_paths(prepared)
         meta = {
             **metadata,
             "layers": session.layers,
+            "context": session.mode if session.mode == "layer" else "none",
             "bytes_per_token": session.bytes_per_token(),
             "phases": [p.spec.as_dict() for p in prepared],
             # keyed "<phase> <size>", e.g. "decode 10"
@@ -109,6 +131,12 @@ def run_torch_pass(
         prof.export_chrome_trace(raw)
         with open(raw, "rb") as src, gzip.open(out_dir / name, "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+    step_timings = [
+        StepSamples(variant=session.writer.name, pass_="kineto", phase=p.spec.phase, size=p.spec.size,
+                    mode=session.mode, graph=p.spec.graph, writes_per_step=len(session.layers),
+                    clock=timers[p.spec].clock, samples_ns=tuple(timers[p.spec].samples_ns()))
+        for p in prepared
+    ]
     del prepared
-    return {"torch_trace": name, "paths": paths, "bytes_per_token": meta["bytes_per_token"], "kernels_per_write": meta["kernels_per_write"], "template": templates}
-
+    return {"torch_trace": name, "paths": paths, "bytes_per_token": meta["bytes_per_token"],
+            "kernels_per_write": meta["kernels_per_write"], "template": templates, "step_timings": step_timings}

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"measured inter-token latency after the change, ms (default {b.itl_after_ms})")
     parser.add_argument("--max-events", type=positive_int, default=None,
                         help="refuse traces with more events than this (default 4,000,000; memory bound)")
+    parser.add_argument("--write-kernels", default=None, metavar="REGEX",
+                        help="also count GPU kernels whose name matches REGEX as KV writes (one kernel a "
+                             "write), beside the built-in patterns for SGLang, sgl-kernel, index_put and vLLM")
     parser.add_argument("--no-files", action="store_true", help="print only; write nothing")
     parser.add_argument("--quiet", action="store_true", help="write the files, print only their paths")
 
@@ -43,19 +46,27 @@ def output_dir(path: Path, out: Path | None) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from kvprof.analysis.compare import Benchmark
-    from kvprof.analysis.summary import analyze
-    from kvprof.report.console import render
+    from kvprof.analysis.summary import analyze, clean
+    from kvprof.analysis.write_kernels import (
+        patterns_with,
+        render_write_kernels,
+        write_kernel_summary,
+    )
+    from kvprof.report.console import make_console, render
     from kvprof.report.files import write_analysis
     from kvprof.trace.kineto import DEFAULT_MAX_EVENTS
     from kvprof.trace.load import load
 
+    patterns_with(args.write_kernels)  # a bad REGEX is refused before any trace is read
     path = Path(args.path)
     loaded = load(path, DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events)
     bench = Benchmark(itl_before_ms=args.itl_before, itl_after_ms=args.itl_after,
                       layers=args.layers or Benchmark().layers)
     result = analyze(loaded, baseline=args.baseline, bench=bench, layers=args.layers)
+    result.summary["write_kernels"] = clean(write_kernel_summary(loaded, args.write_kernels, result.writes))
     if not args.quiet:
         render(result.summary)
+        render_write_kernels(result.summary["write_kernels"], make_console())
     if args.no_files:
         return 0
     written = write_analysis(loaded, result, output_dir(path, args.out))

@@ -68,6 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--max-memory-gb", type=positive_float, default=None,
                    help="refuse a capture whose pool, inputs and profiler records would need more "
                         "(default: 80%% of available host memory, 90%% of the GPU's free memory)")
+    w.add_argument("--context", default="none",
+                   help="none: the writes alone, back to back; layer: each write inside a decoder layer at the "
+                        "model's per-rank shapes (QKV GEMM, rotary, write, attention, output and MLP GEMMs) "
+                        "(default: %(default)s)")
+    w.add_argument("--context-len", type=int, default=4096,
+                   help="with --context layer: cached tokens per request that decode attention reads (default: %(default)s)")
+    w.add_argument("--reference-steps", type=int, default=100,
+                   help="unprofiled steps timed per phase and size for the reference figures (default: %(default)s)")
 
     d = p.add_argument_group("write")
     d.add_argument("--variants", type=_names, default=None, help=f"write variants (default: {','.join(DEFAULT_VARIANTS)}, skipping what cannot run here)")
@@ -82,6 +90,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     o = p.add_argument_group("output")
     o.add_argument("--profiler", choices=["torch", "nsys", "both"], default="torch", help="torch.profiler, Nsight Systems, or both in separate passes (default: %(default)s)")
+    o.add_argument("--torch-sync-events", action=argparse.BooleanOptionalAction, default=False,
+                   help="record torch.profiler's cuda_sync events (stream waits) (default: off)")
+    o.add_argument("--nsys-graph-trace", choices=["node", "graph"], default="node",
+                   help="nsys --cuda-graph-trace: node keeps each write's kernels, graph only whole replays "
+                        "(default: %(default)s)")
     o.add_argument("--out", "--output", dest="output", default="traces", help="root folder of run directories (default: %(default)s)")
     o.add_argument("--run-id", default=None, help="name of the run directory (default: time, model, tp)")
     o.add_argument("--no-scrub", dest="scrub", action="store_false", help="keep environment data in what is written (default: scrub)")
@@ -108,6 +121,8 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
         loc_dtype=args.loc_dtype, slots=args.slots, page_size=args.page_size, pool_size=args.pool_size,
         seed=args.seed, profiler=args.profiler, scrub=args.scrub, pass_env=args.pass_env,
         writer_options=options, run_id=args.run_id, output=args.output, max_memory_gb=args.max_memory_gb,
+        context=args.context, context_len=args.context_len, reference_steps=args.reference_steps,
+        torch_sync_events=args.torch_sync_events, nsys_graph_trace=args.nsys_graph_trace,
     )
 
 

@@ -37,11 +37,47 @@ def groups_table(rows: list[dict[str, Any]], source: str) -> Table:
         t.add_row(
             str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["writes"]), str(r["attribution"]),
             _num(r["kernels_per_write"], "{:g}"), _us(r["gpu_span_ns"]), _us(r["cost_per_write_ns"]),
-            _us(r["host_launch_ns"]), _us(r["launch_delay_ns"]), str(r["streams"]),
+            _us(r["host_launch_ns"]), _us(r["launch_delay_ns"]), _num(r["streams"], "{:.0f}"),
             _num((r["overlap_frac"] or 0) * 100 if r["overlap_frac"] is not None else None),
             _num(r["bandwidth_gbs"]), _num(r["pct_of_peak"], "{:.2f}"), _us(r["step_ns"], 1),
             _us(r["step_gpu_ns"], 1),
         )
+    return t
+
+
+def reference_table(rows: list[dict[str, Any]]) -> Table:
+    """The unprofiled reference pass: the figures a step pays, with their spread."""
+    clock = {r.get("attribution") for r in rows}
+    how = "CUDA events" if clock == {"cuda_events"} else "wall clock" if clock == {"wall"} else "events / wall clock"
+    layer = any(r.get("context") == "layer" for r in rows)
+    t = Table(title=f"reference: no profiler, no ranges, each step timed with {how} (median)", title_justify="left")
+    cols = ["variant", "phase", "size", "steps", "step µs", "IQR µs", "cost/wr µs"]
+    if layer:
+        cols += ["write share %", "writes alone µs"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("variant", "phase") else "right", no_wrap=True)
+    for r in rows:
+        cells = [str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["steps"]), _us(r["step_ns"], 1),
+                 _us(r.get("step_iqr_ns"), 1), _us(r["cost_per_write_ns"])]
+        if layer:
+            share = r.get("write_share")
+            cells += [_num(share * 100 if _is_number(share) else None), _us(r.get("writes_only_step_ns"), 1)]
+        t.add_row(*cells)
+    return t
+
+
+def observer_table(obs: dict[str, Any]) -> Table:
+    """Each profiler's reading over the reference: its observer effect, per point."""
+    pct = round(obs.get("threshold", 0.1) * 100)
+    t = Table(title=f"observer effect: profiler reading / reference (flag: more than {pct} % off)", title_justify="left")
+    for col in ("variant", "source", "phase", "size", "cost/wr µs", "reference µs", "per write", "per step",
+                "run slowed", "flag"):
+        t.add_column(col, justify="left" if col in ("variant", "source", "phase", "flag") else "right", no_wrap=True)
+    for r in obs.get("rows") or []:
+        t.add_row(str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                  _us(r.get("cost_per_write_ns")), _us(r.get("reference_cost_per_write_ns")),
+                  _num(r.get("ratio_per_write"), "{:.2f}x"), _num(r.get("ratio_per_step"), "{:.2f}x"),
+                  _num(r.get("pass_slowdown"), "{:.2f}x"), "[yellow]off[/yellow]" if r.get("flagged") else "ok")
     return t
 
 
@@ -63,17 +99,44 @@ def verdict_line(name: str, v: dict[str, Any]) -> str:
 
 
 def comparison_table(cmp: dict[str, Any]) -> Table:
-    t = Table(title=f"vs baseline {cmp['baseline']} (projection: {cmp['layers']} layers/step)", title_justify="left")
-    for col in ("variant", "source", "phase", "size", "cost/write µs", "baseline µs", "ratio", "saving/step ms",
-                "% of ITL", "predicted ITL ms"):
+    rows = cmp["rows"]
+    layer = any(r.get("measured_saving_per_step_ms") is not None for r in rows)
+    title = f"vs baseline {cmp['baseline']} (projection: {cmp['layers']} layers/step"
+    title += "; in a decoder layer the saving is measured, step against step)" if layer else ")"
+    t = Table(title=title, title_justify="left")
+    cols = ["variant", "source", "phase", "size", "cost/write µs", "baseline µs", "ratio", "saving/step ms"]
+    if layer:
+        cols += ["± ms", "projected ms"]
+    cols += ["% of ITL", "predicted ITL ms"]
+    for col in cols:
         t.add_column(col, justify="left" if col in ("variant", "source", "phase") else "right", no_wrap=True)
-    for r in cmp["rows"]:
-        t.add_row(str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                  _us(r["cost_per_write_ns"]), _us(r["baseline_cost_per_write_ns"]),
-                  _num(r["ratio_cost_per_write_ns"], "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}"),
-                  _num((r.get("saving_share_of_itl") or 0) * 100 if r.get("saving_share_of_itl") is not None else None, "{:.2f}"),
-                  _num(r.get("predicted_itl_ms"), "{:.2f}"))
+    for r in rows:
+        cells = [str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                 _us(r["cost_per_write_ns"]), _us(r["baseline_cost_per_write_ns"]),
+                 _num(r["ratio_cost_per_write_ns"], "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}")]
+        if layer:
+            cells += [_num(r.get("measured_saving_spread_ms"), "{:.3f}"),
+                      _num(r.get("projected_saving_per_step_ms"), "{:.3f}")]
+        share = r.get("saving_share_of_itl")
+        cells += [_num(share * 100 if share is not None else None, "{:.2f}"), _num(r.get("predicted_itl_ms"), "{:.2f}")]
+        t.add_row(*cells)
     return t
+
+
+SOURCE_NAMES = {"reference": "the unprofiled reference", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
+
+
+def headline_line(h: dict[str, Any], b: dict[str, Any]) -> str:
+    """The one-line answer, naming the source its figure comes from and how it was got."""
+    source = SOURCE_NAMES.get(h["source"], h["source"])
+    how = "measured in a decoder layer" if h.get("measured") else "projected as layers x per-write saving"
+    extra = ""
+    if h.get("measured") and _is_number(h.get("projected_saving_per_step_ms")):
+        extra = f"; the writes alone project {h['projected_saving_per_step_ms']:.3f} ms"
+    return (f"{h['variant']} vs baseline at decode bs={h['size']} ({source}): saving {h['saving_per_step_ms']:.3f} "
+            f"ms/step, {how}{extra}; ITL {b['itl_before_ms']:.2f} → {h['predicted_itl_ms']:.2f} ms predicted, "
+            f"{b['itl_before_ms']:.2f} → {b['itl_after_ms']:.2f} ms ({h['measured_saving_ms']:.2f} ms) measured by "
+            "the serving benchmark")
 
 
 def _is_number(v: Any) -> bool:
@@ -96,8 +159,14 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
         con.print(f"  {tr['source']}: {tr['path']} — {tr['events']:,} events, {tr['gpu_events']:,} on GPU, "
                   f"writes {att.get('writes', 0)}, attribution {att.get('method', 'none')}")
     groups = summary.get("groups") or []
-    for source in sorted({g["source"] for g in groups}):
+    ref_rows = [g for g in groups if g["source"] == "reference"]
+    if ref_rows:
+        con.print(reference_table(ref_rows))
+    for source in sorted({g["source"] for g in groups} - {"reference"}):
         con.print(groups_table([g for g in groups if g["source"] == source], source))
+    obs = summary.get("observer") or {}
+    if obs.get("rows"):
+        con.print(observer_table(obs))
     if not groups:
         found = sum(int((tr.get("attribution") or {}).get("writes") or 0) for tr in summary["traces"])
         con.print(f"{found:,} writes found, none inside a kvprof step range: no per-phase table; generic numbers "
@@ -122,10 +191,6 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
         con.print(comparison_table(cmp))
         h = cmp.get("headline")
         if h:
-            b = cmp["benchmark"]
-            con.print(f"captured {h['variant']} ({h['source']}, decode bs={h['size']}) predicts ITL "
-                      f"{b['itl_before_ms']:.2f} → {h['predicted_itl_ms']:.2f} ms "
-                      f"(saving {h['saving_per_step_ms']:.3f} ms/step); the benchmark measured "
-                      f"{b['itl_before_ms']:.2f} → {b['itl_after_ms']:.2f} ms ({h['measured_saving_ms']:.2f} ms)")
+            con.print(headline_line(h, cmp["benchmark"]))
     for w in summary.get("warnings") or []:
         con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)

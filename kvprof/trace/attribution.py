@@ -187,15 +187,18 @@ class _Attributor:
                 f"{replays:,} graph replays lie outside kvprof step ranges: their GPU activities are not tied to "
                 "writes (the generic numbers still count them)")
 
-    def step_variant(self, steps: pd.DataFrame) -> list[str | None]:
+    def step_variant(self, steps: pd.DataFrame, writes: pd.DataFrame) -> list[str | None]:
         default = (self.meta or {}).get("variant")
-        return [c if isinstance(c, str) else default for c in steps["category"]]
+        if default is None and len(writes):  # no metadata (an nsys export alone): the writes' variant
+            default = str(writes["w_variant"].astype(str).mode().iloc[0])
+        # step and phase ranges carry the category "kvprof" (write ranges carry the variant)
+        return [c if isinstance(c, str) and c != NVTX_DOMAIN else default for c in steps["category"]]
 
     # -- main ----------------------------------------------------------------------------
     def run(self) -> Trace:
         df = self.df
         writes, steps = self.ranges()
-        step_var = self.step_variant(steps)
+        step_var = self.step_variant(steps, writes)
         self.steps = steps
         # steps of every host row (and of the write ranges)
         host = df[df["device"] < 0]
@@ -340,7 +343,10 @@ class _Attributor:
         })
         wpos = enclosing(probe, writes)
         wpos[~ok] = -1
-        if (wpos < 0).any():
+        if (wpos < 0).any() and str((self.meta or {}).get("context") or "none") == "layer":
+            self.counts["graph_nodes_outside_writes"] = self.counts.get("graph_nodes_outside_writes", 0) + int(
+                (wpos < 0).sum())  # the decoder layer's own kernels: expected, counted
+        elif (wpos < 0).any():
             self.warnings.append(
                 f"graph replay (launch correlation {int(self.graph_launch[grp[0]])}): {int((wpos < 0).sum())} of "
                 f"{len(grp)} kernels were captured outside any kvprof write range; they stay unattributed")
@@ -365,6 +371,8 @@ class _Attributor:
             return False, next_id
         layers = [int(x) for x in meta["layers"]]
         per = _per_write(meta, phase, size)
+        if per.get("layer"):
+            return self._by_layer_template(grp, lrow, next_id, layers, per, phase, size, corr, meta)
         kinds = self.a_kind[grp]
         chunk_rows = grp if per.get("all") else grp[kinds == "kernel"]
         k = per.get("all") or per.get("kernels")
@@ -403,6 +411,28 @@ class _Attributor:
             self.warnings.append(
                 f"graph replay of {phase} {size} (launch correlation {corr}): {len(left)} memcpy/memset outside "
                 "every write's kernels; left unattributed")
+        return True, next_id
+
+    def _by_layer_template(self, grp: np.ndarray, lrow: int | None, next_id: int, layers: list[int],
+                           per: dict[str, Any], phase: Any, size: int, corr: int,
+                           meta: dict[str, Any]) -> tuple[bool, int]:
+        """A replay of whole decoder layers: cut it per layer, take the write's positions.
+
+        Layers run one after another (each waits on the previous one's output), so the
+        replay's activities in start order repeat the eager template's layer pattern.
+        """
+        k, positions = int(per["layer"]), list(per["positions"])
+        if len(grp) != k * len(layers):
+            self.warnings.append(
+                f"graph replay of {phase} {size} (launch correlation {corr}): {len(grp)} GPU activities, "
+                f"expected {len(layers)} layers x {k} per layer = {k * len(layers)}; left unattributed")
+            return False, next_id
+        rows = grp[np.lexsort((self.a_end[grp], self.a_start[grp]))].reshape(len(layers), k)
+        tok = _tokens_of(phase, size)
+        variant = str(meta.get("variant") or self.variant[grp[0]] or "")
+        for i, layer in enumerate(layers):
+            self._new_write(rows[i][positions], lrow, variant, layer, tok, "graph_order", next_id)
+            next_id += 1
         return True, next_id
 
     # -- output --------------------------------------------------------------------------
@@ -500,16 +530,23 @@ def _dedupe(items: list[str]) -> list[str]:
     return [k if c == 1 else f"{k} ({c} times)" for k, c in seen.items()]
 
 
-def _per_write(meta: dict[str, Any], phase: Any, size: int) -> dict[str, int]:
-    """GPU activities per write for (phase, size) from the metadata.
+def _per_write(meta: dict[str, Any], phase: Any, size: int) -> dict[str, Any]:
+    """How to cut a replay of (phase, size) into writes, from the capture metadata.
 
-    ``template`` (kernels + memcpy + memset, from the capture's eager template pass) is
-    preferred: it counts everything a replay holds. ``kernels_per_write`` counts kernels.
+    ``template`` (from the capture's eager template step) is preferred: ``all`` activities
+    per write (kernels + memcpy + memset), and with a decoder context ``layer`` activities
+    per layer of which those at ``positions`` are the write's. ``kernels_per_write``
+    counts kernels only.
     """
     key = f"{phase} {size}"
     tmpl = (meta.get("template") or {}).get(key)
     if isinstance(tmpl, dict) and all(isinstance(tmpl.get(k), int) for k in ("kernels", "memcpy", "memset")):
-        return {"all": tmpl["kernels"] + tmpl["memcpy"] + tmpl["memset"]}
+        out: dict[str, Any] = {"all": tmpl["kernels"] + tmpl["memcpy"] + tmpl["memset"]}
+        per, pos = tmpl.get("ops_per_layer"), tmpl.get("write_positions")
+        if (isinstance(per, int) and isinstance(pos, list) and pos and per > len(pos)
+                and all(isinstance(i, int) and 0 <= i < per for i in pos)):
+            out.update(layer=per, positions=[int(i) for i in pos])
+        return out
     kpw = (meta.get("kernels_per_write") or {}).get(key)
     if isinstance(kpw, int) and kpw > 0:
         return {"kernels": kpw}

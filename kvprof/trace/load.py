@@ -10,12 +10,14 @@ place for it) so graph replays there can still be split by order if node ids are
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from kvprof.core.timings import TIMINGS_FILE, StepTimings
 from kvprof.errors import TraceError, UsageError
 from kvprof.guards import open_regular, require_regular
 from kvprof.trace.attribution import attribute
@@ -38,6 +40,63 @@ class Loaded:
     manifest: dict[str, Any] | None = None
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest entries by name
     warnings: list[str] = field(default_factory=list)
+    timings: StepTimings | None = None  # step_timings.json of a run: the reference pass and in-pass times
+    sidecars: list[dict[str, Any]] = field(default_factory=list)  # kvprof's SGLang plugin, one per process
+
+
+def _read_timings(run_dir: Path, manifest: dict[str, Any]) -> tuple[StepTimings | None, str | None]:
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    name = files.get("step_timings") if isinstance(files.get("step_timings"), str) else TIMINGS_FILE
+    path = run_dir / Path(name).name  # a name in the run directory, never a path out of it
+    if not path.is_file():
+        return None, None
+    try:
+        return StepTimings.from_json(path.read_bytes()), None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"{path.name}: unreadable, no reference figures ({exc})"
+
+
+# SGLang's profiler output: [prefix-]<profile id>-TP-<rank>[-DP-..][-PP-..][-EP-..][-<stage>].trace.json.gz,
+# one file per rank, and optionally merged-<profile id>.trace.json.gz (all ranks in one file).
+_SGLANG_RANK = re.compile(r"-TP-(\d+)(?:-|\.)")
+_SGLANG_MERGED = re.compile(r"^merged-.*\.trace\.json(\.gz)?$")
+SIDECAR_PREFIX = "kvprof-sglang."
+
+
+def sglang_rank(name: str) -> int | None:
+    """The TP rank in an SGLang trace file name, or None for any other name."""
+    m = _SGLANG_RANK.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _with_file_rank(trace: Trace, path: Path) -> Trace:
+    """Rank from SGLang's file name where the trace itself says none (no distributedInfo)."""
+    rank = sglang_rank(path.name)
+    col = trace.events.column("rank")
+    if rank is None or not trace.events.num_rows or rank == 0 or _any_nonzero(col):
+        return trace
+    import pyarrow as pa
+
+    idx = trace.events.schema.get_field_index("rank")
+    events = trace.events.set_column(idx, "rank", pa.array([rank] * trace.events.num_rows, pa.int32()))
+    return trace.replace(events=events)
+
+
+def _any_nonzero(col: Any) -> bool:
+    import pyarrow.compute as pc
+
+    return bool(pc.any(pc.not_equal(col, 0)).as_py())
+
+
+def _read_sidecar(path: Path) -> dict[str, Any] | str:
+    """A sidecar's document, or why it was skipped."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        return f"skipped {path.name}: unreadable kvprof SGLang sidecar ({exc})"
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("kvprof.sglang_sidecar/"):
+        return f"skipped {path.name}: not a kvprof SGLang sidecar"
+    return {**doc, "file": path.name}
 
 
 def sniff(path: Path) -> str:
@@ -106,6 +165,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     manifest, warnings = clean_manifest(_read_manifest(run_dir / MANIFEST))
     loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest, warnings=warnings)
+    loaded.timings, problem = _read_timings(run_dir, manifest)
+    if problem:
+        loaded.warnings.append(problem)
     seen: set[Path] = set()
     for name, entry in manifest["variants"].items():
         entry, entry_warnings = clean_manifest_entry(name, entry)
@@ -135,7 +197,12 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
                 continue
             if p.resolve() in seen:
                 break
-            loaded.traces.append(load_file(p, max_events, fallback_meta=meta, export_dir=run_dir))
+            if meta is None:  # nsys alone: what the manifest knows of the capture
+                cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+                meta = {"variant": name, "context": cfg.get("context") or "none"}
+            t = load_file(p, max_events, fallback_meta=meta, export_dir=run_dir)
+            # the export is the same capture as its variant's Kineto trace: the same metadata
+            loaded.traces.append(t if t.kvprof is not None else t.replace(kvprof=meta))
             seen.add(p.resolve())
             break  # the sqlite is the export of the rep: one of the two
     if not loaded.traces:
@@ -152,12 +219,26 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         raise TraceError(f"cannot read the folder {d}: {exc.strerror or exc}") from None
     files = sorted(p for p in entries if p.is_file() and (
         p.name.endswith((".json", ".json.gz", ".sqlite", ".nsys-rep")) and p.name not in (MANIFEST, "summary.json")))
+    sidecars = [p for p in files if p.name.startswith(SIDECAR_PREFIX) and p.name.endswith(".json")]
+    files = [p for p in files if p not in sidecars]
+    merged = [p for p in files if _SGLANG_MERGED.match(p.name)]
+    if merged and any(sglang_rank(p.name) is not None for p in files):
+        files = [p for p in files if p not in merged]  # the per-rank files hold the same events
     sqlite_stems = {p.name[: -len(".sqlite")] for p in files if p.name.endswith(".sqlite")}
     files = [p for p in files if not (p.name.endswith(".nsys-rep") and p.name[: -len(".nsys-rep")] in sqlite_stems)]
     loaded = Loaded(input=d, kind="dir", traces=[])
+    for p in merged:
+        if p not in files:
+            loaded.warnings.append(f"skipped {p.name}: SGLang's merge of the per-rank traces read here")
+    for p in sidecars:
+        doc = _read_sidecar(p)
+        if isinstance(doc, str):
+            loaded.warnings.append(doc)
+        else:
+            loaded.sidecars.append(doc)
     for p in files:
         try:
-            loaded.traces.append(load_file(p, max_events, export_dir=d))
+            loaded.traces.append(_with_file_rank(load_file(p, max_events, export_dir=d), p))
         except TraceError as exc:
             if p.name.endswith((".json", ".json.gz")) and "not a Chrome/Kineto trace" in str(exc):
                 loaded.warnings.append(f"skipped {p.name}: not a trace")
@@ -178,5 +259,5 @@ def load(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> 
     if p.is_dir():
         return load_run(p, max_events) if (p / MANIFEST).is_file() else load_dir(p, max_events)
     require_regular(p, "a trace")  # a FIFO or a device would block or never end
-    t = load_file(p, max_events)
+    t = _with_file_rank(load_file(p, max_events), p)
     return Loaded(input=p, kind=t.source, traces=[t])

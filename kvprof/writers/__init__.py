@@ -35,6 +35,7 @@ for _name, _module, _cls in (
     ("cuda_fused", "cuda_fused", "CudaFusedWriter"),
     ("store_kv_fused", "store_kv_fused", "StoreKVFusedWriter"),
     ("torch_compile", "torch_compile", "TorchCompileWriter"),
+    ("sglang_store_cache", "sglang_store_cache", "SglangStoreCacheWriter"),
 ):
     register(_name, _builtin(_module, _cls))
 

@@ -1,0 +1,267 @@
+"""KV-write kernels found by name, for traces that carry no kvprof write ranges.
+
+An engine profiled its own way (SGLang's ``/start_profile``, ``bench_one_batch --profile``,
+nsys) has no ``set_kv_buffer[...]`` ranges to tie kernels to writes, but its KV-write
+kernels have recognisable names. Each GPU kernel is matched against the patterns below
+(first match wins; ``--write-kernels REGEX`` adds the user's own, tried first) and, per
+trace (= per rank), the matched kernels are counted and timed, writes are estimated from
+the kernels one write launches, and the write's share of GPU time is given per step.
+
+Steps are the trace's ``ProfilerStep#N`` ranges (torch.profiler with a schedule) or
+kvprof's step ranges, on the GPU side; a trace with neither is one window. Name matching
+is a heuristic and says so: ``index_put`` kernels are KV writes only in an engine whose
+other code does not use ``index_put`` (SGLang's two-copy path does; so may a model).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvprof.analysis.gpu_groups import short_kernel_name
+from kvprof.errors import UsageError
+from kvprof.trace.intervals import busy_and_overlap
+
+MAX_STEPS_LISTED = 64
+
+
+@dataclass(frozen=True)
+class WritePattern:
+    """One family of KV-write kernels: a name regex and kernels per layer write."""
+
+    name: str
+    regex: str
+    kernels_per_write: int
+    source: str
+
+    def compiled(self) -> re.Pattern[str]:
+        return re.compile(self.regex)
+
+
+BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
+    # SGLang's JIT kernel behind memory_pool._set_kv_buffer_impl (kernels/jit/csrc/elementwise/kvcache.cuh)
+    WritePattern("sglang_store_cache", r"\bstore_kvcache_kernel\b", 1, "SGLang store_cache (JIT)"),
+    # SGLang's MLA write (set_mla_kv_buffer.cuh) and its DCP-masked MHA write (Triton)
+    WritePattern("sglang_set_mla_kv_buffer", r"\bset_mla_kv_buffer_kernel\b", 1, "SGLang MLA write"),
+    WritePattern("sglang_masked_set_kv_buffer", r"\bmasked_set_kv_buffer_kernel\b", 1, "SGLang DCP-masked write"),
+    # sgl-kernel's store_kv_cache op (store_kv_cache_256x1 / 128x2 instantiations)
+    WritePattern("sgl_kernel_store_kv_cache", r"\bstore_kv_cache(?:_\w+)?\b", 1, "sgl-kernel store_kv_cache"),
+    # PyTorch's index_put (tensor[loc] = rows): the two-copy path writes K, then V
+    WritePattern("index_put", r"index_put_kernel_impl|index_put_with_sort", 2, "two index_put copies"),
+    # vLLM's cache kernels (also SGLang's HND layout path)
+    WritePattern("vllm_reshape_and_cache", r"\breshape_and_cache\w*", 1, "vLLM reshape_and_cache"),
+    # kvprof's own fused writers
+    WritePattern("kvprof_fused", r"\b_store_kv_kernel\b|\bkvprof_store_kv\w*", 1, "kvprof fused write"),
+)
+
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$|^kvprof\.step\[")
+
+
+def patterns_with(user_regex: str | None) -> list[WritePattern]:
+    """The user's pattern (first, one kernel per write) and the built-ins; a bad regex is a UsageError."""
+    out = list(BUILTIN_PATTERNS)
+    if user_regex:
+        try:
+            re.compile(user_regex)
+        except re.error as exc:
+            raise UsageError(f"--write-kernels: not a regular expression ({exc})") from None
+        out.insert(0, WritePattern("user", user_regex, 1, "--write-kernels"))
+    return out
+
+
+def classify(names: pd.Series, patterns: list[WritePattern]) -> pd.Series:
+    """Pattern name per kernel name (None: not a write kernel), computed once per distinct name."""
+    compiled = [(p.name, p.compiled()) for p in patterns]
+    strs = names.astype(str)
+    table = {n: next((pname for pname, rx in compiled if rx.search(n)), None) for n in pd.unique(strs)}
+    return pd.Series([table[n] for n in strs], index=names.index, dtype=object)
+
+
+def _steps(ev: pd.DataFrame) -> list[tuple[str, int, int]]:
+    """GPU-side step windows (label, start, end): ProfilerStep#N or kvprof steps; [] if none."""
+    kind = ev["kind"].astype(str)
+    ann = ev[kind.isin(["gpu_annotation"])]
+    if ann.empty:
+        return []
+    names = ann["name"].astype(str)
+    ann = ann[names.str.match(_STEP_RE)]
+    if ann.empty:
+        return []
+    # one window per label: the union of its GPU annotation rows (one per stream)
+    g = ann.assign(end=ann["start_ns"] + ann["dur_ns"]).groupby(ann["name"].astype(str))
+    rows = [(str(n), int(r["start_ns"].min()), int(r["end"].max())) for n, r in g]
+    return sorted(rows, key=lambda r: r[1])
+
+
+def _busy(w: pd.DataFrame) -> int:
+    if w.empty:
+        return 0
+    s = w["start_ns"].to_numpy()
+    busy, _ = busy_and_overlap(s, s + w["dur_ns"].to_numpy(), w["stream"].to_numpy())
+    return int(busy)
+
+
+def _window(work: pd.DataFrame, matched: pd.Series, start: int, end: int) -> dict[str, Any]:
+    """GPU busy time and the write kernels' part of it (their union: K and V on two streams
+    overlap) in [start, end), by kernel start."""
+    inside = (work["start_ns"] >= start) & (work["start_ns"] < end)
+    w = work[inside]
+    wr = w[matched[inside].notna().to_numpy()]
+    busy, write_busy = _busy(w), _busy(wr)
+    return {"gpu_busy_ns": busy, "write_ns": write_busy, "write_kernel_ns": int(wr["dur_ns"].sum()),
+            "write_kernels": len(wr), "share": write_busy / busy if busy else None}
+
+
+def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[str, Any]:
+    """One trace's KV-write kernels by family, and their share of GPU time per step."""
+    kinds = ev["kind"].astype(str)
+    work = ev[kinds.isin(["kernel", "memcpy", "memset"])]
+    kernels = work[work["kind"].astype(str) == "kernel"]
+    ranks = sorted({int(r) for r in ev["rank"].unique()}) if len(ev) else [0]
+    out: dict[str, Any] = {"rank": ranks[0] if len(ranks) == 1 else ranks, "gpu": bool(len(work))}
+    if kernels.empty:
+        out.update(families=[], kernels=[], steps=[], write_kernels=0)
+        return out
+    fam = classify(kernels["name"], patterns)
+    matched = pd.Series(None, index=work.index, dtype=object)
+    matched.loc[kernels.index] = fam
+    per = {p.name: p for p in patterns}
+    hit = kernels[fam.notna()].assign(family=fam[fam.notna()])
+    families = []
+    for name, g in hit.groupby("family", sort=False):
+        p = per[name]
+        families.append({
+            "family": name, "source": p.source, "regex": p.regex, "kernels": len(g),
+            "kernels_per_write": p.kernels_per_write, "writes": len(g) // p.kernels_per_write,
+            "total_ns": int(g["dur_ns"].sum()), "mean_ns": float(g["dur_ns"].mean()),
+            "median_ns": float(g["dur_ns"].median()),
+            "per_write_ns": float(g["dur_ns"].sum()) / max(len(g) // p.kernels_per_write, 1),
+        })
+    families.sort(key=lambda f: -f["total_ns"])
+    by_name = []
+    if len(hit):
+        short = hit["name"].astype(str).map(short_kernel_name)
+        for (fname, kname), g in hit.assign(short=short).groupby(["family", "short"], sort=False):
+            by_name.append({"family": fname, "name": kname, "count": len(g), "total_ns": int(g["dur_ns"].sum()),
+                            "mean_ns": float(g["dur_ns"].mean())})
+        by_name.sort(key=lambda r: -r["total_ns"])
+    whole = _window(work, matched, int(work["start_ns"].min()), int((work["start_ns"] + work["dur_ns"]).max()) + 1)
+    steps = [{"step": label, **_window(work, matched, s, e)} for label, s, e in _steps(ev)]
+    shares = [s["share"] for s in steps if s["share"] is not None]
+    out.update(
+        families=families, kernels=by_name, write_kernels=len(hit),
+        writes=sum(f["writes"] for f in families),
+        write_ns=whole["write_ns"], write_kernel_ns=whole["write_kernel_ns"], gpu_busy_ns=whole["gpu_busy_ns"], share=whole["share"],
+        step_source="ProfilerStep" if steps and steps[0]["step"].startswith("ProfilerStep") else (
+            "kvprof.step" if steps else None),
+        steps_count=len(steps),
+        step_share_median=float(np.median(shares)) if shares else None,
+        step_share_max=float(np.max(shares)) if shares else None,
+        steps=steps[:MAX_STEPS_LISTED],
+    )
+    return out
+
+
+def _median(s: pd.Series) -> float | None:
+    s = pd.to_numeric(s, errors="coerce").dropna()
+    return float(s.median()) if len(s) else None
+
+
+def stepless_writes(writes: pd.DataFrame | None, ranks: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per trace (rank) and variant, the kvprof-ranged writes that no kvprof step encloses.
+
+    SGLang's processes write through kvprof's ranges (its plugin) but have no kvprof step
+    ranges, so these writes are in no (phase, size) group; their numbers are here."""
+    if writes is None or not len(writes):
+        return []
+    w = writes[writes["phase"].isna()] if "phase" in writes else writes
+    out = []
+    for (trace, variant), g in w.groupby(["trace", "variant"], sort=True, observed=True):
+        out.append({
+            "trace": str(trace), "rank": ranks.get(str(trace)), "variant": str(variant), "writes": len(g),
+            "layers": int(g["layer"].nunique()), "graph_writes": int(g["graph"].sum()),
+            "kernels_per_write": _median(g["gpu_ops"]), "gpu_span_ns": _median(g["gpu_span_ns"]),
+            "gpu_busy_ns": _median(g["gpu_busy_ns"]), "host_ns": _median(g["host_dur_ns"]),
+            "launch_delay_ns": _median(g["launch_delay_ns"]),
+        })
+    return out
+
+
+def write_kernel_summary(loaded: Any, user_regex: str | None = None,
+                         writes: pd.DataFrame | None = None) -> dict[str, Any]:
+    """``summary["write_kernels"]``: per trace (rank), the name-classified KV-write kernels, and
+    the kvprof-ranged writes outside any kvprof step (``writes``: analyze's per-write table)."""
+    from kvprof.trace.table import to_frame
+
+    patterns = patterns_with(user_regex)
+    traces = []
+    for t in loaded.traces:
+        ev = to_frame(t.events)
+        doc = trace_write_kernels(ev, patterns)
+        doc["path"] = t.path
+        doc["kvprof_writes"] = int((t.attribution or {}).get("writes", 0) or 0)
+        doc["is_kvprof_capture"] = t.is_kvprof
+        traces.append(doc)
+    sidecars = getattr(loaded, "sidecars", None) or []
+    ranks = {t["path"]: t["rank"] for t in traces}
+    # a kvprof capture's writes outside its steps are warm-ups and graph-capture templates
+    foreign = {t.path for t in loaded.traces if not t.is_kvprof}
+    if writes is not None and len(writes):
+        writes = writes[writes["trace"].astype(str).isin(foreign)]
+    return {
+        "stepless_writes": stepless_writes(writes, ranks),
+        "patterns": [{"family": p.name, "regex": p.regex, "kernels_per_write": p.kernels_per_write,
+                      "source": p.source} for p in patterns],
+        "user_regex": user_regex,
+        "traces": traces,
+        "sidecars": sidecars,
+        "note": "kernels matched by name; index_put counts only as KV writes where nothing else uses it",
+    }
+
+
+def render_write_kernels(section: dict[str, Any], console: Any) -> None:
+    """Per rank: kvprof-ranged writes outside kvprof steps, and the kernels matched by name."""
+    from rich.table import Table
+
+    stepless = section.get("stepless_writes") or []
+    if stepless:
+        t = Table(title="kvprof write ranges outside kvprof steps (e.g. SGLang's plugin), per rank, median",
+                  title_justify="left")
+        for col in ("rank", "variant", "writes", "layers", "graph", "kern/wr", "GPU span µs", "GPU busy µs",
+                    "host µs", "launch→GPU µs"):
+            t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
+        for r in stepless:
+            t.add_row(str(r["rank"]), r["variant"], str(r["writes"]), str(r["layers"]), str(r["graph_writes"]),
+                      _fmt(r["kernels_per_write"], 1), _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]),
+                      _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
+        console.print(t)
+    # kvprof's own captures have their writes' numbers above; the name classifier is for the others
+    rows = [t for t in section.get("traces") or [] if t.get("write_kernels") and not t.get("is_kvprof_capture")]
+    if not rows:
+        if any(t.get("gpu") and not t.get("kvprof_writes") for t in section.get("traces") or []):
+            console.print("KV-write kernels by name: none matched"
+                          + (f" (--write-kernels {section['user_regex']!r})" if section.get("user_regex") else ""))
+        return
+    table = Table(title="KV-write kernels by name (per rank)", title_justify="left")
+    for col in ("rank", "family", "kernels", "writes", "GPU µs", "µs/write", "share of GPU", "steps",
+                "step share (median)", "trace"):
+        table.add_column(col, justify="left" if col in ("family", "trace") else "right", no_wrap=True)
+    for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
+        for f in t["families"]:
+            table.add_row(
+                str(t.get("rank")), f["family"], str(f["kernels"]), str(f["writes"]),
+                f"{f['total_ns'] / 1000:.1f}", f"{f['per_write_ns'] / 1000:.2f}",
+                f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "-",
+                str(t.get("steps_count") or "-"),
+                f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None else "-",
+                str(t["path"]).rsplit("/", 1)[-1][:60],
+            )
+    console.print(table)
+
+
+def _fmt(v: Any, scale: float = 1000.0) -> str:
+    return "-" if v is None else (f"{v:g}" if scale == 1 else f"{v / scale:.2f}")

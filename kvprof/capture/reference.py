@@ -1,0 +1,77 @@
+"""The reference pass: each variant's steps with no profiler and no ranges, timed.
+
+Every capture runs it, whatever ``--profiler`` says: a plain (uninstrumented) pool, the
+same phases, slots and graphs as the profiled passes, and a ``StepTimer`` around each
+step (CUDA events: the GPU timeline a step pays, launch gaps inside the step included;
+wall clock on CPU). Modes are interleaved in rounds so that a drift in clocks or temperature moves
+them alike. With a decoder context it also times the same layers without the write
+(the rest of the step) and the writes alone (the projection's per-write input).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvprof.capture.config import CaptureConfig
+from kvprof.capture.session import PreparedPhase, StepTimer, session_for
+from kvprof.core.timings import StepSamples
+from kvprof.layer import DecoderContext
+from kvprof.writers import KVWriter
+
+ROUND = 10  # steps of one mode before the next mode's turn
+WARM_REPLAYS = 3
+# A replayed step is GPU-bound and its host submission (event, slot copy, replay, event)
+# takes tens of µs: should the GPU drain its queue, a step's events would time the wait
+# for the host. Before each round of replays the stream sleeps long enough for the host
+# to queue the whole round, so the events time the GPU timeline alone, as in an engine
+# whose host runs ahead. Eager steps are host-bound and timed as they come.
+HEAD_START_CYCLES = 2_000_000  # about 1 ms at the H200's 1.98 GHz
+
+
+def reference_modes(context: DecoderContext | None) -> list[str]:
+    return ["layer", "layer_no_write", "writes"] if context is not None else ["writes"]
+
+
+def run_reference_pass(config: CaptureConfig, writer: KVWriter, device: torch.device,
+                       context: DecoderContext | None = None) -> list[StepSamples]:
+    """Timed steps per (phase, size, mode) for one writer; raises what the workload raises."""
+    out: list[StepSamples] = []
+    modes = reference_modes(context)
+    n = config.reference_steps
+    with session_for(config, writer, device, instrument=False, context=context) as session:
+        for index, spec in enumerate(session.phases):
+            prepared: PreparedPhase = session.prepare(spec, index)
+            for mode in modes:
+                session.warm_up(prepared, mode)
+                if spec.graph:
+                    session.capture_graph(prepared, mode)
+                for i in range(WARM_REPLAYS):
+                    session.run_step(prepared, i, mode)
+            session.synchronize()
+            timers = {mode: StepTimer(device, n) for mode in modes}
+            done = 0
+            for _ in range(math.ceil(n / ROUND)):
+                count = min(ROUND, n - done)
+                for mode in modes:
+                    timer = timers[mode]
+                    if spec.graph and device.type == "cuda":
+                        torch.cuda._sleep(HEAD_START_CYCLES)
+                    for i in range(done, done + count):
+                        timer.start()
+                        session.run_step(prepared, i, mode)
+                        timer.stop()
+                done += count
+            session.synchronize()
+            for mode in modes:
+                out.append(StepSamples(
+                    variant=writer.name, pass_="reference", phase=spec.phase, size=spec.size, mode=mode,
+                    graph=spec.graph, writes_per_step=0 if mode == "layer_no_write" else len(session.layers),
+                    clock=timers[mode].clock, samples_ns=tuple(timers[mode].samples_ns()),
+                ))
+            del prepared
+    return out
+
+
+__all__ = ["reference_modes", "run_reference_pass"]

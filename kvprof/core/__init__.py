@@ -1,0 +1,1 @@
+"""kvprof's torch-free contract: file formats and vocabulary every other layer shares."""

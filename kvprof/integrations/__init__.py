@@ -1,0 +1,1 @@
+"""kvprof inside other programs (serving engines), loaded through their own plugin systems."""

@@ -1,0 +1,184 @@
+"""kvprof's plugin inside SGLang's real package: its MHATokenToKVPool on CPU, the plugin loaded
+through SGLang's own ``load_plugins()``.
+
+Each scenario runs in a fresh process (SGLang loads plugins once per process and patches its
+classes for good): pool A writes before the plugin loads, pool B the same writes after, under
+torch.profiler; the test compares the buffers bit for bit, finds kvprof's ranges in the trace,
+reads the sidecar, and runs ``kvprof analyze`` on the SGLang-named trace folder.
+
+Needs SGLang (scripts/install_sglang_cpu.sh); skipped without it, except where
+KVPROF_REQUIRE_SGLANG=1 (CI) makes its absence a failure.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from kvprof.cli import main
+
+
+def _missing() -> str | None:
+    try:
+        metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return "SGLang is not installed (bash scripts/install_sglang_cpu.sh)"
+    if not any(ep.value.startswith("kvprof.") for ep in metadata.entry_points(group="sglang.srt.plugins")):
+        return "kvprof's sglang.srt.plugins entry point is not installed (pip install -e . again)"
+    return None
+
+
+_REASON = _missing()
+if _REASON and os.environ.get("KVPROF_REQUIRE_SGLANG") == "1":
+    pytest.fail(f"KVPROF_REQUIRE_SGLANG=1 but {_REASON}", pytrace=False)
+pytestmark = [pytest.mark.skipif(_REASON is not None, reason=_REASON or ""), pytest.mark.slow]
+
+SCENARIO = r'''
+import json, os, sys, torch
+out = sys.argv[1]
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, KVWriteLoc
+from sglang.srt.plugins import load_plugins
+
+class Layer:  # what SGLang passes: its RadixAttention, of which the pool reads layer_id
+    def __init__(self, i): self.layer_id = i
+
+def pools():
+    return {
+        "bf16": MHATokenToKVPool(size=96, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64,
+                                 layer_num=3, device="cpu", enable_memory_saver=False),
+        "fp8": MHATokenToKVPool(size=96, page_size=1, dtype=torch.float8_e4m3fn, head_num=4, head_dim=32,
+                                layer_num=3, device="cpu", enable_memory_saver=False),
+    }
+
+g = torch.Generator().manual_seed(0)
+calls = []  # (pool, how, layer, loc, k, v, scale)
+for step, tokens in enumerate((1, 4, 7)):
+    loc = torch.randperm(95, generator=g)[:tokens] + 1
+    for layer in range(3):
+        for name, heads, dim in (("bf16", 2, 64), ("fp8", 4, 32)):
+            k = torch.randn(tokens, heads, dim, generator=g).bfloat16()
+            v = torch.randn(tokens, heads, dim, generator=g).bfloat16()
+            calls.append((name, ("kw", "wrap", "pos")[layer], layer, loc, k, v, 2.0 if name == "fp8" else None))
+if os.environ.get("KVPROF_SGLANG_WRITER"):  # rows kvprof's writers refuse (float64): SGLang writes them
+    k = torch.randn(3, 2, 64, generator=g, dtype=torch.float64)
+    calls.append(("bf16", "pos", 2, torch.tensor([5, 9, 11]), k, k * 2, None))
+
+def run(ps):
+    for name, how, layer, loc, k, v, scale in calls:
+        k, v = k.clone(), v.clone()  # SGLang divides the caller's rows by the scale in place
+        if how == "kw":
+            ps[name].set_kv_buffer(Layer(layer), loc, k, v, k_scale=scale, v_scale=scale)
+        elif how == "wrap":
+            ps[name].set_kv_buffer(None, KVWriteLoc(loc), k, v, scale, scale, layer_id_override=layer)
+        else:
+            ps[name].set_kv_buffer(Layer(layer), loc, k, v, scale, scale)
+
+a = pools()
+run(a)
+load_plugins()
+hooked = hasattr(MHATokenToKVPool.set_kv_buffer, "__wrapped__")
+b = pools()
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    run(b)
+prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
+same = all(torch.equal(x, y) for n in a for x, y in zip(a[n].k_buffer + a[n].v_buffer, b[n].k_buffer + b[n].v_buffer))
+written = all(bool(x.view(torch.uint8).any()) for n in b for x in b[n].k_buffer)
+json.dump({"hooked": hooked, "same": same, "written": written, "calls": len(calls)},
+          open(os.path.join(out, "result.txt"), "w"))
+'''
+
+
+def _scenario(tmp_path: Path, writer: str | None) -> tuple[dict, Path]:
+    prof = tmp_path / "sglang_profile"
+    prof.mkdir()
+    script = tmp_path / "scenario.py"
+    script.write_text(SCENARIO)
+    env = {**os.environ, "KVPROF_SGLANG": "1", "SGLANG_PLUGINS": "kvprof", "KVPROF_SGLANG_DIR": str(prof),
+           "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("KVPROF_SGLANG_WRITER", None)
+    if writer:
+        env["KVPROF_SGLANG_WRITER"] = writer
+    proc = subprocess.Popen([sys.executable, str(script), str(prof)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-4000:]
+    result = json.loads((prof / "result.txt").read_text())
+    (prof / "result.txt").unlink()
+    return result, prof
+
+
+def _range_names(trace: Path) -> list[str]:
+    with gzip.open(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return [e["name"] for e in events if str(e.get("name", "")).startswith("set_kv_buffer[")]
+
+
+@pytest.mark.parametrize("writer", [None, "triton_fused"])
+def test_plugin_in_sglang_pool(tmp_path: Path, writer: str | None, capsys: pytest.CaptureFixture[str]):
+    result, prof = _scenario(tmp_path, writer)
+    assert result["hooked"], "load_plugins() did not apply kvprof's hook"
+    assert result["written"], "the writes did not land"
+    assert result["same"], "the plugin changed what landed in the cache"
+
+    variant = writer or "sglang_mha"
+    names = _range_names(prof / "1790857026.5-TP-0.trace.json.gz")
+    plain = 18  # 3 steps x 3 layers x 2 pools, each call one range
+    assert len(names) == plain + (1 if writer else 0)
+    assert sorted(set(names)) == sorted({f"set_kv_buffer[{variant}] L{i}" for i in range(3)}
+                                        | ({"set_kv_buffer[sglang_mha] L2"} if writer else set()))
+
+    sidecars = list(prof.glob("kvprof-sglang.TP-0.pid-*.json"))
+    assert len(sidecars) == 1
+    side = json.loads(sidecars[0].read_text())
+    assert side["sglang_version"] and side["tp_rank"] == 0 and side["writer"] == writer
+    assert {p["dtype"] for p in side["pools"]} == {"bf16", "fp8_e4m3"}
+    assert all(p["class"] == "MHATokenToKVPool" and p["native_path"] == "index_put" for p in side["pools"])
+    if writer:
+        # pool B's 18 writes through the writer; the float64 call fell back, with its reason
+        assert side["paths"] == {"writer:triton_fused:fused": 18, "sglang:fallback": 1,
+                                 "sglang:sglang_mha": 1}
+        assert len(side["fallbacks"]) == 1 and "float64" in next(iter(side["fallbacks"]))
+    else:
+        assert side["paths"] == {"sglang:sglang_mha": 18}
+
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(prof), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "kvprof write ranges outside kvprof steps" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["variant"]: r for r in summary["write_kernels"]["stepless_writes"]}
+    assert rows[variant]["writes"] == 18 and rows[variant]["layers"] == 3 and rows[variant]["rank"] == 0
+    assert rows[variant]["host_ns"] > 0
+    assert summary["write_kernels"]["sidecars"][0]["paths"] == side["paths"]
+    import pandas as pd
+
+    writes = pd.read_parquet(out / "writes.parquet")
+    assert (writes["variant"] == variant).sum() == 18
+    assert sorted(writes.loc[writes["variant"] == variant, "layer"].unique().tolist()) == [0, 1, 2]
+
+
+def test_plugin_off_without_the_variable(tmp_path: Path):
+    """Installed but not asked for: SGLang's classes stay untouched."""
+    code = ("import os; os.environ.pop('KVPROF_SGLANG', None)\n"
+            "from sglang.srt.plugins import load_plugins\n"
+            "from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool\n"
+            "load_plugins(); print(hasattr(MHATokenToKVPool.set_kv_buffer, '__wrapped__'))")
+    env = {k: v for k, v in os.environ.items() if k != "KVPROF_SGLANG"}
+    env["PYTHONWARNINGS"] = "ignore"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
