@@ -54,7 +54,9 @@ class CaptureConfig:
     writer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     context: str = "none"  # "layer": each write inside a decoder layer (kvprof.layer)
     context_len: int = 4096  # cached tokens per request that decode attention reads
-    reference_steps: int = DEFAULT_REFERENCE_STEPS  # timed unprofiled steps per (phase, size) and mode
+    # timed unprofiled steps per (phase, size) and mode; None: 100 on CUDA, --steps on CPU,
+    # where each step is wall-clock Python (tens of ms a write under Triton's interpreter)
+    reference_steps: int | None = None
     torch_sync_events: bool = False  # torch.profiler's cuda_sync events (stream waits)
     nsys_graph_trace: str = "node"  # nsys --cuda-graph-trace: node (per-write kernels) or graph
     run_id: str | None = None
@@ -79,7 +81,7 @@ class CaptureConfig:
             raise UsageError(f"unknown context {self.context!r}; choose from {', '.join(CONTEXTS)}")
         if self.context_len < 1:
             raise UsageError(f"--context-len must be positive, got {self.context_len}")
-        if self.reference_steps < 1:
+        if self.reference_steps is not None and self.reference_steps < 1:
             raise UsageError(f"--reference-steps must be at least 1, got {self.reference_steps}")
         if self.nsys_graph_trace not in NSYS_GRAPH_TRACES:
             raise UsageError(f"--nsys-graph-trace must be one of {', '.join(NSYS_GRAPH_TRACES)}, "
@@ -92,6 +94,11 @@ class CaptureConfig:
         self.cache_torch_dtype()
         self.input_torch_dtype()
         self.phase_specs()
+
+    def reference_steps_on(self, device_type: str) -> int:
+        if self.reference_steps is not None:
+            return self.reference_steps
+        return DEFAULT_REFERENCE_STEPS if device_type == "cuda" else self.steps
 
     def rank_shape(self) -> RankShape:
         return resolve_model(self.model).per_rank(self.tp)

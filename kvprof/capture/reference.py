@@ -39,7 +39,7 @@ def run_reference_pass(config: CaptureConfig, writer: KVWriter, device: torch.de
     """Timed steps per (phase, size, mode) for one writer; raises what the workload raises."""
     out: list[StepSamples] = []
     modes = reference_modes(context)
-    n = config.reference_steps
+    n = config.reference_steps_on(device.type)
     with session_for(config, writer, device, instrument=False, context=context) as session:
         for index, spec in enumerate(session.phases):
             prepared: PreparedPhase = session.prepare(spec, index)

@@ -74,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     w.add_argument("--context-len", type=int, default=4096,
                    help="with --context layer: cached tokens per request that decode attention reads (default: %(default)s)")
-    w.add_argument("--reference-steps", type=int, default=100,
-                   help="unprofiled steps timed per phase and size for the reference figures (default: %(default)s)")
+    w.add_argument("--reference-steps", type=int, default=None,
+                   help="unprofiled steps timed per phase and size for the reference figures (default: 100 on "
+                        "CUDA, the --steps count on CPU)")
 
     d = p.add_argument_group("write")
     d.add_argument("--variants", type=_names, default=None, help=f"write variants (default: {','.join(DEFAULT_VARIANTS)}, skipping what cannot run here)")
