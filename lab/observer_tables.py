@@ -2,7 +2,7 @@
 """The tables of docs/observer-effect.md, from analysed run directories.
 
     python lab/observer_tables.py traces/samples/h200-llama70b-tp8
-    python lab/observer_tables.py --settings RUN_NODE RUN_GRAPH     # profiler settings side by side
+    python lab/observer_tables.py --settings docs/gpu/settings/nsys-node docs/gpu/settings/nsys-graph
     python lab/observer_tables.py --layer RUN_LAYER                 # writes inside a decoder layer
 
 Reads only each run's summary.json and step_timings.json (what `kvprof analyze` and
@@ -70,7 +70,10 @@ def settings(runs: list[Path]) -> None:
     print("| run | variant | bs | reference | torch.profiler pass | Nsight Systems pass |")
     print("|---|---|---|---|---|---|")
     for run in runs:
-        summary, timings = _load(run)
+        try:
+            timings = StepTimings.from_json((run / "step_timings.json").read_bytes())
+        except (OSError, ValueError) as exc:
+            sys.exit(f"observer_tables.py: error: {run}: {exc}")
         cfg = orjson.loads((run / "manifest.json").read_bytes())["config"]
         label = f"nsys {cfg.get('nsys_graph_trace')}, torch sync events {'on' if cfg.get('torch_sync_events') else 'off'}"
         by = {(r.pass_, r.variant, r.size): r for r in timings.records if r.phase == "decode"}

@@ -176,6 +176,9 @@ class _Attributor:
                       and (r.get("phase") is None or r.get("size", -1) < 0))
         if outside:
             self.counts["writes_outside_steps"] = outside
+        # a kvprof capture's own writes outside its steps are warm-ups (the side-stream step
+        # before each graph capture): counted, not warned about
+        if outside and self.meta is None:
             self.warnings.append(
                 f"{outside:,} writes lie outside kvprof step ranges (kvprof.step[...]): they have no phase or size, "
                 "so the per-phase tables leave them out")
