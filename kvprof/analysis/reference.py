@@ -120,6 +120,7 @@ def observer_effect(groups: pd.DataFrame, timings: StepTimings | None,
             "median_ratio_per_step": _median([row["ratio_per_step"] for row in rows]),
             "median_pass_slowdown": _median([row["pass_slowdown"] for row in rows]),
             "range_ratio_per_write": _range([row["ratio_per_write"] for row in rows]),
+            "range_ratio_per_step": _range([row["ratio_per_step"] for row in rows]),
         }
     return out
 
@@ -147,13 +148,15 @@ def observer_notes(observer: dict[str, Any]) -> list[str]:
     for source, st in (observer.get("sources") or {}).items():
         if not st.get("flagged"):
             continue
-        lo, hi = st.get("range_ratio_per_write") or (None, None)
-        spread = f"{lo:.2f}-{hi:.2f}x" if lo is not None else "n/a"
+        what, span = "per-write", st.get("range_ratio_per_write")
+        if not span:  # a CPU trace has no GPU time per write: its host steps were compared
+            what, span = "per-step", st.get("range_ratio_per_step")
+        spread = f"{span[0]:.2f}-{span[1]:.2f}x" if span else "n/a"
         slow = st.get("median_pass_slowdown")
         slowed = f"; the profiled run itself took {slow:.2f}x the reference per step" if slow else ""
         notes.append(
             f"{SOURCE_LABELS.get(source, source)} is more than {pct} % off the unprofiled reference at "
-            f"{st['flagged']} of {st['points']} points (per-write reading {spread} the reference{slowed}); "
+            f"{st['flagged']} of {st['points']} points ({what} reading {spread} the reference{slowed}); "
             "headline figures use the reference")
     return notes
 
