@@ -30,7 +30,7 @@ BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "sgl_kernel_cubin", "
 SGL_PEERS = ("sgl_kernel", "sgl_kernel_cubin")
 KVPROF_FUSED = ("triton_fused", "cuda_fused", "store_kv_fused")
 
-# The fused target of the issue: 1.2 µs + bytes / (0.9 x measured copy rate).
+# The fused write's target: 1.2 µs + bytes / (0.9 x measured copy rate).
 TARGET_FIXED_US = 1.2
 TARGET_RATE_FRACTION = 0.9
 
@@ -165,7 +165,7 @@ class _Case:
 # At the latency floor a graph's median depends on where its buffers landed: one allocation
 # of the same point read 0.61 µs where three others read 0.69 (docs/gpu/floor-modes.txt), and
 # two variants running the same kernel differed by 0.06-0.09 µs in one run. So small points of
-# the variants the issue judges are timed over this many allocations (pool, slots, rows), and
+# the variants the verdicts judge are timed over this many allocations (pool, slots, rows), and
 # the median of their medians is the record's; each one is kept (``allocation_us``).
 FLOOR_ALLOCATIONS = 5
 FLOOR_BYTES = 4 << 20  # per write: up to 64 tokens at every shape, 512 at the small rows

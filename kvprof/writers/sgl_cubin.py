@@ -1,8 +1,8 @@
 """sgl-kernel's ``store_kv_cache`` kernels, run from the cubin inside sgl-kernel's wheel.
 
 Why it exists: sgl-kernel's op cannot be loaded where kvprof's bench runs on a GPU (its
-wheel pins another torch, and the H200 machine kvprof is measured on has no package registry), yet the issue's
-peer is that op's kernel. The kernel is plain device code in the wheel's fatbinary, with
+wheel pins another torch, and the H200 machine kvprof is measured on has no package registry), yet the
+peer kvprof compares with is that op's kernel. The kernel is plain device code in the wheel's fatbinary, with
 no torch in it: ``gpu/extract_sgl_cubin.py`` takes the cubin that holds
 ``store_kv_cache_256x1<T>`` and ``store_kv_cache_128x2<T>`` (T = int32/int64 slots) out
 of the published wheel, and this module loads it through the CUDA driver (ctypes: no
