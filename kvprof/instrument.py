@@ -11,7 +11,6 @@ call on a 2-core CPU machine, NVTX with prebuilt attributes ~0.1 µs
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,19 +18,10 @@ from typing import Any
 import nvtx
 import torch
 
+from kvprof.core import variants
 from kvprof.pool import KVPool
 from kvprof.trace.schema import NVTX_DOMAIN, PHASE_RANGE_FORMAT, STEP_RANGE_FORMAT, WRITE_RANGE_FORMAT
 
-# Fixed colours for the built-ins so reports look the same run to run (ARGB).
-VARIANT_COLORS: dict[str, int] = {
-    "index_put": 0xFFE45756,
-    "two_stream": 0xFFF58518,
-    "sgl_kernel": 0xFF4C78A8,
-    "triton_fused": 0xFF54A24B,
-    "cuda_fused": 0xFF72B7B2,
-    "store_kv_fused": 0xFF88D27A,
-    "torch_compile": 0xFFB279A2,
-}
 _BAD_CALL = object()  # a call the plain pool will reject: no range for it
 _STEP_COLOR = 0xFFBAB0AC
 _PHASE_COLOR = 0xFF9D755D
@@ -40,10 +30,8 @@ _profiler_enabled = torch._C._autograd._profiler_enabled  # one C call: is a tor
 
 
 def variant_color(variant: str) -> int:
-    """A stable colour for any variant name, fixed ones for the built-ins."""
-    if variant in VARIANT_COLORS:
-        return VARIANT_COLORS[variant]
-    return 0xFF000000 | (zlib.crc32(variant.encode()) & 0x00FFFFFF)
+    """The variant's colour as NVTX's ARGB (kvprof.core.variants: the same on every chart)."""
+    return variants.info(variant).argb
 
 
 class InstrumentedKVPool(KVPool):

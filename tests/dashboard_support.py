@@ -48,7 +48,7 @@ def cpu_only(doc: dict) -> dict:
 
 
 def analyse_in_place(d: Path) -> None:
-    from dashboards.data import analyse_to
+    from kvprof.dashboard.data import analyse_to
 
     analyse_to(d, d)
 

@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from dashboard_support import FIXTURE, REPO, dash_env, dash_runs, synth_spec  # noqa: E402,F401
 from kvprof.trace.synthetic import build, dumps  # noqa: E402
 
-APP = str(REPO / "dashboards" / "app.py")
+APP = str(REPO / "kvprof" / "dashboard" / "app.py")
 PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
 
 
@@ -53,7 +53,7 @@ def charts(at: AppTest) -> list[dict[str, Any]]:
 
 
 def texts(elements: Any) -> str:
-    """The text as the browser shows it: Markdown backslash escapes (dashboards.ui.md) removed."""
+    """The text as the browser shows it: Markdown backslash escapes (kvprof.dashboard.ui.md) removed."""
     return " | ".join(re.sub(r"\\(.)", r"\1", str(e.value)) for e in elements)
 
 

@@ -70,7 +70,7 @@ def app_url(dash_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
            "KVPROF_DASHBOARD_CACHE": str(tmp_path_factory.mktemp("cache"))}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(REPO / "dashboards" / "app.py"),
+            [sys.executable, "-m", "streamlit", "run", str(REPO / "kvprof" / "dashboard" / "app.py"),
              "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
              "--browser.gatherUsageStats", "false"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -20,7 +20,7 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
 from dashboard_support import REPO, dash_runs  # noqa: E402,F401
-from dashboards import charts, data, frames  # noqa: E402
+from kvprof.dashboard import charts, data, frames  # noqa: E402
 from kvprof.analysis.compare import compare_groups  # noqa: E402
 from kvprof.commands import dashboard as dash_cmd  # noqa: E402
 
@@ -172,7 +172,7 @@ def test_dashboard_command_line(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
     cmd, env = dash_cmd.streamlit_command(_args(run_dir=str(run), port=9123))
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("dashboards/app.py")
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("kvprof/dashboard/app.py")
     flags = dict(zip(cmd[5::2], cmd[6::2]))
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "9123"
     assert flags["--server.maxUploadSize"] == "200" and flags["--browser.gatherUsageStats"] == "false"

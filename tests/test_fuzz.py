@@ -193,7 +193,7 @@ def _one_line_error(rc: int, err: str, command: str) -> None:
 
 def exercise(data: bytes, name: str) -> None:
     """analyze, compare, scrub and the dashboard loader on one input: the contract of the module doc."""
-    from dashboards import data as dash
+    from kvprof.dashboard import data as dash
 
     cwd_before = set(os.listdir("."))
     with tempfile.TemporaryDirectory() as d:

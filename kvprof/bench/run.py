@@ -17,18 +17,18 @@ from typing import Any
 import torch
 
 from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph
+from kvprof.core import variants
 from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
 
-BENCH_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "sgl_kernel_cubin", "triton_fused", "cuda_fused",
-                  "store_kv_fused", "torch_compile")
+BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
 # sgl-kernel's store_kv_cache, as the op (where it installs) or as its own kernels launched from
 # the wheel's cubin (device time only: that variant's host path is kvprof's ctypes call)
 SGL_PEERS = ("sgl_kernel", "sgl_kernel_cubin")
-KVPROF_FUSED = ("triton_fused", "cuda_fused", "store_kv_fused")
+KVPROF_FUSED = variants.KVPROF_FUSED
 
 # The fused write's target: 1.2 µs + bytes / (0.9 x measured copy rate).
 TARGET_FIXED_US = 1.2

@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 
+from kvprof.core import variants
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.errors import UsageError
 from kvprof.guards import check_capture_values
 from kvprof.models import RankShape, resolve_model
 from kvprof.workload import PhaseSpec, build_phases
 
-DEFAULT_VARIANTS = ("index_put", "two_stream", "sgl_kernel", "sgl_kernel_cubin", "triton_fused", "cuda_fused",
-                    "store_kv_fused")
+DEFAULT_VARIANTS = variants.DEFAULT_CAPTURE_VARIANTS
 PROFILERS = ("torch", "nsys", "both")
 NSYS_GRAPH_TRACES = ("node", "graph")
 DEFAULT_REFERENCE_STEPS = 100

@@ -38,12 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def app_path() -> Path:
-    """dashboards/app.py of this checkout (the dashboard is not part of the wheel)."""
-    for base in (Path(__file__).resolve().parents[2], Path.cwd()):
-        p = base / "dashboards" / "app.py"
-        if p.is_file():
-            return p
-    raise ToolError("dashboards/app.py not found: run from a kvprof checkout (the dashboard ships with the repository)")
+    """The dashboard's Streamlit script, from the installed package (never the current folder)."""
+    from importlib.resources import files
+
+    p = Path(str(files("kvprof.dashboard").joinpath("app.py")))
+    if not p.is_file():
+        raise ToolError(f"{p} not found: the kvprof installation is incomplete (reinstall kvprof[dashboard])")
+    return p
 
 
 def streamlit_command(args: argparse.Namespace, app: Path | None = None) -> tuple[list[str], dict[str, str]]:

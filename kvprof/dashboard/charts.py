@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from dashboards.frames import HOST_LANE, NOT_IN_WRITE, WRITES_LANE
+from kvprof.dashboard.frames import HOST_LANE, NOT_IN_WRITE, WRITES_LANE
 
 PALETTE = px.colors.qualitative.Plotly
 NEUTRAL = "#9aa0a6"

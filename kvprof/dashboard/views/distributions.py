@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboards import charts, frames
-from dashboards.state import Context
-from dashboards.ui import md, number_format, show_figure, show_table
-from dashboards.views.common import need_run, no_gpu_traces
+from kvprof.dashboard import charts, frames
+from kvprof.dashboard.state import Context
+from kvprof.dashboard.ui import md, number_format, show_figure, show_table
+from kvprof.dashboard.views.common import need_run, no_gpu_traces
 
 KINDS = {"box": "box", "violin": "violin", "ECDF": "ecdf"}
 

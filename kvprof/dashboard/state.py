@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboards import data, frames
+from kvprof.dashboard import data, frames
 
 UPLOAD_PREFIX = "upload: "
 

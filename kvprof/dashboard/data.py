@@ -29,7 +29,7 @@ import streamlit as st
 from kvprof.errors import KvprofError
 from kvprof.trace.schema import GPU_WORK_KINDS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO / "traces" / "samples"
 
 ENV_ROOTS = "KVPROF_DASHBOARD_ROOTS"  # os.pathsep-separated traces roots; the first is the default
@@ -408,7 +408,7 @@ class RunOutputs:
 def timeline_rows(events_path: str, events_stamp: int, writes_path: str, writes_stamp: int,
                   trace: str) -> tuple[pd.DataFrame, float, float]:
     """Every bar of one trace (frames.lane_rows), its 0 µs origin and its end: shaped once per trace."""
-    from dashboards import frames
+    from kvprof.dashboard import frames
 
     ev = read_gpu_events(events_path, events_stamp)
     ev = ev[ev["trace"].astype(str) == trace]

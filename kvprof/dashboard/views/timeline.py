@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboards import charts, data, frames
-from dashboards.state import Context
-from dashboards.ui import md, show_figure, show_table
-from dashboards.views.common import need_run
+from kvprof.dashboard import charts, data, frames
+from kvprof.dashboard.state import Context
+from kvprof.dashboard.ui import md, show_figure, show_table
+from kvprof.dashboard.views.common import need_run
 
 WIDTHS_US = (10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0, 10_000_000.0)
 MAX_BARS = (500, 2000, 5000, 10000)

@@ -1,7 +1,7 @@
 """kvprof dashboard: compare KV-cache write variants from what ``python -m kvprof analyze`` wrote.
 
 Start with ``python -m kvprof dashboard [RUN_DIR]`` (binds 127.0.0.1) or
-``streamlit run dashboards/app.py [-- --root DIR [--root DIR2] [--run RUN_DIR]]``.
+``streamlit run kvprof/dashboard/app.py [-- --root DIR [--root DIR2] [--run RUN_DIR]]``.
 The sidebar picks a traces root (only those configured: KVPROF_DASHBOARD_ROOTS, default
 traces/samples and traces), a run under it, the variants and the trace source, and takes
 uploads. Pages: Overview, Timeline, Distributions, Sweeps, Overlap, Compare runs.
@@ -17,16 +17,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # `streamlit run dashboards/app.py` puts only dashboards/ on the path
-    sys.path.insert(0, str(_REPO))
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+if str(_SOURCE_ROOT) not in sys.path:  # `streamlit run` puts only this folder on the path
+    sys.path.insert(0, str(_SOURCE_ROOT))
 
 import streamlit as st  # noqa: E402
 
-from dashboards import data, frames  # noqa: E402
-from dashboards.state import UPLOAD_PREFIX, Context  # noqa: E402
-from dashboards.ui import md  # noqa: E402
-from dashboards.views import compare, distributions, overlap, overview, sweeps, timeline  # noqa: E402
+from kvprof.dashboard import data, frames  # noqa: E402
+from kvprof.dashboard.state import UPLOAD_PREFIX, Context  # noqa: E402
+from kvprof.dashboard.ui import md  # noqa: E402
+from kvprof.dashboard.views import compare, distributions, overlap, overview, sweeps, timeline  # noqa: E402
 from kvprof.errors import KvprofError  # noqa: E402
 
 PAGES: dict[str, Callable[[Context], None]] = {

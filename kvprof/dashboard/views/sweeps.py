@@ -7,9 +7,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards import charts, data, frames
-from dashboards.state import Context
-from dashboards.ui import md, number_format, show_figure, show_table
+from kvprof.dashboard import charts, data, frames
+from kvprof.dashboard.state import Context
+from kvprof.dashboard.ui import md, number_format, show_figure, show_table
 
 
 def _run_sweep(ctx: Context) -> None:

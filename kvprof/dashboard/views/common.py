@@ -7,9 +7,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboards import frames
-from dashboards.state import Context
-from dashboards.ui import md
+from kvprof.dashboard import frames
+from kvprof.dashboard.state import Context
+from kvprof.dashboard.ui import md
 
 
 def need_run(ctx: Context) -> bool:

@@ -1,0 +1,92 @@
+"""What kvprof knows about each write variant, in one place: role, colour, order, defaults.
+
+Tables, charts, NVTX ranges, capture and bench all read this table, so a variant has the
+same colour and the same place everywhere. Torch-free: the analysis and the dashboard use
+it without importing the writers. A variant that is not listed here (a third party's
+writer) gets a stable colour from its name and the role ``other``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(str, Enum):
+    """Why a variant is in a comparison."""
+
+    REFERENCE = "reference"  # the simplest correct write: two plain copies
+    BASELINE = "baseline"    # what SGLang did before fused writes; ratios are against it
+    PEER = "peer"            # another project's fused kernel (sgl-kernel, SGLang's JIT kernel)
+    KVPROF = "kvprof"        # kvprof's own fused writers
+    OTHER = "other"          # registered by a third party
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    name: str
+    role: Role
+    colour: str          # "#rrggbb"; colour-blind-safe palette (Okabe-Ito + Tol), one per variant
+    label: str           # what the variant is, in a few words
+    default_capture: bool = False
+    default_bench: bool = False
+    claims_fused: bool = False  # the writer promises one launch for K and V
+
+    @property
+    def argb(self) -> int:
+        """The colour as NVTX's 0xAARRGGBB."""
+        return 0xFF000000 | int(self.colour[1:], 16)
+
+
+# The order here is the order of tables and charts.
+VARIANTS: tuple[VariantInfo, ...] = (
+    VariantInfo("index_put", Role.REFERENCE, "#7f7f7f", "two index_put copies, one stream",
+                default_capture=True, default_bench=True),
+    VariantInfo("two_stream", Role.BASELINE, "#e69f00", "two copies on two CUDA streams (SGLang before fusion)",
+                default_capture=True, default_bench=True),
+    VariantInfo("sgl_kernel", Role.PEER, "#56b4e9", "sgl-kernel's store_kv_cache op",
+                default_capture=True, default_bench=True, claims_fused=True),
+    VariantInfo("sgl_kernel_cubin", Role.PEER, "#0072b2", "sgl-kernel's store_kv_cache kernels from the wheel's cubin",
+                default_capture=True, default_bench=True, claims_fused=True),
+    VariantInfo("sglang_store_cache", Role.PEER, "#332288", "SGLang's JIT store_cache kernel",
+                claims_fused=True),
+    VariantInfo("triton_fused", Role.KVPROF, "#009e73", "kvprof's fused Triton kernel",
+                default_capture=True, default_bench=True, claims_fused=True),
+    VariantInfo("cuda_fused", Role.KVPROF, "#cc79a7", "kvprof's fused CUDA kernel (compiled op)",
+                default_capture=True, default_bench=True, claims_fused=True),
+    VariantInfo("store_kv_fused", Role.KVPROF, "#d55e00", "kvprof's fused kernel in sgl-kernel's form",
+                default_capture=True, default_bench=True, claims_fused=True),
+    VariantInfo("torch_compile", Role.KVPROF, "#882255", "torch.compile of the two copies",
+                default_bench=True),
+)
+BY_NAME: dict[str, VariantInfo] = {v.name: v for v in VARIANTS}
+BASELINE = "two_stream"
+
+DEFAULT_CAPTURE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.default_capture)
+DEFAULT_BENCH_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.default_bench)
+PEERS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.PEER)
+KVPROF_FUSED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.KVPROF and v.claims_fused)
+
+
+def info(name: str) -> VariantInfo:
+    """The variant's metadata; unknown names get a stable colour derived from the name."""
+    known = BY_NAME.get(name)
+    if known is not None:
+        return known
+    rgb = zlib.crc32(name.encode()) & 0x00FFFFFF
+    return VariantInfo(name, Role.OTHER, f"#{rgb:06x}", "registered by a third party")
+
+
+def colour(name: str) -> str:
+    return info(name).colour
+
+
+def order_key(name: str) -> tuple[int, str]:
+    """Sort key: built-ins in table order, then the rest by name."""
+    names = [v.name for v in VARIANTS]
+    return (names.index(name), "") if name in names else (len(names), name)
+
+
+def ordered(names: list[str] | tuple[str, ...]) -> list[str]:
+    return sorted(dict.fromkeys(names), key=order_key)
