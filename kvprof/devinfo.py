@@ -11,8 +11,9 @@ import torch
 import kvprof
 from kvprof.errors import DeviceError, UsageError
 
-# HBM bandwidth from the vendors' datasheets (GB/s), by the name torch reports. A lead,
-# not a measurement: `kvprof bench` measures the device-to-device copy rate itself.
+# HBM bandwidth from the vendors' datasheets (GB/s), by the name torch reports: only a check
+# on the figure computed from the device's own attributes (memory clock x bus width).
+# Neither is a measurement: `kvprof bench` measures the device-to-device copy rate itself.
 DATASHEET_BANDWIDTH_GBS = {
     "NVIDIA H200": 4800.0,
     "NVIDIA H100 80GB HBM3": 3350.0,
@@ -78,10 +79,50 @@ def device_properties(device: torch.device) -> dict[str, Any]:
         "total_memory_bytes": p.total_memory,
         "l2_cache_bytes": getattr(p, "L2_cache_size", None),
         "driver": _driver_version(),
-        "peak_bandwidth_gbs": DATASHEET_BANDWIDTH_GBS.get(p.name),
-        "peak_bandwidth_source": "datasheet" if p.name in DATASHEET_BANDWIDTH_GBS else None,
     }
+    info.update(peak_bandwidth(p.name, _memory_attributes(device.index if device.index is not None else 0)))
     return info
+
+
+# cuDeviceGetAttribute's CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE (kHz) and _GLOBAL_MEMORY_BUS_WIDTH (bits)
+_CU_MEMORY_CLOCK_RATE = 36
+_CU_GLOBAL_MEMORY_BUS_WIDTH = 37
+
+
+def _memory_attributes(index: int) -> tuple[int, int] | None:
+    """(memory clock kHz, bus width bits) from the CUDA driver, for any NVIDIA GPU; None if unavailable."""
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        dev = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            return None
+        clock, width = ctypes.c_int(), ctypes.c_int()
+        if (lib.cuDeviceGetAttribute(ctypes.byref(clock), _CU_MEMORY_CLOCK_RATE, dev) != 0
+                or lib.cuDeviceGetAttribute(ctypes.byref(width), _CU_GLOBAL_MEMORY_BUS_WIDTH, dev) != 0):
+            return None
+        return clock.value, width.value
+    except (OSError, AttributeError):
+        return None
+
+
+def peak_bandwidth(name: str, memory: tuple[int, int] | None) -> dict[str, Any]:
+    """Theoretical DRAM bandwidth: 2 transfers per memory clock x bus width, the datasheet beside it.
+
+    The device's attributes work for any GPU; the datasheet figure (a few GPUs) is recorded as
+    a check and used only when the driver does not report the attributes.
+    """
+    datasheet = DATASHEET_BANDWIDTH_GBS.get(name)
+    out: dict[str, Any] = {"peak_bandwidth_datasheet_gbs": datasheet}
+    if memory and memory[0] > 0 and memory[1] > 0:
+        clock_khz, bus_bits = memory
+        out.update(memory_clock_khz=clock_khz, memory_bus_width_bits=bus_bits,
+                   peak_bandwidth_gbs=round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e9, 1),
+                   peak_bandwidth_source="device attributes (2 x memory clock x bus width)")
+    else:
+        out.update(peak_bandwidth_gbs=datasheet, peak_bandwidth_source="datasheet" if datasheet else None)
+    return out
 
 
 def _driver_version() -> str | None:
