@@ -17,6 +17,12 @@ stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
 [ -f .gpu/env.sh ] && source .gpu/env.sh
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 SGLANG_PLUGINS=kvprof
+# sgl-kernel (a ~535 MB wheel) is not carried: where it does not import, a stub whose every
+# function raises stands in (gpu/sgl_kernel_stub), so SGLang's quantization modules import.
+if ! python3 -c "import sgl_kernel" 2>/dev/null; then
+  export PYTHONPATH=$PWD/gpu/sgl_kernel_stub:$PYTHONPATH
+  echo "sgl-kernel does not import here: gpu/sgl_kernel_stub stands in (any call to it raises)" | tee -a "$LOG"
+fi
 NSYS=${KVPROF_NSYS:-$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys 2>/dev/null | head -1)}
 
 for step in $steps; do
