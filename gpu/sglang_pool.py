@@ -102,8 +102,15 @@ def main() -> int:
         from torch.profiler import ProfilerActivity, profile, schedule
 
         n = 2 * args.steps
+        name = os.path.join(args.out, f"{int(time.time())}-TP-0.trace.json.gz")
+        # one warm-up step, then exactly one active cycle of n steps, exported when it ends
+        # (a schedule's cycle clears its events once over, so the export must be its handler)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                     schedule=schedule(wait=0, warmup=0, active=n)) as prof:
+                     schedule=schedule(wait=0, warmup=1, active=n, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(name)) as prof:
+            step()
+            torch.cuda.synchronize()
+            prof.step()
             for _ in range(args.steps):
                 step()
                 torch.cuda.synchronize()
@@ -112,8 +119,6 @@ def main() -> int:
                 graph.replay()
                 torch.cuda.synchronize()
                 prof.step()
-        name = os.path.join(args.out, f"{int(time.time())}-TP-0.trace.json.gz")
-        prof.export_chrome_trace(name)
         print("trace:", name, flush=True)
     else:
         run_steps()  # nsys records the whole process, graph capture included
