@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import kvprof
-from kvprof.errors import DeviceError, UsageError
+from kvprof.core.errors import DeviceError, UsageError
 
 # HBM bandwidth from the vendors' datasheets (GB/s), by the name torch reports. A lead,
 # not a measurement: `kvprof bench` measures the device-to-device copy rate itself.
