@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "kvprof" / "wheels"))
     args = ap.parse_args()
 
-    from kvprof.atomic import atomic_write_bytes, atomic_write_text
+    from kvprof.core.atomic import atomic_write_bytes, atomic_write_text
     from kvprof.writers.sgl_cubin import read_cubin
 
     if args.wheel:

@@ -26,7 +26,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
 
 POINTS = [(8, 128, 1), (8, 128, 8), (32, 128, 1), (1, 128, 1), (1, 128, 64)]
 DTYPES = [("bf16", "bf16"), ("fp8_e4m3", "bf16")]

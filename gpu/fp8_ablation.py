@@ -44,7 +44,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
 
 # every point where the bench's fp8 write has been slower than bf16 (runs 3-5), and 1x128 x 1 (a tie)
 POINTS = [(8, 128, 1), (8, 128, 8), (4, 256, 1), (4, 256, 8), (32, 128, 1), (1, 128, 1), (1, 128, 8),

@@ -38,7 +38,7 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "0"  # the compiled kernels, whatever the shell says
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
 
 import torch  # noqa: E402
 

@@ -83,7 +83,7 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001
         fail(f"needs triton ({type(exc).__name__}: {exc})")
     heads, dim = int(m.group(1)), int(m.group(2))
-    from kvprof.atomic import atomic_write_text
+    from kvprof.core.atomic import atomic_write_text
 
     for name, fp8 in (("bf16", False), ("fp8", True)):
         try:

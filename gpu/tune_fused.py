@@ -41,7 +41,7 @@ os.environ["TRITON_INTERPRET"] = "0"  # the compiled kernels, whatever the shell
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvprof.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
 
 T0 = time.perf_counter()
 

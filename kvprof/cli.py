@@ -16,9 +16,9 @@ from typing import NoReturn
 from collections.abc import Sequence
 
 from kvprof import __version__
-from kvprof.atomic import DISK_ERRNOS  # a full or read-only disk: exit 6, never a traceback
-from kvprof.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, KvprofError, OutputError
-from kvprof.interrupts import Terminated, ctrl_c_raises_interrupted
+from kvprof.core.atomic import DISK_ERRNOS  # a full or read-only disk: exit 6, never a traceback
+from kvprof.core.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, KvprofError, OutputError
+from kvprof.core.interrupts import Terminated, ctrl_c_raises_interrupted
 
 COMMANDS = ("capture", "analyze", "compare", "bench", "dashboard", "scrub", "variants")
 

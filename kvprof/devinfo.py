@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import kvprof
-from kvprof.errors import DeviceError, UsageError
+from kvprof.core.errors import DeviceError, UsageError
 
 # HBM bandwidth from the vendors' datasheets (GB/s), by the name torch reports: only a check
 # on the figure computed from the device's own attributes (memory clock x bus width).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,

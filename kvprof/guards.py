@@ -1,9 +1,9 @@
 """Refuse what would hang, exhaust memory or read something that is not a file, before doing it.
 
-Why a module of its own: every entry point (capture, bench, analyze, scrub, the pool API)
-needs the same three answers -- is this path a regular file (a FIFO or a device blocks or
-never ends), how much memory will this allocation take, and how much may it take -- and
-one place keeps the numbers and the wording the same.
+Why a module of its own: every entry point (capture, bench, the pool API) needs the same
+two answers -- how much memory will this allocation take, and how much may it take -- and
+one place keeps the numbers and the wording the same. (Whether a path is a regular file
+is kvprof.core.files, which the torch-free readers use.)
 
 Memory: an estimate is compared with a limit before anything is allocated. The limit is
 what the machine can give (80 % of the host's available memory, 90 % of a GPU's free
@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
-from kvprof.errors import ResourceError, TraceError, UsageError
+from kvprof.core.errors import ResourceError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -40,55 +39,6 @@ GiB = 1 << 30
 
 
 # ---------------------------------------------------------------- files
-
-
-def file_type(mode: int) -> str:
-    """A word for a non-regular file type, for messages."""
-    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return word
-    return "not a regular file"
-
-
-def require_regular(path: Path, what: str = "input") -> os.stat_result:
-    """stat() of ``path`` (links followed), UsageError unless it is a regular file.
-
-    Checked before any open: opening a FIFO for reading blocks until a writer appears.
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise UsageError(f"no such file or directory: {path}") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{path}: {file_type(st.st_mode)}, not a regular file; kvprof reads only regular files as {what}")
-    return st
-
-
-def open_regular(path: Path) -> IO[bytes]:
-    """Open ``path`` for reading without blocking and only if it is a regular file.
-
-    O_NONBLOCK makes the open itself return at once even for a FIFO; the fstat then decides,
-    so a file swapped for a FIFO between a check and the open is still refused.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise UsageError(f"no such file or directory: {path}") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise UsageError(f"{path}: {file_type(mode)}, not a regular file; kvprof reads only regular files")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 # ---------------------------------------------------------------- memory

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 from kvprof.models import RankShape
 
 CONTEXTS = ("none", "layer")

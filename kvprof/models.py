@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 
 
 @dataclass(frozen=True)

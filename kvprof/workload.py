@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 
 PHASES = ("decode", "prefill", "serving")
 SLOT_PATTERNS = ("random", "contiguous", "paged")

@@ -13,12 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvprof.analysis.compare import Benchmark, compare_groups
-from kvprof.analysis.metrics import fused_verdict, paths_verdict
+from kvprof.analysis.metrics import fused_or_fell_back, paths_verdict
+from kvprof.core.run import TraceMeta
 from kvprof.analysis.summary import analyze
 from kvprof.commands import analyze as analyze_cmd
 from kvprof.commands import compare as compare_cmd
 from kvprof.trace.load import load
-from kvprof.trace.schema import SCHEMA
+from kvprof.core.schema import SCHEMA
 from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
 
 REAL = Path(__file__).parent / "fixtures" / "real"
@@ -32,7 +33,7 @@ def _args(mod, argv):
 
 def test_real_run_fused_verdicts_and_projection():
     a = analyze(load(REAL))
-    v = a.summary["variants"]
+    v = a.summary.to_json()["variants"]
     assert v["triton_fused"]["fused"] is True and v["triton_fused"]["agree"] is True
     assert v["two_stream"]["fused"] is False and v["index_put"]["fused"] is False
     assert v["sgl_kernel"] == {"available": False, "reason": "sgl_kernel is not installed", "sources": []}
@@ -42,7 +43,7 @@ def test_real_run_fused_verdicts_and_projection():
         k, n = g.loc[(var, "kineto", "decode"), "cost_per_write_ns"], g.loc[(var, "nsys", "decode"), "cost_per_write_ns"]
         assert abs(k - n) / n < 0.10
     assert g.loc[("two_stream", "nsys", "decode"), "streams"] == 2
-    h = a.summary["comparison"]["headline"]
+    h = a.summary.to_json()["comparison"]["headline"]
     assert h["variant"] == "triton_fused" and 0.3 < h["saving_per_step_ms"] < 0.7
     assert a.warnings == []
 
@@ -54,7 +55,7 @@ def test_disagreement_between_paths_and_kernels_is_a_warning(tmp_path):
     p = tmp_path / "liar.pt.trace.json.gz"
     p.write_bytes(gzip.compress(dumps(doc)))
     a = analyze(load(p))
-    v = a.summary["variants"]["liar"]
+    v = a.summary.to_json()["variants"]["liar"]
     assert v["fused_by_paths"] is True and v["fused_by_kernels"] is False and v["agree"] is False
     assert any("liar: the writer reported fused" in w for w in a.warnings)
 
@@ -68,8 +69,8 @@ def test_paths_verdict():
 
 def test_fallback_is_reported():
     w = pd.DataFrame({"during_capture": [False], "step": [0], "gpu_ops": [2]})
-    v = fused_verdict("sgl", {"fused": True, "paths": {"fallback: op missing": 4}}, None, w)
-    assert v["fell_back"] and v["fallback_reasons"] == ["op missing"] and v["agree"] is True
+    v, _ = fused_or_fell_back("sgl", TraceMeta(fused=True, paths={"fallback: op missing": 4}), None, w)
+    assert v.fell_back and v.fallback_reasons == ["op missing"] and v.agree is True
 
 
 def test_compare_projection_arithmetic():
@@ -129,7 +130,7 @@ def test_analyze_writes_all_outputs_atomically(tmp_path, capsys):
 
 
 def test_compare_unknown_baseline_is_a_usage_error():
-    from kvprof.errors import UsageError
+    from kvprof.core.errors import UsageError
 
     with pytest.raises(UsageError, match="baseline 'nope'"):
         compare_cmd.run(_args(compare_cmd, [str(REAL), "--baseline", "nope", "--no-files"]))
@@ -145,7 +146,7 @@ def test_foreign_trace_gets_generic_numbers(tmp_path, capsys):
     p = tmp_path / "foreign.json"
     p.write_bytes(dumps(doc))
     a = analyze(load(p))
-    g = a.summary["traces"][0]["generic"]
+    g = a.summary.to_json()["traces"][0]["generic"]
     assert a.groups.empty and g["gpu"] is True
     assert g["kernels_by_name"][0]["count"] == 8
     assert g["overlap_ns"] == 4 * 800 and len(g["streams"]) == 2

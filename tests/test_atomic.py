@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprof.atomic import atomic_directory, atomic_file, atomic_path, atomic_write_bytes, atomic_write_text
-from kvprof.errors import OutputError
+from kvprof.core.atomic import atomic_directory, atomic_file, atomic_path, atomic_write_bytes, atomic_write_text
+from kvprof.core.errors import OutputError
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -133,7 +133,7 @@ def test_parent_not_writable(tmp_path: Path) -> None:
 
 def test_parent_not_writable_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same check as above where the tests run as root (os.access says yes to root)."""
-    import kvprof.atomic as atomic
+    import kvprof.core.atomic as atomic
 
     monkeypatch.setattr(atomic.os, "access", lambda *a, **k: False)
     with pytest.raises(OutputError, match="not writable") as info:

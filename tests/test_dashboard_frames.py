@@ -178,7 +178,7 @@ def test_dashboard_command_line(tmp_path: Path) -> None:
     assert flags["--server.maxUploadSize"] == "200" and flags["--browser.gatherUsageStats"] == "false"
     assert env["KVPROF_DASHBOARD_ROOTS"] == str(run.parent.resolve())
     assert env["KVPROF_DASHBOARD_RUN"] == str(run.resolve())
-    from kvprof.errors import UsageError
+    from kvprof.core.errors import UsageError
 
     with pytest.raises(UsageError):
         dash_cmd.streamlit_command(_args(port=0))

@@ -41,7 +41,7 @@ def test_injected_device_name_and_warning_render_as_text(tmp_path: Path, monkeyp
     (run / f"{INJECTED[:2]}t.json").write_bytes(dumps(doc))
     loaded = load(run)
     result = analyze(loaded)
-    result.summary["warnings"].append(f"planted {INJECTED}")
+    result.summary.to_json()["warnings"].append(f"planted {INJECTED}")
     write_analysis(loaded, result, run)
 
     monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(run.parent))

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvprof.capture import envsafe
-from kvprof.capture.envsafe import child_environment, describe, looks_like_token, sensitive_values
-from kvprof.errors import UsageError
+from kvprof.tools import envsafe
+from kvprof.tools.envsafe import child_environment, describe, looks_like_token, sensitive_values
+from kvprof.core.errors import UsageError
 
 PLANTED = "KVPROF_TEST_SECRET"
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvprof.cli import main
-from kvprof.errors import KvprofError
+from kvprof.core.errors import KvprofError
 from kvprof.trace.synthetic import (
     KernelSpec,
     PhaseSpec,
@@ -262,7 +262,7 @@ def test_valid_traces_give_the_builders_answers(layers: int, steps: int, k_ns: i
     assert len(w) == len(exp) == layers * steps
     assert list(w["gpu_busy_ns"]) == [e["gpu_busy_ns"] for e in exp]
     assert list(w["gpu_span_ns"]) == [e["gpu_span_ns"] for e in exp]
-    assert not [x for x in result.summary["warnings"] if "skipped" in x or "negative" in x]
+    assert not [x for x in result.summary.to_json()["warnings"] if "skipped" in x or "negative" in x]
 
 
 @pytest.mark.fuzz_long

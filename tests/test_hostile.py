@@ -238,12 +238,12 @@ def test_full_disk_during_capture_is_exit_6_and_leaves_no_run(tmp_path, capsys, 
 def test_full_disk_during_scrub_is_exit_6_and_keeps_the_original(tmp_path, capsys, monkeypatch):
     log = tmp_path / "x.log"
     log.write_text("HF_TOKEN=hf_abcdefghijklmnop\n")
-    from kvprof import scrub
+    import pathlib
 
     def full(self, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(scrub.Path, "write_bytes", full)
+    monkeypatch.setattr(pathlib.Path, "write_bytes", full)
     rc, err = run_cli(capsys, "scrub", str(log))
     assert rc == 6 and "No space left" in err
     assert log.read_text() == "HF_TOKEN=hf_abcdefghijklmnop\n"
@@ -307,7 +307,7 @@ def test_fifo_is_refused_within_a_second(tmp_path, command):
         proc.kill()
         proc.wait()
     # the process itself starts in seconds (imports); the refusal is immediate: measured in-process too
-    from kvprof.errors import UsageError
+    from kvprof.core.errors import UsageError
     from kvprof.trace.load import load
 
     t0 = time.time()
@@ -335,7 +335,7 @@ def test_max_memory_gb_raises_or_lowers_the_limit(tmp_path, capsys):
 
 
 def test_pool_refuses_an_absurd_size_before_allocating():
-    from kvprof.errors import ResourceError
+    from kvprof.core.errors import ResourceError
     from kvprof.pool import KVPool
     from kvprof.writers import create_writer
 
@@ -366,7 +366,7 @@ def test_absurd_timestamps_are_skipped_with_a_warning(tmp_path):
         k[0]["ts"] = 1e300
         k[1]["dur"] = 1e300
 
-    s = analyze(load(synthetic(tmp_path, mutate=corrupt))).summary
+    s = analyze(load(synthetic(tmp_path, mutate=corrupt))).summary.to_json()
     gen = s["traces"][0]["generic"]
     assert 0 <= gen["gpu_busy_ns"] <= gen["gpu_window_ns"] < 10**12
     assert any("2 events skipped" in w for w in s["warnings"])
@@ -376,9 +376,9 @@ def test_nsys_end_before_start_and_missing_runtime_table_are_warned(tmp_path):
     from kvprof.analysis.summary import analyze
     from kvprof.trace.load import load
 
-    s = analyze(load(_nsys_export(tmp_path / "a.sqlite", reversed_rows=True))).summary
+    s = analyze(load(_nsys_export(tmp_path / "a.sqlite", reversed_rows=True))).summary.to_json()
     assert any("end before they start" in w for w in s["warnings"])
-    s = analyze(load(_nsys_export(tmp_path / "b.sqlite", runtime=False))).summary
+    s = analyze(load(_nsys_export(tmp_path / "b.sqlite", runtime=False))).summary.to_json()
     assert any("CUPTI_ACTIVITY_KIND_RUNTIME" in w for w in s["warnings"])
 
 
@@ -386,7 +386,7 @@ def test_two_gpus_with_the_same_stream_id_are_two_lanes(tmp_path):
     from kvprof.analysis.summary import analyze
     from kvprof.trace.load import load
 
-    s = analyze(load(_nsys_export(tmp_path / "a.sqlite", two_gpus=True))).summary
+    s = analyze(load(_nsys_export(tmp_path / "a.sqlite", two_gpus=True))).summary.to_json()
     streams = s["traces"][0]["generic"]["streams"]
     assert sorted((x["device"], x["stream"]) for x in streams) == [(0, 7), (1, 7)]
 
@@ -484,7 +484,7 @@ def test_unwritable_old_summary_leaves_the_old_set_whole(tmp_path, capsys):
 
 
 def test_stale_temporaries_of_dead_processes_are_cleaned(tmp_path):
-    from kvprof.atomic import clean_stale
+    from kvprof.core.atomic import clean_stale
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -1,4 +1,4 @@
-"""The SIGINT handler kvprof's commands run under (see kvprof/interrupts.py for why)."""
+"""The SIGINT handler kvprof's commands run under (see kvprof/core/interrupts.py for why)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from kvprof.interrupts import Interrupted, ctrl_c_raises_interrupted
+from kvprof.core.interrupts import Interrupted, ctrl_c_raises_interrupted
 
 
 def test_sigint_raises_the_subclass_and_the_default_comes_back():

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kvprof.capture import nsys as nsysmod
-from kvprof.capture.envsafe import child_environment
-from kvprof.capture.nsys import (
+from kvprof.tools import nsys as nsysmod
+from kvprof.tools.envsafe import child_environment
+from kvprof.tools.nsys import (
     export_sqlite,
     find_nsys,
     missing_importer_libraries,
@@ -27,7 +27,7 @@ from kvprof.capture.nsys import (
     nsys_version,
     run_nsys_pass,
 )
-from kvprof.errors import ToolError, TraceError
+from kvprof.core.errors import ToolError, TraceError
 
 FAKE = '''#!{python}
 import os, sqlite3, subprocess, sys
@@ -242,8 +242,8 @@ def test_timeout_stops_nsys_and_child(tmp_path: Path, isolate: bool | None) -> N
 
 PARENT = """
 import sys
-from kvprof.capture.envsafe import child_environment
-from kvprof.capture.nsys import run_nsys_pass
+from kvprof.tools.envsafe import child_environment
+from kvprof.tools.nsys import run_nsys_pass
 r = run_nsys_pass(sys.argv[1], sys.argv[2], [sys.executable, "-c", "pass"], child_environment(),
                   timeout=60, isolate=sys.argv[3] == "1")
 print(r.isolated)

@@ -63,7 +63,7 @@ def test_kernels_per_write(source):
 
 
 def test_fused_verdicts_agree():
-    variants = analysis().summary["variants"]
+    variants = analysis().summary.to_json()["variants"]
     for v in ("triton_fused", "cuda_fused", "store_kv_fused", "sgl_kernel_cubin"):
         assert variants[v]["fused"] is True and variants[v]["agree"] is True, v
     for v in ("index_put", "two_stream"):
@@ -88,7 +88,7 @@ def test_torch_profiler_and_nsys_see_the_same_writes():
 
 
 def _groups() -> pd.DataFrame:
-    g = pd.DataFrame(analysis().summary["groups"])
+    g = pd.DataFrame(analysis().summary.to_json()["groups"])
     return g[g["layer"].astype(str) == "all"]
 
 
@@ -105,7 +105,7 @@ def test_every_point_has_reference_figures():
 
 
 def test_observer_rows_are_each_reading_over_the_reference():
-    summary = analysis().summary
+    summary = analysis().summary.to_json()
     g = _groups().set_index(["variant", "source", "phase", "size"])
     rows = summary["observer"]["rows"]
     assert len(rows) == 2 * len(g.xs("reference", level="source"))  # both profilers at every point
@@ -117,7 +117,7 @@ def test_observer_rows_are_each_reading_over_the_reference():
 
 
 def test_headlines_come_from_the_reference():
-    summary = analysis().summary
+    summary = analysis().summary.to_json()
     assert summary["trusted_sources"][0] == "reference"
     head = summary["comparison"]["headline"]
     assert head["source"] == "reference" and head["size"] == 10
@@ -126,7 +126,7 @@ def test_headlines_come_from_the_reference():
 def test_both_profilers_slow_the_decode_graphs_they_watch():
     """docs/observer-effect.md: per-node tracing of a replayed graph slows it (each profiled
     pass timed its own steps with the reference's CUDA events)."""
-    rows = [r for r in analysis().summary["observer"]["rows"] if r["phase"] == "decode"]
+    rows = [r for r in analysis().summary.to_json()["observer"]["rows"] if r["phase"] == "decode"]
     for source in ("kineto", "nsys"):
         slow = [r["pass_slowdown"] for r in rows if r["source"] == source]
         assert len(slow) == 18 and min(slow) > 1.0 and sorted(slow)[len(slow) // 2] > 1.5, (source, slow)

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from kvprof.commands import scrub as scrub_command
-from kvprof.errors import TraceError, UsageError
-from kvprof.scrub import MARKER, Rules, file_kind, scrub_path, scrub_tree
+from kvprof.core.errors import TraceError, UsageError
+from kvprof.tools.scrub import MARKER, Rules, file_kind, scrub_path, scrub_tree
 
 PLANTED = "KVPROF_TEST_SECRET"
 HOME = "/home/alice"

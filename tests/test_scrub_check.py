@@ -73,7 +73,7 @@ def test_token_shaped_values_go_without_the_variable_set(tmp_path, capsys, monke
 
 
 def test_kernel_names_and_ids_are_not_taken_for_tokens():
-    from kvprof.scrub import Rules
+    from kvprof.tools.scrub import Rules
 
     rules = Rules({}, home="/home/alice", hostnames=[])
     for keep in ("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_10CUDAFunctorIfEE",

@@ -11,11 +11,11 @@ import numpy as np
 import orjson
 import pytest
 
-from kvprof.errors import TraceError, UsageError
+from kvprof.core.errors import TraceError, UsageError
 from kvprof.trace.kineto import clock_of, read_kineto
 from kvprof.trace.load import load, sniff
 from kvprof.trace.nsys_sqlite import read_nsys_sqlite, split_global_id
-from kvprof.trace.schema import SCHEMA
+from kvprof.core.schema import SCHEMA
 from kvprof.trace.synthetic import TraceSpec, build, dumps
 from kvprof.trace.table import to_frame
 
@@ -33,7 +33,7 @@ def test_real_kineto_two_stream_reads_every_gpu_event():
     assert (kernels["correlation"] >= 0).all()
     assert "64,1,1" in set(kernels["grid"].astype(str)) and "128,1,1" in set(kernels["block"].astype(str))
     assert (df["kind"] == "sync").sum() == 39
-    assert t.kvprof["variant"] == "two_stream" and t.kvprof["layers"] == [0, 1, 2, 3]
+    assert t.kvprof.variant == "two_stream" and t.kvprof.layers == [0, 1, 2, 3]
     assert t.devices[0]["name"] == "NVIDIA H200" and t.devices[0]["sms"] == 132
 
 
@@ -156,20 +156,54 @@ def test_sniff_ignores_the_suffix(tmp_path):
 
 
 def test_nsys_rep_without_nsys_is_a_tool_error(tmp_path, monkeypatch):
-    from kvprof.errors import ToolError
+    from kvprof.core.errors import ToolError
 
     p = _write(tmp_path, "run.nsys-rep", b"\x00\x01binary")
-    import kvprof.trace.nsys_sqlite as ns
+    import kvprof.tools.nsys as nsysmod
 
-    def boom(*a, **k):
-        raise ToolError("nsys not found")
-
-    monkeypatch.setattr(ns, "export_report", boom)
-    import kvprof.trace.load as ld
-
-    monkeypatch.setattr(ld, "export_report", boom)
-    with pytest.raises(ToolError):
+    monkeypatch.setattr(nsysmod, "find_nsys", lambda *a, **k: None)
+    with pytest.raises(ToolError, match="nsys not found"):
         load(p)
+
+
+def test_a_truncated_sqlite_beside_a_report_is_never_reused(tmp_path, monkeypatch):
+    """The export beside a .nsys-rep is used only when whole; a cut-short copy goes to nsys again."""
+    import shutil
+
+    import kvprof.tools.nsys as nsysmod
+    from kvprof.core.errors import ToolError
+
+    rep = _write(tmp_path, "run.nsys-rep", b"\x00\x01binary")
+    whole = tmp_path / "run.sqlite"
+    shutil.copy(REAL / "nsys_run.sqlite", whole)
+    assert nsysmod.complete_sqlite(whole)
+    with nsysmod.exported(rep) as db:
+        assert db == whole
+    whole.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert not nsysmod.complete_sqlite(whole)
+    monkeypatch.setattr(nsysmod, "find_nsys", lambda *a, **k: None)
+    with pytest.raises(ToolError), nsysmod.exported(rep):
+        pass
+
+
+def test_an_export_into_a_temporary_folder_is_removed_after_the_read(tmp_path, monkeypatch):
+    import shutil
+
+    import kvprof.tools.nsys as nsysmod
+
+    rep = _write(tmp_path, "run.nsys-rep", b"\x00\x01binary")
+    made: list[Path] = []
+
+    def fake_export(nsys, rep_path, out_path, timeout=600):
+        shutil.copy(REAL / "nsys_run.sqlite", out_path)
+        made.append(Path(out_path))
+        return Path(out_path)
+
+    monkeypatch.setattr(nsysmod, "find_nsys", lambda *a, **k: Path("/usr/bin/true"))
+    monkeypatch.setattr(nsysmod, "export_sqlite", fake_export)
+    t = load(rep)
+    assert t.traces[0].path == str(rep) and t.traces[0].events.num_rows > 0
+    assert made and not made[0].exists() and not made[0].parent.exists()
 
 
 def test_nsys_export_without_nvtx_says_so(tmp_path):
@@ -193,8 +227,10 @@ def test_batched_parse_gives_the_same_table(monkeypatch):
 
     sample = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8" / "two_stream.pt.trace.json.gz"
     whole = kineto.read_kineto(sample)
-    monkeypatch.setattr(kineto, "_SPLIT_MIN_BYTES", 0)
-    monkeypatch.setattr(kineto, "_BATCH", 997)  # many batches, boundaries anywhere
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 0)
+    import kvprof.trace.kineto_io as kineto_io
+
+    monkeypatch.setattr(kineto_io, "_BATCH", 997)  # many batches, boundaries anywhere
     calls = []
     real = kineto.event_batches
     monkeypatch.setattr(kineto, "event_batches", lambda *a: calls.append(1) or real(*a))
@@ -207,7 +243,7 @@ def test_batched_parse_gives_the_same_table(monkeypatch):
 def test_batched_parse_falls_back_on_other_layouts(monkeypatch, tmp_path):
     import kvprof.trace.kineto as kineto
 
-    monkeypatch.setattr(kineto, "_SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 0)
     doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}]}
     f = tmp_path / "compact.json"
     f.write_bytes(orjson.dumps(doc))  # no Kineto indentation: one-shot parse
@@ -218,7 +254,7 @@ def test_batched_parse_handles_kinetos_blank_first_line(monkeypatch, tmp_path):
     """CPU-only Kineto traces open the array with an empty indented line."""
     import kvprof.trace.kineto as kineto
 
-    monkeypatch.setattr(kineto, "_SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 0)
     ev = '  {\n    "ph": "X", "cat": "cpu_op", "name": "aten::x", "pid": 1, "tid": 1, "ts": %d.5, "dur": 1.0\n  }'
     text = '{\n  "schemaVersion": 1,\n  "traceEvents": [\n    \n' + ",\n".join(ev % i for i in range(5)) + '\n  ],"traceName": "t" }'
     f = tmp_path / "cpu.json"

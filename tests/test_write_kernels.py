@@ -26,7 +26,7 @@ from kvprof.analysis.write_kernels import (
     write_kernel_summary,
 )
 from kvprof.cli import main
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 from kvprof.trace.load import load, load_dir, sglang_rank
 
 REAL = Path(__file__).parent / "fixtures" / "real"

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import FUSED, TWO_COPIES, KVWriter, WriterRegistry, create_writer, writer_names
 from kvprof.writers.sgl_kernel import SglKernelWriter

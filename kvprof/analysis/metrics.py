@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Path names of kvprof.writers.base, repeated here so the analysis never imports torch.
-FUSED = "fused"
-FALLBACK_PREFIX = "fallback:"
+from kvprof.core.run import TraceMeta, VariantEntry
+from kvprof.core.summary import VariantVerdict
+from kvprof.core.vocab import COMPILED, FALLBACK_PREFIX, FUSED
 
 GROUP_KEYS = ("variant", "source", "phase", "size")
 GROUP_COLUMNS = (
@@ -124,11 +124,11 @@ def paths_verdict(paths: dict[str, int] | None) -> tuple[bool | None, list[str]]
         return None, []
     names = [p for p, c in paths.items() if c]
     fallbacks = [p[len(FALLBACK_PREFIX):].strip() for p in names if p.startswith(FALLBACK_PREFIX)]
-    if fallbacks or any(p not in (FUSED, "compiled") for p in names):
+    if fallbacks or any(p not in (FUSED, COMPILED) for p in names):
         return False, fallbacks
     if all(p == FUSED for p in names):
         return True, []
-    return None, []  # "compiled" alone: the kernel count decides
+    return None, []  # COMPILED alone: the kernel count decides
 
 
 def kernels_verdict(writes: pd.DataFrame) -> tuple[bool | None, dict[str, Any]]:
@@ -144,13 +144,12 @@ def kernels_verdict(writes: pd.DataFrame) -> tuple[bool | None, dict[str, Any]]:
     return False, detail
 
 
-def fused_verdict(variant: str, meta: dict[str, Any] | None, manifest_entry: dict[str, Any] | None,
-                  writes: pd.DataFrame) -> dict[str, Any]:
-    """Did the variant run fused, or fall back? Both witnesses, and whether they agree."""
-    meta = meta or {}
-    entry = manifest_entry or {}
-    paths = meta.get("paths") or entry.get("paths") or {}
-    claim = meta.get("fused", entry.get("fused_claim"))
+def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: VariantEntry | None,
+                       writes: pd.DataFrame) -> tuple[VariantVerdict, list[str]]:
+    """Did the variant run fused, or fall back? Both witnesses, whether they agree, and warnings."""
+    paths = (meta.paths if meta else {}) or (manifest_entry.paths if manifest_entry else {}) or {}
+    claim = meta.fused if meta is not None and meta.fused is not None else (
+        manifest_entry.fused_claim if manifest_entry else None)
     by_paths, reasons = paths_verdict(paths)
     by_kernels, detail = kernels_verdict(writes)
     warnings: list[str] = []
@@ -165,15 +164,8 @@ def fused_verdict(variant: str, meta: dict[str, Any] | None, manifest_entry: dic
     if claim and by_kernels is False and by_paths is None:
         warnings.append(f"{variant}: claims to be fused but its writes launch more than one GPU activity")
     fused = by_kernels if by_kernels is not None else by_paths
-    return {
-        "fused_claim": claim,
-        "paths": paths,
-        "fused_by_paths": by_paths,
-        "fused_by_kernels": by_kernels,
-        "agree": agree,
-        "fused": fused,
-        "fell_back": bool(reasons) or (bool(claim) and fused is False),
-        "fallback_reasons": reasons,
-        "kernel_counts": detail,
-        "warnings": warnings,
-    }
+    return VariantVerdict(
+        available=True, fused_claim=claim, paths=dict(paths), fused_by_paths=by_paths,
+        fused_by_kernels=by_kernels, agree=agree, fused=fused,
+        fell_back=bool(reasons) or (bool(claim) and fused is False), fallback_reasons=reasons,
+        kernel_counts=detail), warnings

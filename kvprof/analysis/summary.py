@@ -1,22 +1,4 @@
-"""From loaded traces to the tables and the summary document that analyze writes.
-
-summary.json (``SUMMARY_SCHEMA``), top-level keys:
-- schema, kvprof_version, input, input_kind
-- device: name, peak_bandwidth_gbs, copy_rate_gbs (capture metadata, else the source's)
-- traces: per file -- path, source, variants, is_kvprof, events, gpu_events, clock,
-  attribution (method counts, see kvprof.trace.attribution), stats, generic (see
-  kvprof.analysis.generic: kernels by name, streams, overlap, gaps, launches)
-- variants: per variant -- available, reason, sources, fused_claim, paths,
-  fused_by_paths, fused_by_kernels, agree, fused, fell_back, fallback_reasons,
-  kernel_counts
-- groups: rows of kvprof.analysis.metrics.GROUP_COLUMNS per (variant, source, phase, size)
-- layers: the same per layer
-- comparison: kvprof.analysis.compare.compare_groups against the baseline (when present)
-- observer: kvprof.analysis.reference.observer_effect, each profiler against the reference
-- trusted_sources: the order headline figures are drawn from (reference first)
-- reference: what the reference pass timed (context, clock, steps per series)
-- warnings: every warning, one sentence each
-"""
+"""From loaded traces to the tables and the summary document (kvprof.core.summary.Summary)."""
 
 from __future__ import annotations
 
@@ -29,14 +11,14 @@ import pandas as pd
 from kvprof import __version__
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.generic import generic_summary
-from kvprof.analysis.metrics import fused_verdict, group_metrics
+from kvprof.analysis.metrics import fused_or_fell_back, group_metrics
 from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs
+from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
+from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
 from kvprof.trace.table import to_frame
 
-SUMMARY_SCHEMA = "kvprof.summary/1"
-DEFAULT_BASELINE = "two_stream"
 
 
 @dataclass
@@ -45,7 +27,7 @@ class Analysis:
     steps: pd.DataFrame
     groups: pd.DataFrame
     layers: pd.DataFrame
-    summary: dict[str, Any]
+    summary: Summary
     warnings: list[str] = field(default_factory=list)
 
 
@@ -69,9 +51,9 @@ def clean(obj: Any) -> Any:
 
 def _device(loaded: Loaded) -> dict[str, Any]:
     dev: dict[str, Any] = {"name": None, "peak_bandwidth_gbs": None, "copy_rate_gbs": None}
-    mdev = (loaded.manifest or {}).get("device") or {}
+    mdev = loaded.manifest.device if loaded.manifest else {}
     for t in loaded.traces:
-        kd = (t.kvprof or {}).get("device") or {}
+        kd = t.kvprof.device if t.kvprof else {}
         for d in [kd, *t.devices]:
             for k in dev:
                 if dev[k] is None and d.get(k) is not None:
@@ -98,11 +80,11 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     writes_l, steps_l, traces_doc = [], [], []
     bpt: dict[str, float] = {}
     for name, entry in loaded.variants.items():
-        if isinstance(entry.get("bytes_per_token"), (int, float)):
-            bpt[name] = float(entry["bytes_per_token"])
+        if entry.bytes_per_token is not None:
+            bpt[name] = entry.bytes_per_token
     for t in loaded.traces:
-        if t.kvprof and t.kvprof.get("variant") and isinstance(t.kvprof.get("bytes_per_token"), (int, float)):
-            bpt[str(t.kvprof["variant"])] = float(t.kvprof["bytes_per_token"])
+        if t.kvprof and t.kvprof.variant and t.kvprof.bytes_per_token is not None:
+            bpt[t.kvprof.variant] = t.kvprof.bytes_per_token
     for t in loaded.traces:
         ev = to_frame(t.events)
         w = per_write_table(t, ev, bpt)
@@ -130,47 +112,39 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     observer = observer_effect(groups, loaded.timings)
     warnings.extend(observer_notes(observer))
     for name, entry in loaded.variants.items():
-        if isinstance(entry, dict) and entry.get("reference_error"):
-            warnings.append(f"{name}: no reference figures (the unprofiled pass failed: {entry['reference_error']})")
+        if entry.reference_error:
+            warnings.append(f"{name}: no reference figures (the unprofiled pass failed: {entry.reference_error})")
     sources = trusted_sources(sorted(set(groups["source"].dropna().astype(str))) if len(groups) else [], observer)
     layer_groups = group_metrics(writes, steps, by_layer=True)
-    variants: dict[str, Any] = {}
+    variants: dict[str, VariantVerdict] = {}
     names = list(loaded.variants) + sorted(set(writes["variant"].dropna().astype(str)) - set(loaded.variants))
     for name in names:
-        entry = loaded.variants.get(name, {})
-        if entry and not entry.get("available", True):
-            variants[name] = {"available": False, "reason": entry.get("reason"), "sources": []}
+        entry = loaded.variants.get(name)
+        if entry is not None and not entry.available:
+            variants[name] = VariantVerdict(available=False, reason=entry.reason)
             continue
-        meta = next((t.kvprof for t in loaded.traces if t.kvprof and t.kvprof.get("variant") == name), None)
+        meta = next((t.kvprof for t in loaded.traces if t.kvprof and t.kvprof.variant == name), None)
         vw = writes[writes["variant"] == name]
-        verdict = fused_verdict(name, meta, entry, vw)
-        warnings.extend(verdict.pop("warnings"))
-        variants[name] = {"available": True, "reason": None,
-                          "sources": sorted(vw["source"].dropna().astype(str).unique()), **verdict}
+        verdict, verdict_warnings = fused_or_fell_back(name, meta, entry, vw)
+        warnings.extend(verdict_warnings)
+        verdict.sources = [str(x) for x in sorted(vw["source"].dropna().astype(str).unique())]
+        variants[name] = verdict
     present = set(groups["variant"].astype(str)) if len(groups) else set()
     base = baseline or (DEFAULT_BASELINE if DEFAULT_BASELINE in present else None)
     comparison = None
     if base and len(present) > 1:
-        fused = [n for n, v in variants.items() if v.get("fused")]
+        fused = [n for n, v in variants.items() if v.fused]
         comparison = compare_groups(groups, base, bench, layers, prefer=fused, source_order=sources)
         warnings.extend(comparison.pop("warnings"))
     elif baseline and baseline not in present:
         warnings.append(f"baseline {baseline!r} has no measured writes; no comparison")
-    summary = {
-        "schema": SUMMARY_SCHEMA,
-        "kvprof_version": __version__,
-        "input": str(loaded.input),
-        "input_kind": loaded.kind,
-        "device": _device(loaded),
-        "traces": traces_doc,
-        "variants": variants,
-        "groups": groups.to_dict(orient="records"),
-        "layers": layer_groups.to_dict(orient="records"),
-        "comparison": comparison,
-        "observer": observer,
-        "trusted_sources": sources,
-        "reference": _reference_doc(loaded),
-        "warnings": list(dict.fromkeys(warnings)),
-    }
-    return Analysis(writes=writes, steps=steps, groups=groups, layers=layer_groups, summary=clean(summary),
-                    warnings=summary["warnings"])
+    summary = Summary(
+        schema=SUMMARY_SCHEMA, kvprof_version=__version__, input=str(loaded.input), input_kind=loaded.kind,
+        device=clean(_device(loaded)), traces=clean(traces_doc),
+        variants={n: VariantVerdict.from_json(clean(v.to_json())) for n, v in variants.items()},
+        groups=clean(groups.to_dict(orient="records")), layers=clean(layer_groups.to_dict(orient="records")),
+        comparison=clean(comparison), observer=clean(observer), trusted_sources=clean(sources),
+        reference=clean(_reference_doc(loaded)), warnings=list(dict.fromkeys(warnings)),
+    )
+    return Analysis(writes=writes, steps=steps, groups=groups, layers=layer_groups, summary=summary,
+                    warnings=summary.warnings)

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from kvprof.analysis.gpu_groups import short_kernel_name
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 from kvprof.trace.intervals import busy_and_overlap
 
 MAX_STEPS_LISTED = 64

@@ -40,7 +40,7 @@ import pandas as pd
 
 from kvprof.analysis.gpu_groups import GROUP_STAT_COLUMNS, group_gpu_stats, short_kernel_name
 from kvprof.trace.model import Trace
-from kvprof.trace.schema import GPU_WORK_KINDS, LAUNCH_KINDS
+from kvprof.core.schema import GPU_WORK_KINDS, LAUNCH_KINDS
 from kvprof.trace.table import to_frame
 
 WRITE_COLUMNS = (
@@ -52,7 +52,7 @@ WRITE_COLUMNS = (
 
 def peak_bandwidth_gbs(trace: Trace) -> float | None:
     """The device's peak: capture metadata first (measured/declared), then the source's device info."""
-    dev = ((trace.kvprof or {}).get("device") or {})
+    dev = trace.kvprof.device if trace.kvprof else {}
     if dev.get("peak_bandwidth_gbs"):
         return float(dev["peak_bandwidth_gbs"])
     for d in trace.devices:
@@ -102,7 +102,7 @@ def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
     out["host_dur_ns"] = out["host_dur_ns"].where(out["graph_launch"] < 0)
     out["launch_delay_ns"] = _launch_delay(ev, work).reindex(out.index)
     out["graph"] = out["graph_launch"] >= 0
-    bpt = (trace.kvprof or {}).get("bytes_per_token")
+    bpt = trace.kvprof.bytes_per_token if trace.kvprof else None
     tokens = out["tokens"].where(out["tokens"] >= 0)
     if isinstance(bpt, (int, float)) and bpt > 0:
         out["bytes"] = tokens * float(bpt)
@@ -113,7 +113,7 @@ def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
     out["bandwidth_gbs"] = out["bytes"] / span  # bytes per ns == GB/s
     peak = peak_bandwidth_gbs(trace)
     out["pct_of_peak"] = out["bandwidth_gbs"] / peak * 100.0 if peak else np.nan
-    context = str((trace.kvprof or {}).get("context") or "none")
+    context = trace.kvprof.context if trace.kvprof else "none"
     out["context"] = context
     if context == "layer":
         out["gpu_new_ns"] = new_time_after_any_work(out["gpu_start_ns"], out["gpu_end_ns"], out["gpu_ops"], work)

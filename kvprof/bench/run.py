@@ -20,7 +20,7 @@ from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager
 from kvprof.core import variants
 from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import parse_dtype, short_name
-from kvprof.errors import KvprofError, UsageError
+from kvprof.core.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
 

@@ -21,8 +21,8 @@ from kvprof.capture.run import make_context
 from kvprof.capture.session import StepTimer, session_for
 from kvprof.core.timings import StepSamples
 from kvprof.devinfo import resolve_device
-from kvprof.errors import KvprofError
-from kvprof.interrupts import ctrl_c_raises_interrupted
+from kvprof.core.errors import KvprofError
+from kvprof.core.interrupts import ctrl_c_raises_interrupted
 from kvprof.writers import create_writer
 
 

@@ -11,7 +11,7 @@ import torch
 
 from kvprof.core import variants
 from kvprof.dtypes import parse_dtype, short_name
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 from kvprof.guards import check_capture_values
 from kvprof.models import RankShape, resolve_model
 from kvprof.workload import PhaseSpec, build_phases

@@ -16,10 +16,11 @@ import orjson
 
 import kvprof
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.envsafe import child_environment, describe
-from kvprof.capture.nsys import export_sqlite, nsys_profile_command, nsys_version, run_nsys_pass
+from kvprof.tools.envsafe import child_environment, describe
+from kvprof.tools.nsys import export_sqlite, nsys_profile_command, nsys_version, run_nsys_pass
+from kvprof.core.run import Manifest
 from kvprof.core.timings import StepSamples, StepTimings
-from kvprof.errors import KvprofError
+from kvprof.core.errors import KvprofError
 
 CHILD_TIMEOUT_S = 900
 
@@ -29,7 +30,7 @@ def run_nsys_passes(
     config: CaptureConfig,
     runnable: Sequence[Any],
     run_dir: Path,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     log: Callable[[str], None],
     timings: StepTimings | None = None,
 ) -> list[KvprofError]:
@@ -38,9 +39,9 @@ def run_nsys_passes(
     env = child_environment(pass_env=config.pass_env)
     env["PYTHONPATH"] = package_root + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["KVPROF_CHILD"] = "1"
-    manifest["nsys"] = {"path": str(nsys), "version": nsys_version(nsys), "child_environment": describe(env)}
+    manifest.nsys = {"path": str(nsys), "version": nsys_version(nsys), "child_environment": describe(env)}
     for p in runnable:
-        entry = manifest["variants"][p.name]
+        entry = manifest.variants[p.name]
         spec = run_dir / f".{p.name}.child-spec.json"
         result = run_dir / f".{p.name}.child-result.json"
         spec.write_bytes(orjson.dumps({"config": config.as_dict(), "variant": p.name}))
@@ -50,20 +51,20 @@ def run_nsys_passes(
         try:
             res = run_nsys_pass(nsys, base, argv, env=env, timeout=CHILD_TIMEOUT_S,
                                 cuda_graph_trace=config.nsys_graph_trace)
-            entry["files"]["nsys_rep"] = res.report.name
+            entry.files["nsys_rep"] = res.report.name
             if res.log is not None:
-                entry["files"]["nsys_log"] = res.log.name
+                entry.files["nsys_log"] = res.log.name
             sqlite = run_dir / f"{p.name}.sqlite"
             export_sqlite(nsys, res.report, sqlite)
-            entry["files"]["nsys_sqlite"] = sqlite.name
+            entry.files["nsys_sqlite"] = sqlite.name
             if result.exists():
                 child = orjson.loads(result.read_bytes())
-                entry["nsys_paths"] = child.get("paths", {})
+                entry.nsys_paths = child.get("paths", {})
                 if timings is not None:
                     for rec in child.get("step_timings") or []:
                         timings.add(StepSamples.from_json(rec))
         except KvprofError as exc:
-            entry["nsys_error"] = str(exc)
+            entry.nsys_error = str(exc)
             problems.append(exc)
             log(f"nsys pass for {p.name} failed: {exc}")
         finally:

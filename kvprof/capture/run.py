@@ -13,27 +13,28 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
 import torch
 
 import kvprof
-from kvprof.atomic import atomic_directory, atomic_write_bytes
+from kvprof.core.atomic import atomic_directory, atomic_write_bytes
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.reference import run_reference_pass
 from kvprof.capture.session import session_for
 from kvprof.capture.summary import scrub_manifest, verify_run_dir
 from kvprof.capture.torch_pass import run_torch_pass
+from kvprof.core.run import MANIFEST, Manifest, PathReport, TraceMeta, VariantEntry
 from kvprof.core.timings import TIMINGS_FILE, StepTimings
 from kvprof.devinfo import device_properties, resolve_device, versions
 from kvprof.dtypes import short_name
-from kvprof.errors import DeviceError, KvprofError, ToolError, UsageError
+from kvprof.core.errors import DeviceError, KvprofError, ToolError, UsageError
 from kvprof.guards import check_capture
 from kvprof.layer import DecoderContext, weight_bytes
 from kvprof.writers import KVWriter, create_writer
 
-MANIFEST = "manifest.json"
+if TYPE_CHECKING:
+    from kvprof.core.summary import Summary
 
 
 @dataclass
@@ -46,9 +47,9 @@ class PlannedVariant:
 @dataclass
 class CaptureResult:
     run_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     problems: list[KvprofError] = field(default_factory=list)  # kept-but-failed parts (nsys)
-    summary: dict[str, Any] | None = None  # the analysis of the run, as `analyze` makes it
+    summary: Summary | None = None  # the analysis of the run, as `analyze` makes it
     analysis_error: str | None = None
 
 
@@ -86,47 +87,18 @@ class _Unavailable(KVWriter):
         raise RuntimeError(f"{self.name} is unavailable")
 
 
-def base_manifest(config: CaptureConfig, device: torch.device) -> dict[str, Any]:
+def base_manifest(config: CaptureConfig, device: torch.device) -> Manifest:
     phases = config.phase_specs(graphs_possible=device.type == "cuda")
-    return {
-        "kvprof": kvprof.__version__,
-        "run_id": config.run_id,
-        "versions": versions(),
-        "device": device_properties(device),
-        "config": config.as_dict(),
-        "phases": [p.as_dict() for p in phases],
-        "cuda_graphs_used": any(p.graph for p in phases),
-        "variants": {},
-    }
+    return Manifest(
+        kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
+        config=config.as_dict(), phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
+    )
 
 
-def _variant_entry(p: PlannedVariant) -> dict[str, Any]:
+def _variant_entry(p: PlannedVariant) -> VariantEntry:
     info = p.writer.info()
-    return {
-        "available": p.reason is None,
-        "reason": p.reason,
-        "description": info.description,
-        "fused_claim": info.fused,
-        "files": {},
-    }
-
-
-def fused_verdict(fused_claim: bool, paths: dict[str, int]) -> dict[str, Any]:
-    """What ran, from the writer's own reports: all fused, all fallback, or mixed."""
-    total = sum(paths.values())
-    fused = paths.get("fused", 0)
-    fallbacks = {k: v for k, v in paths.items() if k.startswith("fallback:")}
-    if total == 0:
-        state = "no writes"
-    elif fused == total:
-        state = "fused"
-    elif fused == 0 and fallbacks:
-        state = "fell back"
-    elif fused:
-        state = "partly fell back"
-    else:
-        state = "not fused"
-    return {"claim": fused_claim, "state": state, "fused_writes": fused, "writes": total, "fallbacks": fallbacks}
+    return VariantEntry(available=p.reason is None, reason=p.reason, description=info.description,
+                        fused_claim=info.fused)
 
 
 def _memory_available(device: torch.device) -> int:
@@ -170,7 +142,7 @@ def capture(
     nsys_path = None
     problems: list[KvprofError] = []
     if config.profiler in ("nsys", "both"):
-        from kvprof.capture.nsys import find_nsys
+        from kvprof.tools.nsys import find_nsys
 
         nsys_path = find_nsys()
         if nsys_path is None:
@@ -189,39 +161,39 @@ def capture(
         tmp = Path(tmp)
         manifest = base_manifest(config, device)
         for p in planned:
-            manifest["variants"][p.name] = _variant_entry(p)
+            manifest.variants[p.name] = _variant_entry(p)
         steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))
         bar = progress_factory(steps_per_variant * len(runnable)) if progress_factory else None
         timings = StepTimings(context=config.context, context_len=config.context_len if context else None)
         try:
             for p in runnable:
-                entry = manifest["variants"][p.name]
+                entry = manifest.variants[p.name]
                 if bar is not None:
                     bar.describe(p.name)
                 if config.profiler in ("torch", "both"):
-                    meta = {
-                        "variant": p.name, "fused": entry["fused_claim"], "run_id": run_id,
-                        "cache_dtype": short_name(config.cache_torch_dtype()),
-                        "input_dtype": short_name(config.input_torch_dtype()),
-                        "device": manifest["device"], "model": config.rank_shape().as_dict(),
-                    }
+                    meta = TraceMeta(
+                        variant=p.name, fused=entry.fused_claim, run_id=run_id,
+                        cache_dtype=short_name(config.cache_torch_dtype()),
+                        input_dtype=short_name(config.input_torch_dtype()),
+                        device=manifest.device, model=config.rank_shape().as_dict(),
+                    )
                     with session_for(config, p.writer, device, context=context) as session:
                         out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,
                                              sync_events=config.torch_sync_events)
-                    entry["files"]["torch_trace"] = out["torch_trace"]
-                    entry["paths"] = out["paths"]
-                    entry["kernels_per_write"] = out["kernels_per_write"]
-                    entry["bytes_per_token"] = out["bytes_per_token"]
-                    entry["fused"] = fused_verdict(entry["fused_claim"], out["paths"])
-                    for rec in out["step_timings"]:
+                    entry.files["torch_trace"] = out.torch_trace
+                    entry.paths = dict(out.meta.paths)
+                    entry.kernels_per_write = dict(out.meta.kernels_per_write)
+                    entry.bytes_per_token = out.meta.bytes_per_token
+                    entry.fused = PathReport.of_paths(entry.fused_claim, entry.paths)
+                    for rec in out.step_timings:
                         timings.add(rec)
                 # the unperturbed figure every profiler's reading is held against
                 try:
                     for rec in run_reference_pass(config, p.writer, device, context):
                         timings.add(rec)
                 except (KvprofError, RuntimeError, ValueError) as exc:
-                    entry["reference_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                    log(f"reference pass for {p.name} failed: {entry['reference_error']}")
+                    entry.reference_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                    log(f"reference pass for {p.name} failed: {entry.reference_error}")
         finally:
             if bar is not None:
                 bar.close()
@@ -230,16 +202,16 @@ def capture(
 
             problems += run_nsys_passes(nsys_path, config, runnable, tmp, manifest, log, timings)
         atomic_write_bytes(tmp / TIMINGS_FILE, timings.to_json())
-        manifest["files"] = {"step_timings": TIMINGS_FILE}
+        manifest.files = {"step_timings": TIMINGS_FILE}
         if config.scrub:
-            from kvprof.scrub import scrub_path
+            from kvprof.tools.scrub import scrub_path
 
-            manifest["scrubbed"] = [
+            manifest.scrubbed = [
                 str(r) for f in sorted(tmp.iterdir()) if f.is_file() and (r := scrub_path(f)) is not None and r.changed
             ]
-        manifest["problems"] = [str(e) for e in problems]
+        manifest.problems = [str(e) for e in problems]
         manifest = scrub_manifest(manifest) if config.scrub else manifest  # its paths name $HOME
-        atomic_write_bytes(tmp / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        atomic_write_bytes(tmp / MANIFEST, manifest.dumps())
     # The run is complete and in place; the analysis adds its files one atomic write each.
     summary, analysis_error = (None, "not analysed (--no-summary)")
     if analyse:
@@ -251,14 +223,4 @@ def capture(
     return CaptureResult(final, manifest, problems, summary, analysis_error)
 
 
-def load_manifest(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / MANIFEST
-    try:
-        return orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise KvprofError(f"{run_dir} is not a kvprof run directory (no {MANIFEST})") from None
-    except orjson.JSONDecodeError as exc:
-        raise KvprofError(f"{path} is not valid JSON ({exc})") from None
-
-
-__all__ = ["MANIFEST", "CaptureResult", "capture", "fused_verdict", "load_manifest", "plan_variants"]
+__all__ = ["CaptureResult", "capture", "plan_variants"]

@@ -1,28 +1,29 @@
 """The first summary ``capture`` writes and prints: the same analysis ``analyze`` runs.
 
-Capture does not count anything itself; it runs kvprof's one analysis pipeline over the
-run directory it just wrote (before the directory is renamed into place), so the
-summary files are there for the dashboard from the start.
+Capture does not count anything itself; it runs kvprof's one pipeline (kvprof.api) over
+the run directory it just wrote, so the summary files are there for the dashboard from
+the start.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from kvprof.errors import KvprofError
+from kvprof.core.errors import KvprofError
+from kvprof.core.run import Manifest
+from kvprof.core.summary import Summary
 
 
-def scrub_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+def scrub_manifest(manifest: Manifest) -> Manifest:
     """The manifest as it may be shared: the scrub rules on every string (it names $HOME paths)."""
-    from kvprof.scrub import Rules, scrub_document
+    from kvprof.tools.scrub import Rules, scrub_document
 
-    return scrub_document(manifest, Rules())
+    return Manifest.from_json(scrub_document(manifest.to_json(), Rules()))
 
 
 def verify_run_dir(run_dir: Path) -> list[KvprofError]:
     """``scrub --check`` of a finished run folder: one error per file where anything remains."""
-    from kvprof.scrub import check_path
+    from kvprof.tools.scrub import check_path
 
     problems: list[KvprofError] = []
     for report in check_path(run_dir, on_error=problems.append):
@@ -31,30 +32,21 @@ def verify_run_dir(run_dir: Path) -> list[KvprofError]:
     return problems
 
 
-def analyze_run_dir(run_dir: Path, layers: int | None, scrub: bool = False) -> tuple[dict[str, Any] | None, str | None]:
+def analyze_run_dir(run_dir: Path, layers: int | None, scrub: bool = False) -> tuple[Summary | None, str | None]:
     """(summary, None) or (None, why the analysis failed) — a capture is kept either way.
     ``scrub``: the outputs get the scrub rules before they are written."""
-    from kvprof.analysis.compare import Benchmark
-    from kvprof.analysis.summary import analyze
-    from kvprof.report.files import write_analysis
-    from kvprof.trace.load import load_run
+    from kvprof import api
 
     try:
-        loaded = load_run(run_dir)
-        bench = Benchmark(layers=layers) if layers else Benchmark()
-        result = analyze(loaded, bench=bench, layers=layers)
-        rules = None
-        if scrub:
-            from kvprof.scrub import Rules
-
-            rules = Rules()
-        write_analysis(loaded, result, run_dir, rules)
+        loaded = api.open_run(run_dir)
+        result = api.analyze(loaded, bench=api.benchmark(layers), layers=layers)
+        api.write_outputs(loaded, result, run_dir, scrub=scrub)
         return result.summary, None
     except KvprofError as exc:
         return None, str(exc)
 
 
-def print_capture_summary(summary: dict[str, Any] | None, error: str | None) -> None:
+def print_capture_summary(summary: Summary | None, error: str | None) -> None:
     from kvprof.report.console import make_console, render
 
     console = make_console()

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kvprof.capture.session import PreparedPhase, StepTimer, VariantSession
+from kvprof.core.run import TraceMeta
 from kvprof.core.timings import StepSamples
 from kvprof.trace.hta import hta_metadata_json
 
@@ -58,7 +60,7 @@ def step_template(session: VariantSession, prepared: PreparedPhase) -> dict[str,
         return empty
     from kvprof.trace.attribution import attribute
     from kvprof.trace.kineto import read_kineto
-    from kvprof.trace.schema import GPU_WORK_KINDS
+    from kvprof.core.schema import GPU_WORK_KINDS
     from kvprof.trace.table import to_frame
 
     with profile(activities=_activities(session.device)) as prof:
@@ -84,13 +86,20 @@ def step_template(session: VariantSession, prepared: PreparedPhase) -> dict[str,
     }
 
 
+@dataclass
+class TorchPassResult:
+    torch_trace: str  # the trace's file name in the run directory
+    meta: TraceMeta  # the metadata written into it (paths, kernels per write, template, bytes per token)
+    step_timings: list[StepSamples]
+
+
 def run_torch_pass(
     session: VariantSession,
     out_dir: Path,
-    metadata: dict[str, Any],
+    metadata: TraceMeta,
     on_step: Callable[[], None] | None = None,
     sync_events: bool = False,
-) -> dict[str, Any]:
+) -> TorchPassResult:
     """Warm up, capture graphs, then profile every phase; write ``<variant>.pt.trace.json.gz``.
 
     Each measured step is also timed as the reference pass times it (``step_timings`` in
@@ -111,19 +120,19 @@ def run_torch_pass(
         for p in prepared:
             session.run_phase(p, on_step, timer=timers[p.spec])
         paths = session.measured_paths(prepared)
-        meta = {
-            **metadata,
-            "layers": session.layers,
-            "context": session.mode if session.mode == "layer" else "none",
-            "bytes_per_token": session.bytes_per_token(),
-            "phases": [p.spec.as_dict() for p in prepared],
+        meta = replace(
+            metadata,
+            layers=list(session.layers),
+            context=session.mode if session.mode == "layer" else "none",
+            bytes_per_token=session.bytes_per_token(),
+            phases=[p.spec.as_dict() for p in prepared],
             # keyed "<phase> <size>", e.g. "decode 10"
-            "kernels_per_write": {k: v["kernels"] for k, v in templates.items()},
-            "template": templates,
-            "paths": paths,
-        }
+            kernels_per_write={k: v["kernels"] for k, v in templates.items()},
+            template=templates,
+            paths=paths,
+        )
         # metadata must be added while the profiler is still recording
-        prof.add_metadata_json("kvprof", orjson.dumps(meta).decode())
+        prof.add_metadata_json("kvprof", orjson.dumps(meta.to_json()).decode())
         prof.add_metadata_json("distributedInfo", hta_metadata_json(rank=0))  # HolisticTraceAnalysis reads the rank here
     name = f"{session.writer.name}.pt.trace.json.gz"
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -138,5 +147,4 @@ def run_torch_pass(
         for p in prepared
     ]
     del prepared
-    return {"torch_trace": name, "paths": paths, "bytes_per_token": meta["bytes_per_token"],
-            "kernels_per_write": meta["kernels_per_write"], "template": templates, "step_timings": step_timings}
+    return TorchPassResult(torch_trace=name, meta=meta, step_timings=step_timings)

@@ -38,38 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="write the files, print only their paths")
 
 
-def output_dir(path: Path, out: Path | None) -> Path:
-    if out is not None:
-        return out
-    return path if path.is_dir() else path.parent
-
-
 def run(args: argparse.Namespace) -> int:
-    from kvprof.analysis.compare import Benchmark
-    from kvprof.analysis.summary import analyze, clean
-    from kvprof.analysis.write_kernels import (
-        patterns_with,
-        render_write_kernels,
-        write_kernel_summary,
-    )
+    from kvprof import api
+    from kvprof.analysis.write_kernels import render_write_kernels
     from kvprof.report.console import make_console, render
-    from kvprof.report.files import write_analysis
-    from kvprof.trace.kineto import DEFAULT_MAX_EVENTS
-    from kvprof.trace.load import load
 
-    patterns_with(args.write_kernels)  # a bad REGEX is refused before any trace is read
-    path = Path(args.path)
-    loaded = load(path, DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events)
-    bench = Benchmark(itl_before_ms=args.itl_before, itl_after_ms=args.itl_after,
-                      layers=args.layers or Benchmark().layers)
-    result = analyze(loaded, baseline=args.baseline, bench=bench, layers=args.layers)
-    result.summary["write_kernels"] = clean(write_kernel_summary(loaded, args.write_kernels, result.writes))
+    api.check_write_kernel_regex(args.write_kernels)  # a bad REGEX is refused before any trace is read
+    loaded = api.open_run(Path(args.path), api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events)
+    result = api.analyze(loaded, baseline=args.baseline, bench=api.benchmark(args.layers, args.itl_before, args.itl_after),
+                         layers=args.layers, write_kernels=True, write_kernel_regex=args.write_kernels)
     if not args.quiet:
         render(result.summary)
-        render_write_kernels(result.summary["write_kernels"], make_console())
+        render_write_kernels(result.summary.write_kernels, make_console())
     if args.no_files:
         return 0
-    written = write_analysis(loaded, result, output_dir(path, args.out))
-    for p in written:
+    for p in api.write_outputs(loaded, result, api.output_dir(args.path, args.out)):
         print(p)
     return 0

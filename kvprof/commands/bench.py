@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         for c, i in dtypes:
             parse_dtype(c), parse_dtype(i)
         if any(t < 1 for t in tokens):
-            from kvprof.errors import UsageError
+            from kvprof.core.errors import UsageError
 
             raise UsageError("--tokens must be positive")
         points = grid(shapes, dtypes, tokens)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # before any measurement: a bench is too long to lose to an unwritable folder
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        from kvprof.errors import OutputError
+        from kvprof.core.errors import OutputError
 
         raise OutputError(f"cannot create output folder {out}: {exc.strerror or exc}") from None
     try:
@@ -100,7 +100,7 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
 
     import orjson
 
-    from kvprof.atomic import atomic_write_bytes, atomic_write_text
+    from kvprof.core.atomic import atomic_write_bytes, atomic_write_text
     from kvprof.bench.render import render_table, to_csv
     from kvprof.bench.run import run_bench
 

@@ -48,7 +48,7 @@ def _writer_option(text: str) -> tuple[str, str, object]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from kvprof.capture.config import DEFAULT_VARIANTS
+    from kvprof.core.variants import DEFAULT_CAPTURE_VARIANTS as DEFAULT_VARIANTS
 
     w = p.add_argument_group("workload")
     w.add_argument("--model", default="llama-3.1-70b", help="preset name or LAYERSxKV_HEADSxHEAD_DIM (default: %(default)s)")

@@ -1,10 +1,12 @@
-"""Compare variants with a baseline: ratios and projected saving per decode step.
+"""Compare variants with a baseline, or a run with another run: ratios and the saving per decode step.
 
-RUN is a run directory or trace (as for analyze). With RUN2, RUN2's variants are
-compared with the baseline variant taken from RUN. The projection multiplies the
-per-write cost difference by --layers (default 80, Llama-3.1-70B) and sets it against
-the motivating benchmark's inter-token latency (12.05 ms before, 11.87 ms after).
-Writes compare.json next to RUN2 (or RUN) or into --out.
+RUN is a run directory or trace (as for analyze). Alone, each of its variants is
+compared with --baseline. With RUN2, each variant of RUN is compared with the same
+variant of RUN2 (before -> after: did the change make it faster?); a variant that has no
+row says why. The projection multiplies the per-write cost difference by --layers
+(default 80, Llama-3.1-70B) and sets it against the motivating benchmark's inter-token
+latency (12.05 ms before, 11.87 ms after). Writes compare.json next to RUN2 (or RUN) or
+into --out.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from kvprof.argtypes import positive_float, positive_int
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,47 +34,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-    from kvprof.analysis.compare import Benchmark, compare_groups
-    from kvprof.analysis.summary import analyze, clean
-    from kvprof.report.console import comparison_table
+    from kvprof import api
+    from kvprof.report.console import comparison_table, make_console, run_comparison_table
     from kvprof.report.files import write_json
-    from kvprof.trace.kineto import DEFAULT_MAX_EVENTS
-    from kvprof.trace.load import load
 
-    me = DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events
-    bench = Benchmark(itl_before_ms=args.itl_before, itl_after_ms=args.itl_after, layers=args.layers or 80)
-    first = analyze(load(args.run, me), baseline=args.baseline, bench=bench, layers=args.layers)
-    groups = first.groups
-    if args.run2:
-        second = analyze(load(args.run2, me), bench=bench, layers=args.layers)
-        base = groups[groups["variant"] == args.baseline]
-        if base.empty:
-            raise UsageError(f"baseline {args.baseline!r} is not in {args.run} "
-                             f"(variants: {', '.join(sorted(groups['variant'].astype(str).unique())) or 'none'})")
-        groups = pd.concat([base, second.groups[second.groups["variant"] != args.baseline]], ignore_index=True)
-    elif args.baseline not in set(groups["variant"].astype(str)):
-        raise UsageError(f"baseline {args.baseline!r} has no measured writes in {args.run} "
-                         f"(variants: {', '.join(sorted(groups['variant'].astype(str).unique())) or 'none'})")
-    fused = [n for n, v in first.summary["variants"].items() if v.get("fused")]
-    if args.run2:
-        fused += [n for n, v in second.summary["variants"].items() if v.get("fused")]
-    result = clean(compare_groups(groups, args.baseline, bench, args.layers, prefer=fused))
-    from kvprof.report.console import make_console
-
+    me = api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events
+    bench = api.benchmark(args.layers, args.itl_before, args.itl_after)
+    first = api.analyze(api.open_run(args.run, me), baseline=args.baseline, bench=bench, layers=args.layers)
     con = make_console()
-    if result["rows"]:
-        con.print(comparison_table(result))
-    h = result.get("headline")
-    if h:
-        con.print(f"captured {h['variant']} ({h['source']}, decode bs={h['size']}): saving {h['saving_per_step_ms']:.3f} ms "
-                  f"per step -> ITL {bench.itl_before_ms:.2f} -> {h['predicted_itl_ms']:.2f} ms; measured "
-                  f"{bench.itl_before_ms:.2f} -> {bench.itl_after_ms:.2f} ms")
-    for w in result["warnings"]:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+    if args.run2:
+        second = api.analyze(api.open_run(args.run2, me), bench=bench, layers=args.layers)
+        runs = api.compare_runs(first, second, bench=bench, layers=args.layers)
+        if not runs.rows:
+            raise UsageError(f"{args.run} and {args.run2} have no variant measured in both: " + "; ".join(runs.empty))
+        doc = clean(runs.to_json())
+        con.print(run_comparison_table(doc))
+        for why in runs.empty:
+            con.print(f"[yellow]no row:[/yellow] {why}")
+    else:
+        doc = api.compare_variants(first, args.baseline, bench, args.layers)
+        if doc["rows"]:
+            con.print(comparison_table(doc))
+        h = doc.get("headline")
+        if h:
+            con.print(f"captured {h['variant']} ({h['source']}, decode bs={h['size']}): saving "
+                      f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {bench.itl_before_ms:.2f} -> "
+                      f"{h['predicted_itl_ms']:.2f} ms; measured {bench.itl_before_ms:.2f} -> {bench.itl_after_ms:.2f} ms")
+        for w in doc["warnings"]:
+            con.print(f"[yellow]warning:[/yellow] {w}")
     if not args.no_files:
-        src = Path(args.run2 or args.run)
-        out = args.out or (src if src.is_dir() else src.parent)
-        write_json(out / "compare.json", result)
+        out = api.output_dir(args.run2 or args.run, args.out)
+        write_json(out / "compare.json", doc)
         print(out / "compare.json")
     return 0
+
+
+def clean(doc: dict) -> dict:  # type: ignore[type-arg]
+    from kvprof.analysis.summary import clean as _clean
+
+    return _clean(doc)

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvprof.errors import ToolError, UsageError
+from kvprof.core.errors import ToolError, UsageError
 
 DEFAULT_PORT = 8501
 DEFAULT_MAX_UPLOAD_MB = 200
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
           f"{env.get('KVPROF_DASHBOARD_ROOTS', 'traces/samples, traces')}; Ctrl-C stops)", flush=True)
     proc = subprocess.Popen(cmd, env=env)
 
-    from kvprof.interrupts import Interrupted
+    from kvprof.core.interrupts import Interrupted
 
     def _terminate(signum: int, frame: object) -> None:  # SIGTERM to us must not orphan the server
         raise Interrupted

@@ -17,8 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvprof.errors import KvprofError, UsageError
-from kvprof.scrub import CheckReport, ScrubReport, check_path, file_kind, scrub_path, scrub_tree
+from kvprof.core.errors import KvprofError, UsageError
+from kvprof.tools.scrub import CheckReport, ScrubReport, check_path, file_kind, scrub_path, scrub_tree
 
 LEAK_EXIT_CODE = KvprofError.exit_code
 

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvprof.devinfo import resolve_device
     from kvprof.dtypes import parse_dtype
-    from kvprof.errors import KvprofError
+    from kvprof.core.errors import KvprofError
     from kvprof.writers import create_writer, writer_names
 
     device = resolve_device(args.device)

@@ -27,7 +27,7 @@ from kvprof.dashboard import data, frames  # noqa: E402
 from kvprof.dashboard.state import UPLOAD_PREFIX, Context  # noqa: E402
 from kvprof.dashboard.ui import md  # noqa: E402
 from kvprof.dashboard.views import compare, distributions, overlap, overview, sweeps, timeline  # noqa: E402
-from kvprof.errors import KvprofError  # noqa: E402
+from kvprof.core.errors import KvprofError  # noqa: E402
 
 PAGES: dict[str, Callable[[Context], None]] = {
     "Overview": overview.render,

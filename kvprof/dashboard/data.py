@@ -26,8 +26,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import streamlit as st
 
-from kvprof.errors import KvprofError
-from kvprof.trace.schema import GPU_WORK_KINDS
+from kvprof.core.errors import KvprofError
+from kvprof.core.readers import REGISTRY as READERS
+from kvprof.core.run import MANIFEST, NOT_TRACES
+from kvprof.core.schema import GPU_WORK_KINDS
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO / "traces" / "samples"
@@ -41,10 +43,12 @@ DEFAULT_MAX_UPLOAD_MB = 200
 MAX_BENCH_BYTES = 64 << 20
 MAX_SUMMARY_BYTES = 256 << 20
 OUTPUTS = ("summary.json", "writes.parquet", "events.parquet")
-MANIFEST = "manifest.json"
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
-NOT_TRACES = (MANIFEST, "summary.json", "bench.json", "compare.json")
-UPLOAD_SUFFIXES = (".json.gz", ".json", ".sqlite", ".nsys-rep", ".gz")
+
+
+def upload_suffixes() -> tuple[str, ...]:
+    """What an upload may be named: every registered trace reader's suffixes (kvprof.core.readers),
+    plus a bare .gz (a gzipped Chrome trace under another name: the content decides)."""
+    return (*READERS.suffixes(), ".gz")
 
 # Columns of events.parquet the timeline and the overlap detail need (GPU work rows only).
 EVENT_COLUMNS = ("trace", "source", "kind", "name", "device", "stream", "start_ns", "dur_ns", "grid", "block",
@@ -112,7 +116,7 @@ def contained(root: Path, path: Path) -> Path:
 
 
 def _is_trace_name(name: str) -> bool:
-    return name.endswith(TRACE_SUFFIXES) and name not in NOT_TRACES and not name.endswith(".bench.json")
+    return READERS.is_trace_name(name) and name not in NOT_TRACES and not name.endswith(".bench.json")
 
 
 def check_inputs(run_dir: Path, root: Path) -> None:
@@ -231,17 +235,14 @@ def stale_traces(run_dir: Path) -> list[str]:
 
 
 def analyse_to(source: Path, out: Path) -> Path:
-    """kvprof's pipeline, unchanged: load -> analyze -> write_analysis into ``out``."""
-    from kvprof.analysis.summary import analyze
-    from kvprof.report.files import write_analysis
-    from kvprof.trace.load import load
+    """kvprof's pipeline (kvprof.api): open -> analyze -> write the outputs into ``out``."""
+    from kvprof import api
 
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        loaded = load(source)
-        result = analyze(loaded)
-        write_analysis(loaded, result, out)
+        loaded = api.open_run(source)
+        api.write_outputs(loaded, api.analyze(loaded), out)
     except BaseException as exc:
         if made and not any(out.iterdir()):
             out.rmdir()  # leave no empty cache folder behind a failure
@@ -292,7 +293,7 @@ def ensure_outputs(run: Path, root: Path) -> tuple[Path, str | None]:
 def upload_suffix(name: str) -> str:
     """A suffix kvprof's loader understands (it sniffs content; .nsys-rep needs its name)."""
     low = name.lower()
-    return next((s for s in UPLOAD_SUFFIXES if low.endswith(s)), ".bin")
+    return next((s for s in upload_suffixes() if low.endswith(s)), ".bin")
 
 
 def analyse_upload(name: str, data: bytes, limit: int | None = None) -> Path:

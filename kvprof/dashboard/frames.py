@@ -437,34 +437,27 @@ COMPARE_COLUMNS = ("variant", "source", "phase", "size", "before µs/write", "af
 
 def compare_runs(before: pd.DataFrame, after: pd.DataFrame, pairs: list[tuple[str, str]], layers: int,
                  itl_before_ms: float, itl_after_ms: float) -> tuple[pd.DataFrame, list[str]]:
-    """Each (before variant, after variant) pair through kvprof's compare_groups, before as the baseline."""
-    rows: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    for bv, av in pairs:
-        b = before[before["variant"].astype(str) == bv].assign(variant="__before__")
-        a = after[after["variant"].astype(str) == av].assign(variant="__after__")
-        if b.empty or a.empty:
-            warnings.append(f"{bv if b.empty else av}: no measured writes in the {'before' if b.empty else 'after'} run")
-            continue
-        comp = comparison(pd.concat([b, a], ignore_index=True), "__before__", layers, itl_before_ms, itl_after_ms)
-        if not comp["rows"]:
-            warnings.append(f"{bv} -> {av}: no (source, phase, size) in common")
-        for r in comp["rows"]:
-            ratio = r.get("ratio_cost_per_write_ns")
-            rows.append({
-                "variant": bv if bv == av else f"{bv} -> {av}", "source": r["source"], "phase": r["phase"],
-                "size": r["size"],
-                "before µs/write": (r.get("baseline_cost_per_write_ns") or np.nan) / NS_PER_US,
-                "after µs/write": (r.get("cost_per_write_ns") or np.nan) / NS_PER_US,
-                "ratio after/before": ratio, "speed-up": (1.0 / ratio) if ratio else np.nan,
-                "saving µs/write": (r.get("saving_per_write_ns") if r.get("saving_per_write_ns") is not None
-                                    else np.nan) / NS_PER_US,
-                "saving ms/decode step": r.get("saving_per_step_ms", np.nan),
-                "ratio GPU span": r.get("ratio_gpu_span_ns"), "ratio GPU busy": r.get("ratio_gpu_busy_ns"),
-                "ratio host launch": r.get("ratio_host_launch_ns"),
-                "ratio kernels/write": r.get("ratio_kernels_per_write"), "ratio step GPU": r.get("ratio_step_gpu_ns"),
-            })
+    """kvprof.analysis.runs.compare_runs as the page's table (COMPARE_COLUMNS), and why a pair is empty."""
+    from kvprof.analysis.runs import compare_runs as compare_two_runs
+
+    bench = Benchmark(itl_before_ms=itl_before_ms, itl_after_ms=itl_after_ms, layers=layers)
+    result = compare_two_runs(before, after, pairs, bench, layers)
+    rows = []
+    for r in result.rows:
+        ratio = r.get("ratio_cost_per_write_ns")
+        saving = r.get("saving_per_write_ns")
+        rows.append({
+            "variant": r["variant"], "source": r["source"], "phase": r["phase"], "size": r["size"],
+            "before µs/write": (r.get("baseline_cost_per_write_ns") or np.nan) / NS_PER_US,
+            "after µs/write": (r.get("cost_per_write_ns") or np.nan) / NS_PER_US,
+            "ratio after/before": ratio, "speed-up": (1.0 / ratio) if ratio else np.nan,
+            "saving µs/write": (saving if saving is not None else np.nan) / NS_PER_US,
+            "saving ms/decode step": r.get("saving_per_step_ms", np.nan),
+            "ratio GPU span": r.get("ratio_gpu_span_ns"), "ratio GPU busy": r.get("ratio_gpu_busy_ns"),
+            "ratio host launch": r.get("ratio_host_launch_ns"),
+            "ratio kernels/write": r.get("ratio_kernels_per_write"), "ratio step GPU": r.get("ratio_step_gpu_ns"),
+        })
     df = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
     for c in COMPARE_COLUMNS[4:]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df, warnings
+    return df, result.empty

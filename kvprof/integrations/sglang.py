@@ -154,7 +154,7 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
     import torch
 
     from kvprof.instrument import variant_color
-    from kvprof.trace.schema import NVTX_DOMAIN, WRITE_RANGE_FORMAT
+    from kvprof.core.vocab import NVTX_DOMAIN, WRITE_RANGE_FORMAT
 
     cls = getattr(importlib.import_module(MEMORY_POOL), cls_name)
     try:
@@ -404,7 +404,7 @@ class _State:
             try:
                 import orjson
 
-                from kvprof.atomic import atomic_write_bytes
+                from kvprof.core.atomic import atomic_write_bytes
 
                 doc = self.sidecar()
                 path = sidecar_dir() / f"{SIDECAR_PREFIX}TP-{doc['tp_rank']}.pid-{doc['pid']}.json"

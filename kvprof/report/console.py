@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvprof.core.summary import Summary, VariantVerdict
+
 
 def _us(ns: Any, digits: int = 2) -> str:
     try:
@@ -81,19 +83,18 @@ def observer_table(obs: dict[str, Any]) -> Table:
     return t
 
 
-def verdict_line(name: str, v: dict[str, Any]) -> str:
-    if not v.get("available", True):
-        return f"[dim]{name}: not run ({v.get('reason')})[/dim]"
-    fused = v.get("fused")
-    word = "fused" if fused else ("not fused" if fused is False else "unknown")
+def verdict_line(name: str, v: VariantVerdict) -> str:
+    if not v.available:
+        return f"[dim]{name}: not run ({v.reason})[/dim]"
+    word = "fused" if v.fused else ("not fused" if v.fused is False else "unknown")
     parts = [f"{name}: {word}"]
-    parts.append(f"paths say {'fused' if v.get('fused_by_paths') else 'not fused' if v.get('fused_by_paths') is False else '?'}")
-    counts = (v.get("kernel_counts") or {}).get("gpu_ops_per_write") or {}
+    parts.append(f"paths say {'fused' if v.fused_by_paths else 'not fused' if v.fused_by_paths is False else '?'}")
+    counts = v.kernel_counts.get("gpu_ops_per_write") or {}
     if counts:
         parts.append("GPU ops/write " + ", ".join(f"{k} x{c}" for k, c in counts.items()))
-    if v.get("fell_back"):
-        parts.append("[red]fell back[/red]" + (f" ({'; '.join(v['fallback_reasons'])})" if v.get("fallback_reasons") else ""))
-    if v.get("agree") is False:
+    if v.fell_back:
+        parts.append("[red]fell back[/red]" + (f" ({'; '.join(v.fallback_reasons)})" if v.fallback_reasons else ""))
+    if v.agree is False:
         parts.append("[yellow]paths and kernel count disagree[/yellow]")
     return " · ".join(parts)
 
@@ -123,6 +124,19 @@ def comparison_table(cmp: dict[str, Any]) -> Table:
     return t
 
 
+def run_comparison_table(doc: dict[str, Any]) -> Table:
+    """kvprof.analysis.runs.RunComparison rows: each variant before -> after."""
+    t = Table(title=f"run vs run (before -> after; projection: {doc['layers']} layers/step)", title_justify="left")
+    cols = ["variant", "source", "phase", "size", "before µs", "after µs", "after/before", "saving/step ms"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("variant", "source", "phase") else "right", no_wrap=True)
+    for r in doc["rows"]:
+        t.add_row(str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                  _us(r.get("baseline_cost_per_write_ns")), _us(r.get("cost_per_write_ns")),
+                  _num(r.get("ratio_cost_per_write_ns"), "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}"))
+    return t
+
+
 SOURCE_NAMES = {"reference": "the unprofiled reference", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
 
 
@@ -149,30 +163,30 @@ def make_console() -> Console:
     return con if con.is_terminal else Console(width=200)
 
 
-def render(summary: dict[str, Any], console: Console | None = None) -> None:
+def render(summary: Summary, console: Console | None = None) -> None:
     con = console or make_console()
-    dev = summary.get("device") or {}
-    con.print(f"[bold]kvprof analyze[/bold] {summary['input']}  ({summary['input_kind']}; device: {dev.get('name') or '?'}, "
+    dev = summary.device
+    con.print(f"[bold]kvprof analyze[/bold] {summary.input}  ({summary.input_kind}; device: {dev.get('name') or '?'}, "
               f"peak {_num(dev.get('peak_bandwidth_gbs'), '{:.0f}')} GB/s)")
-    for tr in summary["traces"]:
+    for tr in summary.traces:
         att = tr.get("attribution") or {}
         con.print(f"  {tr['source']}: {tr['path']} — {tr['events']:,} events, {tr['gpu_events']:,} on GPU, "
                   f"writes {att.get('writes', 0)}, attribution {att.get('method', 'none')}")
-    groups = summary.get("groups") or []
+    groups = summary.groups
     ref_rows = [g for g in groups if g["source"] == "reference"]
     if ref_rows:
         con.print(reference_table(ref_rows))
     for source in sorted({g["source"] for g in groups} - {"reference"}):
         con.print(groups_table([g for g in groups if g["source"] == source], source))
-    obs = summary.get("observer") or {}
+    obs = summary.observer
     if obs.get("rows"):
         con.print(observer_table(obs))
     if not groups:
-        found = sum(int((tr.get("attribution") or {}).get("writes") or 0) for tr in summary["traces"])
+        found = sum(int((tr.get("attribution") or {}).get("writes") or 0) for tr in summary.traces)
         con.print(f"{found:,} writes found, none inside a kvprof step range: no per-phase table; generic numbers "
                   "only (see the warnings and summary.json 'traces[].generic')" if found else
                   "no kvprof writes: generic numbers only (see summary.json 'traces[].generic')")
-        for tr in summary["traces"]:
+        for tr in summary.traces:
             g = tr.get("generic") or {}
             if g.get("gpu"):
                 con.print(f"  {tr['path']}: GPU busy {_us(g.get('gpu_busy_ns'), 1)} µs of {_us(g.get('gpu_window_ns'), 1)} µs, "
@@ -181,9 +195,9 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
                     con.print(f"    {k['count']:>6} x {k['name'][:70]}  total {_us(k['total_ns'], 1)} µs")
             else:
                 con.print(f"  {tr['path']}: {g.get('note', 'no GPU activity')}")
-    for name, v in (summary.get("variants") or {}).items():
+    for name, v in summary.variants.items():
         con.print(verdict_line(name, v))
-    cmp = summary.get("comparison")
+    cmp = summary.comparison
     measured_rows = [r for r in (cmp or {}).get("rows") or [] if _is_number(r.get("cost_per_write_ns"))]
     if cmp and cmp.get("rows") and not measured_rows:
         con.print(f"vs baseline {cmp.get('baseline')}: no GPU time to compare (no GPU events in these traces)")
@@ -192,5 +206,5 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
         h = cmp.get("headline")
         if h:
             con.print(headline_line(h, cmp["benchmark"]))
-    for w in summary.get("warnings") or []:
+    for w in summary.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)

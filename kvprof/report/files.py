@@ -1,4 +1,4 @@
-"""Write analysis outputs atomically, as one set (kvprof.atomic.atomic_outputs).
+"""Write analysis outputs atomically, as one set (kvprof.core.atomic.atomic_outputs).
 
 summary.json (orjson, indented), summary.csv (the groups table), events.parquet (the
 normalized event table of every trace, SCHEMA), writes.parquet (one row per write,
@@ -15,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvprof.atomic import atomic_file, atomic_outputs, atomic_path
-from kvprof.errors import OutputError
+from kvprof.core.atomic import atomic_file, atomic_outputs, atomic_path
+from kvprof.core.errors import OutputError
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -59,19 +59,19 @@ OUTPUT_NAMES = ("summary.json", "summary.csv", "events.parquet", "writes.parquet
 
 
 def write_analysis(loaded: Any, result: Any, out: Path, rules: Any = None) -> list[Path]:
-    """Every analysis output into ``out`` as one set (kvprof.atomic.atomic_outputs): all four
+    """Every analysis output into ``out`` as one set (kvprof.core.atomic.atomic_outputs): all four
     files replace the old ones together, summary.json (the marker readers require) last.
 
-    ``rules`` (kvprof.scrub.Rules): scrub every string before it is written, so a capture
+    ``rules`` (kvprof.tools.scrub.Rules): scrub every string before it is written, so a capture
     under $HOME or with a token in a trace never writes them into its outputs.
     """
     events = (
         pa.concat_tables([t.events for t in loaded.traces], promote_options="permissive")
         if len(loaded.traces) > 1 else loaded.traces[0].events
     )
-    doc, groups, writes = result.summary, result.groups, writes_for_parquet(result.writes)
+    doc, groups, writes = result.summary.to_json(), result.groups, writes_for_parquet(result.writes)
     if rules is not None:
-        from kvprof.scrub import scrub_document, scrub_frame, scrub_table
+        from kvprof.tools.scrub import scrub_document, scrub_frame, scrub_table
 
         doc, groups, writes = scrub_document(doc, rules), scrub_frame(groups, rules), scrub_frame(writes, rules)
         events, _ = scrub_table(events, rules)

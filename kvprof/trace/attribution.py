@@ -22,20 +22,18 @@ cudaGraphLaunch call that replayed it.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvprof.trace.attribution_parts import dedupe, dominant_method, during_capture, per_write_template
 from kvprof.trace.intervals import enclosing
 from kvprof.trace.model import Trace
-from kvprof.trace.schema import (
-    GPU_WORK_KINDS,
-    GRAPH_LAUNCH_NAMES,
-    LAUNCH_KINDS,
+from kvprof.core.run import TraceMeta
+from kvprof.core.schema import GPU_WORK_KINDS, GRAPH_LAUNCH_NAMES, LAUNCH_KINDS
+from kvprof.core.vocab import (
     NVTX_DOMAIN,
-    PHASE_RANGE_PATTERN,
     STEP_RANGE_PATTERN,
     UNNAMED_VARIANT,
     WRITE_RANGE_LOOKALIKE,
@@ -48,7 +46,6 @@ WRITE_INDEX_COLUMNS = (
     "pid", "tid", "host_start_ns", "host_dur_ns", "graph_launch", "launch_start_ns", "launch_dur_ns",
     "during_capture",
 )
-CAPTURE_BEGIN, CAPTURE_END = "cudaStreamBeginCapture", "cudaStreamEndCapture"
 STEP_COLUMNS = ("variant", "phase", "size", "step", "pid", "tid", "start_ns", "dur_ns", "graph_launches")
 
 
@@ -101,7 +98,7 @@ def _graph_roots(nodes: pd.DataFrame) -> dict[int, tuple[int, int, int]]:
 
 
 class _Attributor:
-    def __init__(self, trace: Trace, fallback_meta: dict[str, Any] | None) -> None:
+    def __init__(self, trace: Trace, fallback_meta: TraceMeta | None) -> None:
         self.trace = trace
         self.meta = trace.kvprof or fallback_meta
         self.df = to_frame(trace.events)
@@ -137,8 +134,8 @@ class _Attributor:
         wm = w["base"].notna().to_numpy()
         sm = s["phase"].notna().to_numpy()
         self.count_lookalikes(rng.index[wm])
-        # the name family's optional parts (kvprof.trace.schema): variant, layer, tokens
-        default = (self.meta or {}).get("variant") or UNNAMED_VARIANT
+        # the name family's optional parts (kvprof.core.vocab): variant, layer, tokens
+        default = (self.meta.variant if self.meta else None) or UNNAMED_VARIANT
         cat = rng["category"].to_numpy(dtype=object)[wm]
         variant = [v if isinstance(v, str) else (c if isinstance(c, str) else default)
                    for v, c in zip(w["variant"].to_numpy(dtype=object)[wm], cat)]
@@ -191,7 +188,7 @@ class _Attributor:
                 "writes (the generic numbers still count them)")
 
     def step_variant(self, steps: pd.DataFrame, writes: pd.DataFrame) -> list[str | None]:
-        default = (self.meta or {}).get("variant")
+        default = self.meta.variant if self.meta else None
         if default is None and len(writes):  # no metadata (an nsys export alone): the writes' variant
             default = str(writes["w_variant"].astype(str).mode().iloc[0])
         # step and phase ranges carry the category "kvprof" (write ranges carry the variant)
@@ -247,7 +244,7 @@ class _Attributor:
         self.variant[rows] = variant[inside[m]]
         self.how[rows] = "range"
         self.counts["range"] = int(m.sum())
-        captured = _during_capture(df, writes)
+        captured = during_capture(df, writes)
         rows = pd.DataFrame({
             "write_id": wid, "variant": variant, "layer": layer.astype(np.int64), "tokens": tokens.astype(np.int64),
             "phase": phase, "size": size.astype(np.int64), "step": step.astype(np.int64), "attribution": "correlation",
@@ -346,7 +343,7 @@ class _Attributor:
         })
         wpos = enclosing(probe, writes)
         wpos[~ok] = -1
-        if (wpos < 0).any() and str((self.meta or {}).get("context") or "none") == "layer":
+        if (wpos < 0).any() and (self.meta.context if self.meta else "none") == "layer":
             self.counts["graph_nodes_outside_writes"] = self.counts.get("graph_nodes_outside_writes", 0) + int(
                 (wpos < 0).sum())  # the decoder layer's own kernels: expected, counted
         elif (wpos < 0).any():
@@ -367,13 +364,13 @@ class _Attributor:
         corr = int(self.graph_launch[grp[0]])
         phase, size = self.phase[grp[0]], int(self.size[grp[0]])
         meta = self.meta
-        if not meta or not meta.get("layers"):
+        if not meta or not meta.layers:
             self.warnings.append(
                 f"graph replay (launch correlation {corr}) has no graph node ids and the trace has no kvprof "
                 "metadata (layers, kernels per write): its kernels stay unattributed")
             return False, next_id
-        layers = [int(x) for x in meta["layers"]]
-        per = _per_write(meta, phase, size)
+        layers = list(meta.layers)
+        per = per_write_template(meta, phase, size)
         if per.get("layer"):
             return self._by_layer_template(grp, lrow, next_id, layers, per, phase, size, corr, meta)
         kinds = self.a_kind[grp]
@@ -398,7 +395,7 @@ class _Attributor:
                 f"graph replay of {phase} {size} (launch correlation {corr}): consecutive writes overlap on the GPU, "
                 "so grouping by order may mix layers")
         tok = _tokens_of(phase, size)
-        variant = str(meta.get("variant") or self.variant[grp[0]] or "")
+        variant = str(meta.variant or self.variant[grp[0]] or "")
         extra = np.setdiff1d(grp, chunk_rows)  # memcpy/memset when only kernels were counted
         cut = chunk_rows.reshape(len(layers), k)
         for i, layer in enumerate(layers):
@@ -418,7 +415,7 @@ class _Attributor:
 
     def _by_layer_template(self, grp: np.ndarray, lrow: int | None, next_id: int, layers: list[int],
                            per: dict[str, Any], phase: Any, size: int, corr: int,
-                           meta: dict[str, Any]) -> tuple[bool, int]:
+                           meta: TraceMeta) -> tuple[bool, int]:
         """A replay of whole decoder layers: cut it per layer, take the write's positions.
 
         Layers run one after another (each waits on the previous one's output), so the
@@ -432,7 +429,7 @@ class _Attributor:
             return False, next_id
         rows = grp[np.lexsort((self.a_end[grp], self.a_start[grp]))].reshape(len(layers), k)
         tok = _tokens_of(phase, size)
-        variant = str(meta.get("variant") or self.variant[grp[0]] or "")
+        variant = str(meta.variant or self.variant[grp[0]] or "")
         for i, layer in enumerate(layers):
             self._new_write(rows[i][positions], lrow, variant, layer, tok, "graph_order", next_id)
             next_id += 1
@@ -469,7 +466,7 @@ class _Attributor:
         methods = {m: int((work & (self.how == m)).sum()) for m in ("correlation", "graph_node", "graph_order")}
         summary = {
             "methods": {m: c for m, c in methods.items() if c},
-            "method": _dominant(methods, len(writes)),
+            "method": dominant_method(methods, len(writes)),
             "gpu_activities": n_work,
             "gpu_activities_in_writes": in_write,
             "gpu_activities_in_steps": in_step,
@@ -486,77 +483,11 @@ class _Attributor:
         df = df.drop(columns=["end_ns"])
         return self.trace.replace(
             events=from_frame(df), writes=writes, steps=st, attribution=summary,
-            warnings=list(self.trace.warnings) + _dedupe(self.warnings),
+            warnings=list(self.trace.warnings) + dedupe(self.warnings),
         )
 
 
-def _during_capture(df: pd.DataFrame, writes: pd.DataFrame) -> np.ndarray:
-    """Write ranges entered while a CUDA graph was being captured on their thread.
-
-    Their launches are recorded into the graph, not run: they are templates for the
-    replays, not measurements, and the metrics leave them out.
-    """
-    names = df["name"].astype(str)
-    marks = df[df["kind"].isin(LAUNCH_KINDS) & names.isin([CAPTURE_BEGIN, CAPTURE_END])]
-    out = np.zeros(len(writes), dtype=bool)
-    if not len(marks) or not len(writes):
-        return out
-    windows = []
-    for (pid, tid), g in marks.sort_values("start_ns").groupby(["pid", "tid"], sort=False):
-        begin = None
-        for name, start, end in zip(g["name"].astype(str), g["start_ns"], g["end_ns"]):
-            if name == CAPTURE_BEGIN:
-                begin = start
-            elif begin is not None:
-                windows.append((pid, tid, begin, end))
-                begin = None
-        if begin is not None:
-            windows.append((pid, tid, begin, int(df["end_ns"].max())))
-    if not windows:
-        return out
-    win = pd.DataFrame(windows, columns=["pid", "tid", "start_ns", "end_ns"])
-    return enclosing(writes, win) >= 0
-
-
-def _dominant(methods: dict[str, int], n_writes: int) -> str:
-    used = [m for m, c in methods.items() if c]
-    if not n_writes or not used:
-        return "none"
-    return "+".join(used)
-
-
-def _dedupe(items: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    for w in items:
-        key = re.sub(r"launch correlation \d+", "launch correlation N", w)
-        seen[key] = seen.get(key, 0) + 1
-    return [k if c == 1 else f"{k} ({c} times)" for k, c in seen.items()]
-
-
-def _per_write(meta: dict[str, Any], phase: Any, size: int) -> dict[str, Any]:
-    """How to cut a replay of (phase, size) into writes, from the capture metadata.
-
-    ``template`` (from the capture's eager template step) is preferred: ``all`` activities
-    per write (kernels + memcpy + memset), and with a decoder context ``layer`` activities
-    per layer of which those at ``positions`` are the write's. ``kernels_per_write``
-    counts kernels only.
-    """
-    key = f"{phase} {size}"
-    tmpl = (meta.get("template") or {}).get(key)
-    if isinstance(tmpl, dict) and all(isinstance(tmpl.get(k), int) for k in ("kernels", "memcpy", "memset")):
-        out: dict[str, Any] = {"all": tmpl["kernels"] + tmpl["memcpy"] + tmpl["memset"]}
-        per, pos = tmpl.get("ops_per_layer"), tmpl.get("write_positions")
-        if (isinstance(per, int) and isinstance(pos, list) and pos and per > len(pos)
-                and all(isinstance(i, int) and 0 <= i < per for i in pos)):
-            out.update(layer=per, positions=[int(i) for i in pos])
-        return out
-    kpw = (meta.get("kernels_per_write") or {}).get(key)
-    if isinstance(kpw, int) and kpw > 0:
-        return {"kernels": kpw}
-    return {}
-
-
-def attribute(trace: Trace, fallback_meta: dict[str, Any] | None = None) -> Trace:
+def attribute(trace: Trace, fallback_meta: TraceMeta | None = None) -> Trace:
     """A copy of ``trace`` with write/step columns filled, ``writes``/``steps`` tables and a summary.
 
     ``fallback_meta``: kvprof metadata to use when the trace has none (an nsys export of

@@ -17,25 +17,30 @@ Why it looks the way it does:
 from __future__ import annotations
 
 import gc
-import gzip
 import os
-import re
-import zlib
 from pathlib import Path
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import orjson
 
-from kvprof.errors import TraceError
-from kvprof.guards import open_regular
+from kvprof.core.errors import TraceError
+from kvprof.trace.kineto_io import (
+    I64_MAX,
+    SPLIT_MIN_BYTES,
+    event_batches,
+    parse_document,
+    read_bytes,
+    split_events,
+)
 from kvprof.trace.model import Trace
-from kvprof.trace.sanitize import clean_meta, reader_warnings
-from kvprof.trace.schema import KINDS
+from kvprof.core.run import TraceMeta
+from kvprof.trace.sanitize import reader_warnings
+from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
 from kvprof.trace.table import build_table
 
-# Kineto "cat" -> kvprof kind (see the table in kvprof.trace.schema).
+# Kineto "cat" -> kvprof kind (see the table in kvprof.core.schema).
 KIND_OF_CAT = {
     "kernel": "kernel",
     "gpu_memcpy": "memcpy",
@@ -50,8 +55,6 @@ KIND_OF_CAT = {
 # Complete events that are not rows: the profiler's own span, and Python stacks
 # (with_stack=True makes them the majority of a trace and kvprof never reads them).
 SKIPPED_CATS = frozenset({"Trace", "python_function"})
-DEFAULT_MAX_EVENTS = 4_000_000
-_CHUNK = 16 << 20
 _GPU_CODES = frozenset(KINDS.index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync"))
 _ARG_CODES = _GPU_CODES | {KINDS.index("runtime"), KINDS.index("driver")}
 _KERNEL, _MEMCPY, _MEMSET = KINDS.index("kernel"), KINDS.index("memcpy"), KINDS.index("memset")
@@ -61,133 +64,6 @@ _CODE_OF_CAT = {cat: KINDS.index(kind) for cat, kind in KIND_OF_CAT.items()}
 _EPOCH_MIN_NS, _EPOCH_MAX_NS = 1.42e18, 4.1e18
 
 
-def _gunzip_chunks(raw: Any) -> Any:
-    """Decompressed chunks of a (possibly multi-member) gzip stream; truncation is an error.
-
-    zlib directly rather than the gzip module: gzip.GzipFile.read(n) can return a short
-    read and then b"" for a stream cut short, which would hand half a trace to the parser.
-    """
-    d = zlib.decompressobj(31)
-    fed = False
-    while True:
-        block = raw.read(_CHUNK // 4)
-        if not block:
-            break
-        while block:
-            fed = True
-            out = d.decompress(block)
-            if out:
-                yield out
-            block = b""
-            if d.eof:
-                block = d.unused_data
-                d = zlib.decompressobj(31)
-                fed = False
-    if fed and not d.eof:
-        raise EOFError("the gzip stream ends before its end-of-stream marker")
-
-
-def read_bytes(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> bytes:
-    """The decompressed trace bytes, refusing early when they hold more than ``max_events``."""
-    p = Path(path)
-    try:
-        raw = open_regular(p)
-    except OSError as exc:
-        raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
-    chunks: list[bytes] = []
-    count, tail, size = 0, b"", 0
-    try:
-        with raw:
-            gz = raw.read(2) == b"\x1f\x8b"
-            raw.seek(0)
-            source = _gunzip_chunks(raw) if gz else iter(lambda: raw.read(_CHUNK), b"")
-            for chunk in source:
-                count += (tail + chunk[:3]).count(b'"ph"') + chunk.count(b'"ph"')
-                tail = chunk[-3:]
-                chunks.append(chunk)
-                size += len(chunk)
-                if count > max_events:
-                    raise TraceError(
-                        f"{p.name}: more than {max_events:,} events (counted {count:,} in the first "
-                        f"{size >> 20} MiB); too large to load here: capture a shorter "
-                        "window, or raise --max-events on a machine with more memory"
-                    )
-    except (EOFError, zlib.error) as exc:
-        raise TraceError(f"{p.name}: truncated or corrupt gzip ({exc or type(exc).__name__})") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
-    data = b"".join(chunks)
-    del chunks
-    return data
-
-
-def parse_document(data: bytes, name: str) -> dict[str, Any]:
-    """orjson parse with one-line errors; a bare event list is accepted as a trace."""
-    if not data.strip():
-        raise TraceError(f"{name}: empty file")
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise TraceError(f"{name}: not valid JSON ({exc})") from None
-    if isinstance(doc, list):
-        doc = {"traceEvents": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise TraceError(f"{name}: JSON but not a Chrome/Kineto trace (no traceEvents list)")
-    return doc
-
-
-_BATCH = 50_000
-_SPLIT_MIN_BYTES = 8 << 20  # below this the one-shot parse costs little memory anyway
-_INDENT = re.compile(rb"\[[ \t\r\n]*?(\n[ \t]*)\{")  # Kineto may leave a blank line first
-
-
-def split_events(data: bytes, name: str) -> tuple[dict[str, Any], list[int], int, int] | None:
-    """An indented trace parsed in batches: (document without its events, event start
-    offsets, array start, array end), or None when the file is not laid out that way.
-
-    Kineto (and any indenting writer) puts each event of ``"traceEvents": [`` on a line of
-    its own at one indentation, deeper objects further in. Parsing the events a batch at
-    a time keeps only one batch of Python objects alive instead of the whole document
-    (the bytes stay, a fraction of the parsed size). Anything else, compact JSON
-    included, takes the one-shot parse.
-    """
-    key = data.find(b'"traceEvents"')
-    if key < 0:
-        return None
-    lb = data.find(b"[", key)
-    m = _INDENT.match(data, lb) if lb >= 0 else None
-    if m is None:
-        return None
-    event_start = re.compile(re.escape(m.group(1)) + rb"\{")
-    # the array's "]": the last one after which the rest of the document still parses
-    rb = len(data)
-    for _ in range(20):
-        rb = data.rfind(b"]", lb, rb)
-        if rb < 0:
-            return None
-        try:
-            doc = orjson.loads(data[:lb] + b"[]" + data[rb + 1:])
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(doc, dict) and doc.get("traceEvents") == []:
-            break
-    else:
-        return None
-    starts = [s.start() + 1 for s in event_start.finditer(data, lb, rb)]
-    return doc, starts, lb, rb
-
-
-def event_batches(data: bytes, starts: list[int], rb: int) -> Iterator[list[Any]]:
-    """Parsed lists of up to _BATCH events, one at a time."""
-    view = memoryview(data)
-    for i in range(0, len(starts), _BATCH):
-        lo = starts[i]
-        hi = starts[i + _BATCH] if i + _BATCH < len(starts) else rb
-        chunk = bytes(view[lo:hi]).rstrip().rstrip(b",")
-        yield orjson.loads(b"[" + chunk + b"]")
-
-
-_I64_MAX = (1 << 63) - 1
 # |ts| and dur in microseconds past which ns sums could overflow int64 (3e15 µs: ~95 years)
 _MAX_US = 3.0e15
 
@@ -195,12 +71,12 @@ _MAX_US = 3.0e15
 def _int(v: Any) -> int:
     """An id as int64, -1 when it is missing, not a number, or does not fit (ids >= 2**63)."""
     if v.__class__ is int:
-        return v if -_I64_MAX <= v <= _I64_MAX else -1
+        return v if -I64_MAX <= v <= I64_MAX else -1
     try:
         i = int(v)
     except (TypeError, ValueError, OverflowError):
         return -1
-    return i if -_I64_MAX <= i <= _I64_MAX else -1
+    return i if -I64_MAX <= i <= I64_MAX else -1
 
 
 def _i64_array(values: list[Any]) -> np.ndarray:
@@ -381,12 +257,11 @@ def _resolve_flow_correlations(cols: dict[str, Any]) -> int:
     return fixed
 
 
-def devices_of(doc: dict[str, Any], meta: dict[str, Any] | None) -> list[dict[str, Any]]:
+def devices_of(doc: dict[str, Any], meta: TraceMeta | None) -> list[dict[str, Any]]:
     """deviceProperties, with the capture's measured peak/copy rates where it gave them."""
     out = []
-    kv_dev = (meta or {}).get("device") or {}
+    kv_dev = meta.device if meta is not None else {}
     props = doc.get("deviceProperties")
-    kv_dev = kv_dev if isinstance(kv_dev, dict) else {}
     for d in props if isinstance(props, list) else []:
         if not isinstance(d, dict):
             continue
@@ -407,7 +282,7 @@ def devices_of(doc: dict[str, Any], meta: dict[str, Any] | None) -> list[dict[st
 
 def _count(v: Any) -> int | None:
     """A non-negative integer property, or None (a string or a list is not a count)."""
-    return v if v.__class__ is int and 0 <= v <= _I64_MAX else None
+    return v if v.__class__ is int and 0 <= v <= I64_MAX else None
 
 
 def _kvprof_meta(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -439,7 +314,7 @@ def read_kineto(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVEN
 def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
     p = Path(path)
     data = read_bytes(p, max_events)
-    split = split_events(data, p.name) if len(data) > _SPLIT_MIN_BYTES else None
+    split = split_events(data, p.name) if len(data) > SPLIT_MIN_BYTES else None
     cols = None
     if split is not None:
         doc, starts, _, rb = split
@@ -467,8 +342,8 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
     dur_ns = np.rint(cols["dur_us"] * 1000.0).astype(np.int64)
     warnings = reader_warnings(stats, int((dur_ns < 0).sum()), start_ns, dur_ns)
     dur_ns = np.maximum(dur_ns, 0)
-    meta, meta_warnings = clean_meta(_kvprof_meta(doc))
-    warnings += meta_warnings
+    raw_meta = _kvprof_meta(doc)
+    meta = TraceMeta.from_json(raw_meta, warnings) if raw_meta is not None else None
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     rank = _int(dist.get("rank", 0)) if dist else 0
     rank = rank if 0 <= rank < (1 << 31) else 0

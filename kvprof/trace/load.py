@@ -17,17 +17,14 @@ from typing import Any
 
 import orjson
 
+from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat, TraceReader
+from kvprof.core.run import MANIFEST, NOT_TRACES, Manifest, TraceMeta, VariantEntry
 from kvprof.core.timings import TIMINGS_FILE, StepTimings
-from kvprof.errors import TraceError, UsageError
-from kvprof.guards import open_regular, require_regular
+from kvprof.core.errors import TraceError, UsageError
+from kvprof.core.files import open_regular, require_regular
 from kvprof.trace.attribution import attribute
-from kvprof.trace.kineto import DEFAULT_MAX_EVENTS, read_kineto
+from kvprof.core.schema import DEFAULT_MAX_EVENTS
 from kvprof.trace.model import Trace
-from kvprof.trace.nsys_sqlite import export_report, read_nsys_sqlite
-from kvprof.trace.sanitize import clean_manifest, clean_manifest_entry
-
-MANIFEST = "manifest.json"
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 @dataclass
@@ -37,17 +34,15 @@ class Loaded:
     input: Path
     kind: str  # "run" | "dir" | "kineto" | "nsys"
     traces: list[Trace]
-    manifest: dict[str, Any] | None = None
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest entries by name
+    manifest: Manifest | None = None
+    variants: dict[str, VariantEntry] = field(default_factory=dict)  # manifest entries by name
     warnings: list[str] = field(default_factory=list)
     timings: StepTimings | None = None  # step_timings.json of a run: the reference pass and in-pass times
     sidecars: list[dict[str, Any]] = field(default_factory=list)  # kvprof's SGLang plugin, one per process
 
 
-def _read_timings(run_dir: Path, manifest: dict[str, Any]) -> tuple[StepTimings | None, str | None]:
-    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
-    name = files.get("step_timings") if isinstance(files.get("step_timings"), str) else TIMINGS_FILE
-    path = run_dir / Path(name).name  # a name in the run directory, never a path out of it
+def _read_timings(run_dir: Path, manifest: Manifest) -> tuple[StepTimings | None, str | None]:
+    path = run_dir / manifest.file("step_timings", TIMINGS_FILE)  # a plain name in the run directory
     if not path.is_file():
         return None, None
     try:
@@ -99,29 +94,27 @@ def _read_sidecar(path: Path) -> dict[str, Any] | str:
     return {**doc, "file": path.name}
 
 
-def sniff(path: Path) -> str:
-    """"kineto", "nsys_sqlite" or "nsys_rep" from content (and the .nsys-rep suffix, a binary format)."""
+def reader_for(path: Path) -> TraceReader:
+    """The registered reader whose format the file's first bytes are (its name only for .nsys-rep)."""
     try:
         with open_regular(path) as f:
-            head = f.read(64)
+            head = f.read(SNIFF_BYTES)
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not head:
         raise TraceError(f"{path.name}: empty file")
-    if head.startswith(_SQLITE_MAGIC):
-        return "nsys_sqlite"
-    if head[:2] == b"\x1f\x8b":
-        return "kineto"
-    if path.suffix == ".nsys-rep" or path.name.endswith(".qdrep"):
-        return "nsys_rep"
-    if head.lstrip()[:1] in (b"{", b"["):
-        return "kineto"
-    raise TraceError(
-        f"{path.name}: not a trace kvprof can read (expected a Chrome/Kineto JSON, gzipped or not, "
-        "an nsys SQLite export or an .nsys-rep)")
+    reader = REGISTRY.for_head(head, path)
+    if reader is None:
+        raise TraceError(f"{path.name}: not a trace kvprof can read (expected one of: {REGISTRY.describe()})")
+    return reader
 
 
-def load_file(path: Path, max_events: int = DEFAULT_MAX_EVENTS, fallback_meta: dict[str, Any] | None = None,
+def sniff(path: Path) -> str:
+    """The name of the reader for ``path`` ("kineto", "nsys_sqlite", "nsys_rep", or a plugin's)."""
+    return reader_for(path).name
+
+
+def load_file(path: Path, max_events: int = DEFAULT_MAX_EVENTS, fallback_meta: TraceMeta | None = None,
               export_dir: Path | None = None) -> Trace:
     """Read and attribute one file.
 
@@ -129,15 +122,9 @@ def load_file(path: Path, max_events: int = DEFAULT_MAX_EVENTS, fallback_meta: d
     (exit 3) naming the file and the error, never as a traceback (kvprof.trace.sanitize
     and the readers handle the known cases with a precise message or a warning).
     """
-    fmt = sniff(path)
+    reader = reader_for(path)
     try:
-        if fmt == "kineto":
-            trace = read_kineto(path, max_events)
-        elif fmt == "nsys_sqlite":
-            trace = read_nsys_sqlite(path)
-        else:
-            trace = read_nsys_sqlite(export_report(path, export_dir))
-            trace = trace.replace(path=str(path))
+        trace = reader.read(path, max_events, export_dir)
         return attribute(trace, fallback_meta)
     except MALFORMED as exc:
         raise TraceError(f"{path.name}: malformed trace ({type(exc).__name__}: "
@@ -149,7 +136,8 @@ MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, Overfl
              RecursionError, UnicodeError)
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path) -> Manifest:
+    """manifest.json, type-checked (kvprof.core.run.Manifest); TraceError when it is not one."""
     try:
         with open_regular(path) as fh:
             doc = orjson.loads(fh.read())
@@ -157,27 +145,25 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
         raise TraceError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("variants"), dict):
-        raise TraceError(f"{path}: not a kvprof manifest (no variants)")
-    return doc
+    try:
+        return Manifest.from_json(doc)
+    except ValueError as exc:
+        raise TraceError(f"{path}: {exc}") from None
 
 
 def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
-    manifest, warnings = clean_manifest(_read_manifest(run_dir / MANIFEST))
-    loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest, warnings=warnings)
+    manifest = read_manifest(run_dir / MANIFEST)
+    loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest, warnings=list(manifest.warnings),
+                    variants=dict(manifest.variants))
     loaded.timings, problem = _read_timings(run_dir, manifest)
     if problem:
         loaded.warnings.append(problem)
     seen: set[Path] = set()
-    for name, entry in manifest["variants"].items():
-        entry, entry_warnings = clean_manifest_entry(name, entry)
-        loaded.warnings += entry_warnings
-        loaded.variants[name] = entry
-        if not entry.get("available", True):
+    for name, entry in manifest.variants.items():
+        if not entry.available:
             continue
-        files = entry.get("files") or {}
         meta = None
-        kt = files.get("torch_trace")
+        kt = entry.files.get("torch_trace")
         if kt:
             p = run_dir / kt
             if p.is_file():
@@ -188,7 +174,7 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
             else:
                 loaded.warnings.append(f"{name}: manifest names {kt} but it is missing")
         for key in ("nsys_sqlite", "nsys_rep"):
-            f = files.get(key)
+            f = entry.files.get(key)
             if not f:
                 continue
             p = run_dir / f
@@ -198,8 +184,7 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
             if p.resolve() in seen:
                 break
             if meta is None:  # nsys alone: what the manifest knows of the capture
-                cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-                meta = {"variant": name, "context": cfg.get("context") or "none"}
+                meta = TraceMeta.of_run(name, manifest)
             t = load_file(p, max_events, fallback_meta=meta, export_dir=run_dir)
             # the export is the same capture as its variant's Kineto trace: the same metadata
             loaded.traces.append(t if t.kvprof is not None else t.replace(kvprof=meta))
@@ -207,7 +192,7 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
             break  # the sqlite is the export of the rep: one of the two
     if not loaded.traces:
         raise TraceError(f"{run_dir}: the manifest lists no readable trace "
-                         f"({sum(1 for e in loaded.variants.values() if not e.get('available', True))} variants unavailable)")
+                         f"({sum(1 for e in loaded.variants.values() if not e.available)} variants unavailable)")
     return loaded
 
 
@@ -217,8 +202,7 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         entries = list(d.iterdir())
     except OSError as exc:
         raise TraceError(f"cannot read the folder {d}: {exc.strerror or exc}") from None
-    files = sorted(p for p in entries if p.is_file() and (
-        p.name.endswith((".json", ".json.gz", ".sqlite", ".nsys-rep")) and p.name not in (MANIFEST, "summary.json")))
+    files = sorted(p for p in entries if p.is_file() and REGISTRY.is_trace_name(p.name) and p.name not in NOT_TRACES)
     sidecars = [p for p in files if p.name.startswith(SIDECAR_PREFIX) and p.name.endswith(".json")]
     files = [p for p in files if p not in sidecars]
     merged = [p for p in files if _SGLANG_MERGED.match(p.name)]
@@ -239,13 +223,10 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     for p in files:
         try:
             loaded.traces.append(_with_file_rank(load_file(p, max_events, export_dir=d), p))
-        except TraceError as exc:
-            if p.name.endswith((".json", ".json.gz")) and "not a Chrome/Kineto trace" in str(exc):
-                loaded.warnings.append(f"skipped {p.name}: not a trace")
-                continue
-            raise
+        except NotThisFormat:
+            loaded.warnings.append(f"skipped {p.name}: not a trace")
     if not loaded.traces:
-        raise TraceError(f"{d}: no traces here (no manifest.json, *.json[.gz], *.sqlite or *.nsys-rep)")
+        raise TraceError(f"{d}: no traces here (no {MANIFEST}, no file named as one of: {REGISTRY.describe()})")
     return loaded
 
 

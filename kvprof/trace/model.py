@@ -15,13 +15,15 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from kvprof.core.run import TraceMeta
+
 
 @dataclass
 class Trace:
-    events: pa.Table  # kvprof.trace.schema.SCHEMA
+    events: pa.Table  # kvprof.core.schema.SCHEMA
     source: str  # "kineto" | "nsys"
     path: str
-    kvprof: dict[str, Any] | None = None  # capture metadata (the trace's "kvprof" key); None: foreign trace
+    kvprof: TraceMeta | None = None  # capture metadata (the trace's "kvprof" key); None: foreign trace
     devices: list[dict[str, Any]] = field(default_factory=list)  # id, name, sms, peak_bandwidth_gbs
     clock: dict[str, Any] = field(default_factory=dict)  # unit, form, base/epoch offsets
     warnings: list[str] = field(default_factory=list)
@@ -41,7 +43,7 @@ class Trace:
 
     @property
     def variants(self) -> list[str]:
-        if self.kvprof and self.kvprof.get("variant"):
-            return [str(self.kvprof["variant"])]
+        if self.kvprof and self.kvprof.variant:
+            return [self.kvprof.variant]
         col = self.events.column("variant")
         return sorted({v for v in col.to_pylist() if v}) if self.events.num_rows else []

@@ -4,7 +4,7 @@ The export's columns change between Nsight versions and its tables are created l
 (a capture without memcpys has no memcpy table), so every table is read through its
 ``PRAGMA table_info``: optional columns are used when present and defaulted when not;
 only the kernel table and StringIds are required. A ``.nsys-rep`` is exported first
-with the nsys that kvprof.capture.nsys finds.
+with the nsys that kvprof.tools.nsys finds.
 
 What is kept beside the events: ``Trace.graph_nodes`` (CUDA_GRAPH_NODE_EVENTS: which
 thread created each graph node when, and which captured node an instantiated node was
@@ -17,18 +17,16 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvprof.errors import ToolError, TraceError
-from kvprof.guards import open_regular
+from kvprof.core.errors import TraceError
+from kvprof.core.files import open_regular
 from kvprof.trace.model import Trace
-from kvprof.trace.schema import KINDS
+from kvprof.core.schema import KINDS
 from kvprof.trace.table import build_table
 
 NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE, NVTX_CATEGORY_NAME = 59, 60, 75, 33
@@ -371,35 +369,3 @@ def _missing_table_warnings(tables: set[str] | list[str]) -> list[str]:
         out.append("no CUPTI_ACTIVITY_KIND_RUNTIME table (profiled without -t cuda?): kernels cannot be tied to "
                    "the calls and write ranges that launched them, so writes have no GPU time")
     return out
-
-
-def export_report(rep: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> Path:
-    """``nsys export --type sqlite`` of a ``.nsys-rep``; reuses a fresh ``<name>.sqlite`` beside it."""
-    rep = Path(rep)
-    sibling = rep.with_suffix(".sqlite")
-    if sibling.is_file() and sibling.stat().st_mtime >= rep.stat().st_mtime:
-        return sibling
-    try:
-        from kvprof.capture.nsys import find_nsys  # written alongside the capture
-    except ImportError:
-        raise ToolError(
-            f"{rep.name}: reading a .nsys-rep needs Nsight Systems (kvprof.capture.nsys is not available); "
-            "export it yourself with `nsys export --type sqlite` and pass the .sqlite"
-        ) from None
-    try:
-        nsys = find_nsys()
-    except Exception as exc:  # noqa: BLE001 - its own message says what is missing
-        raise ToolError(f"{rep.name}: cannot find nsys to export it ({exc})") from None
-    if not nsys:
-        raise ToolError(f"{rep.name}: nsys not found (set KVPROF_NSYS or put nsys on PATH), or pass the exported .sqlite")
-    target_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="kvprof-export-"))
-    target = target_dir / (rep.stem + ".sqlite")
-    cmd = [str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(target), str(rep)]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ToolError(f"nsys export of {rep.name} failed: {exc}") from None
-    if res.returncode != 0 or not target.is_file():
-        last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ToolError(f"nsys export of {rep.name} failed (exit {res.returncode}): {last[0]}")
-    return target

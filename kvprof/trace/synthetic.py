@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprof.trace.schema import PHASE_RANGE_FORMAT, STEP_RANGE_FORMAT, WRITE_RANGE_FORMAT
+from kvprof.core.vocab import PHASE_RANGE_FORMAT, STEP_RANGE_FORMAT, WRITE_RANGE_FORMAT
 
 BASE_NS = 1_790_857_026_000_000_000
 T0_US = 5_355_310_898_000.0

@@ -1,4 +1,4 @@
-"""Build and convert the normalized event table (kvprof.trace.schema.SCHEMA).
+"""Build and convert the normalized event table (kvprof.core.schema.SCHEMA).
 
 Readers collect plain numpy columns; this module fills every column they left out with
 its default (-1 or null), dictionary-encodes strings, and converts between Arrow (what
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from kvprof.trace.schema import SCHEMA, STRING_COLUMNS
+from kvprof.core.schema import SCHEMA, STRING_COLUMNS
 
 
 def dict_array(codes: np.ndarray, values: Sequence[str | None]) -> pa.DictionaryArray:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from kvprof.errors import UsageError
-from kvprof.writers.base import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, KVWriter, is_fused_path
+from kvprof.core.errors import UsageError
+from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path
+from kvprof.writers.base import KVWriter
 from kvprof.writers.registry import REGISTRY, WriterRegistry, create_writer, register, writer_names
 
 

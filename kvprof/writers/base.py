@@ -13,15 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-# Paths a write can take. ``fused`` is one launch for K and V; anything else is not.
-FUSED = "fused"
-TWO_COPIES = "two_copies"
-TWO_STREAMS = "two_streams"
-FALLBACK_PREFIX = "fallback:"
-
-
-def is_fused_path(path: str) -> bool:
-    return path == FUSED
+# The paths a write reports are part of the writers' contract; their one definition is the
+# torch-free vocabulary, which the analysis reads too.
+from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path  # noqa: F401
 
 
 def convert_pair(

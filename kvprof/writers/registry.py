@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from importlib import metadata
 
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 from kvprof.writers.base import KVWriter
 
 WriterFactory = Callable[..., KVWriter]

@@ -9,7 +9,7 @@ from kvprof.dashboard.state import Context
 from kvprof.dashboard.ui import md, number_format, show_figure, show_table
 from kvprof.dashboard.views.common import device_line
 from kvprof.analysis.compare import Benchmark
-from kvprof.errors import KvprofError
+from kvprof.core.errors import KvprofError
 
 EACH = "(each variant vs itself)"
 RATIOS = ("ratio after/before", "ratio GPU span", "ratio host launch", "ratio kernels/write")

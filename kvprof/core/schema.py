@@ -129,32 +129,12 @@ SCHEMA = pa.schema(
     ]
 )
 
+# Events a trace may hold before a reader refuses it (memory bound: ~100 bytes a row in the
+# table, several times that while parsing). ``--max-events`` overrides it.
+DEFAULT_MAX_EVENTS = 4_000_000
+
 # Defaults of the columns a reader leaves unset (integers -1, strings null).
 INT_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_integer(f.type))
 STRING_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_dictionary(f.type))
 
 COLUMNS = tuple(SCHEMA.names)
-
-# kvprof's own range names, shared by the instrumentation that writes them and the
-# readers that parse them back.
-NVTX_DOMAIN = "kvprof"
-WRITE_RANGE_FORMAT = "set_kv_buffer[{variant}] L{layer}"
-# The family of per-write range names the analysis accepts (kvprof writes the first form;
-# an engine annotated by hand may use any of them):
-#   set_kv_buffer[<variant>] L<layer>   set_kv_buffer[<variant>]   set_kv_buffer L<layer>
-#   set_kv_buffer                       each optionally followed by " tokens=<n>"
-# Without [variant] the variant is the range's NVTX category, else the trace's kvprof
-# metadata, else "unnamed"; without a layer it is -1; tokens come from the NVTX payload,
-# else the name, else the step's size. Ranges that mention set_kv_buffer in any other form
-# are counted and named in a warning, never dropped silently.
-WRITE_RANGE_PATTERN = (
-    r"^(?P<base>set_kv_buffer)(?:\[(?P<variant>[^\]]+)\])?(?: L(?P<layer>\d+))?(?: tokens=(?P<tokens>\d+))?$"
-)
-WRITE_RANGE_LOOKALIKE = "set_kv_buffer"  # case-insensitive substring of names counted when they do not match
-UNNAMED_VARIANT = "unnamed"
-STEP_RANGE_FORMAT = "kvprof.step[{phase} {size_key}={size}] #{step}"
-STEP_RANGE_PATTERN = (
-    r"^kvprof\.step\[(?P<phase>\w+) (?P<size_key>bs|tokens)=(?P<size>\d+)\] #(?P<step>\d+)$"
-)
-PHASE_RANGE_FORMAT = "kvprof.phase[{phase} {size_key}={size}]"
-PHASE_RANGE_PATTERN = r"^kvprof\.phase\[(?P<phase>\w+) (?P<size_key>bs|tokens)=(?P<size>\d+)\]$"

@@ -5,7 +5,7 @@ report (and in the SQLite export). A shared report would share the user's tokens
 cloud keys, and a ``.nsys-rep`` cannot be rewritten afterwards, so the child never gets
 those variables. ``child_environment`` builds that environment from the rules below;
 everything else is dropped unless named on purpose with ``--pass-env NAME``. (nsys also
-reads other processes' environments from /proc: ``kvprof.capture.nsys`` runs it in its
+reads other processes' environments from /proc: ``kvprof.tools.nsys`` runs it in its
 own PID namespace for that; the allowlist is the other half.)
 
 Rules, in order (all in this module, nowhere else):
@@ -37,7 +37,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from kvprof.errors import UsageError
+from kvprof.core.errors import UsageError
 
 log = logging.getLogger("kvprof")
 

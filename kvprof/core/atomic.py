@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from kvprof.errors import OutputError
-from kvprof.interrupts import signals_deferred
+from kvprof.core.errors import OutputError
+from kvprof.core.interrupts import signals_deferred
 
 _WRITE_MODES = {"w", "wb", "x", "xb", "wt", "xt"}
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})  # the disk cannot take it

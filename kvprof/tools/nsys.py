@@ -9,12 +9,13 @@ nsys also stores the environment of every process it can read in /proc, not only
 profiled one (measured on the H200, nsys 2025.3.1: the capture's parent with HF_TOKEN,
 its shell, a sibling ``tail``). So a pass runs in its own PID namespace where the system
 allows it (``isolation_prefix``): with the allowlisted environment
-(``kvprof.capture.envsafe``) the .nsys-rep then holds no secret (measured: none, same
+(``kvprof.tools.envsafe``) the .nsys-rep then holds no secret (measured: none, same
 events, 5 processes listed instead of 189).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import glob
 import logging
@@ -23,16 +24,17 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from kvprof.atomic import atomic_path
-from kvprof.errors import ToolError, TraceError
+from kvprof.core.atomic import atomic_path
+from kvprof.core.errors import ToolError, TraceError
 
 logger = logging.getLogger("kvprof")
 
@@ -338,6 +340,23 @@ def _is_sqlite(path: Path) -> bool:
         return fh.read(16) == b"SQLite format 3\x00"
 
 
+def complete_sqlite(path: Path) -> bool:
+    """A whole SQLite file: the magic, and at least the pages its header says it has
+    (a copy or an export cut short has fewer bytes than that)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(100)
+            size = os.fstat(fh.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 100 or head[:16] != b"SQLite format 3\x00":
+        return False
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big")
+    return page >= 512 and pages > 0 and size >= page * pages
+
+
 def export_sqlite(
     nsys: Path | str, rep_path: Path | str, out_path: Path | str, timeout: float = 600
 ) -> Path:
@@ -371,3 +390,28 @@ def export_sqlite(
                 f"{'' if ok else ', no SQLite file written'}): {why}"
             )
     return out
+
+
+@contextlib.contextmanager
+def exported(rep_path: Path | str, out_dir: Path | str | None = None) -> Iterator[Path]:
+    """The SQLite export of a ``.nsys-rep``, for as long as the ``with`` block reads it.
+
+    A complete ``<name>.sqlite`` beside the report, no older than it, is used as is; a
+    truncated one never is. Else nsys (found by ``find_nsys``) exports it atomically into
+    ``out_dir``, where it stays for the next read, or into a temporary folder that is
+    removed when the block ends.
+    """
+    rep = Path(rep_path)
+    sibling = rep.with_suffix(".sqlite")
+    if complete_sqlite(sibling) and sibling.stat().st_mtime >= rep.stat().st_mtime:
+        yield sibling
+        return
+    nsys = find_nsys()
+    if nsys is None:
+        raise ToolError(f"{rep.name}: nsys not found (set KVPROF_NSYS or put nsys on PATH), or pass the "
+                        "exported .sqlite (nsys export --type sqlite)")
+    if out_dir is not None:
+        yield export_sqlite(nsys, rep, Path(out_dir) / (rep.stem + ".sqlite"))
+        return
+    with tempfile.TemporaryDirectory(prefix="kvprof-export-") as tmp:
+        yield export_sqlite(nsys, rep, Path(tmp) / (rep.stem + ".sqlite"))

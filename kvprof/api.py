@@ -1,0 +1,165 @@
+"""kvprof's one facade: open a run or a trace, analyze it, write the outputs, compare, capture.
+
+Every entry point goes through here -- the CLI commands, capture's first summary, the
+dashboard's loader, the lab scripts -- so load -> analyze -> write is wired once.
+Importing this module costs nothing: each function imports its layer when called, and
+only ``capture`` imports torch.
+
+    import kvprof.api as kv
+    run = kv.open_run("traces/my-run")
+    result = kv.analyze(run)
+    kv.write_outputs(run, result, run.input)
+    print(result.summary.variants["triton_fused"].fused)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvprof.core.run import MANIFEST, SUMMARY, Manifest
+from kvprof.core.schema import DEFAULT_MAX_EVENTS
+from kvprof.core.summary import Summary
+
+if TYPE_CHECKING:
+    from kvprof.analysis.compare import Benchmark
+    from kvprof.analysis.runs import RunComparison
+    from kvprof.analysis.summary import Analysis
+    from kvprof.capture.config import CaptureConfig
+    from kvprof.capture.run import CaptureResult
+    from kvprof.trace.load import Loaded
+
+
+def open_run(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
+    """A run directory, a folder of traces or one trace file, read and attributed."""
+    from kvprof.trace.load import load as _load
+
+    return _load(path, max_events)
+
+
+load = open_run
+
+
+def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
+    from kvprof.trace.load import read_manifest as _read
+
+    return _read(Path(run_dir) / MANIFEST)
+
+
+def read_summary(path: str | os.PathLike[str]) -> Summary:
+    """A summary.json written by ``write_outputs`` (a folder: its summary.json)."""
+    import orjson
+
+    from kvprof.core.errors import TraceError
+    from kvprof.core.files import open_regular
+
+    p = Path(path)
+    p = p / SUMMARY if p.is_dir() else p
+    try:
+        with open_regular(p) as fh:
+            return Summary.from_json(orjson.loads(fh.read()))
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(f"{p}: not valid JSON ({exc})") from None
+    except ValueError as exc:
+        raise TraceError(f"{p}: {exc}") from None
+
+
+def benchmark(layers: int | None = None, itl_before_ms: float | None = None,
+              itl_after_ms: float | None = None) -> Benchmark:
+    """The serving benchmark the projection is held against, with any figure overridden."""
+    from kvprof.analysis.compare import Benchmark
+
+    b = Benchmark()
+    return Benchmark(itl_before_ms=itl_before_ms or b.itl_before_ms, itl_after_ms=itl_after_ms or b.itl_after_ms,
+                     layers=layers or b.layers)
+
+
+def check_write_kernel_regex(regex: str | None) -> None:
+    """UsageError for a --write-kernels pattern that does not compile."""
+    from kvprof.analysis.write_kernels import patterns_with
+
+    patterns_with(regex)
+
+
+def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None = None,
+            layers: int | None = None, write_kernels: bool = False,
+            write_kernel_regex: str | None = None) -> Analysis:
+    """kvprof's one analysis; ``write_kernels``: also classify KV-write kernels by name
+    (``write_kernel_regex`` adds a user pattern; a bad one is refused before any work)."""
+    from kvprof.analysis.summary import analyze as _analyze, clean
+
+    if write_kernels:
+        check_write_kernel_regex(write_kernel_regex)
+    result = _analyze(loaded, baseline=baseline, bench=bench or benchmark(layers), layers=layers)
+    if write_kernels:
+        from kvprof.analysis.write_kernels import write_kernel_summary
+
+        result.summary.write_kernels = clean(write_kernel_summary(loaded, write_kernel_regex, result.writes))
+    return result
+
+
+def write_outputs(loaded: Loaded, result: Analysis, out: str | os.PathLike[str], scrub: bool = False) -> list[Path]:
+    """summary.json, summary.csv, events.parquet, writes.parquet into ``out``, as one atomic set.
+    ``scrub``: the scrub rules on every string first."""
+    from kvprof.report.files import write_analysis
+
+    rules = None
+    if scrub:
+        from kvprof.tools.scrub import Rules
+
+        rules = Rules()
+    return write_analysis(loaded, result, Path(out), rules)
+
+
+def output_dir(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
+    """Where a command writes for ``path``: ``out``, else the folder, else the file's folder."""
+    if out is not None:
+        return Path(out)
+    p = Path(path)
+    return p if p.is_dir() else p.parent
+
+
+def compare_variants(result: Analysis, baseline: str, bench: Benchmark | None = None,
+                     layers: int | None = None, extra: Analysis | None = None) -> dict[str, Any]:
+    """Variants against ``baseline`` within one analysis (``extra``: another run's variants too,
+    against this run's baseline). The document compare.json holds."""
+    import pandas as pd
+
+    from kvprof.analysis.compare import compare_groups
+    from kvprof.analysis.summary import clean
+    from kvprof.core.errors import UsageError
+
+    groups = result.groups
+    present = sorted(set(groups["variant"].astype(str))) if len(groups) else []
+    if baseline not in present:
+        raise UsageError(f"baseline {baseline!r} has no measured writes in {result.summary.input} "
+                         f"(variants: {', '.join(present) or 'none'})")
+    fused = result.summary.fused_variants
+    if extra is not None:
+        others = extra.groups[extra.groups["variant"].astype(str) != baseline]
+        groups = pd.concat([groups[groups["variant"].astype(str) == baseline], others], ignore_index=True)
+        fused += extra.summary.fused_variants
+    return clean(compare_groups(groups, baseline, bench or benchmark(layers), layers, prefer=fused,
+                                source_order=result.summary.trusted_sources))
+
+
+def compare_runs(before: Analysis, after: Analysis, pairs: list[tuple[str, str]] | None = None,
+                 bench: Benchmark | None = None, layers: int | None = None) -> RunComparison:
+    """Each variant of ``before`` against the same variant of ``after`` (or the given pairs)."""
+    from kvprof.analysis.runs import compare_runs as _compare_runs
+
+    return _compare_runs(before.groups, after.groups, pairs, bench or benchmark(layers), layers)
+
+
+def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | None = None,
+            analyse: bool = True) -> CaptureResult:
+    """Run the workload per variant and write the run directory (imports torch)."""
+    from kvprof.capture.run import capture as _capture
+
+    return _capture(config, progress_factory=progress_factory, analyse=analyse)
+
+
+__all__ = ["DEFAULT_MAX_EVENTS", "analyze", "benchmark", "capture", "check_write_kernel_regex", "compare_runs",
+           "compare_variants", "load", "open_run", "output_dir", "read_manifest", "read_summary", "write_outputs"]

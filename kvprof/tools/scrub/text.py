@@ -1,0 +1,192 @@
+"""Scrub Chrome/Kineto traces (JSON, gzipped or not) and text logs, escapes decoded first."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvprof.core.atomic import atomic_path
+from kvprof.core.errors import TraceError
+from kvprof.core.files import open_regular
+from kvprof.tools import envsafe
+from kvprof.tools.scrub.rules import GZIP_MAGIC, HOST_KEYS, HOST_MARKER, MARKER, Rules, ScrubReport, TOKEN_BYTES, find_in, find_values, total_size
+
+# ---------------------------------------------------------------- JSON / Chrome traces
+
+
+# Where a JSON file can need a change: cheap literal scans (each a fast search), every hit
+# then checked exactly on the decoded string literal around it (JSON escapes such as
+# \u0000 hide word boundaries, so no boundary is judged on raw bytes).
+_JSON_HOME = re.compile(rb"/(?:home/|Users/|root)")
+_JSON_SECRET_KEY = re.compile(rb'"([A-Z][A-Z0-9_]+)"\s*:\s*"')
+_NAME_BYTE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+_JSON_HOST_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in HOST_KEYS) + rb')"\s*:\s*"')
+
+
+def _candidates(data: bytes, literals: Iterable[bytes]) -> Iterable[int]:
+    for m in re.finditer(rb"=", data):
+        if m.start() and data[m.start() - 1] in _NAME_BYTE:
+            yield m.start()
+    for m in _JSON_HOME.finditer(data):
+        yield m.start()
+    for m in TOKEN_BYTES.finditer(data):
+        yield m.start()
+    for m in re.finditer(rb"\\", data):  # an escape can hide any of the above: decode and judge
+        yield m.start()
+    for lit in literals:
+        if lit:
+            for m in re.finditer(re.escape(lit), data, re.IGNORECASE):
+                yield m.start()
+
+
+def _escaped(data: bytes, quote: int) -> bool:
+    n = 0
+    while quote - n - 1 >= 0 and data[quote - n - 1] == 0x5C:  # backslash
+        n += 1
+    return n % 2 == 1
+
+
+def _literal_at(data: bytes, i: int) -> tuple[int, int] | None:
+    """Span of the JSON string literal that contains byte ``i`` (quotes included)."""
+    start = data.rfind(b'"', 0, i)
+    while start > 0 and _escaped(data, start):
+        start = data.rfind(b'"', 0, start)
+    end = data.find(b'"', i)
+    while end != -1 and _escaped(data, end):
+        end = data.find(b'"', end + 1)
+    if start < 0 or end < 0:
+        return None
+    return start, end + 1
+
+
+def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes], int, int]:
+    """Replacements (span -> new literal) for every string literal the rules change."""
+    spans: set[tuple[int, int]] = set()
+    for i in _candidates(data, rules.literals()):
+        span = _literal_at(data, i)
+        if span is not None:
+            spans.add(span)
+    reasons: dict[tuple[int, int], str] = {}
+    edits: dict[tuple[int, int], bytes] = {}
+    for span in spans:
+        try:
+            value = orjson.loads(data[span[0] : span[1]])
+        except orjson.JSONDecodeError:
+            continue  # not inside a string (a number that looks like a value): verification decides
+        if not isinstance(value, str):
+            continue
+        new, reason = rules.scrub(value)
+        if reason:
+            edits[span], reasons[span] = orjson.dumps(new), reason
+    for m in _JSON_SECRET_KEY.finditer(data):  # "HF_TOKEN": "..." -> the value goes
+        if envsafe.is_secret_name(m.group(1).decode()):
+            span = _literal_at(data, m.end())
+            if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] != b'""':
+                edits[span], reasons[span] = orjson.dumps(MARKER), "env"
+    host_marker = orjson.dumps(HOST_MARKER)
+    for m in _JSON_HOST_KEY.finditer(data):  # "host_name": "gpu-node-7" -> the value goes
+        span = _literal_at(data, m.end())
+        if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] not in (b'""', host_marker):
+            edits[span], reasons[span] = host_marker, "host"
+    kinds = list(reasons.values())
+    return edits, kinds.count("env"), kinds.count("home"), kinds.count("host")
+
+
+def _apply_edits(data: bytes, edits: Mapping[tuple[int, int], bytes]) -> bytes:
+    out, pos = [], 0
+    for (start, end), new in sorted(edits.items()):
+        if start < pos:
+            continue  # a span inside one already replaced (cannot happen for literals)
+        out += [data[pos:start], new]
+        pos = end
+    out.append(data[pos:])
+    return b"".join(out)
+
+
+def read_json_bytes(path: Path) -> tuple[bytes, bool]:
+    with open_regular(path) as fh:
+        raw = fh.read()
+    if not raw.startswith(GZIP_MAGIC):
+        if path.name.endswith(".gz"):
+            raise TraceError(f"{path}: not a gzip file")
+        return raw, False
+    try:
+        return gzip.decompress(raw), True
+    except EOFError:
+        raise TraceError(f"{path}: truncated gzip file (it ends before the end of its data)") from None
+    except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+        raise TraceError(f"{path}: corrupt gzip file ({exc})") from None
+
+
+def parse_json(data: bytes, path: Path) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not valid JSON ({exc})") from None
+
+
+def scrub_json(path: Path, rules: Rules) -> ScrubReport:
+    """Scrub a Chrome trace (or any JSON file), plain or gzipped: only the string literals
+    that change are rewritten, every other byte (events, numbers, layout) is kept. The
+    result is parsed before it replaces the original (a file left unchanged is not
+    parsed: scrub is not a validator, and a full parse of a big trace takes seconds)."""
+    report = ScrubReport(path, "json", bytes_before=total_size([path]))
+    data, gzipped = read_json_bytes(path)
+    if data.lstrip()[:1] not in (b"{", b"["):
+        raise TraceError(f"{path}: not JSON (it does not start with {{ or [)")
+    edits, report.strings, report.paths, report.hosts = _json_edits(data, rules)
+    needles = rules.needles()
+    if not edits and not find_in(data, needles):
+        report.bytes_after = report.bytes_before
+        return report
+    out = _apply_edits(data, edits)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            if gzipped:
+                with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=6) as gz:
+                    gz.write(out)
+            else:
+                fh.write(out)
+        written, _ = read_json_bytes(tmp)
+        parse_json(written, path)  # also rejects a truncated input: only literals were edited
+        if written != out or find_in(written, needles) or find_values([tmp], needles):
+            raise TraceError(f"{path}: verification of the scrubbed copy failed; original kept")
+    report.rewritten = True
+    report.bytes_after = total_size([path])
+    return report
+
+
+# ---------------------------------------------------------------- text logs
+
+
+def scrub_text(path: Path, rules: Rules) -> ScrubReport:
+    """Scrub a log line by line: environment lines go whole, home paths become ~."""
+    report = ScrubReport(path, "text", bytes_before=total_size([path]))
+    with open_regular(path) as fh:
+        text = fh.read().decode("utf-8", errors="surrogateescape")
+    lines = text.splitlines(keepends=True)
+    out = []
+    for line in lines:
+        body = line.rstrip("\r\n")
+        new, reason = rules.scrub(body)
+        report.strings += reason == "env"
+        report.paths += reason == "home"
+        report.hosts += reason == "host"
+        out.append(new + line[len(body):])
+    new_text = "".join(out)
+    if new_text == text:
+        report.bytes_after = report.bytes_before
+        return report
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(new_text.encode("utf-8", errors="surrogateescape"))
+    report.rewritten = True
+    report.bytes_after = total_size([path])
+    return report

@@ -1,0 +1,61 @@
+"""The commands that only read traces never import torch (it costs seconds before any work).
+
+Each runs in a fresh interpreter, as a user would start it, and reports whether torch
+was imported by the time the command returned.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "tests" / "fixtures" / "real"
+
+PROBE = r"""
+import runpy, sys
+sys.argv = ["kvprof", *sys.argv[1:]]
+try:
+    runpy.run_module("kvprof", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+print("TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_FREE", code, file=sys.stderr)
+"""
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.Popen([sys.executable, "-c", PROBE, *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["analyze", "--help"],
+    ["compare", "--help"],
+    ["scrub", "--help"],
+    ["capture", "--help"],
+    ["analyze", "{run}", "--out", "{tmp}", "--quiet"],
+    ["compare", "{run}", "--baseline", "two_stream", "--out", "{tmp}"],
+    ["scrub", "--check", "{tmp}/summary.json"],
+], ids=lambda a: " ".join(a).replace("{run}", "RUN").replace("{tmp}", "OUT"))
+def test_reading_commands_do_not_import_torch(args: list[str], tmp_path: Path) -> None:
+    if args[0] == "scrub" and args[1] == "--check":
+        # something real to check: analyze's own output, made in this process's way
+        made = _run(["analyze", str(RUN), "--out", str(tmp_path), "--quiet"], ROOT)
+        assert made.returncode == 0, made.stderr[-2000:]
+    argv = [a.replace("{run}", str(RUN)).replace("{tmp}", str(tmp_path)) for a in args]
+    done = _run(argv, ROOT)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("TORCH_FREE"), done.stderr[-3000:]
+    assert last.split()[1] in ("0", "None"), done.stderr[-3000:]
