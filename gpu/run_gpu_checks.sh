@@ -2,9 +2,9 @@
 # Everything kvprof needs a GPU for, in one call on an H200 machine:
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env smoke tests tune floor ablation facts capture
-# settings layer bench. Results go to $OUT (the device
-# tool brings them back); logs are tee'd so a timeout still returns what ran.
+# Steps (default: env capture bench tests): env smoke tests capture settings layer bench, and the
+# lab probes (lab/README.md) tune floor ablation facts.
+# Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
 mkdir -p "$OUT"
@@ -43,27 +43,27 @@ PY
     ;;
   tests)
     stamp tests
-    TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-180} python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+    TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-180} python3 -m pytest tests lab/tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
     ;;
   tune)
     stamp tune
-    # TUNE_PARTS / TUNE_SHAPES / TUNE_DTYPES / TUNE_TOKENS run a subset (gpu/tune_fused.py)
-    timeout ${TUNE_TIMEOUT:-300} python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
+    # TUNE_PARTS / TUNE_SHAPES / TUNE_DTYPES / TUNE_TOKENS run a subset (lab/tune_fused.py)
+    timeout ${TUNE_TIMEOUT:-300} python3 lab/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
     ;;
   ablation)
     stamp ablation
     # the fp8 write at the latency floor with one part of its conversion left out at a time
-    timeout ${ABLATION_TIMEOUT:-300} python3 gpu/fp8_ablation.py 2>&1 | tee "$OUT/fp8-ablation.txt"
+    timeout ${ABLATION_TIMEOUT:-300} python3 lab/fp8_ablation.py 2>&1 | tee "$OUT/fp8-ablation.txt"
     ;;
   floor)
     stamp floor
     # the same floor-bound points over several pool allocations and graph captures
-    timeout ${FLOOR_TIMEOUT:-120} python3 gpu/floor_modes.py 2>&1 | tee "$OUT/floor-modes.txt"
+    timeout ${FLOOR_TIMEOUT:-120} python3 lab/floor_modes.py 2>&1 | tee "$OUT/floor-modes.txt"
     ;;
   facts)
     stamp facts
     # registers, access widths (SASS) and, where ncu may read counters, achieved bandwidth
-    timeout ${FACTS_TIMEOUT:-110} python3 gpu/kernel_facts.py 2>&1 | tee "$OUT/kernel-facts.txt"
+    timeout ${FACTS_TIMEOUT:-110} python3 lab/kernel_facts.py 2>&1 | tee "$OUT/kernel-facts.txt"
     ;;
   capture)
     stamp capture

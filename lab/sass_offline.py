@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The SASS of triton_fused's kernel for the H200 (sm_90), compiled here without a GPU.
 
-    python gpu/sass_offline.py [--shape 8x128] [--tokens 1] [--out DIR]
+    python lab/sass_offline.py [--shape 8x128] [--tokens 1] [--out DIR]
 
 Why: docs/benchmarks.md reads the fp8 write's extra time at 1-8 tokens from what each warp
 does after its loads return (the bf16 copy stores the row words as loaded; the fp8 words pass
@@ -36,17 +36,20 @@ def sass_for(fp8: bool, heads: int, dim: int, tokens: int) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from kvprof.writers import triton_fused as tf
+    import torch
+
+    from kvprof.writers import triton_kernel as tk
+    from kvprof.writers.triton_fused import KINDS, pick_config
 
     rk = heads * dim
     bk = triton.next_power_of_2(rk)
-    cfg = tf.pick_config(2 * rk * 2, tokens, fp8=fp8)
+    cfg = pick_config(2 * rk * 2, tokens, fp8=fp8)
     split = min(cfg.split, bk)
-    bf16, e4m3 = tf.KINDS[tf.torch.bfloat16], tf.KINDS[tf.torch.float8_e4m3fn]
+    bf16, e4m3 = KINDS[torch.bfloat16], KINDS[torch.float8_e4m3fn]
     if fp8:  # what the writer sets for scale 0.5 under torch 2.11's rule: POW2 and PACKED
-        mode = tf._mode(bf16, e4m3, True, True, True, False, False, True) | 1 << 13 | 1 << 14
+        mode = tk.mode_bits(bf16, e4m3, True, True, True, False, False, True) | tk.MODE_POW2 | tk.MODE_PACKED
     else:
-        mode = tf._mode(bf16, bf16, False, False, True, False, False, True)
+        mode = tk.mode_bits(bf16, bf16, False, False, True, False, False, True)
     out_ty = "*u8" if fp8 else "*bf16"
     sig = {"k_out": out_ty, "v_out": out_ty, "loc": "*i64", "k_in": "*bf16", "v_in": "*bf16", "k_inv": "fp32",
            "v_inv": "fp32", "tokens": "i32", "rows": "i32", "k_stride": "i32", "v_stride": "i32",
@@ -54,7 +57,7 @@ def sass_for(fp8: bool, heads: int, dim: int, tokens: int) -> str:
     consts = {"RK": rk, "RV": rk, "BLOCK_K": bk, "BLOCK_V": bk, "BLOCK_T": cfg.block_t, "SPLIT": split, "MODE": mode}
     # pointers and row strides divisible by 16, as Triton specializes them at a real launch
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 9, 10)}
-    src = triton.compiler.ASTSource(fn=tf._store_kv_kernel, signature=sig, constexprs=consts, attrs=attrs)
+    src = triton.compiler.ASTSource(fn=tk.store_kv_kernel, signature=sig, constexprs=consts, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     with tempfile.TemporaryDirectory() as tmp:

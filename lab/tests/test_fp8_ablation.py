@@ -1,4 +1,4 @@
-"""gpu/fp8_ablation.py's summary, on CPU: the per-step cost is a least-squares slope over the
+"""lab/fp8_ablation.py's summary, on CPU: the per-step cost is a least-squares slope over the
 dependent-op rows, and the fp8 write's extra time is expressed in those steps."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
 def ablation(monkeypatch):
     # the script pins TRITON_INTERPRET=0 for its own process; monkeypatch puts it back
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    spec = importlib.util.spec_from_file_location("fp8_ablation", ROOT / "gpu" / "fp8_ablation.py")
+    spec = importlib.util.spec_from_file_location("fp8_ablation", ROOT / "lab" / "fp8_ablation.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -51,12 +51,12 @@ def test_chain_summary_skips_points_without_the_yardstick(ablation):
 
 
 def test_committed_h200_run_backs_the_docs(ablation):
-    """docs/benchmarks.md's table and claims come from docs/gpu/fp8-ablation-4.json: its summary
+    """lab/README.md's ablation table and claims come from lab/results/fp8-ablation-4.json: its summary
     is what the script computes from its own points, and the claims hold on them."""
     import json
     import statistics
 
-    run = json.loads((ROOT / "docs" / "gpu" / "fp8-ablation-4.json").read_text())
+    run = json.loads((ROOT / "lab" / "results" / "fp8-ablation-4.json").read_text())
     assert run["captures"] == 5 and run["e4m3_saturates"] is False and "H200" in run["device"]
     recomputed = ablation.chain_summary(run["points"])["points"]
     assert recomputed.keys() == run["chain"].keys() and len(recomputed) == 8

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Time triton_fused's candidate launch shapes on one GPU, the way `kvprof bench` times them.
 
-    cd <repo> && OUT=/tmp/out python gpu/tune_fused.py      # ~3 minutes, JSON to $OUT/tune.json
+    cd <repo> && OUT=/tmp/out python lab/tune_fused.py      # ~3 minutes, JSON to $OUT/tune.json
 
-Why it exists: ``TRITON_TABLE`` (kvprof/writers/triton_fused.py) picks a launch shape from
+Why it exists: ``TRITON_TABLE`` (kvprof/writers/triton_tables.py) picks a launch shape from
 (row bytes, tokens); this script measures the candidates it is chosen from. Each point uses
 the bench's own case (a 256 MB pool at random slots, W writes per captured graph, median of
-100 replays after warm-up: ``kvprof.bench.run._Case`` and ``kvprof.bench.timing.time_graph``),
+100 replays after warm-up: ``kvprof.bench.run.BenchCase`` and ``kvprof.bench.timing.time_graph``),
 so a tuned number is a bench number. Every candidate is first checked bitwise against
 index_put. Row shapes: 1x128, 8x128 (4x256 has the same row bytes, so the same kernel),
 32x128; bf16 from bf16 and fp8 e4m3 from bf16 with scale 0.5; tokens 1 .. 32768.
@@ -24,7 +24,7 @@ process free to migrate between cores and once pinned to one core.
 Environment: ``TUNE_PARTS`` (default ``host,tune``), ``TUNE_SHAPES`` (``1x128,8x128``),
 ``TUNE_DTYPES`` (``bf16,fp8_e4m3``) and ``TUNE_TOKENS`` (``1,8,64``) run a subset;
 ``TUNE_CAPTURES`` (default 1) times each candidate over that many graph captures and keeps
-the median (the first measurement of a process reads low: docs/gpu/floor-modes.txt).
+the median (the first measurement of a process reads low: lab/results/floor-modes.txt).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ if CAPTURES < 1:
 
 def candidates(rk: int, tokens: int, fp8: bool = False) -> list[tuple[int, int, int]]:
     """The launch shapes to time. The few-token shapes of FP8_EXTRA (4 elements per thread)
-    are tried for every dtype: gpu/fp8_ablation.py found them faster for bf16 copies too."""
+    are tried for every dtype: lab/fp8_ablation.py found them faster for bf16 copies too."""
     out: list[tuple[int, int, int]] = []
     for table in (CANDIDATES, FP8_EXTRA):
         for bound, cands in table.get(rk, []):
@@ -161,7 +161,8 @@ def precompile() -> None:
 def tune(results: list[dict]) -> None:
     import torch
 
-    from kvprof.bench.run import BenchPoint, TARGET_FIXED_US, TARGET_RATE_FRACTION, _Case
+    from kvprof.bench.run import BenchCase, BenchPoint
+    from kvprof.core.bench_result import BenchTarget
     from kvprof.bench.timing import copy_rate_gbs, time_graph
     from kvprof.writers.triton_fused import TritonConfig, TritonFusedWriter, pick_config
 
@@ -172,8 +173,8 @@ def tune(results: list[dict]) -> None:
         for cache, inp in DTYPES:
             for tokens in TOKENS:
                 point = BenchPoint(heads, dim, cache, inp, tokens)
-                case = _Case(point, device, 256 << 20, seed=tokens)
-                target = TARGET_FIXED_US + point.bytes_moved() / (TARGET_RATE_FRACTION * rate * 1e3)
+                case = BenchCase(point, device, 256 << 20, seed=tokens)
+                target = BenchTarget().us(point.bytes_moved(), rate)
                 row_bytes = 2 * heads * dim * 2
                 current = pick_config(row_bytes, tokens, fp8=cache.startswith("fp8"))
                 cands = [TritonConfig(*c) for c in candidates(heads * dim, tokens, cache.startswith("fp8"))]
@@ -253,19 +254,21 @@ def host_times(calls: int = 200, repeats: int = 15) -> dict[str, float]:
                                              scale=scale: w.write(k_buf, v_buf, loc, k, v, cache, scale, scale))
             fns[f"{label} {name} pool"] = (lambda pool=pool, loc=loc, k=k, v=v, scale=scale:
                                            pool.set_kv_buffer(0, loc, k, v, scale, scale))
-        create_writer("cuda_fused").write(k_buf, v_buf, loc, k, v, cache, scale, scale)  # builds the op
-        op = cfm._EXT.store_kv
+        ext, err = cfm.load_extension()  # the compiled op (built on first use)
+        if ext is None:
+            raise SystemExit(f"tune_fused.py: error: cuda_fused op unavailable: {err}")
+        op = ext.store_kv
         flags = cfm.KINDS[cache] | (24 if cache != inp else 0) | 1 << 6
         args = (k_buf, v_buf, loc, k, v, 2.0, 2.0)
         # built once: slicing inside the timed call would time two torch ops too (the first
-        # tuning run of docs/gpu/tune-fp8-2026-12-02.txt did, and read 8.5 µs for this line)
+        # tuning run of lab/results/tune-fp8-2026-12-02.txt did, and read 8.5 µs for this line)
         empty = (args[0], args[1], loc[:0], k[:0], v[:0], 2.0, 2.0)
         fns[f"{label} python call, 8 args (no-op)"] = lambda args=args, flags=flags: noop(*args, flags)
         fns[f"{label} cuda op, 0 tokens (pybind + args, no launch)"] = (
             lambda empty=empty, flags=flags: op(*empty, flags))
         fns[f"{label} cuda op, launch with PDL"] = lambda args=args, flags=flags: op(*args, flags | 1 << 7)
         fns[f"{label} cuda op, launch without PDL"] = lambda args=args, flags=flags: op(*args, flags)
-    fns["pybind call, no args (e4m3_saturates)"] = cfm._EXT.e4m3_saturates
+    fns["pybind call, no args (e4m3_saturates)"] = ext.e4m3_saturates
     fns["torch.cuda.is_current_stream_capturing()"] = torch.cuda.is_current_stream_capturing
     empty = torch.empty(0, device="cuda")
     fns["torch empty_like (floor: one torch op)"] = lambda: torch.empty_like(empty)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does the hardware fp32 -> e4m3 conversion keep a NaN's sign?
 
-    cd <repo> && python gpu/probe_fp8_nan_sign.py
+    cd <repo> && python lab/probe_fp8_nan_sign.py
 
 Why it exists: torch 2.11 (the H200's) turns fp32 -> e4m3 overflow into NaN with the input's
 sign (0x7F | sign); the hardware cvt.rn.satfinite.e4m3x2.f32 saturates to +-448 instead, so

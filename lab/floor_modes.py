@@ -2,13 +2,13 @@
 """Is a write's graph time at the latency floor a property of the kernel, or of one pool
 allocation and one graph capture?
 
-    cd <repo> && OUT=/tmp/out python gpu/floor_modes.py      # ~60 s, JSON to $OUT/floor-modes.json
+    cd <repo> && OUT=/tmp/out python lab/floor_modes.py      # ~60 s, JSON to $OUT/floor-modes.json
 
 Why it exists: at 1-8 tokens a write costs about one empty kernel node (0.7 µs on an H200),
-and two runs of the same kernel gave different medians there (gpu/tune_fused.py measured
+and two runs of the same kernel gave different medians there (lab/tune_fused.py measured
 triton_fused's fp8 write at 8x128 x 1 token at 0.658 µs, the bench at 0.716 µs a few
 minutes later), while each median's interquartile range is ~0.006 µs. This times the same
-points the way the bench does (``_Case`` + ``time_graph``), for several pool allocations
+points the way the bench does (``BenchCase`` + ``time_graph``), for several pool allocations
 (seeds) and several captures of each, bf16 and fp8 interleaved, and the empty-node floor
 the same way, so the spread between instances can be read against the spread inside one.
 """
@@ -41,7 +41,7 @@ def main() -> None:
         print("floor_modes.py needs a CUDA GPU")
         raise SystemExit(1)
     from kvprof.bench.empty_kernel import launch_empty
-    from kvprof.bench.run import BenchPoint, _Case
+    from kvprof.bench.run import BenchCase, BenchPoint
     from kvprof.bench.timing import time_graph
     from kvprof.writers import create_writer
 
@@ -54,7 +54,7 @@ def main() -> None:
             for heads, dim, tokens in POINTS:
                 for cache, inp in DTYPES:
                     point = BenchPoint(heads, dim, cache, inp, tokens)
-                    case = _Case(point, device, 256 << 20, seed=seed)
+                    case = BenchCase(point, device, 256 << 20, seed=seed)
                     pool = case.pool(variant, writer)
 
                     def step(pool=pool, case=case) -> None:

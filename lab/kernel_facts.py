@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The compiled facts behind the fused writers' timings; run once on the H200 (< 90 s).
 
-    cd <repo> && OUT=/tmp/out python gpu/kernel_facts.py    # JSON to $OUT/kernel-facts.json
+    cd <repo> && OUT=/tmp/out python lab/kernel_facts.py    # JSON to $OUT/kernel-facts.json
 
 Issue 6 asks for "the ncu or disassembly facts that explain the result: bytes per access,
 registers, achieved bandwidth": tune_fused.py gives the times, this script the why.
@@ -117,7 +117,7 @@ def disassemble(cubin: bytes) -> tuple[str, str]:
 
 # -- 1. Triton ---------------------------------------------------------------------------------------
 class Spy:
-    """Stands in for ``_store_kv_kernel``: keeps each launch's grid, keywords and CompiledKernel."""
+    """Stands in for ``triton_kernel.store_kv_kernel``: keeps each launch's grid, keywords and CompiledKernel."""
 
     def __init__(self, fn):
         self.fn, self.calls = fn, []
@@ -186,8 +186,9 @@ def triton_point(tf, spy, heads: int, dim: int, cache, scale, tokens: int, kerne
 
 def triton_facts() -> dict:
     import kvprof.writers.triton_fused as tf
-    spy, kernels, points = Spy(tf._store_kv_kernel), {}, []
-    tf._store_kv_kernel = spy  # write() looks the kernel up at call time
+    import kvprof.writers.triton_kernel as tk
+    spy, kernels, points = Spy(tk.store_kv_kernel), {}, []
+    tk.store_kv_kernel = spy  # write() looks the kernel up at call time
     try:
         for heads, dim in [(1, 128), (8, 128), (32, 128)]:
             for dname, cache, scale in DTYPES:
@@ -199,7 +200,7 @@ def triton_facts() -> dict:
                         p["error"] = oneline(exc)
                     points.append(p)
     finally:
-        tf._store_kv_kernel = spy.fn
+        tk.store_kv_kernel = spy.fn
     return dict(points=points)
 
 
@@ -258,7 +259,7 @@ def sgl_facts() -> dict:
     the sgl_kernel_cubin variant runs (KVPROF_SGL_CUBIN): why the peer sits where it does."""
     path, cuobjdump = os.environ.get("KVPROF_SGL_CUBIN"), tool("cuobjdump")
     if not path or not Path(path).is_file():
-        return dict(error="KVPROF_SGL_CUBIN is not set to a cubin (gpu/extract_sgl_cubin.py)")
+        return dict(error="KVPROF_SGL_CUBIN is not set to a cubin (python -m kvprof.tools.sgl_cubin_extract)")
     if not cuobjdump:
         return dict(error="no cuobjdump found")
     sass = sh(cuobjdump, "-sass", path)

@@ -1,4 +1,4 @@
-"""gpu/sass_offline.py compiles the writer's kernel for sm_90 on this CPU machine with Triton's
+"""lab/sass_offline.py compiles the writer's kernel for sm_90 on this CPU machine with Triton's
 bundled ptxas: the copy stores the loaded row words, the fp8 kernel casts them first."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "gpu" / "sass_offline.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "lab" / "sass_offline.py"
 
 
 def _run(tmp: Path, *args: str) -> subprocess.CompletedProcess:

@@ -2,31 +2,31 @@
 """Where the fp8 write's extra time goes at the latency floor: the same kernel with one
 part of the conversion left out at a time, beside the bf16 copy, timed as the bench times.
 
-    cd <repo> && OUT=/tmp/out python gpu/fp8_ablation.py      # ~1 minute, JSON to $OUT/fp8-ablation.json
+    cd <repo> && OUT=/tmp/out python lab/fp8_ablation.py      # ~1 minute, JSON to $OUT/fp8-ablation.json
 
 Why it exists: at 1-8 tokens an fp8 cache written from bf16 (scale 0.5, in the same launch)
 has been 0.01-0.03 µs slower than the bf16 write at some row shapes, every run. The
 conversion is bf16 -> fp32, a multiply by the inverse scale, the paired hardware cast
 (``cvt.rn.satfinite.e4m3x2.f32``) and a fix-up to torch 2.11's overflow-to-NaN rule. This
-launches ``_store_kv_kernel`` directly with its compile-time MODE changed, so each row
+launches a copy of the writer's kernel (``lab/ablation_kernel.py``) with its compile-time MODE changed, so each row
 isolates one part:
 
 * ``bf16 copy``: the bf16 cache (the reference), with its own launch shape and with the fp8
   table's launch shape (does the shape, not the conversion, make the difference?);
 * ``fp8, Triton's fix-up``: torch 2.11's overflow rule as Triton compiles it per element;
-* ``fp8, packed fix-up``: the writer's kernel (``_bf16_to_e4m3_packed``, bitwise torch's);
+* ``fp8, packed fix-up``: the writer's kernel (``bf16_to_e4m3_packed``, bitwise torch's);
 * ``fp8, no fix-up``: the saturating rule torch >= 2.12 follows (not torch 2.11's bits);
 * ``fp8, no scale``: no multiply (a scale of 1: the cast and the packed fix-up);
 * ``fp8 packed, bf16's shape``: the writer's fp8 kernel with the bf16 table's launch shape;
 * ``fp8, cast only``: no scale and no fix-up (Triton's saturating cast): the least any
   conversion in the kernel can do, widen and cast;
 * ``bf16 copy + N ops``: the bf16 copy with N dependent integer steps on every row word
-  that leave it unchanged (MODE bits 15-17, ``_dependent_ops``): what one more step on a
+  that leave it unchanged (MODE bits 15-17 of that copy, ``dependent_ops``): what one more step on a
   warp's load -> store chain costs here, the yardstick for the conversion's steps. The
   summary fits a line through N = 0..6 and says how many such steps the fp8 write's extra
   time is worth.
 
-Each is timed over the bench's case (``_Case``: 256 MB pool, random slots, W writes per
+Each is timed over the bench's case (``kvprof.bench.run.BenchCase``: 256 MB pool, random slots, W writes per
 graph), median of 100 replays, in ``ABL_CAPTURES`` rounds (default 3): each round is a new
 allocation shared by every row of its dtype, and the row's figure is the median over rounds.
 """
@@ -65,9 +65,11 @@ def main() -> None:
         raise SystemExit("fp8_ablation.py: error: needs a CUDA GPU (run it on the H200: gpu/run_gpu_checks.sh ablation)")
     import triton
 
-    from kvprof.bench.run import BenchPoint, _Case
+    from kvprof.bench.run import BenchCase, BenchPoint
     from kvprof.bench.timing import time_graph
     from kvprof.writers import triton_fused as tf
+
+    import ablation_kernel as ak
 
     t0 = time.perf_counter()
     device = torch.device("cuda")
@@ -94,16 +96,16 @@ def main() -> None:
             ("fp8, no scale", "fp8", fp8_base | packed, cfg_fp8, 1.0),
             ("fp8 packed, bf16's shape", "fp8", fp8_base | scaled | packed, cfg_bf, 2.0),
             ("fp8, cast only", "fp8", fp8_base | 1 << 9, cfg_fp8, 1.0),
-            *((f"bf16 copy + {n} ops", "bf16", bf_mode | n << 15, cfg_bf, 1.0) for n in CHAIN_STEPS),
-            *((f"bf16 copy + {n} ops, fp8's shape", "bf16", bf_mode | n << 15, cfg_fp8, 1.0) for n in (2, 4)),
+            *((f"bf16 copy + {n} ops", "bf16", bf_mode | ak.chain_mode(n), cfg_bf, 1.0) for n in CHAIN_STEPS),
+            *((f"bf16 copy + {n} ops, fp8's shape", "bf16", bf_mode | ak.chain_mode(n), cfg_fp8, 1.0) for n in (2, 4)),
         ]
         # Each round is a new allocation (pool, slots, rows) that every row of its dtype shares:
         # rows of one round differ only in their kernel, and the median over rounds averages
         # where the buffers landed (which moves a floor-bound median by a few ns).
         for rnd in range(CAPTURES):
             cases = {
-                "bf16": _Case(BenchPoint(heads, dim, "bf16", "bf16", tokens), device, 256 << 20, seed=tokens * 1000 + rnd),
-                "fp8": _Case(BenchPoint(heads, dim, "fp8_e4m3", "bf16", tokens), device, 256 << 20,
+                "bf16": BenchCase(BenchPoint(heads, dim, "bf16", "bf16", tokens), device, 256 << 20, seed=tokens * 1000 + rnd),
+                "fp8": BenchCase(BenchPoint(heads, dim, "fp8_e4m3", "bf16", tokens), device, 256 << 20,
                              seed=tokens * 1000 + rnd),
             }
             buffers = {}
@@ -119,7 +121,7 @@ def main() -> None:
                 def step(case=case, k_buf=k_buf, v_buf=v_buf, mode=mode, cfg=cfg, inv=inv, grid=grid,
                          split=split) -> None:
                     for loc in case.locs:
-                        tf._store_kv_kernel[grid](
+                        ak.store_kv_ablation_kernel[grid](
                             k_buf, v_buf, loc, case.k, case.v, inv, inv, tokens, k_buf.shape[0], rk, rk,
                             RK=rk, RV=rk, BLOCK_K=bk, BLOCK_V=bk, BLOCK_T=cfg.block_t, SPLIT=split, MODE=mode,
                             num_warps=cfg.num_warps, launch_pdl=True)
