@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Take sgl-kernel's store_kv_cache kernels out of its published wheel, as a cubin.
 
-    python gpu/extract_sgl_cubin.py [--version 0.3.21] [--out .gpu/sgl]
+    python -m kvprof.tools.sgl_cubin_extract [--version 0.3.21] [--out .gpu/sgl]
 
-Why: the H200 machine kvprof is measured on has no package registry and sgl-kernel's wheel (over 500 MB,
-built against its own torch) cannot be carried there or loaded beside another torch. Its
+Why: a GPU machine without a package registry cannot install sgl-kernel, and its wheel (over
+500 MB, built against its own torch) cannot be loaded beside another torch. Its
 ``store_kv_cache`` kernels are device code with no torch in them: this script downloads
 the wheel from PyPI (here, where the registry is reachable), reads its sm_90 ``common_ops``
 library, lists the embedded cubins with ``cuobjdump`` (Triton's bundled copy, CUDA's, or
@@ -29,12 +28,11 @@ import time
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+PROG = "python -m kvprof.tools.sgl_cubin_extract"
 
 
 def fail(msg: str) -> None:
-    print(f"extract_sgl_cubin.py: error: {msg}", file=sys.stderr)
+    print(f"sgl_cubin_extract: error: {msg}", file=sys.stderr)
     raise SystemExit(1)
 
 
@@ -62,13 +60,14 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--version", default="0.3.21", help="sgl-kernel version on PyPI (default: %(default)s)")
     ap.add_argument("--wheel", help="use this wheel instead of downloading one")
-    ap.add_argument("--out", default=str(ROOT / ".gpu" / "sgl"), help="folder for the cubin (default: %(default)s)")
+    ap.add_argument("--out", default=str(Path(".gpu") / "sgl"),
+                    help="folder for the cubin (default: %(default)s, under the current folder)")
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "kvprof" / "wheels"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from kvprof.atomic import atomic_write_bytes, atomic_write_text
     from kvprof.writers.sgl_cubin import read_cubin
