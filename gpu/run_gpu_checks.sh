@@ -9,8 +9,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
 mkdir -p "$OUT"
 steps=${*:-env capture bench tests}
-# A planted secret: no byte of it may reach any file of the run (issue: reports must not
-# carry the user's environment). tests/test_samples.py checks the committed samples.
+# A planted secret: no byte of it may reach any file of the run (reports must not carry
+# the user's environment). tests/test_samples.py checks the committed samples.
 export KVPROF_TEST_SECRET=kvprof-planted-9c41e7d2b85a
 export HF_TOKEN=hf_kvprofPlantedTokenValue0123456789
 export KVPROF_CACHE_DIR=${KVPROF_CACHE_DIR:-/tmp/kvprof-cache}

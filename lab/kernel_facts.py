@@ -3,11 +3,11 @@
 
     cd <repo> && OUT=/tmp/out python lab/kernel_facts.py    # JSON to $OUT/kernel-facts.json
 
-Issue 6 asks for "the ncu or disassembly facts that explain the result: bytes per access,
-registers, achieved bandwidth": tune_fused.py gives the times, this script the why.
+The ncu and disassembly facts that explain the bench's numbers (bytes per access, registers,
+achieved bandwidth): tune_fused.py gives the times, this script the why.
 1. triton: writes with the config TritonFusedWriter picks itself (1x128, 8x128, 32x128;
    bf16 and fp8 e4m3 from bf16, scale 0.5; 1/512/4096 tokens), and of each compiled
-   ``_store_kv_kernel``: registers, spills, shared memory, warps, the grid, the SASS global
+   ``store_kv_kernel``: registers, spills, shared memory, warps, the grid, the SASS global
    loads/stores by width (bytes per access per thread), PDL and the packed fp8 cast in the PTX.
 2. cuda: the CUDA op's .so (cuobjdump): registers and LDG/STG widths per kernel
    instantiation, and ptxas' "Used N registers" lines from its build.log; and the same for

@@ -1,4 +1,4 @@
-"""Test helper: triton_fused's conversion, run elementwise over a whole tensor.
+"""For the tests: triton_fused's conversion, run elementwise over a whole tensor.
 
 The exhaustive conversion tests feed every 16-bit pattern through the writer's own device
 code (``triton_kernel.convert_bits``, 8 elements per thread so the packed fp8 path runs as

@@ -11,7 +11,7 @@ Two implementations, chosen at compile time by the kernel (:mod:`kvprof.writers.
 
 NaN inputs are written as NaN, but their bits are not guaranteed to match: PyTorch itself
 gives different NaN bits for the same input on CPU (depending on tensor size) and on CUDA,
-so there is no single reference to match. Host-side helpers (the dtype codes, the overflow
+so there is no single reference to match. The host-side parts (the dtype codes, the overflow
 rule, the inverse scale) live here too, beside the device code that depends on them.
 """
 

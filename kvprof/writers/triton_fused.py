@@ -60,8 +60,8 @@ class TritonFusedWriter(KVWriter):
         (the integer emulation of torch's rounding also runs on a GPU, for comparison);
         ``pdl``: programmatic dependent launch. None (default) turns it on where it exists
         (compiled kernel, sm_90+): back-to-back small writes then overlap one kernel's launch
-        with the previous one's tail (docs/benchmarks.md). The kernel waits (griddepcontrol.wait) before its first load,
-        so it never reads what the previous kernel is still writing. ``packed_fp8=False``
+        with the previous one's tail (docs/benchmarks.md). The kernel waits (griddepcontrol.wait)
+        before its first load, so it never reads what the previous kernel is still writing. ``packed_fp8=False``
         keeps Triton's own per-element fp8 fix-up instead of the packed one (to compare)."""
         if isinstance(config, dict):
             config = TritonConfig(**config)
