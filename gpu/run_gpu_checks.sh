@@ -2,19 +2,19 @@
 # Everything kvprof needs a GPU for, in one call on an H200 machine:
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env smoke tests tune floor ablation facts capture
-# settings layer bench. Results go to $OUT (the device
-# tool brings them back); logs are tee'd so a timeout still returns what ran.
+# Steps (default: env capture bench tests): env smoke tests capture settings layer bench, and the
+# lab probes (lab/README.md) tune floor ablation facts.
+# Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
 mkdir -p "$OUT"
 steps=${*:-env capture bench tests}
-# A planted secret: no byte of it may reach any file of the run (issue: reports must not
-# carry the user's environment). tests/test_samples.py checks the committed samples.
+# A planted secret: no byte of it may reach any file of the run (reports must not carry
+# the user's environment). tests/test_samples.py checks the committed samples.
 export KVPROF_TEST_SECRET=kvprof-planted-9c41e7d2b85a
 export HF_TOKEN=hf_kvprofPlantedTokenValue0123456789
 export KVPROF_CACHE_DIR=${KVPROF_CACHE_DIR:-/tmp/kvprof-cache}
-# sgl-kernel's own store kernels, extracted here by gpu/extract_sgl_cubin.py into .gpu/sgl
+# sgl-kernel's own store kernels, extracted by python -m kvprof.tools.sgl_cubin_extract into .gpu/sgl
 if [ -z "${KVPROF_SGL_CUBIN:-}" ] && [ -f .gpu/sgl/store_kv_cache.sm_90.cubin ]; then
   export KVPROF_SGL_CUBIN=$PWD/.gpu/sgl/store_kv_cache.sm_90.cubin
 fi
@@ -43,27 +43,27 @@ PY
     ;;
   tests)
     stamp tests
-    TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-180} python3 -m pytest tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+    TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-180} python3 -m pytest tests lab/tests -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
     ;;
   tune)
     stamp tune
-    # TUNE_PARTS / TUNE_SHAPES / TUNE_DTYPES / TUNE_TOKENS run a subset (gpu/tune_fused.py)
-    timeout ${TUNE_TIMEOUT:-300} python3 gpu/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
+    # TUNE_PARTS / TUNE_SHAPES / TUNE_DTYPES / TUNE_TOKENS run a subset (lab/tune_fused.py)
+    timeout ${TUNE_TIMEOUT:-300} python3 lab/tune_fused.py 2>&1 | tee "$OUT/tune.txt"
     ;;
   ablation)
     stamp ablation
     # the fp8 write at the latency floor with one part of its conversion left out at a time
-    timeout ${ABLATION_TIMEOUT:-300} python3 gpu/fp8_ablation.py 2>&1 | tee "$OUT/fp8-ablation.txt"
+    timeout ${ABLATION_TIMEOUT:-300} python3 lab/fp8_ablation.py 2>&1 | tee "$OUT/fp8-ablation.txt"
     ;;
   floor)
     stamp floor
     # the same floor-bound points over several pool allocations and graph captures
-    timeout ${FLOOR_TIMEOUT:-120} python3 gpu/floor_modes.py 2>&1 | tee "$OUT/floor-modes.txt"
+    timeout ${FLOOR_TIMEOUT:-120} python3 lab/floor_modes.py 2>&1 | tee "$OUT/floor-modes.txt"
     ;;
   facts)
     stamp facts
     # registers, access widths (SASS) and, where ncu may read counters, achieved bandwidth
-    timeout ${FACTS_TIMEOUT:-110} python3 gpu/kernel_facts.py 2>&1 | tee "$OUT/kernel-facts.txt"
+    timeout ${FACTS_TIMEOUT:-110} python3 lab/kernel_facts.py 2>&1 | tee "$OUT/kernel-facts.txt"
     ;;
   capture)
     stamp capture

@@ -102,7 +102,7 @@ def cpu_bench() -> dict:
     from kvprof.bench.run import grid, run_bench
 
     return run_bench(grid([(1, 128)], [("bf16", "bf16")], [1, 16, 128]), ["index_put", "two_stream"],
-                     torch.device("cpu"), eager_repeats=2)
+                     torch.device("cpu"), eager_repeats=2).to_json()
 
 
 _BUILT: dict[Path, dict[str, Path]] = {}

@@ -155,11 +155,12 @@ def test_foreign_trace_gets_generic_numbers(tmp_path, capsys):
 
 def test_kvprof_trace_loads_in_hta(tmp_path):
     hta = pytest.importorskip("hta.trace_analysis")
-    from kvprof.trace.hta import make_hta_compatible
+    import json
+
+    from kvprof.trace.hta import hta_metadata_json
 
     doc, _ = build(TraceSpec(phases=[PhaseSpec("prefill", 8, 2), PhaseSpec("decode", 8, 2, graph=True)]))
-    doc.pop("distributedInfo")
-    make_hta_compatible(doc)
+    doc["distributedInfo"] = json.loads(hta_metadata_json(0))  # what capture adds to a profile
     d = tmp_path / "hta"
     d.mkdir()
     (d / "t.pt.trace.json.gz").write_bytes(gzip.compress(dumps(doc)))

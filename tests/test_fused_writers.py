@@ -27,17 +27,21 @@ from kvprof.pool import KVPool
 from kvprof.writers import FUSED, create_writer
 from kvprof.writers import cuda_fused as cf
 from kvprof.writers import triton_fused as tf
+from kvprof.writers import triton_kernel as tk
+from kvprof.writers.triton_convert import cached_inverse, pow2_exact
+
+from kernel_convert import convert_with_kernel
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, *FP8)
 INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 needs_interpreter = pytest.mark.skipif(
-    tf.triton is None or not tf._interpreted(),
+    tf.triton is None or not tk.interpreted(),
     reason="triton_fused on CPU needs TRITON_INTERPRET=1 when it is imported",
 )
 needs_compiled_triton = pytest.mark.skipif(
-    tf.triton is None or tf._interpreted(),
+    tf.triton is None or tk.interpreted(),
     reason="GPU tests of triton_fused need the compiled kernel: run with TRITON_INTERPRET=0",
 )
 
@@ -93,7 +97,7 @@ SCALES_OTHER = (None, 0.5, 7.3)
 
 def _check_conversion(x: torch.Tensor, dtype: torch.dtype, scale, hw: bool | None = None) -> None:
     ref = convert_for_cache(x, dtype, scale)
-    got = tf.convert_with_kernel(x, dtype, scale, hw=hw)
+    got = convert_with_kernel(x, dtype, scale, hw=hw)
     assert got.dtype == ref.dtype
     assert_same_bits(ref, got, dtype, f"{x.dtype}->{dtype} scale={scale}")
 
@@ -288,15 +292,15 @@ def test_triton_fused_masks_out_of_range_slots():
 # -- what each writer says when it cannot run -------------------------------------------------
 def test_triton_fused_reasons(monkeypatch):
     w = create_writer("triton_fused")
-    monkeypatch.setattr(tf, "_interpreted", lambda: False)
+    monkeypatch.setattr(tk, "interpreted", lambda: False)
     reason = w.unsupported_reason(torch.device("cpu"), torch.bfloat16)
     assert reason and "TRITON_INTERPRET=1" in reason and "\n" not in reason
-    monkeypatch.setattr(tf, "_interpreted", lambda: True)
+    monkeypatch.setattr(tk, "interpreted", lambda: True)
     assert w.unsupported_reason(torch.device("cpu"), torch.bfloat16) is None
     assert "interpreter" in w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
     assert "no conversion" in w.unsupported_reason(torch.device("cpu"), torch.int8)
     monkeypatch.setattr(tf, "triton", None)
-    monkeypatch.setattr(tf, "_TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    monkeypatch.setattr(tf, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
     assert w.unsupported_reason(torch.device("cpu"), torch.bfloat16).startswith("triton is not importable")
 
 
@@ -315,11 +319,11 @@ def test_triton_config_table():
 
 
 def test_pow2_shortcut_only_for_exact_powers_of_two():
-    assert all(tf._pow2_exact(x) for x in (1.0, 0.5, 2.0, 2.0**-99, 2.0**99))
-    assert not any(tf._pow2_exact(x) for x in (0.0, 3.0, 0.37, float("inf"), float("nan"), 1.0000001))
+    assert all(pow2_exact(x) for x in (1.0, 0.5, 2.0, 2.0**-99, 2.0**99))
+    assert not any(pow2_exact(x) for x in (0.0, 3.0, 0.37, float("inf"), float("nan"), 1.0000001))
     # extreme powers of two take the round trip: 464 / inv must stay a normal bf16 for the
     # packed fp8 fix-up's overflow bound
-    assert not any(tf._pow2_exact(x) for x in (2.0**-126, 2.0**127, 2.0**-149))
+    assert not any(pow2_exact(x) for x in (2.0**-126, 2.0**127, 2.0**-149))
 
 
 @needs_interpreter
@@ -336,16 +340,16 @@ def test_triton_hw_path_with_integer_fp8_codec_in_interpreter(cache, inp):
 def test_fp8_cast_only_on_layouts_checked_against_triton_3_6_ptxas():
     """Triton's packed fp8 cast is used only where its SASS was checked (see _fp8_cast_safe);
     the H200 failure case (1x20 rows, 4 tokens x 2 warps) takes the integer encode."""
-    assert not tf._fp8_cast_safe(20, 20, 20, 20, 4, 2, 32, 32)
-    assert not tf._fp8_cast_safe(128, 128, 136, 136, 16, 4, 128, 128)  # token stride not a multiple of 16
-    assert not tf._fp8_cast_safe(16, 16, 16, 16, 4, 2, 16, 16)  # 1 element per thread
+    assert not tk.fp8_cast_safe(20, 20, 20, 20, 4, 2, 32, 32)
+    assert not tk.fp8_cast_safe(128, 128, 136, 136, 16, 4, 128, 128)  # token stride not a multiple of 16
+    assert not tk.fp8_cast_safe(16, 16, 16, 16, 4, 2, 16, 16)  # 1 element per thread
     for rk, bt, nw in ((128, 1, 1), (128, 4, 2), (128, 16, 4), (1024, 1, 4), (1024, 2, 4), (4096, 1, 8)):
-        assert tf._fp8_cast_safe(rk, rk, rk, rk, bt, nw, rk, rk)
+        assert tk.fp8_cast_safe(rk, rk, rk, rk, bt, nw, rk, rk)
     for rk in (128, 1024, 4096):  # the tables' own choices for the common shapes
         for tokens in (1, 8, 64, 512, 4096, 32768):
             cfg = tf.pick_config(2 * rk * 2, tokens, fp8=True)
             chunk = rk // cfg.split
-            assert tf._fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, chunk, chunk), (rk, tokens, cfg)
+            assert tk.fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, chunk, chunk), (rk, tokens, cfg)
 
 
 @needs_interpreter
@@ -364,7 +368,7 @@ def test_store_kv_fused_reason_names_both_paths(monkeypatch):
     """Unsupported only when neither kernel can run, and then the reason names both."""
     w = create_writer("store_kv_fused")
     monkeypatch.setattr(tf, "triton", None)
-    monkeypatch.setattr(tf, "_TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    monkeypatch.setattr(tf, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
     monkeypatch.setattr(cf, "load_extension", lambda: (None, "no CUDA compiler (nvcc) found"))
     reason = w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
     assert reason == ("triton is not importable (ModuleNotFoundError: No module named 'triton'); "
@@ -426,7 +430,7 @@ GPU_WRITERS = [
 
 
 def _gpu_writer(name: str, options: dict):
-    if name in ("triton_fused", "store_kv_fused") and (tf.triton is None or tf._interpreted()):
+    if name in ("triton_fused", "store_kv_fused") and (tf.triton is None or tk.interpreted()):
         pytest.skip(f"{name} GPU tests need TRITON_INTERPRET=0")
     w = create_writer(name, **options)
     reason = w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
@@ -519,7 +523,7 @@ def test_gpu_conversions_exhaustive(name, options, src, dst):
 @pytest.mark.parametrize("src", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dst", CACHE_DTYPES)
 def test_gpu_triton_convert_kernel_exhaustive(hw, src, dst):
-    if tf.triton is None or tf._interpreted():
+    if tf.triton is None or tk.interpreted():
         pytest.skip("needs TRITON_INTERPRET=0")
     x = all_16bit(src, "cuda")
     for scale in SCALES_FP8 if dst in FP8 else SCALES_OTHER:
@@ -601,7 +605,7 @@ def test_gpu_nan_inputs_stay_nan():
     x = torch.tensor([float("nan"), -float("nan"), 1.0], device="cuda").to(torch.bfloat16)
     x = x.repeat(64).reshape(-1, 1, 8)
     for name, options in GPU_WRITERS:
-        if name == "triton_fused" and tf._interpreted():
+        if name == "triton_fused" and tk.interpreted():
             continue
         w = create_writer(name, **options)
         for dst in CACHE_DTYPES:
@@ -616,7 +620,7 @@ def test_gpu_nan_inputs_stay_nan():
 
 def test_gpu_test_list_is_consistent():
     assert all(n in ("triton_fused", "cuda_fused", "store_kv_fused") for n, _ in GPU_WRITERS)
-    assert not math.isnan(tf._inverse(0.5))
+    assert not math.isnan(cached_inverse(0.5))
 
 
 @pytest.mark.gpu
@@ -626,7 +630,7 @@ def test_gpu_packed_fp8_fixup_is_on_and_gives_tritons_bits(scale, heads, dim, to
     """bf16 -> e4m3fn under torch 2.11's rule takes the packed fix-up by default
     (MODE bit 14); Triton's per-element fix-up (packed_fp8=False) writes the same bytes, and
     both match index_put, including overflow (|x| * inv > 464) of either sign."""
-    if tf.triton is None or tf._interpreted():
+    if tf.triton is None or tk.interpreted():
         pytest.skip("needs TRITON_INTERPRET=0")
     g = torch.Generator().manual_seed(tokens)
     k = (torch.randn(tokens, heads, dim, generator=g) * 300).to(torch.bfloat16).cuda()
@@ -639,33 +643,8 @@ def test_gpu_packed_fp8_fixup_is_on_and_gives_tritons_bits(scale, heads, dim, to
         v_buf = torch.zeros_like(k_buf)
         w.write(k_buf, v_buf, loc, k, k, torch.float8_e4m3fn, scale, scale)
         (plan,) = w._plans.values()
-        assert bool(plan[6] & 1 << 14) == (packed and not tf.e4m3_saturates())
+        assert bool(plan[6] & tk.MODE_PACKED) == (packed and not tf.e4m3_saturates())
         outs.append(k_buf[loc])
     ref = convert_for_cache(k, torch.float8_e4m3fn, scale)
     assert_same_bits(ref, outs[0], torch.float8_e4m3fn, f"packed scale={scale}")
     assert torch.equal(outs[0], outs[1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7])
-def test_gpu_dependent_ops_ablation_leaves_the_copy_unchanged(n):
-    """gpu/fp8_ablation.py's yardstick (MODE bits 15-17) adds n dependent add/xor steps of a
-    runtime zero to every row word: the cache must get the input's exact bits, or the ablation
-    would time something other than a longer chain."""
-    if tf.triton is None or tf._interpreted():
-        pytest.skip("needs TRITON_INTERPRET=0")
-    g = torch.Generator().manual_seed(n)
-    tokens, heads, dim = 8, 8, 128
-    k = torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16).cuda()
-    v = torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16).cuda()
-    loc = (torch.randperm(255, generator=g)[:tokens] + 1).cuda()
-    k_buf = torch.zeros(256, heads, dim, dtype=torch.bfloat16, device="cuda")
-    v_buf = torch.zeros_like(k_buf)
-    bf16 = tf.KINDS[torch.bfloat16]
-    mode = tf._mode(bf16, bf16, False, False, True, False, False, True) | n << 15
-    rk = heads * dim
-    tf._store_kv_kernel[(tokens, 1)](k_buf, v_buf, loc, k, v, 1.0, 1.0, tokens, 256, rk, rk, RK=rk, RV=rk,
-                                     BLOCK_K=rk, BLOCK_V=rk, BLOCK_T=1, SPLIT=1, MODE=mode, num_warps=4,
-                                     launch_pdl=True)
-    assert torch.equal(k_buf[loc].view(torch.int16), k.view(torch.int16))
-    assert torch.equal(v_buf[loc].view(torch.int16), v.view(torch.int16))

@@ -1,23 +1,25 @@
 """Benchmark one layer's K+V write per variant over a grid of row shapes, dtypes and token counts.
 
 Each point is checked bitwise against ``index_put`` before it is timed (a fast wrong
-write is not a result), then timed as graph replays (CUDA) and eagerly. Results are
-plain records (one per point, variant and mode) so the table, the JSON/CSV files and
-the dashboard's Sweeps page all read the same data.
+write is not a result), then timed as graph replays (CUDA) and eagerly. The result is a
+:class:`kvprof.core.bench_result.BenchResult` (one row per point, variant and mode), which
+the table, the JSON/CSV files and the dashboard's Sweeps page all read.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph
 from kvprof.core import variants
+from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
 from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.core.errors import KvprofError, UsageError
@@ -29,10 +31,6 @@ BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
 # the wheel's cubin (device time only: that variant's host path is kvprof's ctypes call)
 SGL_PEERS = ("sgl_kernel", "sgl_kernel_cubin")
 KVPROF_FUSED = variants.KVPROF_FUSED
-
-# The fused write's target: 1.2 µs + bytes / (0.9 x measured copy rate).
-TARGET_FIXED_US = 1.2
-TARGET_RATE_FRACTION = 0.9
 
 
 @dataclass(frozen=True)
@@ -80,10 +78,8 @@ def default_grid(device: torch.device) -> list[BenchPoint]:
 def writes_per_graph(bytes_per_write: int) -> int:
     """Writes per replay: enough that a replay's own launch cost (a few µs) is amortised.
 
-    Sized by bytes, not tokens: the first H200 run (docs/bench/h200-2026-12-02.json) used
-    max(4, 20000 // tokens), i.e. only 4 writes of ~1.5 µs at 4096 tokens x 1x128, and
-    the replay overhead spread over 4 writes made those points miss the target while a
-    graph of 80 such writes (gpu/tune_fused.py) measured 1.58 µs.
+    Sized by bytes, not tokens: a graph of a few writes of ~1.5 µs (4096 tokens x 1x128)
+    reads the replay's own overhead into every write.
     """
     return max(10, min(100, -(-(256 << 20) // max(bytes_per_write, 1))))
 
@@ -122,8 +118,13 @@ def check_bench_memory(points: Iterable[BenchPoint], device: torch.device, pool_
                  f"bench point {biggest.shape} x {biggest.tokens} tokens ({biggest.cache_dtype})")
 
 
-class _Case:
-    """One point on one device: pool, slots and inputs shared by every variant."""
+class BenchCase:
+    """One point on one device: the pool size, the slots of every write of a graph and the
+    K/V inputs, shared by every variant timed at that point (and by lab scripts that time
+    kernels the way the bench does).
+
+    ``pool(name, writer)`` makes a pool of ``rows`` slots with that writer; ``check(writer)``
+    says how a writer's result differs from index_put's (None: bitwise equal)."""
 
     def __init__(self, point: BenchPoint, device: torch.device, pool_bytes: int, seed: int) -> None:
         self.point = point
@@ -162,9 +163,8 @@ class _Case:
         return None
 
 
-# At the latency floor a graph's median depends on where its buffers landed: one allocation
-# of the same point read 0.61 µs where three others read 0.69 (docs/gpu/floor-modes.txt), and
-# two variants running the same kernel differed by 0.06-0.09 µs in one run. So small points of
+# At the latency floor a graph's median depends on where its buffers landed (one allocation
+# can read 0.06-0.09 µs apart from others of the same point: docs/benchmarks.md). So small points of
 # the variants the verdicts judge are timed over this many allocations (pool, slots, rows), and
 # the median of their medians is the record's; each one is kept (``allocation_us``).
 FLOOR_ALLOCATIONS = 5
@@ -177,23 +177,27 @@ def floor_allocations(point: BenchPoint, variant: str, device: torch.device) -> 
     return FLOOR_ALLOCATIONS if variant in KVPROF_FUSED or variant in SGL_PEERS else 1
 
 
-def bench_variant(case: _Case, variant: str, writer: Any, replays: int, eager_repeats: int,
-                  extra_cases: Sequence[_Case] = ()) -> list[dict[str, Any]]:
+def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eager_repeats: int,
+                  extra_cases: Sequence[BenchCase] = ()) -> list[BenchRow]:
     """``writer`` is built once per run (compiled writers then compile once, not per point);
     ``extra_cases``: the same point in other allocations, graph-timed too (see FLOOR_ALLOCATIONS)."""
     point = case.point
-    base = {**asdict(point), "shape": point.shape, "dtype": point.dtype_label, "variant": variant,
-            "bytes": point.bytes_moved(), "writes_per_sample": case.writes}
+    modes = _modes(case.device)
+
+    def row(mode: str, status: str, **kw: Any) -> BenchRow:
+        return BenchRow(point.heads, point.dim, point.cache_dtype, point.input_dtype, point.tokens, variant, mode,
+                        status, bytes=point.bytes_moved(), writes_per_sample=case.writes, **kw)
+
     if isinstance(writer, KvprofError):
-        return [{**base, "mode": m, "status": "unavailable", "reason": str(writer)} for m in _modes(case.device)]
+        return [row(m, "unavailable", reason=str(writer)) for m in modes]
     reason = writer.unsupported_reason(case.device, case.cache, case.inp)
     if reason:
         status = "not installed" if "not installed" in reason else "unavailable"
-        return [{**base, "mode": m, "status": status, "reason": reason} for m in _modes(case.device)]
+        return [row(m, status, reason=reason) for m in modes]
     writer.prepare(case.device)
     wrong = case.check(writer)
     if wrong:
-        return [{**base, "mode": m, "status": "wrong", "reason": wrong} for m in _modes(case.device)]
+        return [row(m, "wrong", reason=wrong) for m in modes]
     pool = case.pool(variant, writer)
 
     def step() -> None:
@@ -209,7 +213,7 @@ def bench_variant(case: _Case, variant: str, writer: Any, replays: int, eager_re
             writer.write(k_buf, v_buf, loc, case.k, case.v, dtype, case.scale, case.scale)
 
     out = []
-    for mode in _modes(case.device):
+    for mode in modes:
         pool.path_counts.clear()
         try:
             t: Timing = (
@@ -217,25 +221,26 @@ def bench_variant(case: _Case, variant: str, writer: Any, replays: int, eager_re
                 else time_eager(step, case.writes, eager_repeats, case.device)
             )
         except Exception as exc:  # a variant that cannot be captured (e.g. syncs) is a result too  # noqa: BLE001
-            out.append({**base, "mode": mode, "status": "failed", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+            out.append(row(mode, "failed",
+                           reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
             continue
-        rec = {**base, "mode": mode, "status": "ok", "median_us": t.median_us, "iqr_us": t.spread_us,
-               "samples": t.samples, "paths": dict(pool.path_counts)}
+        rec = row(mode, "ok", median_us=t.median_us, iqr_us=t.spread_us, samples=t.samples,
+                  paths=dict(pool.path_counts))
         if mode == "graph" and extra_cases:
             timings = [t, *(_time_other_allocation(c, variant, writer, replays) for c in extra_cases)]
-            rec.update(median_us=statistics.median(x.median_us for x in timings),
-                       iqr_us=statistics.median(x.spread_us for x in timings),
-                       allocation_us=[round(x.median_us, 4) for x in timings])
+            rec.median_us = statistics.median(x.median_us for x in timings)
+            rec.iqr_us = statistics.median(x.spread_us for x in timings)
+            rec.allocation_us = [round(x.median_us, 4) for x in timings]
         if t.host_us is not None:
-            rec.update(host_us=t.host_us, host_iqr_us=t.host_spread_us)
+            rec.host_us, rec.host_iqr_us = t.host_us, t.host_spread_us
             w = time_eager(writer_step, case.writes, eager_repeats, case.device)
-            rec.update(writer_host_us=w.host_us, writer_host_iqr_us=w.host_spread_us)
+            rec.writer_host_us, rec.writer_host_iqr_us = w.host_us, w.host_spread_us
         out.append(rec)
     del pool
     return out
 
 
-def _time_other_allocation(case: _Case, variant: str, writer: Any, replays: int) -> Timing:
+def _time_other_allocation(case: BenchCase, variant: str, writer: Any, replays: int) -> Timing:
     pool = case.pool(variant, writer)
 
     def step() -> None:
@@ -252,26 +257,27 @@ def _modes(device: torch.device) -> tuple[str, ...]:
     return ("graph", "eager") if device.type == "cuda" else ("eager",)
 
 
-def derive(records: list[dict[str, Any]], limits: dict[str, Any]) -> list[dict[str, Any]]:
-    """Bandwidth, share of the copy rate, target, and ratios to every peer at the same point."""
+def derive(records: list[BenchRow], limits: dict[str, Any], target: BenchTarget | None = None) -> list[BenchRow]:
+    """Bandwidth, share of the copy rate, target, and ratios to every peer at the same point (in place)."""
+    target = target or BenchTarget()
     rate = limits.get("copy_rate_gbs")
-    by_point: dict[tuple, dict[str, dict[str, Any]]] = {}
+    by_point: dict[tuple, dict[str, BenchRow]] = {}
     for r in records:
-        by_point.setdefault((r["shape"], r["dtype"], r["tokens"], r["mode"]), {})[r["variant"]] = r
+        by_point.setdefault(r.key, {})[r.variant] = r
     for r in records:
-        if r.get("status") != "ok":
+        if not r.ok or r.median_us is None:
             continue
-        us = r["median_us"]
-        r["gbs"] = r["bytes"] / (us * 1e3)
-        r["pct_copy_rate"] = 100.0 * r["gbs"] / rate if rate else None
+        us = r.median_us
+        r.gbs = r.bytes / (us * 1e3)
+        r.pct_copy_rate = 100.0 * r.gbs / rate if rate else None
         if rate:
-            r["target_us"] = TARGET_FIXED_US + r["bytes"] / (TARGET_RATE_FRACTION * rate * 1e3)
-            r["meets_target"] = us <= r["target_us"]
-        r["floor_us"] = limits.get("empty_kernel_us")
-        peers = by_point[(r["shape"], r["dtype"], r["tokens"], r["mode"])]
-        r["ratio_to"] = {
-            name: p["median_us"] / us for name, p in peers.items() if name != r["variant"] and p.get("status") == "ok"
-        }  # > 1: this variant is faster than that peer
+            r.target_us = target.us(r.bytes, rate)
+            r.meets_target = us <= r.target_us
+        r.floor_us = limits.get("empty_kernel_us")
+        r.ratio_to = {  # > 1: this variant is faster than that peer
+            name: p.median_us / us for name, p in by_point[r.key].items()
+            if name != r.variant and p.ok and p.median_us is not None
+        }
     return records
 
 
@@ -284,16 +290,19 @@ def run_bench(
     eager_repeats: int = 20,
     pool_bytes: int = 256 << 20,
     seed: int = 0,
+    target: BenchTarget | None = None,
     on_point: Callable[[BenchPoint], None] | None = None,
-    on_partial: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """``on_partial`` gets the result so far after every point (marked ``complete: False``),
-    so a run cut short by a time limit still leaves every point it measured."""
+    on_partial: Callable[[BenchResult], None] | None = None,
+) -> BenchResult:
+    """``target``: what the fused writes are judged against (default :class:`BenchTarget`);
+    ``on_partial`` gets the result so far after every point (``complete`` False), so a run
+    cut short by a time limit still leaves every point it measured."""
     if replays < 1 or eager_repeats < 1:
         raise UsageError("--replays and --eager-repeats must be positive")
+    target = target or BenchTarget()
     points = list(points)
     limits: dict[str, Any] = {"copy_rate_gbs": copy_rate_gbs(device), **empty_node_us(device)}
-    records: list[dict[str, Any]] = []
+    records: list[BenchRow] = []
     unknown = [v for v in variants if ":" not in v and v not in writer_names()]
     if unknown:
         raise UsageError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(writer_names())}")
@@ -305,34 +314,28 @@ def run_bench(
             writers[variant] = exc
     sources = {name: src for name, w in writers.items()
                if callable(getattr(w, "source", None)) and (src := w.source())}
+    settings = BenchSettings(replays=replays, eager_repeats=eager_repeats, pool_bytes=pool_bytes,
+                             variants=list(variants), points=len(points), target=target,
+                             floor_allocations={"count": FLOOR_ALLOCATIONS, "max_bytes_per_write": FLOOR_BYTES,
+                                                "variants": [*KVPROF_FUSED, *SGL_PEERS]})
 
-    def result(complete: bool) -> dict[str, Any]:
-        return {
-            "kind": "kvprof-bench",
-            "complete": complete,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "device": device_properties(device),
-            "versions": versions(),
-            "limits": limits,
+    def result(complete: bool) -> BenchResult:
+        return BenchResult(
+            records=derive([copy.copy(r) for r in records], limits, target), settings=settings,
+            device=device_properties(device), versions=versions(), limits=limits,
             # where a peer's kernels come from (sgl_kernel_cubin: the wheel and the cubin's hash)
-            "sources": sources,
-            "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes,
-                         "floor_allocations": {"count": FLOOR_ALLOCATIONS, "max_bytes_per_write": FLOOR_BYTES,
-                                               "variants": [*KVPROF_FUSED, *SGL_PEERS]},
-                         "target": f"{TARGET_FIXED_US} us + bytes / ({TARGET_RATE_FRACTION} x copy rate)",
-                         "variants": list(variants), "points": len(points)},
-            "records": derive([dict(r) for r in records], limits),
-        }
+            sources=sources, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            complete=complete)
 
     for i, point in enumerate(points):
         if on_point:
             on_point(point)
-        case = _Case(point, device, pool_bytes, seed + i)
-        extra: list[_Case] = []
+        case = BenchCase(point, device, pool_bytes, seed + i)
+        extra: list[BenchCase] = []
         for variant in variants:
             n = floor_allocations(point, variant, device)
             while len(extra) < n - 1:  # built once per point, shared by the variants that use them
-                extra.append(_Case(point, device, pool_bytes, seed + i + 7919 * (len(extra) + 1)))
+                extra.append(BenchCase(point, device, pool_bytes, seed + i + 7919 * (len(extra) + 1)))
             records += bench_variant(case, variant, writers[variant], replays, eager_repeats, extra[: n - 1])
         del case, extra
         if device.type == "cuda":
@@ -342,10 +345,10 @@ def run_bench(
     return result(complete=True)
 
 
-def fused_verdicts(result: dict[str, Any], variant: str) -> dict[str, Any]:
-    """The issue's checks for one fused variant, from one run's records only.
+def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
+    """The checks for one fused variant, from one run's records only.
 
-    * ``target``: graph median <= 1.2 µs + bytes / (0.9 x copy rate), at every point;
+    * ``target``: graph median <= the run's target (:class:`BenchTarget`), at every point;
     * ``vs_sgl``: no slower than sgl-kernel's ``store_kv_cache`` in graph replays: the
       measured ``sgl_kernel`` column where it ran, else the measured ``sgl_kernel_cubin``
       column (sgl-kernel's own kernels from its wheel), else (on an H200) the reference
@@ -353,8 +356,8 @@ def fused_verdicts(result: dict[str, Any], variant: str) -> dict[str, Any]:
     * ``eager_host``: host time per eager write <= sgl-kernel's op (measured, else
       reference). Judged on the writer's own launch path (``writer_host_us``: the call the
       pool makes, the counterpart of calling sgl-kernel's op), with the time through the
-      pool and two index_put's time on the same host beside it; runs recorded before the
-      writer column existed are judged through the pool (``basis``);
+      pool and two index_put's time on the same host beside it; records without the writer
+      column are judged through the pool (``basis``);
     * ``fp8_vs_bf16``: an fp8 cache written from bf16 (scale in the same launch) takes no
       more graph time than the bf16 cache at the same row shape and token count. Every
       slower point is listed; ``within_noise`` are those slower by no more than the larger
@@ -362,84 +365,83 @@ def fused_verdicts(result: dict[str, Any], variant: str) -> dict[str, Any]:
     """
     from kvprof.bench import reference
 
-    recs = [r for r in result["records"] if r["variant"] == variant and r.get("status") == "ok"]
-    graph = [r for r in recs if r["mode"] == "graph"]
-    eager = [r for r in recs if r["mode"] == "eager" and r.get("host_us") is not None]
+    ref = reference.load()
+    ok = [r for r in result.records if r.ok and r.median_us is not None]
+    recs = [r for r in ok if r.variant == variant]
+    graph = [r for r in recs if r.mode == "graph"]
+    eager = [r for r in recs if r.mode == "eager" and r.host_us is not None]
     out: dict[str, Any] = {"variant": variant, "graph_points": len(graph)}
-    judged = [r for r in graph if "target_us" in r]
-    missed = [r for r in judged if not r["meets_target"]]
+    judged = [r for r in graph if r.target_us is not None]
+    missed = [r for r in judged if not r.meets_target]
     out["target"] = {"met": len(judged) - len(missed), "points": len(judged),
-                     "missed": [_where(r) + f" {r['median_us']:.2f} > {r['target_us']:.2f} µs" for r in missed]}
+                     "missed": [_where(r) + f" {r.median_us:.2f} > {r.target_us:.2f} µs" for r in missed]}
 
-    use_ref = reference.applies(result.get("device", {}).get("name"))
-    by_peer = {name: {(r["shape"], r["dtype"], r["tokens"], r["mode"]): r for r in result["records"]
-                      if r["variant"] == name and r.get("status") == "ok"} for name in SGL_PEERS}
+    use_ref = ref.applies(result.device_name)
+    by_peer = {name: {r.key: r for r in ok if r.variant == name} for name in SGL_PEERS}
     sgl = by_peer["sgl_kernel"]
     slower, compared, sources = [], 0, set()
     for r in graph:
-        key = (r["shape"], r["dtype"], r["tokens"], "graph")
-        peer_name = next((name for name in SGL_PEERS if key in by_peer[name]), None)
-        ref_us = by_peer[peer_name][key]["median_us"] if peer_name else None
+        peer_name = next((name for name in SGL_PEERS if r.key in by_peer[name]), None)
+        ref_us = by_peer[peer_name][r.key].median_us if peer_name else None
         if peer_name:
             sources.add(f"measured: {peer_name}")
-        elif use_ref and r["dtype"] == "bf16":
-            ref_us = reference.GRAPH_US.get((r["shape"], r["tokens"]))
+        elif use_ref and r.dtype == "bf16":
+            ref_us = ref.graph_us.get((r.shape, r.tokens))
             if ref_us is not None:
-                sources.add(f"reference: {reference.SOURCE}")
+                sources.add(f"reference: {ref.source}")
         if ref_us is None:
             continue
         compared += 1
-        if r["median_us"] > ref_us:
-            slower.append(_where(r) + f" {r['median_us']:.2f} > {ref_us:.2f} µs")
+        if r.median_us > ref_us:
+            slower.append(_where(r) + f" {r.median_us:.2f} > {ref_us:.2f} µs")
     out["vs_sgl"] = {"compared": compared, "slower": slower, "source": "; ".join(sorted(sources)) or "none"}
 
-    field = "writer_host_us" if eager and all(r.get("writer_host_us") is not None for r in eager) else "host_us"
+    field = "writer_host_us" if eager and all(r.writer_host_us is not None for r in eager) else "host_us"
 
     def over_limit(key: str) -> tuple[list[str], int]:
         over, compared = [], 0
         for r in eager:
-            peer = sgl.get((r["shape"], r["dtype"], r["tokens"], "eager"))
-            limit = peer.get(key) if peer else (reference.EAGER_HOST_US if use_ref else None)
+            peer = sgl.get((r.shape, r.dtype, r.tokens, "eager"))
+            limit = getattr(peer, key) if peer else (ref.eager_host_us if use_ref else None)
             if limit is None:
                 continue
             compared += 1
-            if r[key] > limit:
-                over.append(_where(r) + f" {r[key]:.2f} > {limit:.2f} µs")
+            if getattr(r, key) > limit:
+                over.append(_where(r) + f" {getattr(r, key):.2f} > {limit:.2f} µs")
         return over, compared
 
     over, host_compared = over_limit(field)
     pool_over, _ = over_limit("host_us")
-    index_put = [r[field] for r in result["records"] if r["variant"] == "index_put" and r["mode"] == "eager"
-                 and r.get("status") == "ok" and r.get(field) is not None]
+    index_put = [getattr(r, field) for r in ok if r.variant == "index_put" and r.mode == "eager"
+                 and getattr(r, field) is not None]
     out["eager_host"] = {"compared": host_compared, "over": over, "basis": "writer" if field != "host_us" else "pool",
-                         "median_us": _median([r[field] for r in eager]),
-                         "pool_median_us": _median([r["host_us"] for r in eager]), "pool_over": len(pool_over),
+                         "median_us": _median([getattr(r, field) for r in eager]),
+                         "pool_median_us": _median([r.host_us for r in eager]), "pool_over": len(pool_over),
                          "index_put_median_us": _median(index_put)}
 
-    bf16 = {(r["shape"], r["tokens"]): r for r in graph if r["dtype"] == "bf16"}
-    fp8 = [r for r in graph if r["cache_dtype"].startswith("fp8") and r["input_dtype"] == "bf16"]
+    bf16 = {(r.shape, r.tokens): r for r in graph if r.dtype == "bf16"}
+    fp8 = [r for r in graph if r.cache_dtype.startswith("fp8") and r.input_dtype == "bf16"]
     worse, noise = [], []
     for r in fp8:
-        b = bf16.get((r["shape"], r["tokens"]))
-        if b is None or r["median_us"] <= b["median_us"]:
+        b = bf16.get((r.shape, r.tokens))
+        if b is None or r.median_us <= b.median_us:
             continue
-        line = _where(r) + f" {r['median_us']:.2f} > bf16 {b['median_us']:.2f} µs"
+        line = _where(r) + f" {r.median_us:.2f} > bf16 {b.median_us:.2f} µs"
         worse.append(line)
-        if r["median_us"] - b["median_us"] <= max(r.get("iqr_us") or 0.0, b.get("iqr_us") or 0.0):
+        if r.median_us - b.median_us <= max(r.iqr_us or 0.0, b.iqr_us or 0.0):
             noise.append(line)
-    out["fp8_vs_bf16"] = {"compared": sum((r["shape"], r["tokens"]) in bf16 for r in fp8), "slower": worse,
+    out["fp8_vs_bf16"] = {"compared": sum((r.shape, r.tokens) in bf16 for r in fp8), "slower": worse,
                           "within_noise": noise}
     return out
 
 
-def _where(r: dict[str, Any]) -> str:
-    return f"{r['shape']} {r['dtype']} {r['tokens']} tok"
+def _where(r: BenchRow) -> str:
+    return f"{r.shape} {r.dtype} {r.tokens} tok"
 
 
 def _median(xs: list[float]) -> float | None:
-    import statistics
-
     return statistics.median(xs) if xs else None
 
 
-__all__ = ["BENCH_VARIANTS", "BenchPoint", "default_grid", "derive", "fused_verdicts", "grid", "run_bench", "short_name"]
+__all__ = ["BENCH_VARIANTS", "BenchCase", "BenchPoint", "BenchResult", "BenchRow", "BenchTarget", "default_grid",
+           "derive", "fused_verdicts", "grid", "run_bench", "short_name"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.argtypes import positive_float, positive_int
+from kvprof.core.bench_result import BenchTarget
 
 
 def _ints(text: str) -> list[int]:
@@ -40,6 +41,26 @@ def _dtypes(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return x
+
+
+def _non_negative_us(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 <= x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of µs >= 0, got {text!r}")
+    return x
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=None, help="comma-separated (default: all built-ins)")
     p.add_argument("--shapes", type=_shapes, default=None, help="HEADSxDIM list (default: 1x128,8x128,4x256,32x128 on CUDA)")
@@ -54,6 +75,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "90%% of the GPU's free memory)")
     p.add_argument("--out", default="bench-results", help="folder for bench.json and bench.csv (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target-fixed-us", type=_non_negative_us, default=BenchTarget.fixed_us,
+                   help="the fused writes' target is this many µs + bytes / (fraction x copy rate) "
+                        "(default: %(default)s; recorded in bench.json)")
+    p.add_argument("--target-rate-fraction", type=_fraction, default=BenchTarget.rate_fraction,
+                   help="the fraction of the measured copy rate in that target (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,22 +124,22 @@ def run(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], device: Any, out: Path) -> int:
     import sys
 
-    import orjson
-
     from kvprof.core.atomic import atomic_write_bytes, atomic_write_text
     from kvprof.bench.render import render_table, to_csv
     from kvprof.bench.run import run_bench
+    from kvprof.core.bench_result import BenchResult
 
     given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
     command = " ".join(["python -m kvprof bench", *given])
 
-    def save(result: dict) -> None:
-        result["command"] = command
-        atomic_write_bytes(out / "bench.json", orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    def save(result: BenchResult) -> None:
+        result.command = command
+        atomic_write_bytes(out / "bench.json", result.dumps())
         atomic_write_text(out / "bench.csv", to_csv(result))
 
+    target = BenchTarget(args.target_fixed_us, args.target_rate_fraction)
     result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
-                       pool_bytes=args.pool_mb << 20, seed=args.seed, on_partial=save)
+                       pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save)
     save(result)
     render_table(result)
     print(f"wrote {out / 'bench.json'} and {out / 'bench.csv'}")

@@ -10,21 +10,8 @@ a warning). HTA maps one trace per rank, so a run folder of several variant trac
 from __future__ import annotations
 
 import json
-from typing import Any
 
 
 def hta_metadata_json(rank: int = 0, world_size: int = 1) -> str:
     """The string for ``prof.add_metadata_json("distributedInfo", ...)`` (inside the profile block)."""
     return json.dumps({"backend": "none", "rank": int(rank), "world_size": int(world_size)})
-
-
-def make_hta_compatible(trace: dict[str, Any], rank: int = 0) -> dict[str, Any]:
-    """Add what HTA needs to a parsed Chrome trace (in place, returned): distributedInfo.rank."""
-    info = trace.get("distributedInfo")
-    if not isinstance(info, dict):
-        info = {}
-    info.setdefault("backend", "none")
-    info.setdefault("rank", int(rank))
-    info.setdefault("world_size", 1)
-    trace["distributedInfo"] = info
-    return trace

@@ -37,7 +37,7 @@ import torch
 
 from kvprof.validation import check_buffers_inputs
 from kvprof.writers.base import FUSED, KVWriter
-from kvprof.writers.triton_fused import KINDS, _inverse
+from kvprof.writers.triton_convert import KINDS, cached_inverse
 
 CSRC = Path(__file__).with_name("csrc")
 EXT_NAME = "kvprof_store_kv"
@@ -203,10 +203,10 @@ class CudaFusedWriter(KVWriter):
         if in_dtype != dtype:
             if k_scale is not None:
                 flags |= 8
-                k_inv = _inverse(k_scale)
+                k_inv = cached_inverse(k_scale)
             if v_scale is not None:
                 flags |= 16
-                v_inv = _inverse(v_scale)
+                v_inv = cached_inverse(v_scale)
         plan = (ext.store_kv, flags, k_inv, v_inv)
         if not isinstance(k_scale, torch.Tensor) and not isinstance(v_scale, torch.Tensor) and len(self._plans) < 256:
             self._plans[(in_dtype, dtype, k_scale, v_scale)] = plan

@@ -1,0 +1,1 @@
+"""Command-line tools that prepare what kvprof measures against (run with python -m kvprof.tools.NAME)."""

@@ -1,0 +1,86 @@
+"""Launch shapes of kvprof's fused Triton write, by (K+V input row bytes, tokens).
+
+Provenance: ``python lab/tune_fused.py`` on one NVIDIA H200 (torch 2.11.0+cu130, Triton
+3.6.0), 2026-12-02: every candidate shape timed the way ``kvprof bench`` times a write
+(CUDA-graph replays of W writes into a 256 MB pool at random slots, median of 100
+replays), the fastest kept. Its output is in ``lab/results/`` (``tune-*.txt``); what the
+shapes mean for the bench's numbers is in docs/benchmarks.md. ``TritonFusedWriter(config=...)``
+overrides the tables per writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TritonConfig:
+    """Launch shape: tokens per program, warps per program, and column chunks per row.
+
+    ``split`` > 1 cuts every K and V row into that many chunks, one program each (grid
+    axis 1): a write of a few tokens with long rows then runs on ``split`` times as many
+    SMs instead of making one SM issue every load, conversion and store of the row."""
+
+    block_t: int
+    num_warps: int
+    split: int = 1
+
+    def __post_init__(self) -> None:
+        if self.block_t < 1 or self.block_t & (self.block_t - 1):
+            raise ValueError(f"block_t must be a power of two, got {self.block_t}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if self.split < 1 or self.split & (self.split - 1):
+            raise ValueError(f"split must be a power of two, got {self.split}")
+
+
+Table = list[tuple[int, int, TritonConfig]]
+_ANY = 1 << 62
+
+# (largest K+V input row bytes per token, largest token count, config): first match wins.
+# 16-bit caches (a copy, no conversion). At a few tokens the shapes give every thread 4
+# elements per row chunk (a short load -> store chain per warp); larger writes take more
+# tokens per program; 16 KB rows split into column chunks up to 64 tokens.
+TRITON_TABLE: Table = [
+    (1024, 64, TritonConfig(4, 4)),
+    (1024, 512, TritonConfig(4, 1)),
+    (1024, 4096, TritonConfig(8, 2)),
+    (1024, _ANY, TritonConfig(16, 4)),
+    (8192, 512, TritonConfig(1, 4)),
+    (8192, 4096, TritonConfig(2, 4)),
+    (8192, _ANY, TritonConfig(1, 4)),
+    (_ANY, 1, TritonConfig(1, 8, 4)),
+    (_ANY, 8, TritonConfig(1, 4, 2)),
+    (_ANY, 64, TritonConfig(1, 2, 4)),
+    (_ANY, _ANY, TritonConfig(1, 16)),
+]
+# fp8 caches (the conversion runs in the kernel): at a few tokens, more warps or more column
+# chunks so that each thread converts 4 elements per row chunk.
+TRITON_TABLE_FP8: Table = [
+    (1024, 64, TritonConfig(4, 4)),
+    (1024, 512, TritonConfig(4, 2)),
+    (1024, 4096, TritonConfig(8, 4)),
+    (1024, _ANY, TritonConfig(32, 8)),
+    (8192, 1, TritonConfig(1, 8)),
+    (8192, 8, TritonConfig(1, 4)),
+    (8192, 64, TritonConfig(1, 8)),
+    (8192, 512, TritonConfig(1, 4)),
+    (8192, 4096, TritonConfig(2, 8)),
+    (8192, _ANY, TritonConfig(2, 8)),
+    (_ANY, 1, TritonConfig(1, 8, 4)),
+    (_ANY, 8, TritonConfig(1, 4, 8)),
+    (_ANY, 64, TritonConfig(1, 4, 4)),
+    (_ANY, _ANY, TritonConfig(1, 16)),
+]
+
+
+def pick_config(row_bytes: int, tokens: int, table: Table | None = None, fp8: bool = False) -> TritonConfig:
+    """The table's config for one token's K+V input bytes and the token count (``fp8``: the
+    cache is fp8, converted in the kernel)."""
+    for max_row, max_tokens, cfg in table or (TRITON_TABLE_FP8 if fp8 else TRITON_TABLE):
+        if row_bytes <= max_row and tokens <= max_tokens:
+            return cfg
+    return TritonConfig(1, 8)
+
+
+__all__ = ["TRITON_TABLE", "TRITON_TABLE_FP8", "Table", "TritonConfig", "pick_config"]

@@ -1,0 +1,39 @@
+"""lab/bench_markdown.py: the docs' µs-per-write table, one row per point of the committed H200 run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "traces" / "samples" / "h200-bench" / "bench.json"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("bench_markdown", ROOT / "lab" / "bench_markdown.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_markdown_has_one_row_per_point_of_the_golden_run(capsys):
+    assert _module().main([str(GOLDEN)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 72  # header, rule, 4 shapes x 3 dtypes x 6 token counts
+    assert lines[0].startswith("| shape | dtype | tokens | index_put |") and "| best kvprof |" in lines[0]
+    assert lines[2].startswith("| 1x128 | bf16 | 1 | ")
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+def test_host_time_table_has_no_verdict_columns(capsys):
+    assert _module().main([str(GOLDEN), "--mode", "eager", "--field", "writer_host_us"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 72 and "best kvprof" not in lines[0]
+
+
+def test_bad_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bench.json"
+    bad.write_text("{}")
+    assert _module().main([str(bad)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no records" in err[0]

@@ -1,0 +1,24 @@
+"""The lab's GPU scripts refuse a bad setting in one line, before they need a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LAB = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("script, env, words", [
+    ("fp8_ablation.py", {"ABL_CAPTURES": "three"}, "ABL_CAPTURES must be an integer"),
+    ("tune_fused.py", {"TUNE_CAPTURES": "x"}, "cannot read TUNE_CAPTURES"),
+    ("tune_fused.py", {"TUNE_CAPTURES": "0"}, "TUNE_CAPTURES must be at least 1"),
+])
+def test_lab_scripts_refuse_a_bad_setting_in_one_line(script, env, words):
+    r = subprocess.run([sys.executable, str(LAB / script)], capture_output=True, text=True,
+                       env={**os.environ, **env}, timeout=120)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
