@@ -259,7 +259,7 @@ def sgl_facts() -> dict:
     the sgl_kernel_cubin variant runs (KVPROF_SGL_CUBIN): why the peer sits where it does."""
     path, cuobjdump = os.environ.get("KVPROF_SGL_CUBIN"), tool("cuobjdump")
     if not path or not Path(path).is_file():
-        return dict(error="KVPROF_SGL_CUBIN is not set to a cubin (python -m kvprof.tools.sgl_cubin_extract)")
+        return dict(error="KVPROF_SGL_CUBIN is not set to a cubin (python -m kvprof.writers.sgl_cubin_extract)")
     if not cuobjdump:
         return dict(error="no cuobjdump found")
     sass = sh(cuobjdump, "-sass", path)

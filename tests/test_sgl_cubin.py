@@ -111,7 +111,7 @@ def test_the_writer_says_why_it_cannot_run_here(monkeypatch, tmp_path):
 
 
 def _script(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "kvprof.tools.sgl_cubin_extract", *args],
+    return subprocess.run([sys.executable, "-m", "kvprof.writers.sgl_cubin_extract", *args],
                           capture_output=True, text=True, **kw)
 
 
@@ -133,7 +133,7 @@ def test_extraction_errors_are_one_line(tmp_path):
 # ----------------------------------------------------------------------------- GPU
 def _cubin_writer():
     if not os.environ.get("KVPROF_SGL_CUBIN"):
-        pytest.skip("KVPROF_SGL_CUBIN is not set (python -m kvprof.tools.sgl_cubin_extract, "
+        pytest.skip("KVPROF_SGL_CUBIN is not set (python -m kvprof.writers.sgl_cubin_extract, "
                     "then gpu/run_gpu_checks.sh sets it)")
     w = create_writer("sgl_kernel_cubin")
     assert w.unsupported_reason(torch.device("cuda"), torch.bfloat16) is None

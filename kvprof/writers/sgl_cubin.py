@@ -3,7 +3,7 @@
 Why it exists: sgl-kernel's op cannot be loaded where kvprof's bench runs on a GPU (its
 wheel pins another torch, and the H200 machine kvprof is measured on has no package registry), yet the
 peer kvprof compares with is that op's kernel. The kernel is plain device code in the wheel's fatbinary, with
-no torch in it: ``python -m kvprof.tools.sgl_cubin_extract`` takes the cubin that holds
+no torch in it: ``python -m kvprof.writers.sgl_cubin_extract`` takes the cubin that holds
 ``store_kv_cache_256x1<T>`` and ``store_kv_cache_128x2<T>`` (T = int32/int64 slots) out
 of the published wheel, and this module loads it through the CUDA driver (ctypes: no
 compiler, no sgl-kernel import) and launches it as the op's host code does (sgl-kernel
@@ -48,7 +48,7 @@ class StoreCubin:
     path: Path
     image: bytes
     kernels: dict[tuple[str, str], str]  # ("256x1" | "128x2", "i32" | "i64") -> mangled name
-    meta: dict[str, Any]  # what kvprof.tools.sgl_cubin_extract recorded beside it (wheel, hashes)
+    meta: dict[str, Any]  # what kvprof.writers.sgl_cubin_extract recorded beside it (wheel, hashes)
 
     @property
     def sha256(self) -> str:
@@ -231,7 +231,7 @@ class SglKernelCubinWriter(SglKernelWriter):
             return None, "sgl_kernel_cubin needs CUDA"
         path = Path(cubin) if cubin else default_cubin_path()
         if path is None:
-            return None, ("no sgl-kernel cubin (run python -m kvprof.tools.sgl_cubin_extract on a machine with "
+            return None, ("no sgl-kernel cubin (run python -m kvprof.writers.sgl_cubin_extract on a machine with "
                           f"network, then set {ENV_CUBIN})")
         try:
             self.cubin = read_cubin(path)

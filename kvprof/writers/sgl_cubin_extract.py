@@ -1,6 +1,6 @@
 """Take sgl-kernel's store_kv_cache kernels out of its published wheel, as a cubin.
 
-    python -m kvprof.tools.sgl_cubin_extract [--version 0.3.21] [--out .gpu/sgl]
+    python -m kvprof.writers.sgl_cubin_extract [--version 0.3.21] [--out .gpu/sgl]
 
 Why: a GPU machine without a package registry cannot install sgl-kernel, and its wheel (over
 500 MB, built against its own torch) cannot be loaded beside another torch. Its
@@ -28,7 +28,7 @@ import time
 import zipfile
 from pathlib import Path
 
-PROG = "python -m kvprof.tools.sgl_cubin_extract"
+PROG = "python -m kvprof.writers.sgl_cubin_extract"
 
 
 def fail(msg: str) -> None:
