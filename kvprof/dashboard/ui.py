@@ -66,7 +66,7 @@ def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_co
     name = slug(key)
     if caption:
         st.caption(caption)
-    shown = display(df if len(df) <= max_rows else df.head(max_rows))
+    shown = display((df if len(df) <= max_rows else df.head(max_rows)).reset_index(drop=True))
     if len(shown) <= STATIC_ROWS:
         st.table(shown.style.hide(axis="index"))
     else:

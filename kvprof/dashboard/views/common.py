@@ -49,8 +49,15 @@ def pick_phase_size(df: pd.DataFrame, key: str, label: str = "phase · size", al
     return None if choice == "all" else choice
 
 
+def esc(value: object) -> str:
+    """Text from a trace or a name inside ``intro``'s HTML."""
+    import html
+
+    return html.escape(str(value))
+
+
 def intro(text: str) -> None:
-    """The page's one sentence: what it shows, for which run and source."""
+    """The page's one sentence: what it shows, for which run and source (HTML: escape names with ``esc``)."""
     st.markdown(f"<p data-testid='page-intro' style='margin-top:-0.5rem'>{text}</p>", unsafe_allow_html=True)
 
 

@@ -10,7 +10,7 @@ from kvprof.analysis.compare import Benchmark
 from kvprof.dashboard import charts, frames
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.ui import md, show_figure, show_table
-from kvprof.dashboard.views.common import device_line, intro, source_label
+from kvprof.dashboard.views.common import device_line, esc, intro, source_label
 from kvprof.errors import KvprofError
 
 RATIOS = ("ratio after/before", "ratio GPU span", "ratio host launch", "ratio kernels/write")
@@ -53,7 +53,7 @@ def default_pair(ctx: Context, labels: list[str], cur: str) -> tuple[str | None,
 def render(ctx: Context) -> None:
     st.subheader("Compare runs")
     intro("Each variant against itself in two runs (before and after a change), by default the two most recent "
-          f"runs of the same model and device, at <b>{md(source_label(ctx.source))}</b>.")
+          f"runs of the same model and device, at <b>{esc(source_label(ctx.source))}</b>.")
     labels = ctx.labels()
     if not labels:
         st.info("No runs to compare: the traces root has none and nothing was uploaded.")

@@ -8,7 +8,7 @@ from kvprof.dashboard import charts, frames
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.tables import cell, outliers
 from kvprof.dashboard.ui import md, show_figure, show_table
-from kvprof.dashboard.views.common import intro, need_run, no_gpu_traces, per_write_source, source_label
+from kvprof.dashboard.views.common import esc, intro, need_run, no_gpu_traces, per_write_source, source_label
 
 KINDS = {"box": "box", "violin": "violin", "ECDF": "ecdf"}
 HOST_METRIC = "host launch per write (µs)"
@@ -24,7 +24,7 @@ def render(ctx: Context) -> None:
     source = per_write_source(ctx, writes)
     src = source_label(source)
     intro(f"How each per-write number spreads across the measured writes of a variant, by phase and by layer "
-          f"(<b>{md(src)}</b>): a slow tail or a slow layer stands out here, not in a median.")
+          f"(<b>{esc(src)}</b>): a slow tail or a slow layer stands out here, not in a median.")
     w = frames.measured_writes(writes, ctx.variants, source)
     cpu = bool(no_gpu_traces(summary))
     if cpu:

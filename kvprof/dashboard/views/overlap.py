@@ -7,7 +7,7 @@ import streamlit as st
 from kvprof.dashboard import charts, frames
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.ui import md, show_figure, show_table
-from kvprof.dashboard.views.common import intro, need_run, per_write_source, source_label
+from kvprof.dashboard.views.common import esc, intro, need_run, per_write_source, source_label
 
 MAX_POINTS = 5000
 
@@ -30,7 +30,7 @@ def render(ctx: Context) -> None:
     source = per_write_source(ctx, writes)
     src = source_label(source)
     intro(f"For a write that copies K and V on two CUDA streams: how much of the two copies ran at the same time, "
-          f"write by write (<b>{md(src)}</b>).")
+          f"write by write (<b>{esc(src)}</b>).")
     multi = [v for v in frames.multi_stream_variants(writes) if v in ctx.variants]
     if not multi:
         st.info("No chosen variant writes on two streams here (the two-stream K/V copy is `two_stream`); "

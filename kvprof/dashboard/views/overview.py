@@ -9,7 +9,7 @@ from kvprof.dashboard import charts, frames, landing
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.tables import landing_table
 from kvprof.dashboard.ui import md, show_figure, show_table
-from kvprof.dashboard.views.common import device_line, intro, need_run, no_gpu_traces, source_label
+from kvprof.dashboard.views.common import device_line, esc, intro, need_run, no_gpu_traces, source_label
 
 
 def _report_html(ctx: Context, land: landing.Landing) -> bytes:
@@ -27,7 +27,7 @@ def render(ctx: Context) -> None:
     src = source_label(ctx.source)
     st.subheader(f"Overview · {md(ctx.run.label)}")
     intro(f"Per variant: fused or not, what one KV write costs on the GPU and what it saves per decode step, "
-          f"measured by <b>{md(src)}</b>.")
+          f"measured by <b>{esc(src)}</b>.")
     st.caption(f"{device_line(summary)} · input: {md(summary.get('input_kind'))} · "
                f"{len(summary.get('traces') or [])} trace file(s) · kvprof {md(summary.get('kvprof_version'))}")
     cpu_only = no_gpu_traces(summary)
