@@ -4,7 +4,7 @@
 
 Starts ``kvprof dashboard`` on the bundled H200 samples (a free localhost port), visits each
 page in Debian's headless Chromium through Playwright (never ``playwright install``), and
-writes small PNGs (the top of each page, downscaled, 64-colour palette) plus
+writes small PNGs (the top of each page, downscaled, 96-colour palette) plus
 ``report.png``: a screenshot of ``kvprof report --html`` of the samples -- the PNG export
 of the landing view. Stops the server whatever happens.
 """
@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT / "kvprof" / "samples"
+SAMPLES = ROOT / "traces" / "samples"  # the real files (kvprof/samples links to them)
 PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
 CHROMIUM = os.environ.get("KVPROF_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
@@ -33,7 +33,7 @@ def shrink(png: Path, width: int) -> None:
 
     im = Image.open(png).convert("RGB")
     im = im.resize((width, round(im.height * width / im.width)), Image.LANCZOS)
-    im.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(png, optimize=True)
+    im.quantize(colors=96, method=Image.Quantize.MEDIANCUT).save(png, optimize=True)
 
 
 def main() -> int:
@@ -76,7 +76,7 @@ def main() -> int:
                     side.get_by_text(name, exact=True).click()
                     pg.locator('[data-testid="stMain"] h3').filter(has_text=name.split()[0]).first.wait_for()
                     pg.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
-                    pg.wait_for_timeout(800)
+                    pg.wait_for_timeout(2500)  # metrics and late charts
                     out = args.out / f"{name.split()[0].lower()}.png"
                     pg.screenshot(path=str(out))
                     shrink(out, args.width)

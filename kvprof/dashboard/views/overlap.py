@@ -50,10 +50,11 @@ def render(ctx: Context) -> None:
         zero = [k for k, v in med.items() if v < 1.0]
         if zero:
             span = df[df["phase_size"].isin(zero)].groupby("phase_size")[["span_us", "busy_us"]].median()
-            why = "; ".join(f"{md(k)}: median span {r.span_us:,.1f} µs vs {r.busy_us:,.1f} µs of kernels"
+            why = "; ".join(f"{md(k)}: median span {r.span_us:,.1f} µs for {r.busy_us:,.1f} µs of kernel time"
                             for k, r in span.iterrows())
-            st.caption(f"0 % overlap at {md(', '.join(zero))}: the second copy started only after the first had "
-                       f"finished (the span is the sum of the two kernels, not the longer one): {why}.")
+            st.caption(f"0 % overlap at {md(', '.join(zero))}: in these writes the second copy started only after "
+                       f"the first had finished, so the two streams never ran side by side ({why}; a span longer "
+                       "than the kernels' time is idle GPU time between them).")
     else:
         st.info(f"{md(variant)} has no measured writes with GPU work at {md(src)}.")
     shown = df
