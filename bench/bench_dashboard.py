@@ -6,8 +6,8 @@ Two measurements per data set, each from a fresh process so nothing is warm by a
 - AppTest (streamlit.testing): the server-side script run of the first page, in a new
   process (imports included: what a freshly started server pays), then in a new session of
   a warm process, then every other page;
-- a real headless Chromium (Debian's /usr/bin/chromium, see shared/BROWSER.md) against
-  ``streamlit run``: ``goto`` until every chart of the first page is drawn -- first visit of
+- a real headless Chromium (Debian's /usr/bin/chromium) against
+  ``streamlit run``: ``goto`` until the first chart is drawn and the script run is over -- first visit of
   a just-started server, a new browser (empty cache) on a warm server, and a reload.
 Data sets: the samples under traces/samples (when that is empty, the real H200 fixture
 tests/fixtures/real analysed into a temp folder, and the table says so); a synthesized
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "dashboards" / "app.py"
+APP = ROOT / "kvprof" / "dashboard" / "app.py"
 PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -155,7 +155,7 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
 
 def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
     sys.path.insert(0, str(ROOT))
-    from dashboards.data import analyse_to, discover_runs
+    from kvprof.dashboard.data import analyse_to, discover_runs
 
     root = (arg or ROOT / "traces" / "samples").resolve()
     runs = [e for e in discover_runs(root) if e.analysed] or discover_runs(root)
@@ -179,7 +179,10 @@ def big_run(tmp: Path, mb: int) -> tuple[Path, dict[str, Any]]:
 
 def fmt(x: Any) -> str:
     if isinstance(x, list):
-        return f"{min(x):.2f} (best of {len(x)})" if x else "-"
+        if not x:
+            return "-"
+        m = sorted(x)[len(x) // 2]
+        return f"{m:.2f} [{min(x):.2f}-{max(x):.2f}] n={len(x)}"  # median [spread]
     return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
 
 
@@ -189,6 +192,7 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=100, help="size of the synthesized trace, uncompressed MB")
     ap.add_argument("--repeat", type=int, default=3, help="browser visits per data set")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--samples-only", action="store_true", help="skip the synthesized trace")
     args = ap.parse_args()
     rows: list[tuple[str, str, Any, str]] = []
     with tempfile.TemporaryDirectory(prefix="kvprof-bench-dash-") as t:
@@ -196,22 +200,23 @@ def main() -> int:
         s_root, s_run, s_label = samples_root(args.samples, tmp)
         print(f"data set 1: {s_label}")
         t0 = time.perf_counter()
-        big, info = big_run(tmp, args.mb)
+        sets = [("samples", s_root, s_run, 3.0)]
+        big, info = big_run(tmp, args.mb if not args.samples_only else 1)
         print(f"data set 2: SYNTHESIZED kvprof-shaped Kineto trace, {info['events']:,} events, "
               f"{info['uncompressed_mb']:.0f} MB uncompressed ({info['gzipped_mb']:.1f} MB gzipped), "
               f"built in {time.perf_counter() - t0:.0f} s; not a real capture")
 
-        sets = [("samples", s_root, s_run, 3.0)]
         # the big trace before analyze ran: the dashboard runs kvprof's pipeline (cache outside the root)
         cache = tmp / "cache"
-        r = apptest(big.parent, big, cache)
+        r = apptest(big.parent, big, cache) if not args.samples_only else {"error": "skipped (--samples-only)"}
         rows.append((f"{args.mb} MB trace, not analysed", "AppTest first page, new process (runs analyze)",
                      r.get("first_s", r.get("error")), "15"))
         outs = next((cache / "runs").glob("*/summary.json"), None)
-        if outs is not None:  # the same outputs in the run folder: the analysed case
+        if outs is not None and not args.samples_only:  # the same outputs in the run folder: the analysed case
             for n in ("summary.json", "writes.parquet", "events.parquet"):
                 shutil.copy2(outs.parent / n, big / n)
-        sets.append((f"{args.mb} MB trace, analysed", big.parent, big, 15.0))
+        if not args.samples_only:
+            sets.append((f"{args.mb} MB trace, analysed", big.parent, big, 15.0))
 
         for name, root, run, target in sets:
             r = apptest(root, run, tmp / f"cache-{name.split()[0]}")
@@ -230,7 +235,8 @@ def main() -> int:
             if not Path(CHROMIUM).is_file():
                 rows.append((name, "browser", f"skipped: {CHROMIUM} missing", ""))
                 continue
-            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, min(r.get("charts", 1), 2)), args.repeat)
+            # first chart visible: one drawn Plotly chart and the script run over
+            b = browser(root, run, tmp / f"cache-{name.split()[0]}", 1, args.repeat)
             if "error" in b:
                 rows.append((name, "browser", b["error"], ""))
                 continue

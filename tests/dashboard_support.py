@@ -92,6 +92,11 @@ def build_root(root: Path) -> dict[str, Path]:
     bench.mkdir()
     (bench / "bench.json").write_bytes(orjson.dumps(cpu_bench(), option=orjson.OPT_SERIALIZE_NUMPY))
     runs["bench"] = bench / "bench.json"
+    samples = root / "h200-llama70b-tp8"  # the committed H200 samples' analysed outputs (files, not links)
+    samples.mkdir()
+    for f in (REPO / "kvprof" / "samples" / "h200-llama70b-tp8").iterdir():
+        shutil.copy(f, samples / f.name)
+    runs["samples"] = samples
     return runs
 
 

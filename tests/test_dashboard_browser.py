@@ -29,12 +29,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync"]
 # page -> (heading it shows, charts it draws with the H200 run open)
 PAGES = {
-    "Overview": ("Overview · h200", 2),
+    "Overview": ("Overview · h200", 4),
     "Timeline": ("Timeline · h200", 1),
     "Distributions": ("Distributions · h200", 2),
     "Sweeps": ("Sweeps", 2),
     "Overlap": ("Overlap · h200", 3),
-    "Compare runs": ("Compare runs", 2),
+    "Compare runs": ("Compare runs", 1),
 }
 
 
@@ -118,6 +118,96 @@ def _charts_drawn(pg: object, n: int) -> int:
     return int(pg.locator(".js-plotly-plot").count())  # type: ignore[attr-defined]
 
 
+# Every drawn chart, as Plotly holds it in the page: traces (variant, colour, values), the y axes'
+# full ranges and types, the limit lines (shapes) and their labels (annotations), and meta.
+CHART_FACTS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e._fullLayout).map(e => {
+  const fl = e._fullLayout;
+  const axes = {};
+  for (const k of Object.keys(fl)) if (/^yaxis\\d*$/.test(k)) axes[k.replace('axis', '')] =
+      {type: fl[k].type, range: fl[k].range, fixed: !!(e.layout[k] && e.layout[k].range)};
+  const num = v => (v && v.length !== undefined && typeof v !== 'string') ? Array.from(v).map(Number) : [];
+  return {
+    title: (fl.title && fl.title.text) || '', meta: e.layout.meta || null,
+    traces: e._fullData.map(t => ({name: t.name, group: t.legendgroup || '', type: t.type, yaxis: t.yaxis || 'y',
+      orientation: t.orientation || 'v', limit: (t._input && t._input.meta) === 'limit' || t.meta === 'limit',
+      colour: (t.marker && typeof t.marker.color === 'string') ? t.marker.color : (t.line && t.line.color) || null,
+      y: num(t.y), up: (t.error_y && t.error_y.visible) ? num(t.error_y.array) : [],
+      down: (t.error_y && t.error_y.visible) ? num(t.error_y.arrayminus) : []})),
+    shapes: (e.layout.shapes || []).map(s => ({name: s.name, yref: s.yref, y: s.y0})),
+    annotations: (e.layout.annotations || []).map(a => ({name: a.name, yref: a.yref, y: a.y})),
+    axes};
+})"""
+MARGIN = 1.3  # log axes: at most this factor beyond the drawn values; linear: this share of the span
+
+
+def check_chart(c: dict, where: str) -> dict[str, str]:
+    """Range within the data x a small margin, labels on their lines; returns variant -> colour."""
+    from kvprof.core import variants
+
+    colours: dict[str, str] = {}
+    if (c["meta"] or {}).get("empty"):
+        return colours
+    for t in c["traces"]:
+        g = t["group"]
+        if g and not g.startswith("limit:") and t["colour"] and g != "not in a write":
+            assert t["colour"].lower() == variants.colour(g), (where, c["title"], g, t["colour"])
+            colours.setdefault(g, t["colour"].lower())
+    bounded = (c["meta"] or {}).get("bounded") == "percent"
+    for ref, ax in c["axes"].items():
+        vals = []
+        for t in c["traces"]:
+            if t["yaxis"] != ref or t["limit"] or t["orientation"] == "h" or t["type"] in ("histogram",):
+                continue
+            ys = t["y"]
+            vals += ys
+            if t["up"]:
+                vals += [y + u for y, u in zip(ys, t["up"])]
+                vals += [y - d for y, d in zip(ys, t["down"] or t["up"])]
+        vals += [s["y"] for s in c["shapes"] if s["yref"] == ref]
+        vals = [v for v in vals if v == v]
+        if not vals or bounded or ax["type"] == "category" or not ax["fixed"]:
+            continue
+        lo, hi = ax["range"]
+        if ax["type"] == "log":
+            pos = [v for v in vals if v > 0]
+            assert 10 ** lo >= min(pos) / MARGIN * 0.999 and 10 ** hi <= max(pos) * MARGIN * 1.001, (where, c["title"])
+            assert 10 ** lo <= min(pos) * 1.001 or (c["meta"] or {}).get("clipped_above") is not None, (where, c["title"])
+        else:
+            dlo, dhi = min(0.0, min(vals)), max(0.0, max(vals))
+            span = (dhi - dlo) or 1.0
+            assert lo >= dlo - MARGIN * span * 0.3 and hi <= dhi + span * 0.3, (where, c["title"], lo, hi, dlo, dhi)
+    for a in c["annotations"]:
+        if not (a["name"] or "").startswith("limit:"):
+            continue
+        shape = next(s for s in c["shapes"] if s["name"] == a["name"])
+        ax = c["axes"][a["yref"]]
+        at = 10 ** a["y"] if ax["type"] == "log" else a["y"]
+        assert abs(at - shape["y"]) <= 1e-6 * max(1.0, abs(shape["y"])), (where, c["title"], a["name"], at, shape["y"])
+    return colours
+
+
+def visit_every_page(pg: object, url: str, tag: str) -> dict[str, str]:
+    """Every page: no exception, no None in tables, charts pass check_chart; a screenshot each."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.goto(url)  # type: ignore[attr-defined]
+    pg.wait_for_selector('[data-testid="stMain"] h3')  # type: ignore[attr-defined]
+    sidebar = pg.locator('[data-testid="stSidebar"]')  # type: ignore[attr-defined]
+    colours: dict[str, str] = {}
+    for name in PAGES:
+        sidebar.get_by_text(name, exact=True).click()
+        pg.locator('[data-testid="stMain"] h3').filter(has_text=name.split()[0]).first.wait_for()  # type: ignore[attr-defined]
+        _settle(pg)
+        assert pg.locator('[data-testid="stException"]').count() == 0, (tag, name)  # type: ignore[attr-defined]
+        cells = pg.locator('[data-testid="stTable"] td').all_inner_texts()  # type: ignore[attr-defined]
+        assert not {c.strip() for c in cells} & {"None", "nan", "NaN"}, (tag, name)
+        assert pg.locator('[data-testid="page-intro"]').count() == 1, (tag, name)  # type: ignore[attr-defined]
+        for c in pg.evaluate(CHART_FACTS):  # type: ignore[attr-defined]
+            for v, col in check_chart(c, f"{tag}/{name}").items():
+                assert colours.setdefault(v, col) == col, (tag, name, v)  # one colour per variant, every page
+        pg.screenshot(path=str(ARTIFACTS / f"{tag}-{name.split()[0].lower()}.png"), full_page=True)  # type: ignore[attr-defined]
+    return colours
+
+
 def test_every_page_renders_its_charts(page: object, app_url: str) -> None:
     pg = page
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -132,10 +222,16 @@ def test_every_page_renders_its_charts(page: object, app_url: str) -> None:
         _settle(pg)
         assert _charts_drawn(pg, n_charts) >= n_charts, name
         assert pg.locator('[data-testid="stException"]').count() == 0, name  # type: ignore[attr-defined]
-        pg.screenshot(path=str(ARTIFACTS / f"{name.split()[0].lower()}.png"))  # type: ignore[attr-defined]
         if name == "Timeline":  # bars really drawn: Plotly's bar points in the SVG
             assert pg.locator(".js-plotly-plot .barlayer .point").count() > 10  # type: ignore[attr-defined]
     print(f"first page with charts in {first:.1f} s")
+
+
+def test_samples_and_a_cpu_run_every_page_checked(page: object, app_url: str) -> None:
+    """The committed H200 samples and a CPU-only run: every page, every chart checked, one colour per variant."""
+    samples = visit_every_page(page, f"{app_url}/?run=h200-llama70b-tp8", "samples")
+    assert {"two_stream", "triton_fused", "index_put"} <= set(samples)
+    visit_every_page(page, f"{app_url}/?run=cpu-only", "cpu")
 
 
 def test_bad_upload_is_a_message_in_the_page(page: object, app_url: str, tmp_path: Path) -> None:

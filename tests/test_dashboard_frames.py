@@ -100,7 +100,8 @@ def test_sweep_and_distribution_figures() -> None:
     pts = pd.DataFrame({"variant": ["a", "a", "b"], "tokens": [1, 10, 1], "us": [1.0, 2.0, 3.0]})
     fig = charts.sweep(pts, pd.DataFrame(columns=["line", "tokens", "us"]), "t")
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    df = pd.DataFrame({"variant": ["a"] * 4, "phase_size": ["decode bs=1"] * 4, "size": 1, "layer": [0, 1, 0, 1],
+    df = pd.DataFrame({"variant": ["a"] * 4, "phase": "decode", "phase_size": ["decode bs=1"] * 4, "size": 1,
+                       "layer": [0, 1, 0, 1],
                        "step": 0, "write_id": range(4), "value": [1.0, 2.0, 3.0, 4.0]})
     for kind, t in (("box", "box"), ("violin", "violin"), ("ecdf", "scatter")):
         assert {tr.type for tr in charts.distribution(df, "m", kind).data} == {t}
@@ -229,3 +230,70 @@ def test_stale_summary_is_noticed(tmp_path: Path) -> None:
     later = time.time() + 3600
     os.utime(trace, (later, later))
     assert data.stale_traces(tmp_path) == ["a.pt.trace.json.gz"]
+
+
+# ---------------------------------------------------------------------------- chart correctness
+
+
+def _label_at(fig, name: str) -> tuple[float, float]:  # noqa: ANN001
+    """(the line's value, where its label sits in data units) for one limit line."""
+    shape = next(s for s in fig.layout.shapes if s.name == name)
+    ann = next(a for a in fig.layout.annotations if a.name == name)
+    log = fig.layout.yaxis.type == "log"
+    return float(shape.y0), 10 ** float(ann.y) if log else float(ann.y)
+
+
+def test_baseline_label_sits_on_the_1x_line_of_a_log_axis() -> None:
+    df = pd.DataFrame({"variant": ["two_stream", "triton_fused", "two_stream", "triton_fused"], "source": "nsys",
+                       "phase": ["decode", "decode", "prefill", "prefill"], "size": [8, 8, 512, 512],
+                       "speed-up vs baseline": [1.0, 4.0, 1.0, 0.5]})
+    fig = charts.speedup_bars(df, "two_stream")
+    value, label = _label_at(fig, "limit:two_stream = 1x")
+    assert value == 1.0 and label == pytest.approx(1.0)
+    lo, hi = (10 ** r for r in fig.layout.yaxis.range)
+    assert 0.5 / charts.MARGIN == pytest.approx(lo) and 4.0 * charts.MARGIN == pytest.approx(hi)
+
+
+def test_sweep_range_is_the_data_and_limits_are_labelled_at_their_value() -> None:
+    pts = pd.DataFrame({"variant": ["triton_fused"] * 3, "tokens": [1, 64, 4096], "us": [2.0, 3.0, 40.0]})
+    floors = pd.DataFrame({"line": "floor at peak", "tokens": [1, 64, 4096], "us": [1e-4, 6e-3, 0.4]})
+    fig = charts.sweep(pts, floors, "t", hlines={"empty kernel node 0.60 µs": 0.6, "empty PDL node 0.65 µs": 0.65})
+    lo, hi = (10 ** r for r in fig.layout.yaxis.range)
+    assert lo == pytest.approx(0.6 / charts.MARGIN) and hi == pytest.approx(40 * charts.MARGIN)  # not 1e-4
+    for name in ("limit:empty kernel node 0.60 µs", "limit:empty PDL node 0.65 µs"):
+        value, label = _label_at(fig, name)
+        assert label == pytest.approx(value)
+    sides = {a.xanchor for a in fig.layout.annotations if a.name and a.name.startswith("limit:")}
+    assert sides == {"left", "right"}  # neighbouring labels on opposite ends: no overlap
+    assert all("e" not in t and "M" not in t for t in fig.layout.yaxis.ticktext)  # 0.5, 1, 2, 5 ... not 2 5 2 5
+
+
+def test_one_colour_per_variant_from_the_variant_table() -> None:
+    from kvprof.core import variants
+
+    df = pd.DataFrame({"variant": ["index_put", "triton_fused"], "source": "nsys", "phase": "decode",
+                       "phase_size": "decode bs=1", "size": 1, "value": [3.0, 1.0]})
+    for fig in (charts.metric_bars(df, "m"),
+                charts.distribution(df.assign(layer=0, step=0, write_id=0), "m")):
+        for tr in fig.data:
+            assert tr.marker.color == variants.colour(tr.legendgroup)
+
+
+def test_decode_and_prefill_get_their_own_axes_and_timeline_units() -> None:
+    df = pd.DataFrame({"variant": ["a", "a"], "source": "nsys", "phase": ["decode", "prefill"],
+                       "phase_size": ["decode bs=1", "prefill tokens=4096"], "size": [1, 4096], "value": [1.0, 600.0]})
+    fig = charts.metric_bars(df, "µs")
+    assert fig.layout.yaxis.range[1] < 2 and fig.layout.yaxis2.range[1] > 600
+    rows = pd.DataFrame({"lane": "kvprof writes (host)", "start_us": [0.0, 5e6], "dur_us": [10.0, 10.0], "name": "w",
+                         "variant": "a", "kind": "write", "grid": "", "block": "", "count": 1, "busy_us": 10.0,
+                         "detail": ""})
+    tl = charts.timeline(rows)
+    assert tl.layout.meta["unit"] == "s" and "(s)" in tl.layout.xaxis.title.text
+
+
+def test_tables_never_show_none() -> None:
+    from kvprof.dashboard.tables import display
+
+    df = pd.DataFrame({"a": [None, "x"], "b": [float("nan"), 1234.5678], "c": [True, None], "d": [1, 2]})
+    shown = display(df)
+    assert shown.to_numpy().ravel().tolist() == ["n/a", "n/a", "yes", "1", "x", "1,235", "n/a", "2"]

@@ -1,8 +1,9 @@
 """Open the dashboard (Streamlit + Plotly): variants, timeline, distributions, sweeps, overlap, runs.
 
 RUN_DIR (optional) is a run folder to open first; its parent becomes the traces root
-unless --root is given. Without it the dashboard opens the real H200 samples in
-traces/samples (and offers traces/, where capture writes). Only files under the
+unless --root is given. Without it the dashboard opens the real H200 samples: those
+bundled in the package (in a checkout, traces/samples, and traces/ where capture
+writes); never the current folder. Only files under the
 traces roots are read; uploads are analysed from a temporary file outside them. Binds
 127.0.0.1 unless --address says otherwise. Needs the dashboard extra:
 pip install -e '.[dashboard]'. Ctrl-C stops it.
@@ -82,6 +83,13 @@ def streamlit_command(args: argparse.Namespace, app: Path | None = None) -> tupl
     return cmd, env
 
 
+def _default_roots() -> str:
+    """What the app opens without --root: the bundled samples (and traces/ in a checkout)."""
+    from kvprof.dashboard.data import configured_roots
+
+    return ", ".join(str(r) for r in configured_roots({}))
+
+
 def run(args: argparse.Namespace) -> int:
     import importlib.util
     import signal
@@ -96,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
               "machines; it has no authentication", file=sys.stderr)
     host = f"[{args.address}]" if ":" in args.address else args.address
     print(f"kvprof dashboard: http://{host}:{args.port}  (roots: "
-          f"{env.get('KVPROF_DASHBOARD_ROOTS', 'traces/samples, traces')}; Ctrl-C stops)", flush=True)
+          f"{env.get('KVPROF_DASHBOARD_ROOTS') or _default_roots()}; Ctrl-C stops)", flush=True)
     proc = subprocess.Popen(cmd, env=env)
 
     from kvprof.core.interrupts import Interrupted

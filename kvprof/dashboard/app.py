@@ -18,7 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
-if str(_SOURCE_ROOT) not in sys.path:  # `streamlit run` puts only this folder on the path
+# `streamlit run kvprof/dashboard/app.py` from a checkout puts only this folder on the path;
+# an installed kvprof is importable already and nothing is added
+if (_SOURCE_ROOT / "pyproject.toml").is_file() and str(_SOURCE_ROOT) not in sys.path:
     sys.path.insert(0, str(_SOURCE_ROOT))
 
 import streamlit as st  # noqa: E402

@@ -1,103 +1,224 @@
 """Plotly figure builders: a DataFrame in, a go.Figure out, no Streamlit.
 
-Pure so they are tested without a server and reused by the benchmark script. Times are
-µs on numeric axes; the timeline is horizontal bars with ``base=`` (a date axis, as
-px.timeline forces, cannot show µs).
+Pure so they are tested without a server and reused by the HTML report and the benchmark.
+Rules every chart follows (the browser test checks them):
+
+- a variant's colour is ``kvprof.core.variants.colour`` on every chart, and every trace of
+  a variant carries ``legendgroup=variant`` so the colour can be checked per variant;
+- axis ranges are set from the measured values (a small margin around them); reference
+  limits are lines inside that range, labelled at their value: the line is a shape
+  and its label an annotation of the same ``name`` placed in data coordinates (on a log
+  axis an annotation's y is log10 of the value, a shape's is the value itself);
+- decode and prefill are never on one linear axis (one panel per phase);
+- legends sit right of the plot, never over the title; log axes get 1-2-5 ticks.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-import plotly.express as px
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
+from kvprof.core import variants as V
+from kvprof.dashboard.axes import (LIMIT_COLOURS, LIMIT_DASHES, MARGIN, limit_line, lin_range,  # noqa: F401 (MARGIN: tests)
+                                   log_range, log_ticks, set_y)
 from kvprof.dashboard.frames import HOST_LANE, NOT_IN_WRITE, WRITES_LANE
 
-PALETTE = px.colors.qualitative.Plotly
 NEUTRAL = "#9aa0a6"
+PHASE_COLOURS = {"decode": "#4477aa", "prefill": "#ee6677"}
 HEIGHT = 420
+LIMIT_REACH = 4.0  # a limit line within this factor of the data widens the range to show it
 
 
-def variant_colors(variants: Sequence[str]) -> dict[str, str]:
-    """One color per variant, stable across pages (sorted names, not order of appearance)."""
-    names = sorted({str(v) for v in variants if str(v) != NOT_IN_WRITE})
-    colors = {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(names)}
-    colors[NOT_IN_WRITE] = NEUTRAL
-    return colors
+def variant_colors(names: Iterable[object]) -> dict[str, str]:
+    """One colour per variant, from kvprof's variant table: the same on every page and export."""
+    out = {str(v): V.colour(str(v)) for v in names if str(v) != NOT_IN_WRITE}
+    out[NOT_IN_WRITE] = NEUTRAL
+    return out
+
+
+def ordered_variants(names: Iterable[object]) -> list[str]:
+    return V.ordered([str(n) for n in names])
 
 
 def empty_figure(message: str, title: str | None = None) -> go.Figure:
     """A figure that says why it is empty, instead of a blank axis."""
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14})
-    fig.update_layout(title=title, height=240, xaxis={"visible": False}, yaxis={"visible": False})
+    fig.update_layout(title=title, height=240, xaxis={"visible": False}, yaxis={"visible": False},
+                      meta={"empty": message})
     return fig
 
 
 def _layout(fig: go.Figure, title: str, height: int = HEIGHT) -> go.Figure:
-    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 50, "b": 10},
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0, "title": {"text": ""}})
+    fig.update_layout(title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}}, height=height,
+                      margin={"l": 10, "r": 10, "t": 56, "b": 10}, template="plotly_white",
+                      legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top",
+                              "title": {"text": ""}, "tracegroupgap": 2})
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
     return fig
 
 
+def _phases(df: pd.DataFrame) -> list[str]:
+    order = {"decode": 0, "prefill": 1}
+    return sorted(df["phase"].astype(str).unique(), key=lambda p: (order.get(p, 2), p))
+
+
+def _phase_panels(phases: list[str], widths: list[int] | None = None, titles: bool = True) -> go.Figure:
+    if len(phases) <= 1:
+        return go.Figure()
+    return make_subplots(rows=1, cols=len(phases), subplot_titles=phases if titles else None,
+                         column_widths=widths, horizontal_spacing=0.08)
+
+
+def _kw(phases: list[str], j: int) -> dict[str, int]:
+    return {"row": 1, "col": j + 1} if len(phases) > 1 else {}
+
+
+# ---------------------------------------------------------------------------- overview
+
+
 def metric_bars(df: pd.DataFrame, metric: str, title: str | None = None) -> go.Figure:
-    """Grouped bars: one group per phase·size, one bar per variant (frames.group_metric_frame)."""
+    """Bars per variant and phase·size, one panel (own linear axis) per phase (frames.group_metric_frame)."""
     if df.empty:
         return empty_figure(f"no values of {metric} in this run", title or metric)
+    phases = _phases(df)
+    fig = _phase_panels(phases, [max(1, df[df["phase"] == p]["phase_size"].nunique()) for p in phases])
     colors = variant_colors(df["variant"])
-    fig = go.Figure()
-    for v, d in df.groupby("variant", sort=True):
-        fig.add_trace(go.Bar(x=d["phase_size"], y=d["value"], name=str(v), marker_color=colors[str(v)],
-                             hovertemplate=f"{v}<br>%{{x}}<br>{metric}: %{{y:.4g}}<extra></extra>"))
-    fig.update_layout(barmode="group", yaxis_title=metric, xaxis_title=None)
+    shown: set[str] = set()
+    for j, ph in enumerate(phases):
+        d = df[df["phase"] == ph]
+        for v in ordered_variants(d["variant"]):
+            g = d[d["variant"] == v]
+            fig.add_trace(go.Bar(x=g["phase_size"], y=g["value"], name=v, legendgroup=v, showlegend=v not in shown,
+                                 marker_color=colors[v],
+                                 hovertemplate=f"{v}<br>%{{x}}<br>{metric}: %{{y:.4g}}<extra></extra>"), **_kw(phases, j))
+            shown.add(v)
+        set_y(fig, d["value"], False, metric if j == 0 else "", **_kw(phases, j))
+    fig.update_layout(barmode="group", meta={"chart": "metric_bars"})
     return _layout(fig, title or metric)
 
 
 def speedup_bars(df: pd.DataFrame, baseline: str, title: str | None = None) -> go.Figure:
-    """Speed-up against the baseline per variant and phase·size (overview_frame rows), 1 = same."""
+    """Speed-up against the baseline per variant and phase·size (overview_frame rows), 1x = the baseline."""
     d = df.dropna(subset=["speed-up vs baseline"])
     d = d[d["variant"] != baseline]
     if d.empty:
-        return empty_figure(f"nothing to compare with {baseline}: no shared (phase, size) with GPU times",
+        return empty_figure(f"nothing to compare with {baseline}: no (phase, size) that both have GPU times for",
                             title or f"speed-up vs {baseline}")
-    colors = variant_colors(df["variant"])
+    colors = variant_colors(d["variant"])
     fig = go.Figure()
-    for v, g in d.groupby("variant", sort=True):
-        labels = [f"{p} {'bs' if p == 'decode' else 'tokens'}={s} ({src})" for p, s, src in zip(g["phase"], g["size"], g["source"])]
-        fig.add_trace(go.Bar(x=labels, y=g["speed-up vs baseline"], name=str(v), marker_color=colors[str(v)],
-                             hovertemplate=f"{v}<br>%{{x}}<br>%{{y:.2f}}x faster than {baseline}<extra></extra>"))
-    fig.add_hline(y=1.0, line_dash="dot", line_color=NEUTRAL, annotation_text=baseline)
-    fig.update_layout(barmode="group", yaxis_title=f"speed-up vs {baseline} (x)", yaxis_type="log")
+    labels = {(p, s): f"{p} {'bs' if p == 'decode' else 'tokens'}={s}" for p, s in zip(d["phase"], d["size"])}
+    order = [labels[k] for k in sorted(labels, key=lambda k: (k[0] != "decode", k[0], k[1]))]
+    for v in ordered_variants(d["variant"]):
+        g = d[d["variant"] == v]
+        fig.add_trace(go.Bar(x=[labels[(p, s)] for p, s in zip(g["phase"], g["size"])], y=g["speed-up vs baseline"],
+                             name=v, legendgroup=v, marker_color=colors[v],
+                             hovertemplate=f"{v}<br>%{{x}}<br>%{{y:.2f}}x as fast as {baseline}<extra></extra>"))
+    vals = [*d["speed-up vs baseline"], 1.0]
+    set_y(fig, vals, True, f"speed-up vs {baseline} (x, log)")
+    fig.update_xaxes(categoryorder="array", categoryarray=order)
+    limit_line(fig, 1.0, f"{baseline} = 1x", log=True)
+    fig.update_layout(barmode="group", meta={"chart": "speedup_bars"})
     return _layout(fig, title or f"GPU cost per write: speed-up vs {baseline}")
 
 
+def landing_cost(df: pd.DataFrame, title: str) -> go.Figure:
+    """GPU µs per write with its spread (error bar = IQR), one panel per phase (frames.landing_frame)."""
+    d = df.dropna(subset=["cost_us"])
+    if d.empty:
+        return empty_figure("no GPU time per write for this source (a CPU-only capture has none)", title)
+    phases = _phases(d)
+    fig = _phase_panels(phases, [max(1, d[d["phase"] == p]["phase_size"].nunique()) for p in phases])
+    shown: set[str] = set()
+    for j, ph in enumerate(phases):
+        p = d[d["phase"] == ph]
+        for v in ordered_variants(p["variant"]):
+            g = p[p["variant"] == v]
+            fig.add_trace(go.Bar(
+                x=g["phase_size"], y=g["cost_us"], name=v, legendgroup=v, showlegend=v not in shown,
+                marker_color=V.colour(v),
+                error_y={"type": "data", "symmetric": False, "array": (g["cost_hi_us"] - g["cost_us"]).clip(lower=0),
+                         "arrayminus": (g["cost_us"] - g["cost_lo_us"]).clip(lower=0), "thickness": 1.2, "width": 3},
+                hovertemplate=f"{v}<br>%{{x}}<br>%{{y:.3f}} µs per write<extra></extra>"), **_kw(phases, j))
+            shown.add(v)
+        set_y(fig, [*p["cost_us"], *p["cost_hi_us"]], False, "GPU µs per write" if j == 0 else "", **_kw(phases, j))
+    fig.update_layout(barmode="group", meta={"chart": "landing_cost"})
+    return _layout(fig, title)
+
+
+def landing_saving(df: pd.DataFrame, title: str) -> go.Figure:
+    """Saving per decode step (ms) per variant and batch, with its spread (frames.landing_frame)."""
+    d = df[(df["phase"] == "decode")].dropna(subset=["saving_ms"])
+    if d.empty:
+        return empty_figure("no decode saving: the baseline has no decode rows for this source, or no GPU times",
+                            title)
+    fig = go.Figure()
+    for v in ordered_variants(d["variant"]):
+        g = d[d["variant"] == v]
+        err = g["saving_spread_ms"].fillna(0.0)
+        fig.add_trace(go.Bar(x=g["phase_size"], y=g["saving_ms"], name=v, legendgroup=v, marker_color=V.colour(v),
+                             error_y={"type": "data", "array": err, "thickness": 1.2, "width": 3},
+                             customdata=np.stack([g["share_pct"].fillna(np.nan)], axis=1),
+                             hovertemplate=(f"{v}<br>%{{x}}<br>saves %{{y:.3f}} ms per step"
+                                            "<br>%{customdata[0]:.2f} % of the step<extra></extra>")))
+    vals = [*(d["saving_ms"] + d["saving_spread_ms"].fillna(0)), *(d["saving_ms"] - d["saving_spread_ms"].fillna(0))]
+    set_y(fig, vals, False, "ms saved per decode step")
+    if min(vals) < 0:
+        limit_line(fig, 0.0, "no saving", log=False)
+    fig.update_layout(barmode="group", meta={"chart": "landing_saving"})
+    return _layout(fig, title, height=360)
+
+
+# ---------------------------------------------------------------------------- timeline
+
+
+def time_unit(span_us: float) -> tuple[str, float]:
+    """The unit a span reads best in: µs up to 2 ms, ms up to 2 s, then s."""
+    if span_us >= 2e6:
+        return "s", 1e6
+    if span_us >= 2e3:
+        return "ms", 1e3
+    return "µs", 1.0
+
+
 def timeline(bars: pd.DataFrame, title: str = "timeline", lanes: Sequence[str] | None = None) -> go.Figure:
-    """One lane per stream plus the kvprof write lanes: horizontal bars on a µs axis (frames.window rows)."""
+    """One lane per stream plus the kvprof write lanes: horizontal bars on a time axis (frames.window rows)."""
     if bars.empty:
         return empty_figure("nothing in this window", title)
     order = list(lanes) if lanes else sorted(bars["lane"].unique(), key=_lane_key)
     colors = variant_colors(bars["variant"])
+    span = float((bars["start_us"] + bars["dur_us"]).max() - bars["start_us"].min())
+    unit, div = time_unit(span)
     fig = go.Figure()
-    for v, d in bars.groupby("variant", sort=True):
+    for v in [*ordered_variants(set(bars["variant"]) - {NOT_IN_WRITE}), NOT_IN_WRITE]:
+        d = bars[bars["variant"] == v]
+        if d.empty:
+            continue
         custom = np.stack([d["name"].astype(str), d["kind"].astype(str), d["grid"].astype(str),
                            d["block"].astype(str), d["count"].astype(str), d["detail"].astype(str),
-                           d["busy_us"].round(3).astype(str)], axis=1)
+                           d["busy_us"].round(3).astype(str), d["start_us"].round(3).astype(str),
+                           d["dur_us"].round(3).astype(str)], axis=1)
         # a merged bar is as opaque as its lane was busy: dense stretches read dark, sparse ones pale
         busy = (d["busy_us"] / d["dur_us"].where(d["dur_us"] > 0)).fillna(1.0).clip(0.0, 1.0)
         opacity = np.where(d["count"] > 1, 0.2 + 0.8 * busy, 1.0)
         fig.add_trace(go.Bar(
-            orientation="h", base=d["start_us"], x=d["dur_us"].clip(lower=1e-3), y=d["lane"], name=str(v),
-            marker={"color": colors.get(str(v), NEUTRAL), "line": {"width": 0}, "opacity": opacity}, customdata=custom,
-            hovertemplate=("<b>%{customdata[0]}</b><br>%{customdata[1]} · " + str(v) + "<br>start %{base:.3f} µs"
-                           "<br>duration %{x:.3f} µs (busy %{customdata[6]} µs)<br>grid %{customdata[2]} "
+            orientation="h", base=d["start_us"] / div, x=d["dur_us"].clip(lower=1e-3) / div, y=d["lane"], name=v,
+            legendgroup=v, marker={"color": colors.get(v, NEUTRAL), "line": {"width": 0}, "opacity": opacity},
+            customdata=custom,
+            hovertemplate=("<b>%{customdata[0]}</b><br>%{customdata[1]} · " + v + "<br>start %{customdata[7]} µs"
+                           "<br>duration %{customdata[8]} µs (busy %{customdata[6]} µs)<br>grid %{customdata[2]} "
                            "block %{customdata[3]}<br>%{customdata[5]}<extra>%{y}</extra>"),
         ))
-    fig.update_layout(barmode="overlay", bargap=0.25, xaxis_title="µs from the first activity",
+    fig.update_layout(barmode="overlay", bargap=0.25, meta={"chart": "timeline", "unit": unit},
                       yaxis={"categoryorder": "array", "categoryarray": order[::-1], "title": None})
+    fig.update_xaxes(title_text=f"time from the first activity ({unit})", exponentformat="none",
+                     separatethousands=True)
     return _layout(fig, title, height=max(260, 70 + 46 * len(order)))
 
 
@@ -107,112 +228,245 @@ def _lane_key(lane: str) -> tuple[int, tuple[int, ...], str]:
     return (0 if lane == WRITES_LANE else 1 if lane == HOST_LANE else 2, nums, lane)
 
 
-def distribution(df: pd.DataFrame, metric: str, kind: str = "box", title: str | None = None) -> go.Figure:
-    """Per-write distribution by variant and phase·size: box, violin or ECDF (frames.dist_frame rows)."""
+# ---------------------------------------------------------------------------- distributions
+
+
+SCALES = ("log", "clipped at p99", "linear")
+
+
+def _clip_hi(values: pd.Series) -> float:
+    return float(values.quantile(0.99))
+
+
+def distribution(df: pd.DataFrame, metric: str, kind: str = "box", title: str | None = None,
+                 scale: str = "log") -> go.Figure:
+    """Per-write distribution by variant, one panel per phase (frames.dist_frame rows).
+
+    ``scale``: log (values <= 0 cannot be drawn on it: the caller picks another scale
+    for those), ``clipped at p99`` (a linear axis up to the 99th percentile; the writes
+    above are counted in the figure) or linear.
+    """
     if df.empty:
         return empty_figure(f"no measured writes with {metric}", title or metric)
-    colors = variant_colors(df["variant"])
-    order = list(dict.fromkeys(df.sort_values("size")["phase_size"]))
-    if kind == "ecdf":
-        fig = px.ecdf(df, x="value", color="variant", line_dash="phase_size" if len(order) > 1 else None,
-                      color_discrete_map=colors, labels={"value": metric, "phase_size": "phase·size"})
-    elif kind == "violin":
-        fig = px.violin(df, x="phase_size", y="value", color="variant", box=True, points=False,
-                        color_discrete_map=colors, category_orders={"phase_size": order},
-                        labels={"value": metric, "phase_size": ""}, hover_data=["layer", "step"])
-    else:
-        fig = px.box(df, x="phase_size", y="value", color="variant", points="outliers", color_discrete_map=colors,
-                     category_orders={"phase_size": order}, labels={"value": metric, "phase_size": ""},
-                     hover_data=["layer", "step", "write_id"])
+    phases = _phases(df)
+    log = scale == "log" and kind != "ecdf" and bool((df["value"] > 0).all())
+    fig = _phase_panels(phases, [max(1, df[df["phase"] == p]["phase_size"].nunique()) for p in phases])
+    shown: set[str] = set()
+    above = 0
+    for j, ph in enumerate(phases):
+        d = df[df["phase"] == ph]
+        order = list(dict.fromkeys(d.sort_values("size")["phase_size"]))
+        for v in ordered_variants(d["variant"]):
+            g = d[d["variant"] == v]
+            common = {"name": v, "legendgroup": v, "showlegend": v not in shown}
+            if kind == "ecdf":
+                for ps in order:
+                    s = np.sort(g[g["phase_size"] == ps]["value"].to_numpy())
+                    if not len(s):
+                        continue
+                    fig.add_trace(go.Scatter(x=s, y=np.arange(1, len(s) + 1) / len(s), mode="lines",
+                                             line={"color": V.colour(v), "shape": "hv",
+                                                   "dash": ["solid", "dot", "dash", "dashdot"][order.index(ps) % 4]},
+                                             hovertemplate=f"{v} · {ps}<br>%{{x:.4g}}<br>%{{y:.0%}} of writes below"
+                                                           "<extra></extra>", **common), **_kw(phases, j))
+                    common["showlegend"] = False
+            elif kind == "violin":
+                fig.add_trace(go.Violin(x=g["phase_size"], y=g["value"], box_visible=True, points=False,
+                                        line_color=V.colour(v), fillcolor=V.colour(v), opacity=0.7, offsetgroup=v,
+                                        scalegroup=v, **common), **_kw(phases, j))
+            else:
+                fig.add_trace(go.Box(x=g["phase_size"], y=g["value"], boxpoints="outliers", marker_color=V.colour(v),
+                                     line_color=V.colour(v), offsetgroup=v,
+                                     customdata=np.stack([g["layer"], g["step"], g["write_id"]], axis=1),
+                                     hovertemplate=(f"{v}<br>%{{x}}<br>%{{y:.4g}}<br>layer %{{customdata[0]}} step "
+                                                    "%{customdata[1]} write %{customdata[2]}<extra></extra>"),
+                                     **common), **_kw(phases, j))
+            shown.add(v)
+        if kind == "ecdf":
+            kw = _kw(phases, j)
+            xlog = scale == "log" and bool((d["value"] > 0).all())
+            if xlog:
+                rng = log_range(d["value"])
+                fig.update_xaxes(type="log", range=rng, exponentformat="none", title_text=metric, **log_ticks(rng), **kw)
+            else:
+                fig.update_xaxes(title_text=metric, range=lin_range(d["value"], zero=False), **kw)
+            fig.update_yaxes(range=[0, 1.02], title_text="share of writes" if j == 0 else "", tickformat=".0%", **kw)
+            continue
+        if kind == "box":
+            fig.update_layout(boxmode="group")
+        else:
+            fig.update_layout(violinmode="group")
+        fig.update_xaxes(categoryorder="array", categoryarray=order, **_kw(phases, j))
+        if scale == "clipped at p99" and not log:
+            hi = _clip_hi(d["value"])
+            above += int((d["value"] > hi).sum())
+            vals = d["value"][d["value"] <= hi]
+        else:
+            vals = d["value"]
+        set_y(fig, vals, log, (f"{metric} (log)" if log else metric) if j == 0 else "", **_kw(phases, j))
+    meta = {"chart": "distribution", "scale": "log" if log else scale, "clipped_above": above}
+    fig.update_layout(meta=meta)
+    if above:
+        fig.add_annotation(xref="paper", yref="paper", x=1.0, y=1.0, xanchor="right", yanchor="bottom",
+                           text=f"{above:,} writes above the 99th percentile not drawn", showarrow=False,
+                           font={"size": 11})
     return _layout(fig, title or metric)
 
 
-def per_layer(df: pd.DataFrame, metric: str, title: str | None = None) -> go.Figure:
-    """The metric by layer (box per layer and variant): a slow layer stands out."""
+def per_layer(df: pd.DataFrame, metric: str, title: str | None = None, log: bool = True) -> go.Figure:
+    """Median of the metric by layer per variant, error bars from the 25th to the 75th percentile.
+
+    The caller passes one phase·size: layers of decode and prefill never share an axis.
+    """
     if df.empty:
         return empty_figure(f"no measured writes with {metric}", title or f"{metric} by layer")
-    colors = variant_colors(df["variant"])
-    fig = px.box(df, x="layer", y="value", color="variant", points=False, color_discrete_map=colors,
-                 labels={"value": metric, "layer": "layer"})
-    fig.update_xaxes(type="category")
+    q = df.groupby(["variant", "layer"])["value"].quantile([0.25, 0.5, 0.75]).unstack()
+    q.columns = ["p25", "p50", "p75"]
+    q = q.reset_index()
+    log = log and bool((q["p25"] > 0).all())
+    fig = go.Figure()
+    for v in ordered_variants(q["variant"]):
+        g = q[q["variant"] == v].sort_values("layer")
+        fig.add_trace(go.Scatter(x=g["layer"], y=g["p50"], mode="lines+markers", name=v, legendgroup=v,
+                                 line={"color": V.colour(v), "width": 1.5}, marker={"size": 5},
+                                 error_y={"type": "data", "symmetric": False, "array": g["p75"] - g["p50"],
+                                          "arrayminus": g["p50"] - g["p25"], "thickness": 1, "width": 0},
+                                 hovertemplate=f"{v}<br>layer %{{x}}<br>median %{{y:.4g}}<extra></extra>"))
+    set_y(fig, [*q["p25"], *q["p75"]], log, f"{metric}, median and IQR" + (" (log)" if log else ""),
+          zero=not log)
+    fig.update_xaxes(title_text="layer", dtick=max(1, int(q["layer"].nunique() // 20)))
+    fig.update_layout(meta={"chart": "per_layer"})
     return _layout(fig, title or f"{metric} by layer")
+
+
+# ---------------------------------------------------------------------------- sweeps
 
 
 def sweep(points: pd.DataFrame, floors: pd.DataFrame, title: str, y_label: str = "µs per write",
           x_label: str = "tokens per write", hlines: dict[str, float] | None = None,
           symbol: str | None = None) -> go.Figure:
-    """Log-log time per write against tokens, one line per variant, with dashed reference lines."""
+    """Log-log time per write against tokens, one line per variant; limits as dashed lines.
+
+    The y range is the measured points' (limits within LIMIT_REACH of them widen it);
+    a floor line far below the points is cut at the range's edge and its legend says so.
+    """
     if points.empty:
         return empty_figure("no points with a GPU time per write", title)
-    colors = variant_colors(points["variant"])
     fig = go.Figure()
-    keys = ["variant"] + ([symbol] if symbol else [])
     dashes = ["solid", "dot", "dash", "longdash", "dashdot"]
     sym_values = sorted(points[symbol].astype(str).unique()) if symbol else []
-    for key, d in points.sort_values("tokens").groupby(keys, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        v = str(key[0])
-        name = v if not symbol else f"{v} · {key[1]}"
-        dash = dashes[sym_values.index(str(key[1])) % len(dashes)] if symbol else "solid"
-        fig.add_trace(go.Scatter(x=d["tokens"], y=d["us"], mode="lines+markers", name=name,
-                                 line={"color": colors[v], "dash": dash},
-                                 hovertemplate=f"{name}<br>%{{x}} tokens<br>%{{y:.3f}} µs<extra></extra>"))
+    for v in ordered_variants(points["variant"]):
+        for key, d in points[points["variant"].astype(str) == v].sort_values("tokens").groupby(
+                [symbol] if symbol else (lambda _: ""), sort=True):
+            key = str(key[0] if isinstance(key, tuple) else key)
+            name = v if not symbol else f"{v} · {key}"
+            dash = dashes[sym_values.index(key) % len(dashes)] if symbol else "solid"
+            fig.add_trace(go.Scatter(x=d["tokens"], y=d["us"], mode="lines+markers", name=name, legendgroup=v,
+                                     line={"color": V.colour(v), "dash": dash},
+                                     hovertemplate=f"{name}<br>%{{x}} tokens<br>%{{y:.3f}} µs<extra></extra>"))
+    data_lo, data_hi = float(points["us"][points["us"] > 0].min()), float(points["us"].max())
+    shown = [y for y in (hlines or {}).values() if y and np.isfinite(y)]
+    near = [y for y in shown if data_lo / LIMIT_REACH <= y <= data_hi * LIMIT_REACH]
+    rng = log_range([data_lo, data_hi, *near])
+    assert rng is not None
+    lo, hi = 10 ** rng[0], 10 ** rng[1]
     for i, (label, d) in enumerate(floors.groupby("line", sort=True) if len(floors) else []):
-        fig.add_trace(go.Scatter(x=d["tokens"], y=d["us"], mode="lines+markers", name=str(label),
-                                 marker={"symbol": "line-ew-open", "size": 10},
-                                 line={"color": ["#222222", "#8c564b", "#7f7f7f"][i % 3], "dash": ["dash", "dot", "dashdot"][i % 3], "width": 1.5},
-                                 hovertemplate=f"{label}<br>%{{x}} tokens<br>%{{y:.3f}} µs<extra></extra>"))
-    for label, y in (hlines or {}).items():
-        if y and np.isfinite(y):
-            fig.add_hline(y=y, line_dash="dot", line_color=NEUTRAL, annotation_text=label)
-    fig.update_layout(xaxis={"type": "log", "title": x_label}, yaxis={"type": "log", "title": y_label})
-    return _layout(fig, title)
+        below = bool((d["us"] < lo).all())
+        fig.add_trace(go.Scatter(x=d["tokens"], y=d["us"], mode="lines+markers",
+                                 name=f"{label} (below this range)" if below else str(label), meta="limit",
+                                 marker={"symbol": "line-ew-open", "size": 10}, legendgroup=f"limit:{label}",
+                                 line={"color": LIMIT_COLOURS[i % 4], "dash": LIMIT_DASHES[i % 4], "width": 1.5},
+                                 hovertemplate=f"{label}<br>%{{x}} tokens<br>%{{y:.3g}} µs<extra></extra>"))
+    for i, (label, y) in enumerate((hlines or {}).items()):
+        if y and np.isfinite(y) and lo <= y <= hi:
+            limit_line(fig, float(y), label, log=True, i=i)
+    fig.update_yaxes(type="log", range=rng, title_text=y_label, exponentformat="none", **log_ticks(rng))
+    xr = log_range(points["tokens"], margin=1.15)
+    fig.update_xaxes(type="log", title_text=x_label, exponentformat="none", range=xr, **(log_ticks(xr) if xr else {}))
+    fig.update_layout(meta={"chart": "sweep"})
+    return _layout(fig, title, height=460)
+
+
+# ---------------------------------------------------------------------------- overlap
 
 
 def overlap_scatter(df: pd.DataFrame, variant: str) -> go.Figure:
     """Write by write, the share of the write's GPU time with both streams busy (frames.overlap_frame)."""
     if df.empty:
         return empty_figure(f"{variant}: no measured writes with GPU work", f"{variant}: overlap per write")
-    fig = px.scatter(df, x="order", y="overlap_pct", color="phase_size", symbol="source",
-                     hover_data=["write_id", "layer", "step", "overlap_us", "union_us", "span_us", "kernel_names"],
-                     labels={"order": "write (in trace order)", "overlap_pct": "overlap, % of GPU busy union",
-                             "phase_size": "phase·size"})
-    fig.update_yaxes(range=[-5, 105])
+    fig = go.Figure()
+    for ps, d in df.groupby("phase_size", sort=False):
+        fig.add_trace(go.Scatter(x=d["order"], y=d["overlap_pct"], mode="markers", name=str(ps),
+                                 marker={"color": PHASE_COLOURS.get(str(ps).split()[0], NEUTRAL), "size": 5,
+                                         "symbol": ["circle", "diamond", "square", "x"][list(df["phase_size"].unique()).index(ps) % 4]},
+                                 customdata=np.stack([d["write_id"], d["layer"], d["step"], d["span_us"]], axis=1),
+                                 hovertemplate=("write %{customdata[0]} L%{customdata[1]} step %{customdata[2]}"
+                                                "<br>%{y:.1f} % overlap, span %{customdata[3]:.2f} µs<extra></extra>")))
+    fig.update_xaxes(title_text="write (in trace order)")
+    fig.update_yaxes(range=[-5, 105], title_text="overlap, % of GPU busy union")
+    fig.update_layout(meta={"chart": "overlap_scatter", "bounded": "percent"})
     return _layout(fig, f"{variant}: how much of the two copies overlap, write by write")
 
 
 def overlap_hist(df: pd.DataFrame, variant: str) -> go.Figure:
     if df.empty:
         return empty_figure(f"{variant}: no measured writes with GPU work", f"{variant}: overlap distribution")
-    fig = px.histogram(df, x="overlap_pct", color="phase_size", nbins=20, barmode="overlay", opacity=0.7,
-                       labels={"overlap_pct": "overlap, % of GPU busy union", "phase_size": "phase·size"})
-    fig.update_xaxes(range=[-5, 105])
+    fig = go.Figure()
+    for ps, d in df.groupby("phase_size", sort=False):
+        fig.add_trace(go.Histogram(x=d["overlap_pct"], name=str(ps), opacity=0.7, xbins={"start": 0, "end": 100, "size": 5},
+                                   marker_color=PHASE_COLOURS.get(str(ps).split()[0], NEUTRAL)))
+    fig.update_xaxes(range=[-5, 105], title_text="overlap, % of GPU busy union")
+    fig.update_yaxes(title_text="writes")
+    fig.update_layout(barmode="overlay", meta={"chart": "overlap_hist", "bounded": "percent"})
     return _layout(fig, f"{variant}: distribution of overlap across writes", height=340)
 
 
+# ---------------------------------------------------------------------------- compare runs
+
+
 def before_after(df: pd.DataFrame, title: str = "GPU µs per write: before and after") -> go.Figure:
-    """Paired bars per variant and phase·size (frames.compare_runs rows)."""
-    if df.empty:
-        return empty_figure("no (variant, source, phase, size) in both runs", title)
-    labels = [f"{v} · {p} {'bs' if p == 'decode' else 'tokens'}={s} ({src})"
-              for v, p, s, src in zip(df["variant"], df["phase"], df["size"], df["source"])]
-    fig = go.Figure([
-        go.Bar(x=labels, y=df["before µs/write"], name="before", marker_color=NEUTRAL),
-        go.Bar(x=labels, y=df["after µs/write"], name="after", marker_color=PALETTE[0]),
-    ])
-    fig.update_layout(barmode="group", yaxis_title="µs per write")
+    """Per variant, before (hatched) and after (solid) in its colour; one panel per phase."""
+    d = df.dropna(subset=["before µs/write", "after µs/write"], how="all")
+    if d.empty:
+        return empty_figure("no GPU time per write in both runs (CPU-only captures have none): "
+                            "the table below compares host launch", title)
+    d = d.assign(phase_size=[f"{p} {'bs' if p == 'decode' else 'tokens'}={s}" for p, s in zip(d["phase"], d["size"])])
+    phases = _phases(d)
+    fig = _phase_panels(phases, [max(1, d[d["phase"] == p]["phase_size"].nunique()) for p in phases])
+    shown: set[str] = set()
+    for j, ph in enumerate(phases):
+        p = d[d["phase"] == ph]
+        for v in ordered_variants(p["variant"]):
+            g = p[p["variant"] == v]
+            base = v.split(" -> ")[-1]
+            for when, col, pattern, op in (("before", "before µs/write", "/", 0.55), ("after", "after µs/write", "", 1.0)):
+                fig.add_trace(go.Bar(x=g["phase_size"], y=g[col], name=f"{v} · {when}", legendgroup=base,
+                                     showlegend=(v, when) not in shown, offsetgroup=f"{v}-{when}",
+                                     marker={"color": V.colour(base), "opacity": op, "pattern": {"shape": pattern}},
+                                     hovertemplate=f"{v} {when}<br>%{{x}}<br>%{{y:.3f}} µs<extra></extra>"),
+                              **_kw(phases, j))
+                shown.add((v, when))
+        set_y(fig, [*p["before µs/write"], *p["after µs/write"]], False, "µs per write" if j == 0 else "",
+              **_kw(phases, j))
+    fig.update_layout(barmode="group", meta={"chart": "before_after"})
     return _layout(fig, title)
 
 
-def ratio_bars(df: pd.DataFrame, columns: Sequence[str], title: str = "after / before") -> go.Figure:
-    """Ratios after/before of several metrics per row; below 1 the after run is cheaper."""
-    if df.empty:
-        return empty_figure("no (variant, source, phase, size) in both runs", title)
-    labels = [f"{v} · {p} {'bs' if p == 'decode' else 'tokens'}={s} ({src})"
-              for v, p, s, src in zip(df["variant"], df["phase"], df["size"], df["source"])]
+def ratio_bars(df: pd.DataFrame, column: str = "ratio after/before", title: str = "after / before") -> go.Figure:
+    """One ratio after/before per variant and phase·size, log axis; below the 1x line the after run is cheaper."""
+    d = df.dropna(subset=[column])
+    d = d[d[column] > 0]
+    if d.empty:
+        return empty_figure(f"no {column} in both runs (CPU-only captures have no GPU times)", title)
+    labels = [f"{p} {'bs' if p == 'decode' else 'tokens'}={s}" for p, s in zip(d["phase"], d["size"])]
+    d = d.assign(phase_size=labels)
     fig = go.Figure()
-    for i, c in enumerate(columns):
-        fig.add_trace(go.Bar(x=labels, y=df[c], name=c, marker_color=PALETTE[i % len(PALETTE)]))
-    fig.add_hline(y=1.0, line_dash="dot", line_color=NEUTRAL)
-    fig.update_layout(barmode="group", yaxis_title="ratio (after / before)")
+    for v in ordered_variants(d["variant"]):
+        g = d[d["variant"] == v]
+        base = v.split(" -> ")[-1]
+        fig.add_trace(go.Bar(x=g["phase_size"], y=g[column], name=v, legendgroup=base, marker_color=V.colour(base),
+                             showlegend=True, hovertemplate=f"{v}<br>%{{x}}<br>%{{y:.3f}}x<extra></extra>"))
+    set_y(fig, [*d[column], 1.0], True, f"{column} (x, log)")
+    limit_line(fig, 1.0, "same as before = 1x", log=True)
+    fig.update_layout(barmode="group", showlegend=True, meta={"chart": "ratio_bars"})
     return _layout(fig, title)

@@ -32,7 +32,19 @@ from kvprof.core.run import MANIFEST, NOT_TRACES
 from kvprof.core.schema import GPU_WORK_KINDS
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_ROOT = REPO / "traces" / "samples"
+CHECKOUT = (REPO / "pyproject.toml").is_file() and (REPO / "traces" / "samples").is_dir()
+
+
+def bundled_samples() -> Path:
+    """The samples shipped in the package (kvprof/samples): what an installed kvprof opens."""
+    from importlib.resources import files
+
+    return Path(str(files("kvprof").joinpath("samples")))
+
+
+# In a checkout the samples' own folder (the package's samples link there); installed, the package's copy.
+# Never the current directory.
+DEFAULT_ROOT = REPO / "traces" / "samples" if CHECKOUT else bundled_samples()
 
 ENV_ROOTS = "KVPROF_DASHBOARD_ROOTS"  # os.pathsep-separated traces roots; the first is the default
 ENV_RUN = "KVPROF_DASHBOARD_RUN"  # a run folder to open first
@@ -67,10 +79,12 @@ class PathError(DashboardError):
 
 
 def configured_roots(env: dict[str, str] | None = None) -> list[Path]:
-    """The traces roots the sidebar offers; nothing outside them is read. Default: traces/samples, traces."""
+    """The traces roots the sidebar offers; nothing outside them is read. Default: the samples (and, in a
+    checkout, traces/ where capture writes)."""
     env = os.environ if env is None else env
     raw = env.get(ENV_ROOTS, "")
-    roots = [Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()] or [DEFAULT_ROOT, REPO / "traces"]
+    defaults = [DEFAULT_ROOT, REPO / "traces"] if CHECKOUT else [DEFAULT_ROOT]
+    roots = [Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()] or defaults
     out: list[Path] = []
     for r in roots:
         r = r.resolve()

@@ -199,7 +199,7 @@ def group_metric_frame(groups: pd.DataFrame, metric: str) -> pd.DataFrame:
     col, scale = GROUP_METRICS[metric]
     g = groups[groups["layer"].astype(str) == "all"] if len(groups) else groups
     out = pd.DataFrame({
-        "variant": g["variant"].astype(str), "source": g["source"].astype(str),
+        "variant": g["variant"].astype(str), "source": g["source"].astype(str), "phase": g["phase"].astype(str),
         "phase_size": [phase_size(p, s) for p, s in zip(g["phase"], g["size"])],
         "size": _num(g, "size"), "value": _num(g, col) * scale,
     })
@@ -225,8 +225,8 @@ def dist_frame(writes: pd.DataFrame, metric: str, variants: list[str] | None = N
     col, scale = DIST_METRICS[metric]
     w = measured_writes(writes, variants, source)
     out = pd.DataFrame({
-        "variant": w["variant"].astype(str), "phase_size": [phase_size(p, s) for p, s in zip(w["phase"], w["size"])],
-        "size": _num(w, "size"), "layer": _num(w, "layer"), "step": _num(w, "step"),
+        "variant": w["variant"].astype(str), "phase": w["phase"].astype(str),
+        "phase_size": [phase_size(p, s) for p, s in zip(w["phase"], w["size"])], "size": _num(w, "size"), "layer": _num(w, "layer"), "step": _num(w, "step"),
         "trace": w["trace"].astype(str), "write_id": _num(w, "write_id"), "value": _num(w, col) * scale,
     })
     return out.dropna(subset=["value"]).sort_values(["size", "variant", "layer"]).reset_index(drop=True)

@@ -15,6 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvprof.dashboard.tables import display
+
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$])")
 
 
@@ -51,21 +53,25 @@ def show_figure(fig: go.Figure, key: str) -> None:
                        key=f"html-{name}", on_click="ignore")
 
 
+STATIC_ROWS = 80  # up to this many rows a table is plain HTML: every column shown in full, nothing clipped
+
+
 def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_config: dict[str, Any] | None = None,
                max_rows: int = 5000) -> None:
-    """The table (at most ``max_rows`` shown) and a CSV download of all of it."""
+    """The table as text cells (``tables.display``: n/a for missing, never None) and a CSV of the raw values.
+
+    Small tables are static HTML (no clipped columns, readable in a screenshot); larger
+    ones a scrollable grid of at most ``max_rows`` rows.
+    """
     name = slug(key)
     if caption:
         st.caption(caption)
-    shown = df if len(df) <= max_rows else df.head(max_rows)
-    st.dataframe(shown, hide_index=True, column_config=column_config, key=f"table-{name}")
+    shown = display((df if len(df) <= max_rows else df.head(max_rows)).reset_index(drop=True))
+    if len(shown) <= STATIC_ROWS:
+        st.table(shown.style.hide(axis="index"))
+    else:
+        st.dataframe(shown, hide_index=True, column_config=column_config, key=f"table-{name}")
     if len(df) > max_rows:
         st.caption(f"showing the first {max_rows:,} of {len(df):,} rows; the CSV has all of them")
     st.download_button("Download table as CSV", data=lambda: df.to_csv(index=False).encode(), file_name=f"{name}.csv",
                        mime="text/csv", key=f"csv-{name}", on_click="ignore")
-
-
-def number_format(df: pd.DataFrame, digits: int = 3) -> dict[str, Any]:
-    """Column config that shows floats with a few significant digits (the CSV keeps them all)."""
-    return {c: st.column_config.NumberColumn(format=f"%.{digits}g") for c in df.columns
-            if pd.api.types.is_float_dtype(df[c])}

@@ -47,3 +47,35 @@ def pick_phase_size(df: pd.DataFrame, key: str, label: str = "phase · size", al
         return None
     choice = st.selectbox(label, opts, key=key)
     return None if choice == "all" else choice
+
+
+def esc(value: object) -> str:
+    """Text from a trace or a name inside ``intro``'s HTML."""
+    import html
+
+    return html.escape(str(value))
+
+
+def intro(text: str) -> None:
+    """The page's one sentence: what it shows, for which run and source (HTML: escape names with ``esc``)."""
+    st.markdown(f"<p data-testid='page-intro' style='margin-top:-0.5rem'>{text}</p>", unsafe_allow_html=True)
+
+
+def source_label(source: str | None) -> str:
+    from kvprof.dashboard.landing import source_words
+
+    return source_words(source)
+
+
+def per_write_source(ctx: Context, writes: pd.DataFrame) -> str | None:
+    """The source per-write pages use: the sidebar's, unless it has no per-write rows (the reference pass
+    times whole steps), then the most trusted profiler that has them -- and the page says so."""
+    have = set(writes["source"].dropna().astype(str)) if len(writes) else set()
+    if ctx.source is None or ctx.source in have:
+        return ctx.source
+    order = frames.sources_in(pd.DataFrame({"source": sorted(have)}), ctx.summary())
+    if not order:
+        return ctx.source
+    st.caption(f"{md(source_label(ctx.source))} times whole steps and has no per-write rows: this page shows "
+               f"{md(source_label(order[0]))}, the least perturbed profiler of this run.")
+    return order[0]

@@ -1,54 +1,83 @@
-"""Compare runs: two runs (before / after) side by side, with ratios from kvprof's compare_groups."""
+"""Compare runs: each variant against itself in two runs (before / after), ratios from kvprof's compare_groups."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
+from kvprof.analysis.compare import Benchmark
 from kvprof.dashboard import charts, frames
 from kvprof.dashboard.state import Context
-from kvprof.dashboard.ui import md, number_format, show_figure, show_table
-from kvprof.dashboard.views.common import device_line
-from kvprof.analysis.compare import Benchmark
+from kvprof.dashboard.ui import md, show_figure, show_table
+from kvprof.dashboard.views.common import device_line, esc, intro, source_label
 from kvprof.core.errors import KvprofError
 
-EACH = "(each variant vs itself)"
 RATIOS = ("ratio after/before", "ratio GPU span", "ratio host launch", "ratio kernels/write")
 
 
-def _keys(ctx: Context, label: str) -> set[tuple[str, str, str, int]]:
-    """(variant, source, phase, size) with a GPU time per write: what a comparison can pair."""
-    g = frames.groups_frame(ctx.open(label).summary())
-    g = g[g["cost_per_write_ns"].notna()]
-    return {(str(r.variant), str(r.source), str(r.phase), int(r.size)) for r in g.itertuples()}
+def _identity(ctx: Context, label: str) -> tuple[str, str, float]:
+    """(device, model, when) of a run: runs are paired within the same device and model, newest first."""
+    run = ctx.open(label)
+    s = run.summary()
+    dev = s.get("device") or {}
+    device = str(dev.get("name") or "unknown device") if isinstance(dev, dict) else "unknown device"
+    model = "unknown model"
+    man = (run.run_dir or run.dir) / "manifest.json"
+    if man.is_file():
+        import orjson
+
+        try:
+            model = str(((orjson.loads(man.read_bytes()).get("config") or {}).get("model")) or model)
+        except (OSError, ValueError, AttributeError):
+            pass
+    when = Path(run.file("summary.json")).stat().st_mtime
+    return device, model, when
 
 
-def _likely_pairs(ctx: Context, cur: str, labels: list[str], limit: int = 20) -> list[str]:
-    """Other readable runs, those sharing most (variant, source, phase, size) with ``cur`` first."""
-    readable = [lab for lab in labels if lab != cur and (lab in ctx.uploads or (ctx.entry(lab) and ctx.entry(lab).analysed))]
+def default_pair(ctx: Context, labels: list[str], cur: str) -> tuple[str | None, str, str]:
+    """The two most recent readable runs of the open run's device and model: (before, after, why)."""
+    readable = [lab for lab in labels if lab in ctx.uploads or (ctx.entry(lab) and ctx.entry(lab).analysed)]
     try:
-        mine = _keys(ctx, cur)
-        scored = sorted(readable[:limit], key=lambda lab: -len(mine & _keys(ctx, lab)))
+        ident = {lab: _identity(ctx, lab) for lab in dict.fromkeys([cur, *readable])}
     except KvprofError:
-        scored = readable
-    return scored + [lab for lab in labels if lab != cur and lab not in scored]
+        return None, cur, "the runs could not be read"
+    dev, model, _ = ident[cur]
+    same = sorted((lab for lab, (d, m, _) in ident.items() if (d, m) == (dev, model)), key=lambda lab: ident[lab][2])
+    if len(same) < 2:
+        others = sorted((lab for lab in ident if lab != cur), key=lambda lab: ident[lab][2])
+        return (others[-1] if others else None), cur, f"{cur} is the only analysed run of {model} on {dev}"
+    return same[-2], same[-1], f"the two most recent runs of {model} on {dev}"
 
 
 def render(ctx: Context) -> None:
     st.subheader("Compare runs")
+    intro("Each variant against itself in two runs (before and after a change), by default the two most recent "
+          f"runs of the same model and device, at <b>{esc(source_label(ctx.source))}</b>.")
     labels = ctx.labels()
-    if len(labels) < 1:
+    if not labels:
         st.info("No runs to compare: the traces root has none and nothing was uploaded.")
         return
-    c1, c2 = st.columns(2)
     cur = ctx.run.label if ctx.run is not None and ctx.run.label in labels else labels[0]
-    others = _likely_pairs(ctx, cur, labels)
-    before = c1.selectbox("before", labels, index=labels.index(others[0]) if others else 0, key="cmp-before")
-    after = c2.selectbox("after", labels, index=labels.index(cur), key="cmp-after")
+    before0, after0, why = default_pair(ctx, labels, cur)
+    if before0 is None:
+        st.info(f"Nothing to compare: {md(why)}. Capture another run (or upload a trace, or add a traces root) "
+                "and it is paired with this one here.")
+        return
+    if "only analysed run" in why:
+        st.info(f"{md(why)}: no run of the same model and device to pair it with; pick two runs below.")
+    else:
+        st.caption(f"paired by default: {md(before0)} → {md(after0)} ({md(why)}); pick others below.")
+    c1, c2, c5 = st.columns([2, 2, 1])
+    before = c1.selectbox("before", labels, index=labels.index(before0), key="cmp-before")
+    after = c2.selectbox("after", labels, index=labels.index(after0), key="cmp-after")
+    layers = int(c5.number_input("layers per decode step", min_value=1, max_value=1000, value=Benchmark().layers,
+                                 key="cmp-layers"))
     if before == after:
-        st.warning("Before and after are the same run: every ratio is 1. Pick two runs (or compare two variants "
-                   "of it below).")
+        st.info("Before and after are the same run: pick two different runs.")
+        return
     sums = {}
-    for lab in dict.fromkeys((before, after)):
+    for lab in (before, after):
         try:
             sums[lab] = ctx.open(lab).summary()
         except KvprofError as exc:
@@ -56,36 +85,24 @@ def render(ctx: Context) -> None:
             return
     b_sum, a_sum = sums[before], sums[after]
     bg, ag = frames.groups_frame(b_sum), frames.groups_frame(a_sum)
-    side = st.columns(2)
-    for col, lab, summ, g in ((side[0], before, b_sum, bg), (side[1], after, a_sum, ag)):
-        with col:
-            st.markdown(f"**{md(lab)}** · {device_line(summ)}")
-            t = frames.overview_frame(g, None, summ)
-            t = t[["variant", "source", "phase", "size", "verdict", "GPU µs/write", "host launch µs"]]
-            if ctx.source:
-                t = t[t["source"] == ctx.source]
-            show_table(t, f"compare-side-{'before' if col is side[0] else 'after'}", column_config=number_format(t))
+    st.caption(f"before: **{md(before)}** · {device_line(b_sum)} — after: **{md(after)}** · {device_line(a_sum)}")
     bvars, avars = frames.variants_in(b_sum, bg), frames.variants_in(a_sum, ag)
-    c3, c4, c5 = st.columns(3)
-    bvar = c3.selectbox("before variant", [EACH, *bvars], key="cmp-bvar")
-    avar = c4.selectbox("after variant", [EACH, *avars], key="cmp-avar",
-                        help="e.g. before two_stream, after triton_fused: what kvprof compare RUN RUN2 reports")
-    layers = int(c5.number_input("layers per decode step", min_value=1, max_value=1000, value=Benchmark().layers,
-                                 key="cmp-layers"))
-    if bvar == EACH or avar == EACH:
-        pairs = [(v, v) for v in bvars if v in avars and v in ctx.variants] if ctx.variants else \
-            [(v, v) for v in bvars if v in avars]
-        if not pairs:
-            st.info("The two runs have no variant in common (with the sidebar's variant filter); pick a pair.")
-    else:
-        pairs = [(bvar, avar)]
+    pairs = [(v, v) for v in bvars if v in avars and (not ctx.variants or v in ctx.variants)]
+    if not pairs:
+        st.info("The two runs have no variant in common (with the sidebar's variant filter).")
+        return
     bench = Benchmark()
     df, warns = frames.compare_runs(bg, ag, pairs, layers, bench.itl_before_ms, bench.itl_after_ms)
     if ctx.source:
         df = df[df["source"] == ctx.source]
     for w in warns:
         st.info(md(w))
-    show_figure(charts.before_after(df, f"GPU µs per write: {before} -> {after}"), "compare-before-after")
-    show_figure(charts.ratio_bars(df, [c for c in RATIOS if df[c].notna().any()] or ["ratio after/before"]),
-                "compare-ratios")
-    show_table(df, "compare-runs", column_config=number_format(df))
+    src = source_label(ctx.source)
+    show_figure(charts.before_after(df, f"GPU µs per write: {before} → {after} · {src}"), "compare-before-after")
+    have = [c for c in RATIOS if df[c].notna().any()]
+    if have:
+        col = st.selectbox("ratio", have, key="cmp-ratio")
+        show_figure(charts.ratio_bars(df, col, f"{col}: {after} over {before} · {src}"), "compare-ratios")
+    else:
+        st.info("No ratio after/before: neither run has a number both can be divided by at this source.")
+    show_table(df, "compare-runs")

@@ -1,14 +1,21 @@
-"""Overview: per variant what a write costs, fused or not, and what it saves per decode step."""
+"""Overview: the landing view (fused or not, cost per write, saving per step, share; one source), then detail."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from kvprof.dashboard import charts, frames
-from kvprof.dashboard.state import Context
-from kvprof.dashboard.ui import md, number_format, show_figure, show_table
-from kvprof.dashboard.views.common import device_line, need_run, no_gpu_traces
 from kvprof.analysis.compare import Benchmark
+from kvprof.dashboard import charts, frames, landing
+from kvprof.dashboard.state import Context
+from kvprof.dashboard.tables import landing_table
+from kvprof.dashboard.ui import md, show_figure, show_table
+from kvprof.dashboard.views.common import device_line, esc, intro, need_run, no_gpu_traces, source_label
+
+
+def _report_html(ctx: Context, land: landing.Landing) -> bytes:
+    from kvprof.report.html import render
+
+    return render(land).encode()
 
 
 def render(ctx: Context) -> None:
@@ -17,7 +24,10 @@ def render(ctx: Context) -> None:
     assert ctx.run is not None
     summary = ctx.summary()
     groups = ctx.groups()
+    src = source_label(ctx.source)
     st.subheader(f"Overview · {md(ctx.run.label)}")
+    intro(f"Per variant: fused or not, what one KV write costs on the GPU and what it saves per decode step, "
+          f"measured by <b>{esc(src)}</b>.")
     st.caption(f"{device_line(summary)} · input: {md(summary.get('input_kind'))} · "
                f"{len(summary.get('traces') or [])} trace file(s) · kvprof {md(summary.get('kvprof_version'))}")
     cpu_only = no_gpu_traces(summary)
@@ -30,49 +40,43 @@ def render(ctx: Context) -> None:
             for w in warns:
                 st.markdown(f"- {md(w)}")
 
-    st.markdown("#### Fused or fell back")
-    show_table(frames.verdicts_frame(summary), f"verdicts-{ctx.run.label}")
-
     all_variants = frames.variants_in(summary, groups)
     chosen = [v for v in all_variants if v in ctx.variants]
-    g = groups[groups["variant"].astype(str).isin(chosen)]
-    if ctx.source:
-        g = g[g["source"].astype(str) == ctx.source]
-    if g.empty:
-        st.warning("No measured writes for the chosen variants and source.")
+    if not chosen:
+        st.warning("No variant is chosen in the sidebar.")
         return
-
+    default_base = landing.default_baseline(summary, all_variants) or all_variants[0]
     comp0 = summary.get("comparison") or {}
-    default_base = comp0.get("baseline") if comp0.get("baseline") in all_variants else (
-        "two_stream" if "two_stream" in all_variants else all_variants[0])
     bench = Benchmark()
-    c1, c2, c3, c4 = st.columns(4)
-    baseline = c1.selectbox("baseline", all_variants, index=all_variants.index(default_base), key="ov-baseline",
-                            help="the variant the others are compared with (analyze used "
-                                 f"{md(comp0.get('baseline') or 'none')})")
-    layers = int(c2.number_input("layers per decode step", min_value=1, max_value=1000,
-                                 value=int(comp0.get("layers") or bench.layers), key="ov-layers",
-                                 help="the projection: layers x (baseline - variant) GPU cost per write"))
-    itl_b = float(c3.number_input("ITL before, ms", min_value=0.01, value=bench.itl_before_ms, key="ov-itl-before"))
-    itl_a = float(c4.number_input("ITL after (measured), ms", min_value=0.01, value=bench.itl_after_ms,
-                                  key="ov-itl-after"))
-    comp = frames.comparison(groups, baseline, layers, itl_b, itl_a, prefer=frames.fused_variants(summary),
-                             source_order=summary.get("trusted_sources"))
-    table = frames.overview_frame(g, comp, summary, baseline)
+    with st.expander("baseline and projection", expanded=False):
+        c1, c2, c3, c4 = st.columns(4)
+        baseline = c1.selectbox("baseline", all_variants, index=all_variants.index(default_base), key="ov-baseline",
+                                help=f"the variant the others are compared with (analyze used "
+                                     f"{md(comp0.get('baseline') or 'none')})")
+        layers = int(c2.number_input("layers per decode step", min_value=1, max_value=1000,
+                                     value=int(comp0.get("layers") or bench.layers), key="ov-layers",
+                                     help="the projection: layers x (baseline - variant) GPU cost per write"))
+        itl_b = float(c3.number_input("ITL before, ms", min_value=0.01, value=bench.itl_before_ms, key="ov-itl-before"))
+        itl_a = float(c4.number_input("ITL after (measured), ms", min_value=0.01, value=bench.itl_after_ms,
+                                      key="ov-itl-after"))
+    bench = Benchmark(itl_before_ms=itl_b, itl_after_ms=itl_a, layers=layers)
+    writes = ctx.writes() if ctx.run.dir.joinpath("writes.parquet").is_file() else None
+    land = landing.build(ctx.run.label, summary, writes, ctx.source, chosen, baseline, layers, bench)
 
-    head = comp.get("headline")
-    if head and head["variant"] in chosen:
-        m1, m2, m3 = st.columns(3)
-        how = ("measured: the baseline's decoder-layer step minus this variant's" if head.get("measured")
-               else f"projected: {layers} layers x cost difference per write")
-        m1.metric(f"{md(head['variant'])} saves per decode step ({md(head['source'])}, bs={md(head['size'])})",
-                  f"{head['saving_per_step_ms']:.3f} ms", help=f"{how}; source: {head['source']}")
-        m2.metric("predicted inter-token latency", f"{head['predicted_itl_ms']:.2f} ms",
-                  delta=f"{head['predicted_itl_ms'] - itl_b:+.2f} ms vs {itl_b:.2f}", delta_color="inverse")
-        m3.metric("measured by the benchmark", f"{itl_a:.2f} ms", delta=f"{itl_a - itl_b:+.2f} ms",
-                  delta_color="inverse", help=comp["benchmark"]["label"])
-    for w in comp.get("warnings") or []:
-        st.info(md(w))
+    st.markdown(f"**{md(land.headline)}**")
+    for name, fig in land.figures:
+        show_figure(fig, f"landing-{name}-{ctx.run.label}")
+    for n in land.notes:
+        st.caption(md(n))
+    show_table(landing_table(land.frame), f"landing-{ctx.run.label}",
+               caption=f"the numbers behind the two charts · {src}")
+    st.download_button("Download this view as an HTML report", data=lambda: _report_html(ctx, land),
+                       file_name=f"kvprof-report-{ctx.run.label.replace('/', '-')}.html", mime="text/html",
+                       key="landing-report", on_click="ignore",
+                       help="self-contained (Plotly inlined): the same as `kvprof report RUN --html OUT.html`")
+
+    st.markdown("#### Fused or fell back")
+    show_table(land.verdicts, f"verdicts-{ctx.run.label}")
 
     obs = frames.observer_frame(summary)
     if len(obs):
@@ -80,16 +84,30 @@ def render(ctx: Context) -> None:
         st.caption("Each profiler's reading over the unprofiled reference (the same steps, no profiler, CUDA "
                    "events); 'profiled run / reference' is how much the profiler slowed the run itself. "
                    f"More than {round((summary.get('observer') or {}).get('threshold', 0.1) * 100)} % off is "
-                   "flagged; headline figures come from the reference.")
-        show_table(obs, f"observer-{ctx.run.label}", column_config=number_format(obs))
+                   "flagged; the landing view uses the reference by default.")
+        show_table(obs, f"observer-{ctx.run.label}")
 
+    g = groups[groups["variant"].astype(str).isin(chosen)]
+    if ctx.source:
+        g = g[g["source"].astype(str) == ctx.source]
+    if g.empty:
+        st.info(f"No measured writes for the chosen variants at {md(src)}.")
+        return
+    order = [ctx.source] + [s for s in (summary.get("trusted_sources") or []) if s != ctx.source]
+    comp = frames.comparison(groups, baseline, layers, itl_b, itl_a, prefer=frames.fused_variants(summary),
+                             source_order=order)
+    for w in comp.get("warnings") or []:
+        st.info(md(w))
+    table = frames.overview_frame(g, comp, summary, baseline)
     st.markdown("#### Per variant and phase")
-    show_table(table, f"overview-{ctx.run.label}", column_config=number_format(table))
-
+    show_table(table, f"overview-{ctx.run.label}", caption=f"medians per write · {src}")
     metrics = list(frames.GROUP_METRICS)
     has_gpu = table["GPU µs/write"].notna().any()
     metric = st.selectbox("chart", metrics, index=0 if has_gpu else metrics.index("host launch µs per write"),
                           key="ov-metric")
-    show_figure(charts.metric_bars(frames.group_metric_frame(g, metric), metric,
-                                   f"{metric} · {ctx.source or 'all sources'}"), f"overview-{metric}")
-    show_figure(charts.speedup_bars(table, baseline), f"speedup-vs-{baseline}")
+    mf = frames.group_metric_frame(g, metric)
+    show_figure(charts.metric_bars(mf, metric, f"{metric} · {src}") if len(mf) else
+                charts.empty_figure(f"no {metric} at {src}" + (" (a CPU-only capture has no GPU times)"
+                                                             if cpu_only else ""), metric), f"overview-{metric}")
+    show_figure(charts.speedup_bars(table, baseline, f"GPU cost per write: speed-up vs {baseline} · {src}"),
+                f"speedup-vs-{baseline}")

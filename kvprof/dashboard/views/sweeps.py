@@ -9,7 +9,8 @@ import streamlit as st
 
 from kvprof.dashboard import charts, data, frames
 from kvprof.dashboard.state import Context
-from kvprof.dashboard.ui import md, number_format, show_figure, show_table
+from kvprof.dashboard.ui import md, show_figure, show_table
+from kvprof.dashboard.views.common import intro, source_label
 
 
 def _run_sweep(ctx: Context) -> None:
@@ -31,13 +32,13 @@ def _run_sweep(ctx: Context) -> None:
         if dev.get("peak_bandwidth_gbs") else {}
     if dev.get("copy_rate_gbs"):
         rates[f"measured copy rate {dev['copy_rate_gbs']:,.0f} GB/s"] = dev["copy_rate_gbs"]
-    wb = frames.write_bytes(frames.measured_writes(ctx.writes(), ctx.variants, ctx.source))
+    wb = frames.write_bytes(frames.measured_writes(ctx.writes(), ctx.variants))  # bytes per write: any source
     floors = frames.floor_lines(wb[wb["tokens"].isin(p["tokens"])], rates)
     if not rates:
         st.caption("the device's peak bandwidth is unknown here: no floor line")
-    show_figure(charts.sweep(p, floors, f"{phase}: GPU µs per write vs tokens · {ctx.source or 'all sources'}"),
+    show_figure(charts.sweep(p, floors, f"{phase}: GPU µs per write vs tokens · {source_label(ctx.source)}"),
                 f"sweep-run-{phase}")
-    show_table(p, f"sweep-run-{ctx.run.label}-{phase}", column_config=number_format(p))
+    show_table(p, f"sweep-run-{ctx.run.label}-{phase}")
 
 
 def _bench_sweep(ctx: Context) -> None:
@@ -96,11 +97,13 @@ def _bench_sweep(ctx: Context) -> None:
             pd.DataFrame(columns=["line", "tokens", "us"])
         show_figure(charts.sweep(pts, fl, f"bench: µs per write vs tokens · {shape} {dtype} · {mode}",
                                  hlines=hlines, symbol="file" if len(docs) > 1 else None), f"sweep-bench-{shape}-{mode}")
-    show_table(recs, "bench-records", column_config=number_format(recs))
+    show_table(recs, "bench-records")
 
 
 def render(ctx: Context) -> None:
     st.subheader("Sweeps")
+    intro("How the time of one write grows with the tokens it writes, per variant, against the time its bytes "
+          "take at the device's bandwidth: from the open run's sizes and from kvprof bench results.")
     if ctx.run is not None:
         _run_sweep(ctx)
     else:

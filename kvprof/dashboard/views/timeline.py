@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from kvprof.dashboard import charts, data, frames
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.ui import md, show_figure, show_table
-from kvprof.dashboard.views.common import need_run
+from kvprof.dashboard.views.common import intro, need_run
 
 WIDTHS_US = (10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0, 10_000_000.0)
 MAX_BARS = (500, 2000, 5000, 10000)
@@ -27,6 +28,8 @@ def render(ctx: Context) -> None:
         st.warning("This run's summary lists no traces.")
         return
     st.subheader(f"Timeline · {md(ctx.run.label)}")
+    intro("What ran on each GPU stream and when, with kvprof's write ranges in their own lanes, in one trace file: "
+          "zoom the window to single kernels.")
     paths = [str(t["path"]) for t in traces]
     by_path = {str(t["path"]): t for t in traces}
 
@@ -37,6 +40,10 @@ def render(ctx: Context) -> None:
 
     preferred = [p for p in paths if by_path[p].get("gpu_events") and (not ctx.source or by_path[p].get("source") == ctx.source)
                  and set(by_path[p].get("variants") or []) & set(ctx.variants)]
+    if not preferred:  # the reference pass has no trace: the most trusted profiler's instead
+        order = frames.sources_in(pd.DataFrame({"source": [by_path[p].get("source") for p in paths]}), summary)
+        preferred = sorted((p for p in paths if by_path[p].get("gpu_events")),
+                           key=lambda p: order.index(by_path[p].get("source")) if by_path[p].get("source") in order else 99)
     default = paths.index(preferred[0]) if preferred else 0
     trace = st.selectbox("trace", paths, index=default, format_func=label, key=f"tl-trace::{ctx.run.label}")
     t = by_path[trace]
@@ -80,8 +87,6 @@ def render(ctx: Context) -> None:
         show_table(inside.drop(columns=["count", "busy_us"]), f"timeline-rows-{ctx.run.label}", max_rows=2000)
     kbn = (t.get("generic") or {}).get("kernels_by_name") or []
     if kbn:
-        import pandas as pd
-
         with st.expander("kernels by name in this trace (analyze)"):
             df = pd.DataFrame(kbn)
             for c in ("total_ns", "mean_ns", "median_ns"):

@@ -1,0 +1,76 @@
+"""Write a run's landing view as a self-contained HTML report (fused or not, cost, saving, share).
+
+RUN is a folder that kvprof analyze wrote into (summary.json, and writes.parquet for the
+spreads of profiled sources). The source defaults to the most trusted one the run has
+(the reference pass, else the least perturbed profiler). Needs plotly (the dashboard
+extra); imports neither torch nor streamlit.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvprof.core.errors import ToolError, UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", type=Path, help="an analysed run folder (has summary.json)")
+    p.add_argument("--html", type=Path, required=True, metavar="OUT.html", help="where to write the report")
+    p.add_argument("--source", default=None, help="reference, nsys or kineto (default: the most trusted present)")
+    p.add_argument("--baseline", default=None, help="variant the savings are against (default: analyze's)")
+
+
+def load_run(run: Path) -> tuple[dict, object]:
+    """summary.json (required) and writes.parquet (optional) of an analysed run; one-line errors."""
+    import orjson
+
+    if not run.is_dir():
+        raise UsageError(f"{run} is not a folder")
+    s = run / "summary.json"
+    if not s.is_file():
+        raise UsageError(f"{run} has no summary.json: run `kvprof analyze {run}` first")
+    try:
+        summary = orjson.loads(s.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise UsageError(f"{s} is not valid JSON ({exc})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("groups"), list):
+        raise UsageError(f"{s} is not a kvprof summary (no groups)")
+    writes = None
+    w = run / "writes.parquet"
+    if w.is_file():
+        import pyarrow.parquet as pq
+
+        try:
+            writes = pq.read_table(w).to_pandas()
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{w} is not readable Parquet ({exc})") from None
+    return summary, writes
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("plotly") is None:
+        raise ToolError("plotly is not installed: pip install 'kvprof[dashboard]'")
+    if args.html.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--html {args.html}: the report is HTML; name it *.html")
+    from kvprof.core.atomic import atomic_file
+    from kvprof.dashboard import frames
+    from kvprof.dashboard.landing import build
+    from kvprof.report.html import render
+
+    summary, writes = load_run(args.run)
+    groups = frames.groups_frame(summary)
+    sources = set(groups["source"].dropna().astype(str))
+    if args.source and args.source not in sources:
+        raise UsageError(f"--source {args.source}: this run has {', '.join(sorted(sources)) or 'no sources'}")
+    variants = set(groups["variant"].dropna().astype(str))
+    if args.baseline and args.baseline not in variants:
+        raise UsageError(f"--baseline {args.baseline}: this run has {', '.join(sorted(variants))}")
+    land = build(args.run.resolve().name, summary, writes, args.source, None, args.baseline)
+    text = render(land)
+    with atomic_file(args.html, "w") as fh:
+        fh.write(text)
+    print(f"kvprof report: {args.html} ({len(text.encode()) / 2**20:.1f} MB, source {land.source})")
+    return 0

@@ -1,0 +1,135 @@
+"""Tables as people read them, and the landing view's numbers; pure pandas, no Streamlit.
+
+``display`` turns a frame into text cells: numbers with a few significant digits and
+thousands separators, booleans as yes/no, missing values as "n/a" (never "None" or
+"nan"). The CSV export keeps the raw frame. ``landing_frame`` lays out, for one source,
+each variant's GPU cost per write with its spread, the saving per decode step with its
+spread and the writes' share of the step: what the landing view and the HTML report show.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvprof.core import variants as V
+from kvprof.dashboard.frames import NS_PER_US, measured_writes, phase_size, verdict_text
+
+MISSING = "n/a"
+
+
+def cell(v: Any, digits: int = 4) -> str:
+    """One value as text: 0.885, 12.3, 4,096, yes/no, n/a."""
+    if v is None or v is pd.NA or v is pd.NaT:
+        return MISSING
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        if not math.isfinite(f):
+            return MISSING
+        if f.is_integer() and abs(f) < 1e15:
+            return f"{int(f):,}"
+        if abs(f) >= 1000:
+            return f"{f:,.0f}"
+        return f"{f:.{digits}g}"
+    s = str(v)
+    return MISSING if s in ("None", "nan", "NaN", "<NA>", "") else s
+
+
+def display(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
+    """Every cell as text (see ``cell``); column names and order kept."""
+    return pd.DataFrame({c: [cell(v, digits) for v in df[c].tolist()] for c in df.columns}, index=df.index,
+                        columns=df.columns)
+
+
+LANDING_COLUMNS = ("variant", "role", "verdict", "source", "phase", "size", "phase_size", "cost_us", "cost_lo_us",
+                   "cost_hi_us", "spread_from", "saving_ms", "saving_spread_ms", "share_pct")
+
+
+def _cost_spread(r: Any, writes: pd.DataFrame | None) -> tuple[float, float, str]:
+    """The 25th-75th percentile band around a group's cost per write, and where it comes from."""
+    cost = float(r.cost_per_write_ns)
+    iqr = r.step_iqr_ns
+    if iqr is not None and np.isfinite(iqr) and r.writes and r.steps:
+        half = float(iqr) / (float(r.writes) / float(r.steps)) / 2.0  # the step's IQR shared over its writes
+        return cost - half, cost + half, "step IQR / writes per step"
+    if writes is not None and len(writes):
+        w = writes[(writes["variant"].astype(str) == r.variant) & (writes["source"].astype(str) == r.source)
+                   & (writes["phase"].astype(str) == r.phase) & (pd.to_numeric(writes["size"]) == r.size)]
+        col = "gpu_new_ns" if bool(r.graph) and "gpu_new_ns" in w else "gpu_span_ns"
+        vals = pd.to_numeric(w[col], errors="coerce").dropna() if col in w else pd.Series(dtype=float)
+        if len(vals) >= 4:
+            lo, hi = float(vals.quantile(0.25)), float(vals.quantile(0.75))
+            # the group's cost may be a step average: centre the band on it, keep its width
+            half = (hi - lo) / 2.0
+            return cost - half, cost + half, "per-write IQR"
+    return cost, cost, "none"
+
+
+def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: dict[str, Any], source: str,
+                  writes: pd.DataFrame | None = None, layers: int = 80, itl_before_ms: float = 12.05) -> pd.DataFrame:
+    """One row per variant and (phase, size) of ``source``: cost and its band, saving and its spread, share."""
+    g = groups[(groups["layer"].astype(str) == "all") & (groups["source"].astype(str) == source)]
+    g = g[g["cost_per_write_ns"].notna()]
+    w = measured_writes(writes, source=source) if writes is not None and len(writes) else None
+    verdicts = {n: verdict_text(v) for n, v in (summary.get("variants") or {}).items()}
+    comp_rows = {(r["variant"], r["phase"], int(r["size"])): r for r in (comp or {}).get("rows", [])
+                 if r["source"] == source}
+    base = (comp or {}).get("baseline")
+    rows = []
+    for r in g.itertuples(index=False):
+        lo, hi, how = _cost_spread(r, w)
+        rows.append({"variant": r.variant, "role": V.info(str(r.variant)).role.value,
+                     "verdict": verdicts.get(r.variant, MISSING), "source": source, "phase": r.phase,
+                     "size": int(r.size), "phase_size": phase_size(r.phase, r.size),
+                     "cost_us": r.cost_per_write_ns / NS_PER_US, "cost_lo_us": lo / NS_PER_US,
+                     "cost_hi_us": hi / NS_PER_US, "spread_from": how})
+    df = pd.DataFrame(rows, columns=list(LANDING_COLUMNS[:11]))
+    half = {(r["variant"], r["phase"], r["size"]): (r["cost_hi_us"] - r["cost_lo_us"]) / 2.0 for _, r in df.iterrows()}
+    saving, spread, share = [], [], []
+    for _, r in df.iterrows():
+        c = comp_rows.get((r["variant"], r["phase"], r["size"]))
+        s = c.get("saving_per_step_ms") if c else (0.0 if r["variant"] == base and r["phase"] == "decode" else None)
+        saving.append(np.nan if s is None else float(s))
+        if r["variant"] == base:
+            spread.append(np.nan)  # the baseline against itself: 0 by definition
+        elif c and c.get("measured_saving_spread_ms") is not None:
+            spread.append(float(c["measured_saving_spread_ms"]))
+        elif s is not None and base is not None:
+            hb = half.get((base, r["phase"], r["size"]), 0.0)
+            spread.append(layers * math.hypot(hb, half[(r["variant"], r["phase"], r["size"])]) / 1e3)
+        else:
+            spread.append(np.nan)
+        share.append(100.0 * layers * r["cost_us"] / (itl_before_ms * 1e3) if r["phase"] == "decode" else np.nan)
+    df["saving_ms"], df["saving_spread_ms"], df["share_pct"] = saving, spread, share
+    order = {v: i for i, v in enumerate(V.ordered(list(df["variant"].astype(str))))}
+    return (df.assign(_o=df["variant"].map(order)).sort_values(["_o", "phase", "size"]).drop(columns="_o")
+            .reset_index(drop=True)[list(LANDING_COLUMNS)])
+
+
+LANDING_TABLE = {"variant": "variant", "verdict": "fused?", "phase_size": "phase · size",
+                 "cost_us": "GPU µs/write", "spread": "IQR µs", "saving_ms": "saves ms/step",
+                 "saving_spread_ms": "± ms", "share_pct": "writes' share of ITL %"}
+
+
+def landing_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The landing view's table: the same numbers as its charts, in text."""
+    t = df.assign(spread=[f"{cell(lo, 3)} – {cell(hi, 3)}" if how != "none" else MISSING
+                          for lo, hi, how in zip(df["cost_lo_us"], df["cost_hi_us"], df["spread_from"])])
+    return display(t[list(LANDING_TABLE)].rename(columns=LANDING_TABLE), digits=3)
+
+
+def outliers(values: pd.Series) -> tuple[int, float]:
+    """How many values lie beyond 1.5 IQR of the quartiles (a box plot's outliers), and the largest value."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if len(v) < 4:
+        return 0, float(v.max()) if len(v) else float("nan")
+    q1, q3 = v.quantile(0.25), v.quantile(0.75)
+    fence = 1.5 * (q3 - q1)
+    return int(((v < q1 - fence) | (v > q3 + fence)).sum()), float(v.max())
