@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "tests" / "fixtures" / "real"
+SAMPLES = ROOT / "traces" / "samples" / "h200-llama70b-tp8"  # analysed: what `report` reads
 
 PROBE = r"""
 import runpy, sys
@@ -48,13 +49,15 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     ["analyze", "{run}", "--out", "{tmp}", "--quiet"],
     ["compare", "{run}", "--baseline", "two_stream", "--out", "{tmp}"],
     ["scrub", "--check", "{tmp}/summary.json"],
-], ids=lambda a: " ".join(a).replace("{run}", "RUN").replace("{tmp}", "OUT"))
+    ["report", "--help"],
+    ["report", "{samples}", "--html", "{tmp}/r.html"],
+], ids=lambda a: " ".join(a).replace("{samples}", "SAMPLES").replace("{run}", "RUN").replace("{tmp}", "OUT"))
 def test_reading_commands_do_not_import_torch(args: list[str], tmp_path: Path) -> None:
     if args[0] == "scrub" and args[1] == "--check":
         # something real to check: analyze's own output, made in this process's way
         made = _run(["analyze", str(RUN), "--out", str(tmp_path), "--quiet"], ROOT)
         assert made.returncode == 0, made.stderr[-2000:]
-    argv = [a.replace("{run}", str(RUN)).replace("{tmp}", str(tmp_path)) for a in args]
+    argv = [a.replace("{run}", str(RUN)).replace("{tmp}", str(tmp_path)).replace("{samples}", str(SAMPLES)) for a in args]
     done = _run(argv, ROOT)
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("TORCH_FREE"), done.stderr[-3000:]

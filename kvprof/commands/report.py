@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from kvprof.core.atomic import atomic_file
     from kvprof.dashboard import frames
     from kvprof.dashboard.landing import build
-    from kvprof.report.html import render
+    from kvprof.dashboard.html_report import render
 
     summary, writes = load_run(args.run)
     groups = frames.groups_frame(summary)

@@ -13,7 +13,7 @@ from kvprof.dashboard.views.common import device_line, esc, intro, need_run, no_
 
 
 def _report_html(ctx: Context, land: landing.Landing) -> bytes:
-    from kvprof.report.html import render
+    from kvprof.dashboard.html_report import render
 
     return render(land).encode()
 
