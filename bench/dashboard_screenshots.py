@@ -60,7 +60,7 @@ def main() -> int:
                     break
                 except OSError:
                     if proc.poll() is not None or time.monotonic() - t > 120:
-                        raise SystemExit("the dashboard did not start")
+                        raise SystemExit("the dashboard did not start") from None
                     time.sleep(0.3)
             report = Path(tmp) / "report.html"
             subprocess.run([sys.executable, "-m", "kvprof", "report", str(SAMPLES / "h200-llama70b-tp8"), "--html",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvprof.core.errors import ResourceError, UsageError

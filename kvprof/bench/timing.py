@@ -94,7 +94,7 @@ def copy_rate_gbs(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20
         src = torch.empty(nbytes // 16, dtype=torch.uint8)
         src.fill_(1)
         dst = torch.empty_like(src)
-        t = time_eager(lambda: dst.copy_(src), 1, 5, device)
+        t = time_eager(lambda: dst.copy_(src), 1, 5, device)  # noqa: F821 (freed by `del` after the timing)
         return 2 * src.numel() / (t.median_us * 1e3)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     src.fill_(7)

@@ -17,7 +17,7 @@ import orjson
 import kvprof
 from kvprof.capture.config import CaptureConfig
 from kvprof.tools.envsafe import child_environment, describe
-from kvprof.tools.nsys import export_sqlite, nsys_profile_command, nsys_version, run_nsys_pass
+from kvprof.tools.nsys import export_sqlite, nsys_version, run_nsys_pass
 from kvprof.core.run import Manifest
 from kvprof.core.timings import StepSamples, StepTimings
 from kvprof.core.errors import KvprofError

@@ -83,7 +83,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
     from pathlib import Path
 
     from kvprof.bench.run import BENCH_VARIANTS, check_bench_memory, default_grid, grid

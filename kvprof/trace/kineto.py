@@ -144,10 +144,10 @@ def events_from_document(
     dims_setdefault = dims.setdefault
     # Event lists come one batch at a time (see split_events) or as the whole list; each
     # is walked from the end and popped, so an event's dict is freed as soon as it is read.
-    for events in (batches if batches is not None else [events]):
-        events.reverse()
-        pop = events.pop
-        for _ in range(len(events)):
+    for batch in (batches if batches is not None else [events]):
+        batch.reverse()
+        pop = batch.pop
+        for _ in range(len(batch)):
             e = pop()
             if e.__class__ is not dict:
                 stats["malformed"] += 1
