@@ -37,7 +37,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(REPO),
                           "-w", str(dist)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    (whl,) = dist.glob("kvprof-*.whl")
+    (whl,) = dist.glob("kvcache_profiler-*.whl")
     assert whl.stat().st_size < MAX_WHEEL_MB << 20, f"{whl.name} is {whl.stat().st_size / 2**20:.1f} MB"
     names = set(zipfile.ZipFile(whl).namelist())
     for f in SAMPLE_FILES:
