@@ -40,6 +40,8 @@ class SglangMLAWriter(MLAWriter):
     def write(self, kv_buf: torch.Tensor, loc, nope, rope, dtype, skip):  # type: ignore[override]
         if self._op is None:
             raise RuntimeError(f"sglang_mla cannot run: {self._error}")
+        if loc.shape[0] == 0:
+            return SGLANG_PATH  # nothing to write (SGLang's torch path cannot view an empty batch)
         self._op(kv_buf, loc, cast_like_sglang(nope, dtype), cast_like_sglang(rope, dtype),
                  reserved_skip_index=skip)
         return SGLANG_PATH
