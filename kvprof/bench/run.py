@@ -182,7 +182,7 @@ def bench_variant(case: _Case, variant: str, writer: Any, replays: int, eager_re
     """``writer`` is built once per run (compiled writers then compile once, not per point);
     ``extra_cases``: the same point in other allocations, graph-timed too (see FLOOR_ALLOCATIONS)."""
     point = case.point
-    base = {**asdict(point), "shape": point.shape, "dtype": point.dtype_label, "variant": variant,
+    base = {**asdict(point), "layout": "mha", "shape": point.shape, "dtype": point.dtype_label, "variant": variant,
             "bytes": point.bytes_moved(), "writes_per_sample": case.writes}
     if isinstance(writer, KvprofError):
         return [{**base, "mode": m, "status": "unavailable", "reason": str(writer)} for m in _modes(case.device)]
