@@ -1,9 +1,9 @@
 """kvprof's fused MLA latent-row store in Triton: one launch writes nope and rope for every token.
 
-One program handles ``block_t`` tokens: a ``[block_t, R]`` tile of the nope part and a
-``[block_t, P]`` tile of the rope part, each loaded as contiguous row vectors (16-byte
-accesses: DeepSeek-V3's 512 + 64 values are 1024 + 128 bytes in bf16) and stored side by
-side into the latent row, with SGLang's cast (``.to(dtype)``, no scale) done in the kernel.
+One program handles ``block_t`` tokens: a ``[block_t, next_pow2(R + P)]`` tile whose first
+R columns load from the nope part and the next P from the rope part (complementary masks,
+contiguous row vectors: 16-byte accesses, DeepSeek-V3's 512 + 64 values are 1024 + 128 bytes
+in bf16), stored as whole latent rows, with SGLang's cast (``.to(dtype)``, no scale) done in the kernel.
 The rows are loaded before the slots are used, so the slot load's latency overlaps them;
 slots outside ``[0, rows)`` and the skipped slot are masked in the kernel.
 """
@@ -34,9 +34,11 @@ if triton is not None:
 
     @triton.jit
     def _mla_store_kernel(buf, loc, nope, rope, tokens, rows, skip, nope_stride, rope_stride,
-                          R: tl.constexpr, P: tl.constexpr, BR: tl.constexpr, BP: tl.constexpr,
-                          BLOCK_T: tl.constexpr, CONV: tl.constexpr, SAT: tl.constexpr, HW: tl.constexpr,
-                          WIDE: tl.constexpr):
+                          R: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+                          CONV: tl.constexpr, SAT: tl.constexpr, HW: tl.constexpr, WIDE: tl.constexpr):
+        """One ``[BLOCK_T, BLOCK]`` tile per program covers whole rows: columns below R come
+        from ``nope``, the next P from ``rope`` (complementary masked loads, so both parts
+        load in full vectors and every thread has work even for the short rope part)."""
         pid = tl.program_id(0)
         if WIDE:
             tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -44,24 +46,21 @@ if triton is not None:
             tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
         tmask = tok < tokens
         slot = tl.load(loc + tok, mask=tmask, other=-1)
-        cn = tl.arange(0, BR)
-        cp = tl.arange(0, BP)
-        n_mask = tmask[:, None] if R == BR else tmask[:, None] & (cn[None, :] < R)
-        p_mask = tmask[:, None] if P == BP else tmask[:, None] & (cp[None, :] < P)
-        x_n = tl.load(nope + tok[:, None] * nope_stride + cn[None, :], mask=n_mask)
-        x_p = tl.load(rope + tok[:, None] * rope_stride + cp[None, :], mask=p_mask)
+        col = tl.arange(0, BLOCK)
+        is_nope = col < R
+        is_rope = (col >= R) & (col < R + P)
+        x_n = tl.load(nope + tok[:, None] * nope_stride + col[None, :], mask=tmask[:, None] & is_nope[None, :])
+        x_p = tl.load(rope + tok[:, None] * rope_stride + (col[None, :] - R), mask=tmask[:, None] & is_rope[None, :])
+        x = tl.where(is_nope[None, :], x_n, x_p)
         if CONV != 0:
-            x_n = fp8_bits(x_n.to(tl.float32), CONV == 1, SAT, HW)
-            x_p = fp8_bits(x_p.to(tl.float32), CONV == 1, SAT, HW)
+            x = fp8_bits(x.to(tl.float32), CONV == 1, SAT, HW)
         ok = tmask & (slot >= 0) & (slot < rows) & (slot != skip)
         if WIDE:
             row = slot.to(tl.int64) * (R + P)
         else:
             row = slot.to(tl.int32) * (R + P)
-        o_n = ok[:, None] if R == BR else ok[:, None] & (cn[None, :] < R)
-        o_p = ok[:, None] if P == BP else ok[:, None] & (cp[None, :] < P)
-        tl.store(buf + row[:, None] + cn[None, :], x_n.to(buf.dtype.element_ty, bitcast=True), mask=o_n)
-        tl.store(buf + row[:, None] + R + cp[None, :], x_p.to(buf.dtype.element_ty, bitcast=True), mask=o_p)
+        out_mask = ok[:, None] if R + P == BLOCK else ok[:, None] & (col[None, :] < R + P)
+        tl.store(buf + row[:, None] + col[None, :], x.to(buf.dtype.element_ty, bitcast=True), mask=out_mask)
 
 
 class MLATritonWriter(MLAWriter):
@@ -103,14 +102,14 @@ class MLATritonWriter(MLAWriter):
         rows = kv_buf.shape[0]
         bt, warps = launch_shape(tokens, r + p)
         bt, warps = self.block_t or bt, self.num_warps or warps
-        br, bp = triton.next_power_of_2(r), triton.next_power_of_2(p)
+        block = triton.next_power_of_2(r + p)
         ns, ps = nope.stride(0), rope.stride(0)
         hw = kv_buf.is_cuda and not interpreted(_mla_store_kernel)
-        if hw and conv and not (hw_cast_safe(r, ns, bt * br, warps) and hw_cast_safe(p, ps, bt * bp, warps)):
+        if hw and conv and not (hw_cast_safe(r, ns, bt * block, warps) and hw_cast_safe(p, ps, bt * block, warps)):
             hw = False  # the integer encode: same bits, no packed-cast layout risk
         wide = rows * (r + p) >= 2**31 or (tokens + bt) * max(ns, ps) >= 2**31
         _mla_store_kernel[(triton.cdiv(tokens, bt),)](
-            kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps, R=r, P=p, BR=br, BP=bp, BLOCK_T=bt, CONV=conv,
+            kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps, R=r, P=p, BLOCK=block, BLOCK_T=bt, CONV=conv,
             SAT=conv == _TO_E4M3 and torch_e4m3_saturates(), HW=hw, WIDE=wide, num_warps=warps)
         return FUSED
 
