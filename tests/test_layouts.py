@@ -330,3 +330,28 @@ def test_block_tables_are_fragmented_and_padded() -> None:
     assert (np.diff(blocks) != 1).any()  # scattered, not one run
     with pytest.raises(UsageError, match="blocks"):
         BlockTables(2, 16).prefill(100)
+
+
+def test_instrumented_layout_pools_name_their_writes_like_the_mha_pool() -> None:
+    """Under torch.profiler each write is a range named WRITE_RANGE_FORMAT (variant, layer);
+    a refused call raises the pool's error and leaves no range."""
+    from kvprof.layouts.instrument import make_layout_pool
+    from kvprof.trace.schema import WRITE_RANGE_FORMAT
+
+    mla = make_layout_pool("mla", 8, 1, torch.bfloat16, 16, 8, 2, writer=registry.create_writer("mla", "mla_triton"),
+                           instrument=True, start_layer=3)
+    paged = make_layout_pool("paged", 4, 4, torch.bfloat16, 1, 8, 2,
+                             writer=registry.create_writer("paged", "paged_unfused"), instrument=True)
+    row = torch.ones(2, 1, 24, dtype=torch.bfloat16)
+    kv = torch.ones(2, 1, 8, dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mla.set_kv_buffer(4, torch.tensor([1, 2]), row)
+        mla.set_mla_kv_buffer(3, torch.tensor([1, 2]), row[..., :16], row[..., 16:])
+        paged.set_kv_buffer(1, torch.tensor([-1, 6]), kv, kv)
+        with pytest.raises(ValueError, match="not in this pool"):
+            mla.set_kv_buffer(9, torch.tensor([1]), row[:1])
+    names = [e.name for e in prof.events()]
+    for variant, layer in (("mla_triton", 4), ("mla_triton", 3), ("paged_unfused", 1)):
+        assert names.count(WRITE_RANGE_FORMAT.format(variant=variant, layer=layer)) == 1
+    assert not any(n.startswith("set_kv_buffer[") and n.endswith(" L9") for n in names)
+    assert mla.writer.info().extra == {"layout": "mla"} and (mla.kv_buffer[1][1] == 1).all()

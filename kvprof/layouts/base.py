@@ -16,6 +16,7 @@ import torch
 
 from kvprof.dtypes import FP8_DTYPES
 from kvprof.validation import FLOAT_INPUTS
+from kvprof.writers.base import WriterInfo
 
 LAYOUTS = ("mha", "mla", "paged")
 
@@ -28,6 +29,10 @@ class LayoutWriter(abc.ABC):
     description: str = ""
     fused: bool = False  # one launch writes the whole row (MLA) or K and V (paged)
     devices: tuple[str, ...] = ("cpu", "cuda")
+
+    def info(self) -> WriterInfo:
+        """What the writer is, for manifests and tables (the MHA writers' record)."""
+        return WriterInfo(self.name, self.description, self.fused, self.devices, {"layout": self.layout})
 
     def unsupported_reason(self, device: torch.device, dtype: torch.dtype,
                            input_dtype: torch.dtype | None = None) -> str | None:
