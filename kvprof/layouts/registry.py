@@ -59,6 +59,20 @@ def create_writer(layout: str, name: str, **options: object) -> LayoutWriter:
     raise UsageError(f"{name!r} is not a writer of the {layout} layout; known: {', '.join(writer_names(layout))}")
 
 
+# what a capture of the layout runs when no variants are named (the references drop padded
+# slots with a host sync, so they are not captured by default)
+CAPTURE_DEFAULTS = {"mla": ("mla_cat_copy", "sglang_mla", "mla_triton"), "paged": ("paged_unfused", "paged_triton")}
+
+
+def create_variant(layout: str, name: str, **options: object):  # noqa: ANN201
+    """A writer for a capture of ``layout``: the MHA registry's for "mha", else this table's."""
+    if check_layout(layout) == "mha":
+        from kvprof.writers import create_writer as create_mha_writer
+
+        return create_mha_writer(name, **options)
+    return create_writer(layout, name, **options)
+
+
 @dataclass(frozen=True)
 class MLAShape:
     """What an MLA model's pool looks like (the latent row is not split by tensor parallelism)."""

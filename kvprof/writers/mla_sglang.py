@@ -14,7 +14,9 @@ import torch
 
 from kvprof.layouts.mla import MLAWriter, cast_like_sglang
 
-SGLANG_PATH = "sglang"
+FUSED = "fused"  # one launch on the GPU, the inputs already in the cache dtype
+CAST_THEN_STORE = "cast_then_store"  # SGLang casts each part with its own kernel first (fp8 caches)
+TORCH_FALLBACK = "fallback:sglang_torch"  # SGLang's torch scatter, where it has no Triton (CPU)
 
 
 def _load() -> tuple[Any, str | None]:
@@ -40,8 +42,9 @@ class SglangMLAWriter(MLAWriter):
     def write(self, kv_buf: torch.Tensor, loc, nope, rope, dtype, skip):  # type: ignore[override]
         if self._op is None:
             raise RuntimeError(f"sglang_mla cannot run: {self._error}")
+        path = (FUSED if nope.dtype == dtype else CAST_THEN_STORE) if kv_buf.is_cuda else TORCH_FALLBACK
         if loc.shape[0] == 0:
-            return SGLANG_PATH  # nothing to write (SGLang's torch path cannot view an empty batch)
+            return path  # nothing to write (SGLang's torch path cannot view an empty batch)
         self._op(kv_buf, loc, cast_like_sglang(nope, dtype), cast_like_sglang(rope, dtype),
                  reserved_skip_index=skip)
-        return SGLANG_PATH
+        return path
