@@ -355,3 +355,12 @@ def test_instrumented_layout_pools_name_their_writes_like_the_mha_pool() -> None
         assert names.count(WRITE_RANGE_FORMAT.format(variant=variant, layer=layer)) == 1
     assert not any(n.startswith("set_kv_buffer[") and n.endswith(" L9") for n in names)
     assert mla.writer.info().extra == {"layout": "mla"} and (mla.kv_buffer[1][1] == 1).all()
+
+
+def test_compiled_layout_writers_say_why_they_cannot_run_here() -> None:
+    """mla_cuda / paged_cuda are CUDA-only compiled ops: on this device a one-line reason."""
+    for layout, name in (("mla", "mla_cuda"), ("paged", "paged_cuda")):
+        w = registry.create_writer(layout, name)
+        reason = w.unsupported_reason(torch.device("cpu"), torch.bfloat16, torch.bfloat16)
+        assert reason and "\n" not in reason and "CUDA" in reason
+        assert w.fused and name in registry.FUSED[layout]

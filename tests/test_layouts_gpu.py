@@ -29,7 +29,7 @@ def _mla_pair(name: str, cache: torch.dtype, rank: int = 512, rope: int = 64, ro
             for w in ("mla_index_put", name)]
 
 
-@pytest.mark.parametrize("name", ["mla_triton", "sglang_mla"])
+@pytest.mark.parametrize("name", ["mla_triton", "mla_cuda", "sglang_mla"])
 @pytest.mark.parametrize("cache,inp", [(torch.bfloat16, torch.bfloat16), (torch.float8_e4m3fn, torch.bfloat16),
                                        (torch.float8_e5m2, torch.bfloat16), (torch.float8_e4m3fn, torch.float16),
                                        (torch.float8_e4m3fn, torch.float32)])
@@ -48,11 +48,12 @@ def test_mla_fused_matches_reference_on_gpu(name: str, cache, inp, tokens: int) 
     assert torch.equal(pools[0].kv_buffer[0], pools[1].kv_buffer[0])
 
 
+@pytest.mark.parametrize("name", ["mla_triton", "mla_cuda"])
 @pytest.mark.parametrize("cache", FP8)
 @pytest.mark.parametrize("inp", [torch.bfloat16, torch.float16])
-def test_mla_triton_converts_every_value(cache, inp) -> None:
+def test_mla_fused_converts_every_value(name, cache, inp) -> None:
     rows = _every_value(inp, 576)
-    pools = _mla_pair("mla_triton", cache, rows=rows.shape[0] + 1)
+    pools = _mla_pair(name, cache, rows=rows.shape[0] + 1)
     loc = torch.arange(1, rows.shape[0] + 1, device="cuda")
     for p in pools:
         p.set_mla_kv_buffer(0, loc, rows[:, :512], rows[:, 512:])
@@ -64,7 +65,7 @@ def _paged_pair(name: str, cache: torch.dtype, heads: int, dim: int, blocks: int
             for w in ("paged_index_put", name)]
 
 
-@pytest.mark.parametrize("name", ["paged_triton", "paged_unfused"])
+@pytest.mark.parametrize("name", ["paged_triton", "paged_cuda", "paged_unfused"])
 @pytest.mark.parametrize("cache,inp", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
                                        (torch.float8_e4m3fn, torch.bfloat16), (torch.float8_e5m2, torch.bfloat16),
                                        (torch.float8_e4m3fn, torch.float32)])
@@ -85,20 +86,21 @@ def test_paged_fused_matches_reference_on_gpu(name: str, cache, inp, heads: int,
     assert torch.equal(pools[0].value_cache[0], pools[1].value_cache[0])
 
 
+@pytest.mark.parametrize("name", ["paged_triton", "paged_cuda"])
 @pytest.mark.parametrize("cache", FP8)
 @pytest.mark.parametrize("inp", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scale", [1.0, 0.37, 3.0])
-def test_paged_triton_converts_every_value(cache, inp, scale: float) -> None:
+def test_paged_fused_converts_every_value(name, cache, inp, scale: float) -> None:
     rows = _every_value(inp, 128)
-    pools = _paged_pair("paged_triton", cache, 1, 128, blocks=rows.shape[0] // 16 + 1)
+    pools = _paged_pair(name, cache, 1, 128, blocks=rows.shape[0] // 16 + 1)
     slots = torch.arange(rows.shape[0], device="cuda")
     for p in pools:
         p.reshape_and_cache_flash(0, rows.view(-1, 1, 128), rows.view(-1, 1, 128), slots, scale, scale)
     assert torch.equal(pools[0].key_cache[0], pools[1].key_cache[0])
 
 
-@pytest.mark.parametrize("layout,name", [("mla", "mla_triton"), ("mla", "mla_cat_copy"),
-                                         ("paged", "paged_triton"), ("paged", "paged_unfused")])
+@pytest.mark.parametrize("layout,name", [("mla", "mla_triton"), ("mla", "mla_cuda"), ("mla", "mla_cat_copy"),
+                                         ("paged", "paged_triton"), ("paged", "paged_cuda"), ("paged", "paged_unfused")])
 def test_writers_replay_in_cuda_graphs(layout: str, name: str) -> None:
     """Captured once, replayed with new slots and inputs written into the captured tensors."""
     if layout == "mla":

@@ -20,16 +20,18 @@ WRITERS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("mla_cat_copy", "mla_torch", "MLACatCopyWriter"),
         ("sglang_mla", "mla_sglang", "SglangMLAWriter"),
         ("mla_triton", "mla_triton", "MLATritonWriter"),
+        ("mla_cuda", "layout_cuda", "MLACudaWriter"),
     ),
     "paged": (
         ("paged_index_put", "paged_torch", "PagedIndexPutWriter"),
         ("paged_unfused", "paged_torch", "PagedUnfusedWriter"),
         ("paged_triton", "paged_triton", "PagedTritonWriter"),
+        ("paged_cuda", "layout_cuda", "PagedCudaWriter"),
     ),
 }
 REFERENCE = {"mla": "mla_index_put", "paged": "paged_index_put"}
 UNFUSED = {"mla": "mla_cat_copy", "paged": "paged_unfused"}  # the engine's path without a fused kernel
-FUSED = {"mla": ("mla_triton",), "paged": ("paged_triton",)}  # kvprof's fused writers
+FUSED = {"mla": ("mla_triton", "mla_cuda"), "paged": ("paged_triton", "paged_cuda")}  # kvprof's fused writers
 PEERS = {"mla": ("sglang_mla",), "paged": ()}  # the engine's own fused kernel, where installable
 
 
@@ -61,7 +63,8 @@ def create_writer(layout: str, name: str, **options: object) -> LayoutWriter:
 
 # what a capture of the layout runs when no variants are named (the references drop padded
 # slots with a host sync, so they are not captured by default)
-CAPTURE_DEFAULTS = {"mla": ("mla_cat_copy", "sglang_mla", "mla_triton"), "paged": ("paged_unfused", "paged_triton")}
+CAPTURE_DEFAULTS = {"mla": ("mla_cat_copy", "sglang_mla", "mla_triton", "mla_cuda"),
+                    "paged": ("paged_unfused", "paged_triton", "paged_cuda")}
 
 
 def create_variant(layout: str, name: str, **options: object):  # noqa: ANN201
