@@ -232,7 +232,7 @@ class VariantSession:
 @contextmanager
 def session_for(config: CaptureConfig, writer: KVWriter, device: torch.device, **kw: object) -> Iterator[VariantSession]:
     if config.layout_name() != "mha":  # the MLA and paged layouts: their pools, slots and inputs
-        from kvprof.layouts.session import LayoutSession
+        from kvprof.capture.layout_session import LayoutSession
 
         session: VariantSession = LayoutSession(config, writer, device, **kw)  # type: ignore[arg-type]
     else:
