@@ -26,7 +26,7 @@ from kvprof.layouts.workload import BlockTables, graph_size
 MLA_WRITERS = ["mla_cat_copy", "mla_triton", "sglang_mla"]
 PAGED_WRITERS = ["paged_unfused", "paged_triton"]
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _values(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, spread: float) -> torch.Tensor:
