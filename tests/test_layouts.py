@@ -9,6 +9,7 @@ tensor), and scales. The fused Triton writers run under Triton's interpreter her
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -376,3 +377,24 @@ def test_compiled_layout_writers_say_why_they_cannot_run_here() -> None:
         reason = w.unsupported_reason(torch.device("cpu"), torch.bfloat16, torch.bfloat16)
         assert reason and "\n" not in reason and "CUDA" in reason
         assert w.fused and name in registry.FUSED[layout]
+
+
+def test_layout_bench_runs_and_reads_like_the_mha_bench(tmp_path) -> None:
+    """One small point per layout on CPU: every variant checked against its reference, the
+    target and ratios derived, files written that the dashboard's bench reader takes."""
+    from kvprof.bench import layouts as lb
+    from kvprof.dashboard.frames import bench_frame
+
+    result = lb.run(["mla", "paged"], torch.device("cpu"), tokens=[3], replays=1, eager_repeats=1)
+    recs = result["records"]
+    assert {r["layout"] for r in recs} == {"mla", "paged"}
+    assert all(r["status"] in ("ok", "unavailable") for r in recs), [r for r in recs if r["status"] not in ("ok", "unavailable")]
+    ok = [r for r in recs if r["status"] == "ok"]
+    assert {r["variant"] for r in ok} >= {"mla_cat_copy", "mla_triton", "paged_unfused", "paged_triton"}
+    assert all(r["target_us"] > 1.2 and isinstance(r["meets_target"], bool) for r in ok)
+    lb.write_files(result, tmp_path)
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    frame = bench_frame({"layouts": doc})
+    assert len(frame) == len(recs) and (tmp_path / "bench.csv").read_text().startswith("layout,")
+    assert any("mla_triton: target met at" in line for line in lb.verdicts(result))
+    assert len(lb.table(result).splitlines()) == len(recs) + 1

@@ -171,6 +171,7 @@ def derive(records: list[dict[str, Any]], rate: float) -> list[dict[str, Any]]:
         if r.get("status") != "ok":
             continue
         r["gbs"] = r["bytes"] / (r["median_us"] * 1e3)
+        r["pct_copy_rate"] = 100.0 * r["gbs"] / rate
         r["target_us"] = TARGET_FIXED_US + r["bytes"] / (TARGET_RATE_FRACTION * rate * 1e3)
         r["meets_target"] = r["median_us"] <= r["target_us"]
         peers = by_point[(r["layout"], r["dtype"], r["tokens"], r["mode"])]
@@ -183,10 +184,12 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
         eager_repeats: int = 20, pool_bytes: int = 512 << 20, on_record: Any = None) -> dict[str, Any]:
     rate = copy_rate_gbs(device)
     records: list[dict[str, Any]] = []
+    names: list[str] = []
     for layout in layouts:
         if layout not in ("mla", "paged"):
             raise UsageError(f"the layout bench covers mla and paged, not {layout!r}")
         variants = [registry.UNFUSED[layout], *registry.PEERS[layout], *registry.FUSED[layout]]
+        names += variants
         writers: dict[str, Any] = {}
         for v in variants:
             try:
@@ -207,8 +210,9 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
                     torch.cuda.empty_cache()
     return {"kind": "kvprof-layout-bench", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device_properties(device), "versions": versions(), "copy_rate_gbs": rate,
+            "limits": {"copy_rate_gbs": rate},  # as the MHA bench's, so the dashboard's Sweeps page reads it
             "target": f"{TARGET_FIXED_US} us + bytes / ({TARGET_RATE_FRACTION} x copy rate)",
-            "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes,
+            "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes, "variants": names,
                          "mla_shape": MLA_SHAPE, "paged_shape": PAGED_SHAPE},
             "records": derive(records, rate)}
 
