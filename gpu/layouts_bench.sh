@@ -36,7 +36,7 @@ for step in $steps; do
     ;;
   tests)
     stamp "tests: fused writers bitwise equal to the references on the GPU (every fp8 input value), CUDA graphs"
-    timeout ${TESTS_TIMEOUT:-200} python3 -m pytest tests/test_layouts_gpu.py -m gpu -q -p no:cacheprovider \
+    timeout ${TESTS_TIMEOUT:-180} python3 -m pytest tests/test_layouts_gpu.py -m gpu -q -p no:cacheprovider \
       2>&1 | tee "$OUT/layouts-gpu-tests.txt" | tail -15 | tee -a "$LOG"
     ;;
   bench)
