@@ -23,7 +23,7 @@ from kvprof.core.timings import StepSamples
 from kvprof.devinfo import resolve_device
 from kvprof.core.errors import KvprofError
 from kvprof.core.interrupts import ctrl_c_raises_interrupted
-from kvprof.writers import create_writer
+from kvprof.layouts.registry import create_variant
 
 
 def run_child(spec_path: Path, result_path: Path) -> int:
@@ -31,7 +31,7 @@ def run_child(spec_path: Path, result_path: Path) -> int:
     config = CaptureConfig.from_dict(spec["config"])
     variant = spec["variant"]
     device = resolve_device(config.device)
-    writer = create_writer(variant, **config.writer_options.get(variant, {}))
+    writer = create_variant(config.layout_name(), variant, **config.writer_options.get(variant, {}))
     cudart = torch.cuda.cudart() if device.type == "cuda" else None
     context = make_context(config, device)
     with session_for(config, writer, device, context=context) as session:

@@ -62,6 +62,10 @@ class CaptureConfig:
     run_id: str | None = None
     output: str = "traces"
     max_memory_gb: float | None = None  # None: what the machine has (kvprof.guards.memory_limit)
+    # the cache layout (kvprof.layouts): None picks it from the model (MLA presets: mla) and
+    # the engine (sglang: mha, vllm: paged)
+    layout: str | None = None
+    engine: str = "sglang"
 
     # -- derived -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -90,6 +94,7 @@ class CaptureConfig:
             if s is not None and not (s > 0 and s == s and s != float("inf")):
                 raise UsageError(f"scales must be positive and finite, got {s}")
         check_capture_values(self)
+        self._check_layout()
         self.rank_shape()
         self.cache_torch_dtype()
         self.input_torch_dtype()
@@ -101,7 +106,33 @@ class CaptureConfig:
         return DEFAULT_REFERENCE_STEPS if device_type == "cuda" else self.steps
 
     def rank_shape(self) -> RankShape:
+        from kvprof.layouts.registry import MLA_PRESETS
+
+        mla = MLA_PRESETS.get(self.model.strip().lower())
+        if mla is not None:  # one latent row per token, not split by tensor parallelism
+            return RankShape(model=mla.name, tp=self.tp, layers=mla.layers, head_num=1,
+                             head_dim=mla.kv_lora_rank + mla.qk_rope_head_dim, v_head_dim=0)
         return resolve_model(self.model).per_rank(self.tp)
+
+    def layout_name(self) -> str:
+        from kvprof.layouts.registry import pick_layout
+
+        return pick_layout(self.model, self.layout, self.engine)
+
+    def _check_layout(self) -> None:
+        """The layout exists and fits the model; a capture of a new layout without named
+        variants runs that layout's defaults (the MHA defaults are MHA writers)."""
+        from kvprof.layouts.registry import CAPTURE_DEFAULTS
+
+        layout = self.layout_name()
+        if layout == "mha":
+            return
+        if self.variants == list(DEFAULT_VARIANTS):
+            self.variants = list(CAPTURE_DEFAULTS[layout])
+        if self.context != "none":
+            raise UsageError(f"--context {self.context} models MHA decoder layers; the {layout} layout captures writes only")
+        if layout == "mla" and (self.k_scale is not None or self.v_scale is not None):
+            raise UsageError("the mla layout takes no --k-scale/--v-scale (SGLang's MLA cache casts without scaling)")
 
     def cache_torch_dtype(self) -> torch.dtype:
         return parse_dtype(self.cache_dtype)
@@ -134,6 +165,7 @@ class CaptureConfig:
             "shape": self.rank_shape().as_dict(),
             "cache_dtype": short_name(self.cache_torch_dtype()),
             "input_dtype": short_name(self.input_torch_dtype()),
+            "layout": self.layout_name(),
         }
         return d
 

@@ -31,7 +31,8 @@ from kvprof.dtypes import short_name
 from kvprof.core.errors import DeviceError, KvprofError, ToolError, UsageError
 from kvprof.guards import check_capture
 from kvprof.layer import DecoderContext, weight_bytes
-from kvprof.writers import KVWriter, create_writer
+from kvprof.layouts.registry import create_variant
+from kvprof.writers import KVWriter
 
 if TYPE_CHECKING:
     from kvprof.core.summary import Summary
@@ -59,7 +60,7 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
     planned = []
     for name in config.variants:
         try:
-            writer = create_writer(name, **config.writer_options.get(name, {}))
+            writer = create_variant(config.layout_name(), name, **config.writer_options.get(name, {}))
         except KvprofError as exc:
             if name in config.required_variants:
                 raise

@@ -231,7 +231,12 @@ class VariantSession:
 
 @contextmanager
 def session_for(config: CaptureConfig, writer: KVWriter, device: torch.device, **kw: object) -> Iterator[VariantSession]:
-    session = VariantSession(config, writer, device, **kw)  # type: ignore[arg-type]
+    if config.layout_name() != "mha":  # the MLA and paged layouts: their pools, slots and inputs
+        from kvprof.capture.layout_session import LayoutSession
+
+        session: VariantSession = LayoutSession(config, writer, device, **kw)  # type: ignore[arg-type]
+    else:
+        session = VariantSession(config, writer, device, **kw)  # type: ignore[arg-type]
     try:
         yield session
     finally:

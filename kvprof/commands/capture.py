@@ -63,6 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True, help="replay decode steps from a captured CUDA graph (default: on, CUDA only)")
     w.add_argument("--slots", choices=["random", "contiguous", "paged"], default="random", help="slot allocation pattern (default: %(default)s)")
     w.add_argument("--page-size", type=int, default=1, help="tokens per page (default: %(default)s)")
+    w.add_argument("--layout", choices=("mha", "mla", "paged"), default=None,
+                   help="cache layout: SGLang's MHA pool, SGLang's MLA latent pool, vLLM's paged cache "
+                        "(default: mla for DeepSeek presets, else the --engine's)")
+    w.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
+                   help="whose cache a non-MLA model writes: sglang (mha) or vllm (paged; --page-size is the block size, 16 when 1) (default: %(default)s)")
     w.add_argument("--pool-size", type=int, default=None, help="slots per layer (default: sized to the workload and device memory)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--max-memory-gb", type=positive_float, default=None,
@@ -124,6 +129,7 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
         writer_options=options, run_id=args.run_id, output=args.output, max_memory_gb=args.max_memory_gb,
         context=args.context, context_len=args.context_len, reference_steps=args.reference_steps,
         torch_sync_events=args.torch_sync_events, nsys_graph_trace=args.nsys_graph_trace,
+        layout=args.layout, engine=args.engine,
     )
 
 

@@ -59,6 +59,17 @@ VARIANTS: tuple[VariantInfo, ...] = (
                 default_capture=True, default_bench=True, claims_fused=True),
     VariantInfo("torch_compile", Role.KVPROF, "#882255", "torch.compile of the two copies",
                 default_bench=True),
+    # the MLA latent layout (kvprof.layouts.mla): its reference, SGLang's unfused path, peer, fused
+    VariantInfo("mla_index_put", Role.REFERENCE, "#bbbbbb", "MLA: cast, index_put of nope and rope"),
+    VariantInfo("mla_cat_copy", Role.BASELINE, "#ddcc77", "MLA: torch.cat then one copy (SGLang unfused)"),
+    VariantInfo("sglang_mla", Role.PEER, "#88ccee", "MLA: SGLang's set_mla_kv_buffer kernel", claims_fused=True),
+    VariantInfo("mla_triton", Role.KVPROF, "#117733", "MLA: kvprof's fused Triton store", claims_fused=True),
+    VariantInfo("mla_cuda", Role.KVPROF, "#aa4499", "MLA: kvprof's fused CUDA store (compiled op)", claims_fused=True),
+    # vLLM's paged layout (kvprof.layouts.paged)
+    VariantInfo("paged_index_put", Role.REFERENCE, "#555555", "paged: convert, index_put K then V"),
+    VariantInfo("paged_unfused", Role.BASELINE, "#999933", "paged: vLLM's write as separate torch ops"),
+    VariantInfo("paged_triton", Role.KVPROF, "#44aa99", "paged: kvprof's fused Triton store", claims_fused=True),
+    VariantInfo("paged_cuda", Role.KVPROF, "#661100", "paged: kvprof's fused CUDA store (compiled op)", claims_fused=True),
 )
 BY_NAME: dict[str, VariantInfo] = {v.name: v for v in VARIANTS}
 BASELINE = "two_stream"

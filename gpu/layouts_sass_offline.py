@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""The layouts' fused Triton kernels compiled for the H200 (sm_90) here, without a GPU: does
+each compile, and how wide are its global loads and stores (16-byte: LDG/STG.E.128)?
+
+    python gpu/layouts_sass_offline.py [--out DIR]
+
+Compiled by Triton's bundled ptxas at the writers' own launch shapes (DeepSeek-V3's MLA row,
+Llama-3.1-70B TP8's paged rows), bf16 and fp8 e4m3 from bf16, disassembled by its nvdisasm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def sass(fn, sig, consts, attrs, warps: int) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        return subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    from kvprof.writers import mla_triton, paged_triton
+
+    div16 = [["tt.divisibility", 16]]
+    for tokens in (1, 64, 4096):
+        for fp8 in (False, True):
+            bt, warps = mla_triton.launch_shape(tokens, 576)
+            sig = {"buf": "*u8" if fp8 else "*bf16", "loc": "*i64", "nope": "*bf16", "rope": "*bf16", "tokens": "i32",
+                   "rows": "i32", "skip": "i32", "nope_stride": "i32", "rope_stride": "i32",
+                   **{k: "constexpr" for k in ("R", "P", "BLOCK", "BLOCK_T", "CONV", "SAT", "HW", "WIDE")}}
+            consts = {"R": 512, "P": 64, "BLOCK": 1024, "BLOCK_T": bt, "CONV": int(fp8), "SAT": True, "HW": True,
+                      "WIDE": False}
+            attrs = {(i,): div16 for i in (0, 1, 2, 3, 7, 8)}
+            report("mla 512+64", tokens, fp8, sass(mla_triton._mla_store_kernel, sig, consts, attrs, warps), args.out)
+            bt, warps, split = paged_triton.launch_shape(tokens, 128)
+            sig = {"k_cache": "*u8" if fp8 else "*bf16", "v_cache": "*u8" if fp8 else "*bf16", "slots": "*i64",
+                   "key": "*bf16", "value": "*bf16", "k_scale": "*fp32", "v_scale": "*fp32", "tokens": "i32",
+                   "num_slots": "i32", "k_stride": "i32", "v_stride": "i32",
+                   **{k: "constexpr" for k in ("RW", "BLOCK", "FULL", "BLOCK_T", "FP8", "E4M3", "HW", "WIDE")}}
+            consts = {"RW": 128, "BLOCK": 128, "FULL": True, "BLOCK_T": bt, "FP8": fp8, "E4M3": True, "HW": True,
+                      "WIDE": False}
+            attrs = {(i,): div16 for i in (0, 1, 2, 3, 4, 9, 10)}
+            report("paged 1x128", tokens, fp8, sass(paged_triton._paged_store_kernel, sig, consts, attrs, warps),
+                   args.out)
+
+
+def report(what: str, tokens: int, fp8: bool, listing: str, out: Path | None) -> None:
+    ops = re.findall(r"\b(LDG|STG)\.E(\.\w+)*", listing)
+    widths: dict[str, int] = {}
+    for m in re.finditer(r"\b(LDG|STG)\.E((?:\.\w+)*)", listing):
+        key = m.group(1) + (m.group(2) or "")
+        widths[key] = widths.get(key, 0) + 1
+    n = sum(1 for ln in listing.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln))
+    print(f"{what} x{tokens} {'fp8' if fp8 else 'bf16'}: {n} instructions; "
+          + ", ".join(f"{k} x{v}" for k, v in sorted(widths.items())) + ("" if ops else " (no global accesses?)"))
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{what.split()[0]}-{tokens}-{'fp8' if fp8 else 'bf16'}.sass").write_text(listing)
+
+
+if __name__ == "__main__":
+    main()

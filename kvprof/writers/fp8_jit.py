@@ -1,0 +1,115 @@
+"""fp32 -> fp8 conversion inside Triton kernels, bitwise torch's (c10) or vLLM's rule.
+
+Two implementations of one rounding (round to nearest, ties to even, subnormals included):
+
+* ``HW`` (compiled for a GPU): the hardware conversion (``cvt.rn.satfinite``), which
+  saturates; where the wanted rule does not saturate (c10's e5m2 overflow goes to inf; an
+  older torch's e4m3 overflow to NaN) one integer add or or fixes it up.
+* integer (Triton's interpreter, whose float casts do not round to nearest even, and any
+  launch whose register layout the hardware path is not known-good for): the rounding
+  written with integer ops on the fp32 bits.
+
+``SAT``: overflow (and inf) gives the largest finite value, NaN stays NaN (vLLM's
+``__NV_SATFINITE``; torch >= 2.12's e4m3fn cast); otherwise e4m3fn overflow is NaN and
+e5m2 overflow is inf (c10's rule before 2.12 for e4m3fn, always for e5m2).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_ERROR: str | None = None
+except Exception as exc:  # ImportError, or a triton that fails to initialise
+    triton = None  # type: ignore[assignment]
+    tl = None  # type: ignore[assignment]
+    TRITON_ERROR = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+
+
+@functools.cache
+def torch_e4m3_saturates() -> bool:
+    """Whether this torch's fp32 -> float8_e4m3fn cast saturates overflow (>= 2.12) or makes it NaN."""
+    probe = torch.tensor([470.0, 1.0e6, float("inf")]).to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+    if probe == [0x7E, 0x7E, 0x7E]:
+        return True
+    if probe == [0x7F, 0x7F, 0x7F]:
+        return False
+    raise RuntimeError(f"unknown float8_e4m3fn overflow rule in torch {torch.__version__}: {probe}")
+
+
+def interpreted(kernel: object) -> bool:
+    """Whether ``kernel`` was decorated under TRITON_INTERPRET (it then runs on the host)."""
+    if triton is None:
+        return False
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernel, InterpretedFunction)
+
+
+def hw_cast_safe(cols: int, token_stride: int, elems_per_program: int, num_warps: int) -> bool:
+    """Whether Triton's packed hardware fp8 cast may be used for a tile. Triton 3.6's ptxas
+    mis-compiled it when a thread held its elements in pairs (odd bytes came out wrong on an
+    H200); rows in 16-element multiples with >= 4 elements per thread never showed it."""
+    return cols % 16 == 0 and token_stride % 16 == 0 and elems_per_program >= 4 * 32 * num_warps
+
+
+if triton is not None:
+
+    @triton.jit
+    def _round_code(a, M: tl.constexpr, B: tl.constexpr):
+        """|x| as fp32 bits (int32) -> the code of a format with M mantissa bits and exponent
+        bias B, rounded to nearest even, subnormals included; overflow is the caller's."""
+        SH: tl.constexpr = 23 - M
+        r = a - ((127 - B) << 23)
+        normal = (r + ((1 << (SH - 1)) - 1) + ((r >> SH) & 1)) >> SH
+        e = a >> 23
+        sig = tl.where(e > 0, (a & 0x7FFFFF) | 0x800000, a)
+        s = tl.minimum(151 - B - M - tl.maximum(e, 1), 30)
+        q = sig >> s
+        rem = sig - (q << s)
+        half = 1 << (s - 1)
+        up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+        sub = q + up.to(tl.int32)
+        return tl.where(a < ((128 - B) << 23), sub, normal)
+
+    @triton.jit
+    def fp8_code_int(x, E4M3: tl.constexpr, SAT: tl.constexpr):
+        """fp32 -> fp8 bits (int32 in the low byte), integer ops only."""
+        xb = x.to(tl.int32, bitcast=True)
+        sign = (xb >> 31) & 1
+        a = xb & 0x7FFFFFFF
+        nan = a > 0x7F800000
+        if E4M3:
+            r = _round_code(a, 3, 7)
+            if SAT:
+                r = tl.where(nan, 0x7F, tl.where(a >= 0x43F00000, 0x7E, tl.minimum(r, 0x7E)))
+            else:  # >= 480, inf, NaN: NaN; (464, 480) rounds to 0x7F already
+                r = tl.where(a >= 0x43F00000, 0x7F, r)
+        else:
+            r = _round_code(a, 2, 15)
+            if SAT:
+                r = tl.where(nan, 0x7F, tl.where(a >= 0x47800000, 0x7B, tl.minimum(r, 0x7B)))
+            else:  # >= 65536: inf (61440 and up round there already); NaN
+                r = tl.where(nan, 0x7F, tl.where(a >= 0x47800000, 0x7C, r))
+        return r | (sign << 7)
+
+    @triton.jit
+    def fp8_bits(x, E4M3: tl.constexpr, SAT: tl.constexpr, HW: tl.constexpr):
+        """fp32 -> fp8 storage bits (uint8)."""
+        if HW:
+            if E4M3:
+                c = x.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+                if not SAT:  # satfinite gives +-448 where the old c10 rule gives NaN (0x7F|s)
+                    c = c | (tl.abs(x) > 464.0).to(tl.uint8)
+            else:
+                c = x.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+                if not SAT:  # satfinite gives +-57344 (0x7B|s) where c10 gives inf (0x7C|s)
+                    c = c + (tl.abs(x) >= 61440.0).to(tl.uint8)
+        else:
+            c = fp8_code_int(x, E4M3, SAT).to(tl.uint8)
+        return c

@@ -1,0 +1,119 @@
+"""kvprof's fused MLA and paged stores as a compiled CUDA op (csrc/layout_store.cu), built at
+first use: the eager launch path (one pybind call into a ``<<<>>>`` launch) beside the Triton
+writers' (a Triton launch from Python costs ~15 µs of host time). Same bits as the Triton
+writers and the references: SGLang's cast for MLA, vLLM's division and saturation for paged.
+
+Build: ``torch.utils.cpp_extension.load`` into ``$TORCH_EXTENSIONS_DIR`` or
+``~/.cache/kvprof/torch_extensions``, ``-O3``, sm_90 plus the current device's arch. A failed
+build is one line (the writer reports itself unavailable), never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvprof.layouts.mla import MLAWriter
+from kvprof.layouts.paged import PagedWriter
+from kvprof.writers.fp8_jit import torch_e4m3_saturates
+
+CSRC = Path(__file__).with_name("csrc")
+EXT_NAME = "kvprof_layout_store"
+FUSED = "fused"
+_OUT = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+_EXT: Any = None
+_EXT_ERROR: str | None = None
+
+
+def load_extension() -> tuple[Any, str | None]:
+    """The compiled module, or None and a one-line reason. Built once per process."""
+    global _EXT, _EXT_ERROR
+    if _EXT is not None or _EXT_ERROR is not None:
+        return _EXT, _EXT_ERROR
+    if not torch.cuda.is_available():
+        _EXT_ERROR = "needs CUDA (torch.cuda is not available)"
+        return None, _EXT_ERROR
+    from kvprof.writers.cuda_fused import find_nvcc
+
+    if find_nvcc() is None:
+        _EXT_ERROR = "no CUDA compiler (nvcc) found"
+        return None, _EXT_ERROR
+    base = os.environ.get("TORCH_EXTENSIONS_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "kvprof" / "torch_extensions"
+    tag = f"torch{torch.__version__.split('+')[0]}_cu{(torch.version.cuda or 'none').replace('.', '')}"
+    directory = root / f"{EXT_NAME}_{tag}"
+    major, minor = torch.cuda.get_device_capability()
+    archs = ["-gencode=arch=compute_90,code=sm_90"]
+    if f"{major}{minor}" != "90":
+        archs.append(f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        from torch.utils.cpp_extension import load
+
+        _EXT = load(name=EXT_NAME, sources=[str(CSRC / "layout_store.cpp"), str(CSRC / "layout_store.cu")],
+                    extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-std=c++17", *archs],
+                    build_directory=str(directory), verbose=False)
+    except Exception as exc:  # compiler error, missing ninja, ABI mismatch...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        _EXT_ERROR = f"layout_store build failed ({type(exc).__name__}: {first}); build directory {directory}"
+        return None, _EXT_ERROR
+    return _EXT, None
+
+
+def _reason(name: str, device: torch.device, dtype: torch.dtype, input_dtype: torch.dtype | None) -> str | None:
+    if device.type != "cuda":
+        return f"{name} needs CUDA"
+    if input_dtype is not None and input_dtype not in _INPUTS:
+        return f"{name} takes fp32/bf16/fp16 inputs, not {input_dtype}"
+    if input_dtype is not None and input_dtype != dtype and dtype not in _OUT:
+        return f"{name} has no conversion from {input_dtype} to {dtype}"
+    return load_extension()[1]
+
+
+class MLACudaWriter(MLAWriter):
+    """One compiled launch per layer writes whole latent rows, SGLang's cast in the kernel."""
+
+    name = "mla_cuda"
+    description = "kvprof's fused MLA store as a compiled CUDA op (eager launch path)"
+    fused = True
+    devices = ("cuda",)
+
+    def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
+        return _reason(self.name, device, dtype, input_dtype)
+
+    def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
+        ext, error = load_extension()
+        if ext is None:
+            raise RuntimeError(f"mla_cuda cannot run: {error}")
+        out = 0 if nope.dtype == dtype else _OUT.get(dtype, -1)
+        if out < 0 or nope.dtype not in _INPUTS:
+            raise ValueError(f"mla_cuda has no conversion from {nope.dtype} to {dtype}")
+        ext.mla_store(kv_buf, loc, nope, rope, skip, out, out == 1 and torch_e4m3_saturates())
+        return FUSED
+
+
+class PagedCudaWriter(PagedWriter):
+    """One compiled launch per layer writes K and V at ``slot_mapping`` (-1 skipped)."""
+
+    name = "paged_cuda"
+    description = "kvprof's fused paged store as a compiled CUDA op (eager launch path)"
+    fused = True
+    devices = ("cuda",)
+
+    def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
+        return _reason(self.name, device, dtype, input_dtype)
+
+    def write(self, k_cache, v_cache, slots, key, value, dtype, k_scale, v_scale):  # type: ignore[override]
+        ext, error = load_extension()
+        if ext is None:
+            raise RuntimeError(f"paged_cuda cannot run: {error}")
+        out = _OUT.get(dtype, 0)
+        if key.dtype not in _INPUTS or (out == 0 and key.dtype != dtype):
+            raise ValueError(f"paged_cuda has no conversion from {key.dtype} to {dtype}")
+        ext.paged_store(k_cache, v_cache, slots, key, value, k_scale, v_scale, out)
+        return FUSED

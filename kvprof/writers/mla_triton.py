@@ -1,0 +1,122 @@
+"""kvprof's fused MLA latent-row store in Triton: one launch writes nope and rope for every token.
+
+One program handles ``block_t`` tokens: a ``[block_t, next_pow2(R + P)]`` tile whose first
+R columns load from the nope part and the next P from the rope part (complementary masks,
+contiguous row vectors: 16-byte accesses, DeepSeek-V3's 512 + 64 values are 1024 + 128 bytes
+in bf16), stored as whole latent rows, with SGLang's cast (``.to(dtype)``, no scale) done in the kernel.
+The rows are loaded before the slots are used, so the slot load's latency overlaps them;
+slots outside ``[0, rows)`` and the skipped slot are masked in the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kvprof.layouts.mla import MLAWriter
+from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, tl, torch_e4m3_saturates, triton
+
+FUSED = "fused"
+_SAME, _TO_E4M3, _TO_E5M2 = 0, 1, 2
+_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def launch_shape(tokens: int, row_elems: int) -> tuple[int, int]:
+    """(tokens per program, warps): long rows want a program per token for few tokens, then
+    more tokens per program as the write grows."""
+    if row_elems >= 256:
+        return (1, 4) if tokens <= 64 else (2, 4) if tokens <= 1024 else (4, 8)
+    return (4, 4) if tokens <= 512 else (8, 4)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mla_store_kernel(buf, loc, nope, rope, tokens, rows, skip, nope_stride, rope_stride,
+                          R: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+                          CONV: tl.constexpr, SAT: tl.constexpr, HW: tl.constexpr, WIDE: tl.constexpr):
+        """One ``[BLOCK_T, BLOCK]`` tile per program covers whole rows: columns below R come
+        from ``nope``, the next P from ``rope`` (complementary masked loads, so both parts
+        load in full vectors and every thread has work even for the short rope part)."""
+        pid = tl.program_id(0)
+        if WIDE:
+            tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        else:
+            tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+        tmask = tok < tokens
+        slot = tl.load(loc + tok, mask=tmask, other=-1)
+        col = tl.arange(0, BLOCK)
+        is_nope = col < R
+        is_rope = (col >= R) & (col < R + P)
+        x_n = tl.load(nope + tok[:, None] * nope_stride + col[None, :], mask=tmask[:, None] & is_nope[None, :])
+        x_p = tl.load(rope + tok[:, None] * rope_stride + (col[None, :] - R), mask=tmask[:, None] & is_rope[None, :])
+        x = tl.where(is_nope[None, :], x_n, x_p)
+        if CONV != 0:
+            x = fp8_bits(x.to(tl.float32), CONV == 1, SAT, HW)
+        ok = tmask & (slot >= 0) & (slot < rows) & (slot != skip)
+        if WIDE:
+            row = slot.to(tl.int64) * (R + P)
+        else:
+            row = slot.to(tl.int32) * (R + P)
+        out_mask = ok[:, None] if R + P == BLOCK else ok[:, None] & (col[None, :] < R + P)
+        tl.store(buf + row[:, None] + col[None, :], x.to(buf.dtype.element_ty, bitcast=True), mask=out_mask)
+
+
+class MLATritonWriter(MLAWriter):
+    """One Triton launch per layer writes whole latent rows, casting in the kernel."""
+
+    name = "mla_triton"
+    description = "kvprof's fused Triton MLA store: nope + rope in one launch, fp8 cast in-kernel"
+    fused = True
+
+    def __init__(self, block_t: int | None = None, num_warps: int | None = None) -> None:
+        """``block_t``/``num_warps`` force one launch shape (tuning); None: ``launch_shape``."""
+        self.block_t, self.num_warps = block_t, num_warps
+
+    def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
+        reason = super().unsupported_reason(device, dtype, input_dtype)
+        if reason:
+            return reason
+        if triton is None:
+            return f"triton is not importable ({TRITON_ERROR})"
+        interp = interpreted(_mla_store_kernel)
+        if device.type == "cpu" and not interp:
+            return "mla_triton on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before it is imported" + (
+                " (it is set now, but was not at import)" if os.environ.get("TRITON_INTERPRET") else "")
+        if device.type == "cuda" and interp:
+            return "mla_triton was imported with TRITON_INTERPRET=1: its kernel would run on the host"
+        if input_dtype is not None:
+            return _conversion_reason(input_dtype, dtype)
+        return None
+
+    def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
+        tokens = loc.shape[0]
+        if tokens == 0:
+            return FUSED
+        reason = _conversion_reason(nope.dtype, dtype)
+        if reason:
+            raise ValueError(reason)
+        conv = _SAME if nope.dtype == dtype else (_TO_E4M3 if dtype == torch.float8_e4m3fn else _TO_E5M2)
+        r, p = nope.shape[-1], rope.shape[-1]
+        rows = kv_buf.shape[0]
+        bt, warps = launch_shape(tokens, r + p)
+        bt, warps = self.block_t or bt, self.num_warps or warps
+        block = triton.next_power_of_2(r + p)
+        ns, ps = nope.stride(0), rope.stride(0)
+        hw = kv_buf.is_cuda and not interpreted(_mla_store_kernel)
+        if hw and conv and not (hw_cast_safe(r, ns, bt * block, warps) and hw_cast_safe(p, ps, bt * block, warps)):
+            hw = False  # the integer encode: same bits, no packed-cast layout risk
+        wide = rows * (r + p) >= 2**31 or (tokens + bt) * max(ns, ps) >= 2**31
+        _mla_store_kernel[(triton.cdiv(tokens, bt),)](
+            kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps, R=r, P=p, BLOCK=block, BLOCK_T=bt, CONV=conv,
+            SAT=conv == _TO_E4M3 and torch_e4m3_saturates(), HW=hw, WIDE=wide, num_warps=warps)
+        return FUSED
+
+
+def _conversion_reason(input_dtype: torch.dtype, dtype: torch.dtype) -> str | None:
+    if input_dtype == dtype:
+        return None
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and input_dtype in _INPUTS:
+        return None
+    return f"mla_triton stores {dtype} from {dtype} or, for fp8 caches, from fp32/bf16/fp16; got {input_dtype}"
