@@ -349,7 +349,7 @@ def test_instrumented_layout_pools_name_their_writes_like_the_mha_pool() -> None
     """Under torch.profiler each write is a range named WRITE_RANGE_FORMAT (variant, layer);
     a refused call raises the pool's error and leaves no range."""
     from kvprof.layouts.instrument import make_layout_pool
-    from kvprof.core.schema import WRITE_RANGE_FORMAT
+    from kvprof.core.vocab import WRITE_RANGE_FORMAT
 
     mla = make_layout_pool("mla", 8, 1, torch.bfloat16, 16, 8, 2, writer=registry.create_writer("mla", "mla_triton"),
                            instrument=True, start_layer=3)

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-from kvprof.bench.run import TARGET_FIXED_US, TARGET_RATE_FRACTION, writes_per_graph
+from kvprof.bench.run import writes_per_graph
+from kvprof.core.bench_result import BenchTarget
+
 from kvprof.bench.timing import copy_rate_gbs, time_eager, time_graph
 from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import parse_dtype
@@ -35,6 +37,7 @@ from kvprof.layouts.mla import MLAPool
 from kvprof.layouts.paged import PagedPool
 from kvprof.layouts.workload import BlockTables
 
+TARGET = BenchTarget()  # the MHA bench's default target: 1.2 µs + bytes / (0.9 x copy rate)
 TOKENS = (1, 8, 64, 512, 4096, 32768)
 DTYPES = (("bf16", "bf16"), ("fp8_e4m3", "bf16"))
 MLA_SHAPE = (512, 64)  # DeepSeek-V3: kv_lora_rank, qk_rope_head_dim
@@ -172,7 +175,7 @@ def derive(records: list[dict[str, Any]], rate: float) -> list[dict[str, Any]]:
             continue
         r["gbs"] = r["bytes"] / (r["median_us"] * 1e3)
         r["pct_copy_rate"] = 100.0 * r["gbs"] / rate
-        r["target_us"] = TARGET_FIXED_US + r["bytes"] / (TARGET_RATE_FRACTION * rate * 1e3)
+        r["target_us"] = TARGET.fixed_us + r["bytes"] / (TARGET.rate_fraction * rate * 1e3)
         r["meets_target"] = r["median_us"] <= r["target_us"]
         peers = by_point[(r["layout"], r["dtype"], r["tokens"], r["mode"])]
         r["ratio_to"] = {n: p["median_us"] / r["median_us"] for n, p in peers.items()
@@ -211,7 +214,7 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
     return {"kind": "kvprof-layout-bench", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device_properties(device), "versions": versions(), "copy_rate_gbs": rate,
             "limits": {"copy_rate_gbs": rate},  # as the MHA bench's, so the dashboard's Sweeps page reads it
-            "target": f"{TARGET_FIXED_US} us + bytes / ({TARGET_RATE_FRACTION} x copy rate)",
+            "target": f"{TARGET.fixed_us} us + bytes / ({TARGET.rate_fraction} x copy rate)",
             "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes, "variants": names,
                          "mla_shape": MLA_SHAPE, "paged_shape": PAGED_SHAPE},
             "records": derive(records, rate)}

@@ -1,5 +1,5 @@
 """NVTX and torch.profiler ranges around the MLA and paged pools' writes, named as the MHA
-pool's are (``kvprof.core.schema.WRITE_RANGE_FORMAT``: variant and layer, payload = tokens),
+pool's are (``kvprof.core.vocab.WRITE_RANGE_FORMAT``: variant and layer, payload = tokens),
 so the trace readers and the analysis take these layouts' captures unchanged.
 
 Off means the plain pool (no wrapper on the hot path); on, each write pushes an NVTX range
@@ -18,7 +18,7 @@ from kvprof.core import variants
 from kvprof.layouts.base import layer_index
 from kvprof.layouts.mla import MLAPool
 from kvprof.layouts.paged import PagedPool
-from kvprof.core.schema import NVTX_DOMAIN, WRITE_RANGE_FORMAT
+from kvprof.core.vocab import NVTX_DOMAIN, WRITE_RANGE_FORMAT
 
 _profiler_enabled = torch._C._autograd._profiler_enabled  # one C call: is a torch profiler recording?
 
