@@ -45,12 +45,15 @@ class PagedUnfusedWriter(PagedWriter):
             return UNFUSED
         h, d = k_cache.shape[2], k_cache.shape[3]
         valid = slots >= 0
-        first = valid.to(torch.int32).argmax()  # the first real token (0 when there is none)
-        any_valid = valid[first]
-        target = torch.where(valid, slots, torch.where(any_valid, slots[first], torch.zeros_like(slots[first])))
+        # the first real token (0 when there is none), picked with index_select: indexing with a
+        # 0-d tensor reads it on the host, which a CUDA-graph capture does not allow
+        first = valid.to(torch.int32).argmax().view(1)
+        any_valid = valid.index_select(0, first).squeeze(0)
+        slot_first = slots.index_select(0, first).squeeze(0)
+        target = torch.where(valid, slots, torch.where(any_valid, slot_first, torch.zeros_like(slot_first)))
         for cache, x, scale in ((k_cache, key, k_scale), (v_cache, value, v_scale)):
             flat = cache.view(-1, h, d)
             new = convert_like_vllm(x[:n], dtype, scale)
-            fill = torch.where(any_valid, new[first], flat[0])
+            fill = torch.where(any_valid, new.index_select(0, first).squeeze(0), flat[0])
             flat.index_copy_(0, target.long(), torch.where(valid[:, None, None], new, fill))
         return UNFUSED
