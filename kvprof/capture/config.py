@@ -62,6 +62,8 @@ class CaptureConfig:
     run_id: str | None = None
     output: str = "traces"
     max_memory_gb: float | None = None  # None: what the machine has (kvprof.guards.memory_limit)
+    # capture --ranks N: N processes through torch.distributed (kvprof.capture.ranks); None: one process
+    ranks: int | None = None
 
     # -- derived -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -89,6 +91,10 @@ class CaptureConfig:
         for s in (self.k_scale, self.v_scale):
             if s is not None and not (s > 0 and s == s and s != float("inf")):
                 raise UsageError(f"scales must be positive and finite, got {s}")
+        if self.ranks is not None:
+            from kvprof.capture.ranks import check_ranks
+
+            check_ranks(self)
         check_capture_values(self)
         self.rank_shape()
         self.cache_torch_dtype()
