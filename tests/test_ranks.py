@@ -143,3 +143,52 @@ def test_one_rank_on_one_gpu_through_nccl(tmp_path):
     assert summary["ranks"]["step_source"] == "gpu"
     assert (per["writes"] > 0).all() and (per["write_ns"] > 0).all()
     assert (per["collective_ns"] > 0).all()  # the NCCL all-reduce kernels are found in the steps
+
+
+def test_skew_is_slowest_over_median_rank_per_step():
+    from kvprof.analysis.ranks import skew_table
+
+    rows = [("v", "decode", 1, step, rank, ns) for step, times in enumerate([(100, 100, 150), (100, 120, 100)])
+            for rank, ns in enumerate(times)]
+    st = pd.DataFrame(rows, columns=["variant", "phase", "size", "step", "rank", "step_ns"])
+    skew = skew_table(st).iloc[0]
+    assert (skew["ranks"], skew["steps"]) == (3, 2)
+    assert skew["skew_max"] == pytest.approx(1.5)
+    assert skew["skew_median"] == pytest.approx((1.5 + 1.2) / 2)
+
+
+def test_collective_time_counts_nested_host_calls_once():
+    from kvprof.analysis.ranks import collective_per_step
+
+    ev = pd.DataFrame({
+        "name": ["c10d::allreduce_", "gloo:all_reduce", "c10d::allreduce_", "aten::index_put_"],
+        "kind": ["cpu_op", "cpu_annotation", "cpu_op", "cpu_op"], "device": [-1] * 4,
+        "start_ns": [0, 10, 100, 40], "dur_ns": [50, 20, 30, 5], "step": [0, 0, 0, 0],
+        "variant": ["v"] * 4, "phase": ["decode"] * 4, "size": [1] * 4})
+    out = collective_per_step(ev, rank=3)
+    assert out[["rank", "collective_ns"]].values.tolist() == [[3, 80]]
+
+
+def test_different_paths_across_ranks_are_flagged():
+    from kvprof.analysis.ranks import rank_paths
+    from kvprof.core.ranks import RankEntry
+
+    entries = [RankEntry(0, paths={"f": {"fused": 8}}), RankEntry(1, paths={"f": {"fallback:dtype": 8}})]
+    text, same = rank_paths(entries)
+    assert same == {"f": False} and text[("f", 1)] == "fallback:dtype=8"
+
+
+def test_manifest_ranks_round_trip_and_hostile_entries():
+    from kvprof.core.ranks import RankEntry
+    from kvprof.core.run import Manifest
+
+    m = Manifest(run_id="r", world_size=2, backend="gloo",
+                 ranks=[RankEntry(0, files={"v": "v.rank0.pt.trace.json.gz"}, paths={"v": {"fused": 4}})])
+    back = Manifest.from_json(orjson.loads(m.dumps()))
+    assert back.world_size == 2 and back.ranks[0].files == {"v": "v.rank0.pt.trace.json.gz"} and not back.warnings
+    doc = orjson.loads(m.dumps())
+    doc["ranks"] = [{"rank": -1}, {"rank": 1, "files": {"v": "../../etc/passwd"}, "paths": {"v": {"fused": "x"}}}, 5]
+    hostile = Manifest.from_json(doc)
+    assert [r.rank for r in hostile.ranks] == [1]
+    assert hostile.ranks[0].files == {} and hostile.ranks[0].paths == {}
+    assert len(hostile.warnings) >= 3
