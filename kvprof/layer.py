@@ -127,8 +127,11 @@ class DecoderContext:
         return out.permute(2, 0, 1, 3).reshape(tokens, s.q_head_num * s.head_dim)
 
     def step(self, loc: torch.Tensor, write: WriteFn | None, layer_ids: list[int],
-             buffers: Callable[[int], tuple[torch.Tensor, torch.Tensor]], decode: bool) -> torch.Tensor:
-        """Every layer once; ``write`` None leaves the KV write out (the step's cost without it)."""
+             buffers: Callable[[int], tuple[torch.Tensor, torch.Tensor]], decode: bool,
+             reduce: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Every layer once; ``write`` None leaves the KV write out (the step's cost without it).
+        ``reduce``: the tensor-parallel all-reduce (in place) of the attention output and of
+        the MLP output, where a TP layer has them."""
         s = self.shape
         x = self.hidden_input(loc.shape[0])
         qd, kvd = s.q_head_num * s.head_dim, s.head_num * s.head_dim
@@ -142,10 +145,16 @@ class DecoderContext:
                 write(layer_id, loc, k, v)
             k_buf, v_buf = buffers(layer_id)
             attn = self._attention(q.reshape(-1, qd), k_buf, v_buf, decode, k, v)
-            x = x + attn @ wt.o
+            out = attn @ wt.o
+            if reduce is not None:
+                reduce(out)
+            x = x + out
             h = F.rms_norm(x, (s.hidden,), wt.norm2)
             gate, up = (h @ wt.gate_up).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ wt.down
+            out = (F.silu(gate) * up) @ wt.down
+            if reduce is not None:
+                reduce(out)
+            x = x + out
         return x
 
 

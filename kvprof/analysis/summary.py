@@ -13,7 +13,8 @@ from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.generic import generic_summary
 from kvprof.analysis.metrics import fused_or_fell_back, group_metrics
 from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
-from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs
+from kvprof.analysis.ranks import analyze_ranks, collective_per_step
+from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs, trace_rank
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
@@ -78,6 +79,8 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
             layers: int | None = None) -> Analysis:
     warnings = list(loaded.warnings)
     writes_l, steps_l, traces_doc = [], [], []
+    world_size = loaded.manifest.world_size if loaded.manifest is not None else None
+    rank_inputs: list[tuple[str, int, pd.DataFrame]] = []  # a multi-rank run: (trace, rank, collectives)
     bpt: dict[str, float] = {}
     for name, entry in loaded.variants.items():
         if entry.bytes_per_token is not None:
@@ -91,6 +94,9 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
         s = per_step_table(t, w, ev)
         writes_l.append(w)
         steps_l.append(s)
+        if world_size is not None:
+            rank = trace_rank(ev)
+            rank_inputs.append((t.path, rank, collective_per_step(ev, rank)))
         gen = generic_summary(ev)
         if not gen["gpu"]:
             warnings.append(f"{t.path}: no GPU events (CPU-only trace): only CPU-side numbers are reported")
@@ -146,5 +152,10 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
         comparison=clean(comparison), observer=clean(observer), trusted_sources=clean(sources),
         reference=clean(_reference_doc(loaded)), warnings=list(dict.fromkeys(warnings)),
     )
+    if world_size is not None and loaded.manifest is not None:
+        ranks = analyze_ranks(writes, steps, rank_inputs, loaded.manifest.ranks, world_size)
+        summary.ranks = ranks.to_json()
+        summary.warnings += [f"{v}: the ranks took different write paths" for v, same in ranks.same_path.items()
+                             if not same]
     return Analysis(writes=writes, steps=steps, groups=groups, layers=layer_groups, summary=summary,
                     warnings=summary.warnings)

@@ -6,6 +6,7 @@ Pure function of an attributed Trace. Columns (WRITE_COLUMNS):
 |------------------|--------------------------------------------------------------------------|
 | trace            | file the write came from                                                 |
 | source           | kineto / nsys                                                            |
+| rank             | distributed rank of the trace (0 for a one-process capture)              |
 | write_id         | id within that file                                                      |
 | variant, phase, size, step, layer, tokens | what was written, in which step                 |
 | attribution      | correlation / graph_node / graph_order                                   |
@@ -44,7 +45,7 @@ from kvprof.core.schema import GPU_WORK_KINDS, LAUNCH_KINDS
 from kvprof.trace.table import to_frame
 
 WRITE_COLUMNS = (
-    "trace", "source", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
+    "trace", "source", "rank", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
     "graph", "during_capture", "context", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac", "host_start_ns", "host_dur_ns",
     "launch_delay_ns", "graph_launch", "bytes", "bandwidth_gbs", "pct_of_peak", "kernel_names",
 )
@@ -121,8 +122,15 @@ def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
         out["gpu_new_ns"] = new_gpu_time(out["gpu_start_ns"], out["gpu_end_ns"])
     out["trace"] = trace.path
     out["source"] = trace.source
+    out["rank"] = trace_rank(ev)
     out = out.reset_index()
     return out[list(WRITE_COLUMNS)]
+
+
+def trace_rank(events: pd.DataFrame) -> int:
+    """The trace's distributed rank (one trace is one process: one rank; 0 without one)."""
+    ranks = events["rank"] if "rank" in events else pd.Series(dtype=int)
+    return int(ranks.max()) if len(ranks) else 0
 
 
 def new_gpu_time(start: pd.Series, end: pd.Series) -> pd.Series:

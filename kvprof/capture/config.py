@@ -66,6 +66,8 @@ class CaptureConfig:
     # the engine (sglang: mha, vllm: paged)
     layout: str | None = None
     engine: str = "sglang"
+    # capture --ranks N: N processes through torch.distributed (kvprof.capture.ranks); None: one process
+    ranks: int | None = None
 
     # -- derived -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -93,6 +95,10 @@ class CaptureConfig:
         for s in (self.k_scale, self.v_scale):
             if s is not None and not (s > 0 and s == s and s != float("inf")):
                 raise UsageError(f"scales must be positive and finite, got {s}")
+        if self.ranks is not None:
+            from kvprof.capture.ranks import check_ranks
+
+            check_ranks(self)
         check_capture_values(self)
         self._check_layout()
         self.rank_shape()

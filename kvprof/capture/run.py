@@ -134,6 +134,10 @@ def capture(
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     analyse: bool = True,
 ) -> CaptureResult:
+    if config.ranks is not None:  # one process per rank (kvprof.capture.ranks)
+        from kvprof.capture.ranks import capture_ranks
+
+        return capture_ranks(config, log=log, analyse=analyse)
     config.validate()
     device = resolve_device(config.device)
     planned = plan_variants(config, device)

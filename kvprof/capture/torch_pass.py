@@ -99,11 +99,15 @@ def run_torch_pass(
     metadata: TraceMeta,
     on_step: Callable[[], None] | None = None,
     sync_events: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+    name: str | None = None,
 ) -> TorchPassResult:
     """Warm up, capture graphs, then profile every phase; write ``<variant>.pt.trace.json.gz``.
 
     Each measured step is also timed as the reference pass times it (``step_timings`` in
     the result), so the profiler's slowdown of the run can be told from its reading error.
+    ``rank``/``world_size``/``name``: one rank's trace of a multi-rank capture.
     """
     prepared: list[PreparedPhase] = []
     templates: dict[str, dict[str, Any]] = {}
@@ -133,8 +137,9 @@ def run_torch_pass(
         )
         # metadata must be added while the profiler is still recording
         prof.add_metadata_json("kvprof", orjson.dumps(meta.to_json()).decode())
-        prof.add_metadata_json("distributedInfo", hta_metadata_json(rank=0))  # HolisticTraceAnalysis reads the rank here
-    name = f"{session.writer.name}.pt.trace.json.gz"
+        # HolisticTraceAnalysis reads the rank here
+        prof.add_metadata_json("distributedInfo", hta_metadata_json(rank=rank, world_size=world_size))
+    name = name or f"{session.writer.name}.pt.trace.json.gz"
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         raw = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(raw)

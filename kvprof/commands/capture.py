@@ -87,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--variants", type=_names, default=None, help=f"write variants (default: {','.join(DEFAULT_VARIANTS)}, skipping what cannot run here)")
     d.add_argument("--writer", action="append", default=[], metavar="MODULE:FUNCTION", help="add a third-party writer factory (repeatable)")
     d.add_argument("--writer-option", action="append", type=_writer_option, default=[], metavar="VARIANT.KEY=VALUE", help="pass an option to a writer, e.g. two_stream.always=true")
+    d.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="tensor-parallel ranks: N processes through torch.distributed (NCCL, one GPU each; Gloo on "
+                        "CPU), each writing its own traces, with the all-reduces of a TP layer (default: 1, one process)")
     d.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     d.add_argument("--cache-dtype", default="bf16", help="bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 (default: %(default)s)")
     d.add_argument("--input-dtype", default=None, help="dtype of incoming K/V (default: the cache dtype; bf16 for fp8 caches)")
@@ -129,7 +132,7 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
         writer_options=options, run_id=args.run_id, output=args.output, max_memory_gb=args.max_memory_gb,
         context=args.context, context_len=args.context_len, reference_steps=args.reference_steps,
         torch_sync_events=args.torch_sync_events, nsys_graph_trace=args.nsys_graph_trace,
-        layout=args.layout, engine=args.engine,
+        layout=args.layout, engine=args.engine, ranks=args.ranks,
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvprof.core.ranks import RankEntry
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED
 
 MANIFEST = "manifest.json"
@@ -189,6 +190,8 @@ _MANIFEST_TYPES: dict[str, Callable[[Any], bool]] = {
     "problems": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "scrubbed": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "nsys": lambda v: isinstance(v, dict),
+    "world_size": lambda v: _is_int(v) and 1 <= v < (1 << 31),
+    "backend": lambda v: isinstance(v, str),
 }
 
 
@@ -208,6 +211,10 @@ class Manifest:
     problems: list[str] = field(default_factory=list)
     scrubbed: list[str] | None = None
     nsys: dict[str, Any] | None = None  # path, version, the child environment's description
+    # capture --ranks N: one process per rank (kvprof.core.ranks); None for a one-process run
+    world_size: int | None = None
+    backend: str | None = None  # torch.distributed backend: gloo or nccl
+    ranks: list[RankEntry] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # what from_json dropped; not written
 
@@ -231,6 +238,10 @@ class Manifest:
             d["scrubbed"] = list(self.scrubbed)
         if self.nsys is not None:
             d["nsys"] = self.nsys
+        if self.world_size is not None:
+            d["world_size"] = self.world_size
+            d["backend"] = self.backend
+            d["ranks"] = [r.to_json() for r in self.ranks]
         return {**self.extra, **d}
 
     def dumps(self) -> bytes:
@@ -244,13 +255,37 @@ class Manifest:
         if not isinstance(doc, dict) or not isinstance(doc.get("variants"), dict):
             raise ValueError("not a kvprof manifest (no variants)")
         warnings: list[str] = []
-        d, extra = _checked({k: v for k, v in doc.items() if k != "variants"}, _MANIFEST_TYPES, "manifest", warnings)
+        d, extra = _checked({k: v for k, v in doc.items() if k not in ("variants", "ranks")}, _MANIFEST_TYPES,
+                            "manifest", warnings)
         variants = {str(n): VariantEntry.from_json(str(n), e, warnings) for n, e in doc["variants"].items()}
+        ranks = _ranks_of(doc.get("ranks"), warnings)
         return cls(run_id=d.get("run_id"), kvprof=d.get("kvprof"), versions=d.get("versions", {}),
                    device=d.get("device", {}), config=d.get("config", {}), phases=d.get("phases", []),
                    cuda_graphs_used=d.get("cuda_graphs_used", False), variants=variants,
                    files=d.get("files", {}), problems=d.get("problems", []), scrubbed=d.get("scrubbed"),
-                   nsys=d.get("nsys"), extra=extra, warnings=warnings)
+                   nsys=d.get("nsys"), world_size=d.get("world_size"), backend=d.get("backend"), ranks=ranks,
+                   extra=extra, warnings=warnings)
+
+
+def _ranks_of(doc: Any, warnings: list[str]) -> list[RankEntry]:
+    """The ``ranks`` list, each entry checked; file names outside the run folder are dropped."""
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        warnings.append("manifest: ignored ranks (not a list)")
+        return []
+    out = []
+    for item in doc:
+        entry = RankEntry.from_json(item, warnings)
+        if entry is None:
+            continue
+        outside = [v for v, f in entry.files.items() if not plain_name(f)]
+        if outside or (entry.timings is not None and not plain_name(entry.timings)):
+            warnings.append(f"manifest: rank {entry.rank} names files outside the run folder; not read")
+            entry.files = {v: f for v, f in entry.files.items() if v not in outside}
+            entry.timings = entry.timings if entry.timings is None or plain_name(entry.timings) else None
+        out.append(entry)
+    return out
 
 
 _META_TYPES: dict[str, Callable[[Any], bool]] = {

@@ -14,6 +14,7 @@ Top-level keys (``SUMMARY_SCHEMA``):
 - trusted_sources: the order headline figures are drawn from (reference first)
 - reference: what the reference pass timed (context, clock, steps per series)
 - write_kernels: kvprof.analysis.write_kernels (analyze only)
+- ranks: a multi-rank run's per-rank rows, skew and same-path check (kvprof.analysis.ranks)
 - warnings: every warning, one sentence each
 
 The tables (groups, layers, traces, observer, comparison) stay rows of plain values:
@@ -71,6 +72,7 @@ class Summary:
     reference: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     write_kernels: dict[str, Any] | None = None
+    ranks: dict[str, Any] | None = None  # a multi-rank run: kvprof.analysis.ranks.RankAnalysis.to_json
     kvprof_version: str = ""
     schema: str = SUMMARY_SCHEMA
 
@@ -88,6 +90,8 @@ class Summary:
         }
         if self.write_kernels is not None:
             d["write_kernels"] = self.write_kernels
+        if self.ranks is not None:
+            d["ranks"] = self.ranks
         return d
 
     @classmethod
@@ -105,7 +109,8 @@ class Summary:
             groups=d["groups"], layers=list(d.get("layers") or []), comparison=d.get("comparison"),
             observer=d.get("observer") or {}, trusted_sources=list(d.get("trusted_sources") or []),
             reference=d.get("reference"), warnings=list(d.get("warnings") or []),
-            write_kernels=d.get("write_kernels"), kvprof_version=str(d.get("kvprof_version", "")),
+            write_kernels=d.get("write_kernels"),
+            ranks=d.get("ranks") if isinstance(d.get("ranks"), dict) else None, kvprof_version=str(d.get("kvprof_version", "")),
             schema=str(d["schema"]),
         )
 

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvprof.core.summary import Summary, VariantVerdict
+from kvprof.report.ranks import render_ranks
 
 
 def _us(ns: Any, digits: int = 2) -> str:
@@ -195,6 +196,7 @@ def render(summary: Summary, console: Console | None = None) -> None:
                     con.print(f"    {k['count']:>6} x {k['name'][:70]}  total {_us(k['total_ns'], 1)} µs")
             else:
                 con.print(f"  {tr['path']}: {g.get('note', 'no GPU activity')}")
+    render_ranks(summary.ranks, con)  # a multi-rank run only
     for name, v in summary.variants.items():
         con.print(verdict_line(name, v))
     cmp = summary.comparison

@@ -190,10 +190,27 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
             loaded.traces.append(t if t.kvprof is not None else t.replace(kvprof=meta))
             seen.add(p.resolve())
             break  # the sqlite is the export of the rep: one of the two
+    _load_other_ranks(run_dir, manifest, loaded, seen, max_events)
     if not loaded.traces:
         raise TraceError(f"{run_dir}: the manifest lists no readable trace "
                          f"({sum(1 for e in loaded.variants.values() if not e.available)} variants unavailable)")
     return loaded
+
+
+def _load_other_ranks(run_dir: Path, manifest: Manifest, loaded: Loaded, seen: set[Path], max_events: int) -> None:
+    """A multi-rank run (``capture --ranks``): every rank's trace of each available variant
+    (each carries its rank in ``distributedInfo``, so the event table's rank column tells them apart)."""
+    for entry in manifest.ranks:
+        for name, f in sorted(entry.files.items()):
+            v = manifest.variants.get(name)
+            p = run_dir / f
+            if (v is not None and not v.available) or p.resolve() in seen:
+                continue
+            if not p.is_file():
+                loaded.warnings.append(f"{name}: manifest names {f} (rank {entry.rank}) but it is missing")
+                continue
+            loaded.traces.append(load_file(p, max_events))
+            seen.add(p.resolve())
 
 
 def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:

@@ -1,0 +1,157 @@
+"""One rank of ``capture --ranks N``: ``python -m kvprof.capture.rank_worker RUN_TMP RANK WORLD BACKEND``.
+
+Joins the process group through a file store in the run's temporary folder, runs every
+runnable variant as the one-process capture does -- with the all-reduces a
+tensor-parallel layer has around the write -- and writes its traces (named by rank,
+``distributedInfo`` set) and ``.rank<r>.json`` (what the launcher puts in the manifest).
+Any failure ends as one line in ``.rank<r>.error`` and a non-zero exit; the launcher
+then stops the other ranks and removes the whole folder.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+import torch.distributed as dist
+
+from kvprof.capture.config import CaptureConfig
+from kvprof.capture.session import VariantSession
+from kvprof.core.atomic import atomic_write_bytes
+from kvprof.core.errors import KvprofError
+from kvprof.core.ranks import rank_trace_name
+from kvprof.core.run import PathReport, TraceMeta
+from kvprof.core.timings import StepTimings
+from kvprof.layer import DecoderContext
+from kvprof.writers import KVWriter
+
+CONFIG_FILE = ".ranks-config.json"
+STORE_FILE = ".ranks-store"
+TIMEOUT = timedelta(minutes=10)  # a rank stuck in a collective: the launcher also stops the rest when one fails
+
+
+def result_file(rank: int) -> str:
+    return f".rank{rank}.json"
+
+
+def error_file(rank: int) -> str:
+    return f".rank{rank}.error"
+
+
+def timings_file(rank: int) -> str:
+    return f"step_timings.rank{rank}.json"
+
+
+class RankSession(VariantSession):
+    """A variant's session on one rank: each layer's write followed by the two all-reduces of a
+    TP layer (attention output, MLP output). Without ``--context layer`` they reduce a
+    stand-in of the hidden size (zeros, so repeated sums stay finite)."""
+
+    def __init__(self, config: CaptureConfig, writer: KVWriter, device: torch.device, *,
+                 context: DecoderContext | None = None) -> None:
+        super().__init__(config, writer, device, context=context)
+        self.hidden = self.shape.hidden or self.shape.head_num * self.shape.head_dim * self.shape.tp
+        self._stand_in: dict[int, torch.Tensor] = {}
+
+    def _reduce(self, t: torch.Tensor) -> None:
+        dist.all_reduce(t)
+
+    def _hidden_buffer(self, tokens: int) -> torch.Tensor:
+        buf = self._stand_in.get(tokens)
+        if buf is None:  # first made in the eager warm-up, so graph capture allocates nothing
+            buf = self._stand_in[tokens] = torch.zeros(tokens, self.hidden, dtype=self.input_dtype, device=self.device)
+        return buf
+
+    def write_step(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        out = self._hidden_buffer(loc.shape[0])
+        for layer in self.layers:
+            self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
+            self._reduce(out)  # after attention's output projection
+            self._reduce(out)  # after the MLP
+
+    def step(self, prepared: Any, loc: torch.Tensor, mode: str | None = None) -> None:
+        mode = mode or self.mode
+        if mode == "writes":
+            self.write_step(loc, prepared.k, prepared.v)
+            return
+        assert self.context is not None
+        self.context.step(loc, self._write if mode == "layer" else None, self.layers, self._buffers,
+                          decode=prepared.spec.phase == "decode", reduce=self._reduce)
+
+    def close(self) -> None:
+        self._stand_in.clear()
+        super().close()
+
+
+def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: torch.device) -> dict[str, Any]:
+    """Every runnable variant on this rank; returns this rank's part of the manifest."""
+    from kvprof.capture.run import make_context, plan_variants
+    from kvprof.devinfo import device_properties
+    from kvprof.dtypes import short_name
+    from kvprof.capture.torch_pass import run_torch_pass
+
+    planned = plan_variants(config, device)
+    context = make_context(config, device)
+    props = device_properties(device)
+    timings = StepTimings(context=config.context, context_len=config.context_len if context else None)
+    variants: dict[str, Any] = {}
+    for p in planned:
+        if p.reason is not None:
+            continue
+        info = p.writer.info()
+        meta = TraceMeta(variant=p.name, fused=info.fused, run_id=config.run_id,
+                         cache_dtype=short_name(config.cache_torch_dtype()),
+                         input_dtype=short_name(config.input_torch_dtype()), device=props,
+                         model=config.rank_shape().as_dict(), extra={"rank": rank, "world_size": world})
+        session = RankSession(config, p.writer, device, context=context)
+        try:
+            res = run_torch_pass(session, out, meta, sync_events=config.torch_sync_events, rank=rank,
+                                 world_size=world, name=rank_trace_name(p.name, rank))
+        finally:
+            session.close()
+        for rec in res.step_timings:
+            timings.add(rec)
+        variants[p.name] = {
+            "torch_trace": res.torch_trace, "paths": dict(res.meta.paths),
+            "kernels_per_write": dict(res.meta.kernels_per_write), "bytes_per_token": res.meta.bytes_per_token,
+            "fused": PathReport.of_paths(info.fused, dict(res.meta.paths)).to_json(),
+        }
+    atomic_write_bytes(out / timings_file(rank), timings.to_json())
+    return {"rank": rank, "device": props, "variants": variants, "timings": timings_file(rank)}
+
+
+def main(argv: list[str]) -> int:
+    out, rank, world, backend = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    try:
+        config = CaptureConfig.from_dict(orjson.loads((out / CONFIG_FILE).read_bytes()))
+        if backend == "nccl":
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        dist.init_process_group(backend, init_method=f"file://{out / STORE_FILE}", rank=rank, world_size=world,
+                                timeout=TIMEOUT)
+        try:
+            doc = run_rank(config, out, rank, world, device)
+            dist.barrier()  # every rank finished its traces before any reports success
+        finally:
+            dist.destroy_process_group()
+        atomic_write_bytes(out / result_file(rank), orjson.dumps(doc))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes the one line the launcher shows
+        code = exc.exit_code if isinstance(exc, KvprofError) else 1
+        line = " ".join(f"{type(exc).__name__}: {exc}".split())[:500] if not isinstance(exc, KvprofError) \
+            else " ".join(str(exc).split())[:500]
+        try:
+            (out / error_file(rank)).write_text(f"{code}\t{line}\n")
+        except OSError:
+            pass
+        return code if isinstance(code, int) and 0 < code < 128 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,210 @@
+"""``capture --ranks N``: one process per tensor-parallel rank, one run folder for all of them.
+
+Each rank is ``python -m kvprof.capture.rank_worker`` in its own process group: NCCL with
+one GPU per rank when CUDA is there, Gloo on CPU. The ranks write into the run's
+temporary folder; only when every rank has succeeded does the launcher write the
+manifest (``world_size``, ``backend``, ``ranks``) and rename the folder into place. A rank
+that fails stops the others (their process groups are killed) and the folder is
+removed: the error names the rank and its one-line reason. ``NCCL_NVLS_ENABLE`` reaches
+every rank (0 unless set): NVLink multicast stays off.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import torch
+
+from kvprof.capture.config import CaptureConfig
+from kvprof.capture.rank_worker import CONFIG_FILE, STORE_FILE, error_file, result_file
+from kvprof.core.atomic import atomic_directory, atomic_write_bytes
+from kvprof.core.errors import DeviceError, KvprofError, UsageError
+from kvprof.core.ranks import RankEntry
+from kvprof.core.run import MANIFEST, Manifest, PathReport, VariantEntry
+from kvprof.devinfo import resolve_device
+
+MAX_RANKS = 64
+POLL_S = 0.1
+
+
+class RankFailed(KvprofError):
+    """A rank exited with an error; the exit code is the rank's own."""
+
+
+def check_ranks(config: CaptureConfig) -> None:
+    """What a multi-rank capture refuses before starting anything."""
+    n = config.ranks
+    if n is None:
+        return
+    if not 1 <= n <= MAX_RANKS:
+        raise UsageError(f"--ranks must be between 1 and {MAX_RANKS}, got {n}")
+    if config.profiler != "torch":
+        raise UsageError("--ranks records torch.profiler traces only; use --profiler torch")
+
+
+def backend_for(config: CaptureConfig) -> tuple[str, torch.device]:
+    """NCCL on CUDA (one GPU per rank, which must exist), Gloo on CPU."""
+    device = resolve_device(config.device)
+    n = int(config.ranks or 1)
+    if device.type == "cuda":
+        if device.index not in (None, 0):
+            raise UsageError("--ranks puts rank r on cuda:r; pass --device cuda (or auto), not a single GPU")
+        have = torch.cuda.device_count()
+        if n > have:
+            raise DeviceError(f"--ranks {n} needs {n} GPUs (one per rank); this machine has {have}")
+        return "nccl", torch.device("cuda", 0)
+    if device.type != "cpu":
+        raise UsageError(f"--ranks runs on CUDA (NCCL) or CPU (Gloo), not on {device.type}")
+    return "gloo", device
+
+
+def rank_environment(rank: int, world: int) -> dict[str, str]:
+    """The parent's environment plus the rank's identity; NVLink multicast off unless set."""
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    return env
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill every rank still running (its whole process group) and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait for cooperation
+            pass
+
+
+def _failure(tmp: Path, rank: int, code: int) -> RankFailed:
+    path = tmp / error_file(rank)
+    exit_code, line = code, f"exited with status {code}"
+    try:
+        text = path.read_text().strip()
+        if text:
+            head, _, msg = text.partition("\t")
+            exit_code, line = int(head), msg or line
+    except (OSError, ValueError):
+        log = tmp / f".rank{rank}.log"
+        try:
+            tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+            if tail:
+                line = f"{line}: {tail[-1].strip()[:300]}"
+        except OSError:
+            pass
+    err = RankFailed(f"rank {rank} failed: {line}; no run was kept")
+    err.exit_code = exit_code if 0 < exit_code < 128 else 1
+    return err
+
+
+def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> None:
+    """Start every rank, wait for all; the first failure stops the rest and is raised."""
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        for rank in range(world):
+            fh = open(tmp / f".rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(fh)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "kvprof.capture.rank_worker", str(tmp), str(rank), str(world), backend],
+                env=rank_environment(rank, world), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        log(f"started {world} rank(s) ({backend})")
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank, code = failed[0]
+                raise _failure(tmp, rank, int(code or 1))
+            if all(c == 0 for c in codes):
+                return
+            time.sleep(POLL_S)
+    finally:
+        _stop(procs)
+        for fh in logs:
+            fh.close()
+
+
+def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, device: torch.device) -> Manifest:
+    """Rank 0's entries as the variants (any reader opens the run), every rank under ``ranks``."""
+    from kvprof.capture.run import base_manifest, plan_variants
+
+    manifest = base_manifest(config, device)
+    for p in plan_variants(config, device):
+        info = p.writer.info()
+        manifest.variants[p.name] = VariantEntry(available=p.reason is None, reason=p.reason,
+                                                 description=info.description, fused_claim=info.fused)
+    manifest.world_size, manifest.backend = world, backend
+    docs = [orjson.loads((tmp / result_file(r)).read_bytes()) for r in range(world)]
+    manifest.device = docs[0]["device"]
+    for doc in docs:
+        entry = RankEntry(rank=int(doc["rank"]), device=doc["device"], timings=doc["timings"])
+        for name, v in doc["variants"].items():
+            entry.files[name] = v["torch_trace"]
+            entry.paths[name] = dict(v["paths"])
+        manifest.ranks.append(entry)
+    for name, v in docs[0]["variants"].items():
+        e: VariantEntry = manifest.variants[name]
+        e.files["torch_trace"] = v["torch_trace"]
+        e.paths, e.kernels_per_write, e.bytes_per_token = dict(v["paths"]), dict(v["kernels_per_write"]), \
+            v["bytes_per_token"]
+        e.fused = PathReport.from_json(v["fused"])
+    manifest.files = {"step_timings": docs[0]["timings"]}
+    return manifest
+
+
+def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                  analyse: bool = True):  # noqa: ANN201 - kvprof.capture.run.CaptureResult
+    """The multi-rank capture; same result as the one-process ``capture``."""
+    from kvprof.capture.run import CaptureResult, plan_variants
+    from kvprof.capture.summary import analyze_run_dir, scrub_manifest, verify_run_dir
+    from kvprof.guards import check_capture
+
+    config.validate()
+    backend, device = backend_for(config)
+    world = int(config.ranks or 1)
+    for p in plan_variants(config, device):
+        if p.reason is not None:
+            log(f"skipping {p.name}: {p.reason}")
+    check_capture(config, device)  # one rank's sizes and memory
+    run_id = config.ensure_run_id()
+    final = Path(config.output) / run_id
+    problems: list[KvprofError] = []
+    with atomic_directory(final) as tmp:
+        tmp = Path(tmp)
+        atomic_write_bytes(tmp / CONFIG_FILE, orjson.dumps(config.as_dict()))
+        launch(tmp, world, backend, log)
+        manifest = merge_manifest(config, tmp, world, backend, device)
+        for f in list(tmp.iterdir()):  # the launcher's own files: not part of the run
+            if f.name.startswith(".rank") or f.name in (CONFIG_FILE, STORE_FILE):
+                f.unlink()
+        if config.scrub:
+            from kvprof.tools.scrub import scrub_path
+
+            manifest.scrubbed = [
+                str(r) for f in sorted(tmp.iterdir()) if f.is_file() and (r := scrub_path(f)) is not None and r.changed
+            ]
+        manifest = scrub_manifest(manifest) if config.scrub else manifest
+        atomic_write_bytes(tmp / MANIFEST, manifest.dumps())
+    summary, analysis_error = (None, "not analysed (--no-summary)")
+    if analyse:
+        summary, analysis_error = analyze_run_dir(final, config.rank_shape().layers, scrub=config.scrub)
+    if config.scrub:
+        problems += verify_run_dir(final)
+    return CaptureResult(final, manifest, problems, summary, analysis_error)
+
+
+__all__ = ["RankFailed", "backend_for", "capture_ranks", "check_ranks", "launch", "rank_environment"]
