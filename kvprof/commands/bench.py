@@ -19,6 +19,8 @@ from typing import Any
 from kvprof.argtypes import positive_float, positive_int
 from kvprof.report.terminal import add_format_arguments
 
+BENCH_SCHEMA = "kvprof.bench/1"  # bench.json's "schema" (docs/formats.md)
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -125,6 +127,7 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
     command = " ".join(["python -m kvprof bench", *given])
 
     def save(result: dict) -> None:
+        result.setdefault("schema", BENCH_SCHEMA)
         result["command"] = command
         atomic_write_bytes(out / "bench.json", orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         atomic_write_text(out / "bench.csv", to_csv(result))
