@@ -42,6 +42,8 @@ def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
         assert trace["kvprof"]["variant"] == v and trace["kvprof"]["layers"] == list(range(80))
         names = {e.get("name") for e in trace["traceEvents"]}
         assert f"set_kv_buffer[{v}] L79" in names and "kvprof.step[decode bs=4] #1" in names
+        # prof.step() per measured step: the iterations HolisticTraceAnalysis looks for
+        assert {f"ProfilerStep#{i}" for i in range(6)} <= names
     for out in ("summary.json", "summary.csv", "events.parquet", "writes.parquet"):
         assert (run / out).is_file()
     summary = orjson.loads((run / "summary.json").read_bytes())
