@@ -25,6 +25,7 @@ from kvprof.core.summary import Summary
 
 if TYPE_CHECKING:
     from kvprof.analysis.compare import Benchmark
+    from kvprof.analysis.gate import GateResult
     from kvprof.analysis.runs import RunComparison
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
@@ -153,6 +154,22 @@ def compare_runs(before: Analysis, after: Analysis, pairs: list[tuple[str, str]]
     return _compare_runs(before.groups, after.groups, pairs, bench or benchmark(layers), layers)
 
 
+def regression_gate(base: Analysis, new: Analysis, threshold_pct: float) -> GateResult:
+    """Each variant x phase x size of ``new`` against ``base`` on the most trusted source both
+    measured (``base``'s trusted_sources): regressed when slower by more than ``threshold_pct``
+    percent and by more than both runs' step IQR per write (kvprof.analysis.gate)."""
+    from kvprof.analysis.gate import regression_gate as _gate
+
+    return _gate(base.groups, new.groups, threshold_pct, source_order=base.summary.trusted_sources)
+
+
+def clean(doc: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python values."""
+    from kvprof.analysis.summary import clean as _clean
+
+    return _clean(doc)
+
+
 def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | None = None,
             analyse: bool = True) -> CaptureResult:
     """Run the workload per variant and write the run directory (imports torch)."""
@@ -161,5 +178,6 @@ def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | N
     return _capture(config, progress_factory=progress_factory, analyse=analyse)
 
 
-__all__ = ["DEFAULT_MAX_EVENTS", "analyze", "benchmark", "capture", "check_write_kernel_regex", "compare_runs",
-           "compare_variants", "load", "open_run", "output_dir", "read_manifest", "read_summary", "write_outputs"]
+__all__ = ["DEFAULT_MAX_EVENTS", "analyze", "benchmark", "capture", "check_write_kernel_regex", "clean",
+           "compare_runs", "compare_variants", "load", "open_run", "output_dir", "read_manifest", "read_summary",
+           "regression_gate", "write_outputs"]

@@ -4,7 +4,8 @@ Each command module has a docstring (its first line is the help), ``add_argument
 ``run``; heavy imports happen inside ``run`` so ``--help`` stays fast. User errors
 (``KvprofError``) become one line on stderr and the error's exit code; so do argument
 errors (exit 2, one line instead of argparse's usage block), a full or read-only disk
-(exit 6), Ctrl-C, at any moment including start-up (130) and SIGTERM (143).
+(exit 6), Ctrl-C, at any moment including start-up (130) and SIGTERM (143). A closed
+stdout (a pipe into ``head``) ends the command quietly with exit 0.
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_closed_stdout() -> None:
+    """The reader of our stdout went away (``kvprof analyze RUN | head -1``): not an error.
+
+    Point stdout at /dev/null so the interpreter's final flush of what is still buffered
+    does not print "Exception ignored ... BrokenPipeError" on the way out.
+    """
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     prog = "kvprof"
     try:
@@ -72,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: {word}; nothing half-written was kept", file=sys.stderr)
         return TERMINATED_EXIT_CODE if isinstance(exc, Terminated) else INTERRUPTED_EXIT_CODE
     except BrokenPipeError:
+        quiet_closed_stdout()
         return 0
     except OSError as exc:
         if exc.errno not in DISK_ERRNOS:

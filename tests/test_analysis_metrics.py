@@ -124,8 +124,10 @@ def test_analyze_writes_all_outputs_atomically(tmp_path, capsys):
     assert s["schema"] == "kvprof.summary/1" and s["groups"]
     out = capsys.readouterr().out
     assert "triton_fused: fused" in out and "predicted" in out
-    assert compare_cmd.run(_args(compare_cmd, [str(run), "--baseline", "two_stream"])) == 0
-    c = json.loads((run / "compare.json").read_text())
+    assert not (run / "compare.json").exists()
+    assert compare_cmd.run(_args(compare_cmd, [str(run), "--baseline", "two_stream", "--out", str(run / "cmp")])) == 0
+    assert not (run / "compare.json").exists()  # compare writes only into --out
+    c = json.loads((run / "cmp" / "compare.json").read_text())
     assert c["headline"]["variant"] == "triton_fused"
 
 

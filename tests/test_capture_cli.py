@@ -42,6 +42,8 @@ def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
         assert trace["kvprof"]["variant"] == v and trace["kvprof"]["layers"] == list(range(80))
         names = {e.get("name") for e in trace["traceEvents"]}
         assert f"set_kv_buffer[{v}] L79" in names and "kvprof.step[decode bs=4] #1" in names
+        # prof.step() per measured step: the iterations HolisticTraceAnalysis looks for
+        assert {f"ProfilerStep#{i}" for i in range(6)} <= names
     for out in ("summary.json", "summary.csv", "events.parquet", "writes.parquet"):
         assert (run / out).is_file()
     summary = orjson.loads((run / "summary.json").read_bytes())
@@ -102,9 +104,27 @@ def test_unwritable_output(tmp_path, capsys):
 
 def test_existing_run_id_is_refused(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
     rc = run_cli("capture", *SMALL, "--variants", "index_put", "--out", str(tmp_path), "--run-id", "taken")
     assert rc == 6
-    assert "exists" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "exists" in err and "--force" in err
+    # --force replaces run directories only, never a folder of someone else's files
+    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--out", str(tmp_path), "--run-id", "taken", "--force")
+    assert rc == 6 and "not a kvprof run directory" in capsys.readouterr().err
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_force_replaces_a_run_directory_whole(tmp_path, capsys):
+    args = ["capture", *SMALL, "--phase", "decode", "--batch-sizes", "1", "--out", str(tmp_path), "--run-id", "r",
+            "--no-summary"]
+    assert run_cli(*args, "--variants", "index_put") == 0
+    (tmp_path / "r" / "stale.txt").write_text("from the old run")
+    assert run_cli(*args, "--variants", "two_stream", "--force") == 0
+    manifest = orjson.loads((tmp_path / "r" / "manifest.json").read_bytes())
+    assert [v for v, e in manifest["variants"].items() if e["available"]] == ["two_stream"]
+    assert not (tmp_path / "r" / "stale.txt").exists() and not (tmp_path / "r" / "index_put.pt.trace.json.gz").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no temporary or old folder left
 
 
 def test_ctrl_c_leaves_no_run_dir(tmp_path):
@@ -114,12 +134,15 @@ def test_ctrl_c_leaves_no_run_dir(tmp_path):
          "--variants", "index_put", "--no-progress", "--out", str(tmp_path), "--run-id", "interrupted"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )
-    deadline = time.time() + 60
-    while time.time() < deadline and not any(tmp_path.iterdir()):
-        time.sleep(0.2)  # wait until the temp run dir exists: capture is under way
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not any(tmp_path.iterdir()):
+            time.sleep(0.2)  # wait until the temp run dir exists: capture is under way
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        _end(proc)
     assert proc.returncode == 130, err.decode()[-2000:]
     assert b"interrupted" in err and b"Traceback" not in err
     assert list(tmp_path.iterdir()) == []
@@ -150,14 +173,26 @@ def _interrupt_inside_exec(tmp_path: Path, *command: str) -> tuple[int, bytes]:
            "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", *command], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline and not ready.exists() and proc.poll() is None:
-        time.sleep(0.05)
-    assert ready.exists(), proc.communicate(timeout=60)[1].decode()[-2000:]
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not ready.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        if not ready.exists():
+            proc.kill()
+        assert ready.exists(), proc.communicate(timeout=60)[1].decode()[-2000:]
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err
+    finally:
+        _end(proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Whatever happened above, the child does not outlive the test (a lost SIGINT left it spinning)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
 
 
 def test_ctrl_c_inside_exec_still_exits_130(tmp_path):

@@ -127,7 +127,7 @@ def _kineto(path: Path, steps: list[list[tuple[str, int]]], gap: int = 1000) -> 
         json.dump(doc, f)
 
 
-def test_synthesized_sglang_folder_per_rank_and_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_synthesized_sglang_folder_per_rank_and_step(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch):
     """SGLang's kernel names, 2 ranks, merged file skipped, per-step shares known by construction."""
     run = tmp_path / "prof"
     run.mkdir()
@@ -158,6 +158,7 @@ def test_synthesized_sglang_folder_per_rank_and_step(tmp_path: Path, capsys: pyt
 
     # the command: the table per rank, summary.json with the section, a user pattern on top
     out = tmp_path / "out"
+    monkeypatch.setenv("COLUMNS", "200")  # piped tables are 120 wide by default: this checks content, not width
     assert main(["analyze", str(run), "--out", str(out), "--write-kernels", r"^nvjet_"]) == 0
     printed = capsys.readouterr().out
     assert "KV-write kernels by name" in printed and "sglang_store_cache" in printed and "user" in printed

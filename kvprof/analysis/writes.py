@@ -190,6 +190,7 @@ def per_step_table(trace: Trace, writes: pd.DataFrame, events: pd.DataFrame | No
                    + "|" + out["step"].astype(str))
     out = out.join(stats, on="skey").assign(
         writes=lambda d: d["skey"].map(n_writes).fillna(0).astype(np.int64),
-        graph=lambda d: d["skey"].map(graph).fillna(False).astype(bool),
+        # a step with no write maps to NaN: eq(True) makes it False without fillna's bool-into-float cast
+        graph=lambda d: d["skey"].map(graph).eq(True),
         trace=trace.path, source=trace.source)
     return out[list(STEP_METRIC_COLUMNS)]

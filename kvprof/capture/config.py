@@ -60,6 +60,7 @@ class CaptureConfig:
     torch_sync_events: bool = False  # torch.profiler's cuda_sync events (stream waits)
     nsys_graph_trace: str = "node"  # nsys --cuda-graph-trace: node (per-write kernels) or graph
     run_id: str | None = None
+    force: bool = False  # replace an existing run directory of the same name (atomically)
     output: str = "traces"
     max_memory_gb: float | None = None  # None: what the machine has (kvprof.guards.memory_limit)
     # the cache layout (kvprof.layouts): None picks it from the model (MLA presets: mla) and

@@ -28,7 +28,7 @@ from kvprof.core.run import MANIFEST, Manifest, PathReport, TraceMeta, VariantEn
 from kvprof.core.timings import TIMINGS_FILE, StepTimings
 from kvprof.devinfo import device_properties, resolve_device, versions
 from kvprof.dtypes import short_name
-from kvprof.core.errors import DeviceError, KvprofError, ToolError, UsageError
+from kvprof.core.errors import DeviceError, KvprofError, OutputError, ToolError, UsageError
 from kvprof.guards import check_capture
 from kvprof.layer import DecoderContext, weight_bytes
 from kvprof.layouts.registry import create_variant
@@ -144,6 +144,7 @@ def capture(
     check_capture(config, device)  # sizes and memory, before anything is allocated
     run_id = config.ensure_run_id()
     final = Path(config.output) / run_id
+    check_replaceable(final, config.force)
     nsys_path = None
     problems: list[KvprofError] = []
     if config.profiler in ("nsys", "both"):
@@ -162,7 +163,7 @@ def capture(
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
-    with atomic_directory(final) as tmp:
+    with atomic_directory(final, replace=config.force) as tmp:
         tmp = Path(tmp)
         manifest = base_manifest(config, device)
         for p in planned:
@@ -228,4 +229,19 @@ def capture(
     return CaptureResult(final, manifest, problems, summary, analysis_error)
 
 
-__all__ = ["CaptureResult", "capture", "plan_variants"]
+def check_replaceable(final: Path, force: bool) -> None:
+    """Before any work: an existing ``final`` needs --force, and --force replaces only a run
+    directory (one holding manifest.json) or an empty folder, never some other folder."""
+    if not (final.exists() or final.is_symlink()):
+        return
+    if not force:
+        raise OutputError(f"cannot write {final}: it already exists (pass --force to replace it, "
+                          "or choose another --run-id)")
+    if final.is_symlink() or not final.is_dir():
+        raise OutputError(f"cannot replace {final}: it is not a folder")
+    if not (final / MANIFEST).is_file() and any(final.iterdir()):
+        raise OutputError(f"cannot replace {final}: it is not a kvprof run directory (no {MANIFEST}); "
+                          "--force replaces only run directories")
+
+
+__all__ = ["CaptureResult", "capture", "check_replaceable", "plan_variants"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from kvprof.capture.session import PreparedPhase, StepTimer, VariantSession
 from kvprof.core.run import TraceMeta
@@ -120,9 +120,18 @@ def run_torch_pass(
         prepared.append(p)
     session.pool.path_counts.clear()  # from here on: only the measured steps
     timers = {p.spec: StepTimer(session.device, p.spec.steps) for p in prepared}
-    with profile(activities=_activities(session.device), experimental_config=_experimental(sync_events)) as prof:
+    # a schedule that always records: torch.profiler then marks each prof.step() with a
+    # ProfilerStep#N range, the iterations HolisticTraceAnalysis looks for
+    with profile(activities=_activities(session.device), experimental_config=_experimental(sync_events),
+                 schedule=lambda step: ProfilerAction.RECORD) as prof:
+
+        def stepped() -> None:
+            prof.step()
+            if on_step is not None:
+                on_step()
+
         for p in prepared:
-            session.run_phase(p, on_step, timer=timers[p.spec])
+            session.run_phase(p, stepped, timer=timers[p.spec])
         paths = session.measured_paths(prepared)
         meta = replace(
             metadata,

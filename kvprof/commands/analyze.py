@@ -4,7 +4,11 @@ PATH is a run directory (with manifest.json), a folder of traces, a torch.profil
 Chrome trace (.json or .json.gz), an nsys SQLite export or an .nsys-rep (exported with
 nsys when it is found). Prints a table and writes summary.json, summary.csv,
 events.parquet and writes.parquet into PATH (a folder) or next to it (a file), or
-into --out. Every file is written atomically.
+into --out. Every file is written atomically. These are the run's own analysis files,
+the ones capture writes into a run directory; --no-files writes nothing.
+
+--format json prints summary.json's document on stdout, --format csv the summary.csv
+table; nothing else goes to stdout then (the files written are named on stderr).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from kvprof.argtypes import positive_float, positive_int
+from kvprof.report.terminal import add_format_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,22 +41,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "write), beside the built-in patterns for SGLang, sgl-kernel, index_put and vLLM")
     parser.add_argument("--no-files", action="store_true", help="print only; write nothing")
     parser.add_argument("--quiet", action="store_true", help="write the files, print only their paths")
+    add_format_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from kvprof import api
     from kvprof.analysis.write_kernels import render_write_kernels
-    from kvprof.report.console import make_console, render
+    from kvprof.report.console import render
+    from kvprof.report.terminal import note, print_json, print_text, table_console
 
     api.check_write_kernel_regex(args.write_kernels)  # a bad REGEX is refused before any trace is read
     loaded = api.open_run(Path(args.path), api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events)
     result = api.analyze(loaded, baseline=args.baseline, bench=api.benchmark(args.layers, args.itl_before, args.itl_after),
                          layers=args.layers, write_kernels=True, write_kernel_regex=args.write_kernels)
-    if not args.quiet:
-        render(result.summary)
-        render_write_kernels(result.summary.write_kernels, make_console())
+    if args.format == "json":
+        print_json(result.summary.to_json())
+    elif args.format == "csv":
+        print_text(result.groups.to_csv(index=False))  # the same table as summary.csv
+    elif not args.quiet:
+        con = table_console(args.format)
+        render(result.summary, con)
+        render_write_kernels(result.summary.write_kernels, con)
     if args.no_files:
         return 0
     for p in api.write_outputs(loaded, result, api.output_dir(args.path, args.out)):
-        print(p)
+        note(args.format, str(p))
     return 0

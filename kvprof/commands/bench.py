@@ -3,7 +3,11 @@
 On CUDA: graph replays of many writes (median of >= 100 replays after warm-up) into a
 pool several times larger than L2 with random slots, and eagerly (host launch path),
 beside the device-to-device copy rate and the cost of an empty kernel node. On CPU: a
-small grid, wall clock. Prints a table and writes bench.json / bench.csv.
+small grid, wall clock. Prints a table and writes bench.json / bench.csv into --out,
+by default a new folder under the per-user cache ($XDG_CACHE_HOME/kvprof/bench/<UTC
+time>, ~/.cache/kvprof/bench/... without it; never the current folder), named when done.
+--format json prints bench.json's document on stdout, --format csv bench.csv; the table
+and the paths go to stderr then.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from kvprof.argtypes import positive_float, positive_int
 from kvprof.core.bench_result import BenchTarget
+from kvprof.report.terminal import add_format_arguments
 
 
 def _ints(text: str) -> list[int]:
@@ -73,13 +78,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory-gb", type=positive_float, default=None,
                    help="refuse points that would need more (default: 80%% of available host memory, "
                         "90%% of the GPU's free memory)")
-    p.add_argument("--out", default="bench-results", help="folder for bench.json and bench.csv (default: %(default)s)")
+    p.add_argument("--out", default=None,
+                   help="folder for bench.json and bench.csv (default: a new folder under ~/.cache/kvprof/bench)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target-fixed-us", type=_non_negative_us, default=BenchTarget.fixed_us,
                    help="the fused writes' target is this many µs + bytes / (fraction x copy rate) "
                         "(default: %(default)s; recorded in bench.json)")
     p.add_argument("--target-rate-fraction", type=_fraction, default=BenchTarget.rate_fraction,
                    help="the fraction of the measured copy rate in that target (default: %(default)s)")
+    add_format_arguments(p)
+
+
+def default_out() -> Path:
+    """A fresh per-user folder: ``$XDG_CACHE_HOME/kvprof/bench/<UTC time>`` (~/.cache without it)."""
+    import os
+    import time
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "kvprof" / "bench" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         points = grid(shapes, dtypes, tokens)
     variants = [v for v in (args.variants.split(",") if args.variants else BENCH_VARIANTS) if v]
     check_bench_memory(points, device, args.pool_mb << 20, getattr(args, "max_memory_gb", None), variants)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_out()
     made = not out.exists()
     try:  # before any measurement: a bench is too long to lose to an unwritable folder
         out.mkdir(parents=True, exist_ok=True)
@@ -127,6 +143,7 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
     from kvprof.bench.render import render_table, to_csv
     from kvprof.bench.run import run_bench
     from kvprof.core.bench_result import BenchResult
+    from kvprof.report.terminal import note, print_json, print_text, table_console
 
     given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
     command = " ".join(["python -m kvprof bench", *given])
@@ -140,6 +157,10 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
     result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
                        pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save)
     save(result)
-    render_table(result)
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.csv'}")
+    if args.format == "json":
+        print_json(result.to_json())
+    elif args.format == "csv":
+        print_text(to_csv(result))
+    render_table(result, table_console(args.format))
+    note(args.format, f"wrote {out / 'bench.json'} and {out / 'bench.csv'}")
     return 0

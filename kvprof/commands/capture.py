@@ -106,6 +106,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     o.add_argument("--out", "--output", dest="output", default="traces", help="root folder of run directories (default: %(default)s)")
     o.add_argument("--run-id", default=None, help="name of the run directory (default: time, model, tp)")
+    o.add_argument("--force", action="store_true",
+                   help="replace an existing run directory of that name; the old one stays whole until the new "
+                        "one is complete, then is swapped out")
     o.add_argument("--no-scrub", dest="scrub", action="store_false", help="keep environment data in what is written (default: scrub)")
     o.add_argument("--pass-env", action="append", default=[], metavar="NAME", help="pass this environment variable to profiled child processes too")
     o.add_argument("--no-summary", dest="summary", action="store_false", help="do not analyse the traces after capture")
@@ -129,7 +132,7 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
         input_dtype=args.input_dtype, k_scale=args.k_scale, v_scale=args.v_scale,
         loc_dtype=args.loc_dtype, slots=args.slots, page_size=args.page_size, pool_size=args.pool_size,
         seed=args.seed, profiler=args.profiler, scrub=args.scrub, pass_env=args.pass_env,
-        writer_options=options, run_id=args.run_id, output=args.output, max_memory_gb=args.max_memory_gb,
+        writer_options=options, run_id=args.run_id, force=args.force, output=args.output, max_memory_gb=args.max_memory_gb,
         context=args.context, context_len=args.context_len, reference_steps=args.reference_steps,
         torch_sync_events=args.torch_sync_events, nsys_graph_trace=args.nsys_graph_trace,
         layout=args.layout, engine=args.engine, ranks=args.ranks,

@@ -2,74 +2,155 @@
 
 RUN is a run directory or trace (as for analyze). Alone, each of its variants is
 compared with --baseline. With RUN2, each variant of RUN is compared with the same
-variant of RUN2 (before -> after: did the change make it faster?); a variant that has no
-row says why. The projection multiplies the per-write cost difference by --layers
-(default 80, Llama-3.1-70B) and sets it against the motivating benchmark's inter-token
-latency (12.05 ms before, 11.87 ms after). Writes compare.json next to RUN2 (or RUN) or
-into --out.
+variant of RUN2 (before -> after: did the change make it faster?); a variant or a
+figure that has no value says why. The projection multiplies the per-write cost
+difference by --layers (default 80, Llama-3.1-70B) and sets it against the motivating
+benchmark's inter-token latency (12.05 ms before, 11.87 ms after).
+
+Nothing is written unless --out FOLDER is given (then compare.json goes there): the
+inputs, the committed samples included, are never written to. --format json prints
+the document on stdout instead of the tables.
+
+The regression gate, for CI: kvprof compare BASE NEW --fail-if-slower PCT judges each
+variant x phase x size on the most trusted source both runs measured (BASE's
+trusted_sources: the unprofiled reference first) and exits 1 when any is slower than
+BASE by more than PCT percent AND by more than the sum of both runs' step IQRs per
+write (PCT alone where a run has fewer than 4 steps); 0 otherwise. The regressed rows
+are printed (stderr when stdout holds a json/csv document); --junit FILE also writes a
+JUnit XML report with one testcase per judged row.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from kvprof.argtypes import positive_float, positive_int
 from kvprof.core.errors import UsageError
+from kvprof.report.terminal import add_format_arguments
+
+GATE_FAILED_EXIT_CODE = 1
+
+
+def _percent(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not (v >= 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0, got {text!r}")
+    return v
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvprof.analysis.compare import Benchmark
 
     b = Benchmark()
-    parser.add_argument("run", help="run directory or trace holding the baseline (and variants)")
-    parser.add_argument("run2", nargs="?", default=None, help="second run whose variants are compared with the baseline")
+    parser.add_argument("run", help="run directory or trace holding the baseline (and variants); BASE for the gate")
+    parser.add_argument("run2", nargs="?", default=None, help="second run, each variant compared with itself in RUN")
     parser.add_argument("--baseline", default="two_stream", help="baseline variant (default two_stream)")
     parser.add_argument("--layers", type=positive_int, default=None, help=f"layers per decode step (default {b.layers})")
     parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
     parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
     parser.add_argument("--max-events", type=positive_int, default=None, help="refuse traces with more events than this")
-    parser.add_argument("--out", type=Path, default=None, help="folder for compare.json")
-    parser.add_argument("--no-files", action="store_true", help="print only")
+    parser.add_argument("--out", type=Path, default=None, help="folder for compare.json (default: write nothing)")
+    parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
+    parser.add_argument("--fail-if-slower", type=_percent, default=None, metavar="PCT",
+                        help="with RUN2: exit 1 when any variant x phase x size of RUN2 is slower than in RUN by "
+                             "more than PCT %% and more than both runs' spread (step IQR per write)")
+    parser.add_argument("--junit", type=Path, default=None, metavar="FILE",
+                        help="with --fail-if-slower: also write a JUnit XML report (one testcase per row)")
+    add_format_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from kvprof import api
-    from kvprof.report.console import comparison_table, make_console, run_comparison_table
+    from kvprof.report.console import comparison_table, run_comparison_table
     from kvprof.report.files import write_json
+    from kvprof.report.terminal import csv_text, note, print_json, print_text, table_console
 
+    if args.fail_if_slower is not None and not args.run2:
+        raise UsageError("--fail-if-slower needs two runs: kvprof compare BASE NEW --fail-if-slower PCT")
+    if args.junit is not None and args.fail_if_slower is None:
+        raise UsageError("--junit needs --fail-if-slower PCT")
     me = api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events
     bench = api.benchmark(args.layers, args.itl_before, args.itl_after)
-    first = api.analyze(api.open_run(args.run, me), baseline=args.baseline, bench=bench, layers=args.layers)
-    con = make_console()
+    baseline = None if args.run2 else args.baseline
+    first = api.analyze(api.open_run(args.run, me), baseline=baseline, bench=bench, layers=args.layers)
+    con = table_console(args.format)
+    gate = None
     if args.run2:
         second = api.analyze(api.open_run(args.run2, me), bench=bench, layers=args.layers)
         runs = api.compare_runs(first, second, bench=bench, layers=args.layers)
-        if not runs.rows:
+        if not runs.rows and args.fail_if_slower is None:
             raise UsageError(f"{args.run} and {args.run2} have no variant measured in both: " + "; ".join(runs.empty))
-        doc = clean(runs.to_json())
-        con.print(run_comparison_table(doc))
-        for why in runs.empty:
-            con.print(f"[yellow]no row:[/yellow] {why}")
+        doc = api.clean(runs.to_json())
+        if args.fail_if_slower is not None:
+            gate = api.regression_gate(first, second, args.fail_if_slower)
+            doc["gate"] = api.clean(gate.to_json())
+        if args.format == "table":
+            if doc["rows"]:
+                con.print(run_comparison_table(doc))
+            for why in _why_blank(doc["rows"]):
+                con.print(f"[yellow]blank:[/yellow] {why}", soft_wrap=True)
+            for why in runs.empty:
+                con.print(f"[yellow]no row:[/yellow] {why}", soft_wrap=True)
     else:
         doc = api.compare_variants(first, args.baseline, bench, args.layers)
-        if doc["rows"]:
-            con.print(comparison_table(doc))
-        h = doc.get("headline")
-        if h:
-            con.print(f"captured {h['variant']} ({h['source']}, decode bs={h['size']}): saving "
-                      f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {bench.itl_before_ms:.2f} -> "
-                      f"{h['predicted_itl_ms']:.2f} ms; measured {bench.itl_before_ms:.2f} -> {bench.itl_after_ms:.2f} ms")
-        for w in doc["warnings"]:
-            con.print(f"[yellow]warning:[/yellow] {w}")
-    if not args.no_files:
-        out = api.output_dir(args.run2 or args.run, args.out)
-        write_json(out / "compare.json", doc)
-        print(out / "compare.json")
-    return 0
+        if args.format == "table":
+            if doc["rows"]:
+                con.print(comparison_table(doc))
+            h = doc.get("headline")
+            if h:
+                con.print(f"captured {h['variant']} ({h['source']}, decode bs={h['size']}): saving "
+                          f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {bench.itl_before_ms:.2f} -> "
+                          f"{h['predicted_itl_ms']:.2f} ms; measured {bench.itl_before_ms:.2f} -> "
+                          f"{bench.itl_after_ms:.2f} ms")
+            for w in doc["warnings"]:
+                con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
+    if args.format == "json":
+        print_json(doc)
+    elif args.format == "csv":
+        print_text(csv_text(doc["rows"]))
+    if gate is not None:
+        _report_gate(gate, args)
+    if args.out is not None and not args.no_files:
+        write_json(args.out / "compare.json", doc)
+        note(args.format, str(args.out / "compare.json"))
+    return GATE_FAILED_EXIT_CODE if gate is not None and not gate.passed else 0
 
 
-def clean(doc: dict) -> dict:  # type: ignore[type-arg]
-    from kvprof.analysis.summary import clean as _clean
+def _why_blank(rows: list[dict[str, Any]]) -> list[str]:
+    """Why run-vs-run rows show no cost, one line per (source, which run): that source saw no
+    GPU time (a CPU capture's profiler traces have none; its reference rows do)."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        after, before = r.get("cost_per_write_ns"), r.get("baseline_cost_per_write_ns")
+        if after is None or before is None:
+            side = "either run" if after is None and before is None else "RUN2" if after is None else "RUN"
+            by.setdefault((str(r["source"]), side), []).append(f"{r['variant']} {r['phase']} {r['size']}")
+    return [f"{len(points)} {source} row(s) have no cost per write in {side} ({', '.join(points[:4])}"
+            f"{', ...' if len(points) > 4 else ''}): the {source} traces hold no GPU time for them "
+            "(on a CPU capture only the reference rows have a cost per write)"
+            for (source, side), points in by.items()]
 
-    return _clean(doc)
+
+def _report_gate(gate: Any, args: argparse.Namespace) -> None:
+    from kvprof.report.gate import gate_table, junit_xml
+    from kvprof.core.atomic import atomic_write_text
+    from kvprof.report.terminal import make_console
+
+    con = make_console(stderr=args.format != "table")
+    if gate.regressed:
+        con.print(gate_table(gate.regressed, gate.threshold_pct, title="regressed"))
+    verdict = (f"gate: {len(gate.regressed)} of {len(gate.rows)} rows slower than BASE by more than "
+               f"{gate.threshold_pct:g} % and their spread" if gate.regressed else
+               f"gate: passed, none of {len(gate.rows)} rows slower than BASE by more than "
+               f"{gate.threshold_pct:g} % and their spread")
+    con.print(verdict, soft_wrap=True)
+    for why in gate.unjudged:
+        con.print(f"[yellow]not judged:[/yellow] {why}", soft_wrap=True)
+    if args.junit is not None:
+        atomic_write_text(args.junit, junit_xml(gate, base=str(args.run), new=str(args.run2)))
+        print(f"wrote {args.junit}", file=con.file)

@@ -199,14 +199,17 @@ def _fsync_tree(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(final_path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_directory(final_path: str | os.PathLike[str], replace: bool = False) -> Iterator[Path]:
     """Yield a temporary folder that becomes ``final_path`` only if the block succeeds.
 
-    Refuses an existing ``final_path`` (a run folder is never merged into another one).
+    Refuses an existing ``final_path`` (a run folder is never merged into another one)
+    unless ``replace``: then the old folder stays whole until the new one is complete, is
+    moved aside, the new one renamed in, and the old one removed (signals held back
+    between the two renames; the old one is put back if the second fails).
     On any exception, KeyboardInterrupt included, the temporary folder is removed.
     """
     final = Path(final_path)
-    if final.exists() or final.is_symlink():
+    if (final.exists() or final.is_symlink()) and not (replace and final.is_dir() and not final.is_symlink()):
         raise OutputError(f"cannot write {final}: it already exists")
     _prepare_parent(final)
     clean_stale(final.parent)
@@ -218,6 +221,9 @@ def atomic_directory(final_path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         _fsync_tree(tmp)
+        if replace and final.is_dir() and not final.is_symlink():
+            _replace_directory(tmp, final)
+            return
         if final.exists() or final.is_symlink():
             raise OutputError(f"cannot write {final}: it appeared while this run was writing")
         try:
@@ -228,6 +234,24 @@ def atomic_directory(final_path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _replace_directory(tmp: Path, final: Path) -> None:
+    """``final`` (a folder) -> aside, ``tmp`` -> ``final``, then the old one removed."""
+    aside = temp_name(final, ".old")
+    with signals_deferred():
+        try:
+            os.rename(final, aside)
+        except OSError as exc:
+            raise OutputError(f"cannot replace {final}: {exc.strerror or exc}") from None
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rename(aside, final)
+            raise OutputError(f"cannot replace {final}: {exc.strerror or exc}; the old folder is kept") from None
+    _fsync_dir(final.parent)
+    _remove(aside)
 
 
 @contextlib.contextmanager

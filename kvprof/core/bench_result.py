@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 BENCH_KIND = "kvprof-bench"
+BENCH_SCHEMA = "kvprof.bench/1"  # bench.json's "schema" (docs/formats.md)
 MODES = ("graph", "eager")
 
 
@@ -177,7 +178,7 @@ class BenchResult:
         return str(name) if name else None
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"kind": BENCH_KIND, "complete": self.complete, "date": self.date,
+        doc: dict[str, Any] = {"schema": BENCH_SCHEMA, "kind": BENCH_KIND, "complete": self.complete, "date": self.date,
                                "device": self.device, "versions": self.versions, "limits": self.limits,
                                "sources": self.sources, "settings": self.settings.to_json(),
                                "records": [r.to_json() for r in self.records]}

@@ -178,7 +178,10 @@ class VariantEntry:
                    nsys_error=d.get("nsys_error"), extra=extra)
 
 
+MANIFEST_SCHEMA = "kvprof.manifest/1"  # docs/formats.md; bumped when a key changes meaning
+
 _MANIFEST_TYPES: dict[str, Callable[[Any], bool]] = {
+    "schema": lambda v: isinstance(v, str),
     "kvprof": _opt_str,
     "run_id": _opt_str,
     "versions": lambda v: isinstance(v, dict),
@@ -229,7 +232,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "kvprof": self.kvprof, "run_id": self.run_id, "versions": self.versions, "device": self.device,
+            "schema": MANIFEST_SCHEMA, "kvprof": self.kvprof, "run_id": self.run_id, "versions": self.versions, "device": self.device,
             "config": self.config, "phases": self.phases, "cuda_graphs_used": self.cuda_graphs_used,
             "variants": {n: e.to_json() for n, e in self.variants.items()}, "files": dict(self.files),
             "problems": list(self.problems),

@@ -159,9 +159,10 @@ def _is_number(v: Any) -> bool:
 
 
 def make_console() -> Console:
-    """Wide enough for the tables when printing to a pipe or file (rich assumes 80)."""
-    con = Console()
-    return con if con.is_terminal else Console(width=200)
+    """The terminal's width; piped, COLUMNS or kvprof.report.terminal.PIPE_WIDTH (rich assumes 80)."""
+    from kvprof.report.terminal import make_console as _make
+
+    return _make()
 
 
 def render(summary: Summary, console: Console | None = None) -> None:

@@ -30,6 +30,18 @@ def write_csv(path: Path, df: pd.DataFrame) -> None:
         df.to_csv(fh, index=False)
 
 
+PARQUET_SCHEMA_KEY = b"kvprof.schema"  # file metadata: which kvprof table, which version
+EVENTS_SCHEMA = "kvprof.events/1"
+WRITES_SCHEMA = "kvprof.writes/1"
+
+
+def with_schema(table: pa.Table | pd.DataFrame, schema: str) -> pa.Table:
+    """The table with ``schema`` under PARQUET_SCHEMA_KEY in its metadata (docs/formats.md)."""
+    if isinstance(table, pd.DataFrame):
+        table = pa.Table.from_pandas(table, preserve_index=False)
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), PARQUET_SCHEMA_KEY: schema.encode()})
+
+
 def write_parquet(path: Path, table: pa.Table | pd.DataFrame) -> None:
     if isinstance(table, pd.DataFrame):
         table = pa.Table.from_pandas(table, preserve_index=False)
@@ -77,8 +89,8 @@ def write_analysis(loaded: Any, result: Any, out: Path, rules: Any = None) -> li
         events, _ = scrub_table(events, rules)
     with atomic_outputs(out, OUTPUT_NAMES[0]) as stage:
         summary, groups_path, events_path, writes_path = (stage / n for n in OUTPUT_NAMES)
-        write_parquet(events_path, events)
-        write_parquet(writes_path, writes)
+        write_parquet(events_path, with_schema(events, EVENTS_SCHEMA))
+        write_parquet(writes_path, with_schema(writes, WRITES_SCHEMA))
         write_csv(groups_path, groups)
         write_json(summary, doc)
     return [out / n for n in OUTPUT_NAMES]

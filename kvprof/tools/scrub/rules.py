@@ -17,7 +17,10 @@ included) of a JSON file, and line by line to .log/.txt files:
   value), 6 characters or longer; or
   (c) (SQLite) is the value of a META_DATA_CAPTURE row whose name mentions ENVIRONMENT.
   Whole strings go because a partial cut of a ``KEY=VALUE`` block is easy to get wrong.
-  Lower-case ``key=value`` text (kvprof's own NVTX messages) is kept.
+  Lower-case ``key=value`` text (kvprof's own NVTX messages) is kept, and so is kvprof's
+  own advice naming one of its settings with a plain value (``_OWN_SETTING``: "set
+  TRITON_INTERPRET=1 before ...", ``KVPROF_SGLANG=1``): a manifest or summary keeps
+  kvprof's reasons readable; a string with any other assignment still goes whole.
 - home paths: ``/home/<user>``, ``/Users/<user>``, ``/root`` and this user's ``~``
   become ``~`` inside the string; the rest of the string is kept.
 - JSON values under a key that names a secret (``HF_TOKEN``) become ``MARKER``.
@@ -82,6 +85,11 @@ GZIP_MAGIC = b"\x1f\x8b"
 _ASSIGNMENT = re.compile(
     r"(?<![\w.\-/:=$])(?:[A-Z][A-Z0-9]+|[A-Z][A-Z0-9]*_[A-Za-z0-9_]*|_[A-Za-z0-9_]*"
     r"|(?:http|https|ftp|all|no)_proxy)="
+)
+# kvprof's own hints: one of the settings it documents, set to a flag value, not glued to a
+# path or word (TRITON_INTERPRET=1, KVPROF_SGLANG=1, SGLANG_PLUGINS=kvprof)
+_OWN_SETTING = re.compile(
+    r"(?<![\w.\-/:=$])(?:TRITON_INTERPRET|KVPROF_[A-Z0-9_]+|SGLANG_PLUGINS)=(?:0|1|true|false|kvprof)(?![\w.\-/=])"
 )
 _HOME_DIRS = re.compile(r"(?<![\w.\-])(?:(?:/home|/Users)/[^/\s\"'\x00:]+|/root(?=[/\s\"'\x00:]|\Z))")
 SECRET_KEY = re.compile(r"[A-Z][A-Z0-9_]+\Z")
@@ -174,8 +182,10 @@ class Rules:
     def is_environment(self, s: str) -> bool:
         if self._values is not None and self._values.search(s):
             return True
-        if "=" in s and (_ASSIGNMENT.search(s) or (self._names is not None and self._names.search(s))):
-            return True
+        if "=" in s:
+            t = _OWN_SETTING.sub("", s)  # kvprof's advice is not an environment dump
+            if _ASSIGNMENT.search(t) or (self._names is not None and self._names.search(t)):
+                return True
         return False
 
     def home_bytes(self) -> bytes | None:

@@ -1,0 +1,107 @@
+"""The CLI in a pipeline: one document on stdout for --json/--format, a closed pipe is exit 0
+with nothing on stderr, tables follow COLUMNS, and nothing lands in the current folder."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvprof.cli import main
+from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("pipe") / "run"
+    folder.mkdir()
+    for variant in ("two_stream", "index_put"):
+        doc, _ = build(TraceSpec(variant=variant, phases=[PhaseSpec("decode", 8, 4, graph=True),
+                                                          PhaseSpec("prefill", 64, 2)]))
+        (folder / f"{variant}.pt.trace.json.gz").write_bytes(gzip.compress(dumps(doc), compresslevel=1))
+    return folder
+
+
+def _child(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvprof", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_analyze_json_is_one_document_and_paths_go_to_stderr(run_dir, tmp_path, capsys):
+    assert main(["analyze", str(run_dir), "--json", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert set(doc["variants"]) == {"two_stream", "index_put"} and doc["groups"]
+    assert str(tmp_path / "summary.json") in err
+
+
+def test_analyze_csv_is_the_summary_csv(run_dir, tmp_path, capsys):
+    assert main(["analyze", str(run_dir), "--format", "csv", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out == (tmp_path / "summary.csv").read_text()
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert {r["variant"] for r in rows} == {"two_stream", "index_put"}
+
+
+def test_compare_json_parses(run_dir, capsys):
+    assert main(["compare", str(run_dir), "--baseline", "two_stream", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["baseline"] == "two_stream" and {r["variant"] for r in doc["rows"]} == {"index_put"}
+
+
+def test_closing_the_pipe_is_not_an_error(run_dir):
+    proc = _child("analyze", str(run_dir), "--no-files")
+    try:
+        first = proc.stdout.readline()
+        proc.stdout.close()  # what `| head -1` does
+        err = proc.stderr.read()
+        rc = proc.wait(120)
+    finally:
+        _end(proc)
+    assert first.startswith(b"kvprof analyze")
+    assert rc == 0 and err == b"", err.decode()[-2000:]
+
+
+@pytest.mark.parametrize("columns, widest", [("90", 90), (None, 120)])
+def test_piped_tables_follow_columns(run_dir, columns, widest):
+    env = {"COLUMNS": columns} if columns else {}
+    clean_env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.Popen([sys.executable, "-m", "kvprof", "analyze", str(run_dir), "--no-files"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env={**clean_env, **env})
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
+    assert proc.returncode == 0
+    # table lines (box drawing) fit; the one-line warnings are soft-wrapped on purpose
+    table = [line for line in out.decode().splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= widest
+
+
+def test_bench_json_and_its_default_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--device", "cpu", "--variants", "index_put", "--shapes", "1x8", "--tokens", "1",
+                 "--eager-repeats", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["records"] and {r["variant"] for r in doc["records"]} == {"index_put"}
+    (made,) = (tmp_path / "cache" / "kvprof" / "bench").iterdir()
+    assert json.loads((made / "bench.json").read_text())["records"] == doc["records"]
+    assert str(made / "bench.json") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # nothing in the current folder
