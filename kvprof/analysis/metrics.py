@@ -49,30 +49,57 @@ def _iqr(s: pd.Series) -> float:
     return float(s.quantile(0.75) - s.quantile(0.25)) if len(s) >= 4 else float("nan")
 
 
-def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None) -> dict[str, Any]:
+MEDIAN_COLUMNS = ("gpu_ops", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "host_dur_ns", "launch_delay_ns",
+                  "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak", "tokens")
+
+
+def _numeric(writes: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The median columns as float arrays (NaN for missing or non-numeric; tokens < 0: NaN),
+    converted once for all groups: per-group pandas calls cost more than the medians."""
+    out = {}
+    for c in MEDIAN_COLUMNS:
+        if c in writes:
+            a = pd.to_numeric(writes[c], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        else:
+            a = np.full(len(writes), np.nan)
+        out[c] = a
+    out["tokens"] = np.where(out["tokens"] >= 0, out["tokens"], np.nan)
+    return out
+
+
+def _nanmedian(a: np.ndarray) -> float:
+    a = a[~np.isnan(a)]
+    return float(np.median(a)) if len(a) else float("nan")
+
+
+def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None,
+               cols: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """One group's row; ``cols``: the group's slices of ``_numeric`` (computed here without)."""
+    cols = cols if cols is not None else _numeric(w)
     graph = bool(w["graph"].any())
     layer = "context" in w and (w["context"].astype(str) == "layer").any()
     kpw = w["gpu_ops"]
+    med = {c: _nanmedian(cols[c]) for c in MEDIAN_COLUMNS}
     row: dict[str, Any] = {
         "writes": int(len(w)),
         "steps": int(w[["trace", "step"]].drop_duplicates().shape[0]),
         "graph": graph,
         "attribution": "+".join(sorted(w["attribution"].dropna().astype(str).unique())),
-        "kernels_per_write": _median(kpw),
+        "kernels_per_write": med["gpu_ops"],
         "kernels_per_write_min": int(kpw.min()) if len(kpw) else None,
         "kernels_per_write_max": int(kpw.max()) if len(kpw) else None,
-        "gpu_busy_ns": _median(w["gpu_busy_ns"]),
-        "gpu_span_ns": _median(w["gpu_span_ns"]),
-        "gpu_new_ns": _median(w["gpu_new_ns"]) if "gpu_new_ns" in w else float("nan"),
-        "host_launch_ns": _median(w["host_dur_ns"]),
-        "launch_delay_ns": _median(w["launch_delay_ns"]),
+        "gpu_busy_ns": med["gpu_busy_ns"],
+        "gpu_span_ns": med["gpu_span_ns"],
+        "gpu_new_ns": med["gpu_new_ns"],
+        "host_launch_ns": med["host_dur_ns"],
+        "launch_delay_ns": med["launch_delay_ns"],
         "streams": int(w["streams"].max()) if len(w) else 0,
-        "overlap_frac": _median(w["overlap_frac"]),
-        "idle_ns": _median(w["idle_ns"]),
-        "gaps": _median(w["gaps"]),
-        "bandwidth_gbs": _median(w["bandwidth_gbs"]),
-        "pct_of_peak": _median(w["pct_of_peak"]),
-        "tokens": _median(w["tokens"].where(w["tokens"] >= 0)),
+        "overlap_frac": med["overlap_frac"],
+        "idle_ns": med["idle_ns"],
+        "gaps": med["gaps"],
+        "bandwidth_gbs": med["bandwidth_gbs"],
+        "pct_of_peak": med["pct_of_peak"],
+        "tokens": med["tokens"],
         "step_ns": float("nan"),
         "step_gpu_ns": float("nan"),
         "step_iqr_ns": float("nan"),
@@ -102,13 +129,16 @@ def group_metrics(writes: pd.DataFrame, steps: pd.DataFrame, by_layer: bool = Fa
         return pd.DataFrame(columns=list(GROUP_COLUMNS))
     keys = [*GROUP_KEYS, "layer"] if by_layer else list(GROUP_KEYS)
     rows = []
+    w = w.reset_index(drop=True)  # group positions below are row numbers
+    cols = _numeric(w)
     for key, grp in w.groupby(keys, sort=True, observed=True, dropna=True):
         k = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        pos = grp.index.to_numpy()
         st = None
         if steps is not None and len(steps) and not by_layer:
             st = steps[(steps["variant"] == k["variant"]) & (steps["source"] == k["source"])
                        & (steps["phase"] == k["phase"]) & (steps["size"] == k["size"])]
-        row = {**k, **_aggregate(grp, st)}
+        row = {**k, **_aggregate(grp, st, {c: a[pos] for c, a in cols.items()})}
         row.setdefault("layer", "all")
         rows.append(row)
     out = pd.DataFrame(rows)
