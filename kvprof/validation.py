@@ -18,9 +18,9 @@ FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, *FP8_DTYPES)
 
 
 def check_write_inputs(
-    loc: torch.Tensor,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
+    loc: object,  # anything: what is not a tensor is refused
+    cache_k: object,
+    cache_v: object,
     head_num: int,
     head_dim: int,
     v_head_dim: int,

@@ -108,6 +108,15 @@ def test_sweep_and_distribution_figures() -> None:
     assert charts.distribution(df.iloc[0:0], "m").layout.annotations  # empty: says why
 
 
+def test_ecdf_of_only_infinite_values_falls_back_to_a_linear_axis() -> None:
+    # all values > 0 but none finite: no log range exists (it used to fail on log_ticks(None))
+    df = pd.DataFrame({"variant": ["a"] * 2, "phase": "decode", "phase_size": ["decode bs=1"] * 2, "size": 1,
+                       "layer": 0, "step": 0, "write_id": range(2), "value": [np.inf, np.inf]})
+    fig = charts.distribution(df, "GB/s", "ecdf", scale="log")
+    assert fig.layout.xaxis.type != "log"
+    assert {tr.type for tr in fig.data} == {"scatter"}
+
+
 # ---------------------------------------------------------------------------- paths and uploads
 
 

@@ -129,6 +129,15 @@ def _serialized(ws: WriteSpec) -> bool:
     return True
 
 
+@pytest.mark.parametrize("graph", [False, True])
+def test_synthetic_trace_without_layers_or_kernels_is_refused(graph):
+    # an eager step with no writes has no GPU start (it used to fail with a TypeError)
+    with pytest.raises(ValueError, match="at least one layer"):
+        build(TraceSpec(layers=[], phases=[PhaseSpec("decode", 8, 1, graph=graph)]))
+    with pytest.raises(ValueError, match="one kernel per write"):
+        build(TraceSpec(write=WriteSpec([]), phases=[PhaseSpec("decode", 8, 1, graph=graph)]))
+
+
 @given(ws=write_specs(), layers=st.integers(1, 5), graph=st.booleans(), steps=st.integers(1, 3),
        gap=st.integers(200, 3000))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -84,7 +84,8 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
             row[f"{m}"] = _num(getattr(r, m))
             row[f"baseline_{m}"] = _num(getattr(b, m))
             row[f"ratio_{m}"] = _ratio(getattr(r, m), getattr(b, m))
-        diff = _num(b.cost_per_write_ns) - _num(r.cost_per_write_ns) if _finite(b.cost_per_write_ns, r.cost_per_write_ns) else None
+        b_cost, r_cost = _num(b.cost_per_write_ns), _num(r.cost_per_write_ns)
+        diff = b_cost - r_cost if b_cost is not None and r_cost is not None else None
         row["saving_per_write_ns"] = diff
         row["context"] = str(getattr(r, "context", "none") or "none")
         # a CPU wall clock says nothing about a GPU serving step: no ITL projection from it
@@ -99,9 +100,9 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
             if row["context"] == "layer" and _finite(b.step_ns, r.step_ns):
                 measured = (float(b.step_ns) - float(r.step_ns)) / 1e6
                 row["measured_saving_per_step_ms"] = measured
-                spread = [getattr(x, "step_iqr_ns", None) for x in (b, r)]
+                b_iqr, r_iqr = (_num(getattr(x, "step_iqr_ns", None)) for x in (b, r))
                 row["measured_saving_spread_ms"] = (
-                    float(np.hypot(*spread)) / 1e6 if _finite(*spread) else None)
+                    float(np.hypot(b_iqr, r_iqr)) / 1e6 if b_iqr is not None and r_iqr is not None else None)
                 row["saving_per_step_ms"] = measured
             row["saving_share_of_itl"] = row["saving_per_step_ms"] / bench.itl_before_ms
             row["predicted_itl_ms"] = bench.itl_before_ms - row["saving_per_step_ms"]

@@ -125,13 +125,13 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     variants: dict[str, VariantVerdict] = {}
     names = list(loaded.variants) + sorted(set(writes["variant"].dropna().astype(str)) - set(loaded.variants))
     for name in names:
-        entry = loaded.variants.get(name)
-        if entry is not None and not entry.available:
-            variants[name] = VariantVerdict(available=False, reason=entry.reason)
+        recorded = loaded.variants.get(name)
+        if recorded is not None and not recorded.available:
+            variants[name] = VariantVerdict(available=False, reason=recorded.reason)
             continue
         meta = next((t.kvprof for t in loaded.traces if t.kvprof and t.kvprof.variant == name), None)
         vw = writes[writes["variant"] == name]
-        verdict, verdict_warnings = fused_or_fell_back(name, meta, entry, vw)
+        verdict, verdict_warnings = fused_or_fell_back(name, meta, recorded, vw)
         warnings.extend(verdict_warnings)
         verdict.sources = [str(x) for x in sorted(vw["source"].dropna().astype(str).unique())]
         variants[name] = verdict

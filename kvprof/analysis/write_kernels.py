@@ -223,8 +223,11 @@ def write_kernel_summary(loaded: Any, user_regex: str | None = None,
     }
 
 
-def render_write_kernels(section: dict[str, Any], console: Any) -> None:
-    """Per rank: kvprof-ranged writes outside kvprof steps, and the kernels matched by name."""
+def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
+    """Per rank: kvprof-ranged writes outside kvprof steps, and the kernels matched by name
+    (nothing for a summary made without the write-kernel section)."""
+    if section is None:
+        return
     from rich.table import Table
 
     stepless = section.get("stepless_writes") or []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import cast
+
 from rich.console import Console
 from rich.table import Table
 
@@ -38,7 +40,7 @@ def point_rows(result: BenchResult, mode: str, no: str = "NO", field: str = "med
             continue
         ok = [at[v] for v in KVPROF_FUSED if v in at and at[v].ok and at[v].median_us is not None]
         if ok:
-            best = min(ok, key=lambda r: r.median_us)
+            best = min(ok, key=lambda r: cast(float, r.median_us))  # ok: median_us is not None
             ratios = best.ratio_to or {}
             cells += [best.variant, _fmt(best.gbs, 0), _fmt(best.pct_copy_rate, 0),
                       _fmt(best.target_us), {True: "yes", False: no, None: "-"}[best.meets_target],

@@ -392,7 +392,7 @@ def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
         if ref_us is None:
             continue
         compared += 1
-        if r.median_us > ref_us:
+        if r.median_us is not None and r.median_us > ref_us:
             slower.append(_where(r) + f" {r.median_us:.2f} > {ref_us:.2f} µs")
     out["vs_sgl"] = {"compared": compared, "slower": slower, "source": "; ".join(sorted(sources)) or "none"}
 
@@ -416,7 +416,7 @@ def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
                  and getattr(r, field) is not None]
     out["eager_host"] = {"compared": host_compared, "over": over, "basis": "writer" if field != "host_us" else "pool",
                          "median_us": _median([getattr(r, field) for r in eager]),
-                         "pool_median_us": _median([r.host_us for r in eager]), "pool_over": len(pool_over),
+                         "pool_median_us": _median([r.host_us for r in eager if r.host_us is not None]), "pool_over": len(pool_over),
                          "index_put_median_us": _median(index_put)}
 
     bf16 = {(r.shape, r.tokens): r for r in graph if r.dtype == "bf16"}
@@ -424,7 +424,7 @@ def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
     worse, noise = [], []
     for r in fp8:
         b = bf16.get((r.shape, r.tokens))
-        if b is None or r.median_us <= b.median_us:
+        if b is None or r.median_us is None or b.median_us is None or r.median_us <= b.median_us:
             continue
         line = _where(r) + f" {r.median_us:.2f} > bf16 {b.median_us:.2f} µs"
         worse.append(line)

@@ -42,7 +42,7 @@ def _median_iqr(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), q[2] - q[0]
 
 
-def time_graph(fn: Callable[[], None], writes: int, replays: int, warmup: int = 10) -> Timing:
+def time_graph(fn: Callable[[], object], writes: int, replays: int, warmup: int = 10) -> Timing:
     """µs per write: ``fn`` issues ``writes`` writes; it is captured once and replayed."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -68,7 +68,7 @@ def time_graph(fn: Callable[[], None], writes: int, replays: int, warmup: int = 
     return _summary(per_write)
 
 
-def time_eager(fn: Callable[[], None], writes: int, repeats: int, device: torch.device, warmup: int = 3) -> Timing:
+def time_eager(fn: Callable[[], object], writes: int, repeats: int, device: torch.device, warmup: int = 3) -> Timing:
     """µs per write of ``fn`` (``writes`` writes) run eagerly: wall clock, synchronized at the
     end, and the host's own time (the loop of launches before the sync). The host time is
     what "host launch path" means; with at most a few hundred launches in flight the launch
@@ -124,7 +124,7 @@ def empty_node_us(device: torch.device, nodes: int = 200, replays: int = 100) ->
     try:
         from kvprof.bench.empty_kernel import launch_empty
 
-        out["empty_kernel_us"] = time_graph(lambda: [launch_empty() for _ in range(nodes)], nodes, replays).median_us
+        out["empty_kernel_us"] = time_graph(_repeat(launch_empty, nodes), nodes, replays).median_us
     except Exception as exc:  # no triton: the fill_ node still gives a floor  # noqa: BLE001
         out["empty_kernel_us"] = None
         out["empty_kernel_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # type: ignore[assignment]
@@ -132,11 +132,18 @@ def empty_node_us(device: torch.device, nodes: int = 200, replays: int = 100) ->
         try:
             from kvprof.bench.empty_kernel import launch_empty_pdl
 
-            out["empty_pdl_kernel_us"] = time_graph(lambda: [launch_empty_pdl() for _ in range(nodes)], nodes,
-                                                    replays).median_us
+            out["empty_pdl_kernel_us"] = time_graph(_repeat(launch_empty_pdl, nodes), nodes, replays).median_us
         except Exception as exc:  # noqa: BLE001  (a triton without launch_pdl)
             out["empty_pdl_kernel_us"] = None
             out["empty_pdl_kernel_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # type: ignore[assignment]
     x = torch.zeros(1, device=device)
-    out["fill_node_us"] = time_graph(lambda: [x.fill_(1.0) for _ in range(nodes)], nodes, replays).median_us
+    out["fill_node_us"] = time_graph(_repeat(lambda: x.fill_(1.0), nodes), nodes, replays).median_us
     return out
+
+
+def _repeat(fn: Callable[[], object], times: int) -> Callable[[], None]:
+    """``fn`` called ``times`` times in a row (one graph node each when captured)."""
+    def run() -> None:
+        for _ in range(times):
+            fn()
+    return run

@@ -11,6 +11,8 @@ payload) includes its padding tokens, as the kernel's does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -27,6 +29,11 @@ PAGED_BLOCK_SIZE = 16  # vLLM's default block size, used unless --page-size says
 
 class LayoutSession(VariantSession):
     """``VariantSession`` for ``config.layout_name()`` in ("mla", "paged")."""
+
+    # an MLAPool or a PagedPool: not KVPools, they share only the surface VariantSession
+    # uses (path_counts, bytes_per_write, start_layer, layer_num); the layout's own members
+    # are reached by self.layout
+    pool: Any
 
     def __init__(self, config: CaptureConfig, writer, device: torch.device, *, instrument: bool = True,
                  context=None) -> None:  # noqa: ANN001

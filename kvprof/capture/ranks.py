@@ -199,6 +199,7 @@ def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: 
             ]
         manifest = scrub_manifest(manifest) if config.scrub else manifest
         atomic_write_bytes(tmp / MANIFEST, manifest.dumps())
+    analysis_error: str | None
     summary, analysis_error = (None, "not analysed (--no-summary)")
     if analyse:
         summary, analysis_error = analyze_run_dir(final, config.rank_shape().layers, scrub=config.scrub)

@@ -219,7 +219,8 @@ def capture(
         manifest = scrub_manifest(manifest) if config.scrub else manifest  # its paths name $HOME
         atomic_write_bytes(tmp / MANIFEST, manifest.dumps())
     # The run is complete and in place; the analysis adds its files one atomic write each.
-    summary, analysis_error = (None, "not analysed (--no-summary)")
+    summary: Summary | None = None
+    analysis_error: str | None = "not analysed (--no-summary)"
     if analyse:
         from kvprof.capture.summary import analyze_run_dir
 

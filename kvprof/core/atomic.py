@@ -58,7 +58,7 @@ def clean_stale(folder: Path) -> list[Path]:
     Only names of the form ``.<name>.tmp-<pid>-<8 hex>`` are touched: what a killed
     (SIGKILL, power loss) capture or analyze left behind.
     """
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:

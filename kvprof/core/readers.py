@@ -35,8 +35,12 @@ SNIFF_BYTES = 64
 
 @runtime_checkable
 class TraceReader(Protocol):
-    name: str
-    suffixes: tuple[str, ...]
+    # read-only: a frozen dataclass or a plain attribute both satisfy them
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def suffixes(self) -> tuple[str, ...]: ...
 
     def sniff(self, head: bytes, path: Path) -> bool:
         """True when ``head`` (the file's first SNIFF_BYTES bytes) is this reader's format."""

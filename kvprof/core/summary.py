@@ -101,7 +101,8 @@ class Summary:
             raise ValueError("not a kvprof summary (no kvprof.summary schema)")
         if not isinstance(d.get("groups"), list):
             raise ValueError("not a kvprof summary (no groups)")
-        variants = d.get("variants") if isinstance(d.get("variants"), dict) else {}
+        raw_variants = d.get("variants")
+        variants = raw_variants if isinstance(raw_variants, dict) else {}
         return cls(
             input=str(d.get("input", "")), input_kind=str(d.get("input_kind", "")),
             device=d.get("device") or {}, traces=list(d.get("traces") or []),

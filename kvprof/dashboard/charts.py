@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -76,7 +77,14 @@ def _phase_panels(phases: list[str], widths: list[int] | None = None, titles: bo
                          column_widths=widths, horizontal_spacing=0.08)
 
 
-def _kw(phases: list[str], j: int) -> dict[str, int]:
+class _Cell(TypedDict, total=False):
+    """The subplot of phase j (row/col keywords of Plotly's add_trace and kvprof's set_y)."""
+
+    row: int
+    col: int
+
+
+def _kw(phases: list[str], j: int) -> _Cell:
     return {"row": 1, "col": j + 1} if len(phases) > 1 else {}
 
 
@@ -284,9 +292,9 @@ def distribution(df: pd.DataFrame, metric: str, kind: str = "box", title: str | 
             shown.add(v)
         if kind == "ecdf":
             kw = _kw(phases, j)
-            xlog = scale == "log" and bool((d["value"] > 0).all())
-            if xlog:
-                rng = log_range(d["value"])
+            # no log range when no value is positive and finite (all infinite): a linear axis then
+            rng = log_range(d["value"]) if scale == "log" and bool((d["value"] > 0).all()) else None
+            if rng is not None:
                 fig.update_xaxes(type="log", range=rng, exponentformat="none", title_text=metric, **log_ticks(rng), **kw)
             else:
                 fig.update_xaxes(title_text=metric, range=lin_range(d["value"], zero=False), **kw)
@@ -433,7 +441,7 @@ def before_after(df: pd.DataFrame, title: str = "GPU µs per write: before and a
     d = d.assign(phase_size=[f"{p} {'bs' if p == 'decode' else 'tokens'}={s}" for p, s in zip(d["phase"], d["size"])])
     phases = _phases(d)
     fig = _phase_panels(phases, [max(1, d[d["phase"] == p]["phase_size"].nunique()) for p in phases])
-    shown: set[str] = set()
+    shown: set[tuple[str, str]] = set()
     for j, ph in enumerate(phases):
         p = d[d["phase"] == ph]
         for v in ordered_variants(p["variant"]):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ class PathError(DashboardError):
 # ---------------------------------------------------------------------------- configuration
 
 
-def configured_roots(env: dict[str, str] | None = None) -> list[Path]:
+def configured_roots(env: Mapping[str, str] | None = None) -> list[Path]:
     """The traces roots the sidebar offers; nothing outside them is read. Default: the samples (and, in a
     checkout, traces/ where capture writes)."""
     env = os.environ if env is None else env
@@ -93,13 +93,13 @@ def configured_roots(env: dict[str, str] | None = None) -> list[Path]:
     return out
 
 
-def initial_run(env: dict[str, str] | None = None) -> Path | None:
+def initial_run(env: Mapping[str, str] | None = None) -> Path | None:
     env = os.environ if env is None else env
     raw = env.get(ENV_RUN, "").strip()
     return Path(raw).expanduser().resolve() if raw else None
 
 
-def max_upload_bytes(env: dict[str, str] | None = None) -> int:
+def max_upload_bytes(env: Mapping[str, str] | None = None) -> int:
     """The explicit upload limit (the server's maxUploadSize is set to the same by ``kvprof dashboard``)."""
     env = os.environ if env is None else env
     try:
@@ -109,7 +109,7 @@ def max_upload_bytes(env: dict[str, str] | None = None) -> int:
     return int(max(mb, 0) * (1 << 20))
 
 
-def cache_dir(env: dict[str, str] | None = None) -> Path:
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get(ENV_CACHE):
         return Path(env[ENV_CACHE]).expanduser().resolve()

@@ -200,13 +200,15 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
         if type(layer_id) is not int or not tokens or len(tokens) != 1:
             return original(*args, **kwargs)  # a call SGLang itself will judge: no range
         tokens = int(tokens[0])
-        call = None
+        call: tuple[Any, ...] = ()
         route = state.route_for(pool) if routable and state.writer_name else None
         if route is not None:
-            call = route.prepare(pool, args, kwargs)
-            if isinstance(call, str):
-                state.fallback(call)
+            prepared = route.prepare(pool, args, kwargs)
+            if isinstance(prepared, str):
+                state.fallback(prepared)
                 route = None
+            else:
+                call = prepared
         name, attr = range_of(route.writer.name if route else variant, layer_id, tokens)
         state.seen(pool, cls_name, method, variant)
         local.depth = 1
@@ -289,8 +291,9 @@ class _Route:
         in_dtype = k.dtype
         if in_dtype not in self.input_ok:
             self.input_ok[in_dtype] = self.writer.unsupported_reason(self.device, pool.dtype, in_dtype)
-        if self.input_ok[in_dtype]:
-            return self.input_ok[in_dtype]
+        refused = self.input_ok[in_dtype]
+        if refused:
+            return refused
         return (loc_info, loc, layer_id - pool.start_layer, k, v, call.get("k_scale"), call.get("v_scale"))
 
 
@@ -320,6 +323,9 @@ class _State:
 
     def _writer(self) -> Any:
         if self.writer is None and self.writer_error is None:
+            if self.writer_name is None:  # the hooks ask only once a writer is named
+                self.writer_error = "no writer named"
+                return None
             try:
                 from kvprof.writers import create_writer
 

@@ -94,5 +94,8 @@ class InstrumentedPagedPool(PagedPool):
 def make_layout_pool(layout: str, *args: Any, instrument: bool = False, variant: str | None = None,
                      **kwargs: Any) -> MLAPool | PagedPool:
     """The plain pool of ``layout`` when instrumentation is off, the instrumented one when on."""
-    plain, wrapped = {"mla": (MLAPool, InstrumentedMLAPool), "paged": (PagedPool, InstrumentedPagedPool)}[layout]
-    return wrapped(*args, variant=variant, **kwargs) if instrument else plain(*args, **kwargs)
+    if layout == "mla":
+        return InstrumentedMLAPool(*args, variant=variant, **kwargs) if instrument else MLAPool(*args, **kwargs)
+    if layout == "paged":
+        return InstrumentedPagedPool(*args, variant=variant, **kwargs) if instrument else PagedPool(*args, **kwargs)
+    raise KeyError(layout)

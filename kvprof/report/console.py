@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from kvprof.core.summary import Summary, VariantVerdict
@@ -30,11 +30,13 @@ def _num(v: Any, fmt: str = "{:.1f}") -> str:
 
 def groups_table(rows: list[dict[str, Any]], source: str) -> Table:
     t = Table(title=f"per write, median ({source})", title_justify="left")
-    for col, just in (("variant", "left"), ("phase", "left"), ("size", "right"), ("writes", "right"),
-                      ("attribution", "left"), ("kern/wr", "right"), ("GPU span µs", "right"),
-                      ("cost/wr µs", "right"), ("host µs", "right"), ("launch→GPU µs", "right"),
-                      ("streams", "right"), ("overlap %", "right"), ("GB/s", "right"), ("% peak", "right"),
-                      ("step µs", "right"), ("step GPU µs", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("variant", "left"), ("phase", "left"), ("size", "right"), ("writes", "right"),
+        ("attribution", "left"), ("kern/wr", "right"), ("GPU span µs", "right"),
+        ("cost/wr µs", "right"), ("host µs", "right"), ("launch→GPU µs", "right"),
+        ("streams", "right"), ("overlap %", "right"), ("GB/s", "right"), ("% peak", "right"),
+        ("step µs", "right"), ("step GPU µs", "right"))
+    for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     for r in rows:
         t.add_row(
@@ -154,7 +156,7 @@ def headline_line(h: dict[str, Any], b: dict[str, Any]) -> str:
             "the serving benchmark")
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and v == v
 
 

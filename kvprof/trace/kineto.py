@@ -59,7 +59,8 @@ _GPU_CODES = frozenset(KINDS.index(k) for k in ("kernel", "memcpy", "memset", "g
 _ARG_CODES = _GPU_CODES | {KINDS.index("runtime"), KINDS.index("driver")}
 _KERNEL, _MEMCPY, _MEMSET = KINDS.index("kernel"), KINDS.index("memcpy"), KINDS.index("memset")
 _OTHER = KINDS.index("other")
-_CODE_OF_CAT = {cat: KINDS.index(kind) for cat, kind in KIND_OF_CAT.items()}
+# keyed by str | None: an event without a "cat" is looked up as None (and misses)
+_CODE_OF_CAT: dict[str | None, int] = {cat: KINDS.index(kind) for cat, kind in KIND_OF_CAT.items()}
 # Plausible wall-clock range for epoch nanoseconds (2015 .. 2100).
 _EPOCH_MIN_NS, _EPOCH_MAX_NS = 1.42e18, 4.1e18
 

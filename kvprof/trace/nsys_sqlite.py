@@ -269,14 +269,14 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
     tables = _tables(db)
     strings = _strings(db)
     frames: list[pd.DataFrame] = []
-    for table, kind, enum in (
+    for table, gpu_kind, enum in (
         (KERNEL_TABLE, "kernel", None),
         ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy", "ENUM_CUDA_MEMCPY_OPER"),
         ("CUPTI_ACTIVITY_KIND_MEMSET", "memset", None),
         ("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "sync", "ENUM_CUPTI_SYNC_TYPE"),
     ):
         if table in tables:
-            frames.append(_gpu_frame(db, table, kind, strings, _enum(db, tables, enum) if enum else {}))
+            frames.append(_gpu_frame(db, table, gpu_kind, strings, _enum(db, tables, enum) if enum else {}))
     gpu = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     host_frames: list[pd.DataFrame] = []
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
@@ -284,9 +284,9 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
                                                          "correlationId": "-1", "nameId": "NULL"},
                      "WHERE start IS NOT NULL")
         raw = [strings.get(int(i), "?") if pd.notna(i) else "?" for i in rt["nameId"]]
-        names = [_VERSION_SUFFIX.sub("", s) for s in raw]
-        rt["name"] = names
-        rt["kind"] = ["runtime" if s.startswith("cuda") or not s.startswith("cu") else "driver" for s in names]
+        rt_names = [_VERSION_SUFFIX.sub("", s) for s in raw]
+        rt["name"] = rt_names
+        rt["kind"] = ["runtime" if s.startswith("cuda") or not s.startswith("cu") else "driver" for s in rt_names]
         host_frames.append(rt)
     if "NVTX_EVENTS" in tables:
         nv, _ = _nvtx_frame(db, strings)

@@ -75,6 +75,8 @@ def _x(cat: str, name: str, pid: Any, tid: Any, ts_ns: int, dur_ns: int, args: d
 
 def build(spec: TraceSpec) -> tuple[dict[str, Any], dict[str, Any]]:
     """(trace document, expected answers). Times in the answers are ns relative to T0."""
+    if not spec.layers or not spec.write.kernels:
+        raise ValueError("a synthetic trace needs at least one layer and one kernel per write")
     ev: list[dict[str, Any]] = []
     pid = spec.pid
     corr = 1000
@@ -159,6 +161,8 @@ def build(spec: TraceSpec) -> tuple[dict[str, Any], dict[str, Any]]:
             t = max(t, step_gpu_end - spec.launch_delay_ns) + 1_000
             ev.append(_x("user_annotation", step_name, pid, pid, step_start, t - step_start, {"External id": ext}))
             ext += 1
+            if step_gpu0 is None:  # spec.layers is not empty (checked above)
+                raise AssertionError("a step without writes")
             expected["steps"].append({"phase": ph.phase, "size": ph.size, "step": s, "dur_ns": t - step_start,
                                       "gpu_span_ns": step_gpu_end - step_gpu0})
             t += 3_000
@@ -196,6 +200,8 @@ def _first_delay(spec: TraceSpec, first_launch: int, gpu_w0: int) -> int:
         start = gpu_w0 + k.offset_ns
         if best is None or start < best[0]:
             best = (start, first_launch + i * (spec.launch_ns + 200))
+    if best is None:  # build() refuses a write without kernels
+        raise AssertionError("a write without kernels")
     return best[0] - best[1]
 
 

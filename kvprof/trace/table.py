@@ -17,7 +17,7 @@ import pyarrow as pa
 from kvprof.core.schema import SCHEMA, STRING_COLUMNS
 
 
-def dict_array(codes: np.ndarray, values: Sequence[str | None]) -> pa.DictionaryArray:
+def dict_array(codes: np.ndarray, values: Sequence[str | bytes | None]) -> pa.DictionaryArray:
     """Codes into ``values`` (-1 = null) as an Arrow dictionary array: names are interned once."""
     codes = np.asarray(codes, dtype=np.int32)
     mask = codes < 0

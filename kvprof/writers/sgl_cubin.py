@@ -163,6 +163,8 @@ class CudaDriver:
         for name in names:
             fn = ctypes.c_void_p()
             self._check(self._lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name[:40]}...)")
+            if fn.value is None:  # a successful lookup gives a handle
+                raise RuntimeError(f"cuModuleGetFunction({name[:40]}...) gave no function")
             out.append(fn.value)
         return out
 

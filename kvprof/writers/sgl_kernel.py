@@ -53,7 +53,7 @@ class SglKernelWriter(KVWriter):
     name = "sgl_kernel"
     description = "sgl-kernel store_kv_cache (one launch), wrapper fallback to two index_put"
     fused = True
-    devices = ("cuda",)
+    devices: tuple[str, ...] = ("cuda",)
 
     def __init__(self, op: StoreOp | None = None, devices: tuple[str, ...] | None = None,
                  missing: str | None = None) -> None:

@@ -37,7 +37,7 @@ def _identity(ctx: Context, label: str) -> tuple[str, str, float]:
 
 def default_pair(ctx: Context, labels: list[str], cur: str) -> tuple[str | None, str, str]:
     """The two most recent readable runs of the open run's device and model: (before, after, why)."""
-    readable = [lab for lab in labels if lab in ctx.uploads or (ctx.entry(lab) and ctx.entry(lab).analysed)]
+    readable = [lab for lab in labels if lab in ctx.uploads or ((e := ctx.entry(lab)) is not None and e.analysed)]
     try:
         ident = {lab: _identity(ctx, lab) for lab in dict.fromkeys([cur, *readable])}
     except KvprofError:

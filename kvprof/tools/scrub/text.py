@@ -67,8 +67,9 @@ def _literal_at(data: bytes, i: int) -> tuple[int, int] | None:
     return start, end + 1
 
 
-def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes], int, int]:
-    """Replacements (span -> new literal) for every string literal the rules change."""
+def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes], int, int, int]:
+    """Replacements (span -> new literal) for every string literal the rules change, and how
+    many were secrets (env), home paths and host names."""
     spans: set[tuple[int, int]] = set()
     for i in _candidates(data, rules.literals()):
         span = _literal_at(data, i)
