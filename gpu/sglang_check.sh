@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvprof inside SGLang's real package on one H200, in one call of at most 10 minutes:
-#   here, once:   bash gpu/fetch_sglang_wheels.sh        (fills .whl/, ~36 MB; see that script)
-#   device run, carrying .whl (and .gpu for nsys/sgl-kernel's cubin where the lead has it):
+#   on a machine with network, once:   bash gpu/fetch_sglang_wheels.sh   (fills .whl/, ~34 MB; see that script)
+#   on the GPU machine, with .whl beside the checkout (and .gpu from gpu/prepare_carry.sh for nsys):
 #     bash gpu/sglang_check.sh [steps...]     steps (default all): install pool nsys bench
 # Results under $OUT: sglang-check.txt (the log), sglang-results.tgz (traces, sidecars,
 # kvprof analyze outputs, bench.json/csv). Each step is time-boxed so a slow one still

@@ -1,7 +1,7 @@
 """Finding and running Nsight Systems, with fake ``nsys`` executables (no real nsys here).
 
 Each fake is a small script that behaves like one nsys outcome: a report, the importer
-failure of GPU.md (only a .qdstrm), no report, a failing export. Like the real one, the
+failure some nsys installs show (only a .qdstrm), no report, a failing export. Like the real one, the
 fake stores its whole environment in the report, so the allowlist is tested end to end.
 """
 

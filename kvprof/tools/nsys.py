@@ -48,7 +48,7 @@ INSTALL_GLOBS: tuple[str, ...] = (
 )
 
 # Flags of every profiled pass. --sample/--cpuctxsw off and a capture range keep a tiny
-# run at seconds and kilobytes instead of minutes and gigabytes (shared/GPU.md).
+# run at seconds and kilobytes instead of minutes and gigabytes (measured on the H200: docs/observer-effect.md).
 PROFILE_FLAGS: tuple[str, ...] = (
     "--sample=none",
     "--cpuctxsw=none",
