@@ -3,7 +3,7 @@
 The format is sniffed from the first bytes, not trusted from the name (a renamed or
 mis-suffixed file still loads, and a non-trace gets a clear one-line refusal). A run
 directory is read through its manifest.json: unavailable variants are carried with
-their reason, and a variant's Kineto metadata is lent to its nsys export (which has no
+their reason, and a variant's Kineto metadata is given to its nsys export (which has no
 place for it) so graph replays there can still be split by order if node ids are missing.
 """
 
