@@ -48,9 +48,11 @@ def analyze_run_dir(run_dir: Path, layers: int | None, scrub: bool = False) -> t
 
 def print_capture_summary(summary: Summary | None, error: str | None) -> None:
     from kvprof.report.console import make_console, render
+    from kvprof.report.verdict import render_verdict
 
     console = make_console()
     if summary is None:
         console.print(f"[yellow]analysis of the capture failed: {error}[/] (run `kvprof analyze` on the run directory)")
         return
     render(summary, console)
+    render_verdict(summary, console)
