@@ -44,7 +44,7 @@ def app_path() -> Path:
 
     p = Path(str(files("kvprof.dashboard").joinpath("app.py")))
     if not p.is_file():
-        raise ToolError(f"{p} not found: the kvprof installation is incomplete (reinstall kvprof[dashboard])")
+        raise ToolError(f"{p} not found: the kvprof installation is incomplete (reinstall kvcache-profiler[dashboard])")
     return p
 
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     for mod in ("streamlit", "plotly"):
         if importlib.util.find_spec(mod) is None:
-            raise ToolError(f"{mod} is not installed: pip install -e '.[dashboard]'")
+            raise ToolError(f"{mod} is not installed: pip install 'kvcache-profiler[dashboard]'")
     cmd, env = streamlit_command(args)
     if args.address not in LOOPBACK:
         print(f"kvprof dashboard: warning: binding {args.address} makes the dashboard reachable from other "

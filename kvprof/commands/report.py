@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     import importlib.util
 
     if importlib.util.find_spec("plotly") is None:
-        raise ToolError("plotly is not installed: pip install 'kvprof[dashboard]'")
+        raise ToolError("plotly is not installed: pip install 'kvcache-profiler[dashboard]'")
     if args.html.suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"--html {args.html}: the report is HTML; name it *.html")
     from kvprof.core.atomic import atomic_file

@@ -16,9 +16,9 @@ e5m2 overflow is inf (c10's rule before 2.12 for e4m3fn, always for e5m2).
 
 from __future__ import annotations
 
-import functools
 
-import torch
+
+from kvprof.writers.triton_convert import e4m3_saturates
 
 try:
     import triton
@@ -31,15 +31,8 @@ except Exception as exc:  # ImportError, or a triton that fails to initialise
     TRITON_ERROR = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
 
 
-@functools.cache
-def torch_e4m3_saturates() -> bool:
-    """Whether this torch's fp32 -> float8_e4m3fn cast saturates overflow (>= 2.12) or makes it NaN."""
-    probe = torch.tensor([470.0, 1.0e6, float("inf")]).to(torch.float8_e4m3fn).view(torch.uint8).tolist()
-    if probe == [0x7E, 0x7E, 0x7E]:
-        return True
-    if probe == [0x7F, 0x7F, 0x7F]:
-        return False
-    raise RuntimeError(f"unknown float8_e4m3fn overflow rule in torch {torch.__version__}: {probe}")
+# the torch overflow rule the fused kernels follow: the MHA writer's probe, shared
+torch_e4m3_saturates = e4m3_saturates
 
 
 def interpreted(kernel: object) -> bool:

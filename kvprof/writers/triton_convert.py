@@ -24,7 +24,7 @@ import torch
 
 from kvprof.dtypes import inverse_scale
 
-try:  # triton is optional (pip install kvprof[triton])
+try:  # triton is optional (pip install kvcache-profiler[triton])
     import triton
     import triton.language as tl
 
