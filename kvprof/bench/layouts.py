@@ -67,7 +67,7 @@ class LayoutPoint:
         return self.tokens * elems * (cache + inp)
 
 
-class _Case:
+class LayoutCase:
     """One point: slots for several writes, inputs, and pools built on demand."""
 
     def __init__(self, point: LayoutPoint, device: torch.device, pool_bytes: int, seed: int) -> None:
@@ -124,7 +124,7 @@ class _Case:
         return None
 
 
-def bench_point(case: _Case, variant: str, writer: Any, replays: int, eager_repeats: int) -> list[dict[str, Any]]:
+def bench_point(case: LayoutCase, variant: str, writer: Any, replays: int, eager_repeats: int) -> list[dict[str, Any]]:
     point = case.point
     base = {**asdict(point), "shape": point.shape, "dtype": point.dtype_label, "variant": variant,
             "bytes": point.bytes_moved(), "writes_per_sample": case.writes}
@@ -201,7 +201,7 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
                 writers[v] = exc
         for i, (cache, inp) in enumerate(DTYPES):
             for t in tokens:
-                case = _Case(LayoutPoint(layout, cache, inp, t), device, pool_bytes, seed=i * 1000 + t)
+                case = LayoutCase(LayoutPoint(layout, cache, inp, t), device, pool_bytes, seed=i * 1000 + t)
                 for v in variants:
                     recs = bench_point(case, v, writers[v], replays, eager_repeats)
                     records += recs

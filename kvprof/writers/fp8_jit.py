@@ -44,6 +44,21 @@ def interpreted(kernel: object) -> bool:
     return isinstance(kernel, InterpretedFunction)
 
 
+_PDL_BY_DEVICE: dict[int, bool] = {}
+
+
+def pdl_capable(device: object) -> bool:
+    """Whether compiled kernels on ``device`` can use programmatic dependent launch (sm_90+)."""
+    import torch
+
+    index = getattr(device, "index", None)
+    index = torch.cuda.current_device() if index is None else index
+    found = _PDL_BY_DEVICE.get(index)
+    if found is None:
+        found = _PDL_BY_DEVICE[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return found
+
+
 def hw_cast_safe(cols: int, token_stride: int, elems_per_program: int, num_warps: int) -> bool:
     """Whether Triton's packed hardware fp8 cast may be used for a tile. Triton 3.6's ptxas
     mis-compiled it when a thread held its elements in pairs (odd bytes came out wrong on an

@@ -1,9 +1,11 @@
 """kvprof's fused MLA latent-row store in Triton: one launch writes nope and rope for every token.
 
-One program handles ``block_t`` tokens: a ``[block_t, next_pow2(R + P)]`` tile whose first
-R columns load from the nope part and the next P from the rope part (complementary masks,
-contiguous row vectors: 16-byte accesses, DeepSeek-V3's 512 + 64 values are 1024 + 128 bytes
-in bf16), stored as whole latent rows, with SGLang's cast (``.to(dtype)``, no scale) done in the kernel.
+One program handles ``block_t`` tokens: a ``[block_t, next_pow2(R)]`` tile of the nope part
+and a ``[block_t, next_pow2(P)]`` tile of the rope part (contiguous row vectors: 16-byte
+accesses, DeepSeek-V3's 512 + 64 values are 1024 + 128 bytes in bf16, no lane masked),
+stored side by side as whole latent rows, with SGLang's cast (``.to(dtype)``, no scale) done
+in the kernel. With programmatic dependent launch (sm_90+) back-to-back writes overlap one
+launch with the previous kernel's tail; the kernel waits before its first load.
 The rows are loaded before the slots are used, so the slot load's latency overlaps them;
 slots outside ``[0, rows)`` and the skipped slot are masked in the kernel.
 """
@@ -15,7 +17,16 @@ import os
 import torch
 
 from kvprof.layouts.mla import MLAWriter
-from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, tl, torch_e4m3_saturates, triton
+from kvprof.writers.fp8_jit import (
+    TRITON_ERROR,
+    fp8_bits,
+    hw_cast_safe,
+    interpreted,
+    pdl_capable,
+    tl,
+    torch_e4m3_saturates,
+    triton,
+)
 
 FUSED = "fused"
 _SAME, _TO_E4M3, _TO_E5M2 = 0, 1, 2
@@ -32,13 +43,17 @@ def launch_shape(tokens: int, row_elems: int) -> tuple[int, int]:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["tokens", "rows", "skip"])
     def _mla_store_kernel(buf, loc, nope, rope, tokens, rows, skip, nope_stride, rope_stride,
-                          R: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
-                          CONV: tl.constexpr, SAT: tl.constexpr, HW: tl.constexpr, WIDE: tl.constexpr):
-        """One ``[BLOCK_T, BLOCK]`` tile per program covers whole rows: columns below R come
-        from ``nope``, the next P from ``rope`` (complementary masked loads, so both parts
-        load in full vectors and every thread has work even for the short rope part)."""
+                          R: tl.constexpr, P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                          BLOCK_T: tl.constexpr, CONV: tl.constexpr, SAT: tl.constexpr, HW_R: tl.constexpr,
+                          HW_P: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr):
+        """One program writes ``BLOCK_T`` whole rows: a ``[BLOCK_T, BLOCK_R]`` tile of nope
+        and a ``[BLOCK_T, BLOCK_P]`` tile of rope, each a power of two wide (DeepSeek-V3's 512
+        and 64 need no column mask), stored side by side at ``slot * (R + P)``."""
+        if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         if WIDE:
             tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -46,21 +61,25 @@ if triton is not None:
             tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
         tmask = tok < tokens
         slot = tl.load(loc + tok, mask=tmask, other=-1)
-        col = tl.arange(0, BLOCK)
-        is_nope = col < R
-        is_rope = (col >= R) & (col < R + P)
-        x_n = tl.load(nope + tok[:, None] * nope_stride + col[None, :], mask=tmask[:, None] & is_nope[None, :])
-        x_p = tl.load(rope + tok[:, None] * rope_stride + (col[None, :] - R), mask=tmask[:, None] & is_rope[None, :])
-        x = tl.where(is_nope[None, :], x_n, x_p)
+        cr = tl.arange(0, BLOCK_R)
+        cp = tl.arange(0, BLOCK_P)
+        r_mask = tmask[:, None] if R == BLOCK_R else tmask[:, None] & (cr[None, :] < R)
+        p_mask = tmask[:, None] if P == BLOCK_P else tmask[:, None] & (cp[None, :] < P)
+        # row loads do not depend on the slots: issued while the slot load is in flight
+        x_n = tl.load(nope + tok[:, None] * nope_stride + cr[None, :], mask=r_mask)
+        x_p = tl.load(rope + tok[:, None] * rope_stride + cp[None, :], mask=p_mask)
         if CONV != 0:
-            x = fp8_bits(x.to(tl.float32), CONV == 1, SAT, HW)
+            x_n = fp8_bits(x_n.to(tl.float32), CONV == 1, SAT, HW_R)
+            x_p = fp8_bits(x_p.to(tl.float32), CONV == 1, SAT, HW_P)
         ok = tmask & (slot >= 0) & (slot < rows) & (slot != skip)
         if WIDE:
             row = slot.to(tl.int64) * (R + P)
         else:
             row = slot.to(tl.int32) * (R + P)
-        out_mask = ok[:, None] if R + P == BLOCK else ok[:, None] & (col[None, :] < R + P)
-        tl.store(buf + row[:, None] + col[None, :], x.to(buf.dtype.element_ty, bitcast=True), mask=out_mask)
+        o_r = ok[:, None] if R == BLOCK_R else ok[:, None] & (cr[None, :] < R)
+        o_p = ok[:, None] if P == BLOCK_P else ok[:, None] & (cp[None, :] < P)
+        tl.store(buf + row[:, None] + cr[None, :], x_n.to(buf.dtype.element_ty, bitcast=True), mask=o_r)
+        tl.store(buf + row[:, None] + R + cp[None, :], x_p.to(buf.dtype.element_ty, bitcast=True), mask=o_p)
 
 
 class MLATritonWriter(MLAWriter):
@@ -70,9 +89,11 @@ class MLATritonWriter(MLAWriter):
     description = "kvprof's fused Triton MLA store: nope + rope in one launch, fp8 cast in-kernel"
     fused = True
 
-    def __init__(self, block_t: int | None = None, num_warps: int | None = None) -> None:
-        """``block_t``/``num_warps`` force one launch shape (tuning); None: ``launch_shape``."""
-        self.block_t, self.num_warps = block_t, num_warps
+    def __init__(self, block_t: int | None = None, num_warps: int | None = None, pdl: bool | None = None) -> None:
+        """``block_t``/``num_warps`` force one launch shape (tuning); None: ``launch_shape``.
+        ``pdl``: programmatic dependent launch; None turns it on where it exists (compiled
+        kernel, sm_90+), as kvprof's MHA writer does."""
+        self.block_t, self.num_warps, self.pdl = block_t, num_warps, pdl
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         reason = super().unsupported_reason(device, dtype, input_dtype)
@@ -86,6 +107,8 @@ class MLATritonWriter(MLAWriter):
                 " (it is set now, but was not at import)" if os.environ.get("TRITON_INTERPRET") else "")
         if device.type == "cuda" and interp:
             return "mla_triton was imported with TRITON_INTERPRET=1: its kernel would run on the host"
+        if self.pdl and (interp or device.type != "cuda"):
+            return "mla_triton(pdl=True) needs the compiled kernel on a CUDA device"
         if input_dtype is not None:
             return _conversion_reason(input_dtype, dtype)
         return None
@@ -102,15 +125,18 @@ class MLATritonWriter(MLAWriter):
         rows = kv_buf.shape[0]
         bt, warps = launch_shape(tokens, r + p)
         bt, warps = self.block_t or bt, self.num_warps or warps
-        block = triton.next_power_of_2(r + p)
+        block_r, block_p = triton.next_power_of_2(r), triton.next_power_of_2(p)
         ns, ps = nope.stride(0), rope.stride(0)
-        hw = kv_buf.is_cuda and not interpreted(_mla_store_kernel)
-        if hw and conv and not (hw_cast_safe(r, ns, bt * block, warps) and hw_cast_safe(p, ps, bt * block, warps)):
-            hw = False  # the integer encode: same bits, no packed-cast layout risk
+        compiled = kv_buf.is_cuda and not interpreted(_mla_store_kernel)
+        # the hardware fp8 cast per part, where its register layout is known-good
+        hw_r = compiled and bool(conv) and hw_cast_safe(r, ns, bt * block_r, warps)
+        hw_p = compiled and bool(conv) and hw_cast_safe(p, ps, bt * block_p, warps)
+        pdl = compiled and (self.pdl if self.pdl is not None else pdl_capable(kv_buf.device))
         wide = rows * (r + p) >= 2**31 or (tokens + bt) * max(ns, ps) >= 2**31
         _mla_store_kernel[(triton.cdiv(tokens, bt),)](
-            kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps, R=r, P=p, BLOCK=block, BLOCK_T=bt, CONV=conv,
-            SAT=conv == _TO_E4M3 and torch_e4m3_saturates(), HW=hw, WIDE=wide, num_warps=warps)
+            kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps, R=r, P=p, BLOCK_R=block_r, BLOCK_P=block_p,
+            BLOCK_T=bt, CONV=conv, SAT=conv == _TO_E4M3 and torch_e4m3_saturates(), HW_R=hw_r, HW_P=hw_p,
+            WIDE=wide, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
         return FUSED
 
 

@@ -6,6 +6,8 @@ token stride (vLLM's key/value are views of the fused QKV output). A slot of -1 
 and is masked in the kernel, as are slots past the cache (the pool checks them already).
 fp8: ``clamp(float(x) / scale)`` with an IEEE division (``div_rn``) by the scale read from
 its device tensor, then a saturating round-to-nearest-even cast, bitwise vLLM's rule.
+With programmatic dependent launch (sm_90+) back-to-back writes overlap one launch with the
+previous kernel's tail; the kernel waits before its first load.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import torch
 
 from kvprof.layouts.paged import PagedWriter
-from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, tl, triton
+from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, pdl_capable, tl, triton
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -32,10 +34,14 @@ def launch_shape(tokens: int, row_elems: int) -> tuple[int, int, int]:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["tokens", "num_slots"])
     def _paged_store_kernel(k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots,
                             k_stride, v_stride, RW: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr, BLOCK_T: tl.constexpr,
-                            FP8: tl.constexpr, E4M3: tl.constexpr, HW: tl.constexpr, WIDE: tl.constexpr):
+                            FP8: tl.constexpr, E4M3: tl.constexpr, HW: tl.constexpr, WIDE: tl.constexpr,
+                            PDL: tl.constexpr):
+        if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         if WIDE:
             tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -69,8 +75,11 @@ class PagedTritonWriter(PagedWriter):
     description = "kvprof's fused Triton store into vLLM's paged cache: K and V in one launch, -1 skipped"
     fused = True
 
-    def __init__(self, block_t: int | None = None, num_warps: int | None = None, split: int | None = None) -> None:
-        self.block_t, self.num_warps, self.split = block_t, num_warps, split
+    def __init__(self, block_t: int | None = None, num_warps: int | None = None, split: int | None = None,
+                 pdl: bool | None = None) -> None:
+        """``block_t``/``num_warps``/``split`` force one launch shape (tuning); ``pdl``:
+        programmatic dependent launch, None: on where it exists (compiled kernel, sm_90+)."""
+        self.block_t, self.num_warps, self.split, self.pdl = block_t, num_warps, split, pdl
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         reason = super().unsupported_reason(device, dtype, input_dtype)
@@ -84,6 +93,8 @@ class PagedTritonWriter(PagedWriter):
                 " (it is set now, but was not at import)" if os.environ.get("TRITON_INTERPRET") else "")
         if device.type == "cuda" and interp:
             return "paged_triton was imported with TRITON_INTERPRET=1: its kernel would run on the host"
+        if self.pdl and (interp or device.type != "cuda"):
+            return "paged_triton(pdl=True) needs the compiled kernel on a CUDA device"
         if input_dtype is not None and input_dtype != dtype and not (
                 dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and input_dtype in _INPUTS):
             return f"paged_triton has no conversion from {input_dtype} to {dtype}"
@@ -101,7 +112,9 @@ class PagedTritonWriter(PagedWriter):
         block = triton.next_power_of_2(rw)
         split = max(1, min(split, block // 16))
         ks, vs = key.stride(0), value.stride(0)
-        hw = k_cache.is_cuda and not interpreted(_paged_store_kernel)
+        compiled = k_cache.is_cuda and not interpreted(_paged_store_kernel)
+        hw = compiled
+        pdl = compiled and (self.pdl if self.pdl is not None else pdl_capable(k_cache.device))
         chunk = block // split
         if hw and fp8 and not (hw_cast_safe(rw, ks, bt * chunk, warps) and hw_cast_safe(rw, vs, bt * chunk, warps)):
             hw = False
@@ -111,5 +124,5 @@ class PagedTritonWriter(PagedWriter):
         _paged_store_kernel[(triton.cdiv(tokens, bt), split)](
             k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots, ks, vs,
             RW=rw, BLOCK=chunk, FULL=block == rw, BLOCK_T=bt, FP8=fp8, E4M3=dtype == torch.float8_e4m3fn, HW=hw, WIDE=wide,
-            num_warps=warps)
+            PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
         return FUSED
