@@ -40,25 +40,29 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from kvprof.writers import mla_triton, paged_triton
+    from kvprof.writers.layout_tables import mla_shape, paged_shape
 
     div16 = [["tt.divisibility", 16]]
     for tokens in (1, 64, 4096):
         for fp8 in (False, True):
-            bt, warps = mla_triton.launch_shape(tokens, 576)
+            m = mla_shape(tokens, 576, fp8)
+            bt, warps = m.block_t, m.num_warps
+            flags = ("R", "P", "BLOCK_R", "BLOCK_P", "BLOCK_T", "CONV", "SAT", "HW_R", "HW_P", "WIDE", "PDL", "STREAM")
             sig = {"buf": "*u8" if fp8 else "*bf16", "loc": "*i64", "nope": "*bf16", "rope": "*bf16", "tokens": "i32",
                    "rows": "i32", "skip": "i32", "nope_stride": "i32", "rope_stride": "i32",
-                   **{k: "constexpr" for k in ("R", "P", "BLOCK", "BLOCK_T", "CONV", "SAT", "HW", "WIDE")}}
-            consts = {"R": 512, "P": 64, "BLOCK": 1024, "BLOCK_T": bt, "CONV": int(fp8), "SAT": True, "HW": True,
-                      "WIDE": False}
+                   **{k: "constexpr" for k in flags}}
+            consts = {"R": 512, "P": 64, "BLOCK_R": 512, "BLOCK_P": 64, "BLOCK_T": bt, "CONV": int(fp8), "SAT": True,
+                      "HW_R": True, "HW_P": True, "WIDE": False, "PDL": True, "STREAM": m.stream}
             attrs = {(i,): div16 for i in (0, 1, 2, 3, 7, 8)}
             report("mla 512+64", tokens, fp8, sass(mla_triton._mla_store_kernel, sig, consts, attrs, warps), args.out)
-            bt, warps, split = paged_triton.launch_shape(tokens, 128)
+            p = paged_shape(tokens, 128, fp8)
+            bt, warps = p.block_t, p.num_warps
             sig = {"k_cache": "*u8" if fp8 else "*bf16", "v_cache": "*u8" if fp8 else "*bf16", "slots": "*i64",
                    "key": "*bf16", "value": "*bf16", "k_scale": "*fp32", "v_scale": "*fp32", "tokens": "i32",
                    "num_slots": "i32", "k_stride": "i32", "v_stride": "i32",
-                   **{k: "constexpr" for k in ("RW", "BLOCK", "FULL", "BLOCK_T", "FP8", "E4M3", "HW", "WIDE")}}
+                   **{k: "constexpr" for k in ("RW", "BLOCK", "FULL", "BLOCK_T", "FP8", "E4M3", "HW", "WIDE", "PDL")}}
             consts = {"RW": 128, "BLOCK": 128, "FULL": True, "BLOCK_T": bt, "FP8": fp8, "E4M3": True, "HW": True,
-                      "WIDE": False}
+                      "WIDE": False, "PDL": True}
             attrs = {(i,): div16 for i in (0, 1, 2, 3, 4, 9, 10)}
             report("paged 1x128", tokens, fp8, sass(paged_triton._paged_store_kernel, sig, consts, attrs, warps),
                    args.out)

@@ -6,7 +6,7 @@
 
 Why it exists: ``kvprof/writers/layout_tables.py`` picks a launch shape for the MLA and
 paged fused writers from the token count; this script measures the candidates it is chosen
-from. Each point is the layout bench's own case (``kvprof.bench.layouts.LayoutCase``: MLA at
+from (for MLA with and without streaming stores). Each point is the layout bench's own case (``kvprof.bench.layouts.LayoutCase``: MLA at
 DeepSeek-V3's 512 + 64 latent row as views of one tensor, the paged cache at Llama-3.1-70B
 TP8 with key/value as views of the fused QKV output, scattered slots, W writes per captured
 graph, median of the replays), every candidate first checked bitwise against the layout's
@@ -39,8 +39,8 @@ TOKENS = [int(x) for x in os.environ.get("TUNE_TOKENS", "1,8,64,512,4096,32768")
 RECHECK = int(os.environ.get("TUNE_RECHECK", "3"))
 DTYPES = (("bf16", "bf16"), ("fp8_e4m3", "bf16"))
 
-# (block_t, num_warps) for MLA; (block_t, num_warps, split) for paged
-MLA_CANDIDATES = [(bt, w) for bt in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)]
+# (block_t, num_warps, streaming stores) for MLA; (block_t, num_warps, split) for paged
+MLA_CANDIDATES = [(bt, w, st) for bt in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8) for st in (False, True)]
 PAGED_CANDIDATES = [(bt, w, 1) for bt in (1, 2, 4, 8, 16, 32, 64) for w in (1, 2, 4, 8)] + [
     (1, 1, 2), (1, 2, 2), (2, 1, 2)]
 
@@ -54,7 +54,7 @@ def make_writer(layout: str, cand: tuple, pdl: bool | None = None):  # noqa: ANN
     from kvprof.writers.paged_triton import PagedTritonWriter
 
     if layout == "mla":
-        return MLATritonWriter(block_t=cand[0], num_warps=cand[1], pdl=pdl)
+        return MLATritonWriter(block_t=cand[0], num_warps=cand[1], pdl=pdl, stream=cand[2])
     return PagedTritonWriter(block_t=cand[0], num_warps=cand[1], split=cand[2], pdl=pdl)
 
 

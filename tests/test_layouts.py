@@ -398,3 +398,47 @@ def test_layout_bench_runs_and_reads_like_the_mha_bench(tmp_path) -> None:
     assert len(frame) == len(recs) and (tmp_path / "bench.csv").read_text().startswith("layout,")
     assert any("mla_triton: target met at" in line for line in lb.verdicts(result))
     assert len(lb.table(result).splitlines()) == len(recs) + 1
+
+
+def _table_shapes(fn, fp8: bool) -> list:
+    """Every shape a table hands out, over token counts and row lengths."""
+    return sorted({fn(t, row, fp8) for t in (1, 8, 64, 512, 4096, 1 << 20) for row in (128, 576, 1024, 8192)},
+                  key=repr)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_every_tuned_mla_shape_matches_the_reference(fp8: bool) -> None:
+    """The tables' shapes (streaming stores included) at a size the interpreter runs quickly."""
+    from kvprof.writers.layout_tables import mla_shape
+    from kvprof.writers.mla_triton import MLATritonWriter
+
+    _writer("mla", "mla_triton")  # skips where Triton cannot run
+    cache = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    gen = torch.Generator().manual_seed(3)
+    for shape in _table_shapes(mla_shape, fp8):
+        w = MLATritonWriter(block_t=shape.block_t, num_warps=shape.num_warps, stream=shape.stream)
+        pools = [MLAPool(40, 1, cache, 512, 64, 1, writer=x) for x in (registry.create_writer("mla", "mla_index_put"), w)]
+        loc = torch.randperm(41, generator=gen)[:19]
+        latent = _values(gen, (19, 1, 576), torch.bfloat16, 300.0)
+        for p in pools:
+            p.set_mla_kv_buffer(0, loc, latent[..., :512], latent[..., 512:])
+        assert torch.equal(pools[0].kv_buffer[0], pools[1].kv_buffer[0]), shape
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_every_tuned_paged_shape_matches_the_reference(fp8: bool) -> None:
+    from kvprof.writers.layout_tables import paged_shape
+    from kvprof.writers.paged_triton import PagedTritonWriter
+
+    _writer("paged", "paged_triton")
+    cache = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    gen = torch.Generator().manual_seed(4)
+    for shape in _table_shapes(paged_shape, fp8):
+        w = PagedTritonWriter(block_t=shape.block_t, num_warps=shape.num_warps, split=shape.split)
+        pools = [PagedPool(8, 16, cache, 1, 128, 1, writer=x) for x in (registry.create_writer("paged", "paged_index_put"), w)]
+        slots = torch.from_numpy(_paged_slots("padding", 21, 8, 16, 5))
+        key = _values(gen, (21, 1, 128), torch.bfloat16, 300.0)
+        for p in pools:
+            p.reshape_and_cache_flash(0, key, key * 2, slots, 0.5 if fp8 else None, 0.25 if fp8 else None)
+        assert torch.equal(pools[0].key_cache[0], pools[1].key_cache[0]), shape
+        assert torch.equal(pools[0].value_cache[0], pools[1].value_cache[0]), shape

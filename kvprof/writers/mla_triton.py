@@ -17,6 +17,7 @@ import os
 import torch
 
 from kvprof.layouts.mla import MLAWriter
+from kvprof.writers.layout_tables import mla_shape
 from kvprof.writers.fp8_jit import (
     TRITON_ERROR,
     fp8_bits,
@@ -33,21 +34,14 @@ _SAME, _TO_E4M3, _TO_E5M2 = 0, 1, 2
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def launch_shape(tokens: int, row_elems: int) -> tuple[int, int]:
-    """(tokens per program, warps): long rows want a program per token for few tokens, then
-    more tokens per program as the write grows."""
-    if row_elems >= 256:
-        return (1, 4) if tokens <= 64 else (2, 4) if tokens <= 1024 else (4, 8)
-    return (4, 4) if tokens <= 512 else (8, 4)
-
-
 if triton is not None:
 
     @triton.jit(do_not_specialize=["tokens", "rows", "skip"])
     def _mla_store_kernel(buf, loc, nope, rope, tokens, rows, skip, nope_stride, rope_stride,
                           R: tl.constexpr, P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
                           BLOCK_T: tl.constexpr, CONV: tl.constexpr, SAT: tl.constexpr, HW_R: tl.constexpr,
-                          HW_P: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr):
+                          HW_P: tl.constexpr, WIDE: tl.constexpr, PDL: tl.constexpr,
+                          STREAM: tl.constexpr):
         """One program writes ``BLOCK_T`` whole rows: a ``[BLOCK_T, BLOCK_R]`` tile of nope
         and a ``[BLOCK_T, BLOCK_P]`` tile of rope, each a power of two wide (DeepSeek-V3's 512
         and 64 need no column mask), stored side by side at ``slot * (R + P)``."""
@@ -78,8 +72,14 @@ if triton is not None:
             row = slot.to(tl.int32) * (R + P)
         o_r = ok[:, None] if R == BLOCK_R else ok[:, None] & (cr[None, :] < R)
         o_p = ok[:, None] if P == BLOCK_P else ok[:, None] & (cp[None, :] < P)
-        tl.store(buf + row[:, None] + cr[None, :], x_n.to(buf.dtype.element_ty, bitcast=True), mask=o_r)
-        tl.store(buf + row[:, None] + R + cp[None, :], x_p.to(buf.dtype.element_ty, bitcast=True), mask=o_p)
+        if STREAM:  # streaming stores (.cs): large writes scatter rows that this kernel never reads
+            tl.store(buf + row[:, None] + cr[None, :], x_n.to(buf.dtype.element_ty, bitcast=True), mask=o_r,
+                     cache_modifier=".cs")
+            tl.store(buf + row[:, None] + R + cp[None, :], x_p.to(buf.dtype.element_ty, bitcast=True), mask=o_p,
+                     cache_modifier=".cs")
+        else:
+            tl.store(buf + row[:, None] + cr[None, :], x_n.to(buf.dtype.element_ty, bitcast=True), mask=o_r)
+            tl.store(buf + row[:, None] + R + cp[None, :], x_p.to(buf.dtype.element_ty, bitcast=True), mask=o_p)
 
 
 class MLATritonWriter(MLAWriter):
@@ -89,11 +89,13 @@ class MLATritonWriter(MLAWriter):
     description = "kvprof's fused Triton MLA store: nope + rope in one launch, fp8 cast in-kernel"
     fused = True
 
-    def __init__(self, block_t: int | None = None, num_warps: int | None = None, pdl: bool | None = None) -> None:
-        """``block_t``/``num_warps`` force one launch shape (tuning); None: ``launch_shape``.
+    def __init__(self, block_t: int | None = None, num_warps: int | None = None, pdl: bool | None = None,
+                 stream: bool | None = None) -> None:
+        """``block_t``/``num_warps``/``stream`` (streaming stores) force one launch shape
+        (tuning); None: the tuned table (``kvprof.writers.layout_tables``).
         ``pdl``: programmatic dependent launch; None turns it on where it exists (compiled
         kernel, sm_90+), as kvprof's MHA writer does."""
-        self.block_t, self.num_warps, self.pdl = block_t, num_warps, pdl
+        self.block_t, self.num_warps, self.pdl, self.stream = block_t, num_warps, pdl, stream
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         reason = super().unsupported_reason(device, dtype, input_dtype)
@@ -123,8 +125,9 @@ class MLATritonWriter(MLAWriter):
         conv = _SAME if nope.dtype == dtype else (_TO_E4M3 if dtype == torch.float8_e4m3fn else _TO_E5M2)
         r, p = nope.shape[-1], rope.shape[-1]
         rows = kv_buf.shape[0]
-        bt, warps = launch_shape(tokens, r + p)
-        bt, warps = self.block_t or bt, self.num_warps or warps
+        shape = mla_shape(tokens, r + p, fp8=conv != _SAME)
+        bt, warps = self.block_t or shape.block_t, self.num_warps or shape.num_warps
+        stream = shape.stream if self.stream is None else self.stream
         block_r, block_p = triton.next_power_of_2(r), triton.next_power_of_2(p)
         ns, ps = nope.stride(0), rope.stride(0)
         compiled = kv_buf.is_cuda and not interpreted(_mla_store_kernel)
@@ -136,7 +139,7 @@ class MLATritonWriter(MLAWriter):
         _mla_store_kernel[(triton.cdiv(tokens, bt),)](
             kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps, R=r, P=p, BLOCK_R=block_r, BLOCK_P=block_p,
             BLOCK_T=bt, CONV=conv, SAT=conv == _TO_E4M3 and torch_e4m3_saturates(), HW_R=hw_r, HW_P=hw_p,
-            WIDE=wide, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+            WIDE=wide, PDL=pdl, STREAM=stream, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
         return FUSED
 
 

@@ -17,19 +17,11 @@ import os
 import torch
 
 from kvprof.layouts.paged import PagedWriter
+from kvprof.writers.layout_tables import paged_shape
 from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, pdl_capable, tl, triton
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def launch_shape(tokens: int, row_elems: int) -> tuple[int, int, int]:
-    """(tokens per program, warps, column chunks per row) from the row length and tokens."""
-    if row_elems <= 512:  # e.g. 1 head x 128 (Llama-3.1-70B at TP 8)
-        return (4, 4, 1) if tokens <= 64 else (4, 1, 1) if tokens <= 512 else (8, 2, 1) if tokens <= 4096 else (16, 4, 1)
-    if row_elems <= 4096:
-        return (1, 4, 1) if tokens <= 512 else (2, 4, 1)
-    return (1, 8, 4) if tokens <= 8 else (1, 4, 4) if tokens <= 64 else (1, 16, 1)
 
 
 if triton is not None:
@@ -107,8 +99,9 @@ class PagedTritonWriter(PagedWriter):
         rw = k_cache.shape[2] * k_cache.shape[3]
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-        bt, warps, split = launch_shape(tokens, rw)
-        bt, warps, split = self.block_t or bt, self.num_warps or warps, self.split or split
+        shape = paged_shape(tokens, rw, fp8=fp8)
+        bt, warps, split = (self.block_t or shape.block_t, self.num_warps or shape.num_warps,
+                            self.split or shape.split)
         block = triton.next_power_of_2(rw)
         split = max(1, min(split, block // 16))
         ks, vs = key.stride(0), value.stride(0)
