@@ -4,9 +4,10 @@ Provenance: ``python lab/tune_layouts.py`` on one NVIDIA H200 (torch 2.11.0+cu13
 3.6.0), 2026-12-03: every candidate timed the way ``python -m kvprof.bench.layouts`` times a
 write (CUDA-graph replays of W writes at scattered slots, median of 100 replays; the fastest
 three re-timed over three captures), at DeepSeek-V3's latent row (512 + 64) and at vLLM's
-paged cache for Llama-3.1-70B TP8 (1 KV head x 128, block size 16). Streaming stores were
-compared at 4096 and 32768 tokens only, where they helped the MLA write (5-8 % at 4096
-tokens); the output is in ``lab/results/tune-layouts-2026-12-03.txt``. Rows of other
+paged cache for Llama-3.1-70B TP8 (1 KV head x 128, block size 16); its output is in
+``lab/results/tune-layouts-2026-12-03.{txt,json}``. Streaming stores (``.cs``) made no
+difference to MLA writes up to 64 tokens and made them 15-18 % faster at 512 tokens and
+5-8 % at 4096. Rows of other
 lengths keep shapes chosen by the same rule as the MHA table: one program per token for long
 rows, more tokens per program as the write grows. The writers' constructor arguments
 override these per writer.
@@ -30,8 +31,9 @@ class LayoutShape:
 
 _ANY = 1 << 62
 # (largest token count, shape): first match wins
-_MLA_16BIT = [(512, LayoutShape(2, 4)), (4096, LayoutShape(4, 4, stream=True)), (_ANY, LayoutShape(4, 1, stream=True))]
-_MLA_FP8 = [(512, LayoutShape(2, 4)), (4096, LayoutShape(4, 4, stream=True)), (_ANY, LayoutShape(8, 8, stream=True))]
+_MLA_16BIT = [(64, LayoutShape(2, 4)), (4096, LayoutShape(4, 4, stream=True)), (_ANY, LayoutShape(4, 1, stream=True))]
+_MLA_FP8 = [(64, LayoutShape(2, 4)), (512, LayoutShape(2, 4, stream=True)), (4096, LayoutShape(4, 4, stream=True)),
+            (_ANY, LayoutShape(8, 8, stream=True))]
 _MLA_SHORT = [(512, LayoutShape(4, 4)), (_ANY, LayoutShape(8, 4))]  # rows under 256 values
 
 _PAGED_16BIT = [(512, LayoutShape(4, 4)), (4096, LayoutShape(8, 8)), (_ANY, LayoutShape(16, 4))]
