@@ -60,3 +60,21 @@ def test_layout_misuse_is_refused_in_one_line(tmp_path, capsys, argv, words) -> 
     err = capsys.readouterr().err.strip()
     assert rc != 0 and words in err and "Traceback" not in err, err
     assert not (tmp_path / "bad").exists()
+
+
+def test_analyze_carries_the_layout_as_a_column(tmp_path, capsys) -> None:
+    """The layout is a column of writes.parquet and of summary.json's groups, like the variant:
+    from the trace's own metadata and, for the reference rows, from the manifest."""
+    import pyarrow.parquet as pq
+
+    rc = main(["capture", "--model", "llama-3.1-8b", "--engine", "vllm", "--variants", "paged_unfused",
+               "--phase", "decode", "--batch-sizes", "3", "--steps", "2", "--warmup", "1", "--device", "cpu",
+               "--no-progress", "--out", str(tmp_path), "--run-id", "p"])
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    by_source = {g["source"]: g["layout"] for g in summary["groups"]}
+    assert by_source == {"kineto": "paged", "reference": "paged"}
+    writes = pq.read_table(tmp_path / "p" / "writes.parquet").to_pandas()
+    assert set(writes["layout"]) == {"paged"}
+    meta = orjson.loads(__import__("gzip").decompress((tmp_path / "p" / "paged_unfused.pt.trace.json.gz").read_bytes()))
+    assert meta["kvprof"]["layout"] == "paged"

@@ -25,7 +25,7 @@ from kvprof.core.vocab import COMPILED, FALLBACK_PREFIX, FUSED
 
 GROUP_KEYS = ("variant", "source", "phase", "size")
 GROUP_COLUMNS = (
-    *GROUP_KEYS, "layer", "context", "writes", "steps", "graph", "attribution", "kernels_per_write", "kernels_per_write_min",
+    *GROUP_KEYS, "layer", "context", "layout", "writes", "steps", "graph", "attribution", "kernels_per_write", "kernels_per_write_min",
     "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "cost_per_write_ns", "host_launch_ns",
     "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak",
     "step_ns", "step_gpu_ns", "step_iqr_ns", "write_share", "writes_only_step_ns", "tokens",
@@ -72,6 +72,12 @@ def _nanmedian(a: np.ndarray) -> float:
     return float(np.median(a)) if len(a) else float("nan")
 
 
+def _one_value(s: pd.Series) -> str | None:
+    """The group's one value of a per-trace column (several joined by '+'; None when unknown)."""
+    vals = sorted(str(v) for v in s.dropna().unique())
+    return "+".join(vals) if vals else None
+
+
 def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None,
                cols: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """One group's row; ``cols``: the group's slices of ``_numeric`` (computed here without)."""
@@ -106,6 +112,7 @@ def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None,
         "write_share": float("nan"),
         "writes_only_step_ns": float("nan"),
         "context": "layer" if layer else "none",
+        "layout": _one_value(w["layout"]) if "layout" in w else None,
     }
     # replays without step ranges (nsys): the time each write adds to the GPU timeline, so that
     # writes launched with PDL (which start during the previous write and wait) are not charged

@@ -35,8 +35,9 @@ def _key(r: StepSamples) -> tuple[str, str, int]:
     return r.variant, r.phase, r.size
 
 
-def reference_groups(timings: StepTimings | None) -> pd.DataFrame:
-    """Reference rows in GROUP_COLUMNS (NaN where a profiler-only figure has no meaning)."""
+def reference_groups(timings: StepTimings | None, layout: str | None = None) -> pd.DataFrame:
+    """Reference rows in GROUP_COLUMNS (NaN where a profiler-only figure has no meaning);
+    ``layout``: the run's cache layout (from its manifest)."""
     if timings is None:
         return pd.DataFrame(columns=list(GROUP_COLUMNS))
     recs = timings.select(pass_=REFERENCE)
@@ -53,7 +54,7 @@ def reference_groups(timings: StepTimings | None) -> pd.DataFrame:
         med = main.median_ns
         row.update(
             variant=variant, source=REFERENCE, phase=phase, size=size, layer="all",
-            context="layer" if main.mode == "layer" else "none", writes=len(main.samples_ns) * layers,
+            context="layer" if main.mode == "layer" else "none", layout=layout, writes=len(main.samples_ns) * layers,
             steps=len(main.samples_ns), graph=main.graph, attribution=main.clock, step_ns=med, step_gpu_ns=med,
             step_iqr_ns=main.iqr_ns, tokens=float(size), cost_per_write_ns=med / layers,
         )

@@ -112,7 +112,7 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     steps = pd.concat([s for s in steps_l if len(s)], ignore_index=True) if any(len(s) for s in steps_l) \
         else pd.DataFrame()
     groups = group_metrics(writes, steps)
-    ref_groups = reference_groups(loaded.timings)
+    ref_groups = reference_groups(loaded.timings, loaded.manifest.layout if loaded.manifest is not None else None)
     if len(ref_groups):
         groups = pd.concat([groups, ref_groups], ignore_index=True) if len(groups) else ref_groups
     observer = observer_effect(groups, loaded.timings)

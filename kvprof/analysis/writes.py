@@ -46,7 +46,7 @@ from kvprof.trace.table import to_frame
 
 WRITE_COLUMNS = (
     "trace", "source", "rank", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
-    "graph", "during_capture", "context", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac", "host_start_ns", "host_dur_ns",
+    "graph", "during_capture", "context", "layout", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac", "host_start_ns", "host_dur_ns",
     "launch_delay_ns", "graph_launch", "bytes", "bandwidth_gbs", "pct_of_peak", "kernel_names",
 )
 
@@ -116,6 +116,8 @@ def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
     out["pct_of_peak"] = out["bandwidth_gbs"] / peak * 100.0 if peak else np.nan
     context = trace.kvprof.context if trace.kvprof else "none"
     out["context"] = context
+    # kvprof's traces from before layouts existed wrote the MHA pool; others do not say
+    out["layout"] = (trace.kvprof.layout or "mha") if trace.kvprof else None
     if context == "layer":
         out["gpu_new_ns"] = new_time_after_any_work(out["gpu_start_ns"], out["gpu_end_ns"], out["gpu_ops"], work)
     else:

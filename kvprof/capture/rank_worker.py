@@ -103,7 +103,7 @@ def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: to
         if p.reason is not None:
             continue
         info = p.writer.info()
-        meta = TraceMeta(variant=p.name, fused=info.fused, run_id=config.run_id,
+        meta = TraceMeta(variant=p.name, fused=info.fused, run_id=config.run_id, layout=config.layout_name(),
                          cache_dtype=short_name(config.cache_torch_dtype()),
                          input_dtype=short_name(config.input_torch_dtype()), device=props,
                          model=config.rank_shape().as_dict(), extra={"rank": rank, "world_size": world})

@@ -178,7 +178,7 @@ def capture(
                     bar.describe(p.name)
                 if config.profiler in ("torch", "both"):
                     meta = TraceMeta(
-                        variant=p.name, fused=entry.fused_claim, run_id=run_id,
+                        variant=p.name, fused=entry.fused_claim, run_id=run_id, layout=config.layout_name(),
                         cache_dtype=short_name(config.cache_torch_dtype()),
                         input_dtype=short_name(config.input_torch_dtype()),
                         device=manifest.device, model=config.rank_shape().as_dict(),

@@ -225,6 +225,13 @@ class Manifest:
     def context(self) -> str:
         return str(self.config.get("context") or "none")
 
+    @property
+    def layout(self) -> str:
+        """The cache layout the run wrote (runs from before layouts existed wrote the MHA pool)."""
+        resolved = self.config.get("resolved")
+        layout = resolved.get("layout") if isinstance(resolved, dict) else None
+        return layout if isinstance(layout, str) and layout else "mha"
+
     def file(self, key: str, default: str) -> str:
         """A run-level file's name, always a plain name inside the run folder."""
         name = self.files.get(key)
@@ -301,6 +308,7 @@ _META_TYPES: dict[str, Callable[[Any], bool]] = {
     "model": lambda v: isinstance(v, dict),
     "layers": lambda v: isinstance(v, list) and bool(v) and all(_is_int(x) and 0 <= x < (1 << 31) for x in v),
     "context": lambda v: isinstance(v, str),
+    "layout": lambda v: isinstance(v, str) and bool(v),
     "bytes_per_token": _is_number,
     "phases": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     "kernels_per_write": _str_map(lambda x: x is None or (_is_int(x) and x >= 0)),
@@ -326,6 +334,7 @@ class TraceMeta:
     model: dict[str, Any] = field(default_factory=dict)
     layers: list[int] = field(default_factory=list)
     context: str = "none"
+    layout: str | None = None  # the cache layout (mha, mla, paged); None in traces from before layouts
     bytes_per_token: float | None = None
     phases: list[dict[str, Any]] = field(default_factory=list)
     kernels_per_write: dict[str, int | None] = field(default_factory=dict)
@@ -336,7 +345,8 @@ class TraceMeta:
     def to_json(self) -> dict[str, Any]:
         d = {"variant": self.variant, "fused": self.fused, "run_id": self.run_id, "cache_dtype": self.cache_dtype,
              "input_dtype": self.input_dtype, "device": self.device, "model": self.model, "layers": self.layers,
-             "context": self.context, "bytes_per_token": self.bytes_per_token, "phases": self.phases,
+             "context": self.context, "layout": self.layout, "bytes_per_token": self.bytes_per_token,
+             "phases": self.phases,
              "kernels_per_write": self.kernels_per_write, "template": self.template, "paths": self.paths}
         return {**self.extra, **{k: v for k, v in d.items() if v is not None}}
 
@@ -347,7 +357,7 @@ class TraceMeta:
         return cls(variant=d.get("variant"), fused=d.get("fused"), run_id=d.get("run_id"),
                    cache_dtype=d.get("cache_dtype"), input_dtype=d.get("input_dtype"), device=d.get("device", {}),
                    model=d.get("model", {}), layers=[int(x) for x in d.get("layers", [])],
-                   context=d.get("context") or "none",
+                   context=d.get("context") or "none", layout=d.get("layout"),
                    bytes_per_token=float(d["bytes_per_token"]) if "bytes_per_token" in d else None,
                    phases=d.get("phases", []), kernels_per_write=d.get("kernels_per_write", {}),
                    template=d.get("template", {}), paths=d.get("paths", {}), extra=extra)
@@ -355,7 +365,7 @@ class TraceMeta:
     @classmethod
     def of_run(cls, name: str, manifest: Manifest) -> TraceMeta:
         """What the manifest knows of a variant's capture: for an nsys export with no metadata of its own."""
-        return cls(variant=name, run_id=manifest.run_id, context=manifest.context)
+        return cls(variant=name, run_id=manifest.run_id, context=manifest.context, layout=manifest.layout)
 
 
 __all__ = ["MANIFEST", "NOT_TRACES", "SUMMARY", "Manifest", "PathReport", "TraceMeta", "VariantEntry", "plain_name"]
