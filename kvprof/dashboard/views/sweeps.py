@@ -68,13 +68,15 @@ def _bench_sweep(ctx: Context) -> None:
         st.warning("These bench files have no successful measurement.")
     else:
         c1, c2, c3 = st.columns(3)
-        shape = c1.selectbox("shape (heads x dim)", sorted(ok["shape"].dropna().unique()), key="sw-shape")
+        shape = c1.selectbox("row shape (heads x dim; MLA: latent)", sorted(ok["shape"].dropna().unique()), key="sw-shape")
         dtype = c2.selectbox("dtype (cache<-input)", sorted(ok["dtype"].dropna().unique()), key="sw-dtype")
         modes = sorted(ok["mode"].dropna().unique(), key=lambda m: (m != "graph", m))  # graph replays first
         mode = c3.radio("mode", modes, horizontal=True, key="sw-mode")
         sel = ok[(ok["shape"] == shape) & (ok["dtype"] == dtype) & (ok["mode"] == mode)]
         names = sorted(sel["variant"].dropna().unique())
-        chosen = st.multiselect("bench variants", names, default=names, key="sw-bench-variants")
+        # keyed by the names offered: another shape or dtype (e.g. another cache layout's
+        # writers) starts from all of its own variants, not from the previous selection
+        chosen = st.multiselect("bench variants", names, default=names, key=f"sw-bench-variants::{'|'.join(names)}")
         sel = sel[sel["variant"].isin(chosen)]
         pts = sel.rename(columns={"median_us": "us"})
         floors = []
