@@ -128,6 +128,8 @@ def run_line(manifest: Manifest | None) -> str | None:
     if isinstance(ran, int) and isinstance(model_layers, int):
         parts.append(f"each step wrote {ran} of the model's {model_layers} layers"
                      + (" (--layers; per-write figures do not depend on it)" if ran != model_layers else ""))
+    if cfg.get("context") == "layer":
+        parts.append("each write inside a decoder layer (--context layer): µs/write is what it adds to the layer")
     if isinstance(cfg.get("threads"), int):
         parts.append(f"{cfg['threads']} torch thread{'s' if cfg['threads'] != 1 else ''}")
     how = (cfg.get("resolved") or {}).get("triton_interpret")

@@ -90,11 +90,15 @@ class TritonFusedWriter(KVWriter):
             return f"triton is not importable ({TRITON_ERROR}): {INSTALL_HINT}"
         interpreted = kernel.interpreted()
         if device.type == "cpu" and not interpreted:
-            return (
-                "triton_fused on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
-                "kvprof.writers.triton_fused is imported"
-                + (" (it is set now, but was not at import)" if os.environ.get("TRITON_INTERPRET") else "")
-            )
+            value = os.environ.get("TRITON_INTERPRET")
+            if value is None:
+                why = " (kvprof capture sets it when it is unset, before any writer is imported)"
+            elif value.strip().lower() in ("1", "true", "on", "yes"):
+                why = " (it is set now, but was not at import)"
+            else:
+                why = f" (TRITON_INTERPRET={value.strip()} is set, which turns the interpreter off)"
+            return ("triton_fused on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
+                    "kvprof.writers.triton_fused is imported" + why)
         if self.pdl and (interpreted or device.type != "cuda"):
             return "triton_fused(pdl=True) needs the compiled kernel on a CUDA device"
         if device.type == "cuda" and interpreted:
