@@ -97,6 +97,28 @@ def test_first_run_on_cpu_fuses_in_triton_interpreter_and_fits_80_columns(tmp_pa
     assert "runs triton_fused's kernel" in manifest["variants"]["store_kv_fused"]["reason"]
 
 
+@pytest.mark.gpu
+def test_first_run_on_a_gpu_writes_every_layer_with_compiled_kernels(tmp_path, capsys):
+    """The same first command on a CUDA GPU (run with TRITON_INTERPRET=0, as gpu/run_gpu_checks.sh
+    does): all 80 layers, no interpreter, and savings per decode step in the compact table."""
+    from kvprof.writers import triton_kernel
+
+    if triton_kernel.interpreted():
+        pytest.skip("triton_fused was imported under TRITON_INTERPRET=1; run with TRITON_INTERPRET=0")
+    rc = run_cli("capture", "--batch-sizes", "1,10", "--prefill-tokens", "64", "--steps", "3", "--warmup", "1",
+                 "--reference-steps", "20", "--variants", "index_put,two_stream,triton_fused", "--no-progress",
+                 "--out", str(tmp_path), "--run-id", "g")
+    assert rc == 0
+    manifest = orjson.loads((tmp_path / "g" / "manifest.json").read_bytes())
+    assert manifest["config"]["layers"] == 80 and manifest["config"]["resolved"]["triton_interpret"] is None
+    assert "interpreted" not in manifest["variants"]["triton_fused"]
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert "each step wrote 80 of the model's 80 layers" in flat and "interpreter" not in flat
+    row = next(line.split() for line in out.splitlines() if line.split()[:4] == ["triton_fused", "yes", "decode", "10"])
+    float(row[-1])  # a saving per decode step in ms, not n/a
+
+
 def test_layers_and_threads_reach_the_manifest_and_projections_use_the_model(tmp_path, capsys):
     rc = run_cli("capture", *SMALL, "--variants", "index_put,two_stream", "--layers", "3", "--threads", "2",
                  "--phase", "decode", "--out", str(tmp_path), "--run-id", "l3")
