@@ -21,6 +21,7 @@ from kvprof.core.summary import Summary
 from kvprof.report.cells import NA, Cell, Col, cpu_run, finite, print_table, table
 
 SHORT_SOURCE = {"reference": "ref", "kineto": "torch", "nsys": "nsys"}
+SOURCE_WORDS = {"reference": "no profiler", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
 PHASES = ("decode", "prefill", "serving")
 DASHBOARD = "python -m kvprof dashboard (needs the dashboard extra: pip install -e '.[dashboard]')"
 
@@ -71,6 +72,7 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     rank = {p: i for i, p in enumerate(PHASES)}
     keys = sorted(by, key=lambda k: (variants.order_key(k[0]), rank.get(k[1], len(PHASES)), k[2]))
     rows: list[list[Cell]] = []
+    used: set[str] = set()
     for variant, phase, size in keys:
         sources = by[(variant, phase, size)]
         source = next((s for s in order if s in sources and finite(sources[s].get("cost_per_write_ns")) is not None),
@@ -81,6 +83,7 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
             why = NA("CPU: no GPU kernels") if cpu else NA("not measured")
             rows.append([*head, why, why, why, why])
             continue
+        used.add(source)
         cost = _cost(sources[source]["cost_per_write_ns"]) or ""
         if variant == baseline:
             rows.append([*head, cost, SHORT_SOURCE.get(source, source), "baseline", "baseline"])
@@ -107,8 +110,8 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     cols = [Col("variant", justify="left"), Col("fused", "one launch writes K and V", "left"),
             Col("phase", justify="left"), Col("size", "batch (decode) or tokens (prefill)"),
             Col("µs/write", "median time one layer's write adds"),
-            Col("src", "where it was timed: ref = no profiler, torch = torch.profiler, nsys = Nsight Systems",
-                "left"),
+            Col("src", "where it was timed: " + ", ".join(f"{SHORT_SOURCE.get(s, s)} = {SOURCE_WORDS.get(s, s)}"
+                                                          for s in order if s in used), "left"),
             Col("ratio", f"the variant's µs/write over {baseline}'s (the baseline)"),
             Col("saving/step", per_step)]
     return cols, rows
