@@ -145,6 +145,8 @@ def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, d
     from kvprof.capture.run import base_manifest, plan_variants, variant_entry
 
     manifest = base_manifest(config, device, runtime)
+    # each rank sets the resolved count itself; None: every rank keeps torch's own choice
+    manifest.config["threads"] = config.threads
     for p in plan_variants(config, device):
         manifest.variants[p.name] = variant_entry(p)
     manifest.world_size, manifest.backend = world, backend
