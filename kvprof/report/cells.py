@@ -133,7 +133,8 @@ def table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[Cell]]
         for i, col in enumerate(cols):
             cells = [r[i] for r in rows]
             if all(isinstance(c, NA) for c in cells):
-                whys = tuple(dict.fromkeys(c.why for c in cells if isinstance(c, NA)))
+                whys = tuple(dict.fromkeys(f"{c.why}: {c.explain}" if c.explain else c.why
+                                           for c in cells if isinstance(c, NA)))
                 gone.setdefault(whys, []).append(col.header)
                 keep.remove(i)
         notes += [f"n/a here ({'; '.join(whys)}): {', '.join(heads)}" for whys, heads in gone.items()]

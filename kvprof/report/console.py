@@ -142,13 +142,17 @@ def verdict_line(name: str, v: VariantVerdict) -> str:
     return " · ".join(parts)
 
 
+NO_GPU_TIME = NA("no GPU time", "this source timed no GPU work for the row (a CPU run's profiler)")
+
+
 def saving_reason(r: dict[str, Any]) -> NA:
     """Why a comparison row has no saving per decode step."""
     if r.get("phase") != "decode":
-        return NA(f"{r.get('phase')}: not a decode step")
+        return NA(str(r.get("phase")), "savings are per decode step")
     if finite(r.get("cost_per_write_ns")) is None or finite(r.get("baseline_cost_per_write_ns")) is None:
-        return NA("no GPU time in this source")
-    return NA("CPU clock: not a GPU step")  # kvprof.analysis.compare projects GPU time only
+        return NO_GPU_TIME
+    # kvprof.analysis.compare projects GPU time only
+    return NA("CPU clock", "a CPU's wall clock says nothing of a GPU's decode step")
 
 
 def comparison_rows(cmp: dict[str, Any]) -> tuple[list[Col], list[list[Cell]]]:
@@ -164,14 +168,13 @@ def comparison_rows(cmp: dict[str, Any]) -> tuple[list[Col], list[list[Cell]]]:
              Col("predicted ITL ms", "the benchmark's ITL less the saving")]
     out: list[list[Cell]] = []
     for r in rows:
-        none = NA("no GPU time in this source")
         saving = saving_reason(r)
         cells: list[Cell] = [str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                             us(r["cost_per_write_ns"], none), us(r["baseline_cost_per_write_ns"], none),
-                             num(r["ratio_cost_per_write_ns"], none, "{:.2f}"),
+                             us(r["cost_per_write_ns"], NO_GPU_TIME), us(r["baseline_cost_per_write_ns"], NO_GPU_TIME),
+                             num(r["ratio_cost_per_write_ns"], NO_GPU_TIME, "{:.2f}"),
                              num(r.get("saving_per_step_ms"), saving, "{:.3f}")]
         if layer:
-            cells += [num(r.get("measured_saving_spread_ms"), NA("no spread: fewer than 4 steps")),
+            cells += [num(r.get("measured_saving_spread_ms"), NA("< 4 steps")),
                       num(r.get("projected_saving_per_step_ms"), saving, "{:.3f}")]
         share = r.get("saving_share_of_itl")
         cells += [num(share * 100 if share is not None else None, saving, "{:.2f}"),
@@ -180,10 +183,23 @@ def comparison_rows(cmp: dict[str, Any]) -> tuple[list[Col], list[list[Cell]]]:
     return cols, out
 
 
-def comparison_table(cmp: dict[str, Any]) -> Table:
-    """The comparison with every column (``compare``'s view)."""
+def comparison_view(cmp: dict[str, Any], width: int | None = None) -> tuple[Table, list[str]]:
+    """The comparison's rows that have a figure to compare, and the lines under them (the
+    sources with none, the columns n/a in every row, the legend)."""
     cols, rows = comparison_rows(cmp)
-    return table(_comparison_title(cmp), cols, rows, collapse=False)[0]
+    keep = [(r, c) for r, c in zip(cmp["rows"], rows) if _is_number(r.get("cost_per_write_ns"))]
+    empty = sorted({str(r["source"]) for r in cmp["rows"]} - {str(r["source"]) for r, _ in keep})
+    t, notes = table(_comparison_title(cmp), cols, [c for _, c in keep], width=width)
+    if empty:
+        notes.insert(0, f"not shown: the {', '.join(empty)} rows, n/a ({NO_GPU_TIME.why}): {NO_GPU_TIME.explain}")
+    return t, notes
+
+
+def comparison_table(cmp: dict[str, Any], width: int | None = None) -> Table:
+    """``compare``'s view: the comparison, with the lines about it as the table's caption."""
+    t, notes = comparison_view(cmp, width)
+    t.caption, t.caption_justify = "\n".join(notes), "left"
+    return t
 
 
 def _comparison_title(cmp: dict[str, Any]) -> str:
@@ -198,13 +214,13 @@ def run_comparison_table(doc: dict[str, Any]) -> Table:
             Col("before µs"), Col("after µs"), Col("after/before"), Col("saving/step ms")]
     out: list[list[Cell]] = []
     for r in doc["rows"]:
-        none = NA("no GPU time in this source")
         out.append([str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                    us(r.get("baseline_cost_per_write_ns"), none), us(r.get("cost_per_write_ns"), none),
-                    num(r.get("ratio_cost_per_write_ns"), none, "{:.2f}"),
+                    us(r.get("baseline_cost_per_write_ns"), NO_GPU_TIME), us(r.get("cost_per_write_ns"), NO_GPU_TIME),
+                    num(r.get("ratio_cost_per_write_ns"), NO_GPU_TIME, "{:.2f}"),
                     num(r.get("saving_per_step_ms"), saving_reason(r), "{:.3f}")])
-    return table(f"run vs run (before -> after; projection: {doc['layers']} layers/step)", cols, out,
-                 collapse=False)[0]
+    t, notes = table(f"run vs run (before -> after; projection: {doc['layers']} layers/step)", cols, out)
+    t.caption, t.caption_justify = "\n".join(notes), "left"
+    return t
 
 
 def headline_line(h: dict[str, Any], b: dict[str, Any]) -> str:
@@ -277,14 +293,7 @@ def render(summary: Summary, console: Console | None = None) -> None:
         con.print(verdict_line(name, v))
     cmp = summary.comparison
     if cmp and cmp.get("rows"):
-        cols, rows = comparison_rows(cmp)
-        measured = [(r, c) for r, c in zip(cmp["rows"], rows) if _is_number(r.get("cost_per_write_ns"))]
-        unmeasured = sorted({str(r["source"]) for r in cmp["rows"] if not _is_number(r.get("cost_per_write_ns"))})
-        if measured:
-            print_table(con, *table(_comparison_title(cmp), cols, [c for _, c in measured], width=con.width))
-        for source in unmeasured:
-            con.print(f"vs baseline {cmp.get('baseline')} by {source}: n/a ({no_gpu_reason(summary).why}: "
-                      "nothing to compare per write)", highlight=False)
+        print_table(con, *comparison_view(cmp, con.width))
         h = cmp.get("headline")
         if h:
             con.print(headline_line(h, cmp["benchmark"]))
@@ -292,5 +301,5 @@ def render(summary: Summary, console: Console | None = None) -> None:
         con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
 
 
-__all__ = ["SOURCE_NAMES", "comparison_rows", "comparison_table", "groups_table", "headline_line", "make_console",
+__all__ = ["SOURCE_NAMES", "comparison_rows", "comparison_table", "comparison_view", "groups_table", "headline_line", "make_console",
            "observer_table", "reference_table", "render", "run_comparison_table", "saving_reason", "verdict_line"]
