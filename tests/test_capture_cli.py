@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from kvprof.capture.defaults import CPU_DEFAULT_LAYERS
 from kvprof.cli import main
 
 SMALL = ["--model", "llama-3.1-70b", "--tp", "8", "--batch-sizes", "1,4", "--prefill-tokens", "64",
@@ -32,16 +33,19 @@ def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
     assert manifest["config"]["resolved"]["shape"] == {
         "model": "llama-3.1-70b", "tp": 8, "layers": 80, "head_num": 1, "head_dim": 128, "v_head_dim": 128,
         "hidden": 8192, "q_head_num": 8, "intermediate": 3584}
+    # on a CPU a step writes the first CPU_DEFAULT_LAYERS of the 80 layers, with one torch thread
+    assert manifest["config"]["layers"] == CPU_DEFAULT_LAYERS and manifest["config"]["threads"] == 1
     for v in ("index_put", "two_stream"):
         entry = manifest["variants"][v]
         assert entry["available"] and entry["files"]["torch_trace"] == f"{v}.pt.trace.json.gz"
-        # 80 layers x (2 decode sizes + 1 prefill) x 2 steps, and on CPU two copies each
-        assert entry["paths"] == {"two_copies": 80 * 3 * 2}
+        # layers x (2 decode sizes + 1 prefill) x 2 steps, and on CPU two copies each
+        assert entry["paths"] == {"two_copies": CPU_DEFAULT_LAYERS * 3 * 2}
         assert entry["fused"]["state"] == "not fused"
         trace = orjson.loads(gzip.decompress((run / entry["files"]["torch_trace"]).read_bytes()))
-        assert trace["kvprof"]["variant"] == v and trace["kvprof"]["layers"] == list(range(80))
+        assert trace["kvprof"]["variant"] == v and trace["kvprof"]["layers"] == list(range(CPU_DEFAULT_LAYERS))
+        assert trace["kvprof"]["model"]["layers"] == 80
         names = {e.get("name") for e in trace["traceEvents"]}
-        assert f"set_kv_buffer[{v}] L79" in names and "kvprof.step[decode bs=4] #1" in names
+        assert f"set_kv_buffer[{v}] L{CPU_DEFAULT_LAYERS - 1}" in names and "kvprof.step[decode bs=4] #1" in names
         # prof.step() per measured step: the iterations HolisticTraceAnalysis looks for
         assert {f"ProfilerStep#{i}" for i in range(6)} <= names
     for out in ("summary.json", "summary.csv", "events.parquet", "writes.parquet"):
@@ -52,18 +56,80 @@ def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
     assert "run directory" in capsys.readouterr().out
 
 
-def test_default_variants_skip_what_cannot_run_with_a_reason(tmp_path):
-    # four layers: the point is which variants run, and the interpreted Triton ones are slow
-    rc = run_cli("capture", "--model", "small=4x8x128", *SMALL[2:], "--out", str(tmp_path), "--run-id", "r2",
-                 "--no-summary")
-    assert rc == 0
-    manifest = orjson.loads((tmp_path / "r2" / "manifest.json").read_bytes())
+def test_first_run_on_cpu_fuses_in_triton_interpreter_and_fits_80_columns(tmp_path):
+    """The README's first command, shrunk to a few seconds: the default variants on a CPU with
+    TRITON_INTERPRET unset; kvprof sets it, triton_fused runs fused, the output teaches and
+    fits 80 columns, and what was skipped says why."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(COLUMNS="80", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvprof", "capture", "--batch-sizes", "1", "--prefill-tokens", "16", "--steps", "2",
+         "--warmup", "1", "--no-progress", "--out", str(tmp_path), "--run-id", "first"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    text = out.decode()
+    # every line rich wraps fits; the last one is the run folder's path, left whole to copy
+    lines = text.splitlines()
+    assert lines[-1].startswith("run directory: ") and "…" not in text
+    assert max(len(line) for line in lines[:-1]) <= 80
+    flat = " ".join(text.split())
+    assert "What this run says" in flat and "fused (one launch writes K and V): triton_fused" in flat
+    assert "Triton's interpreter (TRITON_INTERPRET=1, set by kvprof)" in flat
+    assert f"each step wrote {CPU_DEFAULT_LAYERS} of the model's 80 layers" in flat
+    assert "python -m kvprof dashboard" in flat and "python -m kvprof analyze" in flat
+    row = next(line.split() for line in text.splitlines() if line.split()[:2] == ["triton_fused", "*"])
+    assert row[2:5] == ["yes", "decode", "1"] and row[6] == "ref" and row[-2:] == ["n/a", "(CPU)"]
+    manifest = orjson.loads((tmp_path / "first" / "manifest.json").read_bytes())
+    assert manifest["config"]["resolved"]["triton_interpret"] == "set by kvprof"
+    tf = manifest["variants"]["triton_fused"]
+    assert tf["available"] and tf["interpreted"] is True and tf["fused"]["state"] == "fused"
+    assert "interpreted" not in manifest["variants"]["two_stream"]
     sgl = manifest["variants"]["sgl_kernel"]
     assert sgl["available"] is False and "sgl-kernel" in sgl["reason"]
     assert manifest["variants"]["cuda_fused"]["available"] is False
     cubin = manifest["variants"]["sgl_kernel_cubin"]
     assert cubin["available"] is False and "needs CUDA" in cubin["reason"]
-    assert "store_kv_fused" in manifest["variants"]  # runs here in Triton's interpreter, or says why not
+    # on a CPU store_kv_fused is triton_fused's kernel: not run twice unless named
+    assert "runs triton_fused's kernel" in manifest["variants"]["store_kv_fused"]["reason"]
+
+
+@pytest.mark.gpu
+def test_first_run_on_a_gpu_writes_every_layer_with_compiled_kernels(tmp_path, capsys):
+    """The same first command on a CUDA GPU (run with TRITON_INTERPRET=0, as gpu/run_gpu_checks.sh
+    does): all 80 layers, no interpreter, and savings per decode step in the compact table."""
+    from kvprof.writers import triton_kernel
+
+    if triton_kernel.interpreted():
+        pytest.skip("triton_fused was imported under TRITON_INTERPRET=1; run with TRITON_INTERPRET=0")
+    rc = run_cli("capture", "--batch-sizes", "1,10", "--prefill-tokens", "64", "--steps", "3", "--warmup", "1",
+                 "--reference-steps", "20", "--variants", "index_put,two_stream,triton_fused", "--no-progress",
+                 "--out", str(tmp_path), "--run-id", "g")
+    assert rc == 0
+    manifest = orjson.loads((tmp_path / "g" / "manifest.json").read_bytes())
+    assert manifest["config"]["layers"] == 80 and manifest["config"]["resolved"]["triton_interpret"] is None
+    assert "interpreted" not in manifest["variants"]["triton_fused"]
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert "each step wrote 80 of the model's 80 layers" in flat and "interpreter" not in flat
+    row = next(line.split() for line in out.splitlines() if line.split()[:4] == ["triton_fused", "yes", "decode", "10"])
+    float(row[-1])  # a saving per decode step in ms, not n/a
+
+
+def test_layers_and_threads_reach_the_manifest_and_projections_use_the_model(tmp_path, capsys):
+    rc = run_cli("capture", *SMALL, "--variants", "index_put,two_stream", "--layers", "3", "--threads", "2",
+                 "--phase", "decode", "--out", str(tmp_path), "--run-id", "l3")
+    assert rc == 0
+    manifest = orjson.loads((tmp_path / "l3" / "manifest.json").read_bytes())
+    assert manifest["config"]["layers"] == 3 and manifest["config"]["threads"] == 2
+    assert manifest["variants"]["index_put"]["paths"] == {"two_copies": 3 * 2 * 2}
+    summary = orjson.loads((tmp_path / "l3" / "summary.json").read_bytes())
+    assert summary["comparison"]["layers"] == 80  # savings per step: the model's 80 layers, not 3
+    ref = [g for g in summary["groups"] if g["source"] == "reference"]
+    assert ref and all(g["writes"] == g["steps"] * 3 for g in ref)  # cost per write: a step over its 3 writes
 
 
 @pytest.mark.parametrize(
@@ -81,6 +147,10 @@ def test_default_variants_skip_what_cannot_run_with_a_reason(tmp_path):
         (["--slots", "paged"], 2, "needs --page-size"),
         (["--tp", "0"], 2, "--tp must be a positive integer"),
         (["--profiler", "nsys"], 5, "nsys"),
+        (["--layers", "0"], 2, "--layers must be between 1 and 80"),
+        (["--layers", "81"], 2, "llama-3.1-70b has 80 layers"),
+        (["--context", "layer", "--layers", "2"], 2, "runs all 80 layers"),
+        (["--threads", "0"], 2, "--threads must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_a_code(tmp_path, capsys, monkeypatch, args, code, message):
@@ -233,6 +303,41 @@ def test_third_party_writer_by_spec(tmp_path, monkeypatch):
     assert manifest["variants"]["mine"]["files"]["torch_trace"] == "mine.pt.trace.json.gz"
 
 
+def test_triton_interpreter_is_set_only_on_a_cpu_and_only_when_unset(monkeypatch):
+    """kvprof sets TRITON_INTERPRET=1 for a CPU capture when nothing set it and no Triton
+    kernel module is imported yet; an explicit value (0 too) is the user's."""
+    import torch
+
+    from kvprof.capture import runtime
+
+    for name in runtime.TRITON_WRITER_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert runtime.triton_interpreter(torch.device("cuda")) is None and "TRITON_INTERPRET" not in os.environ
+    assert runtime.triton_interpreter(torch.device("cpu")) == "set by kvprof"
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert runtime.triton_interpreter(torch.device("cpu")) == "from the environment"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert runtime.triton_interpreter(torch.device("cpu")) is None and os.environ["TRITON_INTERPRET"] == "0"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setitem(sys.modules, "kvprof.writers.triton_kernel", object())  # imported before: too late
+    assert runtime.triton_interpreter(torch.device("cpu")) is None and "TRITON_INTERPRET" not in os.environ
+
+
+def test_capture_restores_torch_threads(tmp_path):
+    import torch
+
+    from kvprof import api
+    from kvprof.capture.config import CaptureConfig
+
+    before = torch.get_num_threads()
+    config = CaptureConfig(variants=["index_put"], phases=["decode"], decode_sizes=[1], steps=1, warmup=0,
+                           device="cpu", output=str(tmp_path), run_id="t")
+    result = api.capture(config, analyse=False)
+    assert torch.get_num_threads() == before
+    assert result.manifest.config["threads"] == 1 and result.manifest.config["layers"] == CPU_DEFAULT_LAYERS
+
+
 def test_help_lists_subcommands(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
@@ -256,7 +361,8 @@ def test_child_counts_only_measured_writes(tmp_path):
     spec.write_bytes(orjson.dumps({"config": config.as_dict(), "variant": "two_stream"}))
     assert run_child(spec, tmp_path / "result.json") == 0
     result = orjson.loads((tmp_path / "result.json").read_bytes())
-    assert result["paths"] == {"two_copies": 80 * 2 * 2}  # 80 layers x (decode + prefill) x 2 steps
+    # CPU_DEFAULT_LAYERS layers x (decode + prefill) x 2 steps
+    assert result["paths"] == {"two_copies": CPU_DEFAULT_LAYERS * 2 * 2}
 
 
 def test_planted_secret_reaches_no_byte_of_a_cpu_run(tmp_path, monkeypatch):

@@ -320,6 +320,42 @@ def test_triton_config_table():
         tf.TritonConfig(1, 4, 3)
 
 
+def test_interpreter_launch_shape_is_few_large_programs():
+    """Under the interpreter a program is one numpy pass at a fixed cost: one program for every
+    token up to 4096 tokens of 1x128 K+V rows (256 elements), fewer tokens for longer rows."""
+    assert [tf.interpreted_config(256, t).block_t for t in (1, 10, 64, 512, 4096, 8192)] == \
+        [1, 16, 64, 512, 4096, 4096]
+    assert tf.interpreted_config(2 * 1024, 4096).block_t == 512  # 8x128 rows: tile capped at 2**20
+    assert tf.interpreted_config(1 << 22, 4).block_t == 1
+    assert all(tf.interpreted_config(256, t).split == 1 for t in (1, 4096))
+    w = tf.TritonFusedWriter()
+    assert w.launch_shape(10, 512, 256, False, interpreted=True) == tf.interpreted_config(256, 10)
+    assert w.launch_shape(10, 512, 256, False, interpreted=False) == tf.pick_config(512, 10)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("tokens", [1, 10, 64])
+def test_interpreter_shape_and_gpu_table_shape_write_the_same_bits(tokens, monkeypatch):
+    """The interpreted path takes its own launch shape; the GPU tables' shape for the same
+    write, forced, writes the same bits (both equal index_put's)."""
+    used = []
+    real = tf.interpreted_config
+    monkeypatch.setattr(tf, "interpreted_config", lambda *a: used.append(real(*a)) or used[-1])
+    case = dict(cache=torch.float8_e4m3fn, inp=torch.bfloat16, heads=1, dim=128, vdim=128, page=1, tokens=tokens,
+                pattern="random", loc_dtype=torch.int64, k_scale=0.5, v_scale=2.0, strided=False, magnitude=50.0,
+                seed=tokens)
+    run_case(case, create_writer("triton_fused"))
+    assert used and used[0].block_t >= tokens  # one program over every token
+    run_case(case, create_writer("triton_fused", config=tf.pick_config(2 * 128 * 2, tokens, fp8=True)))
+
+
+def test_triton_missing_is_n_a_with_an_install_hint(monkeypatch):
+    monkeypatch.setattr(tf, "triton", None)
+    monkeypatch.setattr(tf, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    reason = tf.TritonFusedWriter().unsupported_reason(torch.device("cpu"), torch.bfloat16)
+    assert reason and "No module named 'triton'" in reason and "pip install -e '.[triton]'" in reason
+
+
 def test_pow2_shortcut_only_for_exact_powers_of_two():
     assert all(pow2_exact(x) for x in (1.0, 0.5, 2.0, 2.0**-99, 2.0**99))
     assert not any(pow2_exact(x) for x in (0.0, 3.0, 0.37, float("inf"), float("nan"), 1.0000001))
@@ -373,7 +409,7 @@ def test_store_kv_fused_reason_names_both_paths(monkeypatch):
     monkeypatch.setattr(tf, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
     monkeypatch.setattr(cf, "load_extension", lambda: (None, "no CUDA compiler (nvcc) found"))
     reason = w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
-    assert reason == ("triton is not importable (ModuleNotFoundError: No module named 'triton'); "
+    assert reason == (f"triton is not importable (ModuleNotFoundError: No module named 'triton'): {tf.INSTALL_HINT}; "
                       "and no CUDA compiler (nvcc) found")
     monkeypatch.setattr(cf, "load_extension", lambda: (object(), None))  # the op built: eager path works
     assert w.unsupported_reason(torch.device("cuda"), torch.bfloat16) is None

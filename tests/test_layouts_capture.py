@@ -9,6 +9,7 @@ import json
 import orjson
 import pytest
 
+from kvprof.capture.defaults import CPU_DEFAULT_LAYERS
 from kvprof.cli import main
 
 SMALL = ["--phase", "decode,prefill", "--batch-sizes", "3", "--prefill-tokens", "20", "--steps", "2", "--warmup", "1",
@@ -43,7 +44,9 @@ def test_child_counts_layout_writes(tmp_path, model, extra, variant, path, layer
     spec.write_bytes(orjson.dumps({"config": config.as_dict(), "variant": variant}))
     assert run_child(spec, tmp_path / "result.json") == 0
     result = orjson.loads((tmp_path / "result.json").read_bytes())
-    assert result["paths"] == {path: layers * 2 * 2}  # layers x (decode + prefill) x 2 steps
+    # on a CPU a step writes the first CPU_DEFAULT_LAYERS of the model's layers: x (decode + prefill) x 2 steps
+    assert config.rank_shape().layers == layers and result["layers"] == list(range(CPU_DEFAULT_LAYERS))
+    assert result["paths"] == {path: CPU_DEFAULT_LAYERS * 2 * 2}
     assert result["bytes_per_token"] > 0
 
 

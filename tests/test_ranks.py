@@ -15,6 +15,7 @@ import orjson
 import pandas as pd
 import pytest
 
+from kvprof.capture.defaults import CPU_DEFAULT_LAYERS
 from kvprof.cli import main
 
 TINY = ["--model", "llama-3.1-8b", "--tp", "8", "--phase", "decode", "--batch-sizes", "2", "--steps", "3",
@@ -49,8 +50,8 @@ def test_two_ranks_make_one_run_with_per_rank_traces_and_analysis(tmp_path, caps
     assert ranks["world_size"] == 2 and ranks["same_path"] == {"index_put": True, "two_stream": True}
     per = pd.DataFrame(ranks["per_rank"])
     assert sorted(set(per["rank"])) == [0, 1] and set(per["variant"]) == {"index_put", "two_stream"}
-    # every layer's write on every measured step, per rank
-    assert (per["writes"] == 32 * 3).all()
+    # every layer's write on every measured step, per rank (on a CPU: the first CPU_DEFAULT_LAYERS layers)
+    assert (per["writes"] == CPU_DEFAULT_LAYERS * 3).all()
     assert (per["write_ns"] > 0).all() and (per["step_ns"] > 0).all()
     # the two all-reduces per layer are found and take part of the step
     assert (per["collective_ns"] > 0).all() and (per["collective_ns"] < per["step_ns"]).all()
@@ -60,6 +61,9 @@ def test_two_ranks_make_one_run_with_per_rank_traces_and_analysis(tmp_path, caps
     assert (skew["skew_median"] >= 1).all() and (skew["skew_max"] >= skew["skew_median"]).all()
     writes = pd.read_parquet(run / "writes.parquet")
     assert sorted(writes["rank"].unique()) == [0, 1]
+    assert "python -m kvprof analyze" in out  # the capture's compact view; analyze has the rank tables
+    assert main(["analyze", str(run), "--no-files"]) == 0
+    out = capsys.readouterr().out
     assert "per rank, median (2 ranks" in out and "skew per step" in out
 
 

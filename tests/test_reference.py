@@ -177,6 +177,9 @@ def test_every_capture_records_reference_figures_and_the_observer_effect(tmp_pat
     for row in obs["rows"]:  # CPU: the host step's wall time against the reference's
         assert row["ratio_per_step"] == pytest.approx(row["step_ns"] / row["reference_step_ns"])
         assert row["flagged"] == (abs(row["ratio_per_step"] - 1) > 0.1)
+    # the capture prints the compact view; analyze has every table
+    assert "python -m kvprof analyze" in capsys.readouterr().out
+    assert main(["analyze", str(run), "--no-files"]) == 0
     out = capsys.readouterr().out
     assert "reference: no profiler, no ranges" in out and "observer effect" in out
 
@@ -198,6 +201,8 @@ def test_context_layer_runs_on_cpu_and_reports_the_write_share(tmp_path, capsys)
     assert trace["kvprof"]["context"] == "layer"
     names = {e.get("name") for e in trace["traceEvents"]}
     assert "set_kv_buffer[two_stream] L2" in names  # the writes keep their ranges among the layer's ops
+    assert "each write inside a decoder layer" in " ".join(capsys.readouterr().out.split())
+    assert main(["analyze", str(run), "--no-files"]) == 0
     assert "write share %" in capsys.readouterr().out
 
 

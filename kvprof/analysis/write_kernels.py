@@ -258,13 +258,15 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
             table.add_row(
                 str(t.get("rank")), f["family"], str(f["kernels"]), str(f["writes"]),
                 f"{f['total_ns'] / 1000:.1f}", f"{f['per_write_ns'] / 1000:.2f}",
-                f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "-",
-                str(t.get("steps_count") or "-"),
-                f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None else "-",
+                f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "n/a (no GPU time)",
+                str(t.get("steps_count") or "n/a (no steps)"),
+                f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None
+                else "n/a (no steps)",
                 str(t["path"]).rsplit("/", 1)[-1][:60],
             )
     console.print(table)
 
 
 def _fmt(v: Any, scale: float = 1000.0) -> str:
-    return "-" if v is None else (f"{v:g}" if scale == 1 else f"{v / scale:.2f}")
+    """A figure, or n/a with why as every console table says it (kvprof.report.cells)."""
+    return "n/a (not measured)" if v is None else (f"{v:g}" if scale == 1 else f"{v / scale:.2f}")

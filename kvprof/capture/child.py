@@ -31,6 +31,9 @@ def run_child(spec_path: Path, result_path: Path) -> int:
     config = CaptureConfig.from_dict(spec["config"])
     variant = spec["variant"]
     device = resolve_device(config.device)
+    config.resolve_for(device.type)  # the parent resolved them already; a hand-made spec too
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     writer = create_variant(config.layout_name(), variant, **config.writer_options.get(variant, {}))
     cudart = torch.cuda.cudart() if device.type == "cuda" else None
     context = make_context(config, device)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from kvprof.capture.defaults import CPU_DEFAULT_LAYERS, CPU_DEFAULT_THREADS
 from kvprof.core import variants
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.core.errors import UsageError
@@ -69,6 +70,13 @@ class CaptureConfig:
     engine: str = "sglang"
     # capture --ranks N: N processes through torch.distributed (kvprof.capture.ranks); None: one process
     ranks: int | None = None
+    # how many of the model's layers each step writes (the first N); None: every layer on
+    # CUDA, CPU_DEFAULT_LAYERS on a CPU. Per-write figures are per write either way, and
+    # projections per decode step multiply by the model's layer count, not by this.
+    layers: int | None = None
+    # torch's intra-op CPU threads during the capture; None: CPU_DEFAULT_THREADS on a CPU,
+    # torch's own choice on CUDA (where the host thread only launches)
+    threads: int | None = None
 
     # -- derived -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -96,6 +104,9 @@ class CaptureConfig:
         for s in (self.k_scale, self.v_scale):
             if s is not None and not (s > 0 and s == s and s != float("inf")):
                 raise UsageError(f"scales must be positive and finite, got {s}")
+        self._check_layers()
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {self.threads}")
         if self.ranks is not None:
             from kvprof.capture.ranks import check_ranks
 
@@ -106,6 +117,39 @@ class CaptureConfig:
         self.cache_torch_dtype()
         self.input_torch_dtype()
         self.phase_specs()
+
+    def _check_layers(self) -> None:
+        if self.layers is None:
+            return
+        model = self.rank_shape()
+        if not 1 <= self.layers <= model.layers:
+            raise UsageError(f"--layers must be between 1 and {model.layers} ({model.model} has {model.layers} "
+                             f"layers), got {self.layers}")
+        if self.context != "none" and self.layers != model.layers:
+            raise UsageError(f"--context {self.context} measures whole steps against each other, so it runs all "
+                             f"{model.layers} layers; leave out --layers (or pass --layers {model.layers})")
+
+    def layers_on(self, device_type: str) -> int:
+        """Layers each step writes on ``device_type``: --layers, else every layer on CUDA (and
+        with a decoder context), else CPU_DEFAULT_LAYERS."""
+        model = self.rank_shape().layers
+        if self.layers is not None:
+            return self.layers
+        if device_type == "cuda" or self.context != "none":
+            return model
+        return min(CPU_DEFAULT_LAYERS, model)
+
+    def threads_on(self, device_type: str) -> int | None:
+        """torch's CPU threads for the capture: --threads, else 1 on a CPU, else None (torch's own)."""
+        if self.threads is not None:
+            return self.threads
+        return CPU_DEFAULT_THREADS if device_type != "cuda" else None
+
+    def resolve_for(self, device_type: str) -> None:
+        """Fix the device-dependent defaults (layers, threads) before anything runs, so the
+        manifest, child processes and ranks all see the values the capture used."""
+        self.layers = self.layers_on(device_type)
+        self.threads = self.threads_on(device_type)
 
     def reference_steps_on(self, device_type: str) -> int:
         if self.reference_steps is not None:

@@ -54,8 +54,8 @@ class LayoutSession(VariantSession):
             size = config.pool_size or default_pool_size(self.phases, 1, mla.kv_lora_rank + mla.qk_rope_head_dim,
                                                          mla.layers, elem, device)
             self.pool = make_layout_pool("mla", size, config.page_size, self.cache_dtype, mla.kv_lora_rank,
-                                         mla.qk_rope_head_dim, mla.layers, device, writer=writer, check_slots=False,
-                                         instrument=instrument, variant=writer.name)
+                                         mla.qk_rope_head_dim, config.layers_on(device.type), device, writer=writer,
+                                         check_slots=False, instrument=instrument, variant=writer.name)
             self.allocator = SlotAllocator(self.pool.rows, config.slots, config.page_size, config.seed)
         else:
             self.block_size = config.page_size if config.page_size > 1 else PAGED_BLOCK_SIZE
@@ -64,7 +64,7 @@ class LayoutSession(VariantSession):
             # room for the largest write's blocks, each request's last block part-filled
             blocks = max(-(-slots // self.block_size), 2 * (-(-largest // self.block_size)) + decode_pad + 8)
             self.pool = make_layout_pool("paged", blocks, self.block_size, self.cache_dtype, self.shape.head_num,
-                                         self.shape.head_dim, self.shape.layers, device, writer=writer,
+                                         self.shape.head_dim, config.layers_on(device.type), device, writer=writer,
                                          check_slots=False, instrument=instrument, variant=writer.name)
             self.tables = BlockTables(blocks, self.block_size, config.seed)
         writer.prepare(device)

@@ -128,6 +128,8 @@ def main(argv: list[str]) -> int:
     out, rank, world, backend = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     try:
         config = CaptureConfig.from_dict(orjson.loads((out / CONFIG_FILE).read_bytes()))
+        if config.threads is not None:  # resolved by the launcher (kvprof.capture.runtime)
+            torch.set_num_threads(config.threads)
         if backend == "nccl":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)

@@ -24,6 +24,7 @@ import torch
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.rank_worker import CONFIG_FILE, STORE_FILE, error_file, result_file
+from kvprof.capture.runtime import Runtime
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes
 from kvprof.core.errors import DeviceError, KvprofError, UsageError
 from kvprof.core.ranks import RankEntry
@@ -138,15 +139,16 @@ def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> N
             fh.close()
 
 
-def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, device: torch.device) -> Manifest:
+def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, device: torch.device,
+                   runtime: Runtime | None = None) -> Manifest:
     """Rank 0's entries as the variants (any reader opens the run), every rank under ``ranks``."""
-    from kvprof.capture.run import base_manifest, plan_variants
+    from kvprof.capture.run import base_manifest, plan_variants, variant_entry
 
-    manifest = base_manifest(config, device)
+    manifest = base_manifest(config, device, runtime)
+    # each rank sets the resolved count itself; None: every rank keeps torch's own choice
+    manifest.config["threads"] = config.threads
     for p in plan_variants(config, device):
-        info = p.writer.info()
-        manifest.variants[p.name] = VariantEntry(available=p.reason is None, reason=p.reason,
-                                                 description=info.description, fused_claim=info.fused)
+        manifest.variants[p.name] = variant_entry(p)
     manifest.world_size, manifest.backend = world, backend
     docs = [orjson.loads((tmp / result_file(r)).read_bytes()) for r in range(world)]
     manifest.device = docs[0]["device"]
@@ -167,8 +169,9 @@ def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, d
 
 
 def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-                  analyse: bool = True):  # noqa: ANN201 - kvprof.capture.run.CaptureResult
-    """The multi-rank capture; same result as the one-process ``capture``."""
+                  analyse: bool = True, runtime: Runtime | None = None):  # noqa: ANN201 - run.CaptureResult
+    """The multi-rank capture; same result as the one-process ``capture``. ``runtime``: what
+    ``kvprof.capture.runtime.prepare`` set up (each rank sets the same threads itself)."""
     from kvprof.capture.run import CaptureResult, plan_variants
     from kvprof.capture.summary import analyze_run_dir, scrub_manifest, verify_run_dir
     from kvprof.guards import check_capture
@@ -187,7 +190,7 @@ def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: 
         tmp = Path(tmp)
         atomic_write_bytes(tmp / CONFIG_FILE, orjson.dumps(config.as_dict()))
         launch(tmp, world, backend, log)
-        manifest = merge_manifest(config, tmp, world, backend, device)
+        manifest = merge_manifest(config, tmp, world, backend, device, runtime)
         for f in list(tmp.iterdir()):  # the launcher's own files: not part of the run
             if f.name.startswith(".rank") or f.name in (CONFIG_FILE, STORE_FILE):
                 f.unlink()

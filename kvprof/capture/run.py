@@ -21,12 +21,13 @@ import kvprof
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.reference import run_reference_pass
+from kvprof.capture.runtime import Runtime, prepare, torch_threads
 from kvprof.capture.session import session_for
 from kvprof.capture.summary import scrub_manifest, verify_run_dir
 from kvprof.capture.torch_pass import run_torch_pass
 from kvprof.core.run import MANIFEST, Manifest, PathReport, TraceMeta, VariantEntry
 from kvprof.core.timings import TIMINGS_FILE, StepTimings
-from kvprof.devinfo import device_properties, resolve_device, versions
+from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import short_name
 from kvprof.core.errors import DeviceError, KvprofError, OutputError, ToolError, UsageError
 from kvprof.guards import check_capture
@@ -55,9 +56,11 @@ class CaptureResult:
 
 
 def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVariant]:
-    """Build each writer and ask whether it can run here; an explicitly named one must."""
+    """Build each writer and ask whether it can run here; an explicitly named one must.
+    A default variant that would only repeat another's kernel here (store_kv_fused on a CPU
+    is triton_fused's kernel) is left out with that reason: same writes, twice the time."""
     cache, inp = config.cache_torch_dtype(), config.input_torch_dtype()
-    planned = []
+    planned: list[PlannedVariant] = []
     for name in config.variants:
         try:
             writer = create_variant(config.layout_name(), name, **config.writer_options.get(name, {}))
@@ -69,11 +72,25 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
         reason = writer.unsupported_reason(device, cache, inp)
         if reason and name in config.required_variants:
             raise DeviceError(f"variant {name} cannot run on {device}: {reason}")
+        if reason is None and name not in config.required_variants:
+            reason = _repeats(writer, device, planned)
         planned.append(PlannedVariant(writer.name, writer, reason))
     if not any(p.reason is None for p in planned):
         why = "; ".join(f"{p.name}: {p.reason}" for p in planned)
         raise DeviceError(f"none of the variants can run on {device} ({why})")
     return planned
+
+
+def _repeats(writer: KVWriter, device: torch.device, planned: list[PlannedVariant]) -> str | None:
+    """Why ``writer`` would repeat a variant already planned to run here, or None."""
+    kernel_for = getattr(writer, "kernel_for", None)  # writers that pick one of two kernels per call
+    if kernel_for is None:
+        return None
+    eager, captured = kernel_for(device, captured=False), kernel_for(device, captured=True)
+    same = eager if eager == captured else None
+    if same and same != writer.name and any(p.name == same and p.reason is None for p in planned):
+        return f"on {device.type} it runs {same}'s kernel, the same writes; --variants {writer.name} runs it anyway"
+    return None
 
 
 class _Unavailable(KVWriter):
@@ -88,18 +105,27 @@ class _Unavailable(KVWriter):
         raise RuntimeError(f"{self.name} is unavailable")
 
 
-def base_manifest(config: CaptureConfig, device: torch.device) -> Manifest:
+def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None) -> Manifest:
     phases = config.phase_specs(graphs_possible=device.type == "cuda")
+    settings = config.as_dict()
+    if runtime is not None:
+        settings["threads"] = runtime.threads
+        settings["resolved"]["triton_interpret"] = runtime.triton_interpret
     return Manifest(
         kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
-        config=config.as_dict(), phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
+        config=settings, phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
     )
 
 
-def _variant_entry(p: PlannedVariant) -> VariantEntry:
+def variant_entry(p: PlannedVariant) -> VariantEntry:
+    """The manifest's entry for a planned variant; ``interpreted`` where its kernel runs under
+    Triton's interpreter (on the host, in numpy: its times are not a GPU's)."""
     info = p.writer.info()
-    return VariantEntry(available=p.reason is None, reason=p.reason, description=info.description,
-                        fused_claim=info.fused)
+    entry = VariantEntry(available=p.reason is None, reason=p.reason, description=info.description,
+                         fused_claim=info.fused)
+    if p.reason is None and info.extra.get("interpreted"):
+        entry.extra["interpreted"] = True
+    return entry
 
 
 def _memory_available(device: torch.device) -> int:
@@ -134,12 +160,18 @@ def capture(
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     analyse: bool = True,
 ) -> CaptureResult:
+    runtime = prepare(config)  # before any writer is built: Triton's interpreter on a CPU
     if config.ranks is not None:  # one process per rank (kvprof.capture.ranks)
         from kvprof.capture.ranks import capture_ranks
 
-        return capture_ranks(config, log=log, analyse=analyse)
-    config.validate()
-    device = resolve_device(config.device)
+        return capture_ranks(config, log=log, analyse=analyse, runtime=runtime)
+    with torch_threads(config.threads):
+        return _capture(config, runtime, progress_factory, log, analyse)
+
+
+def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable[[int], Any] | None,
+             log: Callable[[str], None], analyse: bool) -> CaptureResult:
+    device = runtime.device
     planned = plan_variants(config, device)
     check_capture(config, device)  # sizes and memory, before anything is allocated
     run_id = config.ensure_run_id()
@@ -165,9 +197,9 @@ def capture(
             log(f"skipping {p.name}: {p.reason}")
     with atomic_directory(final, replace=config.force) as tmp:
         tmp = Path(tmp)
-        manifest = base_manifest(config, device)
+        manifest = base_manifest(config, device, runtime)
         for p in planned:
-            manifest.variants[p.name] = _variant_entry(p)
+            manifest.variants[p.name] = variant_entry(p)
         steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))
         bar = progress_factory(steps_per_variant * len(runnable)) if progress_factory else None
         timings = StepTimings(context=config.context, context_len=config.context_len if context else None)

@@ -99,6 +99,8 @@ class VariantSession:
         self.input_dtype = config.input_torch_dtype()
         self.phases = config.phase_specs(graphs_possible=device.type == "cuda")
         elem = torch.empty((), dtype=self.cache_dtype).element_size()
+        # slots per layer as for the whole model, so a step of fewer layers (--layers) writes
+        # into the same per-layer pool a full step does
         size = config.pool_size or default_pool_size(
             self.phases, self.shape.head_num, self.shape.head_dim + self.shape.v_head_dim,
             self.shape.layers, elem, device,
@@ -108,7 +110,7 @@ class VariantSession:
             size = max(size, context.slots_needed(max(decode, default=1)) + 2 * max(p.tokens for p in self.phases))
         self.pool: KVPool = make_pool(
             size, config.page_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
-            self.shape.layers, device, writer=writer, v_head_dim=self.shape.v_head_dim,
+            config.layers_on(device.type), device, writer=writer, v_head_dim=self.shape.v_head_dim,
             check_slots=False, instrument=instrument, variant=writer.name,
         )
         writer.prepare(device)

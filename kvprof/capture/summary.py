@@ -8,10 +8,14 @@ the start.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvprof.core.errors import KvprofError
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
+
+if TYPE_CHECKING:
+    from kvprof.capture.run import CaptureResult
 
 
 def scrub_manifest(manifest: Manifest) -> Manifest:
@@ -46,13 +50,14 @@ def analyze_run_dir(run_dir: Path, layers: int | None, scrub: bool = False) -> t
         return None, str(exc)
 
 
-def print_capture_summary(summary: Summary | None, error: str | None) -> None:
-    from kvprof.report.console import make_console, render
-    from kvprof.report.verdict import render_verdict
+def print_capture_summary(result: CaptureResult) -> None:
+    """What ran, the compact table, the verdict, and where the full tables are."""
+    from kvprof.report.console import make_console
+    from kvprof.report.verdict import render_first_run
 
     console = make_console()
-    if summary is None:
-        console.print(f"[yellow]analysis of the capture failed: {error}[/] (run `kvprof analyze` on the run directory)")
+    if result.summary is None:
+        console.print(f"[yellow]analysis of the capture failed: {result.analysis_error}[/] "
+                      f"(run `kvprof analyze {result.run_dir}`)")
         return
-    render(summary, console)
-    render_verdict(summary, console)
+    render_first_run(result.summary, console, result.manifest, str(result.run_dir))

@@ -3,7 +3,9 @@
 Writes traces/<run-id>/ (manifest.json, <variant>.pt.trace.json.gz, and with
 --profiler nsys|both <variant>.nsys-rep + .sqlite), then prints a first summary.
 With no arguments: Llama-3.1-70B at TP 8 (1 KV head x 128, 80 layers), decode at
-batch 1/10/64 and a 4096-token prefill, on whatever device there is.
+batch 1/10/64 and a 4096-token prefill, on whatever device there is; on a CPU each step
+writes a few of the 80 layers (--layers) with one torch thread (--threads), and kvprof's
+Triton kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set when unset).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def _writer_option(text: str) -> tuple[str, str, object]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvprof.capture.defaults import CPU_DEFAULT_LAYERS, CPU_DEFAULT_THREADS
     from kvprof.core.variants import DEFAULT_CAPTURE_VARIANTS as DEFAULT_VARIANTS
 
     w = p.add_argument_group("workload")
@@ -79,6 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     w.add_argument("--context-len", type=int, default=4096,
                    help="with --context layer: cached tokens per request that decode attention reads (default: %(default)s)")
+    w.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="how many of the model's layers each step writes (the first N); per-write figures do not "
+                        "depend on it, and savings per decode step are still projected to all the model's layers "
+                        f"(default: all on CUDA, {CPU_DEFAULT_LAYERS} on a CPU, all with --context layer)")
+    w.add_argument("--threads", type=int, default=None, metavar="N",
+                   help=f"torch CPU threads during the capture (default: {CPU_DEFAULT_THREADS} on a CPU, where a "
+                        "second thread made small writes swing; torch's own on CUDA)")
     w.add_argument("--reference-steps", type=int, default=None,
                    help="unprofiled steps timed per phase and size for the reference figures (default: 100 on "
                         "CUDA, the --steps count on CPU)")
@@ -135,21 +145,21 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
         writer_options=options, run_id=args.run_id, force=args.force, output=args.output, max_memory_gb=args.max_memory_gb,
         context=args.context, context_len=args.context_len, reference_steps=args.reference_steps,
         torch_sync_events=args.torch_sync_events, nsys_graph_trace=args.nsys_graph_trace,
-        layout=args.layout, engine=args.engine, ranks=args.ranks,
+        layout=args.layout, engine=args.engine, ranks=args.ranks, layers=args.layers, threads=args.threads,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof.capture.run import capture
+    from kvprof import api
     from kvprof.progress import StepProgress
 
     config = config_from_args(args)
     factory = (lambda total: StepProgress(total)) if args.progress else None
-    result = capture(config, progress_factory=factory, analyse=args.summary)
+    result = api.capture(config, progress_factory=factory, analyse=args.summary)
     if args.summary:
         from kvprof.capture.summary import print_capture_summary
 
-        print_capture_summary(result.summary, result.analysis_error)
+        print_capture_summary(result)
     print(f"run directory: {result.run_dir}")
     for problem in result.problems:
         print(f"kvprof capture: error: {problem} (the torch.profiler results are kept)", file=sys.stderr)

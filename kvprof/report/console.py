@@ -1,89 +1,129 @@
-"""The console view of an analysis: one table per source, verdicts, comparison, warnings."""
+"""The console view of an analysis: one table per source, verdicts, comparison, warnings.
+
+Every table follows kvprof.report.cells: a missing figure reads ``n/a (why)``, a column
+n/a in every row is named once under the table, and a legend line says what the columns
+are. The figures themselves are the summary's (``analyze --json`` has every one).
+"""
 
 from __future__ import annotations
 
-import math
 from typing import Any, TypeGuard
 
-from rich.console import Console, JustifyMethod
+from rich.console import Console
 from rich.table import Table
 
 from kvprof.core.summary import Summary, VariantVerdict
+from kvprof.report.cells import (
+    NA,
+    NOT_MEASURED,
+    Cell,
+    Col,
+    finite,
+    gpu_traced,
+    missing_reason,
+    no_gpu_reason,
+    num,
+    print_table,
+    table,
+    us,
+)
 from kvprof.report.ranks import render_ranks
 
+SOURCE_NAMES = {"reference": "the unprofiled reference", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
 
-def _us(ns: Any, digits: int = 2) -> str:
-    try:
-        v = float(ns)
-    except (TypeError, ValueError):
-        return "-"
-    return "-" if not math.isfinite(v) else f"{v / 1000:.{digits}f}"
+WRITE_COLS = (
+    Col("variant", justify="left"), Col("phase", justify="left"), Col("size", "batch or tokens"),
+    Col("writes", "writes measured"), Col("kern/wr", "GPU kernels per write"),
+    Col("GPU span µs", "first kernel start to last end"), Col("cost/wr µs", "GPU time a write adds"),
+    Col("host µs", "the launching thread's time in the write"), Col("launch→GPU µs", "launch to first kernel"),
+    Col("GB/s", "K+V bytes over cost"), Col("% peak", "of the device's peak bandwidth"),
+)
+STEP_COLS = (
+    Col("variant", justify="left"), Col("phase", justify="left"), Col("size"),
+    Col("attribution", "how writes were matched to GPU work", "left"), Col("streams", "CUDA streams used"),
+    Col("overlap %", "of the span on two streams at once"), Col("step µs", "one measured step, host"),
+    Col("step GPU µs", "one measured step, GPU"),
+)
 
 
-def _num(v: Any, fmt: str = "{:.1f}") -> str:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return "-"
-    return "-" if not math.isfinite(f) else fmt.format(f)
-
-
-def groups_table(rows: list[dict[str, Any]], source: str) -> Table:
-    t = Table(title=f"per write, median ({source})", title_justify="left")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("variant", "left"), ("phase", "left"), ("size", "right"), ("writes", "right"),
-        ("attribution", "left"), ("kern/wr", "right"), ("GPU span µs", "right"),
-        ("cost/wr µs", "right"), ("host µs", "right"), ("launch→GPU µs", "right"),
-        ("streams", "right"), ("overlap %", "right"), ("GB/s", "right"), ("% peak", "right"),
-        ("step µs", "right"), ("step GPU µs", "right"))
-    for col, just in columns:
-        t.add_column(col, justify=just, no_wrap=True)
+def groups_table(rows: list[dict[str, Any]], source: str, summary: Summary | None = None,
+                 width: int | None = None) -> list[tuple[Table, list[str]]]:
+    """One profiler source's rows: what a write costs, then what a step holds (two tables
+    of the same rows, so each fits a terminal; summary.csv has every column in one)."""
+    summary = summary or Summary(input="", input_kind="")
+    gpu = gpu_traced(summary)
+    writes: list[list[Cell]] = []
+    steps: list[list[Cell]] = []
     for r in rows:
-        t.add_row(
-            str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["writes"]), str(r["attribution"]),
-            _num(r["kernels_per_write"], "{:g}"), _us(r["gpu_span_ns"]), _us(r["cost_per_write_ns"]),
-            _us(r["host_launch_ns"]), _us(r["launch_delay_ns"]), _num(r["streams"], "{:.0f}"),
-            _num((r["overlap_frac"] or 0) * 100 if r["overlap_frac"] is not None else None),
-            _num(r["bandwidth_gbs"]), _num(r["pct_of_peak"], "{:.2f}"), _us(r["step_ns"], 1),
-            _us(r["step_gpu_ns"], 1),
-        )
-    return t
+        has_gpu = (source, str(r["variant"])) in gpu
+
+        def why(key: str, r: dict[str, Any] = r, has_gpu: bool = has_gpu) -> NA:
+            return missing_reason(r, key, has_gpu, summary)
+
+        overlap = finite(r.get("overlap_frac"))
+        head: list[Cell] = [str(r["variant"]), str(r["phase"]), str(r["size"])]
+        writes.append([
+            *head, str(r["writes"]), num(r["kernels_per_write"] if has_gpu else None, why("kernels_per_write"), "{:g}"),
+            us(r["gpu_span_ns"], why("gpu_span_ns")), us(r["cost_per_write_ns"], why("cost_per_write_ns")),
+            us(r["host_launch_ns"], why("host_launch_ns")), us(r["launch_delay_ns"], why("launch_delay_ns")),
+            num(r["bandwidth_gbs"], why("bandwidth_gbs")), num(r["pct_of_peak"], why("pct_of_peak"), "{:.2f}"),
+        ])
+        steps.append([
+            *head, str(r["attribution"]), num(r["streams"] if has_gpu else None, why("streams"), "{:.0f}"),
+            num(overlap * 100 if overlap is not None else None, why("overlap_frac")),
+            us(r["step_ns"], why("step_ns"), 1), us(r["step_gpu_ns"], why("step_gpu_ns"), 1),
+        ])
+    name = SOURCE_NAMES.get(source, source)
+    return [table(f"per write, median ({source}: {name})", WRITE_COLS, writes, width=width),
+            table(f"per step, median ({source}: {name})", STEP_COLS, steps, width=width)]
 
 
-def reference_table(rows: list[dict[str, Any]]) -> Table:
+def reference_table(rows: list[dict[str, Any]], width: int | None = None) -> tuple[Table, list[str]]:
     """The unprofiled reference pass: the figures a step pays, with their spread."""
     clock = {r.get("attribution") for r in rows}
     how = "CUDA events" if clock == {"cuda_events"} else "wall clock" if clock == {"wall"} else "events / wall clock"
     layer = any(r.get("context") == "layer" for r in rows)
-    t = Table(title=f"reference: no profiler, no ranges, each step timed with {how} (median)", title_justify="left")
-    cols = ["variant", "phase", "size", "steps", "step µs", "IQR µs", "cost/wr µs"]
+    cols = [Col("variant", justify="left"), Col("phase", justify="left"), Col("size", "batch or tokens"),
+            Col("steps", "steps timed"), Col("step µs", "one step's median (every layer it ran)"),
+            Col("IQR µs", "interquartile range of the steps"), Col("cost/wr µs", "the step over its writes")]
     if layer:
-        cols += ["write share %", "writes alone µs"]
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("variant", "phase") else "right", no_wrap=True)
+        cols += [Col("write share %", "of a decoder-layer step"), Col("writes alone µs", "the step's writes, no layer")]
+    out: list[list[Cell]] = []
     for r in rows:
-        cells = [str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["steps"]), _us(r["step_ns"], 1),
-                 _us(r.get("step_iqr_ns"), 1), _us(r["cost_per_write_ns"])]
+        cells: list[Cell] = [str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["steps"]),
+                             us(r["step_ns"], NOT_MEASURED, 1),
+                             us(r.get("step_iqr_ns"), missing_reason(r, "step_iqr_ns", True, Summary("", "")), 1),
+                             us(r["cost_per_write_ns"], NOT_MEASURED)]
         if layer:
             share = r.get("write_share")
-            cells += [_num(share * 100 if _is_number(share) else None), _us(r.get("writes_only_step_ns"), 1)]
-        t.add_row(*cells)
-    return t
+            plain = NA("writes only, no layer") if r.get("context") != "layer" else NOT_MEASURED
+            cells += [num(share * 100 if _is_number(share) else None, plain),
+                      us(r.get("writes_only_step_ns"), plain, 1)]
+        out.append(cells)
+    return table(f"reference: no profiler, no ranges, each step timed with {how} (median)", cols, out, width=width)
 
 
-def observer_table(obs: dict[str, Any]) -> Table:
+def observer_table(obs: dict[str, Any], summary: Summary | None = None,
+                   width: int | None = None) -> tuple[Table, list[str]]:
     """Each profiler's reading over the reference: its observer effect, per point."""
+    summary = summary or Summary(input="", input_kind="")
+    gpu = gpu_traced(summary)
     pct = round(obs.get("threshold", 0.1) * 100)
-    t = Table(title=f"observer effect: profiler reading / reference (flag: more than {pct} % off)", title_justify="left")
-    for col in ("variant", "source", "phase", "size", "cost/wr µs", "reference µs", "per write", "per step",
-                "run slowed", "flag"):
-        t.add_column(col, justify="left" if col in ("variant", "source", "phase", "flag") else "right", no_wrap=True)
+    cols = (Col("variant", justify="left"), Col("source", justify="left"), Col("phase", justify="left"),
+            Col("size"), Col("cost/wr µs", "the profiler's reading"), Col("reference µs", "the unprofiled figure"),
+            Col("per write", "reading / reference"), Col("per step", "step reading / reference step"),
+            Col("run slowed", "profiled run's own steps / reference"), Col("flag", justify="left"))
+    out: list[list[Cell]] = []
     for r in obs.get("rows") or []:
-        t.add_row(str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                  _us(r.get("cost_per_write_ns")), _us(r.get("reference_cost_per_write_ns")),
-                  _num(r.get("ratio_per_write"), "{:.2f}x"), _num(r.get("ratio_per_step"), "{:.2f}x"),
-                  _num(r.get("pass_slowdown"), "{:.2f}x"), "[yellow]off[/yellow]" if r.get("flagged") else "ok")
-    return t
+        has_gpu = (str(r["source"]), str(r["variant"])) in gpu
+        missing = no_gpu_reason(summary) if not has_gpu else NOT_MEASURED
+        out.append([str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                    us(r.get("cost_per_write_ns"), missing), us(r.get("reference_cost_per_write_ns"), NOT_MEASURED),
+                    num(r.get("ratio_per_write"), missing, "{:.2f}x"), num(r.get("ratio_per_step"), NOT_MEASURED,
+                                                                           "{:.2f}x"),
+                    num(r.get("pass_slowdown"), NOT_MEASURED, "{:.2f}x"), "off" if r.get("flagged") else "ok"])
+    return table(f"observer effect: profiler reading / reference (flag: more than {pct} % off)", cols, out,
+                 width=width)
 
 
 def verdict_line(name: str, v: VariantVerdict) -> str:
@@ -102,45 +142,85 @@ def verdict_line(name: str, v: VariantVerdict) -> str:
     return " · ".join(parts)
 
 
-def comparison_table(cmp: dict[str, Any]) -> Table:
+NO_GPU_TIME = NA("no GPU time", "this source timed no GPU work for the row (a CPU run's profiler)")
+
+
+def saving_reason(r: dict[str, Any]) -> NA:
+    """Why a comparison row has no saving per decode step."""
+    if r.get("phase") != "decode":
+        return NA(str(r.get("phase")), "savings are per decode step")
+    if finite(r.get("cost_per_write_ns")) is None or finite(r.get("baseline_cost_per_write_ns")) is None:
+        return NO_GPU_TIME
+    # kvprof.analysis.compare projects GPU time only
+    return NA("CPU clock", "a CPU's wall clock says nothing of a GPU's decode step")
+
+
+def comparison_rows(cmp: dict[str, Any]) -> tuple[list[Col], list[list[Cell]]]:
     rows = cmp["rows"]
     layer = any(r.get("measured_saving_per_step_ms") is not None for r in rows)
-    title = f"vs baseline {cmp['baseline']} (projection: {cmp['layers']} layers/step"
-    title += "; in a decoder layer the saving is measured, step against step)" if layer else ")"
-    t = Table(title=title, title_justify="left")
-    cols = ["variant", "source", "phase", "size", "cost/write µs", "baseline µs", "ratio", "saving/step ms"]
+    cols = [Col("variant", justify="left"), Col("source", justify="left"), Col("phase", justify="left"), Col("size"),
+            Col("cost/write µs", "the variant's"), Col("baseline µs", f"{cmp['baseline']}'s, same source and size"),
+            Col("ratio", "variant / baseline"),
+            Col("saving/step ms", f"per decode step over {cmp['layers']} layers")]
     if layer:
-        cols += ["± ms", "projected ms"]
-    cols += ["% of ITL", "predicted ITL ms"]
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("variant", "source", "phase") else "right", no_wrap=True)
+        cols += [Col("± ms", "spread of the measured saving"), Col("projected ms", "from the writes alone")]
+    cols += [Col("% of ITL", "saving over the benchmark's inter-token latency"),
+             Col("predicted ITL ms", "the benchmark's ITL less the saving")]
+    out: list[list[Cell]] = []
     for r in rows:
-        cells = [str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                 _us(r["cost_per_write_ns"]), _us(r["baseline_cost_per_write_ns"]),
-                 _num(r["ratio_cost_per_write_ns"], "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}")]
+        saving = saving_reason(r)
+        cells: list[Cell] = [str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                             us(r["cost_per_write_ns"], NO_GPU_TIME), us(r["baseline_cost_per_write_ns"], NO_GPU_TIME),
+                             num(r["ratio_cost_per_write_ns"], NO_GPU_TIME, "{:.2f}"),
+                             num(r.get("saving_per_step_ms"), saving, "{:.3f}")]
         if layer:
-            cells += [_num(r.get("measured_saving_spread_ms"), "{:.3f}"),
-                      _num(r.get("projected_saving_per_step_ms"), "{:.3f}")]
+            cells += [num(r.get("measured_saving_spread_ms"), NA("< 4 steps")),
+                      num(r.get("projected_saving_per_step_ms"), saving, "{:.3f}")]
         share = r.get("saving_share_of_itl")
-        cells += [_num(share * 100 if share is not None else None, "{:.2f}"), _num(r.get("predicted_itl_ms"), "{:.2f}")]
-        t.add_row(*cells)
+        cells += [num(share * 100 if share is not None else None, saving, "{:.2f}"),
+                  num(r.get("predicted_itl_ms"), saving, "{:.2f}")]
+        out.append(cells)
+    return cols, out
+
+
+def comparison_view(cmp: dict[str, Any], width: int | None = None) -> tuple[Table, list[str]]:
+    """The comparison's rows that have a figure to compare, and the lines under them (the
+    sources with none, the columns n/a in every row, the legend)."""
+    cols, rows = comparison_rows(cmp)
+    keep = [(r, c) for r, c in zip(cmp["rows"], rows) if _is_number(r.get("cost_per_write_ns"))]
+    empty = sorted({str(r["source"]) for r in cmp["rows"]} - {str(r["source"]) for r, _ in keep})
+    t, notes = table(_comparison_title(cmp), cols, [c for _, c in keep], width=width)
+    if empty:
+        notes.insert(0, f"not shown: the {', '.join(empty)} rows, n/a ({NO_GPU_TIME.why}): {NO_GPU_TIME.explain}")
+    return t, notes
+
+
+def comparison_table(cmp: dict[str, Any], width: int | None = None) -> Table:
+    """``compare``'s view: the comparison, with the lines about it as the table's caption."""
+    t, notes = comparison_view(cmp, width)
+    t.caption, t.caption_justify = "\n".join(notes), "left"
     return t
+
+
+def _comparison_title(cmp: dict[str, Any]) -> str:
+    layer = any(r.get("measured_saving_per_step_ms") is not None for r in cmp["rows"])
+    title = f"vs baseline {cmp['baseline']} (projection: {cmp['layers']} layers/step"
+    return title + ("; in a decoder layer the saving is measured, step against step)" if layer else ")")
 
 
 def run_comparison_table(doc: dict[str, Any]) -> Table:
     """kvprof.analysis.runs.RunComparison rows: each variant before -> after."""
-    t = Table(title=f"run vs run (before -> after; projection: {doc['layers']} layers/step)", title_justify="left")
-    cols = ["variant", "source", "phase", "size", "before µs", "after µs", "after/before", "saving/step ms"]
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("variant", "source", "phase") else "right", no_wrap=True)
+    cols = [Col("variant", justify="left"), Col("source", justify="left"), Col("phase", justify="left"), Col("size"),
+            Col("before µs"), Col("after µs"), Col("after/before"), Col("saving/step ms")]
+    out: list[list[Cell]] = []
     for r in doc["rows"]:
-        t.add_row(str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                  _us(r.get("baseline_cost_per_write_ns")), _us(r.get("cost_per_write_ns")),
-                  _num(r.get("ratio_cost_per_write_ns"), "{:.2f}"), _num(r.get("saving_per_step_ms"), "{:.3f}"))
+        out.append([str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+                    us(r.get("baseline_cost_per_write_ns"), NO_GPU_TIME), us(r.get("cost_per_write_ns"), NO_GPU_TIME),
+                    num(r.get("ratio_cost_per_write_ns"), NO_GPU_TIME, "{:.2f}"),
+                    num(r.get("saving_per_step_ms"), saving_reason(r), "{:.3f}")])
+    t, notes = table(f"run vs run (before -> after; projection: {doc['layers']} layers/step)", cols, out)
+    t.caption, t.caption_justify = "\n".join(notes), "left"
     return t
-
-
-SOURCE_NAMES = {"reference": "the unprofiled reference", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
 
 
 def headline_line(h: dict[str, Any], b: dict[str, Any]) -> str:
@@ -167,11 +247,31 @@ def make_console() -> Console:
     return _make()
 
 
+def _generic(summary: Summary, con: Console) -> None:
+    """A trace with no kvprof steps: the numbers any trace has."""
+    found = sum(int((tr.get("attribution") or {}).get("writes") or 0) for tr in summary.traces)
+    con.print(f"{found:,} writes found, none inside a kvprof step range: no per-phase table; generic numbers "
+              "only (see the warnings and summary.json 'traces[].generic')" if found else
+              "no kvprof writes: generic numbers only (see summary.json 'traces[].generic')")
+    for tr in summary.traces:
+        g = tr.get("generic") or {}
+        if g.get("gpu"):
+            busy, window = us(g.get("gpu_busy_ns"), NOT_MEASURED, 1), us(g.get("gpu_window_ns"), NOT_MEASURED, 1)
+            overlap = num((g.get("overlap_frac") or 0) * 100, NOT_MEASURED)
+            con.print(f"  {tr['path']}: GPU busy {busy} µs of {window} µs, overlap {overlap} %, "
+                      f"{len(g.get('streams') or [])} streams")
+            for k in (g.get("kernels_by_name") or [])[:5]:
+                con.print(f"    {k['count']:>6} x {k['name'][:70]}  total {us(k['total_ns'], NOT_MEASURED, 1)} µs")
+        else:
+            con.print(f"  {tr['path']}: {g.get('note', 'no GPU activity')}")
+
+
 def render(summary: Summary, console: Console | None = None) -> None:
     con = console or make_console()
     dev = summary.device
+    peak = num(dev.get("peak_bandwidth_gbs"), NA("unknown"), "{:.0f}")
     con.print(f"[bold]kvprof analyze[/bold] {summary.input}  ({summary.input_kind}; device: {dev.get('name') or '?'}, "
-              f"peak {_num(dev.get('peak_bandwidth_gbs'), '{:.0f}')} GB/s)")
+              f"peak {peak} GB/s)")
     for tr in summary.traces:
         att = tr.get("attribution") or {}
         con.print(f"  {tr['source']}: {tr['path']} — {tr['events']:,} events, {tr['gpu_events']:,} on GPU, "
@@ -179,37 +279,27 @@ def render(summary: Summary, console: Console | None = None) -> None:
     groups = summary.groups
     ref_rows = [g for g in groups if g["source"] == "reference"]
     if ref_rows:
-        con.print(reference_table(ref_rows))
+        print_table(con, *reference_table(ref_rows, con.width))
     for source in sorted({g["source"] for g in groups} - {"reference"}):
-        con.print(groups_table([g for g in groups if g["source"] == source], source))
+        for part in groups_table([g for g in groups if g["source"] == source], source, summary, con.width):
+            print_table(con, *part)
     obs = summary.observer
     if obs.get("rows"):
-        con.print(observer_table(obs))
+        print_table(con, *observer_table(obs, summary, con.width))
     if not groups:
-        found = sum(int((tr.get("attribution") or {}).get("writes") or 0) for tr in summary.traces)
-        con.print(f"{found:,} writes found, none inside a kvprof step range: no per-phase table; generic numbers "
-                  "only (see the warnings and summary.json 'traces[].generic')" if found else
-                  "no kvprof writes: generic numbers only (see summary.json 'traces[].generic')")
-        for tr in summary.traces:
-            g = tr.get("generic") or {}
-            if g.get("gpu"):
-                con.print(f"  {tr['path']}: GPU busy {_us(g.get('gpu_busy_ns'), 1)} µs of {_us(g.get('gpu_window_ns'), 1)} µs, "
-                          f"overlap {_num((g.get('overlap_frac') or 0) * 100)} %, {len(g.get('streams') or [])} streams")
-                for k in (g.get("kernels_by_name") or [])[:5]:
-                    con.print(f"    {k['count']:>6} x {k['name'][:70]}  total {_us(k['total_ns'], 1)} µs")
-            else:
-                con.print(f"  {tr['path']}: {g.get('note', 'no GPU activity')}")
+        _generic(summary, con)
     render_ranks(summary.ranks, con)  # a multi-rank run only
     for name, v in summary.variants.items():
         con.print(verdict_line(name, v))
     cmp = summary.comparison
-    measured_rows = [r for r in (cmp or {}).get("rows") or [] if _is_number(r.get("cost_per_write_ns"))]
-    if cmp and cmp.get("rows") and not measured_rows:
-        con.print(f"vs baseline {cmp.get('baseline')}: no GPU time to compare (no GPU events in these traces)")
-    elif cmp and cmp.get("rows"):
-        con.print(comparison_table(cmp))
+    if cmp and cmp.get("rows"):
+        print_table(con, *comparison_view(cmp, con.width))
         h = cmp.get("headline")
         if h:
             con.print(headline_line(h, cmp["benchmark"]))
     for w in summary.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
+
+
+__all__ = ["SOURCE_NAMES", "comparison_rows", "comparison_table", "comparison_view", "groups_table", "headline_line", "make_console",
+           "observer_table", "reference_table", "render", "run_comparison_table", "saving_reason", "verdict_line"]

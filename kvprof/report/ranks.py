@@ -9,20 +9,23 @@ from rich.console import Console
 from rich.table import Table
 
 
+MISSING = "n/a (not measured)"  # as every console table says it (kvprof.report.cells)
+
+
 def _us(ns: Any, digits: int = 2) -> str:
     try:
         v = float(ns)
     except (TypeError, ValueError):
-        return "-"
-    return "-" if not math.isfinite(v) else f"{v / 1000:.{digits}f}"
+        return MISSING
+    return MISSING if not math.isfinite(v) else f"{v / 1000:.{digits}f}"
 
 
 def _num(v: Any, fmt: str) -> str:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        return "-"
-    return "-" if not math.isfinite(f) else fmt.format(f)
+        return MISSING
+    return MISSING if not math.isfinite(f) else fmt.format(f)
 
 
 def per_rank_table(doc: dict[str, Any]) -> Table:
@@ -36,7 +39,7 @@ def per_rank_table(doc: dict[str, Any]) -> Table:
                   str(r.get("writes")), _us(r.get("write_ns")), _us(r.get("step_ns"), 1),
                   _us(r.get("collective_ns"), 1), _us(r.get("wait_ns"), 1),
                   _num(r["collective_share"] * 100 if r.get("collective_share") is not None else None, "{:.1f}"),
-                  str(r.get("paths") or "-"))
+                  str(r.get("paths") or "n/a (no paths reported)"))
     return t
 
 

@@ -1,31 +1,149 @@
-"""The few plain sentences a capture ends with: what fused, what a write costs here, what next.
+"""What a capture prints: what ran, one compact table, a few plain sentences, where next.
 
-The tables before it hold every figure; this says what they mean for someone who has not
-read the docs yet, from the summary alone (no figure of its own).
+For someone who has not read the docs yet: one table narrow enough for an 80-column
+terminal (variant, fused or not, phase, size, cost per write and its source, ratio to the
+baseline, saving per decode step over the model's layers), then what it means (what
+fused, what a write costs here and why, what a GPU would show, where the H200 samples
+are), then the command with every table (``kvprof analyze RUN``). Every figure is the
+summary's; the manifest only says how the run was made (layers per step, threads,
+Triton's interpreter).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from rich.text import Text
+
+from kvprof.core import variants
+from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
+from kvprof.report.cells import NA, Cell, Col, cpu_run, finite, print_table, table
 
-LEGEND = ("cost/write: GPU time a write adds (on CPU: the wall time of one write); host µs: the "
-          "launching thread's time in the write; launch→GPU: from launch to the first kernel; "
-          "source: where a row was measured (reference = unprofiled); every column: docs/formats.md")
+SHORT_SOURCE = {"reference": "ref", "kineto": "torch", "nsys": "nsys"}
+SOURCE_WORDS = {"reference": "no profiler", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
+PHASES = ("decode", "prefill", "serving")
+DASHBOARD = "python -m kvprof dashboard (needs the dashboard extra: pip install -e '.[dashboard]')"
 
 
-def _us(ns: Any) -> str | None:
-    try:
-        v = float(ns)
-    except (TypeError, ValueError):
+def _cost(ns: Any) -> str | None:
+    """µs, with as many digits as a reader needs: 0.65, 16.3, 5,512."""
+    f = finite(ns)
+    if f is None:
         return None
-    return f"{v / 1000:.1f} µs" if math.isfinite(v) else None
+    v = f / 1000
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:,.0f}"
 
 
-def verdict_lines(summary: Summary) -> list[str]:
-    """Plain-language lines: fused or not per variant, cost per write per size, next steps."""
+def _ratio(r: float) -> str:
+    return f"{r:.2f}" if r < 10 else f"{r:.1f}" if r < 100 else f"{r:,.0f}"
+
+
+def interpreted(manifest: Manifest | None) -> list[str]:
+    """Variants whose kernel ran under Triton's interpreter (the manifest says so)."""
+    if manifest is None:
+        return []
+    return [n for n, e in manifest.variants.items() if e.available and e.extra.get("interpreted")]
+
+
+def _fused_word(summary: Summary, name: str) -> str:
+    v = summary.variants.get(name)
+    if v is None or v.fused is None:
+        return "unknown"
+    if v.fell_back:
+        return "fell back"
+    return "yes" if v.fused else "no"
+
+
+def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[list[Col], list[list[Cell]]]:
+    """One row per variant, phase and size: the most trusted source's cost per write."""
+    cmp = summary.comparison or {}
+    baseline = str(cmp.get("baseline") or variants.BASELINE)
+    layers = cmp.get("layers")
+    order = list(summary.trusted_sources) + [s for s in ("reference", "nsys", "kineto")
+                                              if s not in summary.trusted_sources]
+    by: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
+    for g in summary.groups:
+        if str(g.get("layer", "all")) == "all":
+            by.setdefault((str(g["variant"]), str(g["phase"]), int(g["size"])), {})[str(g["source"])] = g
+    compared = {(str(r["variant"]), str(r["source"]), str(r["phase"]), int(r["size"])): r for r in cmp.get("rows") or []}
+    cpu = cpu_run(summary)
+    marked = set(interpreted(manifest))
+    rank = {p: i for i, p in enumerate(PHASES)}
+    keys = sorted(by, key=lambda k: (variants.order_key(k[0]), rank.get(k[1], len(PHASES)), k[2]))
+    rows: list[list[Cell]] = []
+    used: set[str] = set()
+    for variant, phase, size in keys:
+        sources = by[(variant, phase, size)]
+        source = next((s for s in order if s in sources and finite(sources[s].get("cost_per_write_ns")) is not None),
+                      None)
+        name = variant + (" *" if variant in marked else "")
+        head: list[Cell] = [name, _fused_word(summary, variant), phase, str(size)]
+        if source is None:
+            why = NA("CPU: no GPU kernels") if cpu else NA("not measured")
+            rows.append([*head, why, why, why, why])
+            continue
+        used.add(source)
+        cost = _cost(sources[source]["cost_per_write_ns"]) or ""
+        if variant == baseline:
+            rows.append([*head, cost, SHORT_SOURCE.get(source, source), "baseline", "baseline"])
+            continue
+        c = compared.get((variant, source, phase, size))
+        if c is None:
+            missing = NA(f"no {baseline} run") if not any(k[0] == baseline for k in by) else NA(f"{baseline} not by {source}")
+            rows.append([*head, cost, SHORT_SOURCE.get(source, source), missing, missing])
+            continue
+        ratio = finite(c.get("ratio_cost_per_write_ns"))
+        saving = finite(c.get("saving_per_step_ms"))
+        if saving is not None:
+            saving_cell: Cell = f"{saving:.3f}"
+        elif phase != "decode":
+            saving_cell = NA(phase)
+        else:
+            saving_cell = NA("CPU") if cpu else NA("not measured")
+        rows.append([*head, cost, SHORT_SOURCE.get(source, source),
+                     _ratio(ratio) if ratio is not None else NA("not measured"), saving_cell])
+    per_step = f"ms per decode step, {baseline} minus the variant, x {layers} layers" if layers else \
+        f"ms per decode step against {baseline}"
+    if cpu:
+        per_step += " (n/a on a CPU: its clock says nothing of a GPU's step)"
+    cols = [Col("variant", justify="left"), Col("fused", "one launch writes K and V", "left"),
+            Col("phase", justify="left"), Col("size", "batch (decode) or tokens (prefill)"),
+            Col("µs/write", "median time one layer's write adds"),
+            Col("src", "where it was timed: " + ", ".join(f"{SHORT_SOURCE.get(s, s)} = {SOURCE_WORDS.get(s, s)}"
+                                                          for s in order if s in used), "left"),
+            Col("ratio", f"the variant's µs/write over {baseline}'s (the baseline)"),
+            Col("saving/step", per_step)]
+    return cols, rows
+
+
+def run_line(manifest: Manifest | None) -> str | None:
+    """What ran, from the manifest: model, layers per step, threads, device, interpreter."""
+    if manifest is None:
+        return None
+    cfg = manifest.config or {}
+    shape = (cfg.get("resolved") or {}).get("shape") or {}
+    model_layers, ran = shape.get("layers"), cfg.get("layers")
+    parts = [f"{shape.get('model', cfg.get('model', '?'))} tp{shape.get('tp', cfg.get('tp', '?'))} "
+             f"({shape.get('head_num', '?')}x{shape.get('head_dim', '?')} per rank), "
+             f"{(cfg.get('resolved') or {}).get('cache_dtype', '?')}, on {manifest.device.get('name') or '?'}"
+             f" ({manifest.device.get('type') or '?'})"]
+    if isinstance(ran, int) and isinstance(model_layers, int):
+        parts.append(f"each step wrote {ran} of the model's {model_layers} layers"
+                     + (" (--layers; per-write figures do not depend on it)" if ran != model_layers else ""))
+    if cfg.get("context") == "layer":
+        parts.append("each write inside a decoder layer (--context layer): µs/write is what it adds to the layer")
+    if isinstance(cfg.get("threads"), int):
+        parts.append(f"{cfg['threads']} torch thread{'s' if cfg['threads'] != 1 else ''}")
+    how = (cfg.get("resolved") or {}).get("triton_interpret")
+    marked = interpreted(manifest)
+    if marked:
+        parts.append(f"* {', '.join(marked)}: Triton's interpreter (TRITON_INTERPRET=1, {how or 'set'})")
+    return "; ".join(parts)
+
+
+def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[str]:
+    """Plain-language lines: what fused, what a write costs here and why, what next."""
     lines: list[str] = []
     ran = {n: v for n, v in summary.variants.items() if v.available}
     fused = [n for n, v in ran.items() if v.fused]
@@ -34,37 +152,80 @@ def verdict_lines(summary: Summary) -> list[str]:
     if fused:
         lines.append(f"fused (one launch writes K and V): {', '.join(fused)}")
     if not_fused:
-        why = {n: ", ".join(f"{p}" for p in ran[n].paths) or "two copies" for n in not_fused}
+        why = {n: ", ".join(p.replace("_", " ") for p in ran[n].paths) or "two copies" for n in not_fused}
         lines.append("not fused: " + "; ".join(f"{n} ({why[n]})" for n in not_fused))
     if unknown:
         lines.append(f"not decided (no paths or kernels to judge by): {', '.join(unknown)}")
     skipped = [(n, v.reason) for n, v in summary.variants.items() if not v.available]
     if skipped:
-        lines.append("not run here: " + "; ".join(f"{n} ({r or 'unavailable'})" for n, r in skipped))
+        lines.append("n/a here: " + "; ".join(f"{n} ({r or 'unavailable'})" for n, r in skipped))
     source = summary.trusted_sources[0] if summary.trusted_sources else None
     rows = [g for g in summary.groups if g.get("source") == source and g.get("phase") == "decode"]
-    if rows:
-        per: dict[str, list[str]] = {}
-        for g in sorted(rows, key=lambda g: (str(g.get("variant")), float(g.get("size") or 0))):
-            cost = _us(g.get("cost_per_write_ns"))
-            if cost:
-                per.setdefault(str(g["variant"]), []).append(f"{cost} at batch {g.get('size')}")
-        if per:
-            lines.append(f"one layer's write here, decode, median ({source}): "
-                         + "; ".join(f"{n} {', '.join(v)}" for n, v in per.items()))
-    if (summary.device or {}).get("type") == "cpu":
-        lines.append("on a CPU there are no kernel launches, so the launch cost that fused writes remove "
-                     "does not show; run the same command on a machine with a CUDA GPU to see it")
-        lines.append("the H200 samples (fused vs two-stream writes, both profilers): "
-                     "pip install 'kvcache-profiler[dashboard]' && python -m kvprof dashboard")
+    per: dict[str, list[tuple[float, str]]] = {}
+    for g in rows:
+        cost = _cost(g.get("cost_per_write_ns"))
+        if cost:
+            per.setdefault(str(g["variant"]), []).append((float(g.get("size") or 0), cost))
+    if per:
+        spans = []
+        for n in variants.ordered(list(per)):
+            costs = sorted(per[n], key=lambda sc: float(sc[1].replace(",", "")))
+            spans.append(f"{n} {costs[0][1]}" + (f"-{costs[-1][1]}" if costs[-1][1] != costs[0][1] else ""))
+        sizes = sorted({s for v in per.values() for s, _ in v})
+        batch = f"batch {sizes[0]:g}" + (f"-{sizes[-1]:g}" if len(sizes) > 1 else "")
+        lines.append(f"one layer's write here costs (decode, {batch}, µs, {source}): " + ", ".join(spans))
+    marked = interpreted(manifest)
+    if marked:
+        lines.append(f"{', '.join(marked)} ran its Triton kernel in Triton's interpreter (numpy on the host): "
+                     "that time is the interpreter's, not what the kernel costs on a GPU")
+    if cpu_run(summary):
+        lines.append("a CPU has no kernel launches, so what a fused write saves (one launch instead of two "
+                     "per layer, at every decode step) does not show here; on a machine with a CUDA GPU the "
+                     "same `python -m kvprof capture` runs every layer with compiled kernels and shows "
+                     "launch-bound writes")
+    else:
+        h = (summary.comparison or {}).get("headline")
+        if h:
+            lines.append(f"{h['variant']} saves {h['saving_per_step_ms']:.3f} ms per decode step at batch "
+                         f"{h['size']} against {summary.comparison['baseline']} "  # type: ignore[index]
+                         f"({'measured' if h.get('measured') else 'projected'} over the model's layers)")
+    lines.append(f"the H200 samples (fused vs two-stream writes, both profilers): {DASHBOARD}")
     return lines
 
 
-def render_verdict(summary: Summary, console: Any) -> None:
-    lines = verdict_lines(summary)
-    if not lines:
-        return
-    console.print("[bold]What this run says[/]")
-    for line in lines:
-        console.print(f"  {line}", highlight=False)
-    console.print(f"[dim]{LEGEND}[/]", highlight=False)
+def grouped_warnings(warnings: list[str]) -> list[str]:
+    """Each warning once: the same sentence about several files becomes one line naming them."""
+    files: dict[str, list[str]] = {}
+    for w in warnings:
+        head, sep, rest = w.partition(": ")
+        if sep and "/" in head and " " not in head:  # "<path>: sentence", as the analysis words it
+            files.setdefault(rest, []).append(head.rsplit("/", 1)[-1])
+        else:
+            files.setdefault(w, [])
+    return [w if not names else f"{w} ({', '.join(names)})" for w, names in files.items()]
+
+
+def render_verdict(summary: Summary, console: Any, manifest: Manifest | None = None) -> None:
+    console.print(Text("What this run says", style="bold"))
+    for line in verdict_lines(summary, manifest):
+        console.print(Text(f"  {line}"))
+
+
+def render_first_run(summary: Summary, console: Any, manifest: Manifest | None = None,
+                     run_dir: str | None = None) -> None:
+    """The capture's whole summary: what ran, the compact table, the verdict, where next."""
+    line = run_line(manifest)
+    if line:
+        console.print(Text(line))
+    cols, rows = compact_rows(summary, manifest)
+    if rows:
+        t, notes = table(None, cols, rows, collapse=False, compact=True, width=console.width)
+        print_table(console, t, notes)
+    render_verdict(summary, console, manifest)
+    for line in grouped_warnings(summary.warnings):
+        console.print(Text(f"warning: {line}", style="yellow"))
+    console.print(Text("every table (reference pass, each profiler, observer effect, vs baseline): "
+                       f"python -m kvprof analyze {run_dir or 'RUN_DIR'}"))
+
+
+__all__ = ["compact_rows", "grouped_warnings", "interpreted", "render_first_run", "render_verdict", "run_line", "verdict_lines"]

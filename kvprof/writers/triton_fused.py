@@ -8,7 +8,9 @@ rounding (:mod:`kvprof.writers.triton_convert`), the launch shapes
 flags and launch shape a write takes. On a GPU (sm_90+) it launches with programmatic
 dependent launch by default, so back-to-back writes overlap one launch with the previous
 kernel's tail (the latency floor of a write of a few tokens; docs/benchmarks.md). On CPU
-the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1`` when this is imported).
+the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1`` when this is imported;
+``kvprof capture`` sets it on a CPU when the environment does not say), with its own
+launch shape (:func:`kvprof.writers.triton_tables.interpreted_config`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from kvprof.writers import triton_kernel as kernel
-from kvprof.writers.base import FUSED, KVWriter
+from kvprof.writers.base import FUSED, KVWriter, WriterInfo
 from kvprof.writers.triton_convert import (
     FP8_DTYPES,
     KINDS,
@@ -37,9 +39,16 @@ from kvprof.writers.triton_kernel import (
     MODE_V_SCALED,
     MODE_WIDE,
 )
-from kvprof.writers.triton_tables import TRITON_TABLE, TRITON_TABLE_FP8, TritonConfig, pick_config
+from kvprof.writers.triton_tables import (
+    TRITON_TABLE,
+    TRITON_TABLE_FP8,
+    TritonConfig,
+    interpreted_config,
+    pick_config,
+)
 
 _INT32_MAX = 2**31 - 1
+INSTALL_HINT = "pip install 'kvcache-profiler[triton]' (from a checkout: pip install -e '.[triton]')"
 
 
 def _pow2(n: int) -> int:
@@ -78,14 +87,18 @@ class TritonFusedWriter(KVWriter):
         if reason:
             return reason
         if triton is None:
-            return f"triton is not importable ({TRITON_ERROR})"
+            return f"triton is not importable ({TRITON_ERROR}): {INSTALL_HINT}"
         interpreted = kernel.interpreted()
         if device.type == "cpu" and not interpreted:
-            return (
-                "triton_fused on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
-                "kvprof.writers.triton_fused is imported"
-                + (" (it is set now, but was not at import)" if os.environ.get("TRITON_INTERPRET") else "")
-            )
+            value = os.environ.get("TRITON_INTERPRET")
+            if value is None:
+                why = " (kvprof capture sets it when it is unset, before any writer is imported)"
+            elif value.strip().lower() in ("1", "true", "on", "yes"):
+                why = " (it is set now, but was not at import)"
+            else:
+                why = f" (TRITON_INTERPRET={value.strip()} is set, which turns the interpreter off)"
+            return ("triton_fused on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
+                    "kvprof.writers.triton_fused is imported" + why)
         if self.pdl and (interpreted or device.type != "cuda"):
             return "triton_fused(pdl=True) needs the compiled kernel on a CUDA device"
         if device.type == "cuda" and interpreted:
@@ -107,7 +120,8 @@ class TritonFusedWriter(KVWriter):
         rk = k_buf[0].numel()
         rv = v_buf[0].numel()
         in_size = torch.empty((), dtype=in_dtype).element_size()
-        compiled = k_buf.is_cuda and not kernel.interpreted()
+        interpreted = kernel.interpreted()
+        compiled = k_buf.is_cuda and not interpreted
         hw = {"hw": True, "int": False}.get(self.convert, compiled)
         pdl = self.pdl
         if pdl is None:
@@ -123,7 +137,7 @@ class TritonFusedWriter(KVWriter):
             base |= MODE_PACKED  # ignored where a launch takes FP8_INT
         pow2_ok = not same and in_dtype in (torch.bfloat16, torch.float32) and dtype in FP8_DTYPES
         plan = (rows, rk, rv, _pow2(rk), _pow2(rv), (rk + rv) * in_size, base, same,
-                {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok, dtype in FP8_DTYPES)
+                {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok, dtype in FP8_DTYPES, interpreted)
         self._plans[key] = plan
         return plan
 
@@ -143,7 +157,7 @@ class TritonFusedWriter(KVWriter):
             return FUSED
         key = (k_buf.shape, v_buf.shape, k_buf.device, cache_k.dtype, dtype)
         plan = self._plans.get(key) or self._plan(k_buf, v_buf, cache_k.dtype, dtype, key)
-        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw, pow2_ok, fp8_out = plan
+        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw, pow2_ok, fp8_out, interpreted = plan
         cache_k = _rows(cache_k)
         cache_v = _rows(cache_v)
         if k_scale is not None and not same:
@@ -158,7 +172,7 @@ class TritonFusedWriter(KVWriter):
             v_inv = 1.0
         if pow2_ok and mode & (MODE_K_SCALED | MODE_V_SCALED) and pow2_exact(k_inv) and pow2_exact(v_inv):
             mode |= MODE_POW2
-        cfg = self.config or pick_config(row_bytes, tokens, fp8=fp8_out)
+        cfg = self.config or self.launch_shape(tokens, row_bytes, bk + bv, fp8_out, interpreted)
         block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
         k_stride, v_stride = cache_k.stride(0), cache_v.stride(0)
         if fp8_hw and not kernel.fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split,
@@ -174,6 +188,23 @@ class TritonFusedWriter(KVWriter):
         return FUSED
 
 
+    @staticmethod
+    def launch_shape(tokens: int, row_bytes: int, row_elements: int, fp8: bool, interpreted: bool) -> TritonConfig:
+        """The GPU tables' shape, or under Triton's interpreter its own (few large programs:
+        the interpreter pays per program, not per element; see triton_tables)."""
+        if interpreted:
+            return interpreted_config(row_elements, tokens)
+        return pick_config(row_bytes, tokens, fp8=fp8)
+
+    def info(self) -> WriterInfo:
+        """``extra["interpreted"]`` when the kernel runs under Triton's interpreter (on the host,
+        in numpy): its times are the interpreter's, not a GPU's."""
+        info = super().info()
+        if triton is not None and kernel.interpreted():
+            info.extra["interpreted"] = "Triton's interpreter on the host"
+        return info
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """Rows must be contiguous after the token dimension (any token stride); copy if not."""
     if t.stride(-1) != 1 or (t.dim() == 3 and t.stride(1) != t.shape[2]) or t.dim() > 3:
@@ -181,5 +212,5 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-__all__ = ["KINDS", "TRITON_TABLE", "TRITON_TABLE_FP8", "TritonConfig", "TritonFusedWriter", "e4m3_saturates",
-           "pick_config"]
+__all__ = ["INSTALL_HINT", "KINDS", "TRITON_TABLE", "TRITON_TABLE_FP8", "TritonConfig", "TritonFusedWriter",
+           "e4m3_saturates", "interpreted_config", "pick_config"]

@@ -5,7 +5,8 @@ Provenance: ``python lab/tune_fused.py`` on one NVIDIA H200 (torch 2.11.0+cu130,
 (CUDA-graph replays of W writes into a 256 MB pool at random slots, median of 100
 replays), the fastest kept. Its output is in ``lab/results/`` (``tune-*.txt``); what the
 shapes mean for the bench's numbers is in docs/benchmarks.md. ``TritonFusedWriter(config=...)``
-overrides the tables per writer.
+overrides the tables per writer. Under Triton's interpreter (CPU) a write takes
+``interpreted_config`` instead: few large programs, see the comment there.
 """
 
 from __future__ import annotations
@@ -74,6 +75,29 @@ TRITON_TABLE_FP8: Table = [
 ]
 
 
+# Under Triton's interpreter (TRITON_INTERPRET=1, the CPU path) a program is not a block of
+# GPU threads but one numpy pass over its whole [block_t, row] tile, with a fixed cost of
+# milliseconds per program for walking the kernel's Python. The GPU tables above launch
+# many small programs, so a write under the interpreter costs tens to thousands of times
+# more with them than with one program over every token (measured by
+# lab/interpreter_shapes.py; lab/results/interpreter-shapes-*.txt). Same kernel, same
+# bits: the launch shape only decides which program writes which token, and each
+# element's conversion does not depend on it. The tile is capped at INTERPRETED_TILE
+# elements (4096 tokens of 1x128 K+V rows) so that a long prefill or long rows take a few
+# programs instead of numpy temporaries of hundreds of MB.
+INTERPRETED_TILE = 1 << 20
+
+
+def interpreted_config(row_elements: int, tokens: int) -> TritonConfig:
+    """The interpreter's launch shape: as few programs as the tile cap allows.
+    ``row_elements``: K plus V elements of one token's row blocks (powers of two)."""
+    cap = max(1, INTERPRETED_TILE // max(1, row_elements))
+    cap = 1 << (cap.bit_length() - 1)  # a power of two, at most the cap
+    block_t = min(1 << max(0, tokens - 1).bit_length(), cap)
+    # num_warps and split mean nothing to the interpreter: one program per token block
+    return TritonConfig(block_t, 4, 1)
+
+
 def pick_config(row_bytes: int, tokens: int, table: Table | None = None, fp8: bool = False) -> TritonConfig:
     """The table's config for one token's K+V input bytes and the token count (``fp8``: the
     cache is fp8, converted in the kernel)."""
@@ -83,4 +107,5 @@ def pick_config(row_bytes: int, tokens: int, table: Table | None = None, fp8: bo
     return TritonConfig(1, 8)
 
 
-__all__ = ["TRITON_TABLE", "TRITON_TABLE_FP8", "Table", "TritonConfig", "pick_config"]
+__all__ = ["INTERPRETED_TILE", "TRITON_TABLE", "TRITON_TABLE_FP8", "Table", "TritonConfig", "interpreted_config",
+           "pick_config"]

@@ -1,0 +1,93 @@
+"""What a capture sets up in its own process before any writer is built.
+
+* On a CPU, kvprof's Triton writers run their kernels under Triton's interpreter, which
+  Triton decides when a kernel is decorated, i.e. when its module is imported, from
+  ``TRITON_INTERPRET``. A capture on a CPU sets ``TRITON_INTERPRET=1`` itself when the
+  environment does not say (an explicit value, 0 included, is the user's choice and is
+  kept), before it builds any writer, so that ``triton_fused`` runs on a first try
+  instead of being refused. Child processes (the nsys pass, the ranks) inherit it.
+* torch's intra-op CPU threads: one on a CPU unless ``--threads`` says (the writes are
+  small; a second thread on a shared machine made them swing by orders of magnitude),
+  restored when the capture ends.
+
+Both land in the manifest (``config.threads``, ``config.resolved.triton_interpret``) and
+in the capture's first lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from kvprof.capture.config import CaptureConfig
+from kvprof.devinfo import resolve_device
+
+# kvprof's modules that decorate Triton kernels (@triton.jit) a capture may run
+TRITON_WRITER_MODULES = ("kvprof.writers.triton_convert", "kvprof.writers.triton_kernel", "kvprof.writers.paged_triton",
+                         "kvprof.writers.mla_triton", "kvprof.writers.fp8_jit")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The process settings a capture ran under."""
+
+    device: torch.device
+    threads: int  # torch's intra-op threads while the writes ran
+    # "set by kvprof" (a CPU, the variable unset), "from the environment" (TRITON_INTERPRET=1
+    # already there), or None: Triton kernels are compiled (CUDA) or the user turned it off
+    triton_interpret: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"threads": self.threads, "triton_interpret": self.triton_interpret}
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "on", "yes")
+
+
+def triton_interpreter(device: torch.device) -> str | None:
+    """Set TRITON_INTERPRET=1 on a CPU when it is unset and no Triton writer is imported yet;
+    say where the setting in force came from."""
+    value = os.environ.get("TRITON_INTERPRET")
+    if value is not None:
+        return "from the environment" if _truthy(value) else None
+    if device.type == "cuda":
+        return None
+    if any(m in sys.modules for m in TRITON_WRITER_MODULES):
+        # too late for this process (a library user imported a writer first): the writer
+        # itself says why it cannot run, and the variant is reported n/a with that reason
+        return None
+    os.environ["TRITON_INTERPRET"] = "1"
+    return "set by kvprof"
+
+
+def prepare(config: CaptureConfig) -> Runtime:
+    """Resolve the device and the device-dependent defaults, set Triton's interpreter up."""
+    config.validate()
+    device = resolve_device(config.device)
+    config.resolve_for(device.type)
+    interpret = triton_interpreter(device)
+    threads = config.threads if config.threads is not None else torch.get_num_threads()
+    return Runtime(device=device, threads=threads, triton_interpret=interpret)
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` (None: unchanged), restored afterwards."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+__all__ = ["Runtime", "prepare", "torch_threads", "triton_interpreter"]

@@ -1,0 +1,166 @@
+"""How every console table says a figure is missing, and why; and what its columns mean.
+
+A blank "-" leaves a new user guessing whether something broke. A figure that cannot
+exist here reads ``n/a (why)`` instead: ``n/a (CPU: no GPU kernels)``, ``n/a (graph
+replay: no launch per write)``. In a wide table a column that is n/a in every row for
+the same reason is left out and named once below the table, so a CPU run's tables are
+not columns of the same words. Each table ends with a legend line: what each of its
+columns is, in a few words (every unit and key: docs/formats.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich import box
+from rich.console import JustifyMethod
+from rich.table import Table
+from rich.text import Text
+
+from kvprof.core.summary import Summary
+
+
+@dataclass(frozen=True)
+class NA:
+    """A figure that does not exist here, with the reason in a few words; ``explain``, when
+    the words are too short to stand alone, goes once under the table."""
+
+    why: str
+    explain: str = ""
+
+    def __str__(self) -> str:
+        return f"n/a ({self.why})"
+
+
+Cell = str | NA
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column: its header, alignment and one-phrase meaning for the legend."""
+
+    header: str
+    means: str = ""
+    justify: JustifyMethod = "right"
+
+
+def finite(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def us(ns: Any, missing: NA, digits: int = 2) -> Cell:
+    """Nanoseconds as µs, or ``missing``."""
+    f = finite(ns)
+    return missing if f is None else f"{f / 1000:.{digits}f}"
+
+
+def num(v: Any, missing: NA, fmt: str = "{:.1f}") -> Cell:
+    f = finite(v)
+    return missing if f is None else fmt.format(f)
+
+
+# -- why a figure is missing --------------------------------------------------------------
+
+NOT_MEASURED = NA("not measured")
+
+
+def cpu_run(summary: Summary) -> bool:
+    """Timed by a wall clock and no GPU event anywhere: the run was on a CPU."""
+    clocks = (summary.reference or {}).get("clock") or []
+    no_gpu = all(int(t.get("gpu_events") or 0) == 0 for t in summary.traces)
+    return no_gpu and (clocks == ["wall"] or not clocks)
+
+
+def no_gpu_reason(summary: Summary) -> NA:
+    if cpu_run(summary) and (summary.reference or {}).get("clock") == ["wall"]:
+        return NA("CPU: no GPU kernels")
+    return NA("no GPU events in the trace")
+
+
+def gpu_traced(summary: Summary) -> set[tuple[str, str]]:
+    """(source, variant) pairs whose trace holds GPU events."""
+    out: set[tuple[str, str]] = set()
+    for t in summary.traces:
+        if int(t.get("gpu_events") or 0) > 0:
+            out |= {(str(t.get("source")), str(v)) for v in t.get("variants") or []}
+    return out
+
+
+def ns_or_why(row: dict[str, Any], key: str, gpu: bool, summary: Summary, digits: int = 2) -> Cell:
+    """A profiler row's figure in µs, or why it is missing: no GPU events, a graph replay
+    (no launch per write), else not measured."""
+    return us(row.get(key), missing_reason(row, key, gpu, summary), digits)
+
+
+GPU_KEYS = ("kernels_per_write", "gpu_span_ns", "gpu_busy_ns", "cost_per_write_ns", "launch_delay_ns", "streams",
+            "overlap_frac", "bandwidth_gbs", "pct_of_peak", "step_gpu_ns")
+
+
+GRAPH = NA("graph", "a CUDA-graph replay submits a whole step at once: no launch per write")
+
+
+def missing_reason(row: dict[str, Any], key: str, gpu: bool, summary: Summary) -> NA:
+    if key in GPU_KEYS and not gpu:
+        return no_gpu_reason(summary)
+    if key in ("host_launch_ns", "launch_delay_ns") and row.get("graph"):
+        return GRAPH
+    if key == "pct_of_peak" and finite((summary.device or {}).get("peak_bandwidth_gbs")) is None:
+        return NA("peak unknown")
+    if key == "step_iqr_ns" and (finite(row.get("steps")) or 0) < 4:
+        return NA("< 4 steps")
+    return NOT_MEASURED
+
+
+# -- tables -------------------------------------------------------------------------------
+
+def table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[Cell]], *, collapse: bool = True,
+          compact: bool = False, width: int | None = None) -> tuple[Table, list[str]]:
+    """A rich table and the lines that go under it: the columns left out because they are
+    n/a in every row (``collapse``), with why, then the legend of the columns shown.
+    When the table would be wider than ``width``, headers break between words, so that
+    the terminal wraps headers and reasons, not figures; nothing is cut with an ellipsis."""
+    keep = list(range(len(cols)))
+    notes: list[str] = []
+    if collapse and rows:
+        gone: dict[tuple[str, ...], list[str]] = {}
+        for i, col in enumerate(cols):
+            cells = [r[i] for r in rows]
+            if all(isinstance(c, NA) for c in cells):
+                whys = tuple(dict.fromkeys(f"{c.why}: {c.explain}" if c.explain else c.why
+                                           for c in cells if isinstance(c, NA)))
+                gone.setdefault(whys, []).append(col.header)
+                keep.remove(i)
+        notes += [f"n/a here ({'; '.join(whys)}): {', '.join(heads)}" for whys, heads in gone.items()]
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+              padding=(0, 1), pad_edge=not compact, collapse_padding=compact)
+    natural = sum(max([len(cols[i].header)] + [len(str(r[i])) for r in rows]) for i in keep)
+    borders = (2 if compact else 3) * len(keep) + 1
+    narrow = width is not None and natural + borders > width
+    for i in keep:
+        c = cols[i]
+        t.add_column("\n".join(c.header.split()) if narrow else c.header, justify=c.justify, overflow="fold")
+    for r in rows:
+        t.add_row(*(Text(str(r[i]), style="dim") if isinstance(r[i], NA) else str(r[i]) for i in keep))
+    meant = [f"{cols[i].header}: {cols[i].means}" for i in keep if cols[i].means]
+    meant += list(dict.fromkeys(f"{cell}: {cell.explain}" for r in rows for i in keep
+                                if isinstance(cell := r[i], NA) and cell.explain))
+    if meant:
+        notes.append("; ".join(meant))
+    return t, notes
+
+
+def print_table(console: Any, t: Table, notes: Sequence[str]) -> None:
+    console.print(t)
+    for line in notes:
+        console.print(Text(line, style="dim"))
+
+
+__all__ = ["GRAPH", "NA", "NOT_MEASURED", "Cell", "Col", "cpu_run", "finite", "gpu_traced", "missing_reason", "no_gpu_reason",
+           "ns_or_why", "num", "print_table", "table", "us"]
