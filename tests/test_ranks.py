@@ -68,9 +68,9 @@ def test_hta_reads_the_traces_as_ranks(tmp_path):
     rc = main(["capture", *TINY, "--ranks", "2", "--variants", "index_put", "--out", str(tmp_path),
                "--run-id", "h", "--no-summary"])
     assert rc == 0
-    run = tmp_path / "h"
-    files = {r: str(run / f"index_put.rank{r}.pt.trace.json.gz") for r in (0, 1)}
-    analysis = hta.TraceAnalysis(trace_files=files, trace_dir=str(run))
+    folder = tmp_path / "h" / "hta" / "index_put"  # the variant's rank traces, alone in a folder
+    assert sorted(p.name for p in folder.iterdir()) == [f"index_put.rank{r}.pt.trace.json.gz" for r in (0, 1)]
+    analysis = hta.TraceAnalysis(trace_dir=str(folder))
     assert sorted(analysis.t.get_all_traces()) == [0, 1]
 
 

@@ -140,12 +140,12 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof.capture.run import capture
+    from kvprof import api
     from kvprof.progress import StepProgress
 
     config = config_from_args(args)
     factory = (lambda total: StepProgress(total)) if args.progress else None
-    result = capture(config, progress_factory=factory, analyse=args.summary)
+    result = api.capture(config, progress_factory=factory, analyse=args.summary)
     if args.summary:
         from kvprof.capture.summary import print_capture_summary
 
