@@ -31,8 +31,8 @@ STEPS = 2
 # what HTA 0.5 logs when a trace has no iterations or no rank, or two traces share a rank
 UNWANTED = ("ProfilerStep not found", "There is only one iteration", "If the trace file does not have the rank",
             "File ")
-TINY = ["--variants", "index_put", "--steps", str(STEPS), "--warmup", "1", "--batch-sizes", "1", "--phase", "decode",
-        "--no-progress", "--no-summary"]
+TINY = ["--steps", str(STEPS), "--warmup", "1", "--batch-sizes", "1", "--phase", "decode", "--no-progress",
+        "--no-summary"]
 
 
 @contextmanager
@@ -56,7 +56,7 @@ def hta_warnings() -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cpu")
-    assert main(["capture", "--device", "cpu", *TINY, "--out", str(out), "--run-id", "r"]) == 0
+    assert main(["capture", "--device", "cpu", *TINY, "--variants", "index_put", "--out", str(out), "--run-id", "r"]) == 0
     return out / "r"
 
 
@@ -122,6 +122,41 @@ def test_hta_breakdowns_on_the_h200_capture_agree_with_kvprof(h200_folders, monk
         typed = by_type.set_index("kernel_type")["sum"]["COMPUTATION"]
         union = t["compute_time(us)"]
         assert typed < union and (variant != "index_put" or typed < 0.85 * union)
+
+
+def test_hta_iterations_keep_every_measured_steps_kernels(tmp_path, monkeypatch):
+    """A GPU-shaped trace as capture writes it (kvprof.trace.synthetic: graph-replayed decode
+    steps, eager prefill steps) with the ProfilerStep ranges that prof.step() after each step
+    draws: HTA's iteration filter keeps the kernels of every measured step, the ones of graph
+    replays (correlated with their cudaGraphLaunch) included, and drops only the tail range."""
+    import gzip
+
+    from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps
+
+    monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "1")
+    doc, expected = build(TraceSpec(phases=[PhaseSpec("decode", 8, 3, graph=True), PhaseSpec("prefill", 64, 2)]))
+    events = doc["traceEvents"]
+    steps = sorted((e for e in events if str(e.get("name", "")).startswith("kvprof.step[")), key=lambda e: e["ts"])
+    trace_end = max(e["ts"] + e.get("dur", 0) for e in events if e.get("ph") == "X")
+    start = min(e["ts"] for e in events if e.get("ph") == "X")
+    for i, end in enumerate([*(s["ts"] + s["dur"] for s in steps), trace_end + 5.0]):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 450, "tid": 450,
+                       "ts": start, "dur": round(end - start, 3), "args": {"External id": 90_000 + i}})
+        start = end
+    folder = tmp_path / "hta" / "two_stream"
+    folder.mkdir(parents=True)
+    (folder / "two_stream.pt.trace.json.gz").write_bytes(gzip.compress(dumps(doc)))
+    with hta_warnings() as warned:
+        analysis = hta.TraceAnalysis(trace_dir=str(folder))
+    assert not [w for w in warned if w.startswith(UNWANTED)], warned
+    assert [int(s) for s in analysis.get_profiler_steps()] == list(range(len(steps)))
+    kernels = gpu_events(folder / "two_stream.pt.trace.json.gz")
+    assert len(kernels) == 2 * len(expected["writes"])  # two copies per write, every step
+    _, per_kernel = analysis.get_gpu_kernel_breakdown(visualize=False)
+    assert per_kernel["sum (us)"].sum() == pytest.approx(kernels["dur_ns"].sum() / 1e3)
+    t = analysis.get_temporal_breakdown(visualize=False).iloc[0]
+    span_us = ((kernels["start_ns"] + kernels["dur_ns"]).max() - kernels["start_ns"].min()) / 1e3
+    assert t["kernel_time(us)"] == pytest.approx(span_us)
 
 
 def test_hta_rounding_turns_sub_microsecond_gpu_events_negative(h200_folders, monkeypatch):
