@@ -172,12 +172,30 @@ def clean(doc: Any) -> Any:
 
 def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | None = None,
             analyse: bool = True) -> CaptureResult:
-    """Run the workload per variant and write the run directory (imports torch)."""
+    """Run the workload per variant and write the run directory (imports torch), then its
+    ``hta/<variant>/`` folders (:func:`hta_folders`); a failure there is one of the result's
+    problems, the run stays."""
     from kvprof.capture.run import capture as _capture
+    from kvprof.core.errors import KvprofError
 
-    return _capture(config, progress_factory=progress_factory, analyse=analyse)
+    result = _capture(config, progress_factory=progress_factory, analyse=analyse)
+    try:
+        hta_folders(result.run_dir)
+    except KvprofError as exc:
+        result.problems.append(exc)
+    return result
+
+
+def hta_folders(run_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """``RUN/hta/<variant>/``: each variant's torch.profiler trace (one per rank) alone in a
+    folder, as HolisticTraceAnalysis reads one (every .json/.gz in it, one trace per rank):
+    ``TraceAnalysis(trace_dir=kv.hta_folders(run)["index_put"])``. Hard links, copies where
+    the file system has none; made again whole on every call (runs from older captures)."""
+    from kvprof.trace.hta import write_hta_folders
+
+    return write_hta_folders(Path(run_dir))
 
 
 __all__ = ["DEFAULT_MAX_EVENTS", "analyze", "benchmark", "capture", "check_write_kernel_regex", "clean",
-           "compare_runs", "compare_variants", "load", "open_run", "output_dir", "read_manifest", "read_summary",
+           "compare_runs", "compare_variants", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
            "regression_gate", "write_outputs"]

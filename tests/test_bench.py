@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import orjson
@@ -37,6 +38,67 @@ def test_bench_cpu_small_grid(tmp_path, capsys):
     assert (tmp_path / "bench.csv").read_text().startswith("shape,heads,dim")
     assert "index_put" in capsys.readouterr().out
     assert BenchResult.from_json((tmp_path / "bench.json").read_bytes()).to_json() == result
+
+
+def test_cpu_bench_times_with_one_thread_and_records_it(tmp_path, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    assert main(["bench", "--device", "cpu", "--variants", "index_put", "--shapes", "1x8", "--tokens", "1",
+                 "--eager-repeats", "4", "--out", str(tmp_path / "a")]) == 0
+    assert BenchResult.from_json((tmp_path / "a" / "bench.json").read_bytes()).settings.torch_threads == 1
+    assert torch.get_num_threads() == before  # given back afterwards
+    assert "torch threads 1" in capsys.readouterr().out
+    assert main(["bench", "--device", "cpu", "--variants", "index_put", "--shapes", "1x8", "--tokens", "1",
+                 "--eager-repeats", "4", "--threads", "2", "--out", str(tmp_path / "b")]) == 0
+    assert orjson.loads((tmp_path / "b" / "bench.json").read_bytes())["settings"]["torch_threads"] == 2
+
+
+def test_help_states_the_cpu_defaults(capsys):
+    from kvprof.bench.grids import CPU_GRID, CPU_THREADS
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for value in (CPU_GRID.shapes_text(), CPU_GRID.dtypes_text(), CPU_GRID.tokens_text()):
+        assert f"{value} on CPU" in text
+    assert f"default: {CPU_THREADS} on CPU" in text
+
+
+def test_table_fits_the_terminal_and_says_why_a_figure_is_missing(tmp_path, capsys, monkeypatch):
+    from kvprof.bench.render import fmt_median_iqr
+
+    monkeypatch.setenv("COLUMNS", "72")
+    assert main(["bench", "--device", "cpu", "--variants", "index_put,two_stream,sgl_kernel,cuda_fused",
+                 "--shapes", "1x8", "--dtypes", "bf16", "--tokens", "1,3", "--eager-repeats", "4",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    table, wrote = out.split("\nwrote ")  # the last line names the files: a path is as long as it is
+    assert max(map(len, table.splitlines())) <= 72 and "bench.json" in wrote
+    doc = BenchResult.from_json((tmp_path / "bench.json").read_bytes())
+    for r in (r for r in doc.records if r.variant == "index_put"):  # each median with its IQR beside it
+        assert re.search(rf"│ +{re.escape(fmt_median_iqr(r.median_us, r.iqr_us))} │", out)
+    # the CUDA-only writers have no figure on a CPU: named once with why, not a column of "-"
+    assert "not shown, n/a (needs CUDA): sgl_kernel, cuda_fused" in out
+    assert "unavailable" not in out.split("not shown")[0] and " - " not in out
+
+
+def test_tables_wider_than_the_console_are_split_with_the_point_columns_in_each():
+    from rich.console import Console
+
+    from kvprof.bench.render import render_table
+
+    result = BenchResult.from_json(GOLDEN.read_bytes())
+    console = Console(width=90, record=True, color_system=None)
+    render_table(result, console)
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 90
+    assert "CUDA-graph replay, µs per write: median (IQR) [1/" in text
+    parts = re.findall(r"\[(\d+)/(\d+)\]", text)
+    heads = re.findall(r"┃ shape +┃ dtype +┃ tokens +┃", text)
+    assert len(parts) >= 2 and len(heads) == len(parts)  # every part of every table leads with the point
+    for v in result.variants:  # a column, or named under the tables with why it has no figure
+        assert re.search(rf"┃ *{v} *┃", text) or re.search(rf"not shown, n/a \([^)]*\): .*\b{v}\b", text), v
 
 
 def test_bench_target_is_a_recorded_option(tmp_path, capsys):

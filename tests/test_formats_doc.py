@@ -71,3 +71,5 @@ def test_bench_keys_are_documented(tmp_path, capsys):
     assert result["schema"] == "kvprof.bench/1"
     assert missing(result) == []
     assert missing({k for r in result["records"] for k in r}) == []
+    assert missing(result["settings"]) == [] and missing(result["settings"]["floor_allocations"]) == []
+    assert result["settings"]["torch_threads"] == 1

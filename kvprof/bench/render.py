@@ -1,17 +1,24 @@
-"""Bench results (:class:`~kvprof.core.bench_result.BenchResult`) as a console table and as
-CSV; rendering only, no measurement."""
+"""Bench results (:class:`~kvprof.core.bench_result.BenchResult`) as console tables and as
+CSV; rendering only, no measurement.
+
+The console tables show each median with its interquartile range, fit the console's width
+(split into several tables led by the point's columns when they do not), and say
+"n/a (why)" where a figure cannot exist; a column that holds nothing on this device (a
+CUDA-only writer on a CPU) is named under the table instead of printed empty.
+``point_rows`` is the medians-only form the docs' Markdown tables use."""
 
 from __future__ import annotations
 
 import csv
 import io
+from dataclasses import dataclass
 from typing import cast
 
 from rich.console import Console
 from rich.table import Table
 
 from kvprof.bench.run import KVPROF_FUSED, fused_verdicts
-from kvprof.core.bench_result import BenchResult
+from kvprof.core.bench_result import BenchResult, BenchRow
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -53,38 +60,170 @@ def point_rows(result: BenchResult, mode: str, no: str = "NO", field: str = "med
     return out
 
 
+# the console tables: (mode, median field, IQR field, title)
+TABLES = (("graph", "median_us", "iqr_us", "CUDA-graph replay, µs per write: median (IQR)"),
+          ("eager", "median_us", "iqr_us", "eager, µs per write, wall clock: median (IQR)"),
+          ("eager", "host_us", "host_iqr_us",
+           "eager, host µs per write through the pool (launch loop before the sync): median (IQR)"),
+          ("eager", "writer_host_us", "writer_host_iqr_us",
+           "eager, host µs per write, writer alone (the op's launch path, no pool checks): median (IQR)"))
+KEY_COLUMNS = ("shape", "dtype", "tokens")
+
+
+@dataclass
+class Column:
+    """One console column: its header and one cell per point."""
+
+    header: str
+    cells: list[str]
+
+    @property
+    def width(self) -> int:
+        """Characters it takes in a rich table: the widest text, a space each side, a rule."""
+        return max([len(self.header), *map(len, self.cells)]) + 3
+
+    def only_na(self) -> str | None:
+        """The one "n/a (why)" every cell reads, else None."""
+        first = self.cells[0] if self.cells else None
+        return first if first and first.startswith("n/a") and all(c == first for c in self.cells) else None
+
+
+def fmt_us(x: float) -> str:
+    """Three significant figures or so: 0.612, 13.5, 1467."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}" if abs(x) >= 0.1 else f"{x:.3f}"
+
+
+def fmt_median_iqr(median: float, iqr: float | None) -> str:
+    return fmt_us(median) if iqr is None else f"{fmt_us(median)} ({fmt_us(iqr)})"
+
+
+def short_reason(row: BenchRow) -> str:
+    """A few words for a cell: why ``row`` has no figure (the whole reason is printed below the table)."""
+    reason = row.reason or ""
+    if row.status == "not installed" or "not installed" in reason:
+        return "not installed"
+    if "needs CUDA" in reason or "CUDA device" in reason or "needs CUDA streams" in reason or ", not cpu" in reason:
+        return "needs CUDA"
+    if "interpreter" in reason:
+        return "Triton interpreter only"
+    if "no conversion" in reason:
+        return "no such conversion"
+    return row.status
+
+
+def _cell(row: BenchRow | None, field: str, iqr_field: str) -> str:
+    if row is None:
+        return "n/a (not measured)"
+    if row.status == "wrong":
+        return "WRONG"
+    if row.status == "failed":
+        return "failed"
+    if not row.ok:
+        return f"n/a ({short_reason(row)})"
+    value = getattr(row, field)
+    return "n/a (not timed)" if value is None else fmt_median_iqr(value, getattr(row, iqr_field))
+
+
+def _extra_cells(result: BenchResult, at: dict[str, BenchRow]) -> list[str]:
+    """The best kvprof fused variant's columns at one point (EXTRA_COLUMNS), "n/a (why)" where a
+    figure cannot exist."""
+    ok = [at[v] for v in KVPROF_FUSED if v in at and at[v].ok and at[v].median_us is not None]
+    if not ok:
+        return ["n/a (no kvprof fused write ran)"] * len(EXTRA_COLUMNS)
+    best = min(ok, key=lambda r: cast(float, r.median_us))
+    ratios = best.ratio_to or {}
+    cuda = result.device.get("type", "cuda") == "cuda"
+
+    def ratio(*names: str) -> str:
+        x = next((ratios[n] for n in names if n in ratios), None)
+        return f"n/a ({names[0]} not timed)" if x is None else _fmt(x)
+
+    rate = "n/a (no copy rate)"
+    return [best.variant, rate if best.gbs is None else _fmt(best.gbs, 0),
+            rate if best.pct_copy_rate is None else _fmt(best.pct_copy_rate, 0),
+            rate if best.target_us is None else _fmt(best.target_us),
+            {True: "yes", False: "NO", None: rate}[best.meets_target],
+            _fmt(best.floor_us) if best.floor_us is not None else
+            ("n/a (no CUDA graphs)" if not cuda else "n/a (not measured)"),
+            ratio("sgl_kernel", "sgl_kernel_cubin"), ratio("two_stream"), ratio("index_put")]
+
+
+def table_columns(result: BenchResult, mode: str, field: str, iqr_field: str) -> list[Column]:
+    """Every column of one console table: the point, each variant's median (IQR), and for
+    the median tables the best kvprof fused variant's columns."""
+    rows = [r for r in result.records if r.mode == mode]
+    keys = sorted({(r.heads, r.dim, r.dtype, r.tokens) for r in rows})
+    at = {k: {r.variant: r for r in rows if (r.heads, r.dim, r.dtype, r.tokens) == k} for k in keys}
+    cols = [Column("shape", [f"{h}x{d}" for h, d, _, _ in keys]), Column("dtype", [k[2] for k in keys]),
+            Column("tokens", [str(k[3]) for k in keys])]
+    cols += [Column(v, [_cell(at[k].get(v), field, iqr_field) for k in keys]) for v in result.variants]
+    if field == "median_us":
+        extra = [_extra_cells(result, at[k]) for k in keys]
+        cols += [Column(name, [e[i] for e in extra]) for i, name in enumerate(EXTRA_COLUMNS)]
+    return cols
+
+
+def pack(columns: list[Column], width: int, keep: int = len(KEY_COLUMNS)) -> list[list[Column]]:
+    """Split columns into tables no wider than ``width``, each led by the first ``keep``
+    (the point) columns; one column per table when even that does not fit."""
+    head, rest = columns[:keep], columns[keep:]
+    base = 1 + sum(c.width for c in head)
+    tables: list[list[Column]] = []
+    for c in rest:
+        if tables and base + sum(x.width for x in tables[-1][keep:]) + c.width <= width:
+            tables[-1].append(c)
+        else:
+            tables.append([*head, c])
+    return tables or [head]
+
+
 def render_table(result: BenchResult, console: Console | None = None) -> None:
+    """The limits, one table per mode and field (split to fit ``console.width``), the reasons
+    and the verdicts. A column with no figure on this device is left out and named once."""
     console = console or Console(width=200)
     limits = result.limits
-    console.print(
-        f"[bold]{result.device_name}[/]  copy rate {_fmt(limits.get('copy_rate_gbs'), 0)} GB/s (read+write)  "
-        f"empty kernel node {_fmt(limits.get('empty_kernel_us'))} µs  (with PDL {_fmt(limits.get('empty_pdl_kernel_us'))} µs)  "
-        f"fill_ node {_fmt(limits.get('fill_node_us'))} µs  "
-        f"target for kvprof's fused writes: {result.settings.target.describe()}"
-    )
-    variants = result.variants
-    tables = (("graph", "median_us", "CUDA-graph replay, µs per write (median)"),
-              ("eager", "median_us", "eager, µs per write (median, wall clock)"),
-              ("eager", "host_us", "eager, host µs per write through the pool (median, launch loop before the sync)"),
-              ("eager", "writer_host_us", "eager, host µs per write, writer alone (the op's launch path, no pool checks)"))
-    for mode, field, title in tables:
+    cuda = result.device.get("type", "cuda") == "cuda"
+    rate = limits.get("copy_rate_gbs")
+    head = [f"[bold]{result.device_name}[/]", f"copy rate {_fmt(rate, 0) if rate else 'n/a'} GB/s (read+write)"]
+    if cuda:
+        head += [f"empty kernel node {_fmt(limits.get('empty_kernel_us'))} µs "
+                 f"(with PDL {_fmt(limits.get('empty_pdl_kernel_us'))} µs)",
+                 f"fill_ node {_fmt(limits.get('fill_node_us'))} µs"]
+    else:
+        head.append("graph floors n/a (no CUDA graphs)")
+    if result.settings.torch_threads is not None:
+        head.append(f"torch threads {result.settings.torch_threads}")
+    head.append(f"target for kvprof's fused writes: {result.settings.target.describe()}")
+    console.print("  ".join(head))
+    dropped: dict[str, list[str]] = {}  # "n/a (why)" -> the columns left out for it, over every table
+    for mode, field, iqr_field, title in TABLES:
         rows = [r for r in result.records if r.mode == mode and (field == "median_us" or getattr(r, field) is not None)]
         if not rows:
             continue
-        table = Table(title=title, show_lines=False)
-        for col in ("shape", "dtype", "tokens"):
-            table.add_column(col)
-        for v in variants:
-            table.add_column(v, justify="right")
-        if field == "median_us":
-            for col in EXTRA_COLUMNS:
-                table.add_column(col, justify="right")
-        for cells in point_rows(result, mode, field=field):
-            table.add_row(*cells)
-        console.print(table)
+        if field == "host_us" and not cuda:
+            console.print("eager host time through the pool: the wall clock above (a CPU write has no launch queue)")
+            continue
+        columns = table_columns(result, mode, field, iqr_field)
+        shown = columns[:len(KEY_COLUMNS)]
+        for c in columns[len(KEY_COLUMNS):]:
+            na = c.only_na()
+            if na is None:
+                shown.append(c)
+            elif c.header not in dropped.setdefault(na, []):
+                dropped[na].append(c.header)
+        parts = pack(shown, console.width)
+        for i, cols in enumerate(parts):
+            table = Table(title=title if len(parts) == 1 else f"{title} [{i + 1}/{len(parts)}]", show_lines=False)
+            for j, c in enumerate(cols):
+                table.add_column(c.header, justify="left" if j < len(KEY_COLUMNS) else "right", no_wrap=True)
+            for cells in zip(*(c.cells for c in cols)):
+                table.add_row(*cells)
+            console.print(table)
+    for na, names in dropped.items():
+        console.print(f"  not shown, {na}: {', '.join(names)}", markup=False, highlight=False)
     reasons = {(r.variant, r.reason) for r in result.records if not r.ok}
     for variant, reason in sorted(reasons, key=str):
-        console.print(f"  {variant}: {reason}")
+        console.print(f"  {variant}: {reason}", markup=False, highlight=False)
     for line in verdict_lines(result):
         console.print(line, markup=False, highlight=False)  # "[reference: ...]" is text, not markup
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph
+from kvprof.bench import grids
+from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph, torch_threads
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
 from kvprof.devinfo import device_properties, versions
@@ -66,13 +67,9 @@ def grid(
 
 
 def default_grid(device: torch.device) -> list[BenchPoint]:
-    if device.type == "cuda":
-        return grid(
-            [(1, 128), (8, 128), (4, 256), (32, 128)],
-            [("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3", "bf16")],
-            [1, 8, 64, 512, 4096, 32768],
-        )
-    return grid([(1, 128), (8, 128)], [("bf16", "bf16"), ("fp8_e4m3", "bf16")], [1, 64, 512])
+    """The device kind's grid (:mod:`kvprof.bench.grids` says why these points)."""
+    g = grids.default_grid(device.type)
+    return grid(g.shapes, g.dtypes, g.tokens)
 
 
 def writes_per_graph(bytes_per_write: int) -> int:
@@ -293,14 +290,26 @@ def run_bench(
     target: BenchTarget | None = None,
     on_point: Callable[[BenchPoint], None] | None = None,
     on_partial: Callable[[BenchResult], None] | None = None,
+    threads: int | None = None,
 ) -> BenchResult:
     """``target``: what the fused writes are judged against (default :class:`BenchTarget`);
     ``on_partial`` gets the result so far after every point (``complete`` False), so a run
-    cut short by a time limit still leaves every point it measured."""
+    cut short by a time limit still leaves every point it measured. ``threads``: torch's
+    intra-op threads while timing (None: as they are); the result records the number used."""
     if replays < 1 or eager_repeats < 1:
         raise UsageError("--replays and --eager-repeats must be positive")
-    target = target or BenchTarget()
-    points = list(points)
+    if threads is not None and threads < 1:
+        raise UsageError("--threads must be positive")
+    with torch_threads(threads):
+        return _run_bench(list(points), variants, device, replays=replays, eager_repeats=eager_repeats,
+                          pool_bytes=pool_bytes, seed=seed, target=target or BenchTarget(), on_point=on_point,
+                          on_partial=on_partial)
+
+
+def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.device, *, replays: int,
+               eager_repeats: int, pool_bytes: int, seed: int, target: BenchTarget,
+               on_point: Callable[[BenchPoint], None] | None,
+               on_partial: Callable[[BenchResult], None] | None) -> BenchResult:
     limits: dict[str, Any] = {"copy_rate_gbs": copy_rate_gbs(device), **empty_node_us(device)}
     records: list[BenchRow] = []
     unknown = [v for v in variants if ":" not in v and v not in writer_names()]
@@ -317,7 +326,8 @@ def run_bench(
     settings = BenchSettings(replays=replays, eager_repeats=eager_repeats, pool_bytes=pool_bytes,
                              variants=list(variants), points=len(points), target=target,
                              floor_allocations={"count": FLOOR_ALLOCATIONS, "max_bytes_per_write": FLOOR_BYTES,
-                                                "variants": [*KVPROF_FUSED, *SGL_PEERS]})
+                                                "variants": [*KVPROF_FUSED, *SGL_PEERS]},
+                             torch_threads=torch.get_num_threads())
 
     def result(complete: bool) -> BenchResult:
         return BenchResult(

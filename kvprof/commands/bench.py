@@ -3,7 +3,9 @@
 On CUDA: graph replays of many writes (median of >= 100 replays after warm-up) into a
 pool several times larger than L2 with random slots, and eagerly (host launch path),
 beside the device-to-device copy rate and the cost of an empty kernel node. On CPU: a
-small grid, wall clock. Prints a table and writes bench.json / bench.csv into --out,
+small grid (the defaults of --shapes, --dtypes and --tokens), wall clock, one torch
+thread; well under a minute. Prints a table that fits the terminal (median and interquartile
+range per cell) and writes bench.json / bench.csv into --out,
 by default a new folder under the per-user cache ($XDG_CACHE_HOME/kvprof/bench/<UTC
 time>, ~/.cache/kvprof/bench/... without it; never the current folder), named when done.
 --format json prints bench.json's document on stdout, --format csv bench.csv; the table
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.argtypes import positive_float, positive_int
+from kvprof.bench.grids import CPU_GRID, CPU_THREADS, CUDA_GRID
 from kvprof.core.bench_result import BenchTarget
 from kvprof.report.terminal import add_format_arguments
 
@@ -68,10 +71,18 @@ def _non_negative_us(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=None, help="comma-separated (default: all built-ins)")
-    p.add_argument("--shapes", type=_shapes, default=None, help="HEADSxDIM list (default: 1x128,8x128,4x256,32x128 on CUDA)")
-    p.add_argument("--dtypes", type=_dtypes, default=None, help="CACHE[<-INPUT] list (default: bf16,fp16,fp8_e4m3<-bf16 on CUDA)")
-    p.add_argument("--tokens", type=_ints, default=None, help="token counts (default: 1,8,64,512,4096,32768 on CUDA)")
+    p.add_argument("--shapes", type=_shapes, default=None,
+                   help=f"HEADSxDIM list (default: {CUDA_GRID.shapes_text()} on CUDA, {CPU_GRID.shapes_text()} on CPU)")
+    p.add_argument("--dtypes", type=_dtypes, default=None,
+                   help=f"CACHE[<-INPUT] list (default: {CUDA_GRID.dtypes_text()} on CUDA, "
+                        f"{CPU_GRID.dtypes_text()} on CPU)")
+    p.add_argument("--tokens", type=_ints, default=None,
+                   help=f"token counts (default: {CUDA_GRID.tokens_text()} on CUDA, {CPU_GRID.tokens_text()} on CPU)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help=f"torch intra-op threads while timing (default: {CPU_THREADS} on CPU, so a time is the "
+                        "writer's work and not threads contending for cores; torch's own default on CUDA); "
+                        "recorded in bench.json")
     p.add_argument("--replays", type=positive_int, default=100, help="graph replays per point (default: %(default)s)")
     p.add_argument("--eager-repeats", type=positive_int, default=20)
     p.add_argument("--pool-mb", type=positive_int, default=256, help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
@@ -154,8 +165,10 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
         atomic_write_text(out / "bench.csv", to_csv(result))
 
     target = BenchTarget(args.target_fixed_us, args.target_rate_fraction)
+    threads = args.threads if args.threads is not None else (None if device.type == "cuda" else CPU_THREADS)
     result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
-                       pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save)
+                       pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save,
+                       threads=threads)
     save(result)
     if args.format == "json":
         print_json(result.to_json())

@@ -124,7 +124,8 @@ class BenchRow:
 
 @dataclass
 class BenchSettings:
-    """How a run measured: replays and loops, pool size, targets, the variants and point count."""
+    """How a run measured: replays and loops, pool size, targets, the variants and point count,
+    and torch's intra-op threads while it timed (None in files from before it was recorded)."""
 
     replays: int = 100
     eager_repeats: int = 20
@@ -133,12 +134,16 @@ class BenchSettings:
     points: int = 0
     target: BenchTarget = field(default_factory=BenchTarget)
     floor_allocations: dict[str, Any] = field(default_factory=dict)  # count, max_bytes_per_write, variants
+    torch_threads: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"replays": self.replays, "eager_repeats": self.eager_repeats, "pool_bytes": self.pool_bytes,
-                "floor_allocations": self.floor_allocations, "target": self.target.describe(),
-                "target_fixed_us": self.target.fixed_us, "target_rate_fraction": self.target.rate_fraction,
-                "variants": list(self.variants), "points": self.points}
+        doc = {"replays": self.replays, "eager_repeats": self.eager_repeats, "pool_bytes": self.pool_bytes,
+               "floor_allocations": self.floor_allocations, "target": self.target.describe(),
+               "target_fixed_us": self.target.fixed_us, "target_rate_fraction": self.target.rate_fraction,
+               "variants": list(self.variants), "points": self.points}
+        if self.torch_threads is not None:
+            doc["torch_threads"] = self.torch_threads
+        return doc
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BenchSettings:
@@ -149,7 +154,8 @@ class BenchSettings:
         return cls(replays=int(d.get("replays", 100)), eager_repeats=int(d.get("eager_repeats", 20)),
                    pool_bytes=int(d.get("pool_bytes", 256 << 20)), variants=[str(v) for v in d.get("variants") or []],
                    points=int(d.get("points", 0)), target=target,
-                   floor_allocations=dict(d.get("floor_allocations") or {}))
+                   floor_allocations=dict(d.get("floor_allocations") or {}),
+                   torch_threads=int(d["torch_threads"]) if d.get("torch_threads") is not None else None)
 
 
 @dataclass

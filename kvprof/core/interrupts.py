@@ -10,15 +10,24 @@ runs keeps the exit code ours.
 SIGTERM (a job scheduler, ``timeout``, ``kill``) raises ``Terminated``, a subclass too, so
 the same ``finally`` blocks that remove temporaries on Ctrl-C run for it: without it the
 process died where it stood and left a hidden half-written run folder.
+
+A native extension that runs Python while it initialises (Triton's nanobind module builds
+enums; torch's profiler imports Triton when it starts) cannot pass an exception raised
+there back out: nanobind/pybind11 throw a C++ exception nothing catches and the process
+aborts (SIGABRT, exit -6) instead of exiting 130. So while the handlers are installed, an
+extension module's initialisation holds the signal and it is raised the moment the
+initialisation returns (``_native_init``).
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import FrameType
+from importlib.machinery import ExtensionFileLoader, ModuleSpec
+from types import FrameType, ModuleType
 
 
 class Interrupted(KeyboardInterrupt):
@@ -29,18 +38,80 @@ class Terminated(Interrupted):
     """SIGTERM during a kvprof command; cleaned up like Ctrl-C, exit code 143."""
 
 
+# Extension modules initialising in the main thread (where Python runs signal handlers), and
+# the signal that arrived meanwhile (Terminated wins over Interrupted: it asks for more).
+_native_depth = 0
+_pending: type[Interrupted] | None = None
+
+
+def _raise(kind: type[Interrupted]) -> None:
+    global _pending
+    if _native_depth:
+        if _pending is None or kind is Terminated:
+            _pending = kind
+        return
+    raise kind
+
+
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted
+    _raise(Interrupted)
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+    _raise(Terminated)
+
+
+@contextmanager
+def _native_init() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while an extension module initialises; raise what came on the way out."""
+    global _native_depth, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _native_depth += 1
+    try:
+        yield
+    finally:
+        _native_depth -= 1
+        if _native_depth == 0 and _pending is not None:
+            kind, _pending = _pending, None
+            raise kind
+
+
+class _HeldSignalsLoader(ExtensionFileLoader):
+    """The standard extension loader, with its two native steps under ``_native_init``."""
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        with _native_init():
+            return super().create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        with _native_init():
+            super().exec_module(module)
+
+
+class _NativeImportFinder:
+    """First on ``sys.meta_path`` while the handlers are installed: finds a module the way the
+    other finders do and hands an extension module to ``_HeldSignalsLoader``."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: object = None, target: ModuleType | None = None) -> ModuleSpec | None:
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is cls or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if type(spec.loader) is ExtensionFileLoader:
+                    spec.loader = _HeldSignalsLoader(spec.loader.name, spec.loader.path)
+                return spec
+        return None
 
 
 @contextmanager
 def ctrl_c_raises_interrupted() -> Iterator[None]:
-    """Within the block, SIGINT raises ``Interrupted`` and SIGTERM ``Terminated``; a handler
-    someone else set is kept."""
+    """Within the block, SIGINT raises ``Interrupted`` and SIGTERM ``Terminated`` (held while an
+    extension module initialises); a handler someone else set is kept."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -50,9 +121,14 @@ def ctrl_c_raises_interrupted() -> Iterator[None]:
         signal.signal(signal.SIGINT, _raise_interrupted)
     if own_term:
         signal.signal(signal.SIGTERM, _raise_terminated)
+    finder = (own_int or own_term) and _NativeImportFinder not in sys.meta_path
+    if finder:
+        sys.meta_path.insert(0, _NativeImportFinder)  # type: ignore[arg-type]
     try:
         yield
     finally:
+        if finder and _NativeImportFinder in sys.meta_path:
+            sys.meta_path.remove(_NativeImportFinder)  # type: ignore[arg-type]
         if own_int:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if own_term:

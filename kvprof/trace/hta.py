@@ -1,17 +1,78 @@
-"""What HolisticTraceAnalysis (HTA 0.5) needs from a kvprof trace, in one place.
+"""What HolisticTraceAnalysis (HTA 0.5) needs from a kvprof run, in one place.
 
 HTA finds a trace's rank with the regex ``"rank":\\s+(\\d+)`` over the raw text: the
 ``distributedInfo`` metadata must exist and be written with a space after the colon
 (``json.dumps`` does; ``orjson.dumps`` does not, and then HTA falls back to rank 0 with
-a warning). HTA maps one trace per rank, so a run folder of several variant traces
-(all rank 0) must be opened one file at a time: ``TraceAnalysis(trace_files={0: path})``.
+a warning).
+
+``TraceAnalysis(trace_dir=D)`` reads every ``.json`` and ``.gz`` file in ``D`` as one
+trace per rank, so a run folder (manifest.json, summary.json, step_timings.json and one
+trace per variant, all rank 0) is not something it can open. ``write_hta_folders`` gives
+each variant a folder of its own, ``RUN/hta/<variant>/``, holding that variant's trace
+(one per rank after ``capture --ranks N``) under its own name: hard links, so no space is
+used, or copies where the file system has none; never symbolic links, which a zip or a
+copy to another machine would break.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
+
+from kvprof.core.run import MANIFEST, Manifest, plain_name
+
+HTA_FOLDER = "hta"
 
 
 def hta_metadata_json(rank: int = 0, world_size: int = 1) -> str:
     """The string for ``prof.add_metadata_json("distributedInfo", ...)`` (inside the profile block)."""
     return json.dumps({"backend": "none", "rank": int(rank), "world_size": int(world_size)})
+
+
+def variant_traces(manifest: Manifest) -> dict[str, list[str]]:
+    """Each run variant's torch.profiler trace file names, one per rank (rank order)."""
+    out: dict[str, list[str]] = {}
+    for name, entry in manifest.variants.items():
+        if not entry.available or not plain_name(name):
+            continue
+        if manifest.ranks:
+            files = [r.files.get(name) for r in sorted(manifest.ranks, key=lambda r: r.rank)]
+        else:
+            files = [entry.files.get("torch_trace")]
+        names = [f for f in files if isinstance(f, str) and plain_name(f)]
+        if names:
+            out[name] = names
+    return out
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:  # no hard links here (some network and FUSE file systems)
+        shutil.copyfile(src, dst, follow_symlinks=False)
+
+
+def write_hta_folders(run_dir: Path) -> dict[str, Path]:
+    """``run_dir/hta/<variant>/`` for every variant with a torch.profiler trace, made whole in a
+    temporary folder and renamed in (an older ``hta`` folder is replaced); the folders by
+    variant, empty when the run has no torch.profiler trace (an nsys-only capture)."""
+    from kvprof.core.atomic import atomic_directory
+    from kvprof.trace.load import read_manifest
+
+    run = Path(run_dir)
+    traces = {variant: [n for n in names if (run / n).is_file() and not (run / n).is_symlink()]
+              for variant, names in variant_traces(read_manifest(run / MANIFEST)).items()}
+    traces = {variant: names for variant, names in traces.items() if names}
+    if not traces:
+        return {}
+    with atomic_directory(run / HTA_FOLDER, replace=True) as tmp:
+        for variant, names in traces.items():
+            (tmp / variant).mkdir()
+            for name in names:
+                _link_or_copy(run / name, tmp / variant / name)
+    return {variant: run / HTA_FOLDER / variant for variant in traces}
+
+
+__all__ = ["HTA_FOLDER", "hta_metadata_json", "variant_traces", "write_hta_folders"]

@@ -1,0 +1,51 @@
+"""The default grids of ``kvprof bench``, per device kind; torch-free so ``--help`` can state them.
+
+On CUDA the grid spans the row shapes of the served models (a Llama-3.1-70B KV head per
+rank at TP8 up to 32 heads), three dtypes and 1 to 32768 tokens. On a CPU every write is
+host code (no graphs, no launch queue), a point costs milliseconds to seconds, and
+torch.compile compiles once per new shape: two row shapes (70B at TP8, 8B at TP1), the
+bf16 cache and the fp8 one written from bf16 (the cast is the costly part on a CPU), and
+one, 64 and 512 tokens (per-call cost, then copy-bound) say what differs between the
+writers in well under a minute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Grid:
+    shapes: tuple[tuple[int, int], ...]  # (heads, head dim)
+    dtypes: tuple[tuple[str, str], ...]  # (cache dtype, input dtype)
+    tokens: tuple[int, ...]
+
+    @property
+    def points(self) -> int:
+        return len(self.shapes) * len(self.dtypes) * len(self.tokens)
+
+    def shapes_text(self) -> str:
+        return ",".join(f"{h}x{d}" for h, d in self.shapes)
+
+    def dtypes_text(self) -> str:
+        return ",".join(c if c == i else f"{c}<-{i}" for c, i in self.dtypes)
+
+    def tokens_text(self) -> str:
+        return ",".join(str(t) for t in self.tokens)
+
+
+CUDA_GRID = Grid(shapes=((1, 128), (8, 128), (4, 256), (32, 128)),
+                 dtypes=(("bf16", "bf16"), ("fp16", "fp16"), ("fp8_e4m3", "bf16")),
+                 tokens=(1, 8, 64, 512, 4096, 32768))
+CPU_GRID = Grid(shapes=((1, 128), (8, 128)), dtypes=(("bf16", "bf16"), ("fp8_e4m3", "bf16")), tokens=(1, 64, 512))
+
+# torch's intra-op threads while a CPU bench times: one, so that a write's time is the
+# writer's work and not how two threads contend for a small (often shared) machine's cores
+CPU_THREADS = 1
+
+
+def default_grid(device_type: str) -> Grid:
+    return CUDA_GRID if device_type == "cuda" else CPU_GRID
+
+
+__all__ = ["CPU_GRID", "CPU_THREADS", "CUDA_GRID", "Grid", "default_grid"]
