@@ -48,6 +48,26 @@ def display(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
                         columns=df.columns)
 
 
+TABLE_TESTID = "kvprof-table"
+# Theme-neutral: text and background inherit the page's, lines are a grey that reads on light and dark.
+TABLE_CSS = (f"<style>div[data-testid='{TABLE_TESTID}']{{overflow-x:auto;margin-bottom:0.5rem}}"
+             f"div[data-testid='{TABLE_TESTID}'] table{{border-collapse:collapse;font-size:0.875rem;color:inherit}}"
+             f"div[data-testid='{TABLE_TESTID}'] th,div[data-testid='{TABLE_TESTID}'] td{{border:1px solid "
+             "rgba(128,128,128,0.25);padding:0.25rem 0.5rem;text-align:left;vertical-align:top}"
+             f"div[data-testid='{TABLE_TESTID}'] th{{font-weight:600;background:rgba(128,128,128,0.08)}}</style>")
+
+
+def html_table(df: pd.DataFrame, digits: int = 4) -> str:
+    """The table as one static HTML block: the cells of ``display``, HTML-escaped, every column in full.
+
+    One element for the browser to insert, where a Streamlit table renders each cell through
+    its Markdown pipeline (a 24 x 19 table is 456 of them; about a second of a slow CPU for a
+    page of tables).
+    """
+    body = display(df, digits).to_html(index=False, escape=True, border=0, na_rep=MISSING)
+    return f"{TABLE_CSS}<div data-testid='{TABLE_TESTID}'>{body}</div>"
+
+
 LANDING_COLUMNS = ("variant", "role", "verdict", "source", "phase", "size", "phase_size", "cost_us", "cost_lo_us",
                    "cost_hi_us", "spread_from", "saving_ms", "saving_spread_ms", "share_pct")
 
