@@ -6,8 +6,9 @@ Two measurements per data set, each from a fresh process so nothing is warm by a
 - AppTest (streamlit.testing): the server-side script run of the first page, in a new
   process (imports included: what a freshly started server pays), then in a new session of
   a warm process, then every other page;
-- a real headless Chromium (Debian's /usr/bin/chromium) against
-  ``streamlit run``: ``goto`` until the first chart is drawn and the script run is over -- first visit of
+- a real headless Chromium (Debian's /usr/bin/chromium) against ``streamlit run``: from
+  ``goto`` to the first chart drawn (a Plotly bar in the SVG: the target), and to the page
+  complete (every chart of the first page drawn and the script run over) -- first visit of
   a just-started server, a new browser (empty cache) on a warm server, and a reload.
 Data sets: the samples under traces/samples (when that is empty, the real H200 fixture
 tests/fixtures/real analysed into a temp folder, and the table says so); a synthesized
@@ -16,6 +17,8 @@ bench/bench_load.py) both before analyze has run (the dashboard runs the pipelin
 after (its summary/parquet files present). Targets: samples < 3 s, 100 MB trace < 15 s.
 For scale, the same browser measurement of a data-free Streamlit app with the same kinds
 of widgets and one chart (Streamlit's and Plotly's own front-end cost on this machine).
+The 1-minute load average is printed before and after each browser measurement: other work
+on the machine shows in these figures.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,8 +99,31 @@ st.plotly_chart(go.Figure(go.Bar(x=[1, 2], y=[3, 4])))
 """
 
 
+# A Plotly chart with data drawn: an SVG bar (or marker) of a trace, not only an empty axis.
+FIRST_CHART = "() => !!document.querySelector('.js-plotly-plot .barlayer .point, .js-plotly-plot .scatterlayer .point')"
+# The page complete: n charts drawn, the script run over (no status widget, nothing left stale).
+COMPLETE = ("n => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.querySelector('.main-svg'))"
+            ".length >= n && !document.querySelector('[data-testid=\"stStatusWidget\"]') && "
+            "!document.querySelector('[data-stale=\"true\"]')")
+
+
+WAIT_MS = 180_000  # a page not drawn by then is reported as an error, not waited on
+
+
+def _visit(pg: Any, go: Any, charts: int) -> tuple[float, float]:
+    """Seconds from ``go()`` (goto or reload) to the first chart drawn, and to the page complete."""
+    t = time.perf_counter()
+    go()
+    pg.wait_for_function(FIRST_CHART, polling=20)
+    first = time.perf_counter() - t
+    pg.wait_for_function(COMPLETE, arg=charts, polling=20)
+    return first, time.perf_counter() - t
+
+
 def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path = APP) -> dict[str, Any]:
-    """goto -> all first-page charts drawn: just-started server, new browser, reload; then page switches."""
+    """goto -> first chart drawn, and -> every first-page chart drawn with the run over: a just-started
+    server, a new browser (empty cache) on a warm server, a reload; then page switches."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     port = _free_port()
@@ -105,9 +132,8 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
                              "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env_for(root, run, cache),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
-    drawn = ("n => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.querySelector('.main-svg'))"
-             ".length >= n && !document.querySelector('[data-testid=\"stStatusWidget\"]')")
-    out: dict[str, Any] = {"new_browser_s": [], "reload_s": [], "pages": {}}
+    out: dict[str, Any] = {k: [] for k in ("new_browser_s", "new_browser_complete_s", "reload_s", "reload_complete_s")}
+    out["pages"] = {}
     try:
         t = time.perf_counter()
         while True:
@@ -121,29 +147,12 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
         out["server_start_s"] = time.perf_counter() - t
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            for i in range(repeat):
-                ctx = b.new_context(viewport={"width": 1400, "height": 1000})
-                pg = ctx.new_page()
-                pg.set_default_timeout(900_000)
-                t = time.perf_counter()
-                pg.goto(url)
-                pg.wait_for_function(drawn, arg=charts)
-                (out.setdefault("first_visit_s", time.perf_counter() - t) if i == 0
-                 else out["new_browser_s"].append(time.perf_counter() - t))
-                t = time.perf_counter()
-                pg.reload()
-                pg.wait_for_function(drawn, arg=charts)
-                out["reload_s"].append(time.perf_counter() - t)
-                if i == repeat - 1 and app == APP:
-                    side = pg.locator('[data-testid="stSidebar"]')
-                    for name in PAGES[1:]:
-                        t = time.perf_counter()
-                        side.get_by_text(name, exact=True).click()
-                        pg.locator('[data-testid="stMain"] h3').filter(has_text=name.split()[0]).first.wait_for()
-                        pg.wait_for_function(drawn, arg=1)
-                        out["pages"][name] = time.perf_counter() - t
-                ctx.close()
-            b.close()
+            try:
+                _visits(b, url, charts, repeat, app, out)
+            except PlaywrightTimeout as exc:
+                return {"error": f"not drawn within {WAIT_MS / 1000:.0f} s ({str(exc).splitlines()[0]})"}
+            finally:
+                b.close()
     finally:
         proc.terminate()
         try:
@@ -151,6 +160,32 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
         except subprocess.TimeoutExpired:
             proc.kill()
     return out
+
+
+def _visits(b: Any, url: str, charts: int, repeat: int, app: Path, out: dict[str, Any]) -> None:
+    """``repeat`` new browser contexts: a visit and a reload each; page switches in the last one."""
+    for i in range(repeat):
+        ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.set_default_timeout(WAIT_MS)
+        first, complete = _visit(pg, lambda: pg.goto(url), charts)
+        if i == 0:
+            out["first_visit_s"], out["first_visit_complete_s"] = first, complete
+        else:
+            out["new_browser_s"].append(first)
+            out["new_browser_complete_s"].append(complete)
+        first, complete = _visit(pg, pg.reload, charts)
+        out["reload_s"].append(first)
+        out["reload_complete_s"].append(complete)
+        if i == repeat - 1 and app == APP:
+            side = pg.locator('[data-testid="stSidebar"]')
+            for name in PAGES[1:]:
+                t = time.perf_counter()
+                side.get_by_text(name, exact=True).click()
+                pg.locator('[data-testid="stMain"] h3').filter(has_text=name.split()[0]).first.wait_for()
+                pg.wait_for_function(COMPLETE, arg=0, polling=20)  # some pages have no chart for some runs
+                out["pages"][name] = time.perf_counter() - t
+        ctx.close()
 
 
 def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
@@ -177,11 +212,21 @@ def big_run(tmp: Path, mb: int) -> tuple[Path, dict[str, Any]]:
     return d, info
 
 
+def browser_rows(rows: list[tuple[str, str, Any, str]], name: str, b: dict[str, Any], target: str,
+                 charts: int) -> None:
+    """First chart drawn (the target) and the page complete, for each kind of visit."""
+    done = f"all {charts} chart(s), run over"
+    for what, key in (("first visit, server just started", "first_visit"),
+                      ("new browser, empty cache, warm server", "new_browser"), ("reload (cached assets)", "reload")):
+        rows.append((name, f"browser: {what}: first chart", b[f"{key}_s"], target))
+        rows.append((name, f"browser: {what}: {done}", b[f"{key}_complete_s"], ""))
+
+
 def fmt(x: Any) -> str:
     if isinstance(x, list):
         if not x:
             return "-"
-        m = sorted(x)[len(x) // 2]
+        m = statistics.median(x)
         return f"{m:.2f} [{min(x):.2f}-{max(x):.2f}] n={len(x)}"  # median [spread]
     return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
 
@@ -235,28 +280,30 @@ def main() -> int:
             if not Path(CHROMIUM).is_file():
                 rows.append((name, "browser", f"skipped: {CHROMIUM} missing", ""))
                 continue
-            # first chart visible: one drawn Plotly chart and the script run over
-            b = browser(root, run, tmp / f"cache-{name.split()[0]}", 1, args.repeat)
+            # first chart visible (a drawn bar), and the page complete (all its charts, the run over)
+            load0 = os.getloadavg()[0]
+            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat)
+            rows.append((name, "load average (1 min) before / after the browser runs",
+                         f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
             if "error" in b:
                 rows.append((name, "browser", b["error"], ""))
                 continue
             rows.append((name, "browser: server start (process up, health ok)", b["server_start_s"], ""))
-            rows.append((name, "browser: first visit, server just started", b["first_visit_s"], f"{target:g}"))
-            rows.append((name, "browser: new browser, empty cache, warm server", b["new_browser_s"], f"{target:g}"))
-            rows.append((name, "browser: reload (cached assets)", b["reload_s"], f"{target:g}"))
+            browser_rows(rows, name, b, f"{target:g}", int(r["charts"]))
             for p, s in b["pages"].items():
-                rows.append((name, f"browser: switch to {p}", s, ""))
+                rows.append((name, f"browser: switch to {p}, run over", s, ""))
 
         if not args.no_browser and Path(CHROMIUM).is_file():
             # the floor: a data-free app with the same kinds of widgets and one chart, measured the same way
             floor = tmp / "floor_app.py"
             floor.write_text(FLOOR_APP)
+            load0 = os.getloadavg()[0]
             b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor)
-            name = "floor: no-data app, same widgets"
             if "error" not in b:
-                rows.append((name, "browser: first visit, server just started", b["first_visit_s"], ""))
-                rows.append((name, "browser: new browser, empty cache, warm server", b["new_browser_s"], ""))
-                rows.append((name, "browser: reload (cached assets)", b["reload_s"], ""))
+                name = "floor: no-data app, same widgets"
+                rows.append((name, "load average (1 min) before / after the browser runs",
+                             f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
+                browser_rows(rows, name, b, "", 1)
 
     w1 = max(len(r[0]) for r in rows)
     w2 = max(len(r[1]) for r in rows)

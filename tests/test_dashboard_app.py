@@ -7,9 +7,11 @@ import gzip
 import json
 import os
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("streamlit")
@@ -52,9 +54,48 @@ def charts(at: AppTest) -> list[dict[str, Any]]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
+class _TableParser(HTMLParser):
+    """The <table>s of an st.html block (kvprof.dashboard.tables.html_table) as rows of cell text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self.tables and self.tables[-1]:
+            self.tables[-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def html_tables(at: AppTest) -> list[pd.DataFrame]:
+    """The static tables (st.html blocks of kvprof.dashboard.tables.html_table), header row first."""
+    out = []
+    for h in at.get("html"):
+        if "data-testid='kvprof-table'" not in h.value:
+            continue
+        parser = _TableParser()
+        parser.feed(h.value)
+        for rows in parser.tables:
+            out.append(pd.DataFrame(rows[1:], columns=rows[0]))
+    return out
+
+
 def tables(at: AppTest) -> list[Any]:
     """Every table on the page (static HTML tables first, then grids), as the text cells shown."""
-    return [t.value for t in at.table] + [d.value for d in at.dataframe]
+    return [*html_tables(at), *(t.value for t in at.table), *(d.value for d in at.dataframe)]
 
 
 def table_with(at: AppTest, *columns: str, n: int = 0) -> Any:

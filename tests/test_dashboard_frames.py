@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 import pytest
 
@@ -306,3 +307,48 @@ def test_tables_never_show_none() -> None:
     df = pd.DataFrame({"a": [None, "x"], "b": [float("nan"), 1234.5678], "c": [True, None], "d": [1, 2]})
     shown = display(df)
     assert shown.to_numpy().ravel().tolist() == ["n/a", "n/a", "yes", "1", "x", "1,235", "n/a", "2"]
+
+
+def test_static_table_is_escaped_text_cells_with_no_none() -> None:
+    """html_table: the cells of display, HTML-escaped (a kernel or file name cannot inject markup)."""
+    from kvprof.dashboard.tables import TABLE_TESTID, display, html_table
+
+    df = pd.DataFrame({"name<b>": ["<img src=x onerror=alert(1)>", None], "µs": [float("nan"), 1234.5678]})
+    out = html_table(df)
+    assert f"data-testid='{TABLE_TESTID}'" in out
+    assert "<img" not in out and "&lt;img src=x onerror=alert(1)&gt;" in out and "<th>name&lt;b&gt;</th>" in out
+    cells = [c.split("</td>")[0] for c in out.split("<td>")[1:]]
+    assert cells == ["&lt;img src=x onerror=alert(1)&gt;", "n/a", "n/a", "1,235"]
+    assert [c.replace("&lt;", "<").replace("&gt;", ">") for c in cells] == display(df).to_numpy().ravel().tolist()
+
+
+def test_summary_is_read_without_its_layers_table(dash_runs: dict[str, Path]) -> None:
+    """The per-layer table (most of summary.json) is its own cached frame; every other read skips it."""
+    p = dash_runs["samples"] / "summary.json"
+    full = orjson.loads(p.read_bytes())
+    s = data.read_summary(str(p), data.stamp(p))
+    assert "layers" not in s and set(s) == set(full) - {"layers"}
+    layers = data.read_layers(str(p), data.stamp(p))
+    assert len(layers) == len(full["layers"]) and set(layers["layer"].astype(str)) - {"all"}
+    pd.testing.assert_frame_equal(data.read_groups(str(p), data.stamp(p)), frames.groups_frame(full))
+
+
+@pytest.mark.parametrize("run", ["samples", "h200"])
+def test_cached_landing_is_landing_build(dash_runs: dict[str, Path], run: str) -> None:
+    """memo.landing_for (shared across sessions, writes read only when a spread needs them) shows what
+    landing.build with every input shows."""
+    from kvprof.dashboard import landing, memo, tables
+
+    out = data.RunOutputs(run, dash_runs[run])
+    s = out.summary()
+    variants = frames.variants_in(s, out.groups())
+    base = landing.default_baseline(s, variants)
+    assert base is not None
+    got = memo.landing_for(out, memo.Settings(None, tuple(variants), base, 80, 12.05, 11.87))
+    want = landing.build(run, s, out.writes(), None, variants, base, 80)
+    pd.testing.assert_frame_equal(got.frame, want.frame)
+    assert got.headline == want.headline and got.notes == want.notes
+    assert [f.to_json() for _, f in got.figures] == [f.to_json() for _, f in want.figures]
+    assert memo.landing_for(out, memo.Settings(None, tuple(variants), base, 80, 12.05, 11.87)) is got  # shared
+    # the samples' spreads all come from the step IQR: their landing view needs no writes.parquet
+    assert tables.spread_needs_writes(out.groups(), str(got.source)) == (run == "h200")

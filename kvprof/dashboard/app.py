@@ -159,7 +159,7 @@ def sidebar() -> tuple[str, Context]:
         try:
             ctx.run = ctx.open(run_label)
             summary = ctx.run.summary()
-            groups = frames.groups_frame(summary)
+            groups = ctx.run.groups()
             variants = frames.variants_in(summary, groups)
             ctx.variants = sb.multiselect("Variants", variants, default=variants, key=f"nav_variants::{run_label}")
             sources = frames.sources_in(groups, summary)

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from kvprof.dashboard import data, frames
+from kvprof.dashboard import data
 
 UPLOAD_PREFIX = "upload: "
 
@@ -50,7 +50,8 @@ class Context:
         return self.run.summary()
 
     def groups(self) -> pd.DataFrame:
-        return frames.groups_frame(self.summary())
+        assert self.run is not None
+        return self.run.groups()
 
     def writes(self) -> pd.DataFrame:
         assert self.run is not None

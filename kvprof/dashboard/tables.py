@@ -9,6 +9,7 @@ spread and the writes' share of the step: what the landing view and the HTML rep
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
@@ -48,6 +49,30 @@ def display(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
                         columns=df.columns)
 
 
+TABLE_TESTID = "kvprof-table"
+# Theme-neutral: text and background inherit the page's, lines are a grey that reads on light and dark.
+TABLE_CSS = (f"<style>div[data-testid='{TABLE_TESTID}']{{overflow-x:auto;margin-bottom:0.5rem}}"
+             f"div[data-testid='{TABLE_TESTID}'] table{{border-collapse:collapse;font-size:0.875rem;color:inherit}}"
+             f"div[data-testid='{TABLE_TESTID}'] th,div[data-testid='{TABLE_TESTID}'] td{{border:1px solid "
+             "rgba(128,128,128,0.25);padding:0.25rem 0.5rem;text-align:left;vertical-align:top}"
+             f"div[data-testid='{TABLE_TESTID}'] th{{font-weight:600;background:rgba(128,128,128,0.08)}}</style>")
+
+
+def html_table(df: pd.DataFrame, digits: int = 4) -> str:
+    """The table as one static HTML block: the cells of ``display``, HTML-escaped, every column in full.
+
+    One element for the browser to insert, where a Streamlit table renders each cell through
+    its Markdown pipeline (a 24 x 19 table is 456 of them; about a second of a slow CPU for a
+    page of tables).
+    """
+    e = html.escape
+    head = "".join(f"<th>{e(str(c))}</th>" for c in df.columns)
+    cols = [[e(cell(v, digits)) for v in df[c].tolist()] for c in df.columns]
+    rows = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in row) + "</tr>" for row in zip(*cols))
+    return (f"{TABLE_CSS}<div data-testid='{TABLE_TESTID}'><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>")
+
+
 LANDING_COLUMNS = ("variant", "role", "verdict", "source", "phase", "size", "phase_size", "cost_us", "cost_lo_us",
                    "cost_hi_us", "spread_from", "saving_ms", "saving_spread_ms", "share_pct")
 
@@ -72,11 +97,24 @@ def _cost_spread(r: Any, writes: pd.DataFrame | None) -> tuple[float, float, str
     return cost, cost, "none"
 
 
+def _landing_rows(groups: pd.DataFrame, source: str) -> pd.DataFrame:
+    g = groups[(groups["layer"].astype(str) == "all") & (groups["source"].astype(str) == source)]
+    return g[g["cost_per_write_ns"].notna()]
+
+
+def spread_needs_writes(groups: pd.DataFrame, source: str) -> bool:
+    """Whether some landing row's spread must come from writes.parquet (no step IQR in the group):
+    when none does, the landing view needs summary.json only."""
+    g = _landing_rows(groups, source)
+    iqr = pd.to_numeric(g["step_iqr_ns"], errors="coerce")
+    ok = np.isfinite(iqr) & (pd.to_numeric(g["writes"], errors="coerce") > 0) & (pd.to_numeric(g["steps"], errors="coerce") > 0)
+    return not bool(ok.all())
+
+
 def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: dict[str, Any], source: str,
                   writes: pd.DataFrame | None = None, layers: int = 80, itl_before_ms: float = 12.05) -> pd.DataFrame:
     """One row per variant and (phase, size) of ``source``: cost and its band, saving and its spread, share."""
-    g = groups[(groups["layer"].astype(str) == "all") & (groups["source"].astype(str) == source)]
-    g = g[g["cost_per_write_ns"].notna()]
+    g = _landing_rows(groups, source)
     w = measured_writes(writes, source=source) if writes is not None and len(writes) else None
     verdicts = {n: verdict_text(v) for n, v in (summary.get("variants") or {}).items()}
     comp_rows = {(r["variant"], r["phase"], int(r["size"])): r for r in (comp or {}).get("rows", [])

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvprof.dashboard.tables import display
+from kvprof.dashboard.tables import display, html_table
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$])")
 
@@ -60,17 +60,18 @@ def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_co
                max_rows: int = 5000) -> None:
     """The table as text cells (``tables.display``: n/a for missing, never None) and a CSV of the raw values.
 
-    Small tables are static HTML (no clipped columns, readable in a screenshot); larger
-    ones a scrollable grid of at most ``max_rows`` rows.
+    Small tables are one static HTML block (``tables.html_table``: no clipped columns,
+    readable in a screenshot, cheap for the browser); larger ones a scrollable grid of at
+    most ``max_rows`` rows.
     """
     name = slug(key)
     if caption:
         st.caption(caption)
-    shown = display((df if len(df) <= max_rows else df.head(max_rows)).reset_index(drop=True))
-    if len(shown) <= STATIC_ROWS:
-        st.table(shown.style.hide(axis="index"))
+    rows = (df if len(df) <= max_rows else df.head(max_rows)).reset_index(drop=True)
+    if len(rows) <= STATIC_ROWS:
+        st.html(html_table(rows))
     else:
-        st.dataframe(shown, hide_index=True, column_config=column_config, key=f"table-{name}")
+        st.dataframe(display(rows), hide_index=True, column_config=column_config, key=f"table-{name}")
     if len(df) > max_rows:
         st.caption(f"showing the first {max_rows:,} of {len(df):,} rows; the CSV has all of them")
     st.download_button("Download table as CSV", data=lambda: df.to_csv(index=False).encode(), file_name=f"{name}.csv",

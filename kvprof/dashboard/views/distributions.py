@@ -59,7 +59,7 @@ def render(ctx: Context) -> None:
     show_figure(charts.per_layer(sel, metric, f"{metric} by layer · {ps} · {src}", log=scale == "log"),
                 f"per-layer-{metric}")
 
-    layers = frames.groups_frame(summary, "layers")
+    layers = ctx.run.layers()
     layers = layers[layers["variant"].astype(str).isin(ctx.variants)]
     if source:
         layers = layers[layers["source"].astype(str) == source]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvprof.analysis.compare import Benchmark
-from kvprof.dashboard import charts, frames, landing
+from kvprof.dashboard import frames, landing, memo
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.tables import landing_table
 from kvprof.dashboard.ui import md, show_figure, show_table
@@ -19,6 +19,7 @@ def _report_html(ctx: Context, land: landing.Landing) -> bytes:
 
 
 def render(ctx: Context) -> None:
+    """Headline and its two charts first (what a visitor came for), then the tables and the detail."""
     if not need_run(ctx):
         return
     assert ctx.run is not None
@@ -37,8 +38,7 @@ def render(ctx: Context) -> None:
     warns = summary.get("warnings") or []
     if warns:
         with st.expander(f"analyze reported {len(warns)} warning(s)"):
-            for w in warns:
-                st.markdown(f"- {md(w)}")
+            st.markdown("\n".join(f"- {md(w)}" for w in warns))  # one element, not one per warning
 
     all_variants = frames.variants_in(summary, groups)
     chosen = [v for v in all_variants if v in ctx.variants]
@@ -59,9 +59,8 @@ def render(ctx: Context) -> None:
         itl_b = float(c3.number_input("ITL before, ms", min_value=0.01, value=bench.itl_before_ms, key="ov-itl-before"))
         itl_a = float(c4.number_input("ITL after (measured), ms", min_value=0.01, value=bench.itl_after_ms,
                                       key="ov-itl-after"))
-    bench = Benchmark(itl_before_ms=itl_b, itl_after_ms=itl_a, layers=layers)
-    writes = ctx.writes() if ctx.run.dir.joinpath("writes.parquet").is_file() else None
-    land = landing.build(ctx.run.label, summary, writes, ctx.source, chosen, baseline, layers, bench)
+    settings = memo.Settings(ctx.source, tuple(chosen), baseline, layers, itl_b, itl_a)
+    land = memo.landing_for(ctx.run, settings)
 
     st.markdown(f"**{md(land.headline)}**")
     for name, fig in land.figures:
@@ -87,27 +86,17 @@ def render(ctx: Context) -> None:
                    "flagged; the landing view uses the reference by default.")
         show_table(obs, f"observer-{ctx.run.label}")
 
-    g = groups[groups["variant"].astype(str).isin(chosen)]
-    if ctx.source:
-        g = g[g["source"].astype(str) == ctx.source]
-    if g.empty:
+    detail = memo.detail_for(ctx.run, settings)
+    if detail is None:
         st.info(f"No measured writes for the chosen variants at {md(src)}.")
         return
-    order = [ctx.source] + [s for s in (summary.get("trusted_sources") or []) if s != ctx.source]
-    comp = frames.comparison(groups, baseline, layers, itl_b, itl_a, prefer=frames.fused_variants(summary),
-                             source_order=order)
-    for w in comp.get("warnings") or []:
+    for w in detail.warnings:
         st.info(md(w))
-    table = frames.overview_frame(g, comp, summary, baseline)
     st.markdown("#### Per variant and phase")
-    show_table(table, f"overview-{ctx.run.label}", caption=f"medians per write · {src}")
+    show_table(detail.table, f"overview-{ctx.run.label}", caption=f"medians per write · {src}")
     metrics = list(frames.GROUP_METRICS)
-    has_gpu = table["GPU µs/write"].notna().any()
+    has_gpu = detail.table["GPU µs/write"].notna().any()
     metric = st.selectbox("chart", metrics, index=0 if has_gpu else metrics.index("host launch µs per write"),
                           key="ov-metric")
-    mf = frames.group_metric_frame(g, metric)
-    show_figure(charts.metric_bars(mf, metric, f"{metric} · {src}") if len(mf) else
-                charts.empty_figure(f"no {metric} at {src}" + (" (a CPU-only capture has no GPU times)"
-                                                             if cpu_only else ""), metric), f"overview-{metric}")
-    show_figure(charts.speedup_bars(table, baseline, f"GPU cost per write: speed-up vs {baseline} · {src}"),
-                f"speedup-vs-{baseline}")
+    show_figure(memo.metric_for(ctx.run, settings, metric, bool(cpu_only)), f"overview-{metric}")
+    show_figure(detail.speedup, f"speedup-vs-{baseline}")
