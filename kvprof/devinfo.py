@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -136,3 +138,18 @@ def _driver_version() -> str | None:
     except OSError:
         pass
     return None
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` within the block (None: unchanged), restored after:
+    capture and bench time CPU writes on one thread by default."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

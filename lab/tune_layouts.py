@@ -33,10 +33,27 @@ os.environ["TRITON_INTERPRET"] = "0"  # the compiled kernels, whatever the shell
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+
 T0 = time.perf_counter()
-LAYOUTS = [x for x in os.environ.get("TUNE_LAYOUTS", "mla,paged").split(",") if x]
-TOKENS = [int(x) for x in os.environ.get("TUNE_TOKENS", "1,8,64,512,4096,32768").split(",") if x]
-RECHECK = int(os.environ.get("TUNE_RECHECK", "3"))
+
+
+def _env(name: str, default: str, parse, ok) -> list:  # noqa: ANN001
+    """A comma-separated setting, refused in one line when it does not parse."""
+    raw = os.environ.get(name, default)
+    try:
+        values = [parse(x) for x in raw.split(",") if x]
+    except ValueError:
+        values = []
+    if not values or not all(ok(v) for v in values):
+        raise SystemExit(f"tune_layouts.py: error: cannot use {name}={raw!r} (e.g. TUNE_LAYOUTS=mla,paged "
+                         "TUNE_TOKENS=1,64 TUNE_RECHECK=3)")
+    return values
+
+
+LAYOUTS = _env("TUNE_LAYOUTS", "mla,paged", str, lambda v: v in ("mla", "paged"))
+TOKENS = _env("TUNE_TOKENS", "1,8,64,512,4096,32768", int, lambda v: v > 0)
+RECHECK = _env("TUNE_RECHECK", "3", int, lambda v: v > 0)[0]
 DTYPES = (("bf16", "bf16"), ("fp8_e4m3", "bf16"))
 
 # (block_t, num_warps, streaming stores) for MLA; (block_t, num_warps, split) for paged
@@ -170,7 +187,7 @@ def main() -> int:
     doc = {"kind": "kvprof-tune-layouts", "device": device_properties(torch.device("cuda")), "versions": versions(),
            "recheck": RECHECK, "results": results}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tune-layouts.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    atomic_write_text(out_dir / "tune-layouts.json", json.dumps(doc, indent=1, default=str) + "\n")
     log(f"wrote {out_dir / 'tune-layouts.json'}")
     return 0
 

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvprof.core.numbers import finite_or_none
+
 RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns", "kernels_per_write", "step_gpu_ns")
 
 
@@ -81,10 +83,10 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
             continue
         row: dict[str, Any] = {"variant": r.variant, "source": r.source, "phase": r.phase, "size": int(r.size)}
         for m in RATIO_METRICS:
-            row[f"{m}"] = _num(getattr(r, m))
-            row[f"baseline_{m}"] = _num(getattr(b, m))
+            row[f"{m}"] = finite_or_none(getattr(r, m))
+            row[f"baseline_{m}"] = finite_or_none(getattr(b, m))
             row[f"ratio_{m}"] = _ratio(getattr(r, m), getattr(b, m))
-        b_cost, r_cost = _num(b.cost_per_write_ns), _num(r.cost_per_write_ns)
+        b_cost, r_cost = finite_or_none(b.cost_per_write_ns), finite_or_none(r.cost_per_write_ns)
         diff = b_cost - r_cost if b_cost is not None and r_cost is not None else None
         row["saving_per_write_ns"] = diff
         row["context"] = str(getattr(r, "context", "none") or "none")
@@ -100,7 +102,7 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
             if row["context"] == "layer" and _finite(b.step_ns, r.step_ns):
                 measured = (float(b.step_ns) - float(r.step_ns)) / 1e6
                 row["measured_saving_per_step_ms"] = measured
-                b_iqr, r_iqr = (_num(getattr(x, "step_iqr_ns", None)) for x in (b, r))
+                b_iqr, r_iqr = (finite_or_none(getattr(x, "step_iqr_ns", None)) for x in (b, r))
                 row["measured_saving_spread_ms"] = (
                     float(np.hypot(b_iqr, r_iqr)) / 1e6 if b_iqr is not None and r_iqr is not None else None)
                 row["saving_per_step_ms"] = measured
@@ -133,9 +135,3 @@ def _finite(*vals: Any) -> bool:
     return all(v is not None and np.isfinite(float(v)) for v in vals)
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if np.isfinite(f) else None

@@ -21,6 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from kvprof.core.numbers import finite_or_none
+
 FALLBACK_ORDER = ("reference", "nsys", "kineto")
 
 
@@ -71,17 +73,11 @@ class GateResult:
                 "rows": [r.to_json() for r in self.rows], "unjudged": self.unjudged}
 
 
-def _finite(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _iqr_per_write(row: Any) -> float | None:
     """The step IQR divided by the writes per step (the spread of a per-write figure)."""
-    iqr, writes, steps = _finite(row.get("step_iqr_ns")), _finite(row.get("writes")), _finite(row.get("steps"))
+    iqr, writes, steps = finite_or_none(row.get("step_iqr_ns")), finite_or_none(row.get("writes")), finite_or_none(row.get("steps"))
     if iqr is None or not writes or not steps:
         return None
     return iqr * steps / writes
@@ -93,7 +89,7 @@ def _index(groups: pd.DataFrame) -> dict[tuple[str, str, int, str], dict[str, An
     g = groups[groups["layer"].astype(str) == "all"] if "layer" in groups.columns else groups
     out = {}
     for r in g.to_dict("records"):
-        if _finite(r.get("cost_per_write_ns")) is not None:
+        if finite_or_none(r.get("cost_per_write_ns")) is not None:
             out[(str(r["variant"]), str(r["phase"]), int(r["size"]), str(r["source"]))] = r
     return out
 

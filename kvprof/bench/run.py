@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from kvprof.bench import grids
-from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph, torch_threads
+from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
-from kvprof.devinfo import device_properties, versions
+from kvprof.devinfo import device_properties, torch_threads, versions
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.pool import KVPool

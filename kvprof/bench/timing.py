@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -148,17 +147,3 @@ def _repeat(fn: Callable[[], object], times: int) -> Callable[[], None]:
         for _ in range(times):
             fn()
     return run
-
-
-@contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` within the block (None: left as they are)."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

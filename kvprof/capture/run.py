@@ -21,13 +21,13 @@ import kvprof
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.reference import run_reference_pass
-from kvprof.capture.runtime import Runtime, prepare, torch_threads
+from kvprof.capture.runtime import Runtime, prepare
 from kvprof.capture.session import session_for
 from kvprof.capture.summary import scrub_manifest, verify_run_dir
 from kvprof.capture.torch_pass import run_torch_pass
 from kvprof.core.run import MANIFEST, Manifest, PathReport, TraceMeta, VariantEntry
 from kvprof.core.timings import TIMINGS_FILE, StepTimings
-from kvprof.devinfo import device_properties, versions
+from kvprof.devinfo import device_properties, torch_threads, versions
 from kvprof.dtypes import short_name
 from kvprof.core.errors import DeviceError, KvprofError, OutputError, ToolError, UsageError
 from kvprof.guards import check_capture

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -76,18 +74,4 @@ def prepare(config: CaptureConfig) -> Runtime:
     return Runtime(device=device, threads=threads, triton_interpret=interpret)
 
 
-@contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` (None: unchanged), restored afterwards."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-__all__ = ["Runtime", "prepare", "torch_threads", "triton_interpreter"]
+__all__ = ["Runtime", "prepare", "triton_interpreter"]

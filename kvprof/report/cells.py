@@ -10,7 +10,6 @@ columns is, in a few words (every unit and key: docs/formats.md).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvprof.core.summary import Summary
+from kvprof.core.numbers import finite_or_none
 
 
 @dataclass(frozen=True)
@@ -47,22 +47,16 @@ class Col:
     justify: JustifyMethod = "right"
 
 
-def finite(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def us(ns: Any, missing: NA, digits: int = 2) -> Cell:
     """Nanoseconds as µs, or ``missing``."""
-    f = finite(ns)
+    f = finite_or_none(ns)
     return missing if f is None else f"{f / 1000:.{digits}f}"
 
 
 def num(v: Any, missing: NA, fmt: str = "{:.1f}") -> Cell:
-    f = finite(v)
+    f = finite_or_none(v)
     return missing if f is None else fmt.format(f)
 
 
@@ -111,9 +105,9 @@ def missing_reason(row: dict[str, Any], key: str, gpu: bool, summary: Summary) -
         return no_gpu_reason(summary)
     if key in ("host_launch_ns", "launch_delay_ns") and row.get("graph"):
         return GRAPH
-    if key == "pct_of_peak" and finite((summary.device or {}).get("peak_bandwidth_gbs")) is None:
+    if key == "pct_of_peak" and finite_or_none((summary.device or {}).get("peak_bandwidth_gbs")) is None:
         return NA("peak unknown")
-    if key == "step_iqr_ns" and (finite(row.get("steps")) or 0) < 4:
+    if key == "step_iqr_ns" and (finite_or_none(row.get("steps")) or 0) < 4:
         return NA("< 4 steps")
     return NOT_MEASURED
 
@@ -162,5 +156,5 @@ def print_table(console: Any, t: Table, notes: Sequence[str]) -> None:
         console.print(Text(line, style="dim"))
 
 
-__all__ = ["GRAPH", "NA", "NOT_MEASURED", "Cell", "Col", "cpu_run", "finite", "gpu_traced", "missing_reason", "no_gpu_reason",
+__all__ = ["GRAPH", "NA", "NOT_MEASURED", "Cell", "Col", "cpu_run", "gpu_traced", "missing_reason", "no_gpu_reason",
            "ns_or_why", "num", "print_table", "table", "us"]

@@ -12,13 +12,13 @@ from typing import Any, TypeGuard
 from rich.console import Console
 from rich.table import Table
 
+from kvprof.core.numbers import finite_or_none
 from kvprof.core.summary import Summary, VariantVerdict
 from kvprof.report.cells import (
     NA,
     NOT_MEASURED,
     Cell,
     Col,
-    finite,
     gpu_traced,
     missing_reason,
     no_gpu_reason,
@@ -60,7 +60,7 @@ def groups_table(rows: list[dict[str, Any]], source: str, summary: Summary | Non
         def why(key: str, r: dict[str, Any] = r, has_gpu: bool = has_gpu) -> NA:
             return missing_reason(r, key, has_gpu, summary)
 
-        overlap = finite(r.get("overlap_frac"))
+        overlap = finite_or_none(r.get("overlap_frac"))
         head: list[Cell] = [str(r["variant"]), str(r["phase"]), str(r["size"])]
         writes.append([
             *head, str(r["writes"]), num(r["kernels_per_write"] if has_gpu else None, why("kernels_per_write"), "{:g}"),
@@ -149,7 +149,7 @@ def saving_reason(r: dict[str, Any]) -> NA:
     """Why a comparison row has no saving per decode step."""
     if r.get("phase") != "decode":
         return NA(str(r.get("phase")), "savings are per decode step")
-    if finite(r.get("cost_per_write_ns")) is None or finite(r.get("baseline_cost_per_write_ns")) is None:
+    if finite_or_none(r.get("cost_per_write_ns")) is None or finite_or_none(r.get("baseline_cost_per_write_ns")) is None:
         return NO_GPU_TIME
     # kvprof.analysis.compare projects GPU time only
     return NA("CPU clock", "a CPU's wall clock says nothing of a GPU's decode step")

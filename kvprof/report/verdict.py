@@ -18,7 +18,8 @@ from rich.text import Text
 from kvprof.core import variants
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
-from kvprof.report.cells import NA, Cell, Col, cpu_run, finite, print_table, table
+from kvprof.core.numbers import finite_or_none
+from kvprof.report.cells import NA, Cell, Col, cpu_run, print_table, table
 
 SHORT_SOURCE = {"reference": "ref", "kineto": "torch", "nsys": "nsys"}
 SOURCE_WORDS = {"reference": "no profiler", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
@@ -28,7 +29,7 @@ DASHBOARD = "python -m kvprof dashboard (needs the dashboard extra: pip install 
 
 def _cost(ns: Any) -> str | None:
     """µs, with as many digits as a reader needs: 0.65, 16.3, 5,512."""
-    f = finite(ns)
+    f = finite_or_none(ns)
     if f is None:
         return None
     v = f / 1000
@@ -75,7 +76,7 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     used: set[str] = set()
     for variant, phase, size in keys:
         sources = by[(variant, phase, size)]
-        source = next((s for s in order if s in sources and finite(sources[s].get("cost_per_write_ns")) is not None),
+        source = next((s for s in order if s in sources and finite_or_none(sources[s].get("cost_per_write_ns")) is not None),
                       None)
         name = variant + (" *" if variant in marked else "")
         head: list[Cell] = [name, _fused_word(summary, variant), phase, str(size)]
@@ -93,8 +94,8 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
             missing = NA(f"no {baseline} run") if not any(k[0] == baseline for k in by) else NA(f"{baseline} not by {source}")
             rows.append([*head, cost, SHORT_SOURCE.get(source, source), missing, missing])
             continue
-        ratio = finite(c.get("ratio_cost_per_write_ns"))
-        saving = finite(c.get("saving_per_step_ms"))
+        ratio = finite_or_none(c.get("ratio_cost_per_write_ns"))
+        saving = finite_or_none(c.get("saving_per_step_ms"))
         if saving is not None:
             saving_cell: Cell = f"{saving:.3f}"
         elif phase != "decode":
