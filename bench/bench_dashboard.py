@@ -1,6 +1,6 @@
 """How fast the dashboard shows its first page: the samples, and a ~100 MB trace.
 
-    python bench/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser]
+    python bench/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser] [--code CHECKOUT]
 
 Two measurements per data set, each from a fresh process so nothing is warm by accident:
 - AppTest (streamlit.testing): the server-side script run of the first page, in a new
@@ -18,7 +18,10 @@ after (its summary/parquet files present). Targets: samples < 3 s, 100 MB trace 
 For scale, the same browser measurement of a data-free Streamlit app with the same kinds
 of widgets and one chart (Streamlit's and Plotly's own front-end cost on this machine).
 The 1-minute load average is printed before and after each browser measurement: other work
-on the machine shows in these figures.
+on the machine shows in these figures (the "after" includes this benchmark's own browser).
+``--code CHECKOUT`` measures another checkout's dashboard on the same data sets, e.g. an
+earlier commit unpacked with ``git archive COMMIT | tar -x -C CHECKOUT``: a before/after on
+one machine in one session.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "kvprof" / "dashboard" / "app.py"
+CODE = ROOT  # the checkout whose dashboard is measured (--code): the samples and this script stay ROOT's
+
+
+def dashboard_app() -> Path:
+    return CODE / "kvprof" / "dashboard" / "app.py"
 PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -65,12 +72,13 @@ print(json.dumps(out))
 
 
 def env_for(root: Path, run: Path, cache: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "KVPROF_DASHBOARD_ROOTS": str(root),
+    return {**os.environ, "PYTHONPATH": str(CODE), "KVPROF_DASHBOARD_ROOTS": str(root),
             "KVPROF_DASHBOARD_RUN": str(run), "KVPROF_DASHBOARD_CACHE": str(cache)}
 
 
 def apptest(root: Path, run: Path, cache: Path) -> dict[str, Any]:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(APP), ",".join(PAGES)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", CHILD, str(dashboard_app()), ",".join(PAGES)], capture_output=True,
+                         text=True,
                          env=env_for(root, run, cache), timeout=1800)
     if res.returncode != 0:
         return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -120,16 +128,17 @@ def _visit(pg: Any, go: Any, charts: int) -> tuple[float, float]:
     return first, time.perf_counter() - t
 
 
-def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path = APP) -> dict[str, Any]:
+def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path | None = None) -> dict[str, Any]:
     """goto -> first chart drawn, and -> every first-page chart drawn with the run over: a just-started
     server, a new browser (empty cache) on a warm server, a reload; then page switches."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
+    app = app or dashboard_app()
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
                              "--server.address", "127.0.0.1", "--server.port", str(port),
-                             "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env_for(root, run, cache),
+                             "--browser.gatherUsageStats", "false"], cwd=CODE, env=env_for(root, run, cache),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     out: dict[str, Any] = {k: [] for k in ("new_browser_s", "new_browser_complete_s", "reload_s", "reload_complete_s")}
@@ -177,7 +186,7 @@ def _visits(b: Any, url: str, charts: int, repeat: int, app: Path, out: dict[str
         first, complete = _visit(pg, pg.reload, charts)
         out["reload_s"].append(first)
         out["reload_complete_s"].append(complete)
-        if i == repeat - 1 and app == APP:
+        if i == repeat - 1 and app == dashboard_app():
             side = pg.locator('[data-testid="stSidebar"]')
             for name in PAGES[1:]:
                 t = time.perf_counter()
@@ -238,7 +247,17 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="browser visits per data set")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--samples-only", action="store_true", help="skip the synthesized trace")
+    ap.add_argument("--code", type=Path, default=None,
+                    help="measure the dashboard of another checkout (e.g. an earlier commit, for a before/after); "
+                         "the data sets are this checkout's")
     args = ap.parse_args()
+    global CODE
+    if args.code is not None:
+        CODE = args.code.resolve()
+        if not (CODE / "kvprof" / "dashboard" / "app.py").is_file():
+            print(f"bench_dashboard: {CODE} has no kvprof/dashboard/app.py", file=sys.stderr)
+            return 2
+        print(f"dashboard code: {CODE}")
     rows: list[tuple[str, str, Any, str]] = []
     with tempfile.TemporaryDirectory(prefix="kvprof-bench-dash-") as t:
         tmp = Path(t)
