@@ -128,9 +128,11 @@ def _visit(pg: Any, go: Any, charts: int) -> tuple[float, float]:
     return first, time.perf_counter() - t
 
 
-def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path | None = None) -> dict[str, Any]:
+def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path | None = None,
+            profile: bool = False) -> dict[str, Any]:
     """goto -> first chart drawn, and -> every first-page chart drawn with the run over: a just-started
-    server, a new browser (empty cache) on a warm server, a reload; then page switches."""
+    server, a new browser (empty cache) on a warm server, a reload; then page switches. ``profile``:
+    one more new-browser visit under Chromium's CPU profiler (``profiled_visit``)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
@@ -158,6 +160,8 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
             b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 _visits(b, url, charts, repeat, app, out)
+                if profile:
+                    out["profile"] = profiled_visit(b, url, charts)
             except PlaywrightTimeout as exc:
                 return {"error": f"not drawn within {WAIT_MS / 1000:.0f} s ({str(exc).splitlines()[0]})"}
             finally:
@@ -197,6 +201,46 @@ def _visits(b: Any, url: str, charts: int, repeat: int, app: Path, out: dict[str
         ctx.close()
 
 
+PAGE_FACTS = """() => ({charts: document.querySelectorAll('.js-plotly-plot').length,
+  tables: document.querySelectorAll('[data-testid="kvprof-table"] table, [data-testid="stTable"], '
+                                     + '[data-testid="stDataFrame"]').length,
+  cells: document.querySelectorAll('[data-testid="kvprof-table"] td, [data-testid="stTable"] td').length,
+  elements: document.querySelectorAll('[data-testid="stElementContainer"]').length})"""
+
+
+def profiled_visit(b: Any, url: str, charts: int, top: int = 8) -> dict[str, Any]:
+    """A new-browser visit under Chromium's sampling CPU profiler, goto -> first chart drawn: the main
+    thread's time by script (self time; '(idle)' is waiting for the network or the server), and what
+    the complete first page holds (charts, tables, cells, elements, websocket bytes received)."""
+    ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    pg.set_default_timeout(WAIT_MS)
+    received = [0]
+    pg.on("websocket", lambda ws: ws.on("framereceived", lambda f: received.__setitem__(0, received[0] + len(f))))
+    cdp = ctx.new_cdp_session(pg)
+    cdp.send("Profiler.enable")
+    cdp.send("Profiler.setSamplingInterval", {"interval": 500})
+    cdp.send("Profiler.start")
+    t = time.perf_counter()
+    pg.goto(url)
+    pg.wait_for_function(FIRST_CHART, polling=20)
+    first = time.perf_counter() - t
+    prof = cdp.send("Profiler.stop")["profile"]
+    pg.wait_for_function(COMPLETE, arg=charts, polling=20)
+    facts = pg.evaluate(PAGE_FACTS)
+    ctx.close()
+    nodes = {n["id"]: n["callFrame"] for n in prof["nodes"]}
+    by: dict[str, float] = {}
+    for sid, dt in zip(prof["samples"][1:], prof["timeDeltas"][1:]):
+        cf = nodes[sid]
+        name = cf["url"].rsplit("/", 1)[-1] or cf["functionName"] or "(native)"
+        name = name.split(".")[0] + ".js" if name.endswith(".js") else name  # PlotlyChart.<hash>.js -> PlotlyChart.js
+        by[name] = by.get(name, 0.0) + dt / 1e6
+    ranked = sorted(by.items(), key=lambda kv: -kv[1])
+    return {"first_s": first, "total_s": sum(by.values()), "top": ranked[:top], **facts,
+            "ws_kb": received[0] / 1024}
+
+
 def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
     sys.path.insert(0, str(ROOT))
     from kvprof.dashboard.data import analyse_to, discover_runs
@@ -223,12 +267,21 @@ def big_run(tmp: Path, mb: int) -> tuple[Path, dict[str, Any]]:
 
 def browser_rows(rows: list[tuple[str, str, Any, str]], name: str, b: dict[str, Any], target: str,
                  charts: int) -> None:
-    """First chart drawn (the target) and the page complete, for each kind of visit."""
+    """First chart drawn (the target) and the page complete, for each kind of visit; the CPU profile."""
     done = f"all {charts} chart(s), run over"
     for what, key in (("first visit, server just started", "first_visit"),
                       ("new browser, empty cache, warm server", "new_browser"), ("reload (cached assets)", "reload")):
         rows.append((name, f"browser: {what}: first chart", b[f"{key}_s"], target))
         rows.append((name, f"browser: {what}: {done}", b[f"{key}_complete_s"], ""))
+    prof = b.get("profile")
+    if prof:
+        rows.append((name, "profiled new-browser visit: first chart (profiler on)", prof["first_s"], ""))
+        rows.append((name, "  main thread sampled, goto -> first chart", prof["total_s"], ""))
+        for script, sec in prof["top"]:
+            rows.append((name, f"  of which {script}", sec, ""))
+        rows.append((name, "  first page: charts / tables / table cells / elements",
+                     f"{prof['charts']} / {prof['tables']} / {prof['cells']} / {prof['elements']}", ""))
+        rows.append((name, "  first page: websocket KB received", prof["ws_kb"], ""))
 
 
 def fmt(x: Any) -> str:
@@ -247,6 +300,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="browser visits per data set")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--samples-only", action="store_true", help="skip the synthesized trace")
+    ap.add_argument("--cpu-profile", action="store_true",
+                    help="one more new-browser visit per data set under Chromium's CPU profiler: where the main "
+                         "thread's time goes before the first chart")
     ap.add_argument("--code", type=Path, default=None,
                     help="measure the dashboard of another checkout (e.g. an earlier commit, for a before/after); "
                          "the data sets are this checkout's")
@@ -301,7 +357,8 @@ def main() -> int:
                 continue
             # first chart visible (a drawn bar), and the page complete (all its charts, the run over)
             load0 = os.getloadavg()[0]
-            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat)
+            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat,
+                        profile=args.cpu_profile)
             rows.append((name, "load average (1 min) before / after the browser runs",
                          f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
             if "error" in b:
@@ -317,7 +374,7 @@ def main() -> int:
             floor = tmp / "floor_app.py"
             floor.write_text(FLOOR_APP)
             load0 = os.getloadavg()[0]
-            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor)
+            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor, profile=args.cpu_profile)
             if "error" not in b:
                 name = "floor: no-data app, same widgets"
                 rows.append((name, "load average (1 min) before / after the browser runs",
