@@ -1,6 +1,6 @@
 """How fast the dashboard shows its first page: the samples, and a ~100 MB trace.
 
-    python bench/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser]
+    python bench/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser] [--code CHECKOUT]
 
 Two measurements per data set, each from a fresh process so nothing is warm by accident:
 - AppTest (streamlit.testing): the server-side script run of the first page, in a new
@@ -18,7 +18,10 @@ after (its summary/parquet files present). Targets: samples < 3 s, 100 MB trace 
 For scale, the same browser measurement of a data-free Streamlit app with the same kinds
 of widgets and one chart (Streamlit's and Plotly's own front-end cost on this machine).
 The 1-minute load average is printed before and after each browser measurement: other work
-on the machine shows in these figures.
+on the machine shows in these figures (the "after" includes this benchmark's own browser).
+``--code CHECKOUT`` measures another checkout's dashboard on the same data sets, e.g. an
+earlier commit unpacked with ``git archive COMMIT | tar -x -C CHECKOUT``: a before/after on
+one machine in one session.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "kvprof" / "dashboard" / "app.py"
+CODE = ROOT  # the checkout whose dashboard is measured (--code): the samples and this script stay ROOT's
+
+
+def dashboard_app() -> Path:
+    return CODE / "kvprof" / "dashboard" / "app.py"
 PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -65,12 +72,13 @@ print(json.dumps(out))
 
 
 def env_for(root: Path, run: Path, cache: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "KVPROF_DASHBOARD_ROOTS": str(root),
+    return {**os.environ, "PYTHONPATH": str(CODE), "KVPROF_DASHBOARD_ROOTS": str(root),
             "KVPROF_DASHBOARD_RUN": str(run), "KVPROF_DASHBOARD_CACHE": str(cache)}
 
 
 def apptest(root: Path, run: Path, cache: Path) -> dict[str, Any]:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(APP), ",".join(PAGES)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", CHILD, str(dashboard_app()), ",".join(PAGES)], capture_output=True,
+                         text=True,
                          env=env_for(root, run, cache), timeout=1800)
     if res.returncode != 0:
         return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -120,16 +128,19 @@ def _visit(pg: Any, go: Any, charts: int) -> tuple[float, float]:
     return first, time.perf_counter() - t
 
 
-def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path = APP) -> dict[str, Any]:
+def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path | None = None,
+            profile: bool = False) -> dict[str, Any]:
     """goto -> first chart drawn, and -> every first-page chart drawn with the run over: a just-started
-    server, a new browser (empty cache) on a warm server, a reload; then page switches."""
+    server, a new browser (empty cache) on a warm server, a reload; then page switches. ``profile``:
+    one more new-browser visit under Chromium's CPU profiler (``profiled_visit``)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
+    app = app or dashboard_app()
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
                              "--server.address", "127.0.0.1", "--server.port", str(port),
-                             "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env_for(root, run, cache),
+                             "--browser.gatherUsageStats", "false"], cwd=CODE, env=env_for(root, run, cache),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     out: dict[str, Any] = {k: [] for k in ("new_browser_s", "new_browser_complete_s", "reload_s", "reload_complete_s")}
@@ -149,6 +160,8 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
             b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 _visits(b, url, charts, repeat, app, out)
+                if profile:
+                    out["profile"] = profiled_visit(b, url, charts)
             except PlaywrightTimeout as exc:
                 return {"error": f"not drawn within {WAIT_MS / 1000:.0f} s ({str(exc).splitlines()[0]})"}
             finally:
@@ -177,7 +190,7 @@ def _visits(b: Any, url: str, charts: int, repeat: int, app: Path, out: dict[str
         first, complete = _visit(pg, pg.reload, charts)
         out["reload_s"].append(first)
         out["reload_complete_s"].append(complete)
-        if i == repeat - 1 and app == APP:
+        if i == repeat - 1 and app == dashboard_app():
             side = pg.locator('[data-testid="stSidebar"]')
             for name in PAGES[1:]:
                 t = time.perf_counter()
@@ -186,6 +199,46 @@ def _visits(b: Any, url: str, charts: int, repeat: int, app: Path, out: dict[str
                 pg.wait_for_function(COMPLETE, arg=0, polling=20)  # some pages have no chart for some runs
                 out["pages"][name] = time.perf_counter() - t
         ctx.close()
+
+
+PAGE_FACTS = """() => ({charts: document.querySelectorAll('.js-plotly-plot').length,
+  tables: document.querySelectorAll('[data-testid="kvprof-table"] table, [data-testid="stTable"], '
+                                     + '[data-testid="stDataFrame"]').length,
+  cells: document.querySelectorAll('[data-testid="kvprof-table"] td, [data-testid="stTable"] td').length,
+  elements: document.querySelectorAll('[data-testid="stElementContainer"]').length})"""
+
+
+def profiled_visit(b: Any, url: str, charts: int, top: int = 8) -> dict[str, Any]:
+    """A new-browser visit under Chromium's sampling CPU profiler, goto -> first chart drawn: the main
+    thread's time by script (self time; '(idle)' is waiting for the network or the server), and what
+    the complete first page holds (charts, tables, cells, elements, websocket bytes received)."""
+    ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    pg.set_default_timeout(WAIT_MS)
+    received = [0]
+    pg.on("websocket", lambda ws: ws.on("framereceived", lambda f: received.__setitem__(0, received[0] + len(f))))
+    cdp = ctx.new_cdp_session(pg)
+    cdp.send("Profiler.enable")
+    cdp.send("Profiler.setSamplingInterval", {"interval": 500})
+    cdp.send("Profiler.start")
+    t = time.perf_counter()
+    pg.goto(url)
+    pg.wait_for_function(FIRST_CHART, polling=20)
+    first = time.perf_counter() - t
+    prof = cdp.send("Profiler.stop")["profile"]
+    pg.wait_for_function(COMPLETE, arg=charts, polling=20)
+    facts = pg.evaluate(PAGE_FACTS)
+    ctx.close()
+    nodes = {n["id"]: n["callFrame"] for n in prof["nodes"]}
+    by: dict[str, float] = {}
+    for sid, dt in zip(prof["samples"][1:], prof["timeDeltas"][1:]):
+        cf = nodes[sid]
+        name = cf["url"].rsplit("/", 1)[-1] or cf["functionName"] or "(native)"
+        name = name.split(".")[0] + ".js" if name.endswith(".js") else name  # PlotlyChart.<hash>.js -> PlotlyChart.js
+        by[name] = by.get(name, 0.0) + dt / 1e6
+    ranked = sorted(by.items(), key=lambda kv: -kv[1])
+    return {"first_s": first, "total_s": sum(by.values()), "top": ranked[:top], **facts,
+            "ws_kb": received[0] / 1024}
 
 
 def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
@@ -214,12 +267,21 @@ def big_run(tmp: Path, mb: int) -> tuple[Path, dict[str, Any]]:
 
 def browser_rows(rows: list[tuple[str, str, Any, str]], name: str, b: dict[str, Any], target: str,
                  charts: int) -> None:
-    """First chart drawn (the target) and the page complete, for each kind of visit."""
+    """First chart drawn (the target) and the page complete, for each kind of visit; the CPU profile."""
     done = f"all {charts} chart(s), run over"
     for what, key in (("first visit, server just started", "first_visit"),
                       ("new browser, empty cache, warm server", "new_browser"), ("reload (cached assets)", "reload")):
         rows.append((name, f"browser: {what}: first chart", b[f"{key}_s"], target))
         rows.append((name, f"browser: {what}: {done}", b[f"{key}_complete_s"], ""))
+    prof = b.get("profile")
+    if prof:
+        rows.append((name, "profiled new-browser visit: first chart (profiler on)", prof["first_s"], ""))
+        rows.append((name, "  main thread sampled, goto -> first chart", prof["total_s"], ""))
+        for script, sec in prof["top"]:
+            rows.append((name, f"  of which {script}", sec, ""))
+        rows.append((name, "  first page: charts / tables / table cells / elements",
+                     f"{prof['charts']} / {prof['tables']} / {prof['cells']} / {prof['elements']}", ""))
+        rows.append((name, "  first page: websocket KB received", prof["ws_kb"], ""))
 
 
 def fmt(x: Any) -> str:
@@ -238,7 +300,20 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="browser visits per data set")
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--samples-only", action="store_true", help="skip the synthesized trace")
+    ap.add_argument("--cpu-profile", action="store_true",
+                    help="one more new-browser visit per data set under Chromium's CPU profiler: where the main "
+                         "thread's time goes before the first chart")
+    ap.add_argument("--code", type=Path, default=None,
+                    help="measure the dashboard of another checkout (e.g. an earlier commit, for a before/after); "
+                         "the data sets are this checkout's")
     args = ap.parse_args()
+    global CODE
+    if args.code is not None:
+        CODE = args.code.resolve()
+        if not (CODE / "kvprof" / "dashboard" / "app.py").is_file():
+            print(f"bench_dashboard: {CODE} has no kvprof/dashboard/app.py", file=sys.stderr)
+            return 2
+        print(f"dashboard code: {CODE}")
     rows: list[tuple[str, str, Any, str]] = []
     with tempfile.TemporaryDirectory(prefix="kvprof-bench-dash-") as t:
         tmp = Path(t)
@@ -282,7 +357,8 @@ def main() -> int:
                 continue
             # first chart visible (a drawn bar), and the page complete (all its charts, the run over)
             load0 = os.getloadavg()[0]
-            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat)
+            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat,
+                        profile=args.cpu_profile)
             rows.append((name, "load average (1 min) before / after the browser runs",
                          f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
             if "error" in b:
@@ -298,7 +374,7 @@ def main() -> int:
             floor = tmp / "floor_app.py"
             floor.write_text(FLOOR_APP)
             load0 = os.getloadavg()[0]
-            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor)
+            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor, profile=args.cpu_profile)
             if "error" not in b:
                 name = "floor: no-data app, same widgets"
                 rows.append((name, "load average (1 min) before / after the browser runs",
