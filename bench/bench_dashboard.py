@@ -138,7 +138,11 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
 
     app = app or dashboard_app()
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+    # the way `kvprof dashboard` starts it (its server imports the pages before the first visitor); a
+    # checkout from before that launcher (--code) or the floor app: plain `streamlit run`
+    serve = (CODE / "kvprof" / "dashboard" / "serve.py").is_file() and app == dashboard_app()
+    launcher = ["-m", "kvprof.dashboard.serve"] if serve else ["-m", "streamlit"]
+    proc = subprocess.Popen([sys.executable, *launcher, "run", str(app), "--server.headless", "true",
                              "--server.address", "127.0.0.1", "--server.port", str(port),
                              "--browser.gatherUsageStats", "false"], cwd=CODE, env=env_for(root, run, cache),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

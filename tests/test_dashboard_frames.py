@@ -179,11 +179,24 @@ def _args(**kw: object) -> argparse.Namespace:
     return ns
 
 
+def test_the_server_imports_every_page_once_streamlit_is_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit import runtime
+
+    from kvprof.dashboard import serve
+
+    names = serve.page_modules()
+    assert {"kvprof.dashboard.views.overview", "kvprof.dashboard.views.timeline", "pyarrow.parquet"} <= set(names)
+    monkeypatch.setattr(runtime, "exists", lambda: False)
+    assert serve.warm(wait_s=0.05) == []  # no runtime: nothing imported early (its caches would warn)
+    monkeypatch.setattr(runtime, "exists", lambda: True)
+    assert serve.warm() == names
+
+
 def test_dashboard_command_line(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
     cmd, env = dash_cmd.streamlit_command(_args(run_dir=str(run), port=9123))
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("kvprof/dashboard/app.py")
+    assert cmd[1:4] == ["-m", "kvprof.dashboard.serve", "run"] and cmd[4].endswith("kvprof/dashboard/app.py")
     flags = dict(zip(cmd[5::2], cmd[6::2]))
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "9123"
     assert flags["--server.maxUploadSize"] == "200" and flags["--browser.gatherUsageStats"] == "false"

@@ -74,7 +74,7 @@ def streamlit_command(args: argparse.Namespace, app: Path | None = None) -> tupl
     if args.cache_dir:
         env["KVPROF_DASHBOARD_CACHE"] = str(args.cache_dir.expanduser().resolve())
     cmd = [
-        sys.executable, "-m", "streamlit", "run", str(app or app_path()),
+        sys.executable, "-m", "kvprof.dashboard.serve", "run", str(app or app_path()),
         "--server.address", args.address, "--server.port", str(args.port),
         "--server.headless", "false" if args.open else "true",
         "--server.maxUploadSize", str(args.max_upload_mb),
