@@ -50,7 +50,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "KVPROF_DASHBOARD_CACHE": tmp}
         proc = subprocess.Popen([sys.executable, "-m", "kvprof", "dashboard", str(SAMPLES / "h200-llama70b-tp8"),
-                                 "--port", str(port)], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
+                                 "--port", str(port)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
             t = time.monotonic()

@@ -365,3 +365,14 @@ def test_cached_landing_is_landing_build(dash_runs: dict[str, Path], run: str) -
     assert memo.landing_for(out, memo.Settings(None, tuple(variants), base, 80, 12.05, 11.87)) is got  # shared
     # the samples' spreads all come from the step IQR: their landing view needs no writes.parquet
     assert tables.spread_needs_writes(out.groups(), str(got.source)) == (run == "h200")
+
+
+def test_the_sidebar_shows_a_root_short(tmp_path: Path) -> None:
+    from kvprof.dashboard.data import root_label
+
+    home, cwd = tmp_path / "home", tmp_path / "home" / "work"
+    assert root_label(cwd / "traces" / "samples", cwd=cwd, home=home) == "traces/samples"
+    assert root_label(cwd, cwd=cwd, home=home) == "."
+    assert root_label(home / "runs", cwd=cwd, home=home) == "~/runs"
+    assert root_label(tmp_path / "elsewhere", cwd=cwd, home=home) == str(tmp_path / "elsewhere")
+    assert root_label("/data/traces", cwd=Path("/"), home=home) == "/data/traces"

@@ -129,7 +129,7 @@ def sidebar() -> tuple[str, Context]:
         with_run = [r for r in roots if first_run and first_run.is_relative_to(r)]
         with_runs = [r for r in roots if _runs(str(r))]
         ss["nav_root"] = str((with_run or with_runs or roots)[0])
-    root = Path(sb.selectbox("Traces root", [str(r) for r in roots], key="nav_root",
+    root = Path(sb.selectbox("Traces root", [str(r) for r in roots], key="nav_root", format_func=data.root_label,
                              help="only files under this folder are read"))
     runs = _runs(str(root))
 

@@ -93,6 +93,22 @@ def configured_roots(env: Mapping[str, str] | None = None) -> list[Path]:
     return out
 
 
+def root_label(root: str | Path, cwd: Path | None = None, home: Path | None = None) -> str:
+    """A root as the sidebar shows it: relative to the working folder when under it, else with ``~``
+    for the home folder, else the full path (the selectbox's value stays the full path)."""
+    p = Path(root)
+    for base, prefix in ((cwd or Path.cwd(), "."), (home or Path.home(), "~")):
+        base = base.resolve()
+        if base == Path(base.anchor):  # "/" as the base would only drop the leading slash
+            continue
+        try:
+            rel = p.relative_to(base)
+        except ValueError:
+            continue
+        return prefix if not rel.parts else (rel.as_posix() if prefix == "." else f"~/{rel.as_posix()}")
+    return str(p)
+
+
 def initial_run(env: Mapping[str, str] | None = None) -> Path | None:
     env = os.environ if env is None else env
     raw = env.get(ENV_RUN, "").strip()
