@@ -142,12 +142,15 @@ def capture_estimate(config: CaptureConfig, device: torch.device) -> CaptureEsti
     elem = torch.empty((), dtype=config.cache_torch_dtype()).element_size()
     in_elem = torch.empty((), dtype=config.input_torch_dtype()).element_size()
     dims = shape.head_dim + shape.v_head_dim
+    # slots per layer as for the whole model (as the session sizes them), buffers and writes
+    # only for the layers a step really writes (--layers; 2 by default on a CPU)
     size = config.pool_size or default_pool_size(phases, shape.head_num, dims, shape.layers, elem, device)
+    layers = config.layers_on(device.type)
     rows = size + config.page_size
-    pool = pool_bytes(rows, shape.layers, shape.head_num, shape.head_dim, shape.v_head_dim, elem)
+    pool = pool_bytes(rows, layers, shape.head_num, shape.head_dim, shape.v_head_dim, elem)
     slots = sum(p.steps * p.tokens for p in phases) * 8
     inputs = sum(p.tokens for p in phases) * shape.head_num * dims * (in_elem + 4)  # float32 staging too
-    writes = sum(p.steps for p in phases) * shape.layers
+    writes = sum(p.steps for p in phases) * layers
     device_bytes = pool + inputs + slots
     host_bytes = slots + writes * PROFILER_BYTES_PER_WRITE
     return CaptureEstimate(device_bytes, host_bytes, writes)

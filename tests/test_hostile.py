@@ -488,8 +488,8 @@ def test_unwritable_old_summary_leaves_the_old_set_whole(tmp_path, capsys):
 def test_stale_temporaries_of_dead_processes_are_cleaned(tmp_path):
     from kvprof.core.atomic import clean_stale
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    with subprocess.Popen([sys.executable, "-c", "pass"]) as dead:  # waited for on leaving, whatever happens
+        dead.wait()
     stale = tmp_path / f".r.tmp-{dead.pid}-0123abcd"
     stale.mkdir()
     (stale / "trace.json").write_text("{}")
@@ -563,3 +563,20 @@ def test_benchmark_api_refuses_zero_and_nan():
         with pytest.raises(ValueError, match="itl_before_ms"):
             Benchmark(itl_before_ms=bad)
 
+
+
+def test_the_memory_estimate_counts_the_layers_a_step_writes():
+    """A CPU capture writes 2 of the model's 80 layers by default: its estimate counts 2 layer
+    buffers and 2 writes per step (the slots per layer stay those of the whole model)."""
+    import torch
+
+    from kvprof.capture.config import CaptureConfig
+    from kvprof.guards import capture_estimate, pool_bytes
+
+    cpu = torch.device("cpu")
+    two = capture_estimate(CaptureConfig(decode_sizes=[1], phases=["decode"], steps=4, pool_size=1000), cpu)
+    every = capture_estimate(CaptureConfig(decode_sizes=[1], phases=["decode"], steps=4, pool_size=1000, layers=80),
+                             cpu)
+    assert (two.profiled_writes, every.profiled_writes) == (4 * 2, 4 * 80)
+    per_layer = pool_bytes(1001, 1, 1, 128, 128, 2)  # 8 KV heads over TP8: 1 per rank, bf16
+    assert every.device_bytes - two.device_bytes == 78 * per_layer
