@@ -77,9 +77,9 @@ def env_for(root: Path, run: Path, cache: Path) -> dict[str, str]:
 
 
 def apptest(root: Path, run: Path, cache: Path) -> dict[str, Any]:
+    # cwd: `python -c` puts the working folder first on sys.path, so it must be the measured checkout
     res = subprocess.run([sys.executable, "-c", CHILD, str(dashboard_app()), ",".join(PAGES)], capture_output=True,
-                         text=True,
-                         env=env_for(root, run, cache), timeout=1800)
+                         text=True, cwd=CODE, env=env_for(root, run, cache), timeout=1800)
     if res.returncode != 0:
         return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -26,11 +26,8 @@ APP = str(REPO / "kvprof" / "dashboard" / "app.py")
 PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
 
 
-def start(page: str | None = None, detail: bool = True, **query: str) -> AppTest:
-    """The app's first run; ``detail``: the Overview's per-phase part switched on (it starts off)."""
+def start(page: str | None = None, **query: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=90)
-    if detail:
-        at.session_state["ov-detail"] = True
     if page:
         at.query_params["page"] = page
     for k, v in query.items():
@@ -178,15 +175,6 @@ def test_overview_verdicts_table_charts_and_widgets(dash_env: dict[str, Path]) -
 
     ok(at.sidebar.multiselect(key="nav_variants::h200").set_value(["triton_fused", "two_stream"]).run())
     assert set(table_with(at, "speed-up vs baseline")["variant"]) == {"triton_fused", "two_stream"}
-
-
-def test_overview_opens_on_the_landing_view_and_shows_the_detail_when_asked(dash_env: dict[str, Path]) -> None:
-    at = ok(start(detail=False))
-    assert at.toggle(key="ov-detail").value is False
-    assert len(charts(at)) == 2 and not [t for t in tables(at) if "speed-up vs baseline" in getattr(t, "columns", [])]
-    assert downloads(at).count("Download chart as HTML") == 2
-    at = ok(at.toggle(key="ov-detail").set_value(True).run())
-    assert len(charts(at)) == 4 and len(table_with(at, "speed-up vs baseline")) > 0
 
 
 def _values(v: Any) -> list[float]:

@@ -188,7 +188,12 @@ def test_the_server_imports_every_page_once_streamlit_is_up(monkeypatch: pytest.
     assert {"kvprof.dashboard.views.overview", "kvprof.dashboard.views.timeline", "pyarrow.parquet"} <= set(names)
     monkeypatch.setattr(runtime, "exists", lambda: False)
     assert serve.warm(wait_s=0.05) == []  # no runtime: nothing imported early (its caches would warn)
+
+    class Running:
+        state = runtime.RuntimeState.NO_SESSIONS_CONNECTED
+
     monkeypatch.setattr(runtime, "exists", lambda: True)
+    monkeypatch.setattr(runtime, "get_instance", lambda: Running)
     assert serve.warm() == names
 
 

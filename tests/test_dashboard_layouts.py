@@ -39,9 +39,7 @@ def test_every_page_opens_a_layout_capture(layout_root: Path, run: str, tmp_path
     monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(layout_root))
     monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(layout_root / run))
-    at = AppTest.from_file(APP, default_timeout=90)
-    at.session_state["ov-detail"] = True  # the Overview's per-phase part too
-    at = at.run()
+    at = AppTest.from_file(APP, default_timeout=90).run()
     assert not at.exception, [e.value for e in at.exception]
     for page in PAGES:
         at = at.sidebar.radio(key="nav_page").set_value(page).run()

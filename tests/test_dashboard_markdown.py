@@ -47,9 +47,7 @@ def test_injected_device_name_and_warning_render_as_text(tmp_path: Path, monkeyp
     monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(run.parent))
     monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(run))
-    at = AppTest.from_file(str(REPO / "kvprof" / "dashboard" / "app.py"), default_timeout=90)
-    at.session_state["ov-detail"] = True  # the Overview's per-phase part too
-    at = at.run()
+    at = AppTest.from_file(str(REPO / "kvprof" / "dashboard" / "app.py"), default_timeout=90).run()
     assert not at.exception, [e.value for e in at.exception]
     shown = [str(e.value) for kind in ("markdown", "caption", "warning", "info", "error", "subheader")
              for e in at.get(kind)]

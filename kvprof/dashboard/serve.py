@@ -3,9 +3,9 @@
 Streamlit imports a script's modules on its first run, so without this the first visitor
 after a start also waits for pyarrow, Plotly and kvprof's analysis to be imported (most of
 the gap between "first visit, server just started" and "new browser, warm server" in
-docs/dashboard.md). A background thread imports the pages as soon as Streamlit's runtime
-exists: not earlier, because the pages' cached functions would then be declared with no
-runtime and Streamlit would log a warning for each. Python's per-module import locks make
+docs/dashboard.md). A background thread imports the pages once Streamlit's runtime runs:
+not earlier, because the pages' cached functions would be declared with no runtime (a
+warning each) and the imports would delay the server's own start. Python's per-module import locks make
 a visitor who arrives meanwhile wait for, not repeat, a module the thread is importing.
 
 Run as ``python -m kvprof.dashboard.serve run APP [streamlit options]``: the arguments are
@@ -34,12 +34,19 @@ def page_modules() -> list[str]:
         f"kvprof.dashboard.views.{m.name}" for m in pkgutil.iter_modules(views.__path__)]
 
 
-def warm(wait_s: float = RUNTIME_WAIT_S) -> list[str]:
-    """Import the pages once Streamlit's runtime exists; the modules imported (none if it never came up)."""
+def serving() -> bool:
+    """Streamlit's runtime exists and its loop runs: the server is (about to be) listening, so the
+    imports no longer compete with its start-up."""
     from streamlit import runtime
+    from streamlit.runtime import RuntimeState
 
+    return runtime.exists() and runtime.get_instance().state is not RuntimeState.INITIAL
+
+
+def warm(wait_s: float = RUNTIME_WAIT_S) -> list[str]:
+    """Import the pages once Streamlit serves; the modules imported (none if it never came up)."""
     end = time.monotonic() + wait_s
-    while not runtime.exists():
+    while not serving():
         if time.monotonic() > end:
             return []
         time.sleep(0.02)

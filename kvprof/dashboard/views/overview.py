@@ -86,19 +86,13 @@ def render(ctx: Context) -> None:
                    "flagged; the landing view uses the reference by default.")
         show_table(obs, f"observer-{ctx.run.label}")
 
-    st.markdown("#### Per variant and phase")
-    # Off until asked for: the landing view is what a visitor came for, and the browser draws
-    # every chart of a page before showing the first, so two more charts here delay the first
-    # one (docs/dashboard.md, "First chart visible").
-    if not st.toggle("Show the table per variant and phase, a metric of your choice and the speed-up chart",
-                     key="ov-detail"):
-        return
     detail = memo.detail_for(ctx.run, settings)
     if detail is None:
         st.info(f"No measured writes for the chosen variants at {md(src)}.")
         return
     for w in detail.warnings:
         st.info(md(w))
+    st.markdown("#### Per variant and phase")
     show_table(detail.table, f"overview-{ctx.run.label}", caption=f"medians per write · {src}")
     metrics = list(frames.GROUP_METRICS)
     has_gpu = detail.table["GPU µs/write"].notna().any()
