@@ -1,12 +1,15 @@
 """How fast the dashboard shows its first page: the samples, and a ~100 MB trace.
 
     python bench/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser] [--code CHECKOUT]
+                                    [--timeline] [--cpu-profile]
 
 Two measurements per data set, each from a fresh process so nothing is warm by accident:
 - AppTest (streamlit.testing): the server-side script run of the first page, in a new
   process (imports included: what a freshly started server pays), then in a new session of
   a warm process, then every other page;
-- a real headless Chromium (Debian's /usr/bin/chromium) against ``streamlit run``: from
+- a real headless Chromium (Debian's /usr/bin/chromium) against the server ``kvprof dashboard``
+  starts (``python -m kvprof.dashboard.serve``; plain ``streamlit run`` for a --code checkout
+  that predates it): from
   ``goto`` to the first chart drawn (a Plotly bar in the SVG: the target), and to the page
   complete (every chart of the first page drawn and the script run over) -- first visit of
   a just-started server, a new browser (empty cache) on a warm server, and a reload.
@@ -21,7 +24,9 @@ The 1-minute load average is printed before and after each browser measurement: 
 on the machine shows in these figures (the "after" includes this benchmark's own browser).
 ``--code CHECKOUT`` measures another checkout's dashboard on the same data sets, e.g. an
 earlier commit unpacked with ``git archive COMMIT | tar -x -C CHECKOUT``: a before/after on
-one machine in one session.
+one machine in one session. ``--timeline`` adds new-browser visits that note when the page
+script loaded, the first websocket message, the Plotly chunk's request and arrival and the
+first bar; ``--cpu-profile`` one visit under Chromium's sampling profiler.
 """
 
 from __future__ import annotations
@@ -129,7 +134,7 @@ def _visit(pg: Any, go: Any, charts: int) -> tuple[float, float]:
 
 
 def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: Path | None = None,
-            profile: bool = False) -> dict[str, Any]:
+            profile: bool = False, timeline: bool = False) -> dict[str, Any]:
     """goto -> first chart drawn, and -> every first-page chart drawn with the run over: a just-started
     server, a new browser (empty cache) on a warm server, a reload; then page switches. ``profile``:
     one more new-browser visit under Chromium's CPU profiler (``profiled_visit``)."""
@@ -164,6 +169,8 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
             b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 _visits(b, url, charts, repeat, app, out)
+                if timeline:
+                    out["timeline"] = timeline_visits(b, url, max(3, repeat))
                 if profile:
                     out["profile"] = profiled_visit(b, url, charts)
             except PlaywrightTimeout as exc:
@@ -245,6 +252,53 @@ def profiled_visit(b: Any, url: str, charts: int, top: int = 8) -> dict[str, Any
             "ws_kb": received[0] / 1024}
 
 
+# Milestones of a page load, in ms from navigation start (the page's own clock): a MutationObserver
+# notes the first bar drawn, a WebSocket wrapper the first message from the server.
+MARKS_INIT = """(() => {
+  window.__kvprofMarks = {};
+  const mark = k => { if (!(k in window.__kvprofMarks)) window.__kvprofMarks[k] = performance.now(); };
+  new MutationObserver(() => {
+    if (document.querySelector('.js-plotly-plot .barlayer .point, .js-plotly-plot .scatterlayer .point')) mark('bar');
+  }).observe(document, {subtree: true, childList: true});
+  const WS = window.WebSocket;
+  window.WebSocket = function (...a) {
+    const w = new WS(...a);
+    w.addEventListener('message', () => mark('ws'));
+    return w;
+  };
+  window.WebSocket.prototype = WS.prototype;
+})()"""
+MARKS = """() => {
+  const nav = performance.getEntriesByType('navigation')[0];
+  const plotly = performance.getEntriesByType('resource').find(r => r.name.includes('/PlotlyChart.'));
+  return {script: nav.domContentLoadedEventEnd, ws: window.__kvprofMarks.ws,
+          plotly_asked: plotly && plotly.startTime, plotly_got: plotly && plotly.responseEnd,
+          bar: window.__kvprofMarks.bar};
+}"""
+TIMELINE = (("script", "Streamlit's page script loaded (DOMContentLoaded)"), ("ws", "first websocket message"),
+            ("plotly_asked", "Plotly chunk (4.7 MB) requested"), ("plotly_got", "Plotly chunk received"),
+            ("bar", "first bar drawn"))
+
+
+def timeline_visits(b: Any, url: str, n: int) -> dict[str, list[float]]:
+    """``n`` new-browser visits with milestones (TIMELINE) in ms from navigation start: where the
+    seconds before the first chart go (no profiler attached)."""
+    out: dict[str, list[float]] = {k: [] for k, _ in TIMELINE}
+    for _ in range(n):
+        ctx = b.new_context(viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.set_default_timeout(WAIT_MS)
+        pg.add_init_script(MARKS_INIT)
+        pg.goto(url)
+        pg.wait_for_function(FIRST_CHART, polling=20)
+        pg.wait_for_timeout(300)  # the resource entry of the chunk is complete by then
+        for k, v in pg.evaluate(MARKS).items():
+            if v is not None:
+                out[k].append(float(v))
+        ctx.close()
+    return out
+
+
 def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
     sys.path.insert(0, str(ROOT))
     from kvprof.dashboard.data import analyse_to, discover_runs
@@ -277,6 +331,9 @@ def browser_rows(rows: list[tuple[str, str, Any, str]], name: str, b: dict[str, 
                       ("new browser, empty cache, warm server", "new_browser"), ("reload (cached assets)", "reload")):
         rows.append((name, f"browser: {what}: first chart", b[f"{key}_s"], target))
         rows.append((name, f"browser: {what}: {done}", b[f"{key}_complete_s"], ""))
+    for key, what in TIMELINE if b.get("timeline") else ():
+        ms = b["timeline"][key]
+        rows.append((name, f"  new-browser timeline: {what}", [v / 1000 for v in ms] if ms else "n/a", ""))
     prof = b.get("profile")
     if prof:
         rows.append((name, "profiled new-browser visit: first chart (profiler on)", prof["first_s"], ""))
@@ -307,6 +364,9 @@ def main() -> int:
     ap.add_argument("--cpu-profile", action="store_true",
                     help="one more new-browser visit per data set under Chromium's CPU profiler: where the main "
                          "thread's time goes before the first chart")
+    ap.add_argument("--timeline", action="store_true",
+                    help="more new-browser visits (at least 3) with milestones: page script loaded, first "
+                         "websocket message, Plotly chunk requested and received, first bar")
     ap.add_argument("--code", type=Path, default=None,
                     help="measure the dashboard of another checkout (e.g. an earlier commit, for a before/after); "
                          "the data sets are this checkout's")
@@ -362,7 +422,7 @@ def main() -> int:
             # first chart visible (a drawn bar), and the page complete (all its charts, the run over)
             load0 = os.getloadavg()[0]
             b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat,
-                        profile=args.cpu_profile)
+                        profile=args.cpu_profile, timeline=args.timeline)
             rows.append((name, "load average (1 min) before / after the browser runs",
                          f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
             if "error" in b:
@@ -378,7 +438,8 @@ def main() -> int:
             floor = tmp / "floor_app.py"
             floor.write_text(FLOOR_APP)
             load0 = os.getloadavg()[0]
-            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor, profile=args.cpu_profile)
+            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor, profile=args.cpu_profile,
+                        timeline=args.timeline)
             if "error" not in b:
                 name = "floor: no-data app, same widgets"
                 rows.append((name, "load average (1 min) before / after the browser runs",

@@ -22,3 +22,10 @@ def test_lab_scripts_refuse_a_bad_setting_in_one_line(script, env, words):
                        env={**os.environ, **env}, timeout=120)
     assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+def test_dashboard_ab_refuses_a_folder_that_is_not_a_checkout(tmp_path):
+    r = subprocess.run([sys.executable, str(LAB / "dashboard_ab.py"), "fresh", f"a={tmp_path}", f"b={LAB.parent}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is not NAME=CHECKOUT" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
