@@ -321,7 +321,7 @@ def test_fifo_is_refused_within_a_second(tmp_path, command):
 # ---------------------------------------------------------------- 5. size guards
 
 
-@pytest.mark.parametrize("args", [["--batch-sizes", "10000000"], ["--model", "100000x8x128", "--steps", "10"],
+@pytest.mark.parametrize("args", [["--batch-sizes", "10000000"], ["--model", "100000x8x128", "--steps", "10", "--layers", "100000"],
                                   ["--prefill-tokens", "100000000"], ["--pool-size", "100000000000"],
                                   ["--steps", "100000000"]])
 def test_capture_refuses_sizes_over_the_limit_before_allocating(tmp_path, capsys, args):
