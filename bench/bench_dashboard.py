@@ -76,8 +76,8 @@ print(json.dumps(out))
 """
 
 
-def env_for(root: Path, run: Path, cache: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(CODE), "KVPROF_DASHBOARD_ROOTS": str(root),
+def env_for(root: Path, run: Path, cache: Path, code: Path | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(code or CODE), "KVPROF_DASHBOARD_ROOTS": str(root),
             "KVPROF_DASHBOARD_RUN": str(run), "KVPROF_DASHBOARD_CACHE": str(cache)}
 
 
@@ -142,28 +142,13 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
     from playwright.sync_api import sync_playwright
 
     app = app or dashboard_app()
-    port = _free_port()
-    # the way `kvprof dashboard` starts it (its server imports the pages before the first visitor); a
-    # checkout from before that launcher (--code) or the floor app: plain `streamlit run`
-    serve = (CODE / "kvprof" / "dashboard" / "serve.py").is_file() and app == dashboard_app()
-    launcher = ["-m", "kvprof.dashboard.serve"] if serve else ["-m", "streamlit"]
-    proc = subprocess.Popen([sys.executable, *launcher, "run", str(app), "--server.headless", "true",
-                             "--server.address", "127.0.0.1", "--server.port", str(port),
-                             "--browser.gatherUsageStats", "false"], cwd=CODE, env=env_for(root, run, cache),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/"
+    proc, url = start_server(CODE, app, env_for(root, run, cache))
     out: dict[str, Any] = {k: [] for k in ("new_browser_s", "new_browser_complete_s", "reload_s", "reload_complete_s")}
     out["pages"] = {}
     try:
         t = time.perf_counter()
-        while True:
-            try:
-                urllib.request.urlopen(url + "_stcore/health", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.perf_counter() - t > 120:
-                    return {"error": "streamlit did not start"}
-                time.sleep(0.1)
+        if not wait_up(proc, url):
+            return {"error": "streamlit did not start"}
         out["server_start_s"] = time.perf_counter() - t
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -178,12 +163,44 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
             finally:
                 b.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     return out
+
+
+def start_server(code: Path, app: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """``app``'s server on a free localhost port, and its URL. The dashboard of a checkout is started
+    the way `kvprof dashboard` starts it (its server imports the pages before the first visitor); a
+    checkout from before that launcher, or another app (the floor): plain `streamlit run`."""
+    serve = (code / "kvprof" / "dashboard" / "serve.py").is_file() and app == code / "kvprof" / "dashboard" / "app.py"
+    launcher = "kvprof.dashboard.serve" if serve else "streamlit"
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", launcher, "run", str(app), "--server.headless", "true",
+                             "--server.address", "127.0.0.1", "--server.port", str(port),
+                             "--browser.gatherUsageStats", "false"], cwd=code, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}/"
+
+
+def wait_up(proc: subprocess.Popen[bytes], url: str, limit_s: float = 120.0) -> bool:
+    """Whether the server answered its health check before it died or ``limit_s`` passed."""
+    t = time.perf_counter()
+    while True:
+        try:
+            urllib.request.urlopen(url + "_stcore/health", timeout=1).close()
+            return True
+        except OSError:
+            if proc.poll() is not None or time.perf_counter() - t > limit_s:
+                return False
+            time.sleep(0.05)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _visits(b: Any, url: str, charts: int, repeat: int, app: Path, out: dict[str, Any]) -> None:

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,36 +35,13 @@ RUN = SAMPLES / "h200-llama70b-tp8"
 
 
 def start(code: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = bd._free_port()
-    launcher = "kvprof.dashboard.serve" if (code / "kvprof" / "dashboard" / "serve.py").is_file() else "streamlit"
-    env = {**os.environ, "PYTHONPATH": str(code), "KVPROF_DASHBOARD_ROOTS": str(SAMPLES),
-           "KVPROF_DASHBOARD_RUN": str(RUN), "KVPROF_DASHBOARD_CACHE": tempfile.mkdtemp(prefix="kvprof-ab-")}
-    proc = subprocess.Popen([sys.executable, "-m", launcher, "run", str(code / "kvprof" / "dashboard" / "app.py"),
-                             "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
-                             "--browser.gatherUsageStats", "false"], env=env, cwd=code,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return proc, f"http://127.0.0.1:{port}/"
+    env = bd.env_for(SAMPLES, RUN, Path(tempfile.mkdtemp(prefix="kvprof-ab-")), code=code)
+    return bd.start_server(code, code / "kvprof" / "dashboard" / "app.py", env)
 
 
 def wait_up(proc: subprocess.Popen[bytes], url: str) -> None:
-    t = time.monotonic()
-    while True:
-        try:
-            urllib.request.urlopen(url + "_stcore/health", timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() - t > 120:
-                raise SystemExit(f"dashboard_ab: the server for {url} did not start") from None
-            time.sleep(0.05)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if not bd.wait_up(proc, url):
+        raise SystemExit(f"dashboard_ab: the server for {url} did not start")
 
 
 def quiet() -> None:
@@ -110,7 +86,7 @@ def fresh(b: Any, codes: dict[str, Path], pairs: int) -> None:
                 up[name].append(time.perf_counter() - t)
                 first[name].append(visit(b, url)[0])
             finally:
-                stop(proc)
+                bd.stop_server(proc)
     for name in codes:
         total = [a + c for a, c in zip(up[name], first[name])]
         print(f"{name:10s} server start {spread(up[name])}   first chart {spread(first[name])}   "
@@ -132,7 +108,7 @@ def warm(b: Any, codes: dict[str, Path], rounds: int) -> None:
                 rows[name].append({"wall": wall, **m})
     finally:
         for proc, _ in servers.values():
-            stop(proc)
+            bd.stop_server(proc)
     for name, r in rows.items():
         ok = [x for x in r if x.get("plotly_got") and x.get("bar")]
         print(f"{name:10s} first chart {spread([x['wall'] for x in r])} s   Plotly chunk received "
@@ -158,7 +134,11 @@ def main() -> int:
     if not Path(bd.CHROMIUM).is_file():
         print(f"dashboard_ab: {bd.CHROMIUM} is missing (apt-get install chromium)", file=sys.stderr)
         return 2
-    from playwright.sync_api import sync_playwright
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("dashboard_ab: the playwright package is missing (pip install -e '.[dev]')", file=sys.stderr)
+        return 2
 
     print(f"load average {os.getloadavg()[0]:.2f}; " + ", ".join(f"{k} = {v}" for k, v in codes.items()))
     with sync_playwright() as p:
