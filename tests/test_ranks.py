@@ -107,6 +107,26 @@ def test_a_failing_rank_leaves_no_run_and_one_line(tmp_path):
     assert not out.exists() or list(out.iterdir()) == []  # no run, no temporary folder left
 
 
+def test_the_rank_that_failed_first_is_named_not_the_first_seen_exiting(tmp_path):
+    """Rank 0 exits first with the peer's closed connection; rank 1's earlier record is the cause."""
+    from kvprof.capture.rank_worker import error_file
+    from kvprof.capture.ranks import first_failure
+
+    (tmp_path / error_file(0)).write_text("1\t200.5\tRuntimeError: Connection closed by peer\n")
+    (tmp_path / error_file(1)).write_text("3\t200.1\tRuntimeError: rank one cannot write\n")
+    procs = [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({d}); raise SystemExit(1)"])
+             for d in (0, 0.5)]
+    try:
+        procs[0].wait(timeout=60)
+        err = first_failure(tmp_path, procs, grace_s=30)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert str(err) == "rank 1 failed: RuntimeError: rank one cannot write; no run was kept"
+    assert err.exit_code == 3
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--ranks", "0"], "--ranks must be between 1 and 64"),
     (["--ranks", "2", "--profiler", "nsys"], "--ranks records torch.profiler traces only"),

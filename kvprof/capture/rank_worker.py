@@ -11,6 +11,7 @@ then stops the other ranks and removes the whole folder.
 from __future__ import annotations
 
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,23 @@ def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: to
     return {"rank": rank, "device": props, "variants": variants, "timings": timings_file(rank)}
 
 
+def record_failure(out: Path, rank: int, exc: BaseException) -> int:
+    """Write the rank's one-line reason with the time it failed; return its exit code.
+
+    Written before the process group is torn down: the rank that fails first must have the
+    earliest record, not the peers that only see its connection close afterwards."""
+    code = exc.exit_code if isinstance(exc, KvprofError) else 1
+    line = " ".join(str(exc).split())[:500] if isinstance(exc, KvprofError) \
+        else " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    path = out / error_file(rank)
+    if not path.exists():  # the first record stands: a later teardown error is a consequence
+        try:
+            path.write_text(f"{code}\t{time.time():.6f}\t{line}\n")
+        except OSError:
+            pass
+    return code if isinstance(code, int) and 0 < code < 128 else 1
+
+
 def main(argv: list[str]) -> int:
     out, rank, world, backend = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     try:
@@ -140,19 +158,15 @@ def main(argv: list[str]) -> int:
         try:
             doc = run_rank(config, out, rank, world, device)
             dist.barrier()  # every rank finished its traces before any reports success
+        except BaseException as exc:
+            record_failure(out, rank, exc)
+            raise
         finally:
             dist.destroy_process_group()
         atomic_write_bytes(out / result_file(rank), orjson.dumps(doc))
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the one line the launcher shows
-        code = exc.exit_code if isinstance(exc, KvprofError) else 1
-        line = " ".join(f"{type(exc).__name__}: {exc}".split())[:500] if not isinstance(exc, KvprofError) \
-            else " ".join(str(exc).split())[:500]
-        try:
-            (out / error_file(rank)).write_text(f"{code}\t{line}\n")
-        except OSError:
-            pass
-        return code if isinstance(code, int) and 0 < code < 128 else 1
+        return record_failure(out, rank, exc)
 
 
 if __name__ == "__main__":

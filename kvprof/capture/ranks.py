@@ -33,6 +33,7 @@ from kvprof.devinfo import resolve_device
 
 MAX_RANKS = 64
 POLL_S = 0.1
+GRACE_S = 3.0  # how long the launcher waits for the other ranks' records once one has failed
 
 
 class RankFailed(KvprofError):
@@ -90,18 +91,23 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             pass
 
 
-def _failure(tmp: Path, rank: int, code: int) -> RankFailed:
-    path = tmp / error_file(rank)
-    exit_code, line = code, f"exited with status {code}"
+def _record(tmp: Path, rank: int) -> tuple[float, int, str] | None:
+    """A rank's error record: (when it failed, exit code, one-line reason), or None."""
     try:
-        text = path.read_text().strip()
-        if text:
-            head, _, msg = text.partition("\t")
-            exit_code, line = int(head), msg or line
+        code, when, line = (tmp / error_file(rank)).read_text().strip().split("\t", 2)
+        return float(when), int(code), line
     except (OSError, ValueError):
-        log = tmp / f".rank{rank}.log"
+        return None
+
+
+def _failure(tmp: Path, rank: int, code: int) -> RankFailed:
+    record = _record(tmp, rank)
+    if record is not None:
+        _, exit_code, line = record
+    else:  # no record (killed, or failed before it could write one): the last line of its log
+        exit_code, line = code, f"exited with status {code}"
         try:
-            tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+            tail = [x for x in (tmp / f".rank{rank}.log").read_text(errors="replace").splitlines() if x.strip()]
             if tail:
                 line = f"{line}: {tail[-1].strip()[:300]}"
         except OSError:
@@ -111,8 +117,25 @@ def _failure(tmp: Path, rank: int, code: int) -> RankFailed:
     return err
 
 
+def first_failure(tmp: Path, procs: list[subprocess.Popen[bytes]], grace_s: float = GRACE_S) -> RankFailed:
+    """The rank that failed first, not the first one seen exiting.
+
+    When one rank raises, its peers fail soon after in a collective ("connection closed by
+    peer"), and either may exit first. Each rank records when it failed, so the launcher
+    waits up to ``grace_s`` for the others to exit and names the earliest record."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(POLL_S)
+    records = {r: rec for r in range(len(procs)) if (rec := _record(tmp, r)) is not None}
+    if records:
+        rank = min(records, key=lambda r: records[r][0])
+    else:
+        rank = next(r for r, p in enumerate(procs) if p.poll() not in (None, 0))
+    return _failure(tmp, rank, int(procs[rank].poll() or 1))
+
+
 def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> None:
-    """Start every rank, wait for all; the first failure stops the rest and is raised."""
+    """Start every rank, wait for all; a failure stops the rest and the first one is raised."""
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     try:
@@ -126,10 +149,8 @@ def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> N
         log(f"started {world} rank(s) ({backend})")
         while True:
             codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                rank, code = failed[0]
-                raise _failure(tmp, rank, int(code or 1))
+            if any(c not in (None, 0) for c in codes):
+                raise first_failure(tmp, procs)
             if all(c == 0 for c in codes):
                 return
             time.sleep(POLL_S)
