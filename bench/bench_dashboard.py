@@ -35,15 +35,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from kvprof.core.errors import ToolError
+from kvprof.dashboard.background import BackgroundServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ROOT  # the checkout whose dashboard is measured (--code): the samples and this script stay ROOT's
@@ -88,12 +89,6 @@ def apptest(root: Path, run: Path, cache: Path) -> dict[str, Any]:
     if res.returncode != 0:
         return {"error": (res.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 FLOOR_APP = """
@@ -142,14 +137,15 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
     from playwright.sync_api import sync_playwright
 
     app = app or dashboard_app()
-    proc, url = start_server(CODE, app, env_for(root, run, cache))
+    server = start_server(CODE, app, env_for(root, run, cache))
+    url = server.url
     out: dict[str, Any] = {k: [] for k in ("new_browser_s", "new_browser_complete_s", "reload_s", "reload_complete_s")}
     out["pages"] = {}
     try:
-        t = time.perf_counter()
-        if not wait_up(proc, url):
-            return {"error": "streamlit did not start"}
-        out["server_start_s"] = time.perf_counter() - t
+        try:
+            out["server_start_s"] = server.wait_healthy()
+        except ToolError as exc:
+            return {"error": str(exc)}
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -163,44 +159,20 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
             finally:
                 b.close()
     finally:
-        stop_server(proc)
+        server.stop()
     return out
 
 
-def start_server(code: Path, app: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    """``app``'s server on a free localhost port, and its URL. The dashboard of a checkout is started
+def start_server(code: Path, app: Path, env: dict[str, str]) -> BackgroundServer:
+    """``app``'s server on a free localhost port, started. The dashboard of a checkout is started
     the way `kvprof dashboard` starts it (its server imports the pages before the first visitor); a
     checkout from before that launcher, or another app (the floor): plain `streamlit run`."""
     serve = (code / "kvprof" / "dashboard" / "serve.py").is_file() and app == code / "kvprof" / "dashboard" / "app.py"
     launcher = "kvprof.dashboard.serve" if serve else "streamlit"
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", launcher, "run", str(app), "--server.headless", "true",
+    port = free_port()
+    return BackgroundServer([sys.executable, "-m", launcher, "run", str(app), "--server.headless", "true",
                              "--server.address", "127.0.0.1", "--server.port", str(port),
-                             "--browser.gatherUsageStats", "false"], cwd=code, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return proc, f"http://127.0.0.1:{port}/"
-
-
-def wait_up(proc: subprocess.Popen[bytes], url: str, limit_s: float = 120.0) -> bool:
-    """Whether the server answered its health check before it died or ``limit_s`` passed."""
-    t = time.perf_counter()
-    while True:
-        try:
-            urllib.request.urlopen(url + "_stcore/health", timeout=1).close()
-            return True
-        except OSError:
-            if proc.poll() is not None or time.perf_counter() - t > limit_s:
-                return False
-            time.sleep(0.05)
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+                             "--browser.gatherUsageStats", "false"], port, env=env, cwd=code).start()
 
 
 def _visits(b: Any, url: str, charts: int, repeat: int, app: Path, out: dict[str, Any]) -> None:

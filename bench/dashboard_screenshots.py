@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+import kvprof.api as kv
+from kvprof.core.errors import ToolError
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "traces" / "samples"  # the real files (kvprof/samples links to them)
@@ -44,24 +44,11 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     args.out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "KVPROF_DASHBOARD_CACHE": tmp}
-        proc = subprocess.Popen([sys.executable, "-m", "kvprof", "dashboard", str(SAMPLES / "h200-llama70b-tp8"),
-                                 "--port", str(port)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        server = kv.dashboard_server(SAMPLES / "h200-llama70b-tp8", env={**os.environ, "KVPROF_DASHBOARD_CACHE": tmp},
+                                     cwd=ROOT)  # the sidebar names the traces root relative to this folder
         try:
-            t = time.monotonic()
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).close()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() - t > 120:
-                        raise SystemExit("the dashboard did not start") from None
-                    time.sleep(0.3)
+            server.start().wait_healthy(120)
             report = Path(tmp) / "report.html"
             subprocess.run([sys.executable, "-m", "kvprof", "report", str(SAMPLES / "h200-llama70b-tp8"), "--html",
                             str(report)], check=True)
@@ -69,7 +56,7 @@ def main() -> int:
                 b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
                 pg = b.new_page(viewport={"width": 1280, "height": 1100})
                 pg.set_default_timeout(120_000)
-                pg.goto(f"http://127.0.0.1:{port}/")
+                pg.goto(server.url)
                 pg.wait_for_selector(".js-plotly-plot .main-svg")
                 side = pg.locator('[data-testid="stSidebar"]')
                 for name in PAGES:
@@ -86,12 +73,10 @@ def main() -> int:
                 pg.screenshot(path=str(args.out / "report.png"), full_page=True)
                 shrink(args.out / "report.png", args.width)
                 b.close()
+        except ToolError as exc:
+            raise SystemExit(f"dashboard_screenshots: {exc}") from None
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            server.stop()
     total = sum(f.stat().st_size for f in args.out.glob("*.png"))
     print(f"{len(list(args.out.glob('*.png')))} PNGs in {args.out}, {total / 1024:.0f} KB")
     return 0

@@ -15,7 +15,7 @@ only ``capture`` imports torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
     from kvprof.capture.run import CaptureResult
+    from kvprof.dashboard.background import BackgroundServer
     from kvprof.trace.load import Loaded
 
 
@@ -196,6 +197,22 @@ def hta_folders(run_dir: str | os.PathLike[str]) -> dict[str, Path]:
     return write_hta_folders(Path(run_dir))
 
 
+def dashboard_server(run_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
+                     options: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                     cwd: str | os.PathLike[str] | None = None, log: Path | None = None) -> BackgroundServer:
+    """``kvprof dashboard [RUN_DIR] --port PORT [options]`` as a background process, for scripts and
+    notebooks: ``with kv.dashboard_server(run).running() as url: ...`` (a free port by default;
+    the server is stopped when the block ends)."""
+    import sys
+
+    from kvprof.dashboard.background import BackgroundServer, free_port
+
+    port = free_port() if port is None else port
+    command = [sys.executable, "-m", "kvprof", "dashboard", *([os.fspath(run_dir)] if run_dir is not None else []),
+               "--port", str(port), *options]
+    return BackgroundServer(command, port, env=env, cwd=cwd, log=log)
+
+
 __all__ = ["DEFAULT_MAX_EVENTS", "analyze", "benchmark", "capture", "check_write_kernel_regex", "clean",
-           "compare_runs", "compare_variants", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
+           "compare_runs", "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
            "regression_gate", "write_outputs"]

@@ -19,7 +19,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,18 +29,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import bench_dashboard as bd  # noqa: E402
 
+from kvprof.core.errors import ToolError  # noqa: E402
+from kvprof.dashboard.background import BackgroundServer  # noqa: E402
+
 SAMPLES = ROOT / "traces" / "samples"
 RUN = SAMPLES / "h200-llama70b-tp8"
 
 
-def start(code: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start(code: Path) -> BackgroundServer:
     env = bd.env_for(SAMPLES, RUN, Path(tempfile.mkdtemp(prefix="kvprof-ab-")), code=code)
     return bd.start_server(code, code / "kvprof" / "dashboard" / "app.py", env)
 
 
-def wait_up(proc: subprocess.Popen[bytes], url: str) -> None:
-    if not bd.wait_up(proc, url):
-        raise SystemExit(f"dashboard_ab: the server for {url} did not start")
+def wait_up(server: BackgroundServer) -> None:
+    try:
+        server.wait_healthy()
+    except ToolError as exc:
+        raise SystemExit(f"dashboard_ab: {exc}") from None
 
 
 def quiet() -> None:
@@ -80,13 +84,13 @@ def fresh(b: Any, codes: dict[str, Path], pairs: int) -> None:
         for name in random.sample(list(codes), len(codes)):
             quiet()
             t = time.perf_counter()
-            proc, url = start(codes[name])
+            server = start(codes[name])
             try:
-                wait_up(proc, url)
+                wait_up(server)
                 up[name].append(time.perf_counter() - t)
-                first[name].append(visit(b, url)[0])
+                first[name].append(visit(b, server.url)[0])
             finally:
-                bd.stop_server(proc)
+                server.stop()
     for name in codes:
         total = [a + c for a, c in zip(up[name], first[name])]
         print(f"{name:10s} server start {spread(up[name])}   first chart {spread(first[name])}   "
@@ -94,21 +98,23 @@ def fresh(b: Any, codes: dict[str, Path], pairs: int) -> None:
 
 
 def warm(b: Any, codes: dict[str, Path], rounds: int) -> None:
-    servers = {name: start(code) for name, code in codes.items()}
+    servers: dict[str, BackgroundServer] = {}
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in codes}
     try:
-        for proc, url in servers.values():
-            wait_up(proc, url)
-        for _, url in servers.values():
-            visit(b, url)  # each server's first session: imports and caches, not measured
+        for name, code in codes.items():
+            servers[name] = start(code)
+        for server in servers.values():
+            wait_up(server)
+        for server in servers.values():
+            visit(b, server.url)  # each server's first session: imports and caches, not measured
         for _ in range(rounds):
             for name in random.sample(list(codes), len(codes)):
                 quiet()
-                wall, m = visit(b, servers[name][1], marks=True)
+                wall, m = visit(b, servers[name].url, marks=True)
                 rows[name].append({"wall": wall, **m})
     finally:
-        for proc, _ in servers.values():
-            bd.stop_server(proc)
+        for server in servers.values():
+            server.stop()
     for name, r in rows.items():
         ok = [x for x in r if x.get("plotly_got") and x.get("bar")]
         print(f"{name:10s} first chart {spread([x['wall'] for x in r])} s   Plotly chunk received "

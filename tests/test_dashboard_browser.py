@@ -9,17 +9,17 @@ missing; CI installs both, so there it runs.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dashboard_support import REPO, dash_runs  # noqa: F401
+
+from kvprof.core.errors import ToolError
+from kvprof.dashboard.background import BackgroundServer, free_port
 
 pytestmark = pytest.mark.browser
 
@@ -52,46 +52,25 @@ def _requirements() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def app_url(dash_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     reason = _requirements()
     if reason:
         pytest.skip(reason)
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
     env = {**os.environ, "KVPROF_DASHBOARD_ROOTS": str(dash_runs["h200"].parent),
            "KVPROF_DASHBOARD_RUN": str(dash_runs["h200"]),
            "KVPROF_DASHBOARD_CACHE": str(tmp_path_factory.mktemp("cache"))}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvprof.dashboard.serve", "run", str(REPO / "kvprof" / "dashboard" / "app.py"),
-             "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
-             "--browser.gatherUsageStats", "false"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = BackgroundServer(
+        [sys.executable, "-m", "kvprof.dashboard.serve", "run", str(REPO / "kvprof" / "dashboard" / "app.py"),
+         "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
+         "--browser.gatherUsageStats", "false"], port, env=env, cwd=REPO, log=log)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"streamlit did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with server.running(limit_s=60) as url:
+            yield url.rstrip("/")
+    except ToolError as exc:
+        pytest.fail(f"streamlit did not start: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -217,37 +213,16 @@ def test_dashboard_command_line(tmp_path: Path) -> None:
         dash_cmd.streamlit_command(_args(run_dir=str(tmp_path / "missing")))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_kvprof_dashboard_starts_on_localhost(dash_runs: dict[str, Path], tmp_path: Path) -> None:
-    port = _free_port()
-    env = {**os.environ, "KVPROF_DASHBOARD_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "kvprof", "dashboard", str(dash_runs["h200"]), "--port", str(port)],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1) as r:
-                    assert r.read().strip() == b"ok"
-                    break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-                assert time.monotonic() < deadline, "the dashboard did not answer within 60 s"
-                time.sleep(0.2)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    out = proc.stdout.read() if proc.stdout else ""
-    assert f"http://127.0.0.1:{port}" in out
+    """`kvprof dashboard RUN` through the facade's background server: healthy, banner printed, stopped."""
+    import kvprof.api as kv
+
+    server = kv.dashboard_server(dash_runs["h200"], env={**os.environ, "KVPROF_DASHBOARD_CACHE": str(tmp_path / "cache")},
+                                 cwd=REPO, log=tmp_path / "server.log")
+    with server.running(limit_s=60) as url:
+        assert server.healthy()
+    assert server.process is not None and server.process.returncode is not None  # stopped and reaped
+    assert url.rstrip("/") in server.output()
 
 
 def test_stale_summary_is_noticed(tmp_path: Path) -> None:

@@ -4,16 +4,16 @@ serves the bundled samples (and nothing of the current folder)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from kvprof.dashboard.background import BackgroundServer, free_port
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("streamlit")
@@ -21,12 +21,6 @@ pytest.importorskip("streamlit")
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_FILES = ("summary.json", "writes.parquet", "events.parquet", "manifest.json", "step_timings.json")
 MAX_WHEEL_MB = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -76,24 +70,14 @@ def test_installed_kvprof_is_the_wheel_and_finds_its_samples(venv: Path, tmp_pat
 def test_kvprof_dashboard_from_an_empty_folder_serves_the_samples(venv: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPROF_", "PYTHONPATH"))}
     env["KVPROF_DASHBOARD_CACHE"] = str(tmp_path / "cache")
     log = tmp_path / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(venv / "bin" / "kvprof"), "dashboard", "--port", str(port)], cwd=empty,
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1) as r:
-                    assert r.read().strip() == b"ok"
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-                time.sleep(0.3)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+    server = BackgroundServer([str(venv / "bin" / "kvprof"), "dashboard", "--port", str(port)], port, env=env,
+                              cwd=empty, log=log)
+    with server.running(limit_s=90) as url:
+        with urllib.request.urlopen(url, timeout=10) as r:
             assert b"<div id=\"root\">" in r.read() or r.status == 200
         assert "samples" in log.read_text()  # the banner names the bundled samples root
         chromium = Path(os.environ.get("KVPROF_CHROMIUM", "/usr/bin/chromium"))
@@ -106,16 +90,9 @@ def test_kvprof_dashboard_from_an_empty_folder_serves_the_samples(venv: Path, tm
                 b = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"])
                 pg = b.new_page()
                 pg.set_default_timeout(90_000)
-                pg.goto(f"http://127.0.0.1:{port}/")
+                pg.goto(url)
                 pg.locator('[data-testid="stMain"] h3').filter(has_text="Overview · h200-llama70b-tp8").first.wait_for()
                 pg.wait_for_selector(".js-plotly-plot .main-svg")
                 assert pg.locator('[data-testid="stException"]').count() == 0
                 b.close()
         assert not any(empty.iterdir())  # nothing written where it was started
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
