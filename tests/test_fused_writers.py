@@ -686,3 +686,41 @@ def test_gpu_packed_fp8_fixup_is_on_and_gives_tritons_bits(scale, heads, dim, to
     ref = convert_for_cache(k, torch.float8_e4m3fn, scale)
     assert_same_bits(ref, outs[0], torch.float8_e4m3fn, f"packed scale={scale}")
     assert torch.equal(outs[0], outs[1])
+
+
+# -- where a Triton writer's kernel can run -----------------------------------------------------
+@pytest.mark.parametrize(("device", "interpreted", "env", "pdl", "expected"), [
+    ("cpu", True, "1", None, None),
+    ("cuda", False, None, True, None),
+    ("cpu", False, None, None, "mla_triton on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
+     "kvprof.writers.mla_triton is imported (kvprof capture sets it when it is unset, before any writer is imported)"),
+    ("cpu", False, "1", None, "(it is set now, but was not at import)"),
+    ("cpu", False, "0", None, "(TRITON_INTERPRET=0 is set, which turns the interpreter off)"),
+    ("cuda", True, "1", True, "mla_triton was imported with TRITON_INTERPRET=1: its kernel would run in the "
+     "interpreter on the host, not on the GPU (unset it, or set TRITON_INTERPRET=0)"),
+    ("cpu", True, "1", True, "mla_triton(pdl=True) needs the compiled kernel on a CUDA device"),
+])
+def test_placement_reason_is_one_rule_for_every_triton_writer(monkeypatch, device, interpreted, env, pdl, expected):
+    from kvprof.writers.fp8_jit import placement_reason
+
+    if env is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", env)
+    got = placement_reason("mla_triton", "kvprof.writers.mla_triton", interpreted, torch.device(device), pdl)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and got.endswith(expected) and "\n" not in got
+
+
+@pytest.mark.skipif(tf.triton is None, reason="triton is not installed")
+@pytest.mark.parametrize(("layout", "name"), [("mha", "triton_fused"), ("mla", "mla_triton"), ("paged", "paged_triton")])
+def test_triton_writers_refuse_pdl_on_a_cpu_with_the_shared_reason(layout, name):
+    from kvprof.layouts import registry
+
+    writer = create_writer(name, pdl=True) if layout == "mha" else registry.create_writer(layout, name, pdl=True)
+    dtype = torch.bfloat16
+    reason = writer.unsupported_reason(torch.device("cpu"), dtype)
+    assert reason == f"{name}(pdl=True) needs the compiled kernel on a CUDA device" or (
+        not tk.interpreted() and reason is not None and reason.startswith(f"{name} on CPU runs in Triton's interpreter"))

@@ -16,7 +16,7 @@ e5m2 overflow is inf (c10's rule before 2.12 for e4m3fn, always for e5m2).
 
 from __future__ import annotations
 
-
+import os
 
 from kvprof.writers.triton_convert import e4m3_saturates
 
@@ -42,6 +42,29 @@ def interpreted(kernel: object) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(kernel, InterpretedFunction)
+
+
+def placement_reason(name: str, module: str, kernel_interpreted: bool, device: object,
+                     pdl: bool | None = None) -> str | None:
+    """Why writer ``name``'s Triton kernel, as ``module`` was imported, cannot run on ``device``;
+    None when it can. The interpreter is chosen once, when the kernel is decorated, so the
+    fix is always about ``TRITON_INTERPRET`` before that import."""
+    kind = getattr(device, "type", str(device))
+    if kind == "cpu" and not kernel_interpreted:
+        value = os.environ.get("TRITON_INTERPRET")
+        if value is None:
+            why = " (kvprof capture sets it when it is unset, before any writer is imported)"
+        elif value.strip().lower() in ("1", "true", "on", "yes"):
+            why = " (it is set now, but was not at import)"
+        else:
+            why = f" (TRITON_INTERPRET={value.strip()} is set, which turns the interpreter off)"
+        return f"{name} on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before {module} is imported{why}"
+    if kind == "cuda" and kernel_interpreted:
+        return (f"{name} was imported with TRITON_INTERPRET=1: its kernel would run in the interpreter on the "
+                "host, not on the GPU (unset it, or set TRITON_INTERPRET=0)")
+    if pdl and (kernel_interpreted or kind != "cuda"):
+        return f"{name}(pdl=True) needs the compiled kernel on a CUDA device"
+    return None
 
 
 _PDL_BY_DEVICE: dict[int, bool] = {}

@@ -12,7 +12,6 @@ slots outside ``[0, rows)`` and the skipped slot are masked in the kernel.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -24,6 +23,7 @@ from kvprof.writers.fp8_jit import (
     hw_cast_safe,
     interpreted,
     pdl_capable,
+    placement_reason,
     tl,
     torch_e4m3_saturates,
     triton,
@@ -103,14 +103,9 @@ class MLATritonWriter(MLAWriter):
             return reason
         if triton is None:
             return f"triton is not importable ({TRITON_ERROR})"
-        interp = interpreted(_mla_store_kernel)
-        if device.type == "cpu" and not interp:
-            return "mla_triton on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before it is imported" + (
-                " (it is set now, but was not at import)" if os.environ.get("TRITON_INTERPRET") else "")
-        if device.type == "cuda" and interp:
-            return "mla_triton was imported with TRITON_INTERPRET=1: its kernel would run on the host"
-        if self.pdl and (interp or device.type != "cuda"):
-            return "mla_triton(pdl=True) needs the compiled kernel on a CUDA device"
+        placement = placement_reason("mla_triton", __name__, interpreted(_mla_store_kernel), device, self.pdl)
+        if placement:
+            return placement
         if input_dtype is not None:
             return _conversion_reason(input_dtype, dtype)
         return None

@@ -12,13 +12,12 @@ previous kernel's tail; the kernel waits before its first load.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
 from kvprof.layouts.paged import PagedWriter
 from kvprof.writers.layout_tables import paged_shape
-from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, pdl_capable, tl, triton
+from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, pdl_capable, placement_reason, tl, triton
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -79,14 +78,9 @@ class PagedTritonWriter(PagedWriter):
             return reason
         if triton is None:
             return f"triton is not importable ({TRITON_ERROR})"
-        interp = interpreted(_paged_store_kernel)
-        if device.type == "cpu" and not interp:
-            return "paged_triton on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before it is imported" + (
-                " (it is set now, but was not at import)" if os.environ.get("TRITON_INTERPRET") else "")
-        if device.type == "cuda" and interp:
-            return "paged_triton was imported with TRITON_INTERPRET=1: its kernel would run on the host"
-        if self.pdl and (interp or device.type != "cuda"):
-            return "paged_triton(pdl=True) needs the compiled kernel on a CUDA device"
+        placement = placement_reason("paged_triton", __name__, interpreted(_paged_store_kernel), device, self.pdl)
+        if placement:
+            return placement
         if input_dtype is not None and input_dtype != dtype and not (
                 dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and input_dtype in _INPUTS):
             return f"paged_triton has no conversion from {input_dtype} to {dtype}"

@@ -15,13 +15,13 @@ launch shape (:func:`kvprof.writers.triton_tables.interpreted_config`).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 from kvprof.writers import triton_kernel as kernel
 from kvprof.writers.base import FUSED, KVWriter, WriterInfo
+from kvprof.writers.fp8_jit import placement_reason
 from kvprof.writers.triton_convert import (
     FP8_DTYPES,
     KINDS,
@@ -88,22 +88,9 @@ class TritonFusedWriter(KVWriter):
             return reason
         if triton is None:
             return f"triton is not importable ({TRITON_ERROR}): {INSTALL_HINT}"
-        interpreted = kernel.interpreted()
-        if device.type == "cpu" and not interpreted:
-            value = os.environ.get("TRITON_INTERPRET")
-            if value is None:
-                why = " (kvprof capture sets it when it is unset, before any writer is imported)"
-            elif value.strip().lower() in ("1", "true", "on", "yes"):
-                why = " (it is set now, but was not at import)"
-            else:
-                why = f" (TRITON_INTERPRET={value.strip()} is set, which turns the interpreter off)"
-            return ("triton_fused on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
-                    "kvprof.writers.triton_fused is imported" + why)
-        if self.pdl and (interpreted or device.type != "cuda"):
-            return "triton_fused(pdl=True) needs the compiled kernel on a CUDA device"
-        if device.type == "cuda" and interpreted:
-            return ("triton_fused was imported with TRITON_INTERPRET=1: its kernel would run in the "
-                    "interpreter on the host, not on the GPU (unset it, or set TRITON_INTERPRET=0)")
+        placement = placement_reason("triton_fused", __name__, kernel.interpreted(), device, self.pdl)
+        if placement:
+            return placement
         for d in (dtype, input_dtype):
             if d is not None and d not in KINDS:
                 return f"triton_fused has no conversion for {d}"
