@@ -35,6 +35,7 @@ _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 if triton is not None:
+    from kvprof.writers.triton_rows import program_tokens
 
     @triton.jit(do_not_specialize=["tokens", "rows", "skip"])
     def _mla_store_kernel(buf, loc, nope, rope, tokens, rows, skip, nope_stride, rope_stride,
@@ -45,16 +46,7 @@ if triton is not None:
         """One program writes ``BLOCK_T`` whole rows: a ``[BLOCK_T, BLOCK_R]`` tile of nope
         and a ``[BLOCK_T, BLOCK_P]`` tile of rope, each a power of two wide (DeepSeek-V3's 512
         and 64 need no column mask), stored side by side at ``slot * (R + P)``."""
-        if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
-        if WIDE:
-            tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-        else:
-            tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-        tmask = tok < tokens
-        slot = tl.load(loc + tok, mask=tmask, other=-1)
+        tok, tmask, slot = program_tokens(loc, tokens, BLOCK_T, WIDE, PDL)
         cr = tl.arange(0, BLOCK_R)
         cp = tl.arange(0, BLOCK_P)
         r_mask = tmask[:, None] if R == BLOCK_R else tmask[:, None] & (cr[None, :] < R)

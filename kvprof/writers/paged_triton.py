@@ -24,22 +24,14 @@ _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 if triton is not None:
+    from kvprof.writers.triton_rows import program_tokens
 
     @triton.jit(do_not_specialize=["tokens", "num_slots"])
     def _paged_store_kernel(k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots,
                             k_stride, v_stride, RW: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr, BLOCK_T: tl.constexpr,
                             FP8: tl.constexpr, E4M3: tl.constexpr, HW: tl.constexpr, WIDE: tl.constexpr,
                             PDL: tl.constexpr):
-        if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
-        if WIDE:
-            tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-        else:
-            tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-        tmask = tok < tokens
-        slot = tl.load(slots + tok, mask=tmask, other=-1)
+        tok, tmask, slot = program_tokens(slots, tokens, BLOCK_T, WIDE, PDL)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         in_mask = tmask[:, None] if FULL else tmask[:, None] & (col[None, :] < RW)
         k = tl.load(key + tok[:, None] * k_stride + col[None, :], mask=in_mask)

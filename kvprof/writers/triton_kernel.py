@@ -43,6 +43,7 @@ if triton is not None:
         int_widen,
         to_storage,
     )
+    from kvprof.writers.triton_rows import program_tokens
 
 # MODE bits: input kind (0-2), output kind (3-5), then one flag each
 MODE_K_SCALED = 1 << 6
@@ -222,16 +223,7 @@ if triton is not None:
         PACKED: tl.constexpr = (MODE >> 14) & 1
         CK: tl.constexpr = BLOCK_K // SPLIT  # columns of K and of V per program
         CV: tl.constexpr = BLOCK_V // SPLIT
-        if PDL:  # programmatic dependent launch: let the next kernel start, wait for the last one
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
-        if WIDE:
-            tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-        else:
-            tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-        tmask = tok < tokens
-        slot = tl.load(loc + tok, mask=tmask, other=-1)
+        tok, tmask, slot = program_tokens(loc, tokens, BLOCK_T, WIDE, PDL)
 
         chunk = tl.program_id(1)
         ck = chunk * CK + tl.arange(0, CK)
