@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -430,28 +431,45 @@ def test_cuda_fused_zero_tokens_launches_nothing():
     assert w.write(buf, buf, torch.empty(0, dtype=torch.int32), empty, empty, torch.float32) == FUSED
 
 
-def test_cuda_fused_build_problems_are_one_line(monkeypatch, tmp_path):
-    monkeypatch.setattr(cf, "_EXT", None)
-    monkeypatch.setattr(cf, "_EXT_ERROR", None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cf, "find_nvcc", lambda: None)
-    assert cf.load_extension() == (None, "no CUDA compiler (nvcc) found")
+@pytest.mark.parametrize("module", ["cuda_fused", "layout_cuda"])
+def test_cuda_op_build_problems_are_one_line(monkeypatch, tmp_path, module):
+    """Both compiled ops (kvprof.writers.cuda_build): no nvcc, or a failing build, is one line naming the log."""
+    import importlib
 
-    monkeypatch.setattr(cf, "_EXT_ERROR", None)
-    monkeypatch.setattr(cf, "find_nvcc", lambda: "/usr/bin/nvcc")
-    monkeypatch.setattr(cf, "_arch_flags", lambda: ["-gencode=arch=compute_90,code=sm_90"])
+    from kvprof.writers import cuda_build as cb
+
+    op = importlib.import_module(f"kvprof.writers.{module}")._OP
+    monkeypatch.setattr(op, "module", None)
+    monkeypatch.setattr(op, "error", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cb, "find_nvcc", lambda: None)
+    assert op.load() == (None, "no CUDA compiler (nvcc) found")
+    assert op.load() == (None, "no CUDA compiler (nvcc) found")  # decided once per process
+
+    monkeypatch.setattr(op, "error", None)
+    monkeypatch.setattr(cb, "find_nvcc", lambda: "/usr/bin/nvcc")
+    monkeypatch.setattr(cb, "arch_flags", lambda: ["-gencode=arch=compute_90,code=sm_90"])
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     import torch.utils.cpp_extension as cpp
 
+    seen = {}
+
     def failing_load(**kwargs):
+        seen.update(kwargs)
         os.write(1, b"nvcc error: something long\n" * 50)  # as ninja writes, to fd 1
-        raise RuntimeError("Error building extension 'kvprof_store_kv'\nlots\nof\nlines")
+        raise RuntimeError(f"Error building extension '{op.name}'\nlots\nof\nlines")
 
     monkeypatch.setattr(cpp, "load", failing_load)
-    ext, reason = cf.load_extension()
+    ext, reason = op.load()
     assert ext is None and "\n" not in reason
-    assert "build failed" in reason and str(tmp_path) in reason and reason.endswith("build.log")
-    assert "nvcc error" in (cf.build_dir() / "build.log").read_text()
+    assert reason.startswith(f"{op.label} build failed (RuntimeError: Error building extension")
+    assert str(tmp_path) in reason and reason.endswith("build.log")
+    assert "nvcc error" in (op.build_dir() / "build.log").read_text()
+    assert seen["name"] == op.name and seen["build_directory"] == str(op.build_dir())
+    assert seen["extra_cuda_cflags"][:2] == ["-O3", "-gencode=arch=compute_90,code=sm_90"]
+    assert all(Path(s).is_file() for s in seen["sources"])  # the op's own .cpp and .cu, shipped in the package
+    if module == "cuda_fused":
+        assert cf.build_dir() == op.build_dir() and cf.load_extension() == (None, reason)
 
 
 # -- GPU: the compiled kernels (run on the H200 with TRITON_INTERPRET=0) ----------------------

@@ -7,10 +7,8 @@ packed into one integer. The kernel converts the dtype as torch does (``__float2
 ``__float2half_rn``, c10's fp8 rule), so results are bitwise ``convert_for_cache``'s for
 non-NaN inputs.
 
-Build: ``torch.utils.cpp_extension.load`` into ``$TORCH_EXTENSIONS_DIR`` or
-``~/.cache/kvprof/torch_extensions``, ``-O3``, sm_90 plus the current device's arch,
-``-Xptxas -v``; the whole build output (register counts included) is appended to
-``build.log`` there. A failed build is one line naming that log, never a traceback.
+Build: :mod:`kvprof.writers.cuda_build` (first use, ``-O3``, sm_90 plus the current
+device's arch), with ``-Xptxas -v`` so that ``build.log`` also holds the register counts.
 
 Programmatic dependent launch is on by default on sm_90+ (the kernel waits with
 ``griddepcontrol.wait`` before its first load); ``pdl=False``/``True`` forces it, so its
@@ -23,12 +21,7 @@ tokens: 78 us against 54 us).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import shutil
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +30,7 @@ import torch
 
 from kvprof.validation import check_buffers_inputs
 from kvprof.writers.base import FUSED, KVWriter
+from kvprof.writers.cuda_build import CudaOp
 from kvprof.writers.triton_convert import KINDS, cached_inverse
 
 CSRC = Path(__file__).with_name("csrc")
@@ -67,93 +61,17 @@ class CudaConfig:
 # token at a time with 2 vectors of K and V per thread in flight (1 when converting), grid-stride loop.
 
 
+_OP = CudaOp(EXT_NAME, [CSRC / "store_kv.cpp", CSRC / "store_kv.cu"], "cuda_fused", ["-Xptxas", "-v"])
+
+
 def build_dir() -> Path:
-    base = os.environ.get("TORCH_EXTENSIONS_DIR")
-    root = Path(base) if base else Path.home() / ".cache" / "kvprof" / "torch_extensions"
-    tag = f"torch{torch.__version__.split('+')[0]}_cu{(torch.version.cuda or 'none').replace('.', '')}"
-    return root / f"{EXT_NAME}_{tag}"
-
-
-def find_nvcc() -> str | None:
-    """nvcc from CUDA_HOME (as torch's build uses it) or PATH."""
-    try:
-        from torch.utils.cpp_extension import CUDA_HOME
-    except Exception:
-        CUDA_HOME = None  # noqa: N806
-    if CUDA_HOME:
-        candidate = Path(CUDA_HOME) / "bin" / "nvcc"
-        if candidate.exists():
-            return str(candidate)
-    return shutil.which("nvcc")
-
-
-def _arch_flags() -> list[str]:
-    flags = ["-gencode=arch=compute_90,code=sm_90"]
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        arch = f"{major}{minor}"
-        if arch != "90":
-            flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
-    return flags
-
-
-@contextlib.contextmanager
-def _output_to(log: Path):
-    """Send fds 1 and 2 (ninja, nvcc, ptxas) to ``log`` for the duration."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with open(log, "ab") as f:
-        f.write(f"\n===== build at {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())
-        f.flush()
-        saved = os.dup(1), os.dup(2)
-        try:
-            os.dup2(f.fileno(), 1)
-            os.dup2(f.fileno(), 2)
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-
-
-_EXT: Any = None
-_EXT_ERROR: str | None = None
+    """Where the op is built and its ``build.log`` kept (``kernel_facts`` reads the .so there)."""
+    return _OP.build_dir()
 
 
 def load_extension() -> tuple[Any, str | None]:
     """The compiled module, or None and a one-line reason. Built once per process."""
-    global _EXT, _EXT_ERROR
-    if _EXT is not None or _EXT_ERROR is not None:
-        return _EXT, _EXT_ERROR
-    if not torch.cuda.is_available():
-        _EXT_ERROR = "needs CUDA (torch.cuda is not available)"
-        return None, _EXT_ERROR
-    if find_nvcc() is None:
-        _EXT_ERROR = "no CUDA compiler (nvcc) found"
-        return None, _EXT_ERROR
-    directory = build_dir()
-    log = directory / "build.log"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        from torch.utils.cpp_extension import load
-
-        with _output_to(log):
-            _EXT = load(
-                name=EXT_NAME,
-                sources=[str(CSRC / "store_kv.cpp"), str(CSRC / "store_kv.cu")],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", *_arch_flags(), "-Xptxas", "-v"],
-                build_directory=str(directory),
-                verbose=True,
-            )
-    except Exception as exc:  # compiler error, missing ninja, ABI mismatch...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        _EXT_ERROR = f"cuda_fused build failed ({type(exc).__name__}: {first}); see {log}"
-        return None, _EXT_ERROR
-    return _EXT, None
+    return _OP.load()
 
 
 class CudaFusedWriter(KVWriter):

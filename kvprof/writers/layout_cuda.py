@@ -3,14 +3,13 @@ first use: the eager launch path (one pybind call into a ``<<<>>>`` launch) besi
 writers' (a Triton launch from Python costs ~15 µs of host time). Same bits as the Triton
 writers and the references: SGLang's cast for MLA, vLLM's division and saturation for paged.
 
-Build: ``torch.utils.cpp_extension.load`` into ``$TORCH_EXTENSIONS_DIR`` or
-``~/.cache/kvprof/torch_extensions``, ``-O3``, sm_90 plus the current device's arch. A failed
-build is one line (the writer reports itself unavailable), never a traceback.
+Build: :mod:`kvprof.writers.cuda_build` (first use, ``-O3``, sm_90 plus the current
+device's arch, the output in ``build.log``); a failed build is one line and the writer
+reports itself unavailable with it.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 
 from kvprof.layouts.mla import MLAWriter
 from kvprof.layouts.paged import PagedWriter
+from kvprof.writers.cuda_build import CudaOp
 from kvprof.writers.fp8_jit import torch_e4m3_saturates
 
 CSRC = Path(__file__).with_name("csrc")
@@ -26,43 +26,12 @@ FUSED = "fused"
 _OUT = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
-_EXT: Any = None
-_EXT_ERROR: str | None = None
+_OP = CudaOp(EXT_NAME, [CSRC / "layout_store.cpp", CSRC / "layout_store.cu"], "layout_store", ["-std=c++17"])
 
 
 def load_extension() -> tuple[Any, str | None]:
     """The compiled module, or None and a one-line reason. Built once per process."""
-    global _EXT, _EXT_ERROR
-    if _EXT is not None or _EXT_ERROR is not None:
-        return _EXT, _EXT_ERROR
-    if not torch.cuda.is_available():
-        _EXT_ERROR = "needs CUDA (torch.cuda is not available)"
-        return None, _EXT_ERROR
-    from kvprof.writers.cuda_fused import find_nvcc
-
-    if find_nvcc() is None:
-        _EXT_ERROR = "no CUDA compiler (nvcc) found"
-        return None, _EXT_ERROR
-    base = os.environ.get("TORCH_EXTENSIONS_DIR")
-    root = Path(base) if base else Path.home() / ".cache" / "kvprof" / "torch_extensions"
-    tag = f"torch{torch.__version__.split('+')[0]}_cu{(torch.version.cuda or 'none').replace('.', '')}"
-    directory = root / f"{EXT_NAME}_{tag}"
-    major, minor = torch.cuda.get_device_capability()
-    archs = ["-gencode=arch=compute_90,code=sm_90"]
-    if f"{major}{minor}" != "90":
-        archs.append(f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        from torch.utils.cpp_extension import load
-
-        _EXT = load(name=EXT_NAME, sources=[str(CSRC / "layout_store.cpp"), str(CSRC / "layout_store.cu")],
-                    extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-std=c++17", *archs],
-                    build_directory=str(directory), verbose=False)
-    except Exception as exc:  # compiler error, missing ninja, ABI mismatch...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        _EXT_ERROR = f"layout_store build failed ({type(exc).__name__}: {first}); build directory {directory}"
-        return None, _EXT_ERROR
-    return _EXT, None
+    return _OP.load()
 
 
 def _reason(name: str, device: torch.device, dtype: torch.dtype, input_dtype: torch.dtype | None) -> str | None:
