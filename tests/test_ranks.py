@@ -162,7 +162,9 @@ def test_one_rank_on_one_gpu_through_nccl(tmp_path):
     per = pd.DataFrame(summary["ranks"]["per_rank"])
     assert summary["ranks"]["step_source"] == "gpu"
     assert (per["writes"] > 0).all() and (per["write_ns"] > 0).all()
-    assert (per["collective_ns"] > 0).all()  # the NCCL all-reduce kernels are found in the steps
+    # One rank has nothing to exchange: NCCL launches no kernel for its all-reduce, and graph
+    # replays record no host call, so there is no collective time -- and none is made up.
+    assert per["collective_ns"].isna().all()
 
 
 def test_skew_is_slowest_over_median_rank_per_step():
