@@ -71,6 +71,7 @@ def test_first_run_on_cpu_fuses_in_triton_interpreter_and_fits_80_columns(tmp_pa
     finally:
         _end(proc)
     assert proc.returncode == 0, err.decode()[-2000:]
+    assert "profiler_start" not in err.decode() and "profiler_stop" not in err.decode()  # Kineto's markers
     text = out.decode()
     # every line rich wraps fits; the last one is the run folder's path, left whole to copy
     lines = text.splitlines()
@@ -379,3 +380,22 @@ def test_planted_secret_reaches_no_byte_of_a_cpu_run(tmp_path, monkeypatch):
         if p.suffix == ".gz":
             data = gzip.decompress(data)
         assert secret.encode() not in data, p
+
+
+def test_kineto_start_stop_markers_are_left_out_of_stderr_and_nothing_else(capfd):
+    """What torch >= 2.13's Kineto writes to fd 2 at each profiler start and stop is dropped; its
+    other lines and Python's own stderr pass through."""
+    import sys as _sys
+
+    from kvprof.capture.torch_pass import _without_kineto_markers
+
+    with _without_kineto_markers():
+        os.write(2, b"USDT:2026-12-04 01:48:05 10413:10413 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"STAGE:2026-12-04 01:48:05 10413:10413 SyncActivityProfilerHandler.cpp:60] Completed Stage\n")
+        print("a Python warning", file=_sys.stderr)
+        os.write(2, b"USDT:2026-12-04 01:48:06 10413:10413 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
+        os.write(2, b"USDT: something else Kineto says\n")
+    err = capfd.readouterr().err
+    assert sorted(err.splitlines()) == [  # (pytest captures sys.stderr apart from fd 2: no order across them)
+        "STAGE:2026-12-04 01:48:05 10413:10413 SyncActivityProfilerHandler.cpp:60] Completed Stage",
+        "USDT: something else Kineto says", "a Python warning"]

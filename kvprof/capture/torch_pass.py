@@ -8,11 +8,14 @@ HolisticTraceAnalysis loads it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
+import re
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,44 @@ from kvprof.capture.session import PreparedPhase, StepTimer, VariantSession
 from kvprof.core.run import TraceMeta
 from kvprof.core.timings import StepSamples
 from kvprof.trace.hta import hta_metadata_json
+
+
+# Kineto (torch >= 2.13) writes a marker line to fd 2 whenever a profiler starts or stops,
+# "USDT:<date> <time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start": noise
+# between kvprof's own lines, with nothing for the user to act on.
+_KINETO_MARKER = re.compile(rb"^USDT:\S+ \S+ \d+:\d+ \S+\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def _without_kineto_markers() -> Iterator[None]:
+    """Hold fd 2 in a temporary file for the duration, then pass on every line but Kineto's
+    start/stop markers (its warnings and errors, and anything Python wrote, still reach stderr)."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as held:
+        saved = os.dup(2)
+        try:
+            os.dup2(held.fileno(), 2)
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = b"".join(line for line in held if not _KINETO_MARKER.match(line))
+            if kept:
+                os.write(2, kept)
+
+
+@contextlib.contextmanager
+def recording(prof: profile) -> Iterator[profile]:
+    """``with prof:`` with Kineto's start/stop markers left out of stderr."""
+    with _without_kineto_markers():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _without_kineto_markers():
+            prof.__exit__(*sys.exc_info())
 
 
 def _activities(device: torch.device) -> list[ProfilerActivity]:
@@ -63,7 +104,7 @@ def step_template(session: VariantSession, prepared: PreparedPhase) -> dict[str,
     from kvprof.core.schema import GPU_WORK_KINDS
     from kvprof.trace.table import to_frame
 
-    with profile(activities=_activities(session.device)) as prof:
+    with recording(profile(activities=_activities(session.device))) as prof:
         session.step(prepared, prepared.locs[0])
         session.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,8 +163,8 @@ def run_torch_pass(
     timers = {p.spec: StepTimer(session.device, p.spec.steps) for p in prepared}
     # a schedule that always records: torch.profiler then marks each prof.step() with a
     # ProfilerStep#N range, the iterations HolisticTraceAnalysis looks for
-    with profile(activities=_activities(session.device), experimental_config=_experimental(sync_events),
-                 schedule=lambda step: ProfilerAction.RECORD) as prof:
+    with recording(profile(activities=_activities(session.device), experimental_config=_experimental(sync_events),
+                           schedule=lambda step: ProfilerAction.RECORD)) as prof:
 
         def stepped() -> None:
             prof.step()
