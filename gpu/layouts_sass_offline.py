@@ -40,10 +40,26 @@ def sass(fn, sig, consts, attrs, warps: int) -> str:
         return subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
+def fail(msg: str) -> None:
+    raise SystemExit(f"layouts_sass_offline.py: error: {msg}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    try:
+        import triton  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        fail(f"needs triton ({type(exc).__name__}: {exc})")
+    try:
+        compile_all(args)
+    except Exception as exc:  # noqa: BLE001 - a compile or disassembly failure: one line
+        fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def compile_all(args: argparse.Namespace) -> None:
     from kvprof.writers import mla_triton, paged_triton
     from kvprof.writers.layout_tables import mla_shape, paged_shape
 
@@ -85,8 +101,10 @@ def report(what: str, shape: str, fp8: bool, listing: str, out: Path | None) -> 
     print(f"{what} x{shape} {'fp8' if fp8 else 'bf16'}: {n} instructions, sass {digest}; "
           + ", ".join(f"{k} x{v}" for k, v in sorted(widths.items())) + ("" if ops else " (no global accesses?)"))
     if out:
+        from kvprof.core.atomic import atomic_write_text
+
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{what.split()[0]}-{shape}-{'fp8' if fp8 else 'bf16'}.sass").write_text(listing)
+        atomic_write_text(out / f"{what.split()[0]}-{shape}-{'fp8' if fp8 else 'bf16'}.sass", listing)
 
 
 if __name__ == "__main__":

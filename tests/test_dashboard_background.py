@@ -28,6 +28,8 @@ def test_running_yields_a_healthy_url_and_stops_the_server(tmp_path):
     with server.running(limit_s=60) as url:
         assert url == f"http://127.0.0.1:{server.port}/"
         assert server.healthy()
+        with pytest.raises(ToolError, match="already running"):  # a second process would be left behind
+            server.start()
     assert server.process is not None and server.process.returncode is not None
     assert not server.healthy()
     server.stop()  # a second stop is a no-op

@@ -564,7 +564,6 @@ def test_benchmark_api_refuses_zero_and_nan():
             Benchmark(itl_before_ms=bad)
 
 
-
 def test_the_memory_estimate_counts_the_layers_a_step_writes():
     """A CPU capture writes 2 of the model's 80 layers by default: its estimate counts 2 layer
     buffers and 2 writes per step (the slots per layer stay those of the whole model)."""

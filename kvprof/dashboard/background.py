@@ -51,6 +51,8 @@ class BackgroundServer:
         return f"http://127.0.0.1:{self.port}/"
 
     def start(self) -> BackgroundServer:
+        if self.process is not None and self.process.poll() is None:
+            raise ToolError(f"the dashboard server on port {self.port} is already running")
         sink: IO[bytes] | int = open(self.log, "wb") if self.log else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(self.command, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,

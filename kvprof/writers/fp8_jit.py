@@ -12,6 +12,9 @@ Two implementations of one rounding (round to nearest, ties to even, subnormals 
 ``SAT``: overflow (and inf) gives the largest finite value, NaN stays NaN (vLLM's
 ``__NV_SATFINITE``; torch >= 2.12's e4m3fn cast); otherwise e4m3fn overflow is NaN and
 e5m2 overflow is inf (c10's rule before 2.12 for e4m3fn, always for e5m2).
+
+Beside it, what every Triton writer asks about where its kernel runs: ``interpreted``,
+``pdl_capable`` and ``placement_reason`` (the one-line reason a writer cannot run here).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ slots outside ``[0, rows)`` and the skipped slot are masked in the kernel.
 
 from __future__ import annotations
 
-
 import torch
 
 from kvprof.layouts.mla import MLAWriter

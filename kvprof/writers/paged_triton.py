@@ -12,12 +12,20 @@ previous kernel's tail; the kernel waits before its first load.
 
 from __future__ import annotations
 
-
 import torch
 
 from kvprof.layouts.paged import PagedWriter
 from kvprof.writers.layout_tables import paged_shape
-from kvprof.writers.fp8_jit import TRITON_ERROR, fp8_bits, hw_cast_safe, interpreted, pdl_capable, placement_reason, tl, triton
+from kvprof.writers.fp8_jit import (
+    TRITON_ERROR,
+    fp8_bits,
+    hw_cast_safe,
+    interpreted,
+    pdl_capable,
+    placement_reason,
+    tl,
+    triton,
+)
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
