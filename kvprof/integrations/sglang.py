@@ -283,9 +283,11 @@ class _Route:
         layer_id = override if override is not None else getattr(call.get("layer"), "layer_id", None)
         if type(layer_id) is not int or not 0 <= layer_id - pool.start_layer < pool.layer_num:
             return f"layer {layer_id!r} is not in this pool"
+        idx = layer_id - pool.start_layer
         try:
-            k, v = self.check(loc, call.get("cache_k"), call.get("cache_v"), pool.head_num, pool.head_dim,
-                              pool.v_head_dim, self.device, self.device_index)
+            loc, k, v = self.check(loc, call.get("cache_k"), call.get("cache_v"), pool.head_num, pool.head_dim,
+                                   pool.v_head_dim, self.device, self.device_index, pool.k_buffer[idx],
+                                   pool.v_buffer[idx])
         except ValueError as exc:
             return f"input kvprof's checks refuse ({exc})"
         in_dtype = k.dtype
@@ -294,7 +296,7 @@ class _Route:
         refused = self.input_ok[in_dtype]
         if refused:
             return refused
-        return (loc_info, loc, layer_id - pool.start_layer, k, v, call.get("k_scale"), call.get("v_scale"))
+        return (loc_info, loc, idx, k, v, call.get("k_scale"), call.get("v_scale"))
 
 
 class _State:
