@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.core.run import MANIFEST, SUMMARY, Manifest
+from kvprof.core.run import Manifest
+from kvprof.core.rundir import RunDir, read_summary as _read_summary
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
 from kvprof.core.summary import Summary
 
@@ -45,27 +46,13 @@ load = open_run
 
 
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
-    from kvprof.trace.load import read_manifest as _read
-
-    return _read(Path(run_dir) / MANIFEST)
+    return RunDir(Path(run_dir)).read_manifest()
 
 
 def read_summary(path: str | os.PathLike[str]) -> Summary:
     """A summary.json written by ``write_outputs`` (a folder: its summary.json)."""
-    import orjson
-
-    from kvprof.core.errors import TraceError
-    from kvprof.core.files import open_regular
-
     p = Path(path)
-    p = p / SUMMARY if p.is_dir() else p
-    try:
-        with open_regular(p) as fh:
-            return Summary.from_json(orjson.loads(fh.read()))
-    except orjson.JSONDecodeError as exc:
-        raise TraceError(f"{p}: not valid JSON ({exc})") from None
-    except ValueError as exc:
-        raise TraceError(f"{p}: {exc}") from None
+    return RunDir(p).read_summary() if p.is_dir() else _read_summary(p)
 
 
 def benchmark(layers: int | None = None, itl_before_ms: float | None = None,

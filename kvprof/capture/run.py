@@ -18,15 +18,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import kvprof
-from kvprof.core.atomic import atomic_directory, atomic_write_bytes
+from kvprof.core.atomic import atomic_directory
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.reference import run_reference_pass
 from kvprof.capture.runtime import Runtime, prepare
 from kvprof.capture.session import session_for
 from kvprof.capture.summary import scrub_manifest, verify_run_dir
 from kvprof.capture.torch_pass import run_torch_pass
-from kvprof.core.run import MANIFEST, Manifest, PathReport, TraceMeta, VariantEntry
-from kvprof.core.timings import TIMINGS_FILE, StepTimings
+from kvprof.core.run import Manifest, PathReport, TraceMeta, VariantEntry
+from kvprof.core.rundir import RunDir
+from kvprof.core.timings import StepTimings
 from kvprof.devinfo import device_properties, torch_threads, versions
 from kvprof.dtypes import short_name
 from kvprof.core.errors import DeviceError, KvprofError, OutputError, ToolError, UsageError
@@ -239,8 +240,8 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
             from kvprof.capture.nsys_pass import run_nsys_passes
 
             problems += run_nsys_passes(nsys_path, config, runnable, tmp, manifest, log, timings)
-        atomic_write_bytes(tmp / TIMINGS_FILE, timings.to_json())
-        manifest.files = {"step_timings": TIMINGS_FILE}
+        run = RunDir(tmp)
+        manifest.files = {RunDir.TIMINGS_KEY: run.write_timings(timings)}
         if config.scrub:
             from kvprof.tools.scrub import scrub_path
 
@@ -249,7 +250,7 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
             ]
         manifest.problems = [str(e) for e in problems]
         manifest = scrub_manifest(manifest) if config.scrub else manifest  # its paths name $HOME
-        atomic_write_bytes(tmp / MANIFEST, manifest.dumps())
+        run.write_manifest(manifest)
     # The run is complete and in place; the analysis adds its files one atomic write each.
     summary: Summary | None = None
     analysis_error: str | None = "not analysed (--no-summary)"
@@ -272,8 +273,8 @@ def check_replaceable(final: Path, force: bool) -> None:
                           "or choose another --run-id)")
     if final.is_symlink() or not final.is_dir():
         raise OutputError(f"cannot replace {final}: it is not a folder")
-    if not (final / MANIFEST).is_file() and any(final.iterdir()):
-        raise OutputError(f"cannot replace {final}: it is not a kvprof run directory (no {MANIFEST}); "
+    if not RunDir(final).is_run() and any(final.iterdir()):
+        raise OutputError(f"cannot replace {final}: it is not a kvprof run directory (no {RunDir.MANIFEST}); "
                           "--force replaces only run directories")
 
 
