@@ -17,8 +17,9 @@ import orjson
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.run import make_context
-from kvprof.capture.session import StepTimer, session_for
+from kvprof.capture.plan import make_context
+from kvprof.capture.layout_session import session_for
+from kvprof.capture.session import StepTimer
 from kvprof.core.timings import StepSamples
 from kvprof.devinfo import resolve_device
 from kvprof.core.errors import KvprofError

@@ -21,6 +21,7 @@ DEFAULT_VARIANTS = variants.DEFAULT_CAPTURE_VARIANTS
 PROFILERS = ("torch", "nsys", "both")
 NSYS_GRAPH_TRACES = ("node", "graph")
 DEFAULT_REFERENCE_STEPS = 100
+MAX_RANKS = 64  # capture --ranks N: processes (one GPU each on CUDA)
 
 
 @dataclass
@@ -107,16 +108,23 @@ class CaptureConfig:
         self._check_layers()
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
-        if self.ranks is not None:
-            from kvprof.capture.ranks import check_ranks
-
-            check_ranks(self)
+        self._check_ranks()
         check_capture_values(self)
         self._check_layout()
         self.rank_shape()
         self.cache_torch_dtype()
         self.input_torch_dtype()
         self.phase_specs()
+
+    def _check_ranks(self) -> None:
+        """What a multi-rank capture refuses before starting anything."""
+        n = self.ranks
+        if n is None:
+            return
+        if not 1 <= n <= MAX_RANKS:
+            raise UsageError(f"--ranks must be between 1 and {MAX_RANKS}, got {n}")
+        if self.profiler != "torch":
+            raise UsageError("--ranks records torch.profiler traces only; use --profiler torch")
 
     def _check_layers(self) -> None:
         if self.layers is None:

@@ -11,6 +11,8 @@ payload) includes its padding tokens, as the kernel's does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from kvprof.layouts.instrument import make_layout_pool
 from kvprof.layouts.registry import MLA_PRESETS
 from kvprof.layouts.workload import BlockTables, graph_size
 from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size
+from kvprof.writers import KVWriter
 
 PAGED_BLOCK_SIZE = 16  # vLLM's default block size, used unless --page-size says otherwise
 
@@ -118,3 +121,16 @@ class LayoutSession(VariantSession):
             getattr(self.pool, name, []).clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+@contextmanager
+def session_for(config: CaptureConfig, writer: KVWriter, device: torch.device, **kw: object) -> Iterator[VariantSession]:
+    """The session for ``config``'s layout (the MHA pool's, or an MLA or paged one), closed after the block."""
+    if config.layout_name() != "mha":  # the MLA and paged layouts: their pools, slots and inputs
+        session: VariantSession = LayoutSession(config, writer, device, **kw)  # type: ignore[arg-type]
+    else:
+        session = VariantSession(config, writer, device, **kw)  # type: ignore[arg-type]
+    try:
+        yield session
+    finally:
+        session.close()

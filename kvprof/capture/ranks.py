@@ -23,6 +23,7 @@ import orjson
 import torch
 
 from kvprof.capture.config import CaptureConfig
+from kvprof.capture.plan import CapturedRun, base_manifest, plan_variants, scrub_files, scrub_manifest, variant_entry
 from kvprof.capture.runtime import Runtime
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes
 from kvprof.core.errors import DeviceError, KvprofError, UsageError
@@ -30,25 +31,14 @@ from kvprof.core.ranks import RankEntry
 from kvprof.core.run import Manifest, PathReport, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.devinfo import resolve_device
+from kvprof.guards import check_capture
 
-MAX_RANKS = 64
 POLL_S = 0.1
 GRACE_S = 3.0  # how long the launcher waits for the other ranks' records once one has failed
 
 
 class RankFailed(KvprofError):
     """A rank exited with an error; the exit code is the rank's own."""
-
-
-def check_ranks(config: CaptureConfig) -> None:
-    """What a multi-rank capture refuses before starting anything."""
-    n = config.ranks
-    if n is None:
-        return
-    if not 1 <= n <= MAX_RANKS:
-        raise UsageError(f"--ranks must be between 1 and {MAX_RANKS}, got {n}")
-    if config.profiler != "torch":
-        raise UsageError("--ranks records torch.profiler traces only; use --profiler torch")
 
 
 def backend_for(config: CaptureConfig) -> tuple[str, torch.device]:
@@ -163,8 +153,6 @@ def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> N
 def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, device: torch.device,
                    runtime: Runtime | None = None) -> Manifest:
     """Rank 0's entries as the variants (any reader opens the run), every rank under ``ranks``."""
-    from kvprof.capture.run import base_manifest, plan_variants, variant_entry
-
     manifest = base_manifest(config, device, runtime)
     # each rank sets the resolved count itself; None: every rank keeps torch's own choice
     manifest.config["threads"] = config.threads
@@ -190,13 +178,9 @@ def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, d
 
 
 def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-                  analyse: bool = True, runtime: Runtime | None = None):  # noqa: ANN201 - run.CaptureResult
+                  runtime: Runtime | None = None) -> CapturedRun:
     """The multi-rank capture; same result as the one-process ``capture``. ``runtime``: what
     ``kvprof.capture.runtime.prepare`` set up (each rank sets the same threads itself)."""
-    from kvprof.capture.run import CaptureResult, plan_variants
-    from kvprof.capture.summary import analyze_run_dir, scrub_manifest, verify_run_dir
-    from kvprof.guards import check_capture
-
     config.validate()
     backend, device = backend_for(config)
     world = int(config.ranks or 1)
@@ -216,20 +200,10 @@ def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: 
             if RunDir.is_launcher_file(f.name):
                 f.unlink()
         if config.scrub:
-            from kvprof.tools.scrub import scrub_path
-
-            manifest.scrubbed = [
-                str(r) for f in sorted(tmp.iterdir()) if f.is_file() and (r := scrub_path(f)) is not None and r.changed
-            ]
+            manifest.scrubbed = scrub_files(tmp)
         manifest = scrub_manifest(manifest) if config.scrub else manifest
         RunDir(tmp).write_manifest(manifest)
-    analysis_error: str | None
-    summary, analysis_error = (None, "not analysed (--no-summary)")
-    if analyse:
-        summary, analysis_error = analyze_run_dir(final, config.rank_shape().layers, scrub=config.scrub)
-    if config.scrub:
-        problems += verify_run_dir(final)
-    return CaptureResult(final, manifest, problems, summary, analysis_error)
+    return CapturedRun(final, manifest, problems)
 
 
-__all__ = ["RankFailed", "backend_for", "capture_ranks", "check_ranks", "launch", "rank_environment"]
+__all__ = ["RankFailed", "backend_for", "capture_ranks", "launch", "rank_environment"]

@@ -14,8 +14,7 @@ other two to measure the write's share of a step and the projection's inputs.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -229,17 +228,3 @@ class VariantSession:
         self.pool.v_buffer.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-@contextmanager
-def session_for(config: CaptureConfig, writer: KVWriter, device: torch.device, **kw: object) -> Iterator[VariantSession]:
-    if config.layout_name() != "mha":  # the MLA and paged layouts: their pools, slots and inputs
-        from kvprof.capture.layout_session import LayoutSession
-
-        session: VariantSession = LayoutSession(config, writer, device, **kw)  # type: ignore[arg-type]
-    else:
-        session = VariantSession(config, writer, device, **kw)  # type: ignore[arg-type]
-    try:
-        yield session
-    finally:
-        session.close()
