@@ -181,14 +181,15 @@ def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: 
                   runtime: Runtime | None = None) -> CapturedRun:
     """The multi-rank capture; same result as the one-process ``capture``. ``runtime``: what
     ``kvprof.capture.runtime.prepare`` set up (each rank sets the same threads itself)."""
-    config.validate()
+    config = config.validate()
     backend, device = backend_for(config)
     world = int(config.ranks or 1)
     for p in plan_variants(config, device):
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
     check_capture(config, device)  # one rank's sizes and memory
-    run_id = config.ensure_run_id()
+    config = config.with_run_id()
+    run_id = str(config.run_id)
     final = Path(config.output) / run_id
     problems: list[KvprofError] = []
     with atomic_directory(final) as tmp:

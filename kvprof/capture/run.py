@@ -41,7 +41,7 @@ def capture(
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> CapturedRun:
     """Run every variant and write the run directory; nothing is analysed (kvprof.api.capture does)."""
-    runtime = prepare(config)  # before any writer is built: Triton's interpreter on a CPU
+    config, runtime = prepare(config)  # before any writer is built: Triton's interpreter on a CPU
     if config.ranks is not None:  # one process per rank (kvprof.capture.ranks)
         from kvprof.capture.ranks import capture_ranks
 
@@ -55,7 +55,8 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     device = runtime.device
     planned = plan_variants(config, device)
     check_capture(config, device)  # sizes and memory, before anything is allocated
-    run_id = config.ensure_run_id()
+    config = config.with_run_id()
+    run_id = str(config.run_id)
     final = Path(config.output) / run_id
     check_replaceable(final, config.force)
     nsys_path = None
