@@ -43,7 +43,6 @@ ENV_ON = "KVPROF_SGLANG"
 ENV_WRITER = "KVPROF_SGLANG_WRITER"
 ENV_DIR = "KVPROF_SGLANG_DIR"
 SIDECAR_SCHEMA = "kvprof.sglang_sidecar/1"
-SIDECAR_PREFIX = "kvprof-sglang."
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
 # (class in sglang.srt.mem_cache.memory_pool, method, variant named in the ranges). Only
@@ -413,9 +412,10 @@ class _State:
                 import orjson
 
                 from kvprof.core.atomic import atomic_write_bytes
+                from kvprof.core.rundir import RunDir
 
                 doc = self.sidecar()
-                path = sidecar_dir() / f"{SIDECAR_PREFIX}TP-{doc['tp_rank']}.pid-{doc['pid']}.json"
+                path = sidecar_dir() / RunDir.sidecar_name(doc["tp_rank"], doc["pid"])
                 atomic_write_bytes(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
                 return path
             except Exception as exc:  # noqa: BLE001 - a sidecar must never take the server down

@@ -35,6 +35,7 @@ from kvprof.layouts.base import (
     slot_range,
 )
 from kvprof.layouts.layout import Layout
+from kvprof.layouts.ranges import Ranges
 from kvprof.validation import check_apart
 
 # SGLang's set_mla_kv_buffer never writes this slot (set_mla_kv_buffer_triton's default)
@@ -206,8 +207,6 @@ class MLALayout(Layout[MLAPool]):
     def make_pool(self, *args: Any, instrument: bool = False, variant: str | None = None, **kwargs: Any) -> MLAPool:
         if not instrument:
             return MLAPool(*args, **kwargs)
-        from kvprof.layouts.instrument import InstrumentedMLAPool  # it builds on this module
-
         return InstrumentedMLAPool(*args, variant=variant, **kwargs)
 
     def write(self, pool: MLAPool, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -219,3 +218,24 @@ class MLALayout(Layout[MLAPool]):
 
 
 LAYOUT = MLALayout()
+
+
+class InstrumentedMLAPool(MLAPool):
+    """An ``MLAPool`` whose writes are named ranges in Nsight Systems and torch.profiler."""
+
+    def __init__(self, *args: Any, variant: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.variant = variant or self.writer.name
+        self._ranges = Ranges(self, self.variant)
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v=None, k_scale=None, v_scale=None,  # type: ignore[override]
+                      layer_id_override=None) -> None:
+        lid = layer_id_override if layer_id_override is not None else getattr(layer, "layer_id", layer)
+        self._ranges.run(lid, loc, lambda: MLAPool.set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale, v_scale,
+                                                                 layer_id_override))
+
+    def set_mla_kv_buffer(self, layer, loc, cache_k_nope, cache_k_rope,  # type: ignore[override]
+                          layer_id_override=None) -> None:
+        lid = layer_id_override if layer_id_override is not None else getattr(layer, "layer_id", layer)
+        self._ranges.run(lid, loc, lambda: MLAPool.set_mla_kv_buffer(self, layer, loc, cache_k_nope, cache_k_rope,
+                                                                     layer_id_override))

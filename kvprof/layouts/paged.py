@@ -37,6 +37,7 @@ from kvprof.layouts.base import (
     is_fp8, layer_index, slot_range,
 )
 from kvprof.layouts.layout import Layout
+from kvprof.layouts.ranges import Ranges
 from kvprof.validation import check_apart
 
 PAD_SLOT = -1
@@ -203,7 +204,6 @@ class PagedLayout(Layout[PagedPool]):
                   **kwargs: Any) -> PagedPool:
         if not instrument:
             return PagedPool(*args, **kwargs)
-        from kvprof.layouts.instrument import InstrumentedPagedPool  # it builds on this module
 
         return InstrumentedPagedPool(*args, variant=variant, **kwargs)
 
@@ -214,3 +214,17 @@ class PagedLayout(Layout[PagedPool]):
 
 
 LAYOUT = PagedLayout()
+
+
+class InstrumentedPagedPool(PagedPool):
+    """A ``PagedPool`` whose writes are named ranges in Nsight Systems and torch.profiler."""
+
+    def __init__(self, *args: Any, variant: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.variant = variant or self.writer.name
+        self._ranges = Ranges(self, self.variant)
+
+    def reshape_and_cache_flash(self, layer, key, value, slot_mapping, k_scale=None,  # type: ignore[override]
+                                v_scale=None) -> None:
+        self._ranges.run(layer, slot_mapping, lambda: PagedPool.reshape_and_cache_flash(
+            self, layer, key, value, slot_mapping, k_scale, v_scale))
