@@ -152,6 +152,13 @@ def allowed(name: str, value: str) -> bool:
     return name.startswith(ALLOWED_PREFIXES) and not looks_secret(name, value)
 
 
+def allowed_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) cut down to rules 1-3, quietly: the
+    environment of a helper run of nsys (its export), where nothing is passed on purpose."""
+    base = os.environ if base is None else base
+    return {name: value for name, value in base.items() if allowed(name, value)}
+
+
 def _allowed(name: str, value: str) -> bool:
     if allowed(name, value):
         return True
