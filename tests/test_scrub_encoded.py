@@ -43,6 +43,7 @@ FORMS = {
     "percent": SECRET.replace("-", "%2D"),
     "percent-every-byte": "".join(f"%{b:02x}" for b in SECRET.encode()),
     "token-base64": base64.b64encode(f"Authorization: token {TOKEN}".encode()).decode(),
+    "token-base64-after-a-byte": base64.b64encode(b"0" + TOKEN.encode()).decode(),  # found by the fuzzer
     "token-hex": TOKEN.encode().hex(),
     "token-percent": quote(TOKEN, safe="").replace("_", "%5F"),
 }

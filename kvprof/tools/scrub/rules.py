@@ -110,7 +110,10 @@ _TOKEN_PREFIXES = (r"hf_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|sk-|sk_live
 _TOKEN = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + _TOKEN_PREFIXES + r")[A-Za-z0-9_\-.=+/]{8,}"
                     r"|[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
 TOKEN_BYTES = re.compile(rb"(?:" + _TOKEN_PREFIXES.encode() + rb")|://")
-_TOKEN_IN_BYTES = re.compile(_TOKEN.pattern.encode())
+# In decoded bytes a token may follow any byte (b"0hf_..." is a token after a stray byte), so
+# no word boundary is asked for there.
+_TOKEN_IN_BYTES = re.compile(rb"(?:" + _TOKEN_PREFIXES.encode() + rb")[A-Za-z0-9_\-.=+/]{8,}"
+                             rb"|[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
 
 # Encoded forms a secret or token is looked for in (``Rules.encoded_form``): runs of the
 # base64 alphabets (standard and URL-safe, decoded at each of the 4 character offsets, so the
