@@ -1,14 +1,20 @@
 """Remove the environment, tokens, host names and home paths from exports, traces, logs and outputs.
 
 Each PATH (a file or a run folder) is rewritten in place, atomically; one line per file
-says what changed. Then every PATH is verified as ``--check`` does. With ``--check`` nothing
-is written: every string is decoded (JSON escapes, gzip, SQLite text, Parquet, log lines)
-and any environment value, home path, host name or token-shaped string still there is
-reported. Exit status: 0 when every file is clean; for the first file that failed, its
-error's code (2 usage, 3 unreadable, 6 unwritable), the others are still handled; 1 when
-anything remains after scrubbing (or, with --check, is there), or a file that cannot be
-rewritten (.nsys-rep, unknown format) holds a secret value; 2 when only .nsys-rep files
-were given (they cannot be rewritten: share the scrubbed .sqlite export).
+says what changed. An export's environment is cut down to kvprof's allow-list (what a
+profiled child is given); secrets are removed in plain, base64, hex and percent-encoded
+forms and when cut across adjacent JSON strings. Then every PATH is verified as ``--check``
+does. With ``--check`` nothing is written: every string is decoded (JSON escapes, gzip, SQLite
+text, Parquet, log lines) and any environment entry outside the allow-list, secret, home
+path, host name or token-shaped string still there is reported; a file read only in part
+(.nsys-rep, unknown format) is never called clean, a symbolic link is followed (a link to a
+folder or a broken one is reported as not read), and the last line names the forms looked
+for. ``--max-bytes`` bounds what one file may hold once decompressed (default 2 GiB).
+Exit status: 0 when every file is clean; for the first file that failed, its error's code
+(2 usage or over --max-bytes, 3 unreadable, 6 unwritable), the others are still handled; 1
+when anything remains after scrubbing (or, with --check, is there or was not read), or a
+file that cannot be rewritten (.nsys-rep, unknown format) holds a secret value; 2 when only
+.nsys-rep files were given (they cannot be rewritten: share the scrubbed .sqlite export).
 """
 
 from __future__ import annotations

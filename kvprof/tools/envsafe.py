@@ -23,6 +23,9 @@ Rules, in order (all in this module, nowhere else):
    secret (with a warning saying the report will hold them); a name that is not set is
    a warning, not an error.
 
+``allowed(name, value)`` is rules 1-3 alone: ``kvprof.tools.scrub`` cuts the environment an
+export holds down to it, so a scrubbed export shows what a profiled child would have been given.
+
 LANG/LANGUAGE/LC_* pass because they decide how the child and nsys decode and print
 text (file names, error messages); their values are locale names, not personal data.
 PYTORCH_* passes with TORCH_*: ``PYTORCH_CUDA_ALLOC_CONF`` changes what is measured.

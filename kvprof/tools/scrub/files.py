@@ -51,7 +51,7 @@ def _unrewritable(path: Path, kind: str, rules: Rules) -> ScrubReport:
     if kind == "nsys-rep":
         note = (
             "an .nsys-rep cannot be rewritten; share the scrubbed .sqlite export instead "
-            "(capture runs nsys isolated, with the allowlisted environment)"
+            "(kvprof capture and kvprof nsys run nsys isolated, with the allowlisted environment)"
         )
     else:
         note = "unknown file type, not rewritten (scrub rewrites .sqlite, .json, .json.gz, .log, .txt)"

@@ -1,13 +1,18 @@
 """Scrub rules: remove the environment and home paths from outputs before they are shared.
 
 An nsys SQLite export keeps the profiled process's environment (META_DATA_CAPTURE rows
-``PROCESS_<n>:ENVIRONMENT_VARIABLE`` and whole ``KEY=VALUE`` blocks in StringIds); a
-Chrome trace names the user's home in paths and may carry metadata added by anyone.
+``PROCESS_<n>:ENVIRONMENT_VARIABLE``, TARGET_INFO_SYSTEM_ENV's ``DeviceEnvironment``, and
+NUL-separated environ blocks in StringIds, other processes' too); a Chrome trace names the
+user's home in paths and may carry metadata added by anyone.
 
 Rules (``Rules``), applied to every text value of an SQLite file and every string (keys
 included) of a JSON file, and line by line to .log/.txt files:
 
-- environment: a string is replaced whole by ``MARKER`` when it
+- environment as nsys stores it: a name/value row whose name mentions ENVIRONMENT (SQLite)
+  and a NUL-separated block of ``NAME=value`` entries anywhere are cut down to the entries
+  ``envsafe.allowed`` passes to a profiled child (``Rules.filter_environment``: values without
+  home paths or host names, an entry holding a secret dropped, ``MARKER`` when none is left).
+- any other environment: a string is replaced whole by ``MARKER`` when it
   (a) contains ``NAME=`` where NAME is an environment-like name (``_ASSIGNMENT``: all
   upper case like PATH, upper-case led with an ``_`` like PMIX_MCA_gds, ``_``-led, a
   lower-case proxy variable) or any name set in the scrubbing environment, not glued
@@ -15,7 +20,8 @@ included) of a JSON file, and line by line to .log/.txt files:
   (b) contains the value of a variable of the scrubbing environment (default: this
   process's) that ``envsafe.looks_secret`` flags (secret-sounding name or token-shaped
   value), 6 characters or longer; or
-  (c) (SQLite) is the value of a META_DATA_CAPTURE row whose name mentions ENVIRONMENT.
+  (c) holds such a value or a token shape encoded (``Rules.encoded_form``: base64 in either
+  alphabet at any alignment, hex in either case, percent-encoding).
   Whole strings go because a partial cut of a ``KEY=VALUE`` block is easy to get wrong.
   Lower-case ``key=value`` text (kvprof's own NVTX messages) is kept, and so is kvprof's
   own advice naming one of its settings with a plain value (``_OWN_SETTING``: "set
@@ -23,7 +29,8 @@ included) of a JSON file, and line by line to .log/.txt files:
   kvprof's reasons readable; a string with any other assignment still goes whole.
 - home paths: ``/home/<user>``, ``/Users/<user>``, ``/root`` and this user's ``~``
   become ``~`` inside the string; the rest of the string is kept.
-- JSON values under a key that names a secret (``HF_TOKEN``) become ``MARKER``.
+- JSON values under a key that names a secret (``HF_TOKEN``) become ``MARKER``; adjacent
+  strings of one array or object that together hold a secret (``Rules.split_secrets``) too.
 - token-shaped strings (``sk-...``, ``hf_...``, ``ghp_...``, AWS key ids, JWTs, URLs
   with a password: ``envsafe``'s known formats) become ``TOKEN_MARKER`` wherever they are,
   whether or not the variable that held them is set where scrub runs.
@@ -35,7 +42,8 @@ included) of a JSON file, and line by line to .log/.txt files:
 Parquet files (analyze's outputs) get the same rules on every string column.
 ``check_path`` (``scrub --check``) verifies without writing: it decodes every string
 (JSON escapes, gzip, SQLite text, Parquet, log lines) and reports any that the rules would
-still change, plus any environment secret found in the raw bytes.
+still change, plus any environment secret found in the raw bytes (``needles``: every form).
+What one file may hold once decompressed is bounded (``DEFAULT_MAX_BYTES``).
 
 SQLite values are replaced in place (same row, same id: StringIds also holds kernel names
 and NVTX messages referenced by id), never deleted, then the copy is VACUUMed (with
@@ -43,11 +51,11 @@ secure_delete) so no free page keeps old bytes; the raw bytes are checked for ev
 secret value before the copy replaces the original, and stale -wal/-shm/-journal files
 are removed. Every file is rewritten atomically, and only when something changed.
 
-A ``.nsys-rep`` cannot be rewritten: it is reported, and scanned for secret values in
-plain bytes (a miss proves nothing: parts are compressed). What keeps it clean is how
-capture runs nsys: the allowlisted environment (``kvprof.tools.envsafe``) in a private
-PID namespace (``kvprof.tools.nsys.isolation_prefix``), since nsys also stores the
-environment of every other process it can see.
+A ``.nsys-rep`` cannot be rewritten: it is reported, and scanned in plain bytes
+(``raw_findings``; a miss proves nothing: parts are compressed). What keeps it clean is how
+kvprof runs nsys (``kvprof capture``, ``kvprof nsys -- CMD``): the allowlisted environment
+(``kvprof.tools.envsafe``) in a private PID namespace (``kvprof.tools.nsys.isolation_prefix``),
+since nsys also stores the environment of every other process it can see.
 """
 
 from __future__ import annotations
