@@ -157,7 +157,7 @@ def allowed(name: str, value: str) -> bool:
 
 def allowed_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) cut down to rules 1-3, quietly: the
-    environment of a helper run of nsys (its export), where nothing is passed on purpose."""
+    environment of an auxiliary nsys run (its export), where nothing is passed on purpose."""
     base = os.environ if base is None else base
     return {name: value for name, value in base.items() if allowed(name, value)}
 
