@@ -56,7 +56,7 @@ def run_nsys_passes(
             if res.log is not None:
                 entry.files["nsys_log"] = res.log.name
             sqlite = run.nsys_sqlite(p.name)
-            export_sqlite(nsys, res.report, sqlite)
+            export_sqlite(nsys, res.report, sqlite, env=env)
             entry.files["nsys_sqlite"] = sqlite.name
             if result.exists():
                 child = orjson.loads(result.read_bytes())
