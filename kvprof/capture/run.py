@@ -106,12 +106,15 @@ class _Unavailable(KVWriter):
         raise RuntimeError(f"{self.name} is unavailable")
 
 
-def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None) -> Manifest:
+def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None,
+                  context: DecoderContext | None = None) -> Manifest:
     phases = config.phase_specs(graphs_possible=device.type == "cuda")
     settings = config.as_dict()
     if runtime is not None:
         settings["threads"] = runtime.threads
         settings["resolved"]["triton_interpret"] = runtime.triton_interpret
+    if context is not None:  # the layer's attention and rotary kernels (kvprof.core.layer_kernels)
+        settings["resolved"]["layer"] = context.kernels.as_dict()
     return Manifest(
         kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
         config=settings, phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
@@ -151,7 +154,8 @@ def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext 
         raise UsageError(
             f"--context layer for {shape.model} at tp {shape.tp} needs {need / 2**30:.1f} GiB of weights on "
             f"{device}, more than the {have / 2**30:.1f} GiB available; pick a smaller --model or a larger --tp")
-    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed)
+    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed, k_scale=config.k_scale,
+                          v_scale=config.v_scale)
 
 
 def capture(
@@ -196,9 +200,11 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
+    if context is not None:
+        log(f"--context layer: {context.kernels.describe()}")
     with atomic_directory(final, replace=config.force) as tmp:
         tmp = Path(tmp)
-        manifest = base_manifest(config, device, runtime)
+        manifest = base_manifest(config, device, runtime, context)
         for p in planned:
             manifest.variants[p.name] = variant_entry(p)
         steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))

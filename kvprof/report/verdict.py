@@ -16,6 +16,7 @@ from typing import Any
 from rich.text import Text
 
 from kvprof.core import variants
+from kvprof.core.layer_kernels import LayerKernels
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
 from kvprof.core.numbers import finite_or_none
@@ -134,6 +135,9 @@ def run_line(manifest: Manifest | None) -> str | None:
                      + (" (--layers; per-write figures do not depend on it)" if ran != model_layers else ""))
     if cfg.get("context") == "layer":
         parts.append("each write inside a decoder layer (--context layer): µs/write is what it adds to the layer")
+        kernels = LayerKernels.from_json((cfg.get("resolved") or {}).get("layer"))
+        if kernels is not None:
+            parts.append(kernels.describe())
     if isinstance(cfg.get("threads"), int):
         parts.append(f"{cfg['threads']} torch thread{'s' if cfg['threads'] != 1 else ''}")
     how = (cfg.get("resolved") or {}).get("triton_interpret")
