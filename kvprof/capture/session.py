@@ -351,12 +351,13 @@ class MHASession(VariantSession[KVPool]):
         self.layer_step(prepared, loc, mode)
 
     def layer_step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str,
-                   reduce: Callable[[torch.Tensor], None] | None = None) -> None:
-        """The decoder layers, the write (store or rope write) in ``layer`` mode only."""
+                   reduce: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """The decoder layers, the write (store or rope write) in ``layer`` mode only; returns
+        the last layer's output."""
         assert self.context is not None
         store = mode == "layer" and not self.rope
         absorbed = mode == "layer" and self.rope
-        self.context.step(loc, self._write if store else None, self.layers, self._buffers,
+        return self.context.step(loc, self._write if store else None, self.layers, self._buffers,
                           decode=prepared.spec.phase == "decode", reduce=reduce,
                           rope_write=self._rope_write if absorbed else None)
 
