@@ -91,7 +91,8 @@ class StepSaving:
 
 def step_savings(timings: StepTimings | None, against: tuple[str, ...] = AGAINST) -> list[StepSaving]:
     """Every measured variant against each of ``against`` present, per (phase, size), from the
-    reference pass's ``layer`` and ``writes`` series (none without a decoder context)."""
+    reference pass's ``layer`` and ``writes`` series (none without a decoder context). Two
+    references are compared once, the later in ``against`` against the earlier."""
     if timings is None or timings.context != "layer":
         return []
     by: dict[tuple[str, str, int], dict[str, StepSamples]] = {}
@@ -105,8 +106,8 @@ def step_savings(timings: StepTimings | None, against: tuple[str, ...] = AGAINST
             continue
         for ref in against:
             base = by.get((ref, phase, size), {})
-            if ref == variant or "layer" not in base:
-                continue
+            if ref == variant or "layer" not in base or (variant in against and against.index(variant) < against.index(ref)):
+                continue  # each pair of references once: the later one against the earlier
             b = base["layer"]
             saving = b.median_ns - main.median_ns
             iqrs = (_finite(main.iqr_ns), _finite(b.iqr_ns))
