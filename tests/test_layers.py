@@ -14,7 +14,7 @@ import pytest
 PKG = Path(__file__).resolve().parent.parent / "kvprof"
 
 # Modules that import torch (directly or through what they import): the analysis must not use them.
-TORCH_SIDE = ("kvprof.capture", "kvprof.writers", "kvprof.pool", "kvprof.workload", "kvprof.layer",
+TORCH_SIDE = ("kvprof.capture", "kvprof.writers", "kvprof.layouts", "kvprof.pool", "kvprof.workload", "kvprof.layer",
               "kvprof.instrument", "kvprof.dtypes", "kvprof.devinfo", "kvprof.models", "kvprof.bench",
               "kvprof.integrations", "kvprof.guards")
 

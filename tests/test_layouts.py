@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvprof.core.errors import ResourceError, UsageError
-from kvprof.layouts import registry
+from kvprof.layouts import get_layout, registry
 from kvprof.layouts.mla import MLAPool
 from kvprof.layouts.paged import PagedPool
 from kvprof.layouts.workload import BlockTables, graph_size
@@ -376,7 +376,7 @@ def test_compiled_layout_writers_say_why_they_cannot_run_here() -> None:
         w = registry.create_writer(layout, name)
         reason = w.unsupported_reason(torch.device("cpu"), torch.bfloat16, torch.bfloat16)
         assert reason and "\n" not in reason and "CUDA" in reason
-        assert w.fused and name in registry.FUSED[layout]
+        assert w.fused and name in get_layout(layout).fused
 
 
 def test_layout_bench_runs_and_reads_like_the_mha_bench(tmp_path) -> None:

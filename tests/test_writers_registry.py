@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
 
@@ -9,8 +10,12 @@ import pytest
 import torch
 
 from kvprof.core.errors import UsageError
+from kvprof.layouts import LAYOUTS, get_layout
+from kvprof.layouts.mha import MHALayout
+from kvprof.layouts.mla import MLAWriter
 from kvprof.pool import KVPool
 from kvprof.writers import FUSED, TWO_COPIES, KVWriter, WriterRegistry, create_writer, writer_names
+from kvprof.writers.registry import entry_point_groups
 from kvprof.writers.sgl_kernel import SglKernelWriter
 from kvprof.writers.two_stream import TwoStreamWriter
 
@@ -138,3 +143,146 @@ def test_sgl_kernel_silent_fallback_is_made_visible():
     (path,) = pool.path_counts
     assert path.startswith("fallback:") and "divisible by 128" in path
     assert torch.equal(pool.get_key_buffer(0)[loc], k)  # the fallback still wrote the rows
+
+
+# -- one registry for every layout -----------------------------------------------------------
+class LatentWriter(MLAWriter):
+    name = "latent"
+    description = "test MLA writer"
+
+    def write(self, kv_buf, loc, nope, rope, dtype, skip):
+        kv_buf[loc] = torch.cat((nope, rope), dim=-1).to(kv_buf.dtype)
+        return "latent"
+
+
+class RopeStoreBase:
+    """Stands in for a second MHA writer contract (another ``write`` signature, not a KVWriter)."""
+
+    name = "rope_store"
+    description = "test rope + store writer"
+    fused = True
+    devices = ("cpu",)
+
+
+def test_a_name_is_keyed_by_its_layout():
+    reg = WriterRegistry()
+    reg.register("same", CountingWriter)
+    reg.register("same", LatentWriter, layout="mla")
+    assert reg.names() == ["same"] and reg.names("mla") == ["same"] and reg.names("paged") == []
+    assert isinstance(reg.create("same"), CountingWriter)
+    assert isinstance(reg.create("same", layout="mla"), LatentWriter)
+    with pytest.raises(UsageError, match="'same': not a writer of the paged layout"):
+        reg.create("same", layout="paged")
+    with pytest.raises(ValueError, match="unknown layout 'mqa'"):
+        reg.register("w", CountingWriter, layout="mqa")
+    with pytest.raises(UsageError, match="unknown layout 'mqa'"):
+        reg.names("mqa")
+
+
+def test_builtins_of_every_layout_are_in_the_one_registry():
+    assert writer_names("mla") == ["mla_index_put", "mla_cat_copy", "sglang_mla", "mla_triton", "mla_cuda"]
+    assert writer_names("paged") == ["paged_index_put", "paged_unfused", "paged_triton", "paged_cuda"]
+    assert isinstance(create_writer("mla_index_put", layout="mla"), MLAWriter)
+    with pytest.raises(UsageError, match="not a writer of the mha layout"):
+        create_writer("mla_index_put")
+
+
+def test_a_writer_is_checked_against_its_layouts_contract(monkeypatch):
+    mod = types.ModuleType("layout_writer_mod")
+    mod.latent = LatentWriter
+    mod.mha = CountingWriter
+    monkeypatch.setitem(sys.modules, "layout_writer_mod", mod)
+    w = create_writer("layout_writer_mod:latent", layout="mla")
+    assert isinstance(w, LatentWriter) and get_layout("mla").contract_of(w) == "store"
+    with pytest.raises(UsageError, match="returned CountingWriter, not a MLAWriter"):
+        create_writer("layout_writer_mod:mha", layout="mla")
+    with pytest.raises(UsageError, match="returned LatentWriter, not a KVWriter"):
+        create_writer("layout_writer_mod:latent")
+
+
+def test_entry_points_are_read_per_layout(monkeypatch):
+    from importlib import metadata
+
+    class EP:
+        value = "plugin_mod:make"
+
+        def __init__(self, name, target):
+            self.name, self.target = name, target
+
+        def load(self):
+            return self.target
+
+    groups = {"kvprof.writers": [EP("old_style", CountingWriter)], "kvprof.writers.mha": [EP("new_style", CountingWriter)],
+              "kvprof.writers.mla": [EP("plugin_latent", LatentWriter)]}
+    monkeypatch.setattr(metadata, "entry_points", lambda group: groups.get(group, []))
+    reg = WriterRegistry()
+    assert reg.names() == ["old_style", "new_style"] and reg.names("mla") == ["plugin_latent"]
+    assert isinstance(reg.create("plugin_latent", layout="mla"), LatentWriter)
+    assert entry_point_groups("paged") == ("kvprof.writers.paged",)
+
+
+def test_a_layout_takes_a_second_writer_contract():
+    """A writer that is not a KVWriter belongs to the MHA layout once its contract is added."""
+    mha = MHALayout()  # its own instance: the layout kvprof uses keeps its contracts
+    reg = WriterRegistry(layouts=lambda name: mha)
+    reg.register("rope_store", RopeStoreBase)
+    with pytest.raises(UsageError, match="returned RopeStoreBase, not a KVWriter"):
+        reg.create("rope_store")
+    mha.add_writer_contract("rope", RopeStoreBase)
+    w = reg.create("rope_store")
+    assert mha.contract_of(w) == "rope" and mha.contract_of(CountingWriter()) == "store"
+    assert mha.writer_bases == (KVWriter, RopeStoreBase)
+    with pytest.raises(ValueError, match="'rope' contract is RopeStoreBase already"):
+        mha.add_writer_contract("rope", CountingWriter)
+    assert get_layout("mha").writer_bases == (KVWriter,)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_layouts_roles_are_its_registered_writers(layout):
+    """The roles a layout declares name writers of that layout, with the variant table's role."""
+    from kvprof.core.variants import Role, info
+
+    spec = get_layout(layout)
+    names = writer_names(layout)
+    expected = {"reference": Role.REFERENCE, "unfused": Role.BASELINE, "peer": Role.PEER, "fused": Role.KVPROF}
+    for role, members in spec.roles().items():
+        for name in members:
+            assert name in names and info(name).role is expected[role], (role, name)
+    assert set(spec.capture_defaults) <= set(names)
+    assert spec.name == layout
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_layout_writes_one_layer_as_its_engine_calls_it(layout):
+    """Layout.write on the layout's plain pool with its reference writer stores the inputs."""
+    spec = get_layout(layout)
+    writer = create_writer(spec.reference, layout=layout)
+    args = {"mha": (8, 1, torch.bfloat16, 2, 4, 1), "mla": (8, 1, torch.bfloat16, 4, 4, 1),
+            "paged": (2, 4, torch.bfloat16, 2, 4, 1)}[layout]
+    pool = spec.make_pool(*args, writer=writer)
+    assert isinstance(pool, spec.pool_class)
+    k = torch.randn(2, 2 if layout != "mla" else 1, 4).to(torch.bfloat16)
+    spec.write(pool, 0, torch.tensor([3, 5]), k, k)
+    assert pool.path_counts.total() == 1
+    if layout == "mla":
+        assert torch.equal(pool.get_key_buffer(0)[torch.tensor([3, 5])], torch.cat((k, k), dim=-1))
+        with pytest.raises(ValueError, match="no k_scale"):
+            spec.write(pool, 0, torch.tensor([3]), k[:1], k[:1], k_scale=2.0)
+    elif layout == "paged":
+        assert torch.equal(pool.get_kv_cache(0)[0].reshape(8, 2, 4)[torch.tensor([3, 5])], k)
+    else:
+        assert torch.equal(pool.get_key_buffer(0)[torch.tensor([3, 5])], k)
+
+
+@pytest.mark.slow  # a fresh interpreter (torch's import)
+def test_listing_and_building_reference_writers_imports_no_kernel_toolkit():
+    """Built-ins load on demand: naming every layout's writers and building the references
+    imports neither triton nor sgl-kernel nor SGLang."""
+    probe = ("import sys, kvprof.writers as w\n"
+             "from kvprof.layouts import LAYOUTS, get_layout\n"
+             "for l in LAYOUTS:\n"
+             "    w.writer_names(l); w.create_writer(get_layout(l).reference, layout=l)\n"
+             "print(sorted(m for m in ('triton', 'sgl_kernel', 'sglang') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -33,6 +33,7 @@ from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import parse_dtype
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.layouts import registry
+from kvprof.layouts.layout import get_layout
 from kvprof.layouts.mla import MLAPool
 from kvprof.layouts.paged import PagedPool
 from kvprof.layouts.workload import BlockTables
@@ -110,8 +111,8 @@ class LayoutCase:
 
     def check(self, writer: Any) -> str | None:
         """None when ``writer`` leaves the pool bitwise equal to the layout's reference."""
-        ref, got = (self.pool(w, small=True) for w in (registry.create_writer(self.point.layout,
-                                                         registry.REFERENCE[self.point.layout]), writer))
+        reference = get_layout(self.point.layout).reference
+        ref, got = (self.pool(w, small=True) for w in (registry.create_writer(self.point.layout, reference), writer))
         loc = self.locs[0] if self.point.layout == "paged" else (
             torch.randperm(4 * self.point.tokens, generator=torch.Generator().manual_seed(1))[: self.point.tokens] + 1
         ).to(self.device)
@@ -120,7 +121,7 @@ class LayoutCase:
         bufs = (lambda p: p.kv_buffer) if self.point.layout == "mla" else (lambda p: p.key_cache + p.value_cache)
         for a, b in zip(bufs(ref), bufs(got)):
             if not torch.equal(a, b):
-                return f"differs from {registry.REFERENCE[self.point.layout]} in {int((a != b).flatten(1).any(1).sum())} rows"
+                return f"differs from {reference} in {int((a != b).flatten(1).any(1).sum())} rows"
         return None
 
 
@@ -191,7 +192,8 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
     for layout in layouts:
         if layout not in ("mla", "paged"):
             raise UsageError(f"the layout bench covers mla and paged, not {layout!r}")
-        variants = [registry.UNFUSED[layout], *registry.PEERS[layout], *registry.FUSED[layout]]
+        layout_def = get_layout(layout)
+        variants = [layout_def.unfused, *layout_def.peers, *layout_def.fused]
         names += variants
         writers: dict[str, Any] = {}
         for v in variants:
@@ -226,19 +228,20 @@ def verdicts(result: dict[str, Any]) -> list[str]:
     recs = [r for r in result["records"] if r.get("mode") == ("graph" if any(
         x.get("mode") == "graph" for x in result["records"]) else "eager")]
     for layout in ("mla", "paged"):
-        for fused in registry.FUSED[layout]:
+        layout_def = get_layout(layout)
+        for fused in layout_def.fused:
             mine = [r for r in recs if r["layout"] == layout and r["variant"] == fused]
             if not mine:
                 continue
             bad = [r for r in mine if r.get("status") != "ok"]
             ok = [r for r in mine if r.get("status") == "ok"]
             miss = [f"{r['dtype']} x{r['tokens']}" for r in ok if not r["meets_target"]]
-            slower = [f"{r['dtype']} x{r['tokens']}" for r in ok if r["ratio_to"].get(registry.UNFUSED[layout], 2) <= 1]
+            slower = [f"{r['dtype']} x{r['tokens']}" for r in ok if r["ratio_to"].get(layout_def.unfused, 2) <= 1]
             line = (f"{layout} {fused}: target met at {len(ok) - len(miss)}/{len(mine)} points"
                     + (f" (missed: {', '.join(miss)})" if miss else "")
-                    + f"; faster than {registry.UNFUSED[layout]} at {len(ok) - len(slower)}/{len(mine)}"
+                    + f"; faster than {layout_def.unfused} at {len(ok) - len(slower)}/{len(mine)}"
                     + (f" (not: {', '.join(slower)})" if slower else ""))
-            for peer in registry.PEERS[layout]:
+            for peer in layout_def.peers:
                 vs = [r["ratio_to"][peer] for r in ok if peer in r["ratio_to"]]
                 if vs:
                     line += f"; vs {peer}: no slower at {sum(x >= 1 for x in vs)}/{len(vs)} (min ratio {min(vs):.2f})"

@@ -173,13 +173,13 @@ class CaptureConfig:
     def _check_layout(self) -> None:
         """The layout exists and fits the model; a capture of a new layout without named
         variants runs that layout's defaults (the MHA defaults are MHA writers)."""
-        from kvprof.layouts.registry import CAPTURE_DEFAULTS
+        from kvprof.layouts.layout import get_layout
 
         layout = self.layout_name()
         if layout == "mha":
             return
         if self.variants == list(DEFAULT_VARIANTS):
-            self.variants = list(CAPTURE_DEFAULTS[layout])
+            self.variants = list(get_layout(layout).capture_defaults)
         if self.context != "none":
             raise UsageError(f"--context {self.context} models MHA decoder layers; the {layout} layout captures writes only")
         if layout == "mla" and (self.k_scale is not None or self.v_scale is not None):

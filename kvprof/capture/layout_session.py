@@ -19,59 +19,79 @@ import torch
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.session import PreparedPhase, VariantSession
 from kvprof.core.errors import UsageError
-from kvprof.layouts.instrument import make_layout_pool
-from kvprof.layouts.registry import MLA_PRESETS
+from kvprof.layer import DecoderContext
+from kvprof.layouts.layout import PoolT, Writer
+from kvprof.layouts.mla import MLA_PRESETS, MLAPool
+from kvprof.layouts.paged import PagedPool
 from kvprof.layouts.workload import BlockTables, graph_size
 from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size
 
 PAGED_BLOCK_SIZE = 16  # vLLM's default block size, used unless --page-size says otherwise
 
 
-class LayoutSession(VariantSession):
-    """``VariantSession`` for ``config.layout_name()`` in ("mla", "paged")."""
+class LayoutSession(VariantSession[PoolT]):
+    """``VariantSession`` for a layout other than MHA: writes only, no decoder context."""
 
-    # an MLAPool or a PagedPool: not KVPools, they share only the surface VariantSession
-    # uses (path_counts, bytes_per_write, start_layer, layer_num); the layout's own members
-    # are reached by self.layout
-    pool: Any
-
-    def __init__(self, config: CaptureConfig, writer, device: torch.device, *, instrument: bool = True,
-                 context=None) -> None:  # noqa: ANN001
+    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
+                 context: DecoderContext | None = None) -> None:
         if context is not None:
             raise UsageError("--context layer models MHA decoder layers; the mla and paged layouts capture writes only")
-        self.config, self.context, self.mode = config, None, "writes"
-        self.writer, self.device = writer, device
-        self.layout = config.layout_name()
-        self.shape = config.rank_shape()
-        self.cache_dtype = config.cache_torch_dtype()
-        self.input_dtype = config.input_torch_dtype()
-        self.phases = config.phase_specs(graphs_possible=device.type == "cuda")
-        elem = torch.empty((), dtype=self.cache_dtype).element_size()
+        super().__init__(config, writer, device, instrument=instrument)
+
+    def _element_size(self) -> int:
+        return torch.empty((), dtype=self.cache_dtype).element_size()
+
+
+class MLASession(LayoutSession[MLAPool]):
+    """SGLang's MLA pool written through ``set_mla_kv_buffer``, slots from the MHA allocator."""
+
+    def make_pool(self, instrument: bool) -> MLAPool:
+        config, device = self.config, self.device
+        mla = MLA_PRESETS[config.model.strip().lower()]
+        size = config.pool_size or default_pool_size(self.phases, 1, mla.kv_lora_rank + mla.qk_rope_head_dim,
+                                                     mla.layers, self._element_size(), device)
+        pool: MLAPool = self.layout.make_pool(
+            size, config.page_size, self.cache_dtype, mla.kv_lora_rank, mla.qk_rope_head_dim,
+            config.layers_on(device.type), device, writer=self.writer, check_slots=False, instrument=instrument,
+            variant=self.writer.name)
+        self.allocator = SlotAllocator(pool.rows, config.slots, config.page_size, config.seed)
+        return pool
+
+    def prepare(self, spec: PhaseSpec, index: int) -> PreparedPhase:
+        slots = self.allocator.steps(spec)
+        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
+        gen = torch.Generator(device="cpu").manual_seed(self.config.seed + index)
+        latent = torch.randn((slots.shape[1], 1, self.pool.kv_cache_dim), generator=gen).to(
+            dtype=self.input_dtype, device=self.device)
+        # nope and rope as views of one latent tensor, as SGLang's DeepSeek model hands them over
+        k, v = latent[..., : self.pool.kv_lora_rank], latent[..., self.pool.kv_lora_rank:]
+        return PreparedPhase(spec, locs, k, v)
+
+    def close(self) -> None:
+        self.pool.kv_buffer.clear()
+        super().close()
+
+
+class PagedSession(LayoutSession[PagedPool]):
+    """vLLM's paged cache written through ``reshape_and_cache_flash``, slots off block tables."""
+
+    def make_pool(self, instrument: bool) -> PagedPool:
+        config, device = self.config, self.device
         decode_pad = max((graph_size(p.tokens) for p in self.phases if p.phase == "decode"), default=1)
         largest = max([p.tokens for p in self.phases] + [decode_pad])
-        if self.layout == "mla":
-            mla = MLA_PRESETS[config.model.strip().lower()]
-            size = config.pool_size or default_pool_size(self.phases, 1, mla.kv_lora_rank + mla.qk_rope_head_dim,
-                                                         mla.layers, elem, device)
-            self.pool = make_layout_pool("mla", size, config.page_size, self.cache_dtype, mla.kv_lora_rank,
-                                         mla.qk_rope_head_dim, config.layers_on(device.type), device, writer=writer,
-                                         check_slots=False, instrument=instrument, variant=writer.name)
-            self.allocator = SlotAllocator(self.pool.rows, config.slots, config.page_size, config.seed)
-        else:
-            self.block_size = config.page_size if config.page_size > 1 else PAGED_BLOCK_SIZE
-            slots = config.pool_size or default_pool_size(self.phases, self.shape.head_num, 2 * self.shape.head_dim,
-                                                          self.shape.layers, elem, device)
-            # room for the largest write's blocks, each request's last block part-filled
-            blocks = max(-(-slots // self.block_size), 2 * (-(-largest // self.block_size)) + decode_pad + 8)
-            self.pool = make_layout_pool("paged", blocks, self.block_size, self.cache_dtype, self.shape.head_num,
-                                         self.shape.head_dim, config.layers_on(device.type), device, writer=writer,
-                                         check_slots=False, instrument=instrument, variant=writer.name)
-            self.tables = BlockTables(blocks, self.block_size, config.seed)
-        writer.prepare(device)
-        self.layers = list(range(self.pool.start_layer, self.pool.start_layer + self.pool.layer_num))
-        self.k_scale, self.v_scale = config.k_scale, config.v_scale
+        self.block_size = config.page_size if config.page_size > 1 else PAGED_BLOCK_SIZE
+        slots = config.pool_size or default_pool_size(self.phases, self.shape.head_num, 2 * self.shape.head_dim,
+                                                      self.shape.layers, self._element_size(), device)
+        # room for the largest write's blocks, each request's last block part-filled
+        blocks = max(-(-slots // self.block_size), 2 * (-(-largest // self.block_size)) + decode_pad + 8)
+        pool: PagedPool = self.layout.make_pool(
+            blocks, self.block_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
+            config.layers_on(device.type), device, writer=self.writer, check_slots=False, instrument=instrument,
+            variant=self.writer.name)
+        self.tables = BlockTables(blocks, self.block_size, config.seed)
+        return pool
 
-    def _paged_slots(self, spec: PhaseSpec) -> np.ndarray:
+    def _slots(self, spec: PhaseSpec) -> np.ndarray:
         """[steps, tokens (+ padding)] slots off fragmented block tables, checked here."""
         blocks = self.pool.num_blocks
         if spec.phase == "decode":
@@ -85,36 +105,20 @@ class LayoutSession(VariantSession):
         return out
 
     def prepare(self, spec: PhaseSpec, index: int) -> PreparedPhase:
-        if self.layout == "mla":
-            slots = self.allocator.steps(spec)
-        else:
-            slots = self._paged_slots(spec)
+        slots = self._slots(spec)
         locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
         gen = torch.Generator(device="cpu").manual_seed(self.config.seed + index)
-        n = slots.shape[1]
-        if self.layout == "mla":
-            width = self.pool.kv_cache_dim
-            latent = torch.randn((n, 1, width), generator=gen).to(dtype=self.input_dtype, device=self.device)
-            k, v = latent[..., : self.pool.kv_lora_rank], latent[..., self.pool.kv_lora_rank:]
-        else:
-            amplitude = 1.0 if self.k_scale is None else float(self.k_scale)
-            shape = (n, self.shape.head_num, self.shape.head_dim)
-            k = (torch.randn(shape, generator=gen) * amplitude).to(dtype=self.input_dtype, device=self.device)
-            v = (torch.randn(shape, generator=gen) * amplitude).to(dtype=self.input_dtype, device=self.device)
+        amplitude = 1.0 if self.k_scale is None else float(self.k_scale)
+        shape = (slots.shape[1], self.shape.head_num, self.shape.head_dim)
+        k = (torch.randn(shape, generator=gen) * amplitude).to(dtype=self.input_dtype, device=self.device)
+        v = (torch.randn(shape, generator=gen) * amplitude).to(dtype=self.input_dtype, device=self.device)
         return PreparedPhase(spec, locs, k, v)
 
-    def _write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        if self.layout == "mla":
-            self.pool.set_mla_kv_buffer(layer, loc, k, v)
-        else:
-            self.pool.reshape_and_cache_flash(layer, k, v, loc, self.k_scale, self.v_scale)
-
-    def write_step(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        for layer in self.layers:
-            self._write(layer, loc, k, v)
-
     def close(self) -> None:
-        for name in ("kv_buffer", "key_cache", "value_cache"):
-            getattr(self.pool, name, []).clear()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.pool.key_cache.clear()
+        self.pool.value_cache.clear()
+        super().close()
+
+
+# the session of each layout beside MHA's (kvprof.capture.session.MHASession)
+LAYOUT_SESSIONS: dict[str, type[LayoutSession[Any]]] = {"mla": MLASession, "paged": PagedSession}

@@ -21,14 +21,14 @@ import torch
 import torch.distributed as dist
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.session import VariantSession
+from kvprof.capture.session import MHASession
 from kvprof.core.atomic import atomic_write_bytes
 from kvprof.core.errors import KvprofError
 from kvprof.core.ranks import rank_trace_name
 from kvprof.core.run import PathReport, TraceMeta
 from kvprof.core.timings import StepTimings
 from kvprof.layer import DecoderContext
-from kvprof.writers import KVWriter
+from kvprof.layouts.layout import Writer
 
 CONFIG_FILE = ".ranks-config.json"
 STORE_FILE = ".ranks-store"
@@ -47,12 +47,12 @@ def timings_file(rank: int) -> str:
     return f"step_timings.rank{rank}.json"
 
 
-class RankSession(VariantSession):
+class RankSession(MHASession):
     """A variant's session on one rank: each layer's write followed by the two all-reduces of a
     TP layer (attention output, MLP output). Without ``--context layer`` they reduce a
     stand-in of the hidden size (zeros, so repeated sums stay finite)."""
 
-    def __init__(self, config: CaptureConfig, writer: KVWriter, device: torch.device, *,
+    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *,
                  context: DecoderContext | None = None) -> None:
         super().__init__(config, writer, device, context=context)
         self.hidden = self.shape.hidden or self.shape.head_num * self.shape.head_dim * self.shape.tp

@@ -18,7 +18,7 @@ from kvprof.capture.config import CaptureConfig
 from kvprof.capture.session import PreparedPhase, StepTimer, session_for
 from kvprof.core.timings import StepSamples
 from kvprof.layer import DecoderContext
-from kvprof.writers import KVWriter
+from kvprof.layouts.layout import Writer
 
 ROUND = 10  # steps of one mode before the next mode's turn
 WARM_REPLAYS = 3
@@ -34,7 +34,7 @@ def reference_modes(context: DecoderContext | None) -> list[str]:
     return ["layer", "layer_no_write", "writes"] if context is not None else ["writes"]
 
 
-def run_reference_pass(config: CaptureConfig, writer: KVWriter, device: torch.device,
+def run_reference_pass(config: CaptureConfig, writer: Writer, device: torch.device,
                        context: DecoderContext | None = None) -> list[StepSamples]:
     """Timed steps per (phase, size, mode) for one writer; raises what the workload raises."""
     out: list[StepSamples] = []

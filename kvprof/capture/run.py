@@ -32,6 +32,7 @@ from kvprof.dtypes import short_name
 from kvprof.core.errors import DeviceError, KvprofError, OutputError, ToolError, UsageError
 from kvprof.guards import check_capture
 from kvprof.layer import DecoderContext, weight_bytes
+from kvprof.layouts.layout import Writer
 from kvprof.layouts.registry import create_variant
 from kvprof.writers import KVWriter
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 @dataclass
 class PlannedVariant:
     name: str
-    writer: KVWriter
+    writer: Writer
     reason: str | None  # None: runnable here
 
 
@@ -81,7 +82,7 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
     return planned
 
 
-def _repeats(writer: KVWriter, device: torch.device, planned: list[PlannedVariant]) -> str | None:
+def _repeats(writer: Writer, device: torch.device, planned: list[PlannedVariant]) -> str | None:
     """Why ``writer`` would repeat a variant already planned to run here, or None."""
     kernel_for = getattr(writer, "kernel_for", None)  # writers that pick one of two kernels per call
     if kernel_for is None:

@@ -13,16 +13,20 @@ other two to measure the write's share of a step and the projection's inputs.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, Generic
 
 import torch
 
 from kvprof.capture.config import CaptureConfig
+from kvprof.core.errors import UsageError
 from kvprof.instrument import make_pool, phase_range, step_range
 from kvprof.layer import DecoderContext
+from kvprof.layouts.layout import Layout, PoolT, Writer, get_layout
 from kvprof.pool import KVPool
 from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size, make_inputs
 from kvprof.writers import KVWriter
@@ -84,71 +88,52 @@ class StepTimer:
         return "cuda_events" if self.cuda else "wall"
 
 
-class VariantSession:
-    """Builds the pool for one writer and runs the configured phases through it."""
+class VariantSession(abc.ABC, Generic[PoolT]):
+    """Builds one layout's pool for one writer and runs the configured phases through it
+    (``MHASession``; the MLA and paged sessions are in ``layout_session``)."""
 
-    def __init__(self, config: CaptureConfig, writer: KVWriter, device: torch.device, *, instrument: bool = True,
+    pool: PoolT
+
+    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
                  context: DecoderContext | None = None):
         self.config = config
         self.context = context
         self.mode = "layer" if context is not None else "writes"
         self.writer = writer
         self.device = device
+        self.layout: Layout[PoolT] = get_layout(config.layout_name())
         self.shape = config.rank_shape()
         self.cache_dtype = config.cache_torch_dtype()
         self.input_dtype = config.input_torch_dtype()
         self.phases = config.phase_specs(graphs_possible=device.type == "cuda")
-        elem = torch.empty((), dtype=self.cache_dtype).element_size()
-        # slots per layer as for the whole model, so a step of fewer layers (--layers) writes
-        # into the same per-layer pool a full step does
-        size = config.pool_size or default_pool_size(
-            self.phases, self.shape.head_num, self.shape.head_dim + self.shape.v_head_dim,
-            self.shape.layers, elem, device,
-        )
-        if context is not None:  # decode attention reads batch x context-len rows of the pool
-            decode = [p.tokens for p in self.phases if p.phase == "decode"]
-            size = max(size, context.slots_needed(max(decode, default=1)) + 2 * max(p.tokens for p in self.phases))
-        self.pool: KVPool = make_pool(
-            size, config.page_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
-            config.layers_on(device.type), device, writer=writer, v_head_dim=self.shape.v_head_dim,
-            check_slots=False, instrument=instrument, variant=writer.name,
-        )
-        writer.prepare(device)
-        self.layers = list(range(self.pool.start_layer, self.pool.start_layer + self.pool.layer_num))
-        self.allocator = SlotAllocator(self.pool.rows, config.slots, config.page_size, config.seed)
         self.k_scale = config.k_scale
         self.v_scale = config.v_scale
+        self.pool = self.make_pool(instrument)
+        writer.prepare(device)
+        self.layers = list(range(self.pool.start_layer, self.pool.start_layer + self.pool.layer_num))
+
+    @abc.abstractmethod
+    def make_pool(self, instrument: bool) -> PoolT:
+        """The layout's pool for the configured phases (and whatever hands out its slots)."""
 
     # -- preparation ---------------------------------------------------------------------
+    @abc.abstractmethod
     def prepare(self, spec: PhaseSpec, index: int) -> PreparedPhase:
-        slots = self.allocator.steps(spec)  # checked on the host once
-        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
-        amplitude = 1.0 if self.k_scale is None else float(self.k_scale)
-        k, v = make_inputs(
-            spec.tokens, self.shape.head_num, self.shape.head_dim, self.shape.v_head_dim,
-            self.input_dtype, self.device, seed=self.config.seed + index, scale=amplitude,
-        )
-        return PreparedPhase(spec, locs, k, v)
+        """The phase's slots and inputs, on the device, the same for every pass (same seed)."""
 
     def write_step(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        write, pool = self.layout.write, self.pool
         for layer in self.layers:
-            self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
-
-    def _write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
-
-    def _buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.pool.get_key_buffer(layer), self.pool.get_value_buffer(layer)
+            write(pool, layer, loc, k, v, self.k_scale, self.v_scale)
 
     def step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
-        """One step of ``prepared``'s phase in ``mode`` (default: the session's own)."""
+        """One step of ``prepared``'s phase in ``mode`` (default: the session's own); only
+        ``writes`` here (a decoder context models MHA layers: ``MHASession``)."""
         mode = mode or self.mode
-        if mode == "writes":
-            self.write_step(loc, prepared.k, prepared.v)
-            return
-        assert self.context is not None
-        self.context.step(loc, self._write if mode == "layer" else None, self.layers, self._buffers,
-                          decode=prepared.spec.phase == "decode")
+        if mode != "writes":
+            raise UsageError(f"--context layer models MHA decoder layers; the {self.layout.name} layout captures "
+                             "writes only")
+        self.write_step(loc, prepared.k, prepared.v)
 
     def warm_up(self, prepared: PreparedPhase, mode: str | None = None) -> None:
         """Eager warm-up steps (JIT compiles, allocator, autotuning) outside any measurement."""
@@ -224,21 +209,86 @@ class VariantSession:
         return self.pool.bytes_per_write(1, self.input_dtype)
 
     def close(self) -> None:
-        """Free the pool's memory before the next variant allocates its own."""
-        self.pool.k_buffer.clear()
-        self.pool.v_buffer.clear()
+        """Free the pool's memory before the next variant allocates its own (subclasses drop
+        their pool's buffers first)."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
 
-@contextmanager
-def session_for(config: CaptureConfig, writer: KVWriter, device: torch.device, **kw: object) -> Iterator[VariantSession]:
-    if config.layout_name() != "mha":  # the MLA and paged layouts: their pools, slots and inputs
-        from kvprof.capture.layout_session import LayoutSession
+class MHASession(VariantSession[KVPool]):
+    """The MHA pool's session: slots from SGLang's allocator, and optionally a decoder layer
+    around each write (``--context layer``)."""
 
-        session: VariantSession = LayoutSession(config, writer, device, **kw)  # type: ignore[arg-type]
-    else:
-        session = VariantSession(config, writer, device, **kw)  # type: ignore[arg-type]
+    writer: KVWriter
+
+    def make_pool(self, instrument: bool) -> KVPool:
+        config, device, context = self.config, self.device, self.context
+        elem = torch.empty((), dtype=self.cache_dtype).element_size()
+        # slots per layer as for the whole model, so a step of fewer layers (--layers) writes
+        # into the same per-layer pool a full step does
+        size = config.pool_size or default_pool_size(
+            self.phases, self.shape.head_num, self.shape.head_dim + self.shape.v_head_dim,
+            self.shape.layers, elem, device,
+        )
+        if context is not None:  # decode attention reads batch x context-len rows of the pool
+            decode = [p.tokens for p in self.phases if p.phase == "decode"]
+            size = max(size, context.slots_needed(max(decode, default=1)) + 2 * max(p.tokens for p in self.phases))
+        pool = make_pool(
+            size, config.page_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
+            config.layers_on(device.type), device, writer=self.writer, v_head_dim=self.shape.v_head_dim,
+            check_slots=False, instrument=instrument, variant=self.writer.name,
+        )
+        self.allocator = SlotAllocator(pool.rows, config.slots, config.page_size, config.seed)
+        return pool
+
+    def prepare(self, spec: PhaseSpec, index: int) -> PreparedPhase:
+        slots = self.allocator.steps(spec)  # checked on the host once
+        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
+        amplitude = 1.0 if self.k_scale is None else float(self.k_scale)
+        k, v = make_inputs(
+            spec.tokens, self.shape.head_num, self.shape.head_dim, self.shape.v_head_dim,
+            self.input_dtype, self.device, seed=self.config.seed + index, scale=amplitude,
+        )
+        return PreparedPhase(spec, locs, k, v)
+
+    # the MHA layout's write (MHALayout.write) called on the pool directly: the measured hot path
+    def write_step(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        for layer in self.layers:
+            self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
+
+    def _write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
+
+    def _buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool.get_key_buffer(layer), self.pool.get_value_buffer(layer)
+
+    def step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
+        """One step of ``prepared``'s phase in ``mode`` (default: the session's own)."""
+        mode = mode or self.mode
+        if mode == "writes":
+            self.write_step(loc, prepared.k, prepared.v)
+            return
+        assert self.context is not None
+        self.context.step(loc, self._write if mode == "layer" else None, self.layers, self._buffers,
+                          decode=prepared.spec.phase == "decode")
+
+    def close(self) -> None:
+        self.pool.k_buffer.clear()
+        self.pool.v_buffer.clear()
+        super().close()
+
+
+@contextmanager
+def session_for(config: CaptureConfig, writer: Writer, device: torch.device,
+                **kw: Any) -> Iterator[VariantSession[Any]]:
+    layout = config.layout_name()
+    session: VariantSession[Any]
+    if layout == "mha":
+        session = MHASession(config, writer, device, **kw)
+    else:  # the MLA and paged layouts: their pools, slots and inputs
+        from kvprof.capture.layout_session import LAYOUT_SESSIONS
+
+        session = LAYOUT_SESSIONS[layout](config, writer, device, **kw)
     try:
         yield session
     finally:

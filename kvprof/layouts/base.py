@@ -1,5 +1,5 @@
-"""What every layout's pool and writer share: the writer's self-description and the checks
-on slots, devices and scales that run before any kernel.
+"""What the MLA and paged pools and writers share: the writer's self-description and the checks
+on slots, devices and scales that run before any kernel (what a layout is: ``layout.py``).
 
 A layout writer differs from the MHA ``KVWriter`` only in what ``write`` takes (one latent
 row for MLA, a block-addressed K/V pair for the paged cache), so it says up front what it
@@ -17,8 +17,6 @@ import torch
 from kvprof.dtypes import FP8_DTYPES
 from kvprof.validation import FLOAT_INPUTS
 from kvprof.writers.base import WriterInfo
-
-LAYOUTS = ("mha", "mla", "paged")
 
 
 class LayoutWriter(abc.ABC):  # noqa: B024 (a base with hooks; each layout adds its own abstract write)

@@ -16,6 +16,7 @@ import torch
 
 from kvprof.core import variants
 from kvprof.layouts.base import layer_index
+from kvprof.layouts.layout import WritePool, get_layout
 from kvprof.layouts.mla import MLAPool
 from kvprof.layouts.paged import PagedPool
 from kvprof.core.vocab import NVTX_DOMAIN, WRITE_RANGE_FORMAT
@@ -92,10 +93,7 @@ class InstrumentedPagedPool(PagedPool):
 
 
 def make_layout_pool(layout: str, *args: Any, instrument: bool = False, variant: str | None = None,
-                     **kwargs: Any) -> MLAPool | PagedPool:
-    """The plain pool of ``layout`` when instrumentation is off, the instrumented one when on."""
-    if layout == "mla":
-        return InstrumentedMLAPool(*args, variant=variant, **kwargs) if instrument else MLAPool(*args, **kwargs)
-    if layout == "paged":
-        return InstrumentedPagedPool(*args, variant=variant, **kwargs) if instrument else PagedPool(*args, **kwargs)
-    raise KeyError(layout)
+                     **kwargs: Any) -> WritePool:
+    """The plain pool of ``layout`` when instrumentation is off, the instrumented one when on
+    (``Layout.make_pool``; "mha" gives ``kvprof.instrument.make_pool``'s)."""
+    return get_layout(layout).make_pool(*args, instrument=instrument, variant=variant, **kwargs)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ from kvprof.guards import check_memory, memory_limit
 from kvprof.layouts.base import (
     LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, layer_index, slot_range,
 )
+from kvprof.layouts.layout import Layout
 
 # SGLang's set_mla_kv_buffer never writes this slot (set_mla_kv_buffer_triton's default)
 RESERVED_SKIP_SLOT = 0
@@ -156,3 +159,56 @@ def cast_like_sglang(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         x = x.to(dtype)
     store = store_dtype_for(dtype)
     return x.view(store) if store != dtype else x
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """What an MLA model's pool looks like (the latent row is not split by tensor parallelism)."""
+
+    name: str
+    layers: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+
+
+# From each model's config.json (num_hidden_layers, kv_lora_rank, qk_rope_head_dim).
+MLA_PRESETS: dict[str, MLAShape] = {s.name: s for s in (
+    MLAShape("deepseek-v3", 61, 512, 64),
+    MLAShape("deepseek-r1", 61, 512, 64),
+    MLAShape("deepseek-v2", 60, 512, 64),
+    MLAShape("deepseek-v2-lite", 27, 512, 64),
+)}
+
+
+class MLALayout(Layout[MLAPool]):
+    """One latent row per token and layer (SGLang's ``MLATokenToKVPool``)."""
+
+    name = "mla"
+    pool_class = MLAPool
+    reference = "mla_index_put"
+    unfused = "mla_cat_copy"  # SGLang's path without a fused kernel: torch.cat, then one copy
+    fused = ("mla_triton", "mla_cuda")
+    peers = ("sglang_mla",)
+    # the reference drops slot 0 with a host sync, so it is a check, not a captured variant
+    capture_defaults = ("mla_cat_copy", "sglang_mla", "mla_triton", "mla_cuda")
+    presets = MappingProxyType(MLA_PRESETS)
+
+    def __init__(self) -> None:
+        super().__init__({"store": MLAWriter})
+
+    def make_pool(self, *args: Any, instrument: bool = False, variant: str | None = None, **kwargs: Any) -> MLAPool:
+        if not instrument:
+            return MLAPool(*args, **kwargs)
+        from kvprof.layouts.instrument import InstrumentedMLAPool  # it builds on this module
+
+        return InstrumentedMLAPool(*args, variant=variant, **kwargs)
+
+    def write(self, pool: MLAPool, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              k_scale: Any = None, v_scale: Any = None) -> None:
+        """SGLang's DeepSeek write: ``k`` is the latent row's nope part, ``v`` its rope part."""
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("the MLA pool takes no k_scale/v_scale (SGLang's MLA cache casts without scaling)")
+        pool.set_mla_kv_buffer(layer, loc, k, v)
+
+
+LAYOUT = MLALayout()

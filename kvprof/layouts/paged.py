@@ -34,6 +34,7 @@ from kvprof.layouts.base import (
     LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, check_scale_value, is_fp8,
     layer_index, slot_range,
 )
+from kvprof.layouts.layout import Layout
 
 PAD_SLOT = -1
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -174,3 +175,35 @@ def convert_like_vllm(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor |
         y = y / scale.to(device=y.device, dtype=torch.float32).reshape(1)
     m = FP8_MAX[dtype]
     return y.clamp(-m, m).to(dtype).view(torch.uint8)
+
+
+class PagedLayout(Layout[PagedPool]):
+    """K and V per layer as ``[num_blocks, block_size, heads, dim]`` (vLLM's flash layout)."""
+
+    name = "paged"
+    pool_class = PagedPool
+    reference = "paged_index_put"
+    unfused = "paged_unfused"  # vLLM's write as separate torch ops
+    fused = ("paged_triton", "paged_cuda")
+    peers = ()
+    # the reference drops padded slots with a host sync, so it is a check, not a captured variant
+    capture_defaults = ("paged_unfused", "paged_triton", "paged_cuda")
+
+    def __init__(self) -> None:
+        super().__init__({"store": PagedWriter})
+
+    def make_pool(self, *args: Any, instrument: bool = False, variant: str | None = None,
+                  **kwargs: Any) -> PagedPool:
+        if not instrument:
+            return PagedPool(*args, **kwargs)
+        from kvprof.layouts.instrument import InstrumentedPagedPool  # it builds on this module
+
+        return InstrumentedPagedPool(*args, variant=variant, **kwargs)
+
+    def write(self, pool: PagedPool, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              k_scale: Any = None, v_scale: Any = None) -> None:
+        """vLLM's call: ``loc`` is the slot mapping (-1: padding)."""
+        pool.reshape_and_cache_flash(layer, k, v, loc, k_scale, v_scale)
+
+
+LAYOUT = PagedLayout()

@@ -1,46 +1,36 @@
-"""Write implementations, registered by name. See ``registry`` for adding your own."""
+"""Write implementations of every layout, registered by (layout, name). See ``registry`` for adding your own."""
 
 from __future__ import annotations
 
-from kvprof.core.errors import UsageError
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path
 from kvprof.writers.base import KVWriter
-from kvprof.writers.registry import REGISTRY, WriterRegistry, create_writer, register, writer_names
+from kvprof.writers.registry import REGISTRY, WriterRegistry, builtin, create_writer, register, writer_names
 
-
-def _builtin(module: str, cls: str):  # noqa: ANN202
-    """Import a built-in writer only when it is asked for (triton, compilers, sgl-kernel)."""
-
-    def factory(**options: object) -> KVWriter:
-        import importlib
-
-        try:
-            mod = importlib.import_module(f"kvprof.writers.{module}")
-        except ImportError as exc:
-            raise UsageError(f"writer {module} cannot be imported: {exc}") from None
-        try:
-            return getattr(mod, cls)(**options)
-        except TypeError as exc:  # unknown option names
-            raise UsageError(f"bad option for writer {module}: {exc}") from None
-
-    return factory
-
-
-# The order here is the order of tables and charts.
-for _name, _module, _cls in (
-    ("index_put", "index_put", "IndexPutWriter"),
-    ("two_stream", "two_stream", "TwoStreamWriter"),
-    ("sgl_kernel", "sgl_kernel", "SglKernelWriter"),
-    ("sgl_kernel_cubin", "sgl_cubin", "SglKernelCubinWriter"),
-    ("triton_fused", "triton_fused", "TritonFusedWriter"),
-    ("cuda_fused", "cuda_fused", "CudaFusedWriter"),
-    ("store_kv_fused", "store_kv_fused", "StoreKVFusedWriter"),
-    ("torch_compile", "torch_compile", "TorchCompileWriter"),
-    ("sglang_store_cache", "sglang_store_cache", "SglangStoreCacheWriter"),
-):
-    register(_name, _builtin(_module, _cls))
+# (layout, name, module under kvprof.writers, class); the order is the order of tables and charts
+BUILTINS: tuple[tuple[str, str, str, str], ...] = (
+    ("mha", "index_put", "index_put", "IndexPutWriter"),
+    ("mha", "two_stream", "two_stream", "TwoStreamWriter"),
+    ("mha", "sgl_kernel", "sgl_kernel", "SglKernelWriter"),
+    ("mha", "sgl_kernel_cubin", "sgl_cubin", "SglKernelCubinWriter"),
+    ("mha", "triton_fused", "triton_fused", "TritonFusedWriter"),
+    ("mha", "cuda_fused", "cuda_fused", "CudaFusedWriter"),
+    ("mha", "store_kv_fused", "store_kv_fused", "StoreKVFusedWriter"),
+    ("mha", "torch_compile", "torch_compile", "TorchCompileWriter"),
+    ("mha", "sglang_store_cache", "sglang_store_cache", "SglangStoreCacheWriter"),
+    ("mla", "mla_index_put", "mla_torch", "MLAIndexPutWriter"),
+    ("mla", "mla_cat_copy", "mla_torch", "MLACatCopyWriter"),
+    ("mla", "sglang_mla", "mla_sglang", "SglangMLAWriter"),
+    ("mla", "mla_triton", "mla_triton", "MLATritonWriter"),
+    ("mla", "mla_cuda", "layout_cuda", "MLACudaWriter"),
+    ("paged", "paged_index_put", "paged_torch", "PagedIndexPutWriter"),
+    ("paged", "paged_unfused", "paged_torch", "PagedUnfusedWriter"),
+    ("paged", "paged_triton", "paged_triton", "PagedTritonWriter"),
+    ("paged", "paged_cuda", "layout_cuda", "PagedCudaWriter"),
+)
+for _layout, _name, _module, _cls in BUILTINS:
+    register(_name, builtin(_name, _module, _cls), layout=_layout)
 
 __all__ = [
-    "FALLBACK_PREFIX", "FUSED", "TWO_COPIES", "TWO_STREAMS", "KVWriter", "REGISTRY",
+    "BUILTINS", "FALLBACK_PREFIX", "FUSED", "TWO_COPIES", "TWO_STREAMS", "KVWriter", "REGISTRY",
     "WriterRegistry", "create_writer", "is_fused_path", "register", "writer_names",
 ]

@@ -1,9 +1,15 @@
-"""One registry of write implementations, by name.
+"""One registry of write implementations, keyed by (layout, name).
 
-Built-ins register themselves when ``kvprof.writers`` is imported. Third parties either
-declare an entry point in the group ``kvprof.writers`` (``name = "pkg.mod:factory"``)
-or pass ``--writer pkg.mod:factory`` on the command line. A factory is any callable
-returning a ``KVWriter`` (a subclass itself works).
+Built-ins of every layout register themselves when ``kvprof.writers`` is imported, each
+imported only when it is first built (triton, compilers and sgl-kernel load on demand).
+Third parties either declare an entry point (``name = "pkg.mod:factory"``) in the group of
+the writer's layout -- ``kvprof.writers`` (or ``kvprof.writers.mha``) for the MHA pool,
+``kvprof.writers.<layout>`` for another (``kvprof.writers.mla``, ``kvprof.writers.paged``)
+-- or pass ``--writer pkg.mod:factory`` on the command line, which builds it for the
+capture's layout. A factory is any callable returning a writer (a subclass itself works);
+what it returns must implement one of the layout's writer contracts
+(``Layout.writer_bases``: ``KVWriter`` for MHA, ``MLAWriter``, ``PagedWriter``), or it is
+refused by name before it reaches a pool.
 """
 
 from __future__ import annotations
@@ -11,56 +17,71 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 from kvprof.core.errors import UsageError
-from kvprof.writers.base import KVWriter
+from kvprof.layouts.layout import LAYOUTS, Layout, Writer, check_layout, get_layout
 
-WriterFactory = Callable[..., KVWriter]
+WriterFactory = Callable[..., Writer]
 
-ENTRY_POINT_GROUP = "kvprof.writers"
+ENTRY_POINT_GROUP = "kvprof.writers"  # the MHA writers' group, as it always was
+MHA = "mha"
+
+
+def entry_point_groups(layout: str) -> tuple[str, ...]:
+    """The entry-point groups third-party writers of ``layout`` are declared in."""
+    if check_layout(layout) == MHA:
+        return ENTRY_POINT_GROUP, f"{ENTRY_POINT_GROUP}.{MHA}"
+    return (f"{ENTRY_POINT_GROUP}.{layout}",)
 
 
 class WriterRegistry:
-    """Name -> factory. An instance, not module state, so tests can build their own."""
+    """(layout, name) -> factory. An instance, not module state, so tests can build their own
+    (``layouts``: where a layout's writer contracts are looked up, ``get_layout`` unless given).
+    ``layout`` defaults to "mha" everywhere, the MHA writers' API before layouts existed."""
 
-    def __init__(self) -> None:
-        self._factories: dict[str, WriterFactory] = {}
-        self._entry_points_loaded = False
+    def __init__(self, layouts: Callable[[str], Layout[Any]] = get_layout) -> None:
+        self._factories: dict[tuple[str, str], WriterFactory] = {}
+        self._loaded: set[str] = set()  # layouts whose entry points were read
+        self._layouts = layouts
 
-    def register(self, name: str, factory: WriterFactory, *, replace: bool = False) -> None:
+    def register(self, name: str, factory: WriterFactory, *, layout: str = MHA, replace: bool = False) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r} for writer {name!r}; choose from {', '.join(LAYOUTS)}")
         if not name.isidentifier():
             raise ValueError(f"writer name {name!r} must be an identifier")
-        if name in self._factories and not replace:
-            raise ValueError(f"a writer named {name!r} is already registered")
-        self._factories[name] = factory
+        if (layout, name) in self._factories and not replace:
+            raise ValueError(f"a writer named {name!r} is already registered for the {layout} layout")
+        self._factories[(layout, name)] = factory
 
-    def _load_entry_points(self) -> None:
-        if self._entry_points_loaded:
+    def _load_entry_points(self, layout: str) -> None:
+        if layout in self._loaded:
             return
-        self._entry_points_loaded = True
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name not in self._factories:
-                self._factories[ep.name] = _lazy(ep)
+        self._loaded.add(layout)
+        for group in entry_point_groups(layout):
+            for ep in metadata.entry_points(group=group):
+                self._factories.setdefault((layout, ep.name), _lazy(ep))
 
-    def names(self) -> list[str]:
-        self._load_entry_points()
-        return list(self._factories)
+    def names(self, layout: str = MHA) -> list[str]:
+        """The writers of ``layout``, built-ins in table order, then third parties'."""
+        self._load_entry_points(check_layout(layout))
+        return [name for (owner, name) in self._factories if owner == layout]
 
-    def create(self, spec: str, **options: object) -> KVWriter:
-        """Build a writer from a registered name or a ``module:function`` spec."""
+    def create(self, spec: str, *, layout: str = MHA, **options: object) -> Writer:
+        """Build a writer of ``layout`` from a registered name or a ``module:function`` spec."""
         if ":" in spec:
             factory = resolve_spec(spec)
         else:
-            self._load_entry_points()
-            if spec not in self._factories:
-                raise UsageError(
-                    f"unknown variant {spec!r}; known: {', '.join(self.names())} "
-                    "(or give module:function)"
-                )
-            factory = self._factories[spec]
+            known = self.names(layout)
+            if spec not in known:
+                raise UsageError(f"unknown variant {spec!r}: not a writer of the {layout} layout; known: "
+                                 f"{', '.join(known)} (or give module:function)")
+            factory = self._factories[(layout, spec)]
         writer = factory(**options)
-        if not isinstance(writer, KVWriter):
-            raise UsageError(f"writer {spec!r} returned {type(writer).__name__}, not a KVWriter")
+        bases = self._layouts(layout).writer_bases
+        if not isinstance(writer, bases):
+            raise UsageError(f"writer {spec!r} returned {type(writer).__name__}, not a "
+                             f"{' or '.join(b.__name__ for b in bases)} (a writer of the {layout} layout)")
         if not writer.name:
             writer.name = spec.replace(":", ".")
         return writer
@@ -78,16 +99,35 @@ def resolve_spec(spec: str) -> WriterFactory:
         raise UsageError(f"module {module_name!r} has no writer factory {attr!r}") from None
     if not callable(factory):
         raise UsageError(f"writer {spec!r} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def builtin(name: str, module: str, cls: str) -> WriterFactory:
+    """A factory for kvprof's writer ``kvprof.writers.<module>.<cls>``, imported only when it
+    is built (triton, compilers, sgl-kernel)."""
+
+    def factory(**options: object) -> Writer:
+        try:
+            mod = importlib.import_module(f"kvprof.writers.{module}")
+        except ImportError as exc:
+            raise UsageError(f"writer {name} cannot be imported: {exc}") from None
+        try:
+            writer: Writer = getattr(mod, cls)(**options)
+        except TypeError as exc:  # unknown option names
+            raise UsageError(f"bad option for writer {name}: {exc}") from None
+        return writer
+
     return factory
 
 
 def _lazy(ep: metadata.EntryPoint) -> WriterFactory:
-    def factory(**options: object) -> KVWriter:
+    def factory(**options: object) -> Writer:
         try:
             target = ep.load()
         except Exception as exc:  # a broken third-party plugin must not take kvprof down
             raise UsageError(f"cannot load writer entry point {ep.name!r} ({ep.value}): {exc}") from None
-        return target(**options)
+        writer: Writer = target(**options)
+        return writer
 
     return factory
 

@@ -1,0 +1,43 @@
+"""SGLang's MHA token-to-KV pool as a layout: ``kvprof.pool.KVPool`` written by ``KVWriter``s.
+
+The pool and its instrumented form stay where the rest of kvprof imports them
+(``kvprof.pool``, ``kvprof.instrument``); this module says what the MHA layout is beside the
+MLA and paged ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvprof.core.variants import DEFAULT_CAPTURE_VARIANTS
+from kvprof.instrument import make_pool
+from kvprof.layouts.layout import Layout
+from kvprof.pool import KVPool
+from kvprof.writers.base import KVWriter
+
+
+class MHALayout(Layout[KVPool]):
+    """K and V buffers per layer, ``[size + page_size, heads, dim]`` each (SGLang's ``MHATokenToKVPool``)."""
+
+    name = "mha"
+    pool_class = KVPool
+    reference = "index_put"
+    unfused = "two_stream"  # SGLang's write before fused stores: two copies on two streams
+    fused = ("triton_fused", "cuda_fused", "store_kv_fused")
+    peers = ("sgl_kernel", "sgl_kernel_cubin", "sglang_store_cache")
+    capture_defaults = DEFAULT_CAPTURE_VARIANTS
+
+    def __init__(self) -> None:
+        super().__init__({"store": KVWriter})
+
+    def make_pool(self, *args: Any, instrument: bool = False, variant: str | None = None, **kwargs: Any) -> KVPool:
+        return make_pool(*args, instrument=instrument, variant=variant, **kwargs)
+
+    def write(self, pool: KVPool, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              k_scale: Any = None, v_scale: Any = None) -> None:
+        pool.set_kv_buffer(layer, loc, k, v, k_scale, v_scale)
+
+
+LAYOUT = MHALayout()
