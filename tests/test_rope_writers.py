@@ -98,8 +98,8 @@ def run_and_check(writer, device, cache_dtype=torch.bfloat16, is_neox=True, k_sc
 
 WRITERS = {
     "rope_triton_fused": lambda: rt.RopeTritonFusedWriter(),
-    "rope_then_triton_fused": lambda: rt.RopeThenStoreWriter("triton_fused"),
-    "rope_then_two_stream": lambda: rt.RopeThenStoreWriter("two_stream"),
+    "rope_then_triton_fused": lambda: rt.RopeThenTritonFusedWriter(),
+    "rope_then_two_stream": lambda: rt.RopeThenTwoStreamWriter(),
 }
 
 
@@ -190,7 +190,7 @@ def test_separate_writers_match_the_fused_one_bitwise(name):
 @needs_interpreter
 def test_rope_then_any_registered_store_and_its_name():
     writer = rt.RopeThenStoreWriter("index_put")
-    assert writer.name == "rope_then_index_put" and writer.info().extra["store"] == "index_put"
+    assert writer.name == "rope_then_store" and writer.info().extra["store"] == "index_put"
     run_and_check(writer, "cpu", cache_dtype=torch.float16, dtype=torch.float16)
 
 
@@ -294,8 +294,8 @@ def test_info_and_paths():
     assert fused.rope_fused and fused.fused and fused.info().extra["rope"] == "fused"
     assert is_fused_path(ROPE_FUSED) and is_rope_fused_path(ROPE_FUSED)
     assert is_fused_path(FUSED) and not is_rope_fused_path(FUSED) and not is_fused_path(TWO_STREAMS)
-    assert rt.RopeThenStoreWriter("two_stream").fused is False
-    assert rt.RopeThenStoreWriter("triton_fused").fused is True
+    assert rt.RopeThenTwoStreamWriter().fused is False
+    assert rt.RopeThenTritonFusedWriter().fused is True
 
 
 def test_unsupported_reasons():
