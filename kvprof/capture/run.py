@@ -87,8 +87,6 @@ def _rope_reason(config: CaptureConfig, writer: Writer) -> str | None:
     on one rank (``kvprof.capture.rope_session``)."""
     if config.layout_name() != "mha" or get_layout("mha").contract_of(writer) != "rope":
         return None
-    if config.context == "layer":
-        return "it rotates q and k with the write; --context layer rotates them in its own layers (capture writes only)"
     if config.ranks is not None:
         return "rope + store writes are captured on one rank (no --ranks)"
     return None

@@ -30,14 +30,13 @@ import torch
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.core.errors import UsageError
-from kvprof.core.vocab import WRITE_RANGE_FORMAT
-from kvprof.instrument import annotate, make_pool, phase_range, step_range, variant_color
+from kvprof.instrument import make_pool, phase_range, step_range
 from kvprof.layer import DecoderContext, Rotary, split_qkv
 from kvprof.layouts.layout import Layout, PoolT, Writer, get_layout
 from kvprof.pool import KVPool
 from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size, make_inputs
 from kvprof.writers import KVWriter
-from kvprof.writers.rope_base import RopeKVWriter, check_rope_inputs
+from kvprof.writers.rope_base import RopeKVWriter
 
 MODES = ("writes", "layer", "layer_no_write")
 
@@ -235,9 +234,10 @@ class VariantSession(abc.ABC, Generic[PoolT]):
 
 class MHASession(VariantSession[KVPool]):
     """The MHA pool's session: slots from SGLang's allocator, and optionally a decoder layer
-    around each write (``--context layer``). Its writer is a store (``KVWriter``, called
-    through ``set_kv_buffer``) or a rope writer (``RopeKVWriter``: q, k, v, positions and
-    the cos/sin cache, rotating q and k itself)."""
+    around each write (``--context layer``). In a layer its writer is a store (``KVWriter``,
+    through ``set_kv_buffer`` after the layer's rotary) or a rope writer (``RopeKVWriter``,
+    through ``set_kv_buffer_with_rope`` instead of the rotary and the store); rope writers
+    without a layer have their own session (``kvprof.capture.rope_session``)."""
 
     writer: KVWriter | RopeKVWriter  # type: ignore[assignment]
 
@@ -245,10 +245,7 @@ class MHASession(VariantSession[KVPool]):
                  context: DecoderContext | None = None):
         super().__init__(config, writer, device, instrument=instrument, context=context)
         self.rope = isinstance(writer, RopeKVWriter)
-        self._ranges = instrument
-        # the rotary the unit of work runs: the layer's, or (a rope writer without a layer) a table of its own
-        self.rotary: Rotary | None = context.rotary if context is not None else (
-            Rotary(self.shape.head_dim, device) if self.rope else None)
+        self.rotary: Rotary | None = context.rotary if context is not None else None  # the layer's
 
     def make_pool(self, instrument: bool) -> KVPool:
         config, device, context = self.config, self.device, self.context
@@ -284,12 +281,8 @@ class MHASession(VariantSession[KVPool]):
             gen = torch.Generator(device="cpu").manual_seed(self.config.seed + 1000 + index)
             qkv = torch.randn((spec.tokens, (s.q_head_num + 2 * s.head_num) * s.head_dim), generator=gen) * amplitude
             prepared.qkv = qkv.to(dtype=self.input_dtype, device=self.device)
-            decode = spec.phase == "decode"
-            if self.context is not None:
-                prepared.positions = self.context.positions(spec.tokens, decode)
-            else:
-                pos = torch.full((spec.tokens,), self.config.context_len) if decode else torch.arange(spec.tokens)
-                prepared.positions = pos.to(device=self.device, dtype=torch.int64)
+            assert self.context is not None
+            prepared.positions = self.context.positions(spec.tokens, spec.phase == "decode")
         return prepared
 
     # the MHA layout's write (MHALayout.write) called on the pool directly: the measured hot path
@@ -302,22 +295,8 @@ class MHASession(VariantSession[KVPool]):
 
     def _rope_write(self, layer: int, loc: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
-        """One layer's rope write into the pool's buffers, checked as ``set_kv_buffer`` checks
-        a store (one-line ValueError, nothing written), inside the same write range."""
-        writer, pool = self.writer, self.pool
-        assert isinstance(writer, RopeKVWriter)
-        idx = layer - pool.start_layer
-        k_buf, v_buf = pool.k_buffer[idx], pool.v_buffer[idx]
-        check_rope_inputs(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache)
-        if self._ranges:
-            with annotate(WRITE_RANGE_FORMAT.format(variant=writer.name, layer=layer), variant_color(writer.name),
-                          loc.shape[0]):
-                path = writer.write(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, pool.dtype,
-                                    self.k_scale, self.v_scale)
-        else:
-            path = writer.write(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, pool.dtype,
-                                self.k_scale, self.v_scale)
-        pool.path_counts[path] += 1
+        self.pool.set_kv_buffer_with_rope(layer, loc, q, k, v, positions, cos_sin_cache, is_neox, self.k_scale,
+                                          self.v_scale)
 
     def _buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pool.get_key_buffer(layer), self.pool.get_value_buffer(layer)
@@ -350,6 +329,11 @@ class MHASession(VariantSession[KVPool]):
             return
         self.layer_step(prepared, loc, mode)
 
+    def bytes_per_token(self) -> int:
+        if self.rope:  # q and k read and written back too
+            return self.pool.rope_bytes_per_write(1, self.shape.q_head_num, self.input_dtype)
+        return super().bytes_per_token()
+
     def layer_step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str,
                    reduce: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """The decoder layers, the write (store or rope write) in ``layer`` mode only; returns
@@ -372,7 +356,8 @@ def session_for(config: CaptureConfig, writer: Writer, device: torch.device,
                 **kw: Any) -> Iterator[VariantSession[Any]]:
     layout = config.layout_name()
     session: VariantSession[Any]
-    if layout == "mha" and get_layout(layout).contract_of(writer) == "rope":  # rope + store writes
+    rope = layout == "mha" and get_layout(layout).contract_of(writer) == "rope"
+    if rope and kw.get("context") is None:  # rope + store writes alone (in a layer: MHASession)
         from kvprof.capture.rope_session import RopeSession
 
         session = RopeSession(config, writer, device, **kw)
