@@ -274,3 +274,60 @@ def test_a_cpu_layer_capture_records_the_kernels_and_derives_the_savings(tmp_pat
                                                    ref[("index_put", "layer")].iqr_ns))
     assert main(["analyze", str(run), "--no-files"]) == 0
     assert "in the layer: step saving against two_stream" in capsys.readouterr().out
+
+
+# -- on a GPU ------------------------------------------------------------------------------------
+def _gpu_config(**kw: object) -> CaptureConfig:
+    config = CaptureConfig(model="llama-3.1-70b", tp=8, variants=["triton_fused"], phases=["decode"],
+                           decode_sizes=[10], steps=2, warmup=1, device="cuda", context="layer", context_len=256,
+                           **kw)  # type: ignore[arg-type]
+    config.resolve_for("cuda")
+    config.layers = 2  # the session's layers; the context below builds only these
+    return config
+
+
+def _gpu_context(config: CaptureConfig, attention: str = "auto") -> DecoderContext:
+    from dataclasses import replace
+
+    shape = replace(config.rank_shape(), layers=2)
+    return DecoderContext(shape, torch.bfloat16, torch.device("cuda"), config.context_len, attention=attention)
+
+
+@pytest.mark.gpu
+def test_gpu_layer_rotary_is_the_triton_kernel_and_rope_writers_match_the_store():
+    """On CUDA the layer rotates with kvprof's Triton rotary kernel (compiled, fp fusion off),
+    the same arithmetic as the rope writers: their layer output is the store's, bit for bit."""
+    config = _gpu_config()
+    context = _gpu_context(config)
+    assert context.kernels.rotary == "kvprof_triton_rotary"
+    dev = torch.device("cuda")
+    outs = []
+    for writer in (create_writer("triton_fused"), RopeTritonFusedWriter(), RopeThenStoreWriter(store="triton_fused")):
+        with session_for(config, writer, dev, instrument=False, context=context) as session:
+            prepared = session.prepare(session.phases[0], 0)
+            session.warm_up(prepared, "layer")
+            session.capture_graph(prepared, "layer")  # PDL launches inside a captured layer
+            session.run_step(prepared, 1, "layer")
+            session.before_step(prepared, prepared.locs[1], "layer")
+            outs.append(session.layer_step(prepared, prepared.locs[1], "layer").float().cpu())
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+@pytest.mark.gpu
+def test_gpu_sglang_decode_attention_matches_sdpa_over_the_same_rows():
+    pytest.importorskip("sglang.kernels.ops.attention.decode_attention")
+    config = _gpu_config()
+    shape = config.rank_shape()
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    kb, vb = (torch.randn(4000, shape.head_num, shape.head_dim, generator=gen, device=dev).to(torch.bfloat16)
+              for _ in range(2))
+    q = torch.randn(10, shape.q_head_num, shape.head_dim, generator=gen, device=dev).to(torch.bfloat16)
+    loc = torch.arange(3000, 3010, device=dev)
+    outs = []
+    for attention in ("sglang_triton", "sdpa"):
+        context = _gpu_context(config, attention)
+        context.prepare_step(loc, decode=True)
+        outs.append(context._decode_attention(q, kb, vb, context.decode_meta(10)).float())
+    assert _gpu_context(config).kernels.attention == SGLANG_DECODE  # auto picks it where it imports
+    torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)  # bf16 inputs, fp32 accumulation in both
