@@ -24,7 +24,7 @@ from kvprof.core.run import Manifest, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.devinfo import device_properties, versions
 from kvprof.layer import DecoderContext, weight_bytes
-from kvprof.layouts.layout import Writer
+from kvprof.layouts.layout import Writer, get_layout
 from kvprof.layouts.registry import create_variant
 from kvprof.writers import KVWriter
 
@@ -60,7 +60,7 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
                 raise
             planned.append(PlannedVariant(name, _Unavailable(name), str(exc)))
             continue
-        reason = writer.unsupported_reason(device, cache, inp)
+        reason = writer.unsupported_reason(device, cache, inp) or _rope_reason(config, writer)
         if reason and name in config.required_variants:
             raise DeviceError(f"variant {name} cannot run on {device}: {reason}")
         if reason is None and name not in config.required_variants:
@@ -70,6 +70,16 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
         why = "; ".join(f"{p.name}: {p.reason}" for p in planned)
         raise DeviceError(f"none of the variants can run on {device} ({why})")
     return planned
+
+
+def _rope_reason(config: CaptureConfig, writer: Writer) -> str | None:
+    """Why a rope + store writer cannot run in this capture, or None: its session writes only,
+    on one rank (``kvprof.capture.rope_session``)."""
+    if config.layout_name() != "mha" or get_layout("mha").contract_of(writer) != "rope":
+        return None
+    if config.ranks is not None:
+        return "rope + store writes are captured on one rank (no --ranks)"
+    return None
 
 
 def _repeats(writer: Writer, device: torch.device, planned: list[PlannedVariant]) -> str | None:
@@ -96,12 +106,15 @@ class _Unavailable(KVWriter):
         raise RuntimeError(f"{self.name} is unavailable")
 
 
-def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None) -> Manifest:
+def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None,
+                  context: DecoderContext | None = None) -> Manifest:
     phases = config.phase_specs(graphs_possible=device.type == "cuda")
     settings = config.as_dict()
     if runtime is not None:
         settings["threads"] = runtime.threads
         settings["resolved"]["triton_interpret"] = runtime.triton_interpret
+    if context is not None:  # the layer's attention and rotary kernels (kvprof.core.layer_kernels)
+        settings["resolved"]["layer"] = context.kernels.as_dict()
     return Manifest(
         kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
         config=settings, phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
@@ -116,6 +129,8 @@ def variant_entry(p: PlannedVariant) -> VariantEntry:
                          fused_claim=info.fused)
     if p.reason is None and info.extra.get("interpreted"):
         entry.extra["interpreted"] = True
+    if info.extra.get("rope"):  # a rope + store writer: "fused" (one launch) or "separate"
+        entry.extra["rope"] = info.extra["rope"]
     return entry
 
 
@@ -141,7 +156,8 @@ def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext 
         raise UsageError(
             f"--context layer for {shape.model} at tp {shape.tp} needs {need / 2**30:.1f} GiB of weights on "
             f"{device}, more than the {have / 2**30:.1f} GiB available; pick a smaller --model or a larger --tp")
-    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed)
+    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed, k_scale=config.k_scale,
+                          v_scale=config.v_scale)
 
 
 def check_replaceable(final: Path, force: bool) -> None:

@@ -77,9 +77,11 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
+    if context is not None:
+        log(f"--context layer: {context.kernels.describe()}")
     with atomic_directory(final, replace=config.force) as tmp:
         tmp = Path(tmp)
-        manifest = base_manifest(config, device, runtime)
+        manifest = base_manifest(config, device, runtime, context)
         for p in planned:
             manifest.variants[p.name] = variant_entry(p)
         steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))
@@ -96,6 +98,7 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
                         cache_dtype=short_name(config.cache_torch_dtype()),
                         input_dtype=short_name(config.input_torch_dtype()),
                         device=manifest.device, model=config.rank_shape().as_dict(),
+                        extra={"rope": entry.extra["rope"]} if "rope" in entry.extra else {},
                     )
                     with session_for(config, p.writer, device, context=context) as session:
                         out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,

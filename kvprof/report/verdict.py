@@ -16,10 +16,12 @@ from typing import Any
 from rich.text import Text
 
 from kvprof.core import variants
+from kvprof.core.layer_kernels import LayerKernels
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
 from kvprof.core.numbers import finite_or_none
 from kvprof.report.cells import NA, Cell, Col, cpu_run, print_table, table
+from kvprof.report.layer_steps import saving_lines
 
 SHORT_SOURCE = {"reference": "ref", "kineto": "torch", "nsys": "nsys"}
 SOURCE_WORDS = {"reference": "no profiler", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
@@ -53,6 +55,8 @@ def _fused_word(summary: Summary, name: str) -> str:
         return "unknown"
     if v.fell_back:
         return "fell back"
+    if v.fused and v.rope == "fused":
+        return "into rope"  # one launch rotates q and k and writes K and V
     return "yes" if v.fused else "no"
 
 
@@ -108,7 +112,10 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
         f"ms per decode step against {baseline}"
     if cpu:
         per_step += " (n/a on a CPU: its clock says nothing of a GPU's step)"
-    cols = [Col("variant", justify="left"), Col("fused", "one launch writes K and V", "left"),
+    fused_help = "one launch writes K and V"
+    if any(v.rope == "fused" for v in summary.variants.values()):
+        fused_help += "; into rope: the same launch rotates q and k"
+    cols = [Col("variant", justify="left"), Col("fused", fused_help, "left"),
             Col("phase", justify="left"), Col("size", "batch (decode) or tokens (prefill)"),
             Col("µs/write", "median time one layer's write adds"),
             Col("src", "where it was timed: " + ", ".join(f"{SHORT_SOURCE.get(s, s)} = {SOURCE_WORDS.get(s, s)}"
@@ -134,6 +141,9 @@ def run_line(manifest: Manifest | None) -> str | None:
                      + (" (--layers; per-write figures do not depend on it)" if ran != model_layers else ""))
     if cfg.get("context") == "layer":
         parts.append("each write inside a decoder layer (--context layer): µs/write is what it adds to the layer")
+        kernels = LayerKernels.from_json((cfg.get("resolved") or {}).get("layer"))
+        if kernels is not None:
+            parts.append(kernels.describe())
     if isinstance(cfg.get("threads"), int):
         parts.append(f"{cfg['threads']} torch thread{'s' if cfg['threads'] != 1 else ''}")
     how = (cfg.get("resolved") or {}).get("triton_interpret")
@@ -147,11 +157,16 @@ def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[st
     """Plain-language lines: what fused, what a write costs here and why, what next."""
     lines: list[str] = []
     ran = {n: v for n, v in summary.variants.items() if v.available}
-    fused = [n for n, v in ran.items() if v.fused]
+    into_rope = [n for n, v in ran.items() if v.fused and v.rope == "fused"]
+    fused = [n for n, v in ran.items() if v.fused and v.rope != "fused"]
     not_fused = [n for n, v in ran.items() if v.fused is False]
     unknown = [n for n, v in ran.items() if v.fused is None]
+    if into_rope:
+        lines.append(f"fused into rope (one launch rotates q and k and writes K and V): {', '.join(into_rope)}")
     if fused:
-        lines.append(f"fused (one launch writes K and V): {', '.join(fused)}")
+        lines.append("fused (one launch writes K and V): "
+                     + ", ".join(n + (" (after a separate rotary kernel)" if ran[n].rope == "separate" else "")
+                                 for n in fused))
     if not_fused:
         why = {n: ", ".join(p.replace("_", " ") for p in ran[n].paths) or "two copies" for n in not_fused}
         lines.append("not fused: " + "; ".join(f"{n} ({why[n]})" for n in not_fused))
@@ -190,6 +205,8 @@ def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[st
             lines.append(f"{h['variant']} saves {h['saving_per_step_ms']:.3f} ms per decode step at batch "
                          f"{h['size']} against {summary.comparison['baseline']} "  # type: ignore[index]
                          f"({'measured' if h.get('measured') else 'projected'} over the model's layers)")
+    bench_batch = (summary.comparison or {}).get("benchmark", {}).get("batch", 10)
+    lines += saving_lines(summary.layer_steps, int(bench_batch))  # a --context layer run only
     lines.append(f"the H200 samples (fused vs two-stream writes, both profilers): {DASHBOARD}")
     return lines
 
