@@ -4,6 +4,8 @@ step savings the analysis derives from the reference pass's step timings."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import statistics
@@ -17,7 +19,7 @@ import torch
 from kvprof.analysis.layer_step import LayerSteps, gap_notes, step_savings, write_boundaries
 from kvprof.analysis.writes import gpu_work_rows, per_write_table
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.session import session_for
+from kvprof.capture.layout_session import session_for
 from kvprof.cli import main
 from kvprof.core.layer_kernels import SGLANG_DECODE, TORCH_ROTARY, TORCH_SDPA
 from kvprof.core.timings import StepSamples, StepTimings
@@ -39,8 +41,7 @@ SMALL = "small=2x2x128"  # 2 layers, 2 KV heads of 128 (q heads = KV heads)
 def _config(**kw: object) -> CaptureConfig:
     config = CaptureConfig(model=SMALL, tp=1, variants=["index_put"], phases=["decode"], decode_sizes=[8], steps=2,
                            warmup=0, device="cpu", context="layer", context_len=16, **kw)  # type: ignore[arg-type]
-    config.resolve_for("cpu")
-    return config
+    return config.resolved_for("cpu")
 
 
 def _context(config: CaptureConfig) -> DecoderContext:
@@ -281,9 +282,8 @@ def _gpu_config(**kw: object) -> CaptureConfig:
     config = CaptureConfig(model="llama-3.1-70b", tp=8, variants=["triton_fused"], phases=["decode"],
                            decode_sizes=[10], steps=2, warmup=1, device="cuda", context="layer", context_len=256,
                            **kw)  # type: ignore[arg-type]
-    config.resolve_for("cuda")
-    config.layers = 2  # the session's layers; the context below builds only these
-    return config
+    # the session's layers: 2; the context below builds only these
+    return dataclasses.replace(config.resolved_for("cuda"), layers=2)
 
 
 def _gpu_context(config: CaptureConfig, attention: str = "auto") -> DecoderContext:
