@@ -48,7 +48,8 @@ def load_extension() -> tuple[Any, str | None]:
 
 
 def cache_support(dtype: torch.dtype, input_dtype: torch.dtype | None) -> str | None:
-    """None when the op stores ``input_dtype`` rows into a ``dtype`` cache, else why not."""
+    """None when the op stores ``input_dtype`` k/v rows into a ``dtype`` cache, else why not
+    (q is bf16 or fp16 of its own; the op checks it)."""
     if input_dtype is not None and input_dtype not in INPUT_DTYPES:
         return f"rope_cuda_fused takes bf16 or fp16 q/k/v, not {input_dtype}"
     if dtype in FP8_CACHES:
@@ -135,9 +136,9 @@ class RopeCudaWriter(RopeKVWriter):
     ) -> str:
         # One dict lookup and one pybind call on the common path; the op checks shapes,
         # strides, alignment and dtypes in C++ and launches nothing for zero tokens.
-        plan = self._plans.get((q.dtype, dtype, is_neox, k_scale, v_scale))
+        plan = self._plans.get((k.dtype, dtype, is_neox, k_scale, v_scale))
         if plan is None:
-            plan = self._plan(q.dtype, dtype, is_neox, k_scale, v_scale)
+            plan = self._plan(k.dtype, dtype, is_neox, k_scale, v_scale)
         op, flags, k_inv, v_inv = plan
         op(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, k_inv, v_inv, flags)
         return ROPE_FUSED

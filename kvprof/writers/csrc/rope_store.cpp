@@ -67,9 +67,10 @@ bool rows_apart(const at::Tensor& t) {
 
 }  // namespace
 
-// q [T, Hq, D], k [T, Hk, D] (rotated in place), v [T, Hk, Dv]; k_out/v_out the pool's
-// contiguous rows ([rows, Hk, D] / [rows, Hk, Dv], uint8 or fp8 storage for fp8 caches);
-// loc, positions [T] int32/int64 (any stride); cos_sin [max_pos, rope_dim] float32.
+// q [T, Hq, D] and k [T, Hk, D] are rotated in place (q bf16 or fp16 of its own), v [T, Hk, Dv]
+// has k's dtype; k_out/v_out are the pool's contiguous rows ([rows, Hk, D] / [rows, Hk, Dv],
+// uint8 or fp8 storage for fp8 caches); loc and positions [T] int32/int64 (any stride);
+// cos_sin [max_pos, rope_dim] float32.
 // `flags`: bits 0-2 the cache's kind (1 bf16, 2 fp16, 3 fp8 e4m3fn, 4 fp8 e5m2), bit 3 k
 // scaled, bit 4 v scaled, bit 5 pdl, bit 6 GPT-NeoX (else GPT-J), bit 7 pdl where the device
 // has it (sm_90+; overrides bit 5), bits 8-11 log2(threads per block), bits 12-19 blocks per SM
@@ -90,7 +91,8 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "rope_cuda_fused: q, k, v must be [tokens, heads, dim]");
   const int64_t tokens = q.size(0);
   TORCH_CHECK(k.size(0) == tokens && v.size(0) == tokens, "rope_cuda_fused: q, k, v differ in tokens");
-  TORCH_CHECK(loc.dim() == 1 && loc.size(0) == tokens && (loc.scalar_type() == at::kInt || loc.scalar_type() == at::kLong),
+  TORCH_CHECK(loc.dim() == 1 && loc.size(0) == tokens &&
+                  (loc.scalar_type() == at::kInt || loc.scalar_type() == at::kLong),
               "rope_cuda_fused: loc must be a 1-D int32 or int64 tensor of one slot per token");
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens &&
                   (positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong),
@@ -100,17 +102,18 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   TORCH_CHECK(v.size(1) == hk, "rope_cuda_fused: k and v differ in heads");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1,
               "rope_cuda_fused: q, k, v rows must be contiguous in their last dim");
-  TORCH_CHECK(rows_apart(q) && rows_apart(k), "rope_cuda_fused: q and k rows must not overlap (they are rotated in place)");
-  const int in_kind = in_kind_of(q.scalar_type());
-  TORCH_CHECK(in_kind > 0, "rope_cuda_fused: q, k, v must be bf16 or fp16, not ", q.scalar_type());
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "rope_cuda_fused: q, k, v differ in dtype");
+  TORCH_CHECK(rows_apart(q) && rows_apart(k),
+              "rope_cuda_fused: q and k rows must not overlap (they are rotated in place)");
+  const int in_kind = in_kind_of(k.scalar_type()), q_kind = in_kind_of(q.scalar_type());
+  TORCH_CHECK(in_kind > 0 && q_kind > 0, "rope_cuda_fused: q, k, v must be bf16 or fp16, not ", q.scalar_type(),
+              " and ", k.scalar_type());
+  TORCH_CHECK(v.scalar_type() == k.scalar_type(), "rope_cuda_fused: k and v differ in dtype");
   const bool fp8 = out_kind == E4M3 || out_kind == E5M2;
   TORCH_CHECK(fp8 || out_kind == in_kind, "rope_cuda_fused: the cache must have the input's dtype or be fp8");
   const at::ScalarType fp8_type = out_kind == E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
   for (const at::Tensor* t : {&k_out, &v_out}) {
     const at::ScalarType s = t->scalar_type();
-    TORCH_CHECK(fp8 ? (s == at::kByte || s == fp8_type) : s == q.scalar_type(),
+    TORCH_CHECK(fp8 ? (s == at::kByte || s == fp8_type) : s == k.scalar_type(),
                 "rope_cuda_fused: cache buffers must be the cache's dtype (uint8 storage for fp8), not ", s);
   }
   TORCH_CHECK(k_out.is_contiguous() && v_out.is_contiguous() && k_out.dim() >= 1 && v_out.dim() >= 1,
@@ -149,7 +152,8 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
            cos_sin.stride(0) % cos_floats(n) == 0;
   };
   const int vec = fits(8) ? 8 : (fits(2) ? 2 : 0);
-  TORCH_CHECK(vec > 0, "rope_cuda_fused: needs even head dims and strides, 4-byte aligned rows and rope_dim a multiple of ",
+  TORCH_CHECK(vec > 0,
+              "rope_cuda_fused: needs even head dims and strides, 4-byte aligned rows and rope_dim a multiple of ",
               neox ? 4 : 2);
 
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -180,6 +184,7 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   a.dim = static_cast<int>(dim);
   a.v_dim = static_cast<int>(v_dim);
   a.rope_dim = static_cast<int>(rope_dim);
+  a.q_kind = q_kind;
   a.in_kind = in_kind;
   a.out_kind = out_kind;
   a.neox = neox;
@@ -198,7 +203,8 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   a.pdl = pdl_auto ? facts.major >= 9 : ((flags >> 5) & 1) != 0;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   const int err = kvprof_rope::rope_store_launch(a, stream);
-  TORCH_CHECK(err == cudaSuccess, "rope_cuda_fused: launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+  TORCH_CHECK(err == cudaSuccess, "rope_cuda_fused: launch failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -13,6 +13,7 @@
 //   1 KV head x 128, NeoX) is 8*8 + 8 + 16 = 88 threads per token, one block at decode.
 // * A vector is 16 bytes (8 bf16/fp16 elements) where every row, stride and pointer allows
 //   (checked on the host), else 4 bytes (2 elements).
+// * q may be bf16 with fp16 k/v or the other way round (same size: the same item split).
 // * The rotation is float32 with each product rounded (x*c - y*s, y*c + x*s, no fused
 //   multiply-add): the reference's arithmetic, then one rounding to the input dtype.
 // * The cache gets exactly what kvprof.dtypes.convert_for_cache makes of the rotated k (as
@@ -58,6 +59,7 @@ struct Params {
   float k_inv, v_inv;
   bool k_scaled, v_scaled;
   bool k_exact, v_exact;  // power-of-two scale from bf16: skip the round trip (exact there)
+  bool q_other;  // q is the other 16-bit type (fp16 q with bf16 k, or bf16 q with fp16 k)
   bool loc64, pos64, e4m3_sat, pdl;
 };
 
@@ -155,7 +157,8 @@ __device__ __forceinline__ void load_floats(const float* p, float (&out)[M]) {
 }
 
 __device__ __forceinline__ long long load_index(const void* p, bool is64, long long i) {
-  return is64 ? __ldg(static_cast<const long long*>(p) + i) : static_cast<long long>(__ldg(static_cast<const int*>(p) + i));
+  return is64 ? __ldg(static_cast<const long long*>(p) + i)
+              : static_cast<long long>(__ldg(static_cast<const int*>(p) + i));
 }
 
 // One rotated pair, each product rounded to float32 (no contraction into an FMA).
@@ -201,7 +204,8 @@ __device__ __forceinline__ void store_out(typename OutElem<IN, OUT>::T* out, con
     uint16_t pairs[N / 2];
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
-      pairs[i] = fp8x2<OUT>(scaled<IN>(x.v[2 * i], inv, on, exact), scaled<IN>(x.v[2 * i + 1], inv, on, exact), e4m3_sat);
+      pairs[i] = fp8x2<OUT>(scaled<IN>(x.v[2 * i], inv, on, exact), scaled<IN>(x.v[2 * i + 1], inv, on, exact),
+                            e4m3_sat);
     }
     // packed in registers (a byte array would go through local memory)
     if constexpr (N == 8) {
@@ -214,54 +218,54 @@ __device__ __forceinline__ void store_out(typename OutElem<IN, OUT>::T* out, con
   }
 }
 
-// One rope item of a q or k row, rotated in place; when `out` is set (a k row whose slot is
-// valid), also stored into the cache row `out`.
-template <int IN, int OUT, int N, bool NEOX>
-__device__ __forceinline__ void rope_item(typename Elem<IN>::T* row, int item, const float* cs, const Params& p,
-                                          typename OutElem<IN, OUT>::T* out) {
+// One rope item of a q or k row (its elements from `e`), rotated in place; returns the rotated
+// vector(s), which a k row also stores into the cache (GPT-J: `y` is unused).
+template <int IN, int N> struct Rotated {
+  Vec<typename Elem<IN>::T, N> x, y;
+};
+
+template <int IN, int N, bool NEOX>
+__device__ __forceinline__ Rotated<IN, N> rope_in_place(typename Elem<IN>::T* row, int e, const float* cs, int half) {
   using E = Elem<IN>;
   using T = typename E::T;
-  const int e = item * N;
+  Rotated<IN, N> r;
   if constexpr (NEOX) {
-    Vec<T, N> x = load<T, N>(row + e);
-    Vec<T, N> y = load<T, N>(row + p.half + e);
+    r.x = load<T, N>(row + e);
+    r.y = load<T, N>(row + half + e);
     float c[N], s[N];
     load_floats<N>(cs + e, c);
-    load_floats<N>(cs + p.half + e, s);
+    load_floats<N>(cs + half + e, s);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       float ox, oy;
-      rotate(E::widen(x.v[j]), E::widen(y.v[j]), c[j], s[j], ox, oy);
-      x.v[j] = E::narrow(ox);
-      y.v[j] = E::narrow(oy);
+      rotate(E::widen(r.x.v[j]), E::widen(r.y.v[j]), c[j], s[j], ox, oy);
+      r.x.v[j] = E::narrow(ox);
+      r.y.v[j] = E::narrow(oy);
     }
-    store<T, N>(row + e, x);
-    store<T, N>(row + p.half + e, y);
-    if (out != nullptr) {
-      store_out<IN, OUT, N>(out + e, x, p.k_inv, p.k_scaled, p.k_exact, p.e4m3_sat);
-      store_out<IN, OUT, N>(out + p.half + e, y, p.k_inv, p.k_scaled, p.k_exact, p.e4m3_sat);
-    }
+    store<T, N>(row + e, r.x);
+    store<T, N>(row + half + e, r.y);
   } else {
-    Vec<T, N> x = load<T, N>(row + e);
+    r.x = load<T, N>(row + e);
     float c[N / 2], s[N / 2];
     load_floats<N / 2>(cs + e / 2, c);
-    load_floats<N / 2>(cs + p.half + e / 2, s);
+    load_floats<N / 2>(cs + half + e / 2, s);
 #pragma unroll
     for (int j = 0; j < N / 2; ++j) {
       float ox, oy;
-      rotate(E::widen(x.v[2 * j]), E::widen(x.v[2 * j + 1]), c[j], s[j], ox, oy);
-      x.v[2 * j] = E::narrow(ox);
-      x.v[2 * j + 1] = E::narrow(oy);
+      rotate(E::widen(r.x.v[2 * j]), E::widen(r.x.v[2 * j + 1]), c[j], s[j], ox, oy);
+      r.x.v[2 * j] = E::narrow(ox);
+      r.x.v[2 * j + 1] = E::narrow(oy);
     }
-    store<T, N>(row + e, x);
-    if (out != nullptr) store_out<IN, OUT, N>(out + e, x, p.k_inv, p.k_scaled, p.k_exact, p.e4m3_sat);
+    store<T, N>(row + e, r.x);
   }
+  return r;
 }
 
 template <int IN, int OUT, int N, bool NEOX>
 __global__ void __launch_bounds__(512) rope_store_kernel(const __grid_constant__ Params p) {
   using T = typename Elem<IN>::T;
   using O = typename OutElem<IN, OUT>::T;
+  constexpr int kOther = IN == BF16 ? F16 : BF16;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.pdl) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -276,10 +280,16 @@ __global__ void __launch_bounds__(512) rope_store_kernel(const __grid_constant__
     const long long pos = load_index(p.pos, p.pos64, t * p.pos_stride);
     const bool pos_ok = pos >= 0 && pos < p.max_pos;
     const float* cs = p.cos_sin + (pos_ok ? pos : 0) * p.cs_stride;
-    if (r < p.q_total) {  // q: rotate in place
+    if (r < p.q_total) {  // q: rotate in place (q may be the other 16-bit type than k)
       const int head = r / p.rot_items;
-      T* row = static_cast<T*>(p.q) + t * p.q_tok + head * p.q_head;
-      if (pos_ok) rope_item<IN, OUT, N, NEOX>(row, r - head * p.rot_items, cs, p, nullptr);
+      const int e = (r - head * p.rot_items) * N;
+      const long long at = t * p.q_tok + head * p.q_head;
+      if (!pos_ok) continue;
+      if (p.q_other) {
+        rope_in_place<kOther, N, NEOX>(static_cast<typename Elem<kOther>::T*>(p.q) + at, e, cs, p.half);
+      } else {
+        rope_in_place<IN, N, NEOX>(static_cast<T*>(p.q) + at, e, cs, p.half);
+      }
       continue;
     }
     r -= p.q_total;
@@ -291,7 +301,15 @@ __global__ void __launch_bounds__(512) rope_store_kernel(const __grid_constant__
       T* row = static_cast<T*>(p.k) + t * p.k_tok + head * p.k_head;
       O* out = stored ? static_cast<O*>(p.k_out) + (slot * p.hk + head) * p.dim : nullptr;
       if (item < p.rot_items) {
-        if (pos_ok) rope_item<IN, OUT, N, NEOX>(row, item, cs, p, out);
+        if (!pos_ok) continue;
+        const int e = item * N;
+        const Rotated<IN, N> rot = rope_in_place<IN, N, NEOX>(row, e, cs, p.half);
+        if (out != nullptr) {
+          store_out<IN, OUT, N>(out + e, rot.x, p.k_inv, p.k_scaled, p.k_exact, p.e4m3_sat);
+          if constexpr (NEOX) {
+            store_out<IN, OUT, N>(out + p.half + e, rot.y, p.k_inv, p.k_scaled, p.k_exact, p.e4m3_sat);
+          }
+        }
       } else if (out != nullptr) {
         const int e = p.rope_dim + (item - p.rot_items) * N;
         store_out<IN, OUT, N>(out + e, load<T, N>(row + e), p.k_inv, p.k_scaled, p.k_exact, p.e4m3_sat);
@@ -401,6 +419,8 @@ int rope_store_launch(const RopeStoreArgs& a, cudaStream_t stream) {
   // see (the rule of store_kv.cu and triton_fused's _pow2_exact)
   p.k_exact = a.in_kind == BF16 && p.k_scaled && pow2(a.k_inv);
   p.v_exact = a.in_kind == BF16 && p.v_scaled && pow2(a.v_inv);
+  if ((a.q_kind != BF16 && a.q_kind != F16) || (a.in_kind != BF16 && a.in_kind != F16)) return cudaErrorInvalidValue;
+  p.q_other = a.q_kind != a.in_kind;
   p.loc64 = a.loc64;
   p.pos64 = a.pos64;
   p.e4m3_sat = a.e4m3_sat;

@@ -24,7 +24,7 @@ struct RopeStoreArgs {
   long long loc_stride, pos_stride, cs_stride;           // in elements
   long long tokens, rows, max_pos;
   int hq, hk, dim, v_dim, rope_dim;
-  int in_kind, out_kind;
+  int q_kind, in_kind, out_kind;  // q, k/v (BF16 or F16) and the cache (in_kind, E4M3 or E5M2)
   bool neox;
   bool loc64, pos64;
   float k_inv, v_inv;  // fp32(1 / scale), used when k_scaled / v_scaled
