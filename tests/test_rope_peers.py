@@ -168,3 +168,104 @@ def test_sglang_triton_peer_refusals_in_one_line():
         w.write(q, k, v, k_buf, v_buf, loc, pos, cs, True, torch.float16)
     assert "\n" not in str(err.value) and "rope_dim 16, head_dim 32" in str(err.value)
     assert torch.equal(q, q0) and not k_buf.any()  # refused before anything ran
+
+
+# -- sgl_kernel_rope_cubin: the cubin reader and the op's host decisions, on CPU ---------------
+ROPE_SIG = {"bf16": ("13__nv_bfloat16", "S3_S3_S3_S3_S3_S3_PfPT5_jjjjmmmmmmmmmmmmmmS6_"),
+            "fp16": ("6__half", "S3_S3_S3_S3_S3_S3_PfPT5_jjjjmmmmmmmmmmmmmmS6_")}
+
+
+def _rope_cubin(path, entries=(("0", 128, 8, 16, "bf16"), ("1", 64, 8, 8, "fp16")), kinds=("Kernel", "HeadParallelismKernel")):
+    names = []
+    for interleave, dim, vec, bdx, dt in entries:
+        code, sig = ROPE_SIG[dt]
+        for kind in kinds:
+            base = f"BatchQKApplyRotaryPosIdsCosSinCacheEnhanced{kind}"
+            names.append(f"_ZN10flashinfer{len(base)}{base}ILb1ELb{interleave}ELj{dim}ELj{vec}ELj{bdx}E{code}lEEvPT4_{sig}")
+    # the save_kv_cache=false instances are in the wheel too, and are not taken
+    names.append(names[0].replace("ILb1ELb", "ILb0ELb"))
+    path.write_bytes(b"\x7fELF" + b"\x00" * 60 + b"\x00".join([b"", *(n.encode() for n in names), b""]))
+    return path
+
+
+def test_rope_cubin_reader_takes_the_fused_instances_with_their_launch_shape(tmp_path):
+    from kvprof.writers.rope_sgl_cubin import launch_shape, read_rope_cubin
+
+    cub = read_rope_cubin(_rope_cubin(tmp_path / "r.cubin"))
+    assert sorted(cub.kernels, key=str) == [(False, 128, torch.bfloat16), (True, 64, torch.float16)]
+    k = cub.kernels[(False, 128, torch.bfloat16)]
+    assert (k.vec_size, k.bdx) == (8, 16) == launch_shape(128, 2)
+    assert "ILb1ELb0ELj128" in k.token_parallel and "64BatchQKApplyRotaryPosIdsCosSinCacheEnhancedHeadParallelism" in k.head_parallel
+    assert launch_shape(512, 2) == (16, 32) and launch_shape(128, 4) == (4, 32)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda p: p.write_bytes(b"not an elf"), "not a cubin"),
+    (lambda p: _rope_cubin(p, kinds=("Kernel",)), "lacks sgl-kernel's BatchQKApplyRotaryPosIdsCosSinCacheEnhanced"),
+    (lambda p: _rope_cubin(p, entries=(("0", 128, 4, 32, "bf16"),)), "lacks"),  # a launch shape the host code would not pick
+    (lambda p: None, "cannot read sgl-kernel rope cubin"),
+])
+def test_a_bad_rope_cubin_is_one_line(tmp_path, make, match):
+    from kvprof.writers.rope_sgl_cubin import read_rope_cubin
+
+    path = tmp_path / "bad.cubin"
+    make(path)
+    with pytest.raises(ValueError, match=match) as info:
+        read_rope_cubin(path)
+    assert "\n" not in str(info.value)
+
+
+def _rope_args(tokens=5, hq=8, hk=1, dim=128, rope_dim=None, dtype=torch.bfloat16):
+    rows = max(32, 2 * tokens + 2)
+    q, k, v, cs, pos, loc = make_case(tokens=tokens, hq=hq, hk=hk, dim=dim, rope_dim=rope_dim, dtype=dtype, rows=rows)
+    k_buf = torch.zeros(rows, hk, dim, dtype=dtype)
+    return [q, k, v, k_buf, torch.zeros_like(k_buf), loc, pos, cs]
+
+
+@pytest.mark.parametrize("tokens, block, blocks", [(1, (16, 8), 1), (8, (16, 8), 1), (9, (16, 8), 2), (600, (16, 8), 75)])
+def test_rope_launch_decisions_are_the_ops(tmp_path, tokens, block, blocks):
+    from kvprof.writers.rope_sgl_cubin import plan_rope_launch, read_rope_cubin
+
+    cub = read_rope_cubin(_rope_cubin(tmp_path / "r.cubin"))
+    args = _rope_args(tokens)
+    plan = plan_rope_launch(cub, *args, True, need_cuda=False)
+    assert (plan.key, plan.block, plan.blocks_x, plan.heads) == ((False, 128, torch.bfloat16), block, blocks, 9)
+    q, k, v, k_buf, v_buf, loc, pos, cs = args
+    values = [a.value for a in plan.args]
+    assert len(values) == 28 and values[:9] == [t.data_ptr() for t in (q, k, v, q, k, k_buf, v_buf, cs, pos)]
+    assert values[9:13] == [tokens, 8, 1, 128]  # nnz, q heads, kv heads, rotary dim (uint32)
+    assert values[13:27] == [1024, 128, 128, 128, 128, 128, 1024, 128, 128, 128, 128, 128, 128, 128]
+    assert values[27] == loc.data_ptr() and [type(a).__name__ for a in plan.args[9:13]] == ["c_uint"] * 4
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.__setitem__(5, a[5].int()), "slots and positions must be contiguous int64"),
+    (lambda a: a.__setitem__(3, a[3].half()), "k, v and the caches must be q's dtype"),
+    (lambda a: a.__setitem__(7, a[7][:, :8].contiguous()), "rope_dim 8 must be at most head_dim and a multiple of 16"),
+    (lambda a: a.__setitem__(2, a[2][:, :, :64]), "v and the cache rows must have k's heads and head size"),
+    (lambda a: a.__setitem__(0, torch.zeros(5, 8, 128, dtype=torch.bfloat16).to(torch.float32)),
+     "k, v and the caches must be q's dtype"),
+])
+def test_the_rope_ops_refusals_are_one_line(tmp_path, change, match):
+    from kvprof.writers.rope_sgl_cubin import plan_rope_launch, read_rope_cubin
+
+    cub = read_rope_cubin(_rope_cubin(tmp_path / "r.cubin"))
+    args = _rope_args()
+    change(args)
+    with pytest.raises(RuntimeError, match=match) as info:
+        plan_rope_launch(cub, *args, True, need_cuda=False)
+    assert "\n" not in str(info.value)
+    with pytest.raises(RuntimeError, match="no kernel for head_dim 64, torch.bfloat16, NeoX"):
+        plan_rope_launch(cub, *_rope_args(dim=64), True, need_cuda=False)
+    with pytest.raises(RuntimeError, match="all tensors must be CUDA tensors"):
+        plan_rope_launch(cub, *_rope_args(), True)
+
+
+def test_sgl_kernel_rope_cubin_says_why_not_here():
+    from kvprof.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
+
+    w = SglKernelRopeCubinWriter()
+    reason = w.unsupported_reason(CUDA, torch.bfloat16, torch.bfloat16)
+    if not torch.cuda.is_available():
+        assert reason == "sgl_kernel_rope_cubin needs CUDA"
+    assert w.info().extra == {"rope": "fused"} and w.rope_fused

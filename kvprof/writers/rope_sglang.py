@@ -217,7 +217,8 @@ class SglangTritonRopeCacheWriter(RopeKVWriter):
         return None
 
     @staticmethod
-    def shape_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin_cache: torch.Tensor) -> str | None:
+    def shape_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, is_neox: bool) -> str | None:
         """Why the kernel cannot take these shapes (its asserts, and q returned as a 2-D view), or None."""
         _, hq, dim = q.shape
         hk, v_dim = k.shape[1], v.shape[-1]
@@ -236,7 +237,7 @@ class SglangTritonRopeCacheWriter(RopeKVWriter):
             raise RuntimeError(self._missing)
         if dtype != k.dtype or k_buf.dtype != k.dtype:
             raise ValueError(f"{self.name} stores into a cache of k's dtype, not {k.dtype} into {dtype}")
-        why = self.shape_reason(q, k, v, cos_sin_cache)
+        why = self.shape_reason(q, k, v, k_buf, v_buf, cos_sin_cache, is_neox)
         if why:
             raise ValueError(why)
         if not q.shape[0]:
