@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The rope + K/V store of a whole decoder stack, per layer, from CUDA graphs: kvprof's CUDA and
-Triton writers against SGLang's kernels, and against the store alone.
+Triton writers against SGLang's and sgl-kernel's kernels, and against the store alone.
 
     cd <repo> && OUT=/tmp/out python lab/rope_bench.py     # or: bash gpu/run_gpu_checks.sh rope
 
@@ -71,6 +71,11 @@ def factories() -> dict[str, Callable[[], Any]]:
 
         return make
 
+    def sgl_cubin() -> Any:
+        from kvprof.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
+
+        return SglKernelRopeCubinWriter()
+
     def store(name: str) -> Callable[[], Any]:
         def make() -> Any:
             from kvprof.writers import create_writer
@@ -87,6 +92,7 @@ def factories() -> dict[str, Callable[[], Any]]:
         "rope_then_cuda_fused": triton("cuda_fused"),
         "sglang_rope_store": sglang("jit"),
         "sglang_triton_rope_cache": sglang("triton"),
+        "sgl_kernel_rope_cubin": sgl_cubin,
         "store:cuda_fused": store("cuda_fused"),
         "store:triton_fused": store("triton_fused"),
     }
