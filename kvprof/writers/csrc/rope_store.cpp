@@ -143,13 +143,16 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   };
   auto fits = [&](int64_t n) {
     const int64_t in_align = n * 2, out_align = n * out_bytes;
-    for (int64_t len : {dim, v_dim, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1)}) {
-      if (len % n) return false;
+    if (dim % n || v_dim % n) return false;
+    for (const at::Tensor* t : {&q, &k, &v}) {  // the stride of a dim of size 1 is never used
+      for (int d : {0, 1}) {
+        if (t->size(d) > 1 && t->stride(d) % n) return false;
+      }
     }
     return rope_dim % (neox ? 2 * n : n) == 0 && aligned(q.data_ptr(), in_align) && aligned(k.data_ptr(), in_align) &&
            aligned(v.data_ptr(), in_align) && aligned(k_out.data_ptr(), out_align) &&
            aligned(v_out.data_ptr(), out_align) && aligned(cos_sin.data_ptr(), 4 * cos_floats(n)) &&
-           cos_sin.stride(0) % cos_floats(n) == 0;
+           (cos_sin.size(0) <= 1 || cos_sin.stride(0) % cos_floats(n) == 0);
   };
   const int vec = fits(8) ? 8 : (fits(2) ? 2 : 0);
   TORCH_CHECK(vec > 0,
