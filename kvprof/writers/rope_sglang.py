@@ -138,7 +138,7 @@ class SglangRopeStoreWriter(RopeKVWriter):
                       rope_dim=rope_dim)
         from kvprof.validation import check_buffers_inputs
 
-        cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's rows, as the pool passes them
+        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's rows, as the pool passes them
         store_path = self._store_writer().write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
         return f"{FALLBACK_PREFIX} {why}; SGLang's rotary kernel, then store_cache ({store_path})"
 
