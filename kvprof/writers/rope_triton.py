@@ -266,7 +266,7 @@ class RopeThenStoreWriter(RopeKVWriter):
     def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
               k_scale=None, v_scale=None) -> str:
         self.rotary.rotate(q, k, positions, cos_sin_cache, is_neox)
-        cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's rows, as the pool passes them
+        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's inputs, as the pool passes them
         return self.store.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
     def info(self) -> WriterInfo:
