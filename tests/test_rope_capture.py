@@ -55,7 +55,7 @@ def test_pool_rope_write_stores_the_rotated_rows():
 
 @needs_interpreter
 @pytest.mark.parametrize("case", ["slot past the end", "negative position", "position past the table",
-                                  "bad positions dtype", "layer", "store writer", "scale"])
+                                  "bad positions dtype", "layer", "store writer", "scale", "v in the V cache"])
 def test_pool_rope_refusals_write_and_rotate_nothing(case):
     q, k, v, loc, pos, table = _inputs()
     writer = create_writer("index_put" if case == "store writer" else "rope_then_triton_fused")
@@ -66,7 +66,8 @@ def test_pool_rope_refusals_write_and_rotate_nothing(case):
                  "negative position": {"positions": torch.tensor([0, -1, 2])},
                  "position past the table": {"positions": torch.tensor([0, 32, 2])},
                  "bad positions dtype": {"positions": pos.float()},
-                 "layer": {"layer": 2}, "store writer": {}, "scale": {"k_scale": -1.0}}[case])
+                 "layer": {"layer": 2}, "store writer": {}, "scale": {"k_scale": -1.0},
+                 "v in the V cache": {"v": pool.v_buffer[0][4:7]}}[case])
     with pytest.raises(ValueError) as err:
         pool.set_kv_buffer_with_rope(**args)
     assert "\n" not in str(err.value)
