@@ -236,11 +236,10 @@ class RopeThenStoreWriter(RopeKVWriter):
 
     name = "rope_then_store"
     rope_fused = False
-    devices = ("cpu", "cuda")
     rope_kernels = 1  # launches before the store's own: the rotary kernel
 
     def __init__(self, store: str = "index_put", rope_config: RopeConfig | dict[str, int] | None = None,
-                 rope_pdl: bool | None = None, **store_options: object) -> None:
+                 rope_pdl: bool | None = None, **store_options: Any) -> None:
         """``store``: a registered MHA store writer, built with the remaining keywords;
         ``rope_config``/``rope_pdl``: the rotary kernel's launch shape and PDL (None: where it
         exists, as the store writers' own default)."""
@@ -282,7 +281,7 @@ class RopeThenTwoStreamWriter(RopeThenStoreWriter):
     name = "rope_then_two_stream"
 
     def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
-                 **store_options: object) -> None:
+                 **store_options: Any) -> None:
         super().__init__("two_stream", rope_config, rope_pdl, **store_options)
 
 
@@ -292,7 +291,7 @@ class RopeThenTritonFusedWriter(RopeThenStoreWriter):
     name = "rope_then_triton_fused"
 
     def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
-                 **store_options: object) -> None:
+                 **store_options: Any) -> None:
         super().__init__("triton_fused", rope_config, rope_pdl, **store_options)
 
 
