@@ -101,13 +101,38 @@ PY
     ;;
   layer)
     stamp layer
-    # every write inside a Llama-3.1-70B TP8 decoder layer (per-rank GEMMs, rotary, attention
-    # over 4096 cached tokens per request), decode at batch 1/10/64 from CUDA graphs
+    # every write inside a Llama-3.1-70B TP8 decoder layer (per-rank GEMMs, Llama-3.1's rotary in
+    # place on the QKV output's q and k views, SGLang's Triton decode attention over 4096 cached
+    # tokens per request plus the new one), decode at batch 1/10/64 from CUDA graphs; the rope
+    # variants replace the rotary and the store. SGLang's attention needs SGLang: installed from
+    # .whl into /tmp/site as the rope step does (checkout first on the path); without it the
+    # capture says so and runs torch SDPA (the manifest's config.resolved.layer says which ran).
+    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
+    layer_path=$PWD
+    if [ -d /tmp/site/sglang ]; then
+      layer_path=$layer_path:/tmp/site
+      PYTHONPATH=$layer_path python3 -c "import sgl_kernel" 2>/dev/null || layer_path=$layer_path:$PWD/gpu/sgl_kernel_stub
+    fi
     rm -rf /tmp/kvprof-layer
-    timeout ${LAYER_TIMEOUT:-500} python3 -m kvprof capture --model llama-3.1-70b --tp 8 --context layer \
-      --context-len 4096 --variants ${LAYER_VARIANTS:-index_put,two_stream,sgl_kernel_cubin,triton_fused,cuda_fused} \
+    PYTHONPATH=$layer_path${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${LAYER_TIMEOUT:-480} \
+      python3 -m kvprof capture --model llama-3.1-70b --tp 8 --context layer --context-len 4096 \
+      --variants ${LAYER_VARIANTS:-two_stream,triton_fused,sgl_kernel_cubin,rope_then_triton_fused,rope_triton_fused} \
       --phase decode --batch-sizes 1,10,64 --steps 5 --warmup 2 --reference-steps 60 --profiler both \
       --out /tmp/kvprof-layer --run-id h200-llama70b-tp8-layer --no-progress 2>&1 | tee "$OUT/layer.txt"
+    # the layer's kernels as recorded, the savings, where the writes sit in the traces, the gap notes
+    python3 - /tmp/kvprof-layer/h200-llama70b-tp8-layer 2>&1 <<'PY' | tee "$OUT/layer-steps.txt"
+import sys
+from pathlib import Path
+
+import orjson
+
+from kvprof.report.layer_steps import render_layer_steps
+from kvprof.report.terminal import make_console
+
+run = Path(sys.argv[1])
+print("layer kernels:", orjson.loads((run / "manifest.json").read_bytes())["config"]["resolved"].get("layer"))
+render_layer_steps(orjson.loads((run / "summary.json").read_bytes()).get("layer_steps"), make_console())
+PY
     ( cd /tmp/kvprof-layer && tar czf "$OUT/layer.tgz" h200-llama70b-tp8-layer )
     ;;
   bench)

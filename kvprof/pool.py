@@ -86,7 +86,9 @@ class KVPool:
         self.end_layer = start_layer + layer_num - 1
         self.device = _resolve(torch.device(device))
         self._device_index = self.device.index if self.device.type == "cuda" else -1  # Tensor.get_device()
-        self.writer = writer
+        # typed as the store writer of the hot path; a rope writer is used only by
+        # set_kv_buffer_with_rope (and refused by set_kv_buffer)
+        self.writer: KVWriter = writer  # type: ignore[assignment]
         self._writer_checks = bool(getattr(writer, "validates_inputs", False))
         # a rope writer rotates q and k too: it writes through set_kv_buffer_with_rope only
         self._rope_writer = isinstance(writer, RopeKVWriter)

@@ -132,11 +132,26 @@ def test_cpu_capture_of_rope_variants_says_fused_into_rope(tmp_path, capsys):
     assert summary["variants"]["rope_triton_fused"]["fused"] is True
 
 
-def test_rope_variants_refuse_a_layer_context_by_name(tmp_path, capsys):
-    rc = main(["capture", "--model", "llama-3.1-8b", "--batch-sizes", "1", "--phase", "decode", "--steps", "1",
-               "--no-progress", "--context", "layer", "--variants", "rope_triton_fused", "--out", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert rc != 0 and "--context layer rotates them in its own layers" in err and "Traceback" not in err
+@pytest.mark.slow
+def test_rope_variants_run_inside_a_layer_context(tmp_path, capsys):
+    """With --context layer a rope writer replaces the layer's rotary and store; the savings
+    are measured against two_stream and rope_then_triton_fused."""
+    rc = main(["capture", "--model", "tiny=2x1x64", "--tp", "1", "--batch-sizes", "2", "--phase", "decode",
+               "--steps", "1", "--warmup", "1", "--reference-steps", "2", "--no-progress", "--context", "layer",
+               "--context-len", "8", "--variants", "two_stream,rope_then_triton_fused,rope_triton_fused",
+               "--out", str(tmp_path), "--run-id", "l"])
+    assert rc == 0, capsys.readouterr().err
+    run = tmp_path / "l"
+    manifest = orjson.loads((run / "manifest.json").read_bytes())
+    assert set(manifest["variants"]["rope_triton_fused"]["paths"]) == {ROPE_FUSED}
+    trace = orjson.loads(gzip.decompress((run / "rope_triton_fused.pt.trace.json.gz").read_bytes()))
+    assert trace["kvprof"]["context"] == "layer"
+    assert "set_kv_buffer[rope_triton_fused] L1" in {e.get("name") for e in trace["traceEvents"]}
+    steps = orjson.loads((run / "summary.json").read_bytes())["layer_steps"]
+    assert steps["against"] == ["two_stream", "rope_then_triton_fused"]
+    assert {(s["variant"], s["against"]) for s in steps["savings"]} == {
+        ("rope_triton_fused", "two_stream"), ("rope_triton_fused", "rope_then_triton_fused"),
+        ("rope_then_triton_fused", "two_stream")}
 
 
 needs_compiled = pytest.mark.skipif(rk.triton is None or rk.interpreted(),

@@ -11,10 +11,18 @@ from kvprof import __version__
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.generic import generic_summary
 from kvprof.analysis.jsonsafe import clean
+from kvprof.analysis.layer_step import WriteBoundary, layer_steps, write_boundaries
 from kvprof.analysis.metrics import fused_or_fell_back, group_metrics
 from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.ranks import analyze_ranks, collective_per_step
-from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs, trace_rank
+from kvprof.analysis.writes import (
+    WRITE_COLUMNS,
+    gpu_work_rows,
+    per_step_table,
+    per_write_table,
+    peak_bandwidth_gbs,
+    trace_rank,
+)
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
@@ -63,6 +71,7 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     writes_l, steps_l, traces_doc = [], [], []
     world_size = loaded.manifest.world_size if loaded.manifest is not None else None
     rank_inputs: list[tuple[str, int, pd.DataFrame]] = []  # a multi-rank run: (trace, rank, collectives)
+    boundaries: list[WriteBoundary] = []  # --context layer: where the writes sit on each trace's GPU timeline
     bpt: dict[str, float] = {}
     for name, entry in loaded.variants.items():
         if entry.bytes_per_token is not None:
@@ -76,6 +85,8 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
         s = per_step_table(t, w, ev)
         writes_l.append(w)
         steps_l.append(s)
+        if t.kvprof is not None and t.kvprof.context == "layer":
+            boundaries += write_boundaries(gpu_work_rows(ev), w)
         if world_size is not None:
             rank = trace_rank(ev)
             rank_inputs.append((t.path, rank, collective_per_step(ev, rank)))
@@ -134,6 +145,9 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
         comparison=clean(comparison), observer=clean(observer), trusted_sources=clean(sources),
         reference=clean(_reference_doc(loaded)), warnings=list(dict.fromkeys(warnings)),
     )
+    steps_doc = layer_steps(loaded.timings, boundaries, sources)
+    if steps_doc is not None:
+        summary.layer_steps = clean(steps_doc.to_json())
     if world_size is not None and loaded.manifest is not None:
         ranks = analyze_ranks(writes, steps, rank_inputs, loaded.manifest.ranks, world_size)
         summary.ranks = ranks.to_json()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from kvprof.capture.config import CaptureConfig
+from kvprof.capture.rope_session import RopeSession
 from kvprof.capture.session import MHASession, PreparedPhase, VariantSession
 from kvprof.core.errors import UsageError
 from kvprof.layer import DecoderContext
@@ -132,9 +133,8 @@ def session_for(config: CaptureConfig, writer: Writer, device: torch.device,
     """The session for ``config``'s layout (the MHA pool's, or an MLA or paged one), closed after the block."""
     layout = config.layout_name()
     session: VariantSession[Any]
-    if layout == "mha" and get_layout(layout).contract_of(writer) == "rope":  # rope + store writes
-        from kvprof.capture.rope_session import RopeSession
-
+    rope = layout == "mha" and get_layout(layout).contract_of(writer) == "rope"
+    if rope and kw.get("context") is None:  # rope + store writes alone (in a layer: MHASession)
         session = RopeSession(config, writer, device, **kw)
     elif layout == "mha":
         session = MHASession(config, writer, device, **kw)

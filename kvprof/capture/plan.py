@@ -77,8 +77,6 @@ def _rope_reason(config: CaptureConfig, writer: Writer) -> str | None:
     on one rank (``kvprof.capture.rope_session``)."""
     if config.layout_name() != "mha" or get_layout("mha").contract_of(writer) != "rope":
         return None
-    if config.context == "layer":
-        return "it rotates q and k with the write; --context layer rotates them in its own layers (capture writes only)"
     if config.ranks is not None:
         return "rope + store writes are captured on one rank (no --ranks)"
     return None
@@ -108,12 +106,15 @@ class _Unavailable(KVWriter):
         raise RuntimeError(f"{self.name} is unavailable")
 
 
-def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None) -> Manifest:
+def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None,
+                  context: DecoderContext | None = None) -> Manifest:
     phases = config.phase_specs(graphs_possible=device.type == "cuda")
     settings = config.as_dict()
     if runtime is not None:
         settings["threads"] = runtime.threads
         settings["resolved"]["triton_interpret"] = runtime.triton_interpret
+    if context is not None:  # the layer's attention and rotary kernels (kvprof.core.layer_kernels)
+        settings["resolved"]["layer"] = context.kernels.as_dict()
     return Manifest(
         kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
         config=settings, phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
@@ -155,7 +156,8 @@ def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext 
         raise UsageError(
             f"--context layer for {shape.model} at tp {shape.tp} needs {need / 2**30:.1f} GiB of weights on "
             f"{device}, more than the {have / 2**30:.1f} GiB available; pick a smaller --model or a larger --tp")
-    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed)
+    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed, k_scale=config.k_scale,
+                          v_scale=config.v_scale)
 
 
 def check_replaceable(final: Path, force: bool) -> None:

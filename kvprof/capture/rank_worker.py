@@ -65,9 +65,7 @@ class RankSession(MHASession):
         if mode == "writes":
             self.write_step(loc, prepared.k, prepared.v)
             return
-        assert self.context is not None
-        self.context.step(loc, self._write if mode == "layer" else None, self.layers, self._buffers,
-                          decode=prepared.spec.phase == "decode", reduce=self._reduce)
+        self.layer_step(prepared, loc, mode, reduce=self._reduce)
 
     def close(self) -> None:
         self._stand_in.clear()

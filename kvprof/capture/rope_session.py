@@ -6,8 +6,9 @@ rotary embedding reads: q, k and v as views of one projection output ``[tokens, 
 D]`` (the strides an engine passes), a float32 cos/sin table of ``max_position`` rows and
 the tokens' positions -- consecutive for a prefill chunk, one per request for decode. The
 rotation is NeoX-style over the whole head (Llama's), and each write rotates q and k in place
-again, as every layer of a model rotates its own q and k. Writes only: ``--context layer``
-rotates q and k inside its own decoder layers.
+again, as every layer of a model rotates its own q and k. Writes only: with ``--context
+layer`` the rope writers run in the MHA session's decoder layers instead of the layer's
+rotary and store (``kvprof.capture.session.MHASession``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ class RopeSession(MHASession):
     def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
                  context: DecoderContext | None = None) -> None:
         if context is not None:
-            raise UsageError(f"{writer.name} rotates q and k with the write; --context layer rotates them inside its "
-                             "own decoder layers: capture rope variants without --context")
+            raise UsageError(f"{writer.name} in a decoder layer runs in MHASession (session_for picks it)")
         super().__init__(config, writer, device, instrument=instrument, context=None)
         self.q_heads = self.shape.q_head_num or self.shape.head_num
         # a table that covers every position a phase uses: decode requests at up to

@@ -77,9 +77,11 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
+    if context is not None:
+        log(f"--context layer: {context.kernels.describe()}")
     with atomic_directory(final, replace=config.force) as tmp:
         tmp = Path(tmp)
-        manifest = base_manifest(config, device, runtime)
+        manifest = base_manifest(config, device, runtime, context)
         for p in planned:
             manifest.variants[p.name] = variant_entry(p)
         steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))

@@ -9,6 +9,12 @@ A step runs in one of three modes: ``writes`` (every layer's write back to back)
 layers with the write left out: what the rest of the step costs). The capture's own mode
 is ``layer`` with a decoder context, else ``writes``; the reference pass also times the
 other two to measure the write's share of a step and the projection's inputs.
+
+With a decoder context every variant is held to the same unit of work, the rotary
+embedding plus the K/V store, fed as the layer feeds it (q, k, v views of one QKV output):
+a store writer runs after the layer's rotary, a rope writer (``RopeKVWriter``) does both.
+``layer_no_write`` keeps the rotary and leaves the store out, for every variant alike, and
+``writes`` runs the unit alone, layer after layer, on a QKV-shaped input.
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ import torch
 from kvprof.capture.config import CaptureConfig
 from kvprof.core.errors import UsageError
 from kvprof.instrument import make_pool, phase_range, step_range
-from kvprof.layer import DecoderContext
+from kvprof.layer import DecoderContext, Rotary, split_qkv
 from kvprof.layouts.layout import Layout, PoolT, Writer, get_layout
 from kvprof.pool import KVPool
 from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size, make_inputs
 from kvprof.writers import KVWriter
+from kvprof.writers.rope_base import RopeKVWriter
 
 MODES = ("writes", "layer", "layer_no_write")
 
@@ -42,6 +49,10 @@ class PreparedPhase:
     graphs: dict[str, torch.cuda.CUDAGraph] = field(default_factory=dict)  # by mode
     static_loc: torch.Tensor | None = None
     graph_paths: dict[str, int] = field(default_factory=dict)  # paths the captured writes took (main mode)
+    # the writes-alone input where q is part of the write (a decoder context, a rope writer):
+    # one QKV output [tokens, (Hq + 2 Hk) D] and the tokens' positions
+    qkv: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph | None:
@@ -134,10 +145,15 @@ class VariantSession(abc.ABC, Generic[PoolT]):
                              "writes only")
         self.write_step(loc, prepared.k, prepared.v)
 
+    def before_step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
+        """What the engine updates before a step and outside its graph (attention metadata)."""
+
     def warm_up(self, prepared: PreparedPhase, mode: str | None = None) -> None:
         """Eager warm-up steps (JIT compiles, allocator, autotuning) outside any measurement."""
         for i in range(self.config.warmup):
-            self.step(prepared, prepared.locs[i % prepared.spec.steps], mode)
+            loc = prepared.locs[i % prepared.spec.steps]
+            self.before_step(prepared, loc, mode)
+            self.step(prepared, loc, mode)
         self.synchronize()
 
     def capture_graph(self, prepared: PreparedPhase, mode: str | None = None) -> None:
@@ -165,6 +181,7 @@ class VariantSession(abc.ABC, Generic[PoolT]):
         """Step ``i`` of the phase in ``mode``: a graph replay where one was captured, else eager."""
         graph = prepared.graphs.get(mode)
         loc = prepared.locs[i % prepared.spec.steps]
+        self.before_step(prepared, loc, mode)
         if graph is not None:
             assert prepared.static_loc is not None
             prepared.static_loc.copy_(loc, non_blocking=True)
@@ -216,9 +233,18 @@ class VariantSession(abc.ABC, Generic[PoolT]):
 
 class MHASession(VariantSession[KVPool]):
     """The MHA pool's session: slots from SGLang's allocator, and optionally a decoder layer
-    around each write (``--context layer``)."""
+    around each write (``--context layer``). In a layer its writer is a store (``KVWriter``,
+    through ``set_kv_buffer`` after the layer's rotary) or a rope writer (``RopeKVWriter``,
+    through ``set_kv_buffer_with_rope`` instead of the rotary and the store); rope writers
+    without a layer have their own session (``kvprof.capture.rope_session``)."""
 
-    writer: KVWriter
+    writer: KVWriter | RopeKVWriter  # type: ignore[assignment]
+
+    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
+                 context: DecoderContext | None = None):
+        super().__init__(config, writer, device, instrument=instrument, context=context)
+        self.rope = isinstance(writer, RopeKVWriter)
+        self.rotary: Rotary | None = context.rotary if context is not None else None  # the layer's
 
     def make_pool(self, instrument: bool) -> KVPool:
         config, device, context = self.config, self.device, self.context
@@ -248,7 +274,15 @@ class MHASession(VariantSession[KVPool]):
             spec.tokens, self.shape.head_num, self.shape.head_dim, self.shape.v_head_dim,
             self.input_dtype, self.device, seed=self.config.seed + index, scale=amplitude,
         )
-        return PreparedPhase(spec, locs, k, v)
+        prepared = PreparedPhase(spec, locs, k, v)
+        if self.rotary is not None:
+            s = self.shape
+            gen = torch.Generator(device="cpu").manual_seed(self.config.seed + 1000 + index)
+            qkv = torch.randn((spec.tokens, (s.q_head_num + 2 * s.head_num) * s.head_dim), generator=gen) * amplitude
+            prepared.qkv = qkv.to(dtype=self.input_dtype, device=self.device)
+            assert self.context is not None
+            prepared.positions = self.context.positions(spec.tokens, spec.phase == "decode")
+        return prepared
 
     # the MHA layout's write (MHALayout.write) called on the pool directly: the measured hot path
     def write_step(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -258,18 +292,57 @@ class MHASession(VariantSession[KVPool]):
     def _write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
 
+    def _rope_write(self, layer: int, loc: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+        self.pool.set_kv_buffer_with_rope(layer, loc, q, k, v, positions, cos_sin_cache, is_neox, self.k_scale,
+                                          self.v_scale)
+
     def _buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pool.get_key_buffer(layer), self.pool.get_value_buffer(layer)
+
+    def _unit_step(self, prepared: PreparedPhase, loc: torch.Tensor) -> None:
+        """The writes alone when q is part of the unit: rotary + store (or the rope write)
+        per layer, on q, k, v views of the phase's QKV input."""
+        assert prepared.qkv is not None and prepared.positions is not None and self.rotary is not None
+        s, rotary, positions = self.shape, self.rotary, prepared.positions
+        q, k, v = split_qkv(prepared.qkv, s.q_head_num, s.head_num, s.head_dim)
+        for layer in self.layers:
+            if self.rope:
+                self._rope_write(layer, loc, q, k, v, positions, rotary.cos_sin_cache, rotary.is_neox)
+            else:
+                rotary(q, k, positions)
+                self.pool.set_kv_buffer(layer, loc, k, v, self.k_scale, self.v_scale)
+
+    def before_step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
+        if self.context is not None and (mode or self.mode) != "writes":
+            self.context.prepare_step(loc, decode=prepared.spec.phase == "decode")
 
     def step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
         """One step of ``prepared``'s phase in ``mode`` (default: the session's own)."""
         mode = mode or self.mode
         if mode == "writes":
-            self.write_step(loc, prepared.k, prepared.v)
+            if prepared.qkv is not None:
+                self._unit_step(prepared, loc)
+            else:
+                self.write_step(loc, prepared.k, prepared.v)
             return
+        self.layer_step(prepared, loc, mode)
+
+    def bytes_per_token(self) -> int:
+        if self.rope:  # q and k read and written back too
+            return self.pool.rope_bytes_per_write(1, self.shape.q_head_num, self.input_dtype)
+        return super().bytes_per_token()
+
+    def layer_step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str,
+                   reduce: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """The decoder layers, the write (store or rope write) in ``layer`` mode only; returns
+        the last layer's output."""
         assert self.context is not None
-        self.context.step(loc, self._write if mode == "layer" else None, self.layers, self._buffers,
-                          decode=prepared.spec.phase == "decode")
+        store = mode == "layer" and not self.rope
+        absorbed = mode == "layer" and self.rope
+        return self.context.step(loc, self._write if store else None, self.layers, self._buffers,
+                          decode=prepared.spec.phase == "decode", reduce=reduce,
+                          rope_write=self._rope_write if absorbed else None)
 
     def close(self) -> None:
         self.pool.k_buffer.clear()

@@ -15,6 +15,9 @@ Top-level keys (``SUMMARY_SCHEMA``):
 - reference: what the reference pass timed (context, clock, steps per series)
 - write_kernels: kvprof.analysis.write_kernels (analyze only)
 - ranks: a multi-rank run's per-rank rows, skew and same-path check (kvprof.analysis.ranks)
+- layer_steps: a --context layer run's measured step savings against two_stream and
+  rope_then_triton_fused, where the writes sit on the traced GPU timeline, and the notes
+  accounting for each gap between measurement and projection (kvprof.analysis.layer_step)
 - warnings: every warning, one sentence each
 
 The tables (groups, layers, traces, observer, comparison) stay rows of plain values:
@@ -76,6 +79,7 @@ class Summary:
     warnings: list[str] = field(default_factory=list)
     write_kernels: dict[str, Any] | None = None
     ranks: dict[str, Any] | None = None  # a multi-rank run: kvprof.analysis.ranks.RankAnalysis.to_json
+    layer_steps: dict[str, Any] | None = None  # --context layer: kvprof.analysis.layer_step.LayerSteps.to_json
     kvprof_version: str = ""
     schema: str = SUMMARY_SCHEMA
 
@@ -95,6 +99,8 @@ class Summary:
             d["write_kernels"] = self.write_kernels
         if self.ranks is not None:
             d["ranks"] = self.ranks
+        if self.layer_steps is not None:
+            d["layer_steps"] = self.layer_steps
         return d
 
     @classmethod
@@ -114,7 +120,9 @@ class Summary:
             observer=d.get("observer") or {}, trusted_sources=list(d.get("trusted_sources") or []),
             reference=d.get("reference"), warnings=list(d.get("warnings") or []),
             write_kernels=d.get("write_kernels"),
-            ranks=d.get("ranks") if isinstance(d.get("ranks"), dict) else None, kvprof_version=str(d.get("kvprof_version", "")),
+            ranks=d.get("ranks") if isinstance(d.get("ranks"), dict) else None,
+            layer_steps=d.get("layer_steps") if isinstance(d.get("layer_steps"), dict) else None,
+            kvprof_version=str(d.get("kvprof_version", "")),
             schema=str(d["schema"]),
         )
 

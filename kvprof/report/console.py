@@ -28,6 +28,7 @@ from kvprof.report.cells import (
     table,
     us,
 )
+from kvprof.report.layer_steps import render_layer_steps
 from kvprof.report.ranks import render_ranks
 
 SOURCE_NAMES = {"reference": "the unprofiled reference", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
@@ -298,6 +299,7 @@ def render(summary: Summary, console: Console | None = None) -> None:
         h = cmp.get("headline")
         if h:
             con.print(headline_line(h, cmp["benchmark"]))
+    render_layer_steps(summary.layer_steps, con)  # a --context layer run only
     for w in summary.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
 

@@ -16,10 +16,12 @@ from typing import Any
 from rich.text import Text
 
 from kvprof.core import variants
+from kvprof.core.layer_kernels import LayerKernels
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
 from kvprof.core.numbers import finite_or_none
 from kvprof.report.cells import NA, Cell, Col, cpu_run, print_table, table
+from kvprof.report.layer_steps import saving_lines
 
 SHORT_SOURCE = {"reference": "ref", "kineto": "torch", "nsys": "nsys"}
 SOURCE_WORDS = {"reference": "no profiler", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
@@ -139,6 +141,9 @@ def run_line(manifest: Manifest | None) -> str | None:
                      + (" (--layers; per-write figures do not depend on it)" if ran != model_layers else ""))
     if cfg.get("context") == "layer":
         parts.append("each write inside a decoder layer (--context layer): µs/write is what it adds to the layer")
+        kernels = LayerKernels.from_json((cfg.get("resolved") or {}).get("layer"))
+        if kernels is not None:
+            parts.append(kernels.describe())
     if isinstance(cfg.get("threads"), int):
         parts.append(f"{cfg['threads']} torch thread{'s' if cfg['threads'] != 1 else ''}")
     how = (cfg.get("resolved") or {}).get("triton_interpret")
@@ -200,6 +205,8 @@ def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[st
             lines.append(f"{h['variant']} saves {h['saving_per_step_ms']:.3f} ms per decode step at batch "
                          f"{h['size']} against {summary.comparison['baseline']} "  # type: ignore[index]
                          f"({'measured' if h.get('measured') else 'projected'} over the model's layers)")
+    bench_batch = (summary.comparison or {}).get("benchmark", {}).get("batch", 10)
+    lines += saving_lines(summary.layer_steps, int(bench_batch))  # a --context layer run only
     lines.append(f"the H200 samples (fused vs two-stream writes, both profilers): {DASHBOARD}")
     return lines
 
