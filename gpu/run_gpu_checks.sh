@@ -2,7 +2,7 @@
 # Everything kvprof needs a GPU for, in one call on an H200 machine:
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env smoke tests capture settings layer bench rope, and
+# Steps (default: env capture bench tests): env smoke tests capture settings layer bench rope rope-bench, and
 # the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
@@ -157,6 +157,20 @@ PY
       | tee "$OUT/rope-tests.txt"
     PYTHONPATH=$rope_path${PYTHONPATH:+:$PYTHONPATH} timeout ${ROPE_BENCH_TIMEOUT:-200} python3 lab/rope_bench.py 2>&1 \
       | tee "$OUT/rope-bench.txt"
+    ;;
+  rope-bench)
+    stamp rope-bench
+    # rope + store (docs/layouts.md): the one-launch rope_triton_fused beside the same rotary
+    # kernel followed by kvprof's fused store or SGLang's two-stream store; the kernel's SASS
+    # first (FFMA must be 0), then the bench's rope family and a capture with both profilers
+    python3 gpu/rope_sass_offline.py 2>&1 | tee "$OUT/rope-sass.txt"
+    timeout ${ROPE_KVPROF_BENCH_TIMEOUT:-300} python3 -m kvprof bench --family rope --eager-repeats 10 ${ROPE_KVPROF_BENCH_ARGS:-} \
+      --out "$OUT/bench-rope" 2>&1 | tee "$OUT/bench-rope.txt"
+    rm -rf /tmp/kvprof-rope
+    timeout ${ROPE_CAPTURE_TIMEOUT:-300} python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
+      --variants rope_then_two_stream,rope_then_triton_fused,rope_triton_fused --phase decode,prefill \
+      --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 --reference-steps 200 \
+      --profiler both --out /tmp/kvprof-rope --run-id h200-llama70b-tp8-rope --no-progress 2>&1 | tee "$OUT/capture-rope.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

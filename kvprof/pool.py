@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -188,11 +188,14 @@ class KVPool:
         if k_scale is not None or v_scale is not None:
             _check_scale("k_scale", k_scale)
             _check_scale("v_scale", v_scale)
+        store = self.writer
+        if TYPE_CHECKING:  # a rope writer has no validates_inputs and is refused in _validate
+            assert isinstance(store, KVWriter)
         if self._writer_checks and not self.check_slots:
             # The writer checks every input in compiled code before it launches anything
             # (KVWriter.validates_inputs); the Python checks run only to word a refusal.
             try:
-                path = self.writer.write(
+                path = store.write(
                     self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
                 )
             except Exception:
@@ -200,7 +203,7 @@ class KVPool:
                 raise  # the inputs were fine: the writer's own error
         else:
             loc, cache_k, cache_v = self._validate(idx, loc, cache_k, cache_v)
-            path = self.writer.write(
+            path = store.write(
                 self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
             )
         self.path_counts[path] += 1

@@ -105,3 +105,16 @@ def test_bench_family_shapes_are_one_line_errors(tmp_path, capsys, args, message
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_bench_check_allows_one_ulp_of_the_output_dtype_and_no_more():
+    """A kernel contracted into FMAs (SGLang's) rounds within one ulp: a result, not wrong."""
+    from kvprof.bench.run import _beyond_one_ulp
+
+    ref = torch.tensor([[[1.0, -3.0, 0.15625]]])
+    got = ref.to(torch.bfloat16)
+    one_up = (got.view(torch.int16) + 1).view(torch.bfloat16)
+    two_up = (got.view(torch.int16) + 2).view(torch.bfloat16)
+    tiny = torch.zeros_like(ref)  # no cancellation slack
+    assert _beyond_one_ulp(got, ref, tiny) == 0 and _beyond_one_ulp(one_up, ref, tiny) == 0
+    assert _beyond_one_ulp(two_up, ref, tiny) == 1

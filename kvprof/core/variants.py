@@ -69,6 +69,14 @@ VARIANTS: tuple[VariantInfo, ...] = (
                 claims_fused=True, rope="separate"),
     VariantInfo("rope_triton_fused", Role.KVPROF, "#228833", "kvprof's Triton rope + store in one launch",
                 claims_fused=True, rope="fused"),
+    VariantInfo("rope_cuda_fused", Role.KVPROF, "#117733", "kvprof's CUDA rope + store in one launch",
+                claims_fused=True, rope="fused"),
+    VariantInfo("sglang_rope_store", Role.PEER, "#88ccee", "SGLang's JIT rope + store (FusedSetKVBufferArg)",
+                claims_fused=True, rope="fused"),
+    VariantInfo("sglang_triton_rope_cache", Role.PEER, "#44aa99", "SGLang's Triton fused_qk_rope_reshape_and_cache",
+                claims_fused=True, rope="fused"),
+    VariantInfo("sgl_kernel_rope_cubin", Role.PEER, "#aa4499", "sgl-kernel's rope + set-kv kernels from the wheel's cubin",
+                claims_fused=True, rope="fused"),
     # the MLA latent layout (kvprof.layouts.mla): its reference, SGLang's unfused path, peer, fused
     VariantInfo("mla_index_put", Role.REFERENCE, "#bbbbbb", "MLA: cast, index_put of nope and rope"),
     VariantInfo("mla_cat_copy", Role.BASELINE, "#ddcc77", "MLA: torch.cat then one copy (SGLang unfused)"),
@@ -91,6 +99,7 @@ KVPROF_FUSED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role
                                       and not v.rope)
 ROPE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.rope)
 ROPE_KVPROF_FUSED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.KVPROF and v.rope == "fused")
+ROPE_PEERS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.PEER and v.rope)
 
 
 def info(name: str) -> VariantInfo:
