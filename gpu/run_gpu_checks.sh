@@ -2,8 +2,8 @@
 # Everything kvprof needs a GPU for, in one call on an H200 machine:
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env smoke tests capture settings layer bench, and the
-# lab probes (lab/README.md) tune floor ablation facts.
+# Steps (default: env capture bench tests): env smoke tests capture settings layer bench rope, and
+# the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -114,6 +114,24 @@ PY
     stamp bench
     # BENCH_ARGS narrows the grid (e.g. --variants cuda_fused --tokens 1,64) for a quick look
     timeout ${BENCH_TIMEOUT:-170} python3 -m kvprof bench --eager-repeats 10 ${BENCH_ARGS:-} --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+    ;;
+  rope)
+    stamp rope
+    # the rope + K/V store writers against the float32 reference, then 80 layers of Llama-3.1-70B
+    # TP8 from CUDA graphs (lab/rope_bench.py). SGLang's peers need SGLang: installed from .whl
+    # (gpu/fetch_sglang_wheels.sh) into /tmp/site as gpu/sglang_check.sh does, after the checkout
+    # on the path; without it they are skipped with their reason.
+    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
+    rope_path=$PWD
+    if [ -d /tmp/site/sglang ]; then
+      rope_path=$rope_path:/tmp/site
+      PYTHONPATH=$rope_path python3 -c "import sgl_kernel" 2>/dev/null || rope_path=$rope_path:$PWD/gpu/sgl_kernel_stub
+    fi
+    PYTHONPATH=$rope_path${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${ROPE_TESTS_TIMEOUT:-330} \
+      python3 -m pytest tests/test_rope_gpu.py tests/test_rope_writers.py -m gpu -q -p no:cacheprovider -rs ${ROPE_TESTS_ARGS:-} 2>&1 \
+      | tee "$OUT/rope-tests.txt"
+    PYTHONPATH=$rope_path${PYTHONPATH:+:$PYTHONPATH} timeout ${ROPE_BENCH_TIMEOUT:-200} python3 lab/rope_bench.py 2>&1 \
+      | tee "$OUT/rope-bench.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 # Paths a write can take. ``fused`` is one launch for K and V; anything else is not.
 FUSED = "fused"
+# One launch rotates q and k (rotary embedding) and stores K and V: also one launch for K+V.
+ROPE_FUSED = "fused_into_rope"
 TWO_COPIES = "two_copies"
 TWO_STREAMS = "two_streams"
 COMPILED = "compiled"  # torch.compile's output: the kernel count decides whether it fused
@@ -16,7 +18,13 @@ FALLBACK_PREFIX = "fallback:"
 
 
 def is_fused_path(path: str) -> bool:
-    return path == FUSED
+    """Whether a path stored K and V in one launch (a write fused into the rotary kernel too)."""
+    return path == FUSED or path == ROPE_FUSED
+
+
+def is_rope_fused_path(path: str) -> bool:
+    """Whether one launch ran the rotary embedding and the K+V store."""
+    return path == ROPE_FUSED
 
 
 # kvprof's own range names, shared by the instrumentation that writes them and the

@@ -10,8 +10,11 @@ library, lists the embedded cubins with ``cuobjdump`` (Triton's bundled copy, CU
 PATH) and keeps the one that holds ``store_kv_cache_256x1``/``store_kv_cache_128x2``. It
 writes ``store_kv_cache.sm_90.cubin`` (about 24 KB) and ``store_kv_cache.sm_90.json``
 (wheel name and SHA-256, member, cubin SHA-256, kernel names) to ``--out``; the
-``sgl_kernel_cubin`` writer loads it (``KVPROF_SGL_CUBIN``). Nothing of sgl-kernel is
-committed to kvprof: run this where you need the peer.
+``sgl_kernel_cubin`` writer loads it (``KVPROF_SGL_CUBIN``). Where the wheel also holds the
+fused rope + store kernels (``BatchQKApplyRotaryPosIdsCosSinCacheEnhanced*``), their cubin
+(about 1 MB) goes beside it as ``sgl_rope.sm_90.cubin`` + ``.json``, for
+``sgl_kernel_rope_cubin``. Nothing of sgl-kernel is committed to kvprof: run this where you
+need the peer.
 """
 
 from __future__ import annotations
@@ -114,6 +117,17 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             fail(str(exc))
         image = info.image
+        # sgl-kernel's fused rope + store kernels (the sgl_kernel_rope_cubin writer), where the wheel has them
+        rope_hits = [p for p in sorted(cubins.glob("*.sm_90.cubin"))
+                     if b"BatchQKApplyRotaryPosIdsCosSinCacheEnhancedKernel" in p.read_bytes()]
+        rope_info = None
+        if rope_hits:
+            from kvprof.writers.rope_sgl_cubin import ROPE_CUBIN_NAME, read_rope_cubin
+
+            try:
+                rope_info = read_rope_cubin(rope_hits[0])
+            except ValueError as exc:
+                print(f"sgl_cubin_extract: no rope cubin written: {exc}", file=sys.stderr)
         out = Path(args.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -129,6 +143,18 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         fail(f"cannot write {dest}: {exc.strerror or exc}")
     print(f"wrote {dest} ({len(image)} bytes, {len(info.kernels)} kernels) from {wheel.name}")
+    if rope_info is not None:
+        rope_dest = out / ROPE_CUBIN_NAME
+        rope_meta = {**meta, "member": f"{members[0]}:{rope_hits[0].name}", "cubin_sha256": rope_info.sha256,
+                     "kernels": {f"{'gptj' if il else 'neox'} {dim} {str(dt).removeprefix('torch.')}": k.token_parallel
+                                 for (il, dim, dt), k in sorted(rope_info.kernels.items(), key=str)}}
+        try:
+            atomic_write_text(rope_dest.with_suffix(".json"), json.dumps(rope_meta, indent=1) + "\n")
+            atomic_write_bytes(rope_dest, rope_info.image)
+        except OSError as exc:
+            fail(f"cannot write {rope_dest}: {exc.strerror or exc}")
+        print(f"wrote {rope_dest} ({len(rope_info.image)} bytes, {len(rope_info.kernels)} rope + store instances); "
+              "sgl_kernel_rope_cubin finds it beside KVPROF_SGL_CUBIN")
     print(f"use it with: export KVPROF_SGL_CUBIN={dest}")
 
 

@@ -16,6 +16,9 @@ LAB = Path(__file__).resolve().parents[1]
     ("fp8_ablation.py", {"ABL_CAPTURES": "three"}, "ABL_CAPTURES must be an integer"),
     ("tune_fused.py", {"TUNE_CAPTURES": "x"}, "cannot read TUNE_CAPTURES"),
     ("tune_fused.py", {"TUNE_CAPTURES": "0"}, "TUNE_CAPTURES must be at least 1"),
+    ("rope_bench.py", {"ROPE_REPLAYS": "many"}, "ROPE_REPLAYS must be an integer"),
+    ("rope_bench.py", {"ROPE_VARIANTS": "rope_cuda_fused,nope"}, "unknown ROPE_VARIANTS nope"),
+    ("rope_bench.py", {"ROPE_CACHE": "fp32"}, "ROPE_CACHE must be bf16, fp8_e4m3 or fp8_e5m2"),
 ])
 def test_lab_scripts_refuse_a_bad_setting_in_one_line(script, env, words):
     r = subprocess.run([sys.executable, str(LAB / script)], capture_output=True, text=True,

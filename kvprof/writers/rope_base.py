@@ -1,0 +1,123 @@
+"""The contract of a write that also runs the rotary embedding (rope + K/V store).
+
+Engines fuse the KV-cache store into the rotary kernel (SGLang's ``FusedSetKVBufferArg`` /
+``apply_rope_inplace_with_kvcache``): q ``[T, Hq, D]`` and k ``[T, Hk, D]`` are rotated in
+place, the rotated k is stored into the K cache at ``loc`` and v ``[T, Hk, Dv]`` into the V
+cache. A ``RopeKVWriter`` is one implementation of that unit of work -- one fused launch, or
+a rotary kernel followed by a store writer -- so both are measured behind one contract.
+
+``cos_sin_cache`` is ``[max_position, rope_dim]`` float32, cosines in the first half and
+sines in the second; ``positions`` ``[T]`` int32/int64; ``is_neox`` True rotates the two
+halves of the first ``rope_dim`` dims (GPT-NeoX), False interleaved pairs (GPT-J); dims at
+and past ``rope_dim`` pass through unrotated (partial rotary).
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from kvprof.core.vocab import ROPE_FUSED  # noqa: F401  (the path a one-launch write reports)
+from kvprof.writers.base import WriterInfo
+
+ROPE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class RopeKVWriter(abc.ABC):
+    """One layer's rotary embedding of q and k plus the K/V store, as engines run it."""
+
+    name: str = ""
+    description: str = ""
+    fused: bool = False  # the store is one launch for K and V (as KVWriter.fused)
+    rope_fused: bool = False  # rope and the store in ONE launch
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+    def info(self) -> WriterInfo:
+        """``extra["rope"]``: "fused" (one launch) or "separate" (a rotary kernel, then a store)."""
+        return WriterInfo(self.name, self.description, self.fused, self.devices,
+                          {"rope": "fused" if self.rope_fused else "separate"})
+
+    def unsupported_reason(
+        self, device: torch.device, dtype: torch.dtype, input_dtype: torch.dtype | None = None
+    ) -> str | None:
+        """None when this writer can run here, else why not (one line)."""
+        if device.type not in self.devices:
+            return f"{self.name} runs on {'/'.join(self.devices)}, not {device.type}"
+        if input_dtype is not None and input_dtype not in ROPE_INPUTS:
+            return f"{self.name} rotates bf16, fp16 or fp32 q/k, not {input_dtype}"
+        return None
+
+    def prepare(self, device: torch.device) -> None:
+        """Set up per-device state (streams, compiled code) before any write or graph capture."""
+
+    @abc.abstractmethod
+    def write(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+        dtype: torch.dtype,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> str:
+        """Rotate q and k in place, store k (rotated) and v at loc; return the path that ran.
+
+        ``k_buf``/``v_buf`` are the pool's storage views ``[size + page_size, Hk, D]`` (uint8
+        for fp8 caches, like ``KVWriter``); ``dtype`` is the cache's logical dtype; fp8 caches
+        quantise the rotated k (rounded to k's dtype) and v with the per-tensor scales, as
+        :func:`kvprof.dtypes.convert_for_cache` does.
+        """
+
+
+def check_rope_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    loc: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+) -> None:
+    """Raise ``ValueError`` (one line) for a call no rope writer may run, before anything is
+    written: q/k are rotated in place, so they are never copied and must have unit stride in
+    their last dim; v, loc and positions may have any strides. Slot and position values are
+    the caller's (reading them would sync the device)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("loc", loc), ("positions", positions),
+                    ("cos_sin_cache", cos_sin_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.device != k_buf.device:
+            raise ValueError(f"{name} is on {t.device}, the cache is on {k_buf.device}")
+    heads, dim = k_buf.shape[1], k_buf.shape[2]
+    v_dim = v_buf.shape[2]
+    for name, t in (("loc", loc), ("positions", positions)):
+        if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got {tuple(t.shape)} {t.dtype}")
+    tokens = loc.shape[0]
+    if positions.shape[0] != tokens:
+        raise ValueError(f"positions has {positions.shape[0]} tokens but loc has {tokens}")
+    if k.dtype not in ROPE_INPUTS or q.dtype not in ROPE_INPUTS:
+        raise ValueError(f"q and k must be bf16, fp16 or fp32, got {q.dtype} and {k.dtype}")
+    if v.dtype != k.dtype:
+        raise ValueError(f"v is {v.dtype} but k is {k.dtype}")
+    for name, t, h, d in (("k", k, heads, dim), ("v", v, heads, v_dim)):
+        if tuple(t.shape) != (tokens, h, d):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected ({tokens}, {h}, {d})")
+    if q.dim() != 3 or q.shape[0] != tokens or q.shape[2] != dim:
+        raise ValueError(f"q has shape {tuple(q.shape)}, expected ({tokens}, heads, {dim})")
+    for name, t in (("q", q), ("k", k)):
+        if t.numel() and t.stride(2) != 1:
+            raise ValueError(f"{name} is rotated in place and needs unit stride in its last dim, got {t.stride()}")
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2:
+        raise ValueError(f"cos_sin_cache must be a 2-D float32 tensor, got {tuple(cos_sin_cache.shape)} "
+                         f"{cos_sin_cache.dtype}")
+    rope_dim = cos_sin_cache.shape[1]
+    if rope_dim < 2 or rope_dim % 2 or rope_dim > dim:
+        raise ValueError(f"cos_sin_cache's rope_dim {rope_dim} must be even and in [2, head_dim={dim}]")
+    if cos_sin_cache.stride(1) != 1:
+        raise ValueError(f"cos_sin_cache needs unit stride in its last dim, got {cos_sin_cache.stride()}")
+
+
+__all__ = ["ROPE_INPUTS", "RopeKVWriter", "check_rope_inputs"]

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""The rope + K/V store of a whole decoder stack, per layer, from CUDA graphs: kvprof's CUDA and
+Triton writers against SGLang's and sgl-kernel's kernels, and against the store alone.
+
+    cd <repo> && OUT=/tmp/out python lab/rope_bench.py     # or: bash gpu/run_gpu_checks.sh rope
+
+Shapes: Llama-3.1-70B at TP8, per rank (8 q heads, 1 KV head x 128, bf16, GPT-NeoX, rope_dim
+128), 80 layers, q/k/v as views of one qkv row per layer (the engines' split), the same slots
+and positions for every layer (as one step's ``out_cache_loc``), at 1, 10, 64, 512 and 4096
+tokens. One graph holds the 80 layers' writes; it is replayed ``ROPE_REPLAYS`` times per
+capture, ``ROPE_CAPTURES`` captures (each its own graph); a figure is µs per layer write: the
+median over captures of each capture's median replay, its spread the median interquartile
+range inside a capture, min/max the captures' medians. The eager columns are a loop of the 80
+writes without a graph: wall and host time per write (the launch path). Every replay rotates
+q and k again (in place, as the write does); a rotation keeps the values' size, so the work
+stays the same. Knobs: ROPE_VARIANTS, ROPE_TOKENS, ROPE_CACHE (bf16 or fp8_e4m3, scale 0.5),
+ROPE_LAYERS, ROPE_CAPTURES, ROPE_REPLAYS. JSON to $OUT/rope-bench.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ["TRITON_INTERPRET"] = "0"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
+
+HQ, HK, DIM = 8, 1, 128  # Llama-3.1-70B / TP8, per rank
+MAX_POS = 8192
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(name, default).split(",") if x.strip()]
+
+
+def factories() -> dict[str, Callable[[], Any]]:
+    """Variant name -> a writer factory (rope writers; ``store:<name>`` a store writer alone)."""
+
+    def cuda(**options: Any) -> Callable[[], Any]:
+        def make() -> Any:
+            from kvprof.writers.rope_cuda import RopeCudaWriter
+
+            return RopeCudaWriter(**options)
+
+        return make
+
+    def triton(kind: str) -> Callable[[], Any]:
+        def make() -> Any:
+            from kvprof.writers import rope_triton
+
+            return rope_triton.RopeTritonFusedWriter() if kind == "fused" else rope_triton.RopeThenStoreWriter(kind)
+
+        return make
+
+    def sglang(kind: str) -> Callable[[], Any]:
+        def make() -> Any:
+            from kvprof.writers import rope_sglang
+
+            if kind == "jit":
+                return rope_sglang.SglangRopeStoreWriter()
+            return rope_sglang.SglangTritonRopeCacheWriter()
+
+        return make
+
+    def sgl_cubin() -> Any:
+        from kvprof.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
+
+        return SglKernelRopeCubinWriter()
+
+    def store(name: str) -> Callable[[], Any]:
+        def make() -> Any:
+            from kvprof.writers import create_writer
+
+            return create_writer(name)
+
+        return make
+
+    return {
+        "rope_cuda_fused": cuda(),
+        "rope_cuda_fused:nopdl": cuda(pdl=False),
+        "rope_triton_fused": triton("fused"),
+        "rope_then_triton_fused": triton("triton_fused"),
+        "rope_then_cuda_fused": triton("cuda_fused"),
+        "sglang_rope_store": sglang("jit"),
+        "sglang_triton_rope_cache": sglang("triton"),
+        "sgl_kernel_rope_cubin": sgl_cubin,
+        "store:cuda_fused": store("cuda_fused"),
+        "store:triton_fused": store("triton_fused"),
+    }
+
+
+def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scale: float | None, layers: int,
+                 captures: int, replays: int) -> list[dict[str, Any]]:
+    """Every writer at one token count, on its own fresh stack of layers (freed on return)."""
+    import torch
+
+    from kvprof.bench.timing import time_eager, time_graph
+    from kvprof.dtypes import store_dtype_for
+
+    device = cs.device
+    g = torch.Generator().manual_seed(tokens)
+    rows = max(2 * tokens, 1024) + 1
+    store = store_dtype_for(cache)
+    qkv = [torch.randn(tokens, (HQ + 2 * HK) * DIM, generator=g).bfloat16().to(device) for _ in range(layers)]
+    split = [tuple(t.view(tokens, -1, DIM) for t in x.split([HQ * DIM, HK * DIM, HK * DIM], dim=1)) for x in qkv]
+    k_bufs = [torch.zeros(rows, HK, DIM, dtype=store, device=device) for _ in range(layers)]
+    v_bufs = [torch.zeros(rows, HK, DIM, dtype=store, device=device) for _ in range(layers)]
+    loc = (torch.randperm(rows - 1, generator=g)[:tokens] + 1).to(device)
+    pos = torch.randint(0, MAX_POS, (tokens,), generator=g).to(device)
+    results = []
+    for name, writer in writers.items():
+        paths: set[str] = set()
+        rope = not name.startswith("store:")
+
+        def step(writer: Any = writer, paths: set[str] = paths, rope: bool = rope) -> None:
+            for (q, k, v), kb, vb in zip(split, k_bufs, v_bufs):
+                if rope:
+                    paths.add(writer.write(q, k, v, kb, vb, loc, pos, cs, True, cache, scale, scale))
+                else:
+                    paths.add(writer.write(kb, vb, loc, k, v, cache, scale, scale))
+
+        try:
+            graphs = [time_graph(step, layers, replays) for _ in range(captures)]
+            eager = time_eager(step, layers, 10, device)
+        except Exception as exc:  # noqa: BLE001 - one variant failing leaves the others' figures
+            print(f"{name:<26} {tokens:>6}  failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                  flush=True)
+            continue
+        medians = [t.median_us for t in graphs]
+        row = {"variant": name, "tokens": tokens, "graph_us": statistics.median(medians),
+               "iqr_us": statistics.median(t.spread_us for t in graphs), "min_us": min(medians),
+               "max_us": max(medians), "eager_us": eager.median_us, "host_us": eager.host_us,
+               "paths": sorted(paths)}
+        results.append(row)
+        print(f"{name:<26} {tokens:>6} {row['graph_us']:9.3f} {row['iqr_us']:7.3f} {row['min_us']:8.3f} "
+              f"{row['max_us']:8.3f} {row['eager_us']:9.3f} {row['host_us']:8.3f}  {', '.join(row['paths'])}",
+              flush=True)
+    return results
+
+
+def fail(msg: str) -> None:
+    print(f"rope_bench.py: {msg}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def env_int(name: str, default: str) -> int:
+    raw = os.environ.get(name, default)
+    try:
+        value = int(raw)
+    except ValueError:
+        fail(f"{name} must be an integer, got {raw!r}")
+    if value < 1:
+        fail(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def main() -> None:
+    makers = factories()
+    variants = env_list("ROPE_VARIANTS", ",".join(makers))
+    unknown = [v for v in variants if v not in makers]
+    if unknown:
+        fail(f"unknown ROPE_VARIANTS {', '.join(unknown)}; known: {', '.join(makers)}")
+    try:
+        tokens_list = [int(t) for t in env_list("ROPE_TOKENS", "1,10,64,512,4096")]
+    except ValueError:
+        fail(f"ROPE_TOKENS must be integers separated by commas, got {os.environ.get('ROPE_TOKENS')!r}")
+    if not tokens_list or min(tokens_list) < 1:
+        fail("ROPE_TOKENS must list token counts of at least 1")
+    cache_name = os.environ.get("ROPE_CACHE", "bf16")
+    if cache_name not in ("bf16", "fp8_e4m3", "fp8_e5m2"):
+        fail(f"ROPE_CACHE must be bf16, fp8_e4m3 or fp8_e5m2, got {cache_name!r}")
+    layers, captures = env_int("ROPE_LAYERS", "80"), env_int("ROPE_CAPTURES", "3")
+    replays = env_int("ROPE_REPLAYS", "50")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        fail("needs a CUDA GPU")
+    from kvprof.dtypes import parse_dtype
+    from kvprof.writers.rope_reference import cos_sin_table
+
+    cache = parse_dtype(cache_name)
+    scale = 0.5 if cache != torch.bfloat16 else None
+    device = torch.device("cuda")
+    t0 = time.perf_counter()
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; {layers} layers of {HQ} q heads, "
+          f"{HK} KV head x {DIM}, bf16 in, {cache} cache; {captures} captures x {replays} replays", flush=True)
+
+    writers: dict[str, Any] = {}
+    for name in variants:
+        try:
+            writer = makers[name]()
+            reason = writer.unsupported_reason(device, cache, torch.bfloat16)
+        except Exception as exc:  # noqa: BLE001 - a peer that is not installed here
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if reason:
+            print(f"  {name}: not run ({reason})", flush=True)
+            continue
+        writer.prepare(device)
+        writers[name] = writer
+
+    cs = cos_sin_table(MAX_POS, DIM).to(device)
+    results: list[dict[str, Any]] = []
+    print(f"{'variant':<26} {'tokens':>6} {'graph us':>9} {'IQR':>7} {'min':>8} {'max':>8} "
+          f"{'eager us':>9} {'host us':>8}  path")
+    for tokens in tokens_list:
+        results += bench_tokens(tokens, writers, cs, cache, scale, layers, captures, replays)
+        torch.cuda.empty_cache()
+    dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu")) / "rope-bench.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "layers": layers,
+            "shape": f"{HQ}q/{HK}kv x {DIM}", "cache": str(cache), "captures": captures, "replays": replays}
+    atomic_write_text(dest, json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    print(f"wrote {dest} ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
