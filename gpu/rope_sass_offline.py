@@ -7,8 +7,8 @@ does), how wide are its global loads and stores, and a digest of the SASS listin
     python gpu/rope_sass_offline.py [--quick] [--out DIR]
 
 Compiled by Triton's bundled ptxas at the writers' own launch shapes (rope_tables) for
-Llama-3.1-8B's heads (32 q, 8 kv, 128 dims, full NeoX rotary) at 1, 64 and 4096 tokens, a
-partial GPT-J rotary (64 of 128 dims) and the rotary-only kernel of the ``rope_then_*``
+Llama-3.1-8B's heads (32 q, 8 kv, 128 dims, full NeoX rotary) at 1, 64 and 4096 tokens,
+Llama-3.1-70B's per rank at TP 8 (8 q, 1 kv), a partial GPT-J rotary (64 of 128 dims) and the rotary-only kernel of the ``rope_then_*``
 writers; bf16 caches and fp8 e4m3 from bf16 with per-tensor scales (the integer encode where
 the writer takes it). ``--quick``: two compiles, to check that the kernel compiles at all.
 """
@@ -50,7 +50,8 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
         mode |= rk.MODE_K_SCALED | rk.MODE_V_SCALED
         # what RopeTritonFusedWriter decides for these tiles (fp8_jit.hw_cast_safe): GPT-J, or
         # fewer than 4 elements per thread, takes the integer encode
-        if not neox or cfg.block_t * cfg.block_h * triton.next_power_of_2(half) < 4 * 32 * cfg.num_warps:
+        block_hk = min(cfg.block_h, triton.next_power_of_2(hk))
+        if not neox or cfg.block_t * block_hk * triton.next_power_of_2(half) < 4 * 32 * cfg.num_warps:
             mode |= rk.MODE_FP8_INT
     out = "*u8" if fp8 else "*bf16"
     names = ["q", "k", "v", "k_out", "v_out", "loc", "pos", "cos_sin", "k_inv", "v_inv", "tokens", "rows",
@@ -58,7 +59,9 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
     types = ["*bf16", "*bf16", "*bf16", out, out, "*i64", "*i64", "*fp32", "fp32", "fp32", "i32", "i32"] + ["i32"] * 9
     consts = {"HQ": hq, "HK": hk, "D": dim, "DV": dim, "HALF": half, "BLOCK_HALF": triton.next_power_of_2(half),
               "BLOCK_P": triton.next_power_of_2(dim - rope) if dim > rope else 0,
-              "BLOCK_DV": triton.next_power_of_2(dim), "BLOCK_T": cfg.block_t, "BLOCK_H": cfg.block_h, "MODE": mode}
+              "BLOCK_DV": triton.next_power_of_2(dim), "BLOCK_T": cfg.block_t,
+              "BLOCK_HQ": min(cfg.block_h, triton.next_power_of_2(hq)), "BLOCK_HK": min(cfg.block_h, triton.next_power_of_2(hk)),
+              "MODE": mode}
     sig = {**dict(zip(names, types)), **{name: "constexpr" for name in consts}}
     # pointers and strides divisible by 16, the unit strides of loc/positions/head rows as
     # Triton specializes them at a real launch (q from a packed qkv: token stride 6144)
@@ -83,6 +86,8 @@ CASES = [  # name, neox, store, fp8, tokens, hq, hk, dim, rope
     ("neox-8b", True, True, True, 64, 32, 8, 128, 128),
     ("neox-8b", True, True, False, 4096, 32, 8, 128, 128),
     ("neox-8b", True, True, True, 4096, 32, 8, 128, 128),
+    ("neox-70b-tp8", True, True, False, 64, 8, 1, 128, 128),
+    ("neox-70b-tp8", True, True, True, 4096, 8, 1, 128, 128),
     ("gptj-partial", False, True, False, 64, 32, 2, 128, 64),
     ("gptj-partial", False, True, True, 4096, 32, 2, 128, 64),
     ("rotary-only", True, False, False, 1, 32, 8, 128, 128),
@@ -102,7 +107,7 @@ def main() -> None:
         fail(f"needs triton ({type(exc).__name__}: {exc})")
     from kvprof.core.atomic import atomic_write_text
 
-    cases = [CASES[1], CASES[7]] if args.quick else CASES
+    cases = [CASES[1], CASES[9]] if args.quick else CASES
     for name, neox, store, fp8, tokens, hq, hk, dim, rope in cases:
         label = f"{name} {hq}q/{hk}kv x {dim} (rope {rope}) x {tokens} tok, {'fp8 e4m3' if fp8 else 'bf16'} cache"
         if not store:

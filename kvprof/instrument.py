@@ -1,9 +1,9 @@
 """NVTX and torch.profiler ranges around each write, free when switched off.
 
 Off means the plain ``KVPool``: no wrapper, no flag test on the hot path. On, each
-``set_kv_buffer`` pushes an NVTX range in domain ``kvprof`` (message naming variant and
-layer, payload = tokens, a colour and category per variant) from event attributes built
-once per (layer, tokens), and enters a ``record_function`` range of the same name only
+``set_kv_buffer`` (and ``set_kv_buffer_with_rope``, in the same range) pushes an NVTX range
+in domain ``kvprof`` (message naming variant and layer, payload = tokens, a colour and
+category per variant) from event attributes built once per (layer, tokens), and enters a ``record_function`` range of the same name only
 while a torch profiler is recording: outside a profiler record_function costs ~8.6 µs a
 call on a 2-core CPU machine, NVTX with prebuilt attributes ~0.1 µs
 (`python bench/bench_instrumentation.py` prints both).
@@ -91,6 +91,43 @@ class InstrumentedKVPool(KVPool):
                     KVPool.set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale, v_scale, layer_id_override)
             else:
                 KVPool.set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale, v_scale, layer_id_override)
+        finally:
+            self._domain.pop_range()
+
+
+    def set_kv_buffer_with_rope(
+        self,
+        layer: Any,
+        loc: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+        layer_id_override: int | None = None,
+    ) -> None:
+        """The rope + store write in the same range as ``set_kv_buffer``'s (same name, payload
+        and colour), so the analysis attributes the whole unit -- rotation and store -- to it."""
+        args = (layer, loc, q, k, v, positions, cos_sin_cache, is_neox, k_scale, v_scale, layer_id_override)
+        layer_id = layer_id_override if layer_id_override is not None else getattr(layer, "layer_id", layer)
+        try:
+            attr = self._attrs[(layer_id, loc.shape[0])]
+        except KeyError:
+            attr = self._attributes(layer_id, loc)
+        except (AttributeError, IndexError, TypeError):
+            attr = _BAD_CALL
+        if attr is _BAD_CALL:  # the plain pool raises its ValueError; no range for a call that writes nothing
+            return KVPool.set_kv_buffer_with_rope(self, *args)
+        self._domain.push_range(attr)
+        try:
+            if _profiler_enabled():
+                with torch.profiler.record_function(self._names[layer_id - self.start_layer]):
+                    KVPool.set_kv_buffer_with_rope(self, *args)
+            else:
+                KVPool.set_kv_buffer_with_rope(self, *args)
         finally:
             self._domain.pop_range()
 

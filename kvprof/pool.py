@@ -21,6 +21,7 @@ from kvprof.dtypes import short_name, store_dtype_for
 from kvprof.guards import check_memory, memory_limit, pool_bytes
 from kvprof.validation import FLOAT_INPUTS, check_write_inputs
 from kvprof.writers.base import KVWriter
+from kvprof.writers.rope_base import RopeKVWriter, check_rope_inputs
 
 
 class KVPool:
@@ -52,7 +53,7 @@ class KVPool:
         layer_num: int,
         device: str | torch.device = "cpu",
         *,
-        writer: KVWriter,
+        writer: KVWriter | RopeKVWriter,
         v_head_dim: int | None = None,
         start_layer: int = 0,
         check_slots: bool = True,
@@ -86,6 +87,8 @@ class KVPool:
         self._device_index = self.device.index if self.device.type == "cuda" else -1  # Tensor.get_device()
         self.writer = writer
         self._writer_checks = bool(getattr(writer, "validates_inputs", False))
+        # a rope writer rotates q and k too: it writes through set_kv_buffer_with_rope only
+        self._rope_writer = isinstance(writer, RopeKVWriter)
         self.check_slots = check_slots
         self.path_counts: Counter[str] = Counter()
         rows = size + page_size
@@ -117,6 +120,13 @@ class KVPool:
         in_elem = torch.empty((), dtype=input_dtype or self.dtype).element_size()
         elems = self.head_num * (self.head_dim + self.v_head_dim)
         return tokens * (elems * in_elem + self.k_row_bytes + self.v_row_bytes)
+
+    def rope_bytes_per_write(self, tokens: int, q_heads: int, input_dtype: torch.dtype) -> int:
+        """Bytes a rope + K/V write of ``tokens`` must move: q and k read and written back
+        (rotated in place), v read, the K and V rows written."""
+        in_elem = torch.empty((), dtype=input_dtype).element_size()
+        rotated = (q_heads + self.head_num) * self.head_dim
+        return tokens * ((2 * rotated + self.head_num * self.v_head_dim) * in_elem + self.k_row_bytes + self.v_row_bytes)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -192,9 +202,55 @@ class KVPool:
             )
         self.path_counts[path] += 1
 
+    def set_kv_buffer_with_rope(
+        self,
+        layer: Any,
+        loc: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool = True,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+        layer_id_override: int | None = None,
+    ) -> None:
+        """Rotate ``q`` and ``k`` in place and write the rotated K and V rows at slots ``loc``:
+        SGLang's rope with ``FusedSetKVBufferArg``, through a ``RopeKVWriter`` (one fused
+        launch, or a rotary kernel and then a store). ``positions`` index ``cos_sin_cache``
+        (``[max_position, rope_dim]`` float32, cosines then sines); ``is_neox``: NeoX halves,
+        else GPT-J pairs. Every input is checked before anything is written or rotated."""
+        if layer_id_override is not None:
+            layer_id = layer_id_override
+        elif type(layer) is int:
+            layer_id = layer
+        else:
+            layer_id = getattr(layer, "layer_id", layer)
+        idx = self._index(layer_id)
+        if not self._rope_writer:
+            raise ValueError(f"writer {self.writer.name} stores K and V only: write through set_kv_buffer, or "
+                             "build the pool with a rope writer (rope_triton_fused, rope_then_*)")
+        _check_scale("k_scale", k_scale)
+        _check_scale("v_scale", v_scale)
+        k_buf, v_buf = self.k_buffer[idx], self.v_buffer[idx]
+        q, k, v = check_rope_inputs(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache)
+        if self.check_slots and loc.shape[0] and not _capturing(loc):
+            for name, t, end in (("loc", loc, self.rows), ("positions", positions, cos_sin_cache.shape[0])):
+                lo, hi = (int(x) for x in torch.aminmax(t))
+                if lo < 0 or hi >= end:
+                    raise ValueError(f"{name} has {'slot' if name == 'loc' else 'position'} {lo if lo < 0 else hi}, "
+                                     f"outside [0, {end})")
+        writer: RopeKVWriter = self.writer  # type: ignore[assignment]
+        path = writer.write(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, bool(is_neox), self.dtype,
+                            k_scale, v_scale)
+        self.path_counts[path] += 1
+
     def _validate(
         self, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rope_writer:
+            raise ValueError(f"writer {self.writer.name} rotates q and k too: write through set_kv_buffer_with_rope")
         cache_k, cache_v = check_write_inputs(loc, cache_k, cache_v, self.head_num, self.head_dim,
                                               self.v_head_dim, self.device, self._device_index)
         if self.check_slots and loc.shape[0] and not _capturing(loc):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvprof.core.vocab import FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path, is_rope_fused_path
 from kvprof.dtypes import convert_for_cache, store_dtype_for
@@ -96,8 +98,8 @@ def run_and_check(writer, device, cache_dtype=torch.bfloat16, is_neox=True, k_sc
 
 WRITERS = {
     "rope_triton_fused": lambda: rt.RopeTritonFusedWriter(),
-    "rope_then_triton_fused": lambda: rt.RopeThenStoreWriter("triton_fused"),
-    "rope_then_two_stream": lambda: rt.RopeThenStoreWriter("two_stream"),
+    "rope_then_triton_fused": lambda: rt.RopeThenTritonFusedWriter(),
+    "rope_then_two_stream": lambda: rt.RopeThenTwoStreamWriter(),
 }
 
 
@@ -188,7 +190,7 @@ def test_separate_writers_match_the_fused_one_bitwise(name):
 @needs_interpreter
 def test_rope_then_any_registered_store_and_its_name():
     writer = rt.RopeThenStoreWriter("index_put")
-    assert writer.name == "rope_then_index_put" and writer.info().extra["store"] == "index_put"
+    assert writer.name == "rope_then_store" and writer.info().extra["store"] == "index_put"
     run_and_check(writer, "cpu", cache_dtype=torch.float16, dtype=torch.float16)
 
 
@@ -222,6 +224,23 @@ def test_forced_launch_shapes_give_the_same_bits():
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert torch.equal(bits(a), bits(b))
+
+
+@needs_interpreter
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tokens=st.integers(1, 5), hq=st.integers(1, 5), hk=st.integers(1, 3), dim=st.sampled_from([8, 20, 32]),
+       rope_frac=st.sampled_from([1.0, 0.5, 0.25]), v_dim=st.sampled_from([8, 12, 32]), is_neox=st.booleans(),
+       types=st.sampled_from([(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                              (torch.float32, torch.float32), (torch.bfloat16, torch.float8_e4m3fn),
+                              (torch.float16, torch.float8_e5m2), (torch.float32, torch.bfloat16)]),
+       scale=st.sampled_from([None, 0.3, 2.0]), seed=st.integers(0, 2**16))
+def test_fused_any_shape(tokens, hq, hk, dim, rope_frac, v_dim, is_neox, types, scale, seed):
+    """Heads, dims and rotary widths that are not powers of two (masked lanes), any dtype pair."""
+    rope_dim = max(2, int(dim * rope_frac) // 2 * 2)
+    dtype, cache_dtype = types
+    run_and_check(rt.RopeTritonFusedWriter(), "cpu", cache_dtype=cache_dtype, is_neox=is_neox, k_scale=scale,
+                  v_scale=scale, tokens=tokens, hq=hq, hk=hk, dim=dim, v_dim=v_dim, rope_dim=rope_dim, dtype=dtype,
+                  seed=seed)
 
 
 # -- inputs refused, and what the writers say about themselves --------------------------------
@@ -275,8 +294,8 @@ def test_info_and_paths():
     assert fused.rope_fused and fused.fused and fused.info().extra["rope"] == "fused"
     assert is_fused_path(ROPE_FUSED) and is_rope_fused_path(ROPE_FUSED)
     assert is_fused_path(FUSED) and not is_rope_fused_path(FUSED) and not is_fused_path(TWO_STREAMS)
-    assert rt.RopeThenStoreWriter("two_stream").fused is False
-    assert rt.RopeThenStoreWriter("triton_fused").fused is True
+    assert rt.RopeThenTwoStreamWriter().fused is False
+    assert rt.RopeThenTritonFusedWriter().fused is True
 
 
 def test_unsupported_reasons():

@@ -16,6 +16,7 @@ from kvprof.layouts.mla import MLAWriter
 from kvprof.pool import KVPool
 from kvprof.writers import FUSED, TWO_COPIES, KVWriter, WriterRegistry, create_writer, writer_names
 from kvprof.writers.registry import entry_point_groups
+from kvprof.writers.rope_base import RopeKVWriter
 from kvprof.writers.sgl_kernel import SglKernelWriter
 from kvprof.writers.two_stream import TwoStreamWriter
 
@@ -226,15 +227,15 @@ def test_a_layout_takes_a_second_writer_contract():
     mha = MHALayout()  # its own instance: the layout kvprof uses keeps its contracts
     reg = WriterRegistry(layouts=lambda name: mha)
     reg.register("rope_store", RopeStoreBase)
-    with pytest.raises(UsageError, match="returned RopeStoreBase, not a KVWriter"):
+    with pytest.raises(UsageError, match="returned RopeStoreBase, not a KVWriter or RopeKVWriter"):
         reg.create("rope_store")
-    mha.add_writer_contract("rope", RopeStoreBase)
+    mha.add_writer_contract("other", RopeStoreBase)
     w = reg.create("rope_store")
-    assert mha.contract_of(w) == "rope" and mha.contract_of(CountingWriter()) == "store"
-    assert mha.writer_bases == (KVWriter, RopeStoreBase)
-    with pytest.raises(ValueError, match="'rope' contract is RopeStoreBase already"):
-        mha.add_writer_contract("rope", CountingWriter)
-    assert get_layout("mha").writer_bases == (KVWriter,)
+    assert mha.contract_of(w) == "other" and mha.contract_of(CountingWriter()) == "store"
+    assert mha.writer_bases == (KVWriter, RopeKVWriter, RopeStoreBase)
+    with pytest.raises(ValueError, match="'other' contract is RopeStoreBase already"):
+        mha.add_writer_contract("other", CountingWriter)
+    assert get_layout("mha").writer_bases == (KVWriter, RopeKVWriter)  # kvprof's rope writers' contract
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvprof.core.run import TraceMeta, VariantEntry
 from kvprof.core.summary import VariantVerdict
-from kvprof.core.vocab import COMPILED, FALLBACK_PREFIX, FUSED
+from kvprof.core.vocab import COMPILED, FALLBACK_PREFIX, FUSED, ROPE_FUSED
 
 GROUP_KEYS = ("variant", "source", "phase", "size")
 GROUP_COLUMNS = (
@@ -161,24 +161,38 @@ def paths_verdict(paths: dict[str, int] | None) -> tuple[bool | None, list[str]]
         return None, []
     names = [p for p, c in paths.items() if c]
     fallbacks = [p[len(FALLBACK_PREFIX):].strip() for p in names if p.startswith(FALLBACK_PREFIX)]
-    if fallbacks or any(p not in (FUSED, COMPILED) for p in names):
+    if fallbacks or any(p not in (FUSED, ROPE_FUSED, COMPILED) for p in names):
         return False, fallbacks
-    if all(p == FUSED for p in names):
+    if all(p in (FUSED, ROPE_FUSED) for p in names):  # a write fused into the rotary kernel is one launch too
         return True, []
     return None, []  # COMPILED alone: the kernel count decides
 
 
-def kernels_verdict(writes: pd.DataFrame) -> tuple[bool | None, dict[str, Any]]:
-    """(fused?, detail) from GPU activities per measured write: fused means exactly one each."""
+def kernels_verdict(writes: pd.DataFrame, rope_kernels: int = 0) -> tuple[bool | None, dict[str, Any]]:
+    """(fused?, detail) from GPU activities per measured write: fused means exactly one each,
+    besides ``rope_kernels`` launches of a rotary kernel before the store (a rope + store
+    variant that runs them separately: its store is judged, the rotation is not a copy)."""
     w = measured(writes)
     w = w[w["gpu_ops"] > 0] if len(w) else w
     if w.empty:
         return None, {"writes_with_gpu_work": 0}
     counts = w["gpu_ops"].value_counts().sort_index()
-    detail = {"writes_with_gpu_work": int(len(w)), "gpu_ops_per_write": {int(k): int(v) for k, v in counts.items()}}
-    if (w["gpu_ops"] == 1).all():
+    detail: dict[str, Any] = {"writes_with_gpu_work": int(len(w)),
+                              "gpu_ops_per_write": {int(k): int(v) for k, v in counts.items()}}
+    if rope_kernels:
+        detail["rope_kernels_per_write"] = rope_kernels
+    if (w["gpu_ops"] == 1 + rope_kernels).all():
         return True, detail
     return False, detail
+
+
+def rope_kind(meta: TraceMeta | None, manifest_entry: VariantEntry | None) -> str | None:
+    """"fused" (rope and the store in one launch), "separate" (a rotary kernel, then the
+    store) or None (a store-only write), as the capture recorded the writer."""
+    for extra in ((meta.extra if meta else {}), (manifest_entry.extra if manifest_entry else {})):
+        if extra.get("rope") in ("fused", "separate"):
+            return str(extra["rope"])
+    return None
 
 
 def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: VariantEntry | None,
@@ -187,8 +201,9 @@ def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: Var
     paths = (meta.paths if meta else {}) or (manifest_entry.paths if manifest_entry else {}) or {}
     claim = meta.fused if meta is not None and meta.fused is not None else (
         manifest_entry.fused_claim if manifest_entry else None)
+    rope = rope_kind(meta, manifest_entry)
     by_paths, reasons = paths_verdict(paths)
-    by_kernels, detail = kernels_verdict(writes)
+    by_kernels, detail = kernels_verdict(writes, rope_kernels=1 if rope == "separate" else 0)
     warnings: list[str] = []
     agree: bool | None = None
     if by_paths is not None and by_kernels is not None:
@@ -205,4 +220,4 @@ def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: Var
         available=True, fused_claim=claim, paths=dict(paths), fused_by_paths=by_paths,
         fused_by_kernels=by_kernels, agree=agree, fused=fused,
         fell_back=bool(reasons) or (bool(claim) and fused is False), fallback_reasons=reasons,
-        kernel_counts=detail), warnings
+        kernel_counts=detail, rope=rope), warnings

@@ -32,7 +32,7 @@ from kvprof.dtypes import short_name
 from kvprof.core.errors import DeviceError, KvprofError, OutputError, ToolError, UsageError
 from kvprof.guards import check_capture
 from kvprof.layer import DecoderContext, weight_bytes
-from kvprof.layouts.layout import Writer
+from kvprof.layouts.layout import Writer, get_layout
 from kvprof.layouts.registry import create_variant
 from kvprof.writers import KVWriter
 
@@ -70,7 +70,7 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
                 raise
             planned.append(PlannedVariant(name, _Unavailable(name), str(exc)))
             continue
-        reason = writer.unsupported_reason(device, cache, inp)
+        reason = writer.unsupported_reason(device, cache, inp) or _rope_reason(config, writer)
         if reason and name in config.required_variants:
             raise DeviceError(f"variant {name} cannot run on {device}: {reason}")
         if reason is None and name not in config.required_variants:
@@ -80,6 +80,18 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
         why = "; ".join(f"{p.name}: {p.reason}" for p in planned)
         raise DeviceError(f"none of the variants can run on {device} ({why})")
     return planned
+
+
+def _rope_reason(config: CaptureConfig, writer: Writer) -> str | None:
+    """Why a rope + store writer cannot run in this capture, or None: its session writes only,
+    on one rank (``kvprof.capture.rope_session``)."""
+    if config.layout_name() != "mha" or get_layout("mha").contract_of(writer) != "rope":
+        return None
+    if config.context == "layer":
+        return "it rotates q and k with the write; --context layer rotates them in its own layers (capture writes only)"
+    if config.ranks is not None:
+        return "rope + store writes are captured on one rank (no --ranks)"
+    return None
 
 
 def _repeats(writer: Writer, device: torch.device, planned: list[PlannedVariant]) -> str | None:
@@ -126,6 +138,8 @@ def variant_entry(p: PlannedVariant) -> VariantEntry:
                          fused_claim=info.fused)
     if p.reason is None and info.extra.get("interpreted"):
         entry.extra["interpreted"] = True
+    if info.extra.get("rope"):  # a rope + store writer: "fused" (one launch) or "separate"
+        entry.extra["rope"] = info.extra["rope"]
     return entry
 
 
@@ -215,6 +229,7 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
                         cache_dtype=short_name(config.cache_torch_dtype()),
                         input_dtype=short_name(config.input_torch_dtype()),
                         device=manifest.device, model=config.rank_shape().as_dict(),
+                        extra={"rope": entry.extra["rope"]} if "rope" in entry.extra else {},
                     )
                     with session_for(config, p.writer, device, context=context) as session:
                         out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,

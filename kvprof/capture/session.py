@@ -283,7 +283,11 @@ def session_for(config: CaptureConfig, writer: Writer, device: torch.device,
                 **kw: Any) -> Iterator[VariantSession[Any]]:
     layout = config.layout_name()
     session: VariantSession[Any]
-    if layout == "mha":
+    if layout == "mha" and get_layout(layout).contract_of(writer) == "rope":  # rope + store writes
+        from kvprof.capture.rope_session import RopeSession
+
+        session = RopeSession(config, writer, device, **kw)
+    elif layout == "mha":
         session = MHASession(config, writer, device, **kw)
     else:  # the MLA and paged layouts: their pools, slots and inputs
         from kvprof.capture.layout_session import LAYOUT_SESSIONS

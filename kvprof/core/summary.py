@@ -45,6 +45,9 @@ class VariantVerdict:
     fell_back: bool = False
     fallback_reasons: list[str] = field(default_factory=list)
     kernel_counts: dict[str, Any] = field(default_factory=dict)
+    # a rope + store variant: "fused" (one launch rotates q and k and writes K and V) or
+    # "separate" (a rotary kernel, then the store, which ``fused`` is about); None: store only
+    rope: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         if not self.available:

@@ -32,6 +32,7 @@ class VariantInfo:
     default_capture: bool = False
     default_bench: bool = False
     claims_fused: bool = False  # the writer promises one launch for K and V
+    rope: bool = False  # the write also rotates q and k (rope + store: RopeKVWriter)
 
     @property
     def argb(self) -> int:
@@ -59,6 +60,15 @@ VARIANTS: tuple[VariantInfo, ...] = (
                 default_capture=True, default_bench=True, claims_fused=True),
     VariantInfo("torch_compile", Role.KVPROF, "#882255", "torch.compile of the two copies",
                 default_bench=True),
+    # rope + store (the MHA layout's rope contract): the rotary embedding of q and k with the write
+    VariantInfo("rope_then_store", Role.REFERENCE, "#4477aa", "rope kernel, then a store chosen by store=",
+                rope=True),
+    VariantInfo("rope_then_two_stream", Role.BASELINE, "#ee6677", "rope kernel, then two copies on two streams",
+                rope=True),
+    VariantInfo("rope_then_triton_fused", Role.KVPROF, "#ccbb44", "rope kernel, then kvprof's fused Triton store",
+                claims_fused=True, rope=True),
+    VariantInfo("rope_triton_fused", Role.KVPROF, "#228833", "kvprof's Triton rope + store in one launch",
+                claims_fused=True, rope=True),
     # the MLA latent layout (kvprof.layouts.mla): its reference, SGLang's unfused path, peer, fused
     VariantInfo("mla_index_put", Role.REFERENCE, "#bbbbbb", "MLA: cast, index_put of nope and rope"),
     VariantInfo("mla_cat_copy", Role.BASELINE, "#ddcc77", "MLA: torch.cat then one copy (SGLang unfused)"),
@@ -77,7 +87,9 @@ BASELINE = "two_stream"
 DEFAULT_CAPTURE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.default_capture)
 DEFAULT_BENCH_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.default_bench)
 PEERS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.PEER)
-KVPROF_FUSED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.KVPROF and v.claims_fused)
+KVPROF_FUSED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.KVPROF and v.claims_fused
+                                      and not v.rope)
+ROPE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.rope)
 
 
 def info(name: str) -> VariantInfo:

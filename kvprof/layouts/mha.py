@@ -1,4 +1,6 @@
-"""SGLang's MHA token-to-KV pool as a layout: ``kvprof.pool.KVPool`` written by ``KVWriter``s.
+"""SGLang's MHA token-to-KV pool as a layout: ``kvprof.pool.KVPool`` written by ``KVWriter``s
+(the store, ``set_kv_buffer``) and by ``RopeKVWriter``s (the rotary embedding of q and k with
+the store, ``set_kv_buffer_with_rope``: SGLang's fused rope + KV-cache write).
 
 The pool and its instrumented form stay where the rest of kvprof imports them
 (``kvprof.pool``, ``kvprof.instrument``); this module says what the MHA layout is beside the
@@ -16,6 +18,7 @@ from kvprof.instrument import make_pool
 from kvprof.layouts.layout import Layout
 from kvprof.pool import KVPool
 from kvprof.writers.base import KVWriter
+from kvprof.writers.rope_base import RopeKVWriter
 
 
 class MHALayout(Layout[KVPool]):
@@ -30,7 +33,7 @@ class MHALayout(Layout[KVPool]):
     capture_defaults = DEFAULT_CAPTURE_VARIANTS
 
     def __init__(self) -> None:
-        super().__init__({"store": KVWriter})
+        super().__init__({"store": KVWriter, "rope": RopeKVWriter})
 
     def make_pool(self, *args: Any, instrument: bool = False, variant: str | None = None, **kwargs: Any) -> KVPool:
         return make_pool(*args, instrument=instrument, variant=variant, **kwargs)

@@ -53,6 +53,8 @@ def _fused_word(summary: Summary, name: str) -> str:
         return "unknown"
     if v.fell_back:
         return "fell back"
+    if v.fused and v.rope == "fused":
+        return "into rope"  # one launch rotates q and k and writes K and V
     return "yes" if v.fused else "no"
 
 
@@ -108,7 +110,10 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
         f"ms per decode step against {baseline}"
     if cpu:
         per_step += " (n/a on a CPU: its clock says nothing of a GPU's step)"
-    cols = [Col("variant", justify="left"), Col("fused", "one launch writes K and V", "left"),
+    fused_help = "one launch writes K and V"
+    if any(v.rope == "fused" for v in summary.variants.values()):
+        fused_help += "; into rope: the same launch rotates q and k"
+    cols = [Col("variant", justify="left"), Col("fused", fused_help, "left"),
             Col("phase", justify="left"), Col("size", "batch (decode) or tokens (prefill)"),
             Col("µs/write", "median time one layer's write adds"),
             Col("src", "where it was timed: " + ", ".join(f"{SHORT_SOURCE.get(s, s)} = {SOURCE_WORDS.get(s, s)}"
@@ -147,11 +152,16 @@ def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[st
     """Plain-language lines: what fused, what a write costs here and why, what next."""
     lines: list[str] = []
     ran = {n: v for n, v in summary.variants.items() if v.available}
-    fused = [n for n, v in ran.items() if v.fused]
+    into_rope = [n for n, v in ran.items() if v.fused and v.rope == "fused"]
+    fused = [n for n, v in ran.items() if v.fused and v.rope != "fused"]
     not_fused = [n for n, v in ran.items() if v.fused is False]
     unknown = [n for n, v in ran.items() if v.fused is None]
+    if into_rope:
+        lines.append(f"fused into rope (one launch rotates q and k and writes K and V): {', '.join(into_rope)}")
     if fused:
-        lines.append(f"fused (one launch writes K and V): {', '.join(fused)}")
+        lines.append("fused (one launch writes K and V): "
+                     + ", ".join(n + (" (after a separate rotary kernel)" if ran[n].rope == "separate" else "")
+                                 for n in fused))
     if not_fused:
         why = {n: ", ".join(p.replace("_", " ") for p in ran[n].paths) or "two copies" for n in not_fused}
         lines.append("not fused: " + "; ".join(f"{n} ({why[n]})" for n in not_fused))

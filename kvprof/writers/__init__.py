@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path
+from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path
 from kvprof.writers.base import KVWriter
 from kvprof.writers.registry import REGISTRY, WriterRegistry, builtin, create_writer, register, writer_names
 
@@ -17,6 +17,11 @@ BUILTINS: tuple[tuple[str, str, str, str], ...] = (
     ("mha", "store_kv_fused", "store_kv_fused", "StoreKVFusedWriter"),
     ("mha", "torch_compile", "torch_compile", "TorchCompileWriter"),
     ("mha", "sglang_store_cache", "sglang_store_cache", "SglangStoreCacheWriter"),
+    # the MHA layout's rope contract (RopeKVWriter): rotary embedding of q and k plus the store
+    ("mha", "rope_then_store", "rope_triton", "RopeThenStoreWriter"),
+    ("mha", "rope_then_two_stream", "rope_triton", "RopeThenTwoStreamWriter"),
+    ("mha", "rope_then_triton_fused", "rope_triton", "RopeThenTritonFusedWriter"),
+    ("mha", "rope_triton_fused", "rope_triton", "RopeTritonFusedWriter"),
     ("mla", "mla_index_put", "mla_torch", "MLAIndexPutWriter"),
     ("mla", "mla_cat_copy", "mla_torch", "MLACatCopyWriter"),
     ("mla", "sglang_mla", "mla_sglang", "SglangMLAWriter"),
@@ -31,6 +36,6 @@ for _layout, _name, _module, _cls in BUILTINS:
     register(_name, builtin(_name, _module, _cls), layout=_layout)
 
 __all__ = [
-    "BUILTINS", "FALLBACK_PREFIX", "FUSED", "TWO_COPIES", "TWO_STREAMS", "KVWriter", "REGISTRY",
+    "BUILTINS", "FALLBACK_PREFIX", "FUSED", "ROPE_FUSED", "TWO_COPIES", "TWO_STREAMS", "KVWriter", "REGISTRY",
     "WriterRegistry", "create_writer", "is_fused_path", "register", "writer_names",
 ]

@@ -79,11 +79,12 @@ class RopeKVWriter(abc.ABC):
 def check_rope_inputs(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
     loc: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-) -> None:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Raise ``ValueError`` (one line) for a call no rope writer may run, before anything is
-    written: q/k are rotated in place, so they are never copied and must have unit stride in
-    their last dim; v, loc and positions may have any strides. Slot and position values are
-    the caller's (reading them would sync the device)."""
+    written; return q, k and v as ``[tokens, heads, dim]`` views (engines also pass
+    ``[tokens, heads * dim]``). q/k are rotated in place, so they are never copied and must
+    have unit stride in their last dim; v, loc and positions may have any strides. Slot and
+    position values are the caller's (reading them would sync the device)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("loc", loc), ("positions", positions),
                     ("cos_sin_cache", cos_sin_cache)):
         if not isinstance(t, torch.Tensor):
@@ -96,6 +97,9 @@ def check_rope_inputs(
         if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
             raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got {tuple(t.shape)} {t.dtype}")
     tokens = loc.shape[0]
+    q = _heads(q, "q", tokens, dim)
+    k = _heads(k, "k", tokens, dim)
+    v = _heads(v, "v", tokens, v_dim)
     if positions.shape[0] != tokens:
         raise ValueError(f"positions has {positions.shape[0]} tokens but loc has {tokens}")
     if k.dtype not in ROPE_INPUTS or q.dtype not in ROPE_INPUTS:
@@ -118,6 +122,19 @@ def check_rope_inputs(
         raise ValueError(f"cos_sin_cache's rope_dim {rope_dim} must be even and in [2, head_dim={dim}]")
     if cos_sin_cache.stride(1) != 1:
         raise ValueError(f"cos_sin_cache needs unit stride in its last dim, got {cos_sin_cache.stride()}")
+    return q, k, v
+
+
+def _heads(t: torch.Tensor, name: str, tokens: int, dim: int) -> torch.Tensor:
+    """``[tokens, heads * dim]`` as a ``[tokens, heads, dim]`` view (a view, never a copy:
+    q and k are written in place); anything else as it is, for the shape checks to word."""
+    if t.dim() == 2 and t.shape[0] == tokens and dim and t.shape[1] % dim == 0:
+        try:
+            return t.view(tokens, t.shape[1] // dim, dim)
+        except RuntimeError:
+            raise ValueError(f"{name} of shape {tuple(t.shape)} and strides {t.stride()} has no "
+                             f"[{tokens}, heads, {dim}] view") from None
+    return t
 
 
 __all__ = ["ROPE_INPUTS", "RopeKVWriter", "check_rope_inputs"]

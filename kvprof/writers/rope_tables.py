@@ -1,7 +1,9 @@
 """Launch shapes of kvprof's Triton rope (+ store) kernel, by token count.
 
-A program owns ``block_t`` tokens x ``block_h`` heads of q, or of k (and then the same heads
-of v): the grid is ``(cdiv(tokens, block_t), cdiv(Hq, block_h) + cdiv(Hk, block_h))``.
+A program owns ``block_t`` tokens x up to ``block_h`` heads of q, or of k (and then the same
+heads of v): the grid is ``(cdiv(tokens, block_t), cdiv(Hq, bq) + cdiv(Hk, bk))`` with ``bq``
+and ``bk`` the block capped at the next power of two of Hq and of Hk (a GQA model's one k
+head is not padded to four).
 A write of a few tokens (decode) is latency-bound: one head per program spreads it over as
 many SMs as there are heads. A prefill of thousands of tokens is bound by bandwidth (q read
 and written, k and v read, two cache rows written): larger tiles, fewer programs.
@@ -22,7 +24,7 @@ from kvprof.writers.triton_tables import INTERPRETED_TILE
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Tokens per program, heads per program (q heads, or k and v heads), warps per program."""
+    """Tokens per program, heads per program at most (q heads, or k and v heads), warps per program."""
 
     block_t: int
     block_h: int

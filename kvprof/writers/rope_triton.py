@@ -3,11 +3,13 @@
 * ``rope_triton_fused`` (:class:`RopeTritonFusedWriter`): one launch rotates q and k in
   place, stores the rotated k and v at ``loc`` and quantises fp8 caches with per-tensor
   scales, like SGLang's ``apply_rope_inplace_with_kvcache`` (which has no fp8 scaling).
-* ``rope_then_<store>`` (:class:`RopeThenStoreWriter`): what an engine without that fusion
-  runs -- one rotary kernel for q and k (SGLang: ``apply_rope_inplace``, its JIT rotary
-  kernel), then its ordinary ``set_kv_buffer`` store. The rotary kernel here is kvprof's own
-  (the same Triton kernel with the store compiled out), the store any registered store
-  writer (``store=NAME``). So the pair differs from the fused write only by the fusion.
+* ``rope_then_two_stream``, ``rope_then_triton_fused`` and ``rope_then_store`` (any
+  registered store writer, ``store=NAME``) (:class:`RopeThenStoreWriter`): what an engine
+  without that fusion runs -- one rotary kernel for q and k (SGLang: ``apply_rope_inplace``,
+  its JIT rotary kernel), then its ordinary ``set_kv_buffer`` store. The rotary kernel here
+  is kvprof's own (the same Triton kernel with the store compiled out), so the pair differs
+  from the fused write only by the fusion; how it compares with SGLang's rotary kernel is
+  for a GPU to measure.
 
 The kernel is :mod:`kvprof.writers.rope_triton_kernel`, its launch shapes
 :mod:`kvprof.writers.rope_tables`. On a GPU (sm_90+) both launch with programmatic dependent
@@ -21,7 +23,9 @@ from typing import Any
 
 import torch
 
+from kvprof.core.errors import UsageError
 from kvprof.core.vocab import ROPE_FUSED
+from kvprof.validation import check_buffers_inputs
 from kvprof.writers import rope_triton_kernel as kernel
 from kvprof.writers.base import KVWriter, WriterInfo
 from kvprof.writers.fp8_jit import hw_cast_safe, placement_reason
@@ -168,20 +172,21 @@ class TritonRope:
             v_st = v_sh = loc_st = 0
         cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim,
                                 max(2 * block_half + block_p, block_dv), interpreted)
-        block_t, block_h, num_warps = cfg.block_t, cfg.block_h, cfg.num_warps
-        if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_h * c, num_warps)
+        block_t, num_warps = cfg.block_t, cfg.num_warps
+        block_hq, block_hk = min(cfg.block_h, _pow2(heads_q)), min(cfg.block_h, _pow2(heads_k))
+        if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_hk * c, num_warps)
                                                      for c, w in zip(cols, widths) if w)):
             mode |= kernel.MODE_FP8_INT
         reach = (tokens + block_t) * max(abs(q.stride(0)), abs(k.stride(0)), abs(v_st), 1)
         if rows * heads_k * max(dim, v_dim) > _INT32_MAX or reach > _INT32_MAX or cos_sin_cache.numel() > _INT32_MAX:
             mode |= kernel.MODE_WIDE
-        grid = (triton.cdiv(tokens, block_t), triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h))
+        grid = (triton.cdiv(tokens, block_t), triton.cdiv(heads_q, block_hq) + triton.cdiv(heads_k, block_hk))
         kernel.rope_kv_kernel[grid](
             q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_st, v_sh, loc_st, positions.stride(0),
             cos_sin_cache.stride(0),
             HQ=heads_q, HK=heads_k, D=dim, DV=v_dim, HALF=half, BLOCK_HALF=block_half, BLOCK_P=block_p,
-            BLOCK_DV=block_dv, BLOCK_T=block_t, BLOCK_H=block_h, MODE=mode, num_warps=num_warps, enable_fp_fusion=False,
+            BLOCK_DV=block_dv, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, MODE=mode, num_warps=num_warps, enable_fp_fusion=False,
             **extra,
         )
 
@@ -224,23 +229,31 @@ class RopeTritonFusedWriter(RopeKVWriter):
 class RopeThenStoreWriter(RopeKVWriter):
     """The unfused baseline: kvprof's Triton rotary kernel (one launch for q and k), then a
     registered store writer's ``write`` -- two kernels or more, as an engine runs rope and
-    ``set_kv_buffer`` without the fusion. The path is the store's (FUSED, TWO_STREAMS...)."""
+    ``set_kv_buffer`` without the fusion. The path is the store's (FUSED, TWO_STREAMS...).
+    ``rope_then_store`` takes the store by name (``store=NAME``, default index_put);
+    ``rope_then_two_stream`` and ``rope_then_triton_fused`` are the two stores a fused write
+    is held against (SGLang's unfused store, and kvprof's fused store alone)."""
 
+    name = "rope_then_store"
     rope_fused = False
     devices = ("cpu", "cuda")
+    rope_kernels = 1  # launches before the store's own: the rotary kernel
 
-    def __init__(self, store: str = "triton_fused", rope_config: RopeConfig | dict[str, int] | None = None,
-                 pdl: bool | None = None, **store_options: object) -> None:
-        """``store``: a registered store writer (its options as the remaining keywords);
-        ``rope_config``/``pdl``: the rotary kernel's launch shape and PDL (None: where it exists)."""
+    def __init__(self, store: str = "index_put", rope_config: RopeConfig | dict[str, int] | None = None,
+                 rope_pdl: bool | None = None, **store_options: object) -> None:
+        """``store``: a registered MHA store writer, built with the remaining keywords;
+        ``rope_config``/``rope_pdl``: the rotary kernel's launch shape and PDL (None: where it
+        exists, as the store writers' own default)."""
         from kvprof.writers import create_writer
 
-        self.store: KVWriter = create_writer(store, **store_options)
-        self.name = f"rope_then_{self.store.name}"
+        built = create_writer(store, **store_options)
+        if not isinstance(built, KVWriter):
+            raise UsageError(f"{self.name}: {store!r} is not a store writer of the MHA layout")
+        self.store: KVWriter = built
         self.description = f"kvprof's Triton rotary kernel for q and k, then the {self.store.name} store"
         self.fused = self.store.fused
         self.devices = tuple(d for d in self.store.devices if d in ("cpu", "cuda"))
-        self.rotary = TritonRope(self.name, rope_config, "auto", pdl)
+        self.rotary = TritonRope(self.name, rope_config, "auto", rope_pdl)
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         return (super().unsupported_reason(device, dtype, input_dtype)
@@ -252,8 +265,6 @@ class RopeThenStoreWriter(RopeKVWriter):
 
     def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
               k_scale=None, v_scale=None) -> str:
-        from kvprof.validation import check_buffers_inputs
-
         self.rotary.rotate(q, k, positions, cos_sin_cache, is_neox)
         cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's rows, as the pool passes them
         return self.store.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
@@ -265,4 +276,25 @@ class RopeThenStoreWriter(RopeKVWriter):
         return info
 
 
-__all__ = ["INSTALL_HINT", "RopeThenStoreWriter", "RopeTritonFusedWriter", "TritonRope"]
+class RopeThenTwoStreamWriter(RopeThenStoreWriter):
+    """Rotary kernel, then SGLang's unfused store (two copies, two streams under a CUDA graph)."""
+
+    name = "rope_then_two_stream"
+
+    def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
+                 **store_options: object) -> None:
+        super().__init__("two_stream", rope_config, rope_pdl, **store_options)
+
+
+class RopeThenTritonFusedWriter(RopeThenStoreWriter):
+    """Rotary kernel, then kvprof's fused Triton store: the fused rope write minus the fusion."""
+
+    name = "rope_then_triton_fused"
+
+    def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
+                 **store_options: object) -> None:
+        super().__init__("triton_fused", rope_config, rope_pdl, **store_options)
+
+
+__all__ = ["INSTALL_HINT", "RopeThenStoreWriter", "RopeThenTritonFusedWriter", "RopeThenTwoStreamWriter",
+           "RopeTritonFusedWriter", "TritonRope"]

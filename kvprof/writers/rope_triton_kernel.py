@@ -1,8 +1,8 @@
 """kvprof's rope (+ K/V store) kernel in Triton: one launch rotates q and k in place and,
 with ``STORE``, stores the rotated k and v into the cache at ``loc``.
 
-* Grid ``(token blocks, q head groups + k head groups)``: a program rotates ``BLOCK_H``
-  heads of q for ``BLOCK_T`` tokens, or ``BLOCK_H`` heads of k -- and then stores them and
+* Grid ``(token blocks, q head groups + k head groups)``: a program rotates ``BLOCK_HQ``
+  heads of q for ``BLOCK_T`` tokens, or ``BLOCK_HK`` heads of k -- and then stores them and
   the same heads of v. Positions, slots and cos/sin are loaded once per program and
   broadcast over its heads.
 * The rotation runs in fp32 and rounds once to the input dtype (what is written back to q
@@ -132,10 +132,11 @@ if triton is not None:
         q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, pos_st, cs_st,
         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, MODE: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, MODE: tl.constexpr,
     ):
-        """Program (p, g) owns tokens [p*BLOCK_T, (p+1)*BLOCK_T) and head group g: q heads
-        for g < cdiv(HQ, BLOCK_H), else k heads (and, with STORE, the same v heads). ``HALF``:
+        """Program (p, g) owns tokens [p*BLOCK_T, (p+1)*BLOCK_T) and head group g: BLOCK_HQ q
+        heads for g < cdiv(HQ, BLOCK_HQ), else BLOCK_HK k heads (and, with STORE, the same v
+        heads): a GQA model's few k heads do not pad to the q heads' block. ``HALF``:
         rope_dim / 2; ``BLOCK_P``: the padded pass-through dims D - rope_dim (0: none);
         the cache rows are [slot, HK * D] and [slot, HK * DV], row-major."""
         QIN: tl.constexpr = MODE & 7
@@ -152,7 +153,7 @@ if triton is not None:
         NEOX: tl.constexpr = (MODE >> 17) & 1
         STORE: tl.constexpr = (MODE >> 18) & 1
         ROPE: tl.constexpr = 2 * HALF
-        Q_GROUPS: tl.constexpr = (HQ + BLOCK_H - 1) // BLOCK_H
+        Q_GROUPS: tl.constexpr = (HQ + BLOCK_HQ - 1) // BLOCK_HQ
 
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
@@ -174,12 +175,14 @@ if triton is not None:
         sin = tl.load(cs_row + HALF + half[None, :], mask=cmask, other=0.0)[:, None, :]
 
         if group < Q_GROUPS:
-            h = group * BLOCK_H + tl.arange(0, BLOCK_H)
-            rmask = tmask[:, None, None] & (h[None, :, None] < HQ)  # [BLOCK_T, BLOCK_H, 1]
-            _rope_heads(q + tok[:, None, None] * q_st + h[None, :, None] * q_sh, rmask, cos, sin, QIN, HW, SAT,
-                        NEOX, HALF, BLOCK_T, BLOCK_H, BLOCK_HALF)
+            # (names of their own in each branch: the compiler merges same-named values, and
+            # the q and k tiles differ in shape)
+            hq = group * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+            qmask = tmask[:, None, None] & (hq[None, :, None] < HQ)  # [BLOCK_T, BLOCK_HQ, 1]
+            _rope_heads(q + tok[:, None, None] * q_st + hq[None, :, None] * q_sh, qmask, cos, sin, QIN, HW, SAT,
+                        NEOX, HALF, BLOCK_T, BLOCK_HQ, BLOCK_HALF)
         else:
-            h = (group - Q_GROUPS) * BLOCK_H + tl.arange(0, BLOCK_H)
+            h = (group - Q_GROUPS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
             rmask = tmask[:, None, None] & (h[None, :, None] < HK)
             k_in = k + tok[:, None, None] * k_st + h[None, :, None] * k_sh
             if STORE:  # the slots and v first: their loads do not wait for the rotation
@@ -187,7 +190,7 @@ if triton is not None:
                 dv = tl.arange(0, BLOCK_DV)[None, None, :]
                 dm = dv < DV
                 vb = as_bits(tl.load(v + tok[:, None, None] * v_st + h[None, :, None] * v_sh + dv, mask=rmask & dm), IN)
-            first, second = _rope_heads(k_in, rmask, cos, sin, IN, HW, SAT, NEOX, HALF, BLOCK_T, BLOCK_H,
+            first, second = _rope_heads(k_in, rmask, cos, sin, IN, HW, SAT, NEOX, HALF, BLOCK_T, BLOCK_HK,
                                         BLOCK_HALF)
             if STORE:
                 ok = tmask & (slot >= 0) & (slot < rows)  # never write outside the buffer
