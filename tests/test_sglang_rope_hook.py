@@ -106,6 +106,21 @@ def test_layer_map_names_each_buffer_by_address():
     assert layers.find(pool.k_buffer[2]) == (pool, 2, 6)
 
 
+def test_layer_map_does_not_keep_a_pool_alive():
+    import gc
+    import weakref
+
+    pool = Pool(layers=1)
+    layers = plugin_mod._LayerMap(current=lambda: None)
+    layers.add(pool)
+    buf = pool.k_buffer[0]
+    assert layers.find(buf) == (pool, 0, 0)
+    gone = weakref.ref(pool)
+    del pool
+    gc.collect()
+    assert gone() is None and layers.find(buf) is None
+
+
 def test_layer_map_asks_sglang_for_its_current_pool():
     child = Pool(layers=2)
     root = SimpleNamespace(full_kv_pool=child)  # a hybrid pool: its K buffers are its child's

@@ -463,7 +463,7 @@ class _RopeRoute:
         from kvprof.writers.rope_base import check_rope_inputs
 
         self.writer = writer
-        self.pool = pool
+        self.dtype = pool.dtype  # not the pool: kvprof must not keep a pool SGLang has let go
         self.state = state
         self.device = device
         self.check = check_rope_inputs
@@ -471,7 +471,7 @@ class _RopeRoute:
         self.input_ok: dict[Any, str | None] = {}
 
     def write(self, call: tuple[Any, ...]) -> None:
-        path = self.writer.write(*call, self.pool.dtype)
+        path = self.writer.write(*call, self.dtype)
         self.state.count(f"writer:{self.writer.name}:{path}", WRITE_FUSED_INTO_ROPE)
 
     def prepare(self, found: tuple[Any, int, int], args: tuple[Any, ...],
@@ -516,7 +516,9 @@ class _LayerMap:
 
     def __init__(self, current: Any = None) -> None:
         self.current = current or _current_pool
-        self.pools: list[Any] = []  # weak references where the pool allows them
+        # weak references (where the pool allows them): a pool SGLang lets go of, with its
+        # buffers, is not kept alive by kvprof
+        self.pools: list[Any] = []
         self.by_ptr: dict[int, tuple[Any, int, int] | None] = {}  # None: several layers share it
         self.missed: set[int] = set()
         self.lock = threading.Lock()
@@ -531,8 +533,8 @@ class _LayerMap:
     def find(self, k_buffer: Any) -> tuple[Any, int, int] | None:
         """(pool, index in its k_buffer, layer id), or None when no known pool holds it."""
         ptr = k_buffer.data_ptr()
-        hit = self.by_ptr.get(ptr)
-        if hit is not None and _buffer_ptr(hit[0], hit[1]) == ptr:
+        hit = self._alive(self.by_ptr.get(ptr), ptr)
+        if hit is not None:
             return hit
         if ptr in self.missed:
             return None
@@ -543,16 +545,24 @@ class _LayerMap:
             if inner is not None:
                 self.add(inner)
         self._rebuild()
-        hit = self.by_ptr.get(ptr)
+        hit = self._alive(self.by_ptr.get(ptr), ptr)
         if hit is None:
             self.missed.add(ptr)
         return hit
 
+    @staticmethod
+    def _alive(entry: tuple[Any, int, int] | None, ptr: int) -> tuple[Any, int, int] | None:
+        """The entry with its pool, if the pool lives and its buffer is still at ``ptr``."""
+        if entry is None:
+            return None
+        pool = _deref(entry[0])
+        return (pool, entry[1], entry[2]) if pool is not None and _buffer_ptr(pool, entry[1]) == ptr else None
+
     def _rebuild(self) -> None:
         by_ptr: dict[int, tuple[Any, int, int] | None] = {}
         with self.lock:
-            pools = [p for p in (_deref(r) for r in self.pools) if p is not None]
-        for pool in pools:
+            refs = [(r, p) for r, p in ((r, _deref(r)) for r in self.pools) if p is not None]
+        for ref, pool in refs:
             bufs = getattr(pool, "k_buffer", None)
             if not isinstance(bufs, (list, tuple)):
                 continue
@@ -563,7 +573,7 @@ class _LayerMap:
                 ptr = buf.data_ptr() if hasattr(buf, "data_ptr") else None
                 if not ptr:
                     continue
-                entry = (pool, i, int(ids[i]) if ids else start + i)
+                entry = (ref, i, int(ids[i]) if ids else start + i)
                 by_ptr[ptr] = None if ptr in by_ptr else entry
         self.by_ptr = by_ptr
 
@@ -610,7 +620,7 @@ class _State:
         self.hooked: list[str] = []
         self.pools: dict[int, dict[str, Any]] = {}
         self.routes: dict[int, _Route | None] = {}
-        self.rope_routes: dict[int, _RopeRoute | None] = {}
+        self.rope_routes: dict[int, tuple[Any, _RopeRoute | None]] = {}
         self.paths: dict[str, int] = {}
         self.write_paths: dict[str, int] = {}
         self.fallbacks: dict[str, int] = {}
@@ -666,12 +676,14 @@ class _State:
         return route
 
     def rope_route_for(self, pool: Any) -> _RopeRoute | None:
-        """This pool's route for SGLang's fused rope + store writes, as ``route_for``."""
+        """This pool's route for SGLang's fused rope + store writes, as ``route_for`` (held with
+        a weak reference to its pool, so a new pool at a freed pool's id gets its own)."""
         key = id(pool)
-        if key in self.rope_routes:
-            return self.rope_routes[key]
+        held = self.rope_routes.get(key)
+        if held is not None and _deref(held[0]) is pool:
+            return held[1]
         route, reason = self._build_rope_route(pool)
-        self.rope_routes[key] = route
+        self.rope_routes[key] = (_weak(pool), route)
         if route is None:
             log.warning("kvprof: %s not used for %s's fused rope + store: %s", self.writer_name,
                         type(pool).__name__, reason)
