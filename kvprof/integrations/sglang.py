@@ -339,7 +339,7 @@ def _make_rope_hook() -> Any:
         fused = kwargs.get(ROPE_ARG)
         if fused is None and len(args) > fused_pos:
             fused = args[fused_pos]
-        if fused is None or getattr(local, "depth", 0):
+        if fused is None or getattr(local, "depth", None):
             return original(*args, **kwargs)  # the rotary embedding only: no KV write
         loc = getattr(fused, "cache_loc", None)
         tokens = getattr(loc, "shape", None)
@@ -482,19 +482,20 @@ class _RopeRoute:
         for key in kwargs:
             if key not in self.names:
                 return f"rope + store: unknown argument {key!r}"
-        call = dict(zip(self.names, args))
+        call: dict[str, Any] = dict(zip(self.names, args))
         call.update(kwargs)
         pool, index, _ = found
-        fused, table = call.get(ROPE_ARG), call.get("cos_sin_cache")
+        fused: Any = call[ROPE_ARG]  # the hook passes only calls that have it
+        table: Any = call.get("cos_sin_cache")
         rope_dim = call.get("rope_dim") or 0
         if rope_dim and rope_dim != getattr(table, "shape", (0,))[-1]:
             return f"rope + store: rope_dim {rope_dim} is not the cos/sin table's width"
         k_buf, v_buf = pool.k_buffer[index], pool.v_buffer[index]
         if getattr(fused.v_buffer, "data_ptr", lambda: None)() != v_buf.data_ptr():
             return "rope + store: its V buffer is not its layer's"
-        loc, positions = fused.cache_loc, call.get("positions")
+        loc, positions, q, k = fused.cache_loc, call.get("positions"), call.get("q"), call.get("k")
         try:
-            q, k, v = self.check(call.get("q"), call.get("k"), fused.value, k_buf, v_buf, loc, positions, table)
+            q, k, v = self.check(q, k, fused.value, k_buf, v_buf, loc, positions, table)  # type: ignore[arg-type]
         except ValueError as exc:
             return f"rope + store: input kvprof's checks refuse ({exc})"
         in_dtype = k.dtype
