@@ -132,6 +132,17 @@ PY
       | tee "$OUT/rope-tests.txt"
     PYTHONPATH=$rope_path${PYTHONPATH:+:$PYTHONPATH} timeout ${ROPE_BENCH_TIMEOUT:-200} python3 lab/rope_bench.py 2>&1 \
       | tee "$OUT/rope-bench.txt"
+    # rope + store (docs/layouts.md): the one-launch rope_triton_fused beside the same rotary
+    # kernel followed by kvprof's fused store or SGLang's two-stream store; the kernel's SASS
+    # first (FFMA must be 0), then the bench's rope family and a capture with both profilers
+    python3 gpu/rope_sass_offline.py 2>&1 | tee "$OUT/rope-sass.txt"
+    timeout ${ROPE_BENCH_TIMEOUT:-300} python3 -m kvprof bench --family rope --eager-repeats 10 ${ROPE_BENCH_ARGS:-} \
+      --out "$OUT/bench-rope" 2>&1 | tee "$OUT/bench-rope.txt"
+    rm -rf /tmp/kvprof-rope
+    timeout ${ROPE_CAPTURE_TIMEOUT:-300} python3 -m kvprof capture --model llama-3.1-70b --tp 8 \
+      --variants rope_then_two_stream,rope_then_triton_fused,rope_triton_fused --phase decode,prefill \
+      --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 --reference-steps 200 \
+      --profiler both --out /tmp/kvprof-rope --run-id h200-llama70b-tp8-rope --no-progress 2>&1 | tee "$OUT/capture-rope.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

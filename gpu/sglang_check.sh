@@ -63,8 +63,10 @@ PY
     stamp "nsys: graph capture and replays, node-level graph trace"
     if [ -z "$NSYS" ]; then echo "no nsys found (set KVPROF_NSYS)" | tee -a "$LOG"; continue; fi
     d="$WORK/nsys"; rm -rf "$d"; mkdir -p "$d"
-    timeout 200 "$NSYS" profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
-      --force-overwrite=true -o "$d/sglang-pool-TP-0" python3 gpu/sglang_pool.py --out "$d" --profiler none 2>&1 | tee -a "$LOG"
+    # kvprof nsys: the script gets kvprof's allow-listed environment only (a report keeps the
+    # environment it ran with), nsys runs in its own PID namespace, and the export is scrubbed
+    KVPROF_NSYS=$NSYS timeout 200 python3 -m kvprof nsys --out "$d/sglang-pool-TP-0" --pass-env SGLANG_PLUGINS \
+      -- python3 gpu/sglang_pool.py --out "$d" --profiler none 2>&1 | tee -a "$LOG"
     timeout 120 python3 -m kvprof analyze "$d" --out "$d/analysis" 2>&1 | tee -a "$LOG"
     ;;
   bench)

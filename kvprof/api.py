@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.core.run import MANIFEST, SUMMARY, Manifest
+from kvprof.core.errors import KvprofError
+from kvprof.core.run import Manifest
+from kvprof.core.rundir import RunDir, read_summary as _read_summary
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
 from kvprof.core.summary import Summary
 
@@ -29,7 +32,6 @@ if TYPE_CHECKING:
     from kvprof.analysis.runs import RunComparison
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
-    from kvprof.capture.run import CaptureResult
     from kvprof.dashboard.background import BackgroundServer
     from kvprof.trace.load import Loaded
 
@@ -45,27 +47,13 @@ load = open_run
 
 
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
-    from kvprof.trace.load import read_manifest as _read
-
-    return _read(Path(run_dir) / MANIFEST)
+    return RunDir(Path(run_dir)).read_manifest()
 
 
 def read_summary(path: str | os.PathLike[str]) -> Summary:
     """A summary.json written by ``write_outputs`` (a folder: its summary.json)."""
-    import orjson
-
-    from kvprof.core.errors import TraceError
-    from kvprof.core.files import open_regular
-
     p = Path(path)
-    p = p / SUMMARY if p.is_dir() else p
-    try:
-        with open_regular(p) as fh:
-            return Summary.from_json(orjson.loads(fh.read()))
-    except orjson.JSONDecodeError as exc:
-        raise TraceError(f"{p}: not valid JSON ({exc})") from None
-    except ValueError as exc:
-        raise TraceError(f"{p}: {exc}") from None
+    return RunDir(p).read_summary() if p.is_dir() else _read_summary(p)
 
 
 def benchmark(layers: int | None = None, itl_before_ms: float | None = None,
@@ -90,7 +78,8 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
             write_kernel_regex: str | None = None) -> Analysis:
     """kvprof's one analysis; ``write_kernels``: also classify KV-write kernels by name
     (``write_kernel_regex`` adds a user pattern; a bad one is refused before any work)."""
-    from kvprof.analysis.summary import analyze as _analyze, clean
+    from kvprof.analysis.jsonsafe import clean
+    from kvprof.analysis.summary import analyze as _analyze
 
     if write_kernels:
         check_write_kernel_regex(write_kernel_regex)
@@ -130,7 +119,7 @@ def compare_variants(result: Analysis, baseline: str, bench: Benchmark | None = 
     import pandas as pd
 
     from kvprof.analysis.compare import compare_groups
-    from kvprof.analysis.summary import clean
+    from kvprof.analysis.jsonsafe import clean
     from kvprof.core.errors import UsageError
 
     groups = result.groups
@@ -166,25 +155,76 @@ def regression_gate(base: Analysis, new: Analysis, threshold_pct: float) -> Gate
 
 def clean(doc: Any) -> Any:
     """JSON-safe: NaN/inf -> None, numpy scalars -> Python values."""
-    from kvprof.analysis.summary import clean as _clean
+    from kvprof.analysis.jsonsafe import clean as _clean
 
     return _clean(doc)
 
 
-def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | None = None,
-            analyse: bool = True) -> CaptureResult:
-    """Run the workload per variant and write the run directory (imports torch), then its
-    ``hta/<variant>/`` folders (:func:`hta_folders`); a failure there is one of the result's
-    problems, the run stays."""
-    from kvprof.capture.run import capture as _capture
-    from kvprof.core.errors import KvprofError
+@dataclass
+class CaptureResult:
+    """A capture, opened and analysed: the run, what failed but was kept, and the first summary."""
 
-    result = _capture(config, progress_factory=progress_factory, analyse=analyse)
+    run_dir: Path
+    manifest: Manifest
+    problems: list[KvprofError] = field(default_factory=list)  # kept-but-failed parts (nsys, scrub check, HTA)
+    summary: Summary | None = None  # the analysis of the run, as `analyze` makes it
+    analysis_error: str | None = None
+
+
+def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | None = None,
+            analyse: bool = True, render: bool = False) -> CaptureResult:
+    """Capture, then open, analyse and write the outputs into the run, as ``analyze`` would
+    (``analyse``), prove a scrubbed run clean, make its ``hta/<variant>/`` folders
+    (:func:`hta_folders`) and, with ``render``, print the first summary. Capture itself only
+    writes the run (imports torch); a failure after it is one of the result's problems (or its
+    ``analysis_error``), and the run stays."""
+    from kvprof.capture.run import capture as _capture
+
+    captured = _capture(config, progress_factory=progress_factory)
+    result = CaptureResult(captured.run_dir, captured.manifest, list(captured.problems),
+                           analysis_error="not analysed (--no-summary)")
+    if analyse:  # the run is complete and in place; the outputs are added as one atomic set
+        layers = config.rank_shape().layers
+        try:
+            loaded = open_run(result.run_dir)
+            analysis = analyze(loaded, bench=benchmark(layers), layers=layers)
+            write_outputs(loaded, analysis, result.run_dir, scrub=config.scrub)
+            result.summary, result.analysis_error = analysis.summary, None
+        except KvprofError as exc:
+            result.analysis_error = str(exc)
+    if config.scrub:  # after the last file: prove what was written is clean
+        result.problems += _scrub_check(result.run_dir)
     try:
         hta_folders(result.run_dir)
     except KvprofError as exc:
         result.problems.append(exc)
+    if render:
+        render_capture(result)
     return result
+
+
+def _scrub_check(run_dir: Path) -> list[KvprofError]:
+    """``scrub --check`` of a finished run folder: one error per file where anything remains."""
+    from kvprof.tools.scrub import check_path
+
+    problems: list[KvprofError] = []
+    for report in check_path(run_dir, on_error=problems.append):
+        if not report.clean:
+            problems.append(KvprofError(f"scrub check: {report.line()}"))
+    return problems
+
+
+def render_capture(result: CaptureResult) -> None:
+    """What ran, the compact table, the verdict, and where the full tables are (or why there is no summary)."""
+    from kvprof.report.console import make_console
+    from kvprof.report.verdict import render_first_run
+
+    console = make_console()
+    if result.summary is None:
+        console.print(f"[yellow]analysis of the capture failed: {result.analysis_error}[/] "
+                      f"(run `kvprof analyze {result.run_dir}`)")
+        return
+    render_first_run(result.summary, console, result.manifest, str(result.run_dir))
 
 
 def hta_folders(run_dir: str | os.PathLike[str]) -> dict[str, Path]:
@@ -213,6 +253,6 @@ def dashboard_server(run_dir: str | os.PathLike[str] | None = None, *, port: int
     return BackgroundServer(command, port, env=env, cwd=cwd, log=log)
 
 
-__all__ = ["DEFAULT_MAX_EVENTS", "analyze", "benchmark", "capture", "check_write_kernel_regex", "clean",
+__all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmark", "capture", "check_write_kernel_regex", "clean",
            "compare_runs", "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
-           "regression_gate", "write_outputs"]
+           "regression_gate", "render_capture", "write_outputs"]

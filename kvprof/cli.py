@@ -21,7 +21,7 @@ from kvprof.core.atomic import DISK_ERRNOS  # a full or read-only disk: exit 6, 
 from kvprof.core.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, KvprofError, OutputError
 from kvprof.core.interrupts import Terminated, ctrl_c_raises_interrupted
 
-COMMANDS = ("capture", "analyze", "compare", "report", "bench", "dashboard", "scrub", "variants")
+COMMANDS = ("capture", "analyze", "compare", "report", "bench", "dashboard", "scrub", "nsys", "variants")
 
 
 class OneLineParser(argparse.ArgumentParser):

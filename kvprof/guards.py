@@ -17,14 +17,38 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvprof.core.errors import ResourceError, UsageError
 
 if TYPE_CHECKING:
     import torch
 
-    from kvprof.capture.config import CaptureConfig
+    from kvprof.models import RankShape
+    from kvprof.workload import PhaseSpec
+
+
+class CaptureConfig(Protocol):
+    """What the capture checks read of a capture's settings (kvprof.capture.config.CaptureConfig
+    is one): a protocol, so that this module, which the pool uses, does not depend on capture."""
+
+    @property
+    def run_id(self) -> str | None: ...
+    @property
+    def phases(self) -> list[str]: ...
+    @property
+    def pool_size(self) -> int | None: ...
+    @property
+    def serving_steps(self) -> int | None: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def max_memory_gb(self) -> float | None: ...
+    def rank_shape(self) -> RankShape: ...
+    def phase_specs(self, graphs_possible: bool = True) -> list[PhaseSpec]: ...
+    def cache_torch_dtype(self) -> torch.dtype: ...
+    def input_torch_dtype(self) -> torch.dtype: ...
+    def layers_on(self, device_type: str) -> int: ...
 
 ENV_MAX_MEMORY_GB = "KVPROF_MAX_MEMORY_GB"
 HOST_FRACTION = 0.8

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,11 +36,12 @@ class KVPool:
     CUDA) and, like Python indexing, write a negative slot to row ``rows + slot``; the
     Triton and CUDA fused writers skip the row (their kernels mask ``0 <= slot < rows``).
 
-    Every other input is checked before any kernel runs (:func:`check_write_inputs`): in
-    Python here, or, for a writer that checks the same things itself in compiled code
-    (``validates_inputs``, e.g. ``cuda_fused``), there, with the Python checks run only when
-    the writer refuses a call, to give the same one-line error. The writer is fixed at
-    construction.
+    Every other input is checked before any kernel runs (:func:`check_write_inputs`), so a
+    refused call writes nothing: a strided ``loc`` is copied contiguous, and an input that
+    shares memory with the layer's buffers is refused. The checks run in Python here, or, for
+    a writer that checks the same things itself in compiled code (``validates_inputs``, e.g.
+    ``cuda_fused``), there, with the Python checks run only when the writer refuses a call, to
+    give the same one-line error. The writer is fixed at construction.
     """
 
     def __init__(
@@ -185,19 +186,22 @@ class KVPool:
         if k_scale is not None or v_scale is not None:
             _check_scale("k_scale", k_scale)
             _check_scale("v_scale", v_scale)
+        store = self.writer
+        if TYPE_CHECKING:  # a rope writer has no validates_inputs and is refused in _validate
+            assert isinstance(store, KVWriter)
         if self._writer_checks and not self.check_slots:
             # The writer checks every input in compiled code before it launches anything
             # (KVWriter.validates_inputs); the Python checks run only to word a refusal.
             try:
-                path = self.writer.write(
+                path = store.write(
                     self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
                 )
             except Exception:
-                self._validate(loc, cache_k, cache_v)  # the pool's one-line ValueError for bad input
+                self._validate(idx, loc, cache_k, cache_v)  # the pool's one-line ValueError for bad input
                 raise  # the inputs were fine: the writer's own error
         else:
-            cache_k, cache_v = self._validate(loc, cache_k, cache_v)
-            path = self.writer.write(
+            loc, cache_k, cache_v = self._validate(idx, loc, cache_k, cache_v)
+            path = store.write(
                 self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
             )
         self.path_counts[path] += 1
@@ -247,19 +251,20 @@ class KVPool:
         self.path_counts[path] += 1
 
     def _validate(
-        self, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, idx: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._rope_writer:
             raise ValueError(f"writer {self.writer.name} rotates q and k too: write through set_kv_buffer_with_rope")
-        cache_k, cache_v = check_write_inputs(loc, cache_k, cache_v, self.head_num, self.head_dim,
-                                              self.v_head_dim, self.device, self._device_index)
+        loc, cache_k, cache_v = check_write_inputs(loc, cache_k, cache_v, self.head_num, self.head_dim,
+                                                   self.v_head_dim, self.device, self._device_index,
+                                                   self.k_buffer[idx], self.v_buffer[idx])
         if self.check_slots and loc.shape[0] and not _capturing(loc):
             lo, hi = (int(x) for x in torch.aminmax(loc))
             if lo < 0:
                 raise ValueError(f"loc has a negative slot ({lo})")
             if hi >= self.rows:
                 raise ValueError(f"loc has slot {hi}, past the last slot {self.rows - 1}")
-        return cache_k, cache_v
+        return loc, cache_k, cache_v
 
 
 def _check_scale(name: str, scale: Any) -> None:

@@ -339,6 +339,28 @@ def test_capture_restores_torch_threads(tmp_path):
     assert result.manifest.config["threads"] == 1 and result.manifest.config["layers"] == CPU_DEFAULT_LAYERS
 
 
+def test_checking_and_resolving_a_config_make_new_ones(monkeypatch):
+    """validate, resolved_for, with_run_id and the capture's prepare never change the config they
+    are given: a frozen CaptureConfig in, a new resolved one out."""
+    import dataclasses
+
+    from kvprof.capture.config import CaptureConfig
+    from kvprof.capture.runtime import prepare
+    from kvprof.layouts.layout import get_layout
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    config = CaptureConfig(model="deepseek-v2-lite", phases=["decode"], decode_sizes=[1], device="cpu")
+    given = dataclasses.replace(config)
+    resolved = config.validate().resolved_for("cpu").with_run_id()
+    prepared, runtime = prepare(config)
+    assert config == given and config.layers is None and config.threads is None and config.run_id is None
+    assert resolved.variants == prepared.variants == list(get_layout("mla").capture_defaults)
+    assert resolved.layers == prepared.layers == CPU_DEFAULT_LAYERS and resolved.threads == prepared.threads == 1
+    assert resolved.run_id and runtime.device.type == "cpu"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.layers = 3  # type: ignore[misc]
+
+
 def test_help_lists_subcommands(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])

@@ -90,7 +90,8 @@ def test_kvprof_prefix_is_not_blanket_allowed() -> None:
     env = child_environment({"KVPROF_SOMETHING_NEW": "x", "KVPROF_NSYS": "/x/nsys"})
     assert env == {"KVPROF_NSYS": "/x/nsys"}
     assert set(envsafe.KVPROF_VARIABLES) == {"KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
-                                             "KVPROF_SGL_CUBIN"}
+                                             "KVPROF_SGL_CUBIN", "KVPROF_SGLANG", "KVPROF_SGLANG_WRITER",
+                                             "KVPROF_SGLANG_DIR"}
 
 
 def test_multicast_switches_always_pass_when_set() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import grimp
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "kvprof"
@@ -73,7 +74,9 @@ RULES = [
                          "torch", *TORCH_SIDE), None),
     ("kvprof.report", ("kvprof.commands", "kvprof.cli", "kvprof.dashboard", "kvprof.api", "torch",
                        *TORCH_SIDE), None),
-    ("kvprof.capture", ("kvprof.commands", "kvprof.cli", "kvprof.dashboard"), None),
+    # capture writes a run and analyses nothing (kvprof.api.capture opens and analyses it)
+    ("kvprof.capture", ("kvprof.commands", "kvprof.cli", "kvprof.dashboard", "kvprof.api", "kvprof.analysis",
+                        "kvprof.report"), None),
 ]
 
 
@@ -111,3 +114,64 @@ def test_no_private_name_is_imported_from_another_package() -> None:
                             and not node.module.startswith(own + "."):
                         found.append(f"{f.relative_to(PKG.parent)}:{node.lineno} imports {node.module}.{a.name}")
     assert found == []
+
+
+# A run's file names, as only kvprof/core/rundir.py may spell them in code (docstrings and
+# comments may name the files they describe).
+RUN_FILE_NAMES = ("manifest.json", "summary.json", "summary.csv", "events.parquet", "writes.parquet",
+                  "step_timings.json", "step_timings.rank", ".pt.trace.json", "kvprof-sglang.", "compare.json",
+                  ".ranks-config", ".ranks-store", ".child-spec", ".child-result")
+
+
+def _run_file_literals(root: Path) -> list[str]:
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        if f.relative_to(root).as_posix() == "core/rundir.py":
+            continue
+        tree = ast.parse(f.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                hits = [n for n in RUN_FILE_NAMES if n in node.value] + (["hta"] if node.value == "hta" else [])
+                if hits:
+                    found.append(f"{f.relative_to(root.parent)}:{node.lineno} spells {', '.join(hits)}")
+    return found
+
+
+def test_only_the_run_directory_spells_a_runs_file_names(tmp_path: Path) -> None:
+    """kvprof.core.rundir.RunDir owns the run folder's layout; everything else asks it for a path."""
+    assert _run_file_literals(PKG) == []
+    planted = tmp_path / "kvprof"
+    (planted / "core").mkdir(parents=True)
+    (planted / "core" / "rundir.py").write_text('SUMMARY = "summary.json"\n')
+    (planted / "x.py").write_text('"""Reads summary.json."""\nNAME = f"{v}.pt.trace.json.gz"\nHTA = "hta"\n')
+    assert sorted(line.split(" spells ")[1] for line in _run_file_literals(planted)) == [".pt.trace.json", "hta"]
+
+
+def _cycles(package: str) -> list[str]:
+    """Each import that closes a cycle among the package's modules, with the way back: every
+    import counts (at the top, inside a function, under TYPE_CHECKING)."""
+    graph = grimp.build_graph(package, include_external_packages=False, cache_dir=None)
+    found = []
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            back = graph.find_shortest_chain(importer=imported, imported=module)
+            if back is not None:
+                found.append(f"{module} -> {' -> '.join(back)}")
+    return found
+
+
+def test_no_import_cycle_among_kvprofs_modules() -> None:
+    assert _cycles("kvprof") == []
+
+
+def test_the_cycle_search_sees_a_lazy_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "cyclic"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from cyclic import high\n")
+    (pkg / "high.py").write_text("from cyclic import low\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _cycles("cyclic") == ["cyclic.high -> cyclic.low -> cyclic.high", "cyclic.low -> cyclic.high -> cyclic.low"]

@@ -109,11 +109,11 @@ def test_a_failing_rank_leaves_no_run_and_one_line(tmp_path):
 
 def test_the_rank_that_failed_first_is_named_not_the_first_seen_exiting(tmp_path):
     """Rank 0 exits first with the peer's closed connection; rank 1's earlier record is the cause."""
-    from kvprof.capture.rank_worker import error_file
     from kvprof.capture.ranks import first_failure
+    from kvprof.core.rundir import RunDir
 
-    (tmp_path / error_file(0)).write_text("1\t200.5\tRuntimeError: Connection closed by peer\n")
-    (tmp_path / error_file(1)).write_text("3\t200.1\tRuntimeError: rank one cannot write\n")
+    RunDir(tmp_path).rank_error(0).write_text("1\t200.5\tRuntimeError: Connection closed by peer\n")
+    RunDir(tmp_path).rank_error(1).write_text("3\t200.1\tRuntimeError: rank one cannot write\n")
     procs = [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({d}); raise SystemExit(1)"])
              for d in (0, 0.5)]
     try:

@@ -55,7 +55,7 @@ def test_pool_rope_write_stores_the_rotated_rows():
 
 @needs_interpreter
 @pytest.mark.parametrize("case", ["slot past the end", "negative position", "position past the table",
-                                  "bad positions dtype", "layer", "store writer", "scale"])
+                                  "bad positions dtype", "layer", "store writer", "scale", "v in the V cache"])
 def test_pool_rope_refusals_write_and_rotate_nothing(case):
     q, k, v, loc, pos, table = _inputs()
     writer = create_writer("index_put" if case == "store writer" else "rope_then_triton_fused")
@@ -66,7 +66,8 @@ def test_pool_rope_refusals_write_and_rotate_nothing(case):
                  "negative position": {"positions": torch.tensor([0, -1, 2])},
                  "position past the table": {"positions": torch.tensor([0, 32, 2])},
                  "bad positions dtype": {"positions": pos.float()},
-                 "layer": {"layer": 2}, "store writer": {}, "scale": {"k_scale": -1.0}}[case])
+                 "layer": {"layer": 2}, "store writer": {}, "scale": {"k_scale": -1.0},
+                 "v in the V cache": {"v": pool.v_buffer[0][4:7]}}[case])
     with pytest.raises(ValueError) as err:
         pool.set_kv_buffer_with_rope(**args)
     assert "\n" not in str(err.value)
@@ -136,3 +137,27 @@ def test_rope_variants_refuse_a_layer_context_by_name(tmp_path, capsys):
                "--no-progress", "--context", "layer", "--variants", "rope_triton_fused", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc != 0 and "--context layer rotates them in its own layers" in err and "Traceback" not in err
+
+
+needs_compiled = pytest.mark.skipif(rk.triton is None or rk.interpreted(),
+                                    reason="GPU tests need the compiled kernel: run with TRITON_INTERPRET=0")
+
+
+@pytest.mark.gpu
+@needs_compiled
+@pytest.mark.parametrize("name, kernels", [("rope_triton_fused", 1), ("rope_then_triton_fused", 2)])
+def test_gpu_kernels_per_rope_write(name, kernels):
+    """One launch for the fused rope write; the rotary kernel plus the store's otherwise
+    (what the analysis' kernel witness expects of each)."""
+    from torch.autograd import DeviceType
+
+    pool = KVPool(64, 1, torch.bfloat16, 2, 16, 1, "cuda", writer=create_writer(name), check_slots=False)
+    q, k, v, loc, pos, table = (t.cuda() for t in _inputs())
+    pool.set_kv_buffer_with_rope(0, loc, q, k, v, pos, table)  # compiles
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        pool.set_kv_buffer_with_rope(0, loc, q, k, v, pos, table)
+        torch.cuda.synchronize()
+    on_gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert len(on_gpu) == kernels, [e.name for e in on_gpu]

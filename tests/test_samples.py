@@ -7,6 +7,8 @@ traces/samples/README.md. These tests read only the committed files: they run on
 from __future__ import annotations
 
 import gzip
+import re
+import sqlite3
 from functools import cache
 from pathlib import Path
 
@@ -144,6 +146,82 @@ def test_no_planted_secret_in_any_sample_file():
         data = _bytes_of(path)
         for secret in PLANTED:
             assert secret not in data, path
+
+
+REPO = SAMPLES.parent.parent
+# gpu/run_gpu_checks.sh planted these in the capture's environment: scrub --check must find
+# them (and their base64, hex, percent and split forms) nowhere
+PLANTED_ENV = {"KVPROF_TEST_SECRET": PLANTED[0].decode(), "HF_TOKEN": PLANTED[1].decode()}
+
+
+def committed_files() -> list[Path]:
+    """Every committed sample and log kvprof ships or quotes: traces/samples, the wheel's
+    kvprof/samples and the GPU logs under docs/gpu; a symbolic link once, as its target."""
+    files = [p for p in sorted(SAMPLES.rglob("*")) if p.is_file()]
+    files += [p for p in sorted((REPO / "kvprof" / "samples").rglob("*")) if p.is_file()]
+    files += sorted((REPO / "docs" / "gpu").glob("*.txt")) + [REPO / "traces" / "README.md"]
+    return sorted({p.resolve() for p in files if p.exists()})
+
+
+def test_wheel_samples_are_the_checked_files():
+    """kvprof/samples holds links into traces/samples (and its README): nothing unchecked."""
+    checked = set(committed_files())
+    shipped = [p for p in (REPO / "kvprof" / "samples").rglob("*") if not p.is_dir()]
+    assert shipped and all(p.resolve() in checked for p in shipped)
+
+
+def test_every_committed_file_passes_scrub_check_against_the_planted_environment():
+    """Each file decoded as scrub --check decodes it (JSON, gzip, SQLite, Parquet, logs, links
+    followed) holds no environment entry outside kvprof's allow-list, no home path or host
+    name, no token, and neither planted value in any form scrub knows. An .nsys-rep is read
+    only in its raw bytes: what can be seen there must be clean too."""
+    from kvprof.tools.scrub import Rules, check_path
+
+    rules = Rules(PLANTED_ENV, home="/home/kvprof-sample-check", hostnames=[])
+    files = committed_files()
+    assert len(files) > 45
+    dirty = [r.line() for p in files for r in check_path(p, rules=rules) if not r.clean]
+    assert dirty == []
+
+
+def _entries(block: str) -> list[tuple[str, str]]:
+    """(name, value) of every NAME=value entry in an environment as nsys stores it."""
+    sep = "\x00" if "\x00" in block else ";"
+    out = []
+    for piece in block.split(sep):
+        m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", piece, re.S)
+        if m:
+            out.append((m.group(1), m.group(2).strip('"')))
+    return out
+
+
+def test_environments_in_the_committed_exports_hold_only_allowlisted_variables():
+    """Read directly (not through scrub): every environment row and NUL-separated environ block
+    of every committed .sqlite, and every NUL-separated entry in the plain bytes of every
+    .nsys-rep, names a variable kvprof passes to a profiled child (envsafe.allowed)."""
+    from kvprof.tools.envsafe import allowed
+
+    seen: dict[str, set[str]] = {}
+    for db in sorted(SAMPLES.rglob("*.sqlite")):
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            blocks = [v for (v,) in con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT%'")]
+            blocks += [v for (v,) in con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name LIKE '%Environment%'")]
+            blocks += [v for (v,) in con.execute("SELECT value FROM StringIds WHERE instr(value, char(0)) > 0")]
+        finally:
+            con.close()
+        for block in blocks:
+            for name, value in _entries(block):
+                seen.setdefault(db.name, set()).add(name)
+                assert allowed(name, value) or (name, value) == ("LD_PRELOAD", "{}"), (db, name)
+    for rep in sorted(SAMPLES.rglob("*.nsys-rep")):
+        for m in re.finditer(rb"(?<=\x00)([A-Za-z_][A-Za-z0-9_]*)=([\x20-\x7e]*)(?=\x00)", rep.read_bytes()):
+            name, value = m.group(1).decode(), m.group(2).decode()
+            seen.setdefault(rep.name, set()).add(name)
+            assert allowed(name, value) or (name, value) == ("LD_PRELOAD", "{}"), (rep, name)
+    # the exports do keep an allow-listed environment (the check above is not vacuous)
+    assert {"PATH", "LD_LIBRARY_PATH"} <= seen["sglang-pool-TP-0.sqlite"]
+    assert {"PATH", "KVPROF_NSYS"} <= seen["index_put.nsys-rep"]
 
 
 def test_nsys_reports_checked_on_the_h200():

@@ -144,10 +144,12 @@ def test_sqlite_scrub_removes_planted_values_and_keeps_rows(tmp_path: Path, secr
     assert secret.encode() not in db.read_bytes()
     assert summary(db) == before
     assert report.rewritten and report.kind == "sqlite"
-    assert report.env_rows == 3 and report.strings == 3 and report.paths == 2  # StringIds + COMMAND_LINE
+    # the planted row goes; CUDA_VISIBLE_DEVICES and LANG are on kvprof's allow-list and stay
+    assert report.env_rows == 1 and report.strings == 3 and report.paths == 2  # StringIds + COMMAND_LINE
     con = sqlite3.connect(db)
     meta = dict(con.execute("SELECT value, name FROM META_DATA_CAPTURE"))
-    assert set(con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT%'")) == {(MARKER,)}
+    assert set(con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT%'")) == {
+        (MARKER,), ("CUDA_VISIBLE_DEVICES=0",), ("LANG=C.UTF-8",)}
     assert "python3 ~/work/run.py" in meta
     home_path = con.execute("SELECT value FROM StringIds WHERE id = 12").fetchone()
     assert home_path == ("~/work/kvprof/kvprof/capture/run.py",)
@@ -157,7 +159,7 @@ def test_sqlite_scrub_removes_planted_values_and_keeps_rows(tmp_path: Path, secr
     ]
     con.close()
     assert not list(tmp_path.glob(".*tmp*")) and sorted(p.name for p in tmp_path.iterdir()) == ["report.sqlite"]
-    assert "3 environment rows, 3 strings removed, 2 home paths rewritten" in report.line()
+    assert "1 environment rows, 3 strings removed, 2 home paths rewritten" in report.line()
 
     again = scrub_path(db)  # idempotent: nothing left to do, file untouched
     assert not again.rewritten and again.strings == again.env_rows == 0
@@ -275,8 +277,11 @@ def test_rules_keep_lowercase_messages_and_kernel_names() -> None:
     rules = Rules({"HOME": HOME, "http_proxy": "http://proxy:3128"}, home=HOME)
     for keep in [*KERNEL_NAMES, *NVTX_NAMES, "a==b", "x=1", "operator=", "N=128"]:
         assert rules.scrub(keep) == (keep, None)
-    for drop in ["PATH=/usr/bin", "X_Y=", "env http_proxy=http://x python", "\x00LANG=C\x00"]:
+    for drop in ["PATH=/usr/bin", "X_Y=", "env http_proxy=http://x python", "\x00HF_HOME=/data\x00"]:
         assert rules.scrub(drop) == (MARKER, "env")
+    # a process's environ block (NUL-separated) is cut down to kvprof's allow-list, not dropped whole
+    assert rules.scrub("\x00LANG=C\x00") == ("\x00LANG=C\x00", None)
+    assert rules.scrub("LANG=C\x00HF_HOME=/data\x00HOME=/home/alice") == ("LANG=C\x00HOME=~\x00", "env")
     assert rules.scrub(f"{HOME}/x /Users/bob/y /mnt/home/z /root/out /rooted") == (
         "~/x ~/y /mnt/home/z ~/out /rooted", "home"
     )
@@ -470,8 +475,9 @@ def test_real_nsys_export_reads_the_same_after_scrub(tmp_path: Path) -> None:
     env_block = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'DeviceEnvironment'").fetchone()
     left = [v for (v,) in con.execute("SELECT value FROM StringIds") if "=" in v and not v.startswith("kvprof.")]
     con.close()
-    assert env_block == (MARKER,) and left == []
-    for needle in (b"LD_LIBRARY_PATH", b"NV_LIBNCCL_PACKAGE", b"UV_CONCURRENT_DOWNLOADS", b"hf_replanted"):
+    # the device environment keeps only what is on kvprof's allow-list (envsafe.allowed)
+    assert env_block == ("LD_LIBRARY_PATH=/work/main/.gpu/lib:/usr/local/nvidia/lib64",) and left == []
+    for needle in (b"VAR_1", b"NV_LIBNCCL_PACKAGE", b"UV_CONCURRENT_DOWNLOADS", b"hf_replanted"):
         assert needle not in db.read_bytes()
 
 

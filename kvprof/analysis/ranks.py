@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvprof.analysis.jsonsafe import clean
 from kvprof.core.schema import GPU_WORK_KINDS
 
 # Collective rows: NCCL kernels (ncclDevKernel_AllReduce_..., ncclKernel_...) and the host calls
@@ -47,8 +48,6 @@ class RankAnalysis:
     step_source: str = "host"  # "gpu": step and write times are GPU spans; "host": host ranges
 
     def to_json(self) -> dict[str, Any]:
-        from kvprof.analysis.summary import clean
-
         return clean({"world_size": self.world_size, "step_source": self.step_source,
                       "same_path": dict(self.same_path),
                       "per_rank": self.per_rank.to_dict(orient="records"),

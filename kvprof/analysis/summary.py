@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +10,7 @@ import pandas as pd
 from kvprof import __version__
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.generic import generic_summary
+from kvprof.analysis.jsonsafe import clean
 from kvprof.analysis.metrics import fused_or_fell_back, group_metrics
 from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.ranks import analyze_ranks, collective_per_step
@@ -30,24 +30,6 @@ class Analysis:
     layers: pd.DataFrame
     summary: Summary
     warnings: list[str] = field(default_factory=list)
-
-
-def clean(obj: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        try:
-            obj = obj.item()
-        except (ValueError, AttributeError):
-            pass
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if obj is pd.NA or obj is pd.NaT:
-        return None
-    return obj
 
 
 def _device(loaded: Loaded) -> dict[str, Any]:

@@ -48,4 +48,41 @@ def default_grid(device_type: str) -> Grid:
     return CUDA_GRID if device_type == "cuda" else CPU_GRID
 
 
-__all__ = ["CPU_GRID", "CPU_THREADS", "CUDA_GRID", "Grid", "default_grid"]
+@dataclass(frozen=True)
+class RopeGrid:
+    """The rope family's grid (``bench --family rope``): each write rotates q and k and stores
+    K and V, so a shape names the query heads too: (q heads, KV heads, head dim)."""
+
+    shapes: tuple[tuple[int, int, int], ...]
+    dtypes: tuple[tuple[str, str], ...]
+    tokens: tuple[int, ...]
+
+    @property
+    def points(self) -> int:
+        return len(self.shapes) * len(self.dtypes) * len(self.tokens)
+
+    def shapes_text(self) -> str:
+        return ",".join(f"{q}x{h}x{d}" for q, h, d in self.shapes)
+
+    def dtypes_text(self) -> str:
+        return ",".join(c if c == i else f"{c}<-{i}" for c, i in self.dtypes)
+
+    def tokens_text(self) -> str:
+        return ",".join(str(t) for t in self.tokens)
+
+
+# Llama-3.1-70B per rank at TP 8 (8 q heads, 1 KV head) and Llama-3.1-8B at TP 1 (32 q, 8 KV),
+# the bf16 cache and fp8 from bf16, decode batches to a long prefill. On a CPU the kernels run
+# in Triton's interpreter (tens of ms a write): one shape, one and 64 tokens.
+CUDA_ROPE_GRID = RopeGrid(shapes=((8, 1, 128), (32, 8, 128)), dtypes=(("bf16", "bf16"), ("fp8_e4m3", "bf16")),
+                          tokens=(1, 8, 64, 512, 4096, 32768))
+CPU_ROPE_GRID = RopeGrid(shapes=((8, 1, 128),), dtypes=(("bf16", "bf16"), ("fp8_e4m3", "bf16")), tokens=(1, 64))
+FAMILIES = ("store", "rope")  # what one write is: the K/V store alone, or rope + store
+
+
+def default_rope_grid(device_type: str) -> RopeGrid:
+    return CUDA_ROPE_GRID if device_type == "cuda" else CPU_ROPE_GRID
+
+
+__all__ = ["CPU_GRID", "CPU_ROPE_GRID", "CPU_THREADS", "CUDA_GRID", "CUDA_ROPE_GRID", "FAMILIES", "Grid", "RopeGrid",
+           "default_grid", "default_rope_grid"]

@@ -17,7 +17,7 @@ from typing import cast
 from rich.console import Console
 from rich.table import Table
 
-from kvprof.bench.run import KVPROF_FUSED, fused_verdicts
+from kvprof.bench.run import KVPROF_FUSED, ROPE_KVPROF_FUSED, fused_verdicts, rope_verdicts
 from kvprof.core.bench_result import BenchResult, BenchRow
 
 
@@ -26,6 +26,36 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 
 EXTRA_COLUMNS = ("best kvprof", "GB/s", "% copy", "target", "ok", "floor", "x sgl", "x 2str", "x idx")
+# the rope family's: the one-launch rope + store against the same rotation, then kvprof's fused
+# store (x rope+fused) or SGLang's two-stream store (x rope+2str)
+ROPE_EXTRA_COLUMNS = ("best kvprof", "GB/s", "% copy", "target", "ok", "floor", "x rope+fused", "x rope+2str")
+_RATIO_PEERS = ((("sgl_kernel", "sgl_kernel_cubin"), ("two_stream",), ("index_put",)),
+                (("rope_then_triton_fused",), ("rope_then_two_stream",)))
+
+
+def is_rope(result: BenchResult) -> bool:
+    """Whether ``result`` is the rope family's (its writes rotate q and k too)."""
+    return any(r.q_heads for r in result.records)
+
+
+def extra_columns(result: BenchResult) -> tuple[str, ...]:
+    return ROPE_EXTRA_COLUMNS if is_rope(result) else EXTRA_COLUMNS
+
+
+def _point_key(r: BenchRow) -> tuple[int, int, int, str, int]:
+    return (r.q_heads or 0, r.heads, r.dim, r.dtype, r.tokens)
+
+
+def _shape(key: tuple[int, int, int, str, int]) -> str:
+    q, h, d = key[:3]
+    return f"{q}x{h}x{d}" if q else f"{h}x{d}"
+
+
+def _kvprof_fused(at: dict[str, BenchRow]) -> tuple[list[BenchRow], tuple[tuple[str, ...], ...]]:
+    """The kvprof fused rows at one point that ran, and the peers their ratio columns name."""
+    rope = any(r.q_heads for r in at.values())
+    names = ROPE_KVPROF_FUSED if rope else KVPROF_FUSED
+    return [at[v] for v in names if v in at and at[v].ok and at[v].median_us is not None], _RATIO_PEERS[rope]
 
 
 def point_rows(result: BenchResult, mode: str, no: str = "NO", field: str = "median_us") -> list[list[str]]:
@@ -35,27 +65,26 @@ def point_rows(result: BenchResult, mode: str, no: str = "NO", field: str = "med
     variants = result.variants
     rows = [r for r in result.records if r.mode == mode]
     out = []
-    for key in sorted({(r.heads, r.dim, r.dtype, r.tokens) for r in rows}):
-        heads, dim, dtype, tokens = key
-        at = {r.variant: r for r in rows if (r.heads, r.dim, r.dtype, r.tokens) == key}
-        cells = [f"{heads}x{dim}", dtype, str(tokens)]
+    for key in sorted({_point_key(r) for r in rows}):
+        dtype, tokens = key[3], key[4]
+        at = {r.variant: r for r in rows if _point_key(r) == key}
+        cells = [_shape(key), dtype, str(tokens)]
         for v in variants:
             r = at.get(v)
             cells.append(_fmt(getattr(r, field)) if r and r.ok else (r.status if r else "-"))
         if field != "median_us":
             out.append(cells)
             continue
-        ok = [at[v] for v in KVPROF_FUSED if v in at and at[v].ok and at[v].median_us is not None]
+        ok, peers = _kvprof_fused(at)
         if ok:
             best = min(ok, key=lambda r: cast(float, r.median_us))  # ok: median_us is not None
             ratios = best.ratio_to or {}
             cells += [best.variant, _fmt(best.gbs, 0), _fmt(best.pct_copy_rate, 0),
                       _fmt(best.target_us), {True: "yes", False: no, None: "-"}[best.meets_target],
-                      _fmt(best.floor_us), _fmt(ratios.get("sgl_kernel", ratios.get("sgl_kernel_cubin"))),
-                      _fmt(ratios.get("two_stream")),
-                      _fmt(ratios.get("index_put"))]
+                      _fmt(best.floor_us),
+                      *(_fmt(next((ratios[n] for n in names if n in ratios), None)) for names in peers)]
         else:
-            cells += ["-"] * len(EXTRA_COLUMNS)
+            cells += ["-"] * (len(peers) + 6)
         out.append(cells)
     return out
 
@@ -125,11 +154,11 @@ def _cell(row: BenchRow | None, field: str, iqr_field: str) -> str:
 
 
 def _extra_cells(result: BenchResult, at: dict[str, BenchRow]) -> list[str]:
-    """The best kvprof fused variant's columns at one point (EXTRA_COLUMNS), "n/a (why)" where a
-    figure cannot exist."""
-    ok = [at[v] for v in KVPROF_FUSED if v in at and at[v].ok and at[v].median_us is not None]
+    """The best kvprof fused variant's columns at one point (EXTRA_COLUMNS, or the rope
+    family's ROPE_EXTRA_COLUMNS), "n/a (why)" where a figure cannot exist."""
+    ok, peers = _kvprof_fused(at)
     if not ok:
-        return ["n/a (no kvprof fused write ran)"] * len(EXTRA_COLUMNS)
+        return ["n/a (no kvprof fused write ran)"] * (len(peers) + 6)
     best = min(ok, key=lambda r: cast(float, r.median_us))
     ratios = best.ratio_to or {}
     cuda = result.device.get("type", "cuda") == "cuda"
@@ -145,21 +174,21 @@ def _extra_cells(result: BenchResult, at: dict[str, BenchRow]) -> list[str]:
             {True: "yes", False: "NO", None: rate}[best.meets_target],
             _fmt(best.floor_us) if best.floor_us is not None else
             ("n/a (no CUDA graphs)" if not cuda else "n/a (not measured)"),
-            ratio("sgl_kernel", "sgl_kernel_cubin"), ratio("two_stream"), ratio("index_put")]
+            *(ratio(*names) for names in peers)]
 
 
 def table_columns(result: BenchResult, mode: str, field: str, iqr_field: str) -> list[Column]:
     """Every column of one console table: the point, each variant's median (IQR), and for
     the median tables the best kvprof fused variant's columns."""
     rows = [r for r in result.records if r.mode == mode]
-    keys = sorted({(r.heads, r.dim, r.dtype, r.tokens) for r in rows})
-    at = {k: {r.variant: r for r in rows if (r.heads, r.dim, r.dtype, r.tokens) == k} for k in keys}
-    cols = [Column("shape", [f"{h}x{d}" for h, d, _, _ in keys]), Column("dtype", [k[2] for k in keys]),
-            Column("tokens", [str(k[3]) for k in keys])]
+    keys = sorted({_point_key(r) for r in rows})
+    at = {k: {r.variant: r for r in rows if _point_key(r) == k} for k in keys}
+    cols = [Column("shape", [_shape(k) for k in keys]), Column("dtype", [k[3] for k in keys]),
+            Column("tokens", [str(k[4]) for k in keys])]
     cols += [Column(v, [_cell(at[k].get(v), field, iqr_field) for k in keys]) for v in result.variants]
     if field == "median_us":
         extra = [_extra_cells(result, at[k]) for k in keys]
-        cols += [Column(name, [e[i] for e in extra]) for i, name in enumerate(EXTRA_COLUMNS)]
+        cols += [Column(name, [e[i] for e in extra]) for i, name in enumerate(extra_columns(result))]
     return cols
 
 
@@ -194,6 +223,8 @@ def render_table(result: BenchResult, console: Console | None = None) -> None:
     if result.settings.torch_threads is not None:
         head.append(f"torch threads {result.settings.torch_threads}")
     head.append(f"target for kvprof's fused writes: {result.settings.target.describe()}")
+    if is_rope(result):
+        head.append("rope family: each write rotates q and k (read and written back), reads v, writes two cache rows")
     console.print("  ".join(head))
     dropped: dict[str, list[str]] = {}  # "n/a (why)" -> the columns left out for it, over every table
     for mode, field, iqr_field, title in TABLES:
@@ -232,6 +263,21 @@ def verdict_lines(result: BenchResult) -> list[str]:
     """The checks per kvprof fused variant (:func:`kvprof.bench.run.fused_verdicts`), one line
     each, from this run only."""
     lines = []
+    for variant in ROPE_KVPROF_FUSED:
+        if variant not in result.variants:
+            continue
+        rv = rope_verdicts(result, variant)
+        if not rv["points"]:
+            continue
+        t = rv["target"]
+        lines.append(f"{variant}: target met at {t['met']}/{t['points']} {rv['mode']} points"
+                     + (f" (missed: {'; '.join(t['missed'][:6])})" if t["missed"] else ""))
+        for other in ("rope_then_triton_fused", "rope_then_two_stream"):
+            c = rv[other]
+            if c["compared"]:
+                lines.append(f"{variant}: slower than {other} at {len(c['slower'])}/{c['compared']} {rv['mode']} points "
+                             f"({other}'s time over {variant}'s: median {c['median_ratio']:.2f}, "
+                             f"min {c['min_ratio']:.2f})" + (f": {'; '.join(c['slower'][:6])}" if c["slower"] else ""))
     for variant in KVPROF_FUSED:
         if variant not in result.variants:
             continue
@@ -262,7 +308,8 @@ def verdict_lines(result: BenchResult) -> list[str]:
 
 CSV_COLUMNS = ("shape", "heads", "dim", "cache_dtype", "input_dtype", "tokens", "variant", "mode", "status",
                "median_us", "iqr_us", "host_us", "host_iqr_us", "writer_host_us", "writer_host_iqr_us", "samples",
-               "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target", "floor_us", "reason")
+               "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target", "floor_us", "reason",
+               "q_heads")  # the rope family's query heads (empty for a store), last: older readers' columns stay put
 
 
 def to_csv(result: BenchResult) -> str:

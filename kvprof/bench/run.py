@@ -1,7 +1,10 @@
 """Benchmark one layer's K+V write per variant over a grid of row shapes, dtypes and token counts.
 
 Each point is checked bitwise against ``index_put`` before it is timed (a fast wrong
-write is not a result), then timed as graph replays (CUDA) and eagerly. The result is a
+write is not a result), then timed as graph replays (CUDA) and eagerly. The rope family
+(``family="rope"``) times the write as engines now fuse it, rotary embedding of q and k plus
+the store (``RopeKVWriter``s), checked bitwise against the float32 reference rotation and
+``convert_for_cache``. The result is a
 :class:`kvprof.core.bench_result.BenchResult` (one row per point, variant and mode), which
 the table, the JSON/CSV files and the dashboard's Sweeps page all read.
 """
@@ -26,12 +29,18 @@ from kvprof.dtypes import parse_dtype, short_name
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
+from kvprof.writers.rope_base import RopeKVWriter
 
 BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
 # sgl-kernel's store_kv_cache, as the op (where it installs) or as its own kernels launched from
 # the wheel's cubin (device time only: that variant's host path is kvprof's ctypes call)
 SGL_PEERS = ("sgl_kernel", "sgl_kernel_cubin")
 KVPROF_FUSED = variants.KVPROF_FUSED
+# the rope family: kvprof's one-launch rope + store, and what it is held against (the same
+# rotary kernel, then kvprof's fused store or SGLang's two-stream store)
+ROPE_KVPROF_FUSED = variants.ROPE_KVPROF_FUSED
+ROPE_UNFUSED = ("rope_then_triton_fused", "rope_then_two_stream")
+ROPE_BENCH_VARIANTS = (*reversed(ROPE_UNFUSED), *ROPE_KVPROF_FUSED)
 
 
 @dataclass(frozen=True)
@@ -41,21 +50,26 @@ class BenchPoint:
     cache_dtype: str
     input_dtype: str
     tokens: int
+    q_heads: int = 0  # the rope family: query heads rotated with the write (0: a store alone)
 
     @property
     def shape(self) -> str:
-        return f"{self.heads}x{self.dim}"
+        return f"{self.q_heads}x{self.heads}x{self.dim}" if self.q_heads else f"{self.heads}x{self.dim}"
 
     @property
     def dtype_label(self) -> str:
         return self.cache_dtype if self.cache_dtype == self.input_dtype else f"{self.cache_dtype}<-{self.input_dtype}"
 
     def bytes_moved(self) -> int:
-        """Inputs read once plus rows written once, K and V."""
+        """Inputs read once plus rows written once, K and V; a rope write also reads and
+        writes back q and k (rotated in place): the copy floor of what each write moves."""
         elems = 2 * self.heads * self.dim * self.tokens
         cache = torch.empty((), dtype=parse_dtype(self.cache_dtype)).element_size()
         inp = torch.empty((), dtype=parse_dtype(self.input_dtype)).element_size()
-        return elems * (cache + inp)
+        if not self.q_heads:
+            return elems * (cache + inp)
+        rotated = (self.q_heads + self.heads) * self.dim * self.tokens  # q and k: read, then written back
+        return elems * cache + (2 * rotated + self.heads * self.dim * self.tokens) * inp
 
 
 def grid(
@@ -66,8 +80,20 @@ def grid(
     return [BenchPoint(h, d, c, i, t) for (h, d) in shapes for (c, i) in dtypes for t in tokens]
 
 
-def default_grid(device: torch.device) -> list[BenchPoint]:
-    """The device kind's grid (:mod:`kvprof.bench.grids` says why these points)."""
+def rope_grid(
+    shapes: Sequence[tuple[int, int, int]],
+    dtypes: Sequence[tuple[str, str]],
+    tokens: Sequence[int],
+) -> list[BenchPoint]:
+    """Rope-family points: ``shapes`` are (q heads, KV heads, head dim)."""
+    return [BenchPoint(h, d, c, i, t, q_heads=q) for (q, h, d) in shapes for (c, i) in dtypes for t in tokens]
+
+
+def default_grid(device: torch.device, family: str = "store") -> list[BenchPoint]:
+    """The device kind's grid for ``family`` (:mod:`kvprof.bench.grids` says why these points)."""
+    if family == "rope":
+        r = grids.default_rope_grid(device.type)
+        return rope_grid(r.shapes, r.dtypes, r.tokens)
     g = grids.default_grid(device.type)
     return grid(g.shapes, g.dtypes, g.tokens)
 
@@ -97,7 +123,7 @@ def point_bytes(point: BenchPoint, device: torch.device, pool_bytes: int, varian
     cases = max([floor_allocations(point, v, device) for v in variants] or [1])
     per_case = (kv_bytes(rows, 2, point.heads, point.dim, point.dim, cache)  # the case's pool and a timed one
                 + rows * 8 * 2  # randperm of every row, int64, and its shifted copy
-                + 2 * point.tokens * point.heads * point.dim * (4 + inp))
+                + (point.q_heads + 2 * point.heads) * point.tokens * point.dim * (4 + inp))  # inputs (rope: q too)
     check = kv_bytes(4 * point.tokens + 1, 2, point.heads, point.dim, point.dim, cache)
     return cases * per_case + check
 
@@ -145,6 +171,21 @@ class BenchCase:
         return KVPool(rows or self.rows, 1, self.cache, self.point.heads, self.point.dim, 1, self.device,
                       writer=writer, check_slots=False)
 
+    def family_reason(self, writer: Any) -> str | None:
+        """Why ``writer`` is not timed at this point's family, else None."""
+        if isinstance(writer, RopeKVWriter):
+            return "it rotates q and k with the write: time it with kvprof bench --family rope"
+        return None
+
+    def write(self, pool: KVPool, loc: torch.Tensor) -> None:
+        """One write through the pool, as the engine calls it."""
+        pool.set_kv_buffer(0, loc, self.k, self.v, self.scale, self.scale)
+
+    def writer_write(self, writer: Any, k_buf: torch.Tensor, v_buf: torch.Tensor, dtype: torch.dtype,
+                     loc: torch.Tensor) -> None:
+        """The same write on the writer's own launch path (no pool checks)."""
+        writer.write(k_buf, v_buf, loc, self.k, self.v, dtype, self.scale, self.scale)
+
     def check(self, writer: Any) -> str | None:
         """None when ``writer`` leaves a small pool bitwise equal to index_put, else what differs."""
         rows = min(self.rows, 4 * self.point.tokens + 1)
@@ -160,6 +201,90 @@ class BenchCase:
         return None
 
 
+class RopeBenchCase(BenchCase):
+    """A rope-family point: q, k and v as views of one projection row (an engine's strides),
+    positions and a float32 cos/sin table; each write rotates q and k in place (NeoX, the
+    whole head) and stores K and V."""
+
+    MAX_POSITION = 8192
+
+    def __init__(self, point: BenchPoint, device: torch.device, pool_bytes: int, seed: int) -> None:
+        super().__init__(point, device, pool_bytes, seed)
+        if device.type != "cuda":
+            self.writes = 2  # Triton's interpreter: tens of ms per write
+            self.locs = self.locs[:2]
+        gen = torch.Generator().manual_seed(seed + 1)
+        t, q, h, d = point.tokens, point.q_heads, point.heads, point.dim
+        self.qkv = torch.randn((t, (q + 2 * h) * d), generator=gen).to(self.inp).to(device)
+        self.positions = torch.randint(0, self.MAX_POSITION, (t,), generator=gen).to(device)
+        from kvprof.writers.rope_reference import cos_sin_table
+
+        self.cos_sin_cache = cos_sin_table(self.MAX_POSITION, d).to(device)
+        self.q, self.k, self.v = self.views(self.qkv)
+
+    def views(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, q, h, d = self.point.tokens, self.point.q_heads, self.point.heads, self.point.dim
+        return (qkv[:, : q * d].view(t, q, d), qkv[:, q * d : (q + h) * d].view(t, h, d),
+                qkv[:, (q + h) * d :].view(t, h, d))
+
+    def family_reason(self, writer: Any) -> str | None:
+        if not isinstance(writer, RopeKVWriter):
+            return "a store of K and V alone: the rope family times rope + store writers (rope_*)"
+        return None
+
+    def write(self, pool: KVPool, loc: torch.Tensor) -> None:
+        pool.set_kv_buffer_with_rope(0, loc, self.q, self.k, self.v, self.positions, self.cos_sin_cache, True,
+                                     self.scale, self.scale)
+
+    def writer_write(self, writer: Any, k_buf: torch.Tensor, v_buf: torch.Tensor, dtype: torch.dtype,
+                     loc: torch.Tensor) -> None:
+        writer.write(self.q, self.k, self.v, k_buf, v_buf, loc, self.positions, self.cos_sin_cache, True, dtype,
+                     self.scale, self.scale)
+
+    def check(self, writer: Any) -> str | None:
+        """None when ``writer`` rotates q and k as the float32 reference does, up to one unit in
+        the last place of their dtype (a kernel compiled with fused multiply-adds, such as
+        SGLang's, rounds within that; kvprof's own match it bitwise, tests/test_rope_writers.py),
+        and stores what ``convert_for_cache`` makes of the k it wrote back and of v, bitwise."""
+        from kvprof.dtypes import convert_for_cache
+        from kvprof.writers.rope_reference import rope_reference
+
+        rows = min(self.rows, 4 * self.point.tokens + 1)
+        loc = (torch.randperm(rows - 1, generator=torch.Generator().manual_seed(1))[: self.point.tokens] + 1).to(self.device)
+        qkv = self.qkv.clone()
+        q, k, v = self.views(qkv)
+        ref_q, ref_k = rope_reference(q, k, self.cos_sin_cache, self.positions, True)
+        pool = self.pool(writer.name, writer, rows)
+        pool.set_kv_buffer_with_rope(0, loc, q, k, v, self.positions, self.cos_sin_cache, True, self.scale, self.scale)
+        for name, got, ref, before in (("q", q, ref_q, self.views(self.qkv)[0]), ("k", k, ref_k, self.views(self.qkv)[1])):
+            off = _beyond_one_ulp(got, ref, before)
+            if off:
+                return f"{name} differs from the float32 reference by more than one ulp in {off} tokens"
+        store = pool.k_buffer[0].dtype
+        for name, got, want in (("K cache", pool.k_buffer[0][loc], convert_for_cache(k, self.cache, self.scale).view(store)),
+                                ("V cache", pool.v_buffer[0][loc], convert_for_cache(v, self.cache, self.scale).view(store))):
+            if not torch.equal(got, want):
+                return f"{name} differs from convert_for_cache in {int((got != want).flatten(1).any(1).sum())} tokens"
+        return None
+
+
+def _beyond_one_ulp(got: torch.Tensor, ref: torch.Tensor, before: torch.Tensor) -> int:
+    """Tokens where ``got`` is further from the float32 ``ref`` than one ulp of its dtype at
+    ``ref`` plus the fp32 rounding of the products where they cancel (``before``: the inputs)."""
+    finfo = torch.finfo(got.dtype)
+    mantissa = {torch.bfloat16: 7, torch.float16: 10}.get(got.dtype, 23)
+    exponent = torch.floor(torch.log2(ref.abs().clamp_min(finfo.tiny)))
+    ulp = torch.exp2(exponent - mantissa).clamp_min(finfo.tiny * 2.0 ** -mantissa)  # subnormals: their step
+    slack = 2.0 ** -22 * before.float().abs().amax(dim=-1, keepdim=True)
+    bad = (got.float() - ref).abs() > ulp + slack
+    return int(bad.flatten(1).any(1).sum())
+
+
+def make_case(point: BenchPoint, device: torch.device, pool_bytes: int, seed: int) -> BenchCase:
+    """The point's case: a store of K and V, or (``q_heads``) a rope + store write."""
+    return (RopeBenchCase if point.q_heads else BenchCase)(point, device, pool_bytes, seed)
+
+
 # At the latency floor a graph's median depends on where its buffers landed (one allocation
 # can read 0.06-0.09 µs apart from others of the same point: docs/benchmarks.md). So small points of
 # the variants the verdicts judge are timed over this many allocations (pool, slots, rows), and
@@ -171,7 +296,7 @@ FLOOR_BYTES = 4 << 20  # per write: up to 64 tokens at every shape, 512 at the s
 def floor_allocations(point: BenchPoint, variant: str, device: torch.device) -> int:
     if device.type != "cuda" or point.bytes_moved() > FLOOR_BYTES:
         return 1
-    return FLOOR_ALLOCATIONS if variant in KVPROF_FUSED or variant in SGL_PEERS else 1
+    return FLOOR_ALLOCATIONS if variant in KVPROF_FUSED or variant in SGL_PEERS or variant in ROPE_KVPROF_FUSED else 1
 
 
 def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eager_repeats: int,
@@ -183,11 +308,12 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
 
     def row(mode: str, status: str, **kw: Any) -> BenchRow:
         return BenchRow(point.heads, point.dim, point.cache_dtype, point.input_dtype, point.tokens, variant, mode,
-                        status, bytes=point.bytes_moved(), writes_per_sample=case.writes, **kw)
+                        status, bytes=point.bytes_moved(), writes_per_sample=case.writes,
+                        q_heads=point.q_heads or None, **kw)
 
     if isinstance(writer, KvprofError):
         return [row(m, "unavailable", reason=str(writer)) for m in modes]
-    reason = writer.unsupported_reason(case.device, case.cache, case.inp)
+    reason = case.family_reason(writer) or writer.unsupported_reason(case.device, case.cache, case.inp)
     if reason:
         status = "not installed" if "not installed" in reason else "unavailable"
         return [row(m, status, reason=reason) for m in modes]
@@ -199,7 +325,7 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
 
     def step() -> None:
         for loc in case.locs:
-            pool.set_kv_buffer(0, loc, case.k, case.v, case.scale, case.scale)  # noqa: F821 (freed by `del pool` after its last call)
+            case.write(pool, loc)  # noqa: F821 (freed by `del pool` after its last call)
 
     k_buf, v_buf, dtype = pool.k_buffer[0], pool.v_buffer[0], pool.dtype
 
@@ -207,7 +333,7 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
         # the same writes without the pool's checks: the writer's own launch path, the
         # counterpart of calling sgl-kernel's op directly
         for loc in case.locs:
-            writer.write(k_buf, v_buf, loc, case.k, case.v, dtype, case.scale, case.scale)
+            case.writer_write(writer, k_buf, v_buf, dtype, loc)
 
     out = []
     for mode in modes:
@@ -242,7 +368,7 @@ def _time_other_allocation(case: BenchCase, variant: str, writer: Any, replays: 
 
     def step() -> None:
         for loc in case.locs:
-            pool.set_kv_buffer(0, loc, case.k, case.v, case.scale, case.scale)  # noqa: F821 (freed by `del pool` after its last call)
+            case.write(pool, loc)  # noqa: F821 (freed by `del pool` after its last call)
 
     try:
         return time_graph(step, case.writes, replays)
@@ -326,7 +452,7 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
     settings = BenchSettings(replays=replays, eager_repeats=eager_repeats, pool_bytes=pool_bytes,
                              variants=list(variants), points=len(points), target=target,
                              floor_allocations={"count": FLOOR_ALLOCATIONS, "max_bytes_per_write": FLOOR_BYTES,
-                                                "variants": [*KVPROF_FUSED, *SGL_PEERS]},
+                                                "variants": [*KVPROF_FUSED, *SGL_PEERS, *ROPE_KVPROF_FUSED]},
                              torch_threads=torch.get_num_threads())
 
     def result(complete: bool) -> BenchResult:
@@ -340,12 +466,12 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
     for i, point in enumerate(points):
         if on_point:
             on_point(point)
-        case = BenchCase(point, device, pool_bytes, seed + i)
+        case = make_case(point, device, pool_bytes, seed + i)
         extra: list[BenchCase] = []
         for variant in variants:
             n = floor_allocations(point, variant, device)
             while len(extra) < n - 1:  # built once per point, shared by the variants that use them
-                extra.append(BenchCase(point, device, pool_bytes, seed + i + 7919 * (len(extra) + 1)))
+                extra.append(make_case(point, device, pool_bytes, seed + i + 7919 * (len(extra) + 1)))
             records += bench_variant(case, variant, writers[variant], replays, eager_repeats, extra[: n - 1])
         del case, extra
         if device.type == "cuda":
@@ -445,6 +571,28 @@ def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
     return out
 
 
+def rope_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
+    """The checks for one rope + store variant fused into one launch, from one run's records:
+    the target (its copy floor counts q and k read and written back, v read, two cache rows
+    written), and how it compares with the same rotation followed by a store (``ROPE_UNFUSED``)
+    at the same points: graph replays on CUDA, the wall clock on a CPU."""
+    ok = [r for r in result.records if r.ok and r.median_us is not None]
+    mode = "graph" if any(r.mode == "graph" for r in ok) else "eager"
+    mine = [r for r in ok if r.variant == variant and r.mode == mode]
+    judged = [r for r in mine if r.target_us is not None]
+    missed = [r for r in judged if not r.meets_target]
+    out: dict[str, Any] = {"variant": variant, "mode": mode, "points": len(mine),
+                           "target": {"met": len(judged) - len(missed), "points": len(judged),
+                                      "missed": [_where(r) + f" {r.median_us:.2f} > {r.target_us:.2f} µs"
+                                                 for r in missed]}}
+    for other in ROPE_UNFUSED:
+        ratios = [(r, (r.ratio_to or {})[other]) for r in mine if other in (r.ratio_to or {})]
+        out[other] = {"compared": len(ratios), "slower": [_where(r) + f" x{x:.2f}" for r, x in ratios if x < 1],
+                      "min_ratio": min((x for _, x in ratios), default=None),
+                      "median_ratio": _median([x for _, x in ratios])}
+    return out
+
+
 def _where(r: BenchRow) -> str:
     return f"{r.shape} {r.dtype} {r.tokens} tok"
 
@@ -453,5 +601,6 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-__all__ = ["BENCH_VARIANTS", "BenchCase", "BenchPoint", "BenchResult", "BenchRow", "BenchTarget", "default_grid",
-           "derive", "fused_verdicts", "grid", "run_bench", "short_name"]
+__all__ = ["BENCH_VARIANTS", "ROPE_BENCH_VARIANTS", "BenchCase", "BenchPoint", "BenchResult", "BenchRow", "BenchTarget",
+           "RopeBenchCase", "default_grid", "derive", "fused_verdicts", "grid", "make_case", "rope_grid",
+           "rope_verdicts", "run_bench", "short_name"]

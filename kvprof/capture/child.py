@@ -17,8 +17,9 @@ import orjson
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.run import make_context
-from kvprof.capture.session import StepTimer, session_for
+from kvprof.capture.plan import make_context
+from kvprof.capture.layout_session import session_for
+from kvprof.capture.session import StepTimer
 from kvprof.core.timings import StepSamples
 from kvprof.devinfo import resolve_device
 from kvprof.core.errors import KvprofError
@@ -28,10 +29,10 @@ from kvprof.layouts.registry import create_variant
 
 def run_child(spec_path: Path, result_path: Path) -> int:
     spec = orjson.loads(spec_path.read_bytes())
-    config = CaptureConfig.from_dict(spec["config"])
     variant = spec["variant"]
-    device = resolve_device(config.device)
-    config.resolve_for(device.type)  # the parent resolved them already; a hand-made spec too
+    given = CaptureConfig.from_dict(spec["config"])
+    device = resolve_device(given.device)
+    config = given.resolved_for(device.type)  # the parent resolved them already; a hand-made spec too
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     writer = create_variant(config.layout_name(), variant, **config.writer_options.get(variant, {}))

@@ -1,10 +1,16 @@
-"""The full description of a capture: serializable, so a child process can re-run it exactly."""
+"""The full description of a capture: serializable, so a child process can re-run it exactly.
+
+A ``CaptureConfig`` is frozen. Checking and resolving it make new ones, never change it:
+``validate`` (every value checked; a new layout's default variants), ``resolved_for`` (the
+device-dependent defaults fixed) and ``with_run_id``; the capture runs, records in the
+manifest and hands its child processes the resolved one, and the caller's stays as it was.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,11 +27,12 @@ DEFAULT_VARIANTS = variants.DEFAULT_CAPTURE_VARIANTS
 PROFILERS = ("torch", "nsys", "both")
 NSYS_GRAPH_TRACES = ("node", "graph")
 DEFAULT_REFERENCE_STEPS = 100
+MAX_RANKS = 64  # capture --ranks N: processes (one GPU each on CUDA)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaptureConfig:
-    """Everything that decides what a capture does. Plain data (JSON round-trips)."""
+    """Everything that decides what a capture does. Plain data (JSON round-trips), frozen."""
 
     model: str = "llama-3.1-70b"
     tp: int = 8
@@ -79,7 +86,9 @@ class CaptureConfig:
     threads: int | None = None
 
     # -- derived -------------------------------------------------------------------------
-    def validate(self) -> None:
+    def validate(self) -> CaptureConfig:
+        """Check every value (UsageError, one line); the configuration to run, a new object:
+        a layout other than MHA asked for without named variants gets its own defaults."""
         if self.profiler not in PROFILERS:
             raise UsageError(f"unknown profiler {self.profiler!r}; choose from {', '.join(PROFILERS)}")
         if self.loc_dtype not in ("int32", "int64"):
@@ -107,16 +116,24 @@ class CaptureConfig:
         self._check_layers()
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
-        if self.ranks is not None:
-            from kvprof.capture.ranks import check_ranks
-
-            check_ranks(self)
+        self._check_ranks()
         check_capture_values(self)
-        self._check_layout()
+        checked = self._with_layout_variants()
         self.rank_shape()
         self.cache_torch_dtype()
         self.input_torch_dtype()
         self.phase_specs()
+        return checked
+
+    def _check_ranks(self) -> None:
+        """What a multi-rank capture refuses before starting anything."""
+        n = self.ranks
+        if n is None:
+            return
+        if not 1 <= n <= MAX_RANKS:
+            raise UsageError(f"--ranks must be between 1 and {MAX_RANKS}, got {n}")
+        if self.profiler != "torch":
+            raise UsageError("--ranks records torch.profiler traces only; use --profiler torch")
 
     def _check_layers(self) -> None:
         if self.layers is None:
@@ -145,11 +162,10 @@ class CaptureConfig:
             return self.threads
         return CPU_DEFAULT_THREADS if device_type != "cuda" else None
 
-    def resolve_for(self, device_type: str) -> None:
-        """Fix the device-dependent defaults (layers, threads) before anything runs, so the
-        manifest, child processes and ranks all see the values the capture used."""
-        self.layers = self.layers_on(device_type)
-        self.threads = self.threads_on(device_type)
+    def resolved_for(self, device_type: str) -> CaptureConfig:
+        """A new configuration with the device-dependent defaults (layers, threads) fixed, so
+        that the manifest, child processes and ranks all see the values the capture used."""
+        return replace(self, layers=self.layers_on(device_type), threads=self.threads_on(device_type))
 
     def reference_steps_on(self, device_type: str) -> int:
         if self.reference_steps is not None:
@@ -170,20 +186,21 @@ class CaptureConfig:
 
         return pick_layout(self.model, self.layout, self.engine)
 
-    def _check_layout(self) -> None:
+    def _with_layout_variants(self) -> CaptureConfig:
         """The layout exists and fits the model; a capture of a new layout without named
         variants runs that layout's defaults (the MHA defaults are MHA writers)."""
         from kvprof.layouts.layout import get_layout
 
         layout = self.layout_name()
         if layout == "mha":
-            return
-        if self.variants == list(DEFAULT_VARIANTS):
-            self.variants = list(get_layout(layout).capture_defaults)
+            return self
         if self.context != "none":
             raise UsageError(f"--context {self.context} models MHA decoder layers; the {layout} layout captures writes only")
         if layout == "mla" and (self.k_scale is not None or self.v_scale is not None):
             raise UsageError("the mla layout takes no --k-scale/--v-scale (SGLang's MLA cache casts without scaling)")
+        if self.variants == list(DEFAULT_VARIANTS):
+            return replace(self, variants=list(get_layout(layout).capture_defaults))
+        return self
 
     def cache_torch_dtype(self) -> torch.dtype:
         return parse_dtype(self.cache_dtype)
@@ -203,12 +220,12 @@ class CaptureConfig:
             self.cuda_graph and graphs_possible, self.serving_steps, self.chunk,
         )
 
-    def ensure_run_id(self) -> str:
-        if not self.run_id:
-            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-            shape = self.rank_shape()
-            self.run_id = f"{stamp}-{shape.model}-tp{self.tp}-{secrets.token_hex(2)}"
-        return self.run_id
+    def with_run_id(self) -> CaptureConfig:
+        """This configuration with a run id: its own, else a new one (time, model, tp)."""
+        if self.run_id:
+            return self
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        return replace(self, run_id=f"{stamp}-{self.rank_shape().model}-tp{self.tp}-{secrets.token_hex(2)}")
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

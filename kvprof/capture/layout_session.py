@@ -11,16 +11,18 @@ payload) includes its padding tokens, as the kernel's does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.session import PreparedPhase, VariantSession
+from kvprof.capture.session import MHASession, PreparedPhase, VariantSession
 from kvprof.core.errors import UsageError
 from kvprof.layer import DecoderContext
-from kvprof.layouts.layout import PoolT, Writer
+from kvprof.layouts.layout import PoolT, Writer, get_layout
 from kvprof.layouts.mla import MLA_PRESETS, MLAPool
 from kvprof.layouts.paged import PagedPool
 from kvprof.layouts.workload import BlockTables, graph_size
@@ -122,3 +124,23 @@ class PagedSession(LayoutSession[PagedPool]):
 
 # the session of each layout beside MHA's (kvprof.capture.session.MHASession)
 LAYOUT_SESSIONS: dict[str, type[LayoutSession[Any]]] = {"mla": MLASession, "paged": PagedSession}
+
+
+@contextmanager
+def session_for(config: CaptureConfig, writer: Writer, device: torch.device,
+                **kw: Any) -> Iterator[VariantSession[Any]]:
+    """The session for ``config``'s layout (the MHA pool's, or an MLA or paged one), closed after the block."""
+    layout = config.layout_name()
+    session: VariantSession[Any]
+    if layout == "mha" and get_layout(layout).contract_of(writer) == "rope":  # rope + store writes
+        from kvprof.capture.rope_session import RopeSession
+
+        session = RopeSession(config, writer, device, **kw)
+    elif layout == "mha":
+        session = MHASession(config, writer, device, **kw)
+    else:  # the MLA and paged layouts: their pools, slots and inputs
+        session = LAYOUT_SESSIONS[layout](config, writer, device, **kw)
+    try:
+        yield session
+    finally:
+        session.close()

@@ -19,6 +19,7 @@ from kvprof.capture.config import CaptureConfig
 from kvprof.tools.envsafe import child_environment, describe
 from kvprof.tools.nsys import export_sqlite, nsys_version, run_nsys_pass
 from kvprof.core.run import Manifest
+from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepSamples, StepTimings
 from kvprof.core.errors import KvprofError
 
@@ -40,12 +41,12 @@ def run_nsys_passes(
     env["PYTHONPATH"] = package_root + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["KVPROF_CHILD"] = "1"
     manifest.nsys = {"path": str(nsys), "version": nsys_version(nsys), "child_environment": describe(env)}
+    run = RunDir(run_dir)
     for p in runnable:
         entry = manifest.variants[p.name]
-        spec = run_dir / f".{p.name}.child-spec.json"
-        result = run_dir / f".{p.name}.child-result.json"
+        spec, result = run.nsys_child_spec(p.name), run.nsys_child_result(p.name)
         spec.write_bytes(orjson.dumps({"config": config.as_dict(), "variant": p.name}))
-        base = run_dir / p.name
+        base = run.nsys_base(p.name)
         argv = [sys.executable, "-m", "kvprof.capture.child", str(spec), str(result)]
         log(f"nsys pass: {p.name}")
         try:
@@ -54,8 +55,8 @@ def run_nsys_passes(
             entry.files["nsys_rep"] = res.report.name
             if res.log is not None:
                 entry.files["nsys_log"] = res.log.name
-            sqlite = run_dir / f"{p.name}.sqlite"
-            export_sqlite(nsys, res.report, sqlite)
+            sqlite = run.nsys_sqlite(p.name)
+            export_sqlite(nsys, res.report, sqlite, env=env)
             entry.files["nsys_sqlite"] = sqlite.name
             if result.exists():
                 child = orjson.loads(result.read_bytes())

@@ -24,27 +24,13 @@ from kvprof.capture.config import CaptureConfig
 from kvprof.capture.session import MHASession
 from kvprof.core.atomic import atomic_write_bytes
 from kvprof.core.errors import KvprofError
-from kvprof.core.ranks import rank_trace_name
 from kvprof.core.run import PathReport, TraceMeta
+from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepTimings
 from kvprof.layer import DecoderContext
 from kvprof.layouts.layout import Writer
 
-CONFIG_FILE = ".ranks-config.json"
-STORE_FILE = ".ranks-store"
 TIMEOUT = timedelta(minutes=10)  # a rank stuck in a collective: the launcher also stops the rest when one fails
-
-
-def result_file(rank: int) -> str:
-    return f".rank{rank}.json"
-
-
-def error_file(rank: int) -> str:
-    return f".rank{rank}.error"
-
-
-def timings_file(rank: int) -> str:
-    return f"step_timings.rank{rank}.json"
 
 
 class RankSession(MHASession):
@@ -90,7 +76,7 @@ class RankSession(MHASession):
 
 def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: torch.device) -> dict[str, Any]:
     """Every runnable variant on this rank; returns this rank's part of the manifest."""
-    from kvprof.capture.run import make_context, plan_variants
+    from kvprof.capture.plan import make_context, plan_variants
     from kvprof.devinfo import device_properties
     from kvprof.dtypes import short_name
     from kvprof.capture.torch_pass import run_torch_pass
@@ -111,7 +97,7 @@ def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: to
         session = RankSession(config, p.writer, device, context=context)
         try:
             res = run_torch_pass(session, out, meta, sync_events=config.torch_sync_events, rank=rank,
-                                 world_size=world, name=rank_trace_name(p.name, rank))
+                                 world_size=world, name=RunDir.torch_trace_name(p.name, rank))
         finally:
             session.close()
         for rec in res.step_timings:
@@ -121,8 +107,8 @@ def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: to
             "kernels_per_write": dict(res.meta.kernels_per_write), "bytes_per_token": res.meta.bytes_per_token,
             "fused": PathReport.of_paths(info.fused, dict(res.meta.paths)).to_json(),
         }
-    atomic_write_bytes(out / timings_file(rank), timings.to_json())
-    return {"rank": rank, "device": props, "variants": variants, "timings": timings_file(rank)}
+    name = RunDir(out).write_timings(timings, RunDir.rank_timings_name(rank))
+    return {"rank": rank, "device": props, "variants": variants, "timings": name}
 
 
 def record_failure(out: Path, rank: int, exc: BaseException) -> int:
@@ -133,7 +119,7 @@ def record_failure(out: Path, rank: int, exc: BaseException) -> int:
     code = exc.exit_code if isinstance(exc, KvprofError) else 1
     line = " ".join(str(exc).split())[:500] if isinstance(exc, KvprofError) \
         else " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-    path = out / error_file(rank)
+    path = RunDir(out).rank_error(rank)
     if not path.exists():  # the first record stands: a later teardown error is a consequence
         try:
             path.write_text(f"{code}\t{time.time():.6f}\t{line}\n")
@@ -145,7 +131,7 @@ def record_failure(out: Path, rank: int, exc: BaseException) -> int:
 def main(argv: list[str]) -> int:
     out, rank, world, backend = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     try:
-        config = CaptureConfig.from_dict(orjson.loads((out / CONFIG_FILE).read_bytes()))
+        config = CaptureConfig.from_dict(orjson.loads(RunDir(out).ranks_config.read_bytes()))
         if config.threads is not None:  # resolved by the launcher (kvprof.capture.runtime)
             torch.set_num_threads(config.threads)
         if backend == "nccl":
@@ -153,7 +139,7 @@ def main(argv: list[str]) -> int:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        dist.init_process_group(backend, init_method=f"file://{out / STORE_FILE}", rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=f"file://{RunDir(out).ranks_store}", rank=rank, world_size=world,
                                 timeout=TIMEOUT)
         try:
             doc = run_rank(config, out, rank, world, device)
@@ -163,7 +149,7 @@ def main(argv: list[str]) -> int:
             raise
         finally:
             dist.destroy_process_group()
-        atomic_write_bytes(out / result_file(rank), orjson.dumps(doc))
+        atomic_write_bytes(RunDir(out).rank_result(rank), orjson.dumps(doc))
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the one line the launcher shows
         return record_failure(out, rank, exc)

@@ -23,32 +23,22 @@ import orjson
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.rank_worker import CONFIG_FILE, STORE_FILE, error_file, result_file
+from kvprof.capture.plan import CapturedRun, base_manifest, plan_variants, scrub_files, scrub_manifest, variant_entry
 from kvprof.capture.runtime import Runtime
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes
 from kvprof.core.errors import DeviceError, KvprofError, UsageError
 from kvprof.core.ranks import RankEntry
-from kvprof.core.run import MANIFEST, Manifest, PathReport, VariantEntry
+from kvprof.core.run import Manifest, PathReport, VariantEntry
+from kvprof.core.rundir import RunDir
 from kvprof.devinfo import resolve_device
+from kvprof.guards import check_capture
 
-MAX_RANKS = 64
 POLL_S = 0.1
 GRACE_S = 3.0  # how long the launcher waits for the other ranks' records once one has failed
 
 
 class RankFailed(KvprofError):
     """A rank exited with an error; the exit code is the rank's own."""
-
-
-def check_ranks(config: CaptureConfig) -> None:
-    """What a multi-rank capture refuses before starting anything."""
-    n = config.ranks
-    if n is None:
-        return
-    if not 1 <= n <= MAX_RANKS:
-        raise UsageError(f"--ranks must be between 1 and {MAX_RANKS}, got {n}")
-    if config.profiler != "torch":
-        raise UsageError("--ranks records torch.profiler traces only; use --profiler torch")
 
 
 def backend_for(config: CaptureConfig) -> tuple[str, torch.device]:
@@ -94,7 +84,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def _record(tmp: Path, rank: int) -> tuple[float, int, str] | None:
     """A rank's error record: (when it failed, exit code, one-line reason), or None."""
     try:
-        code, when, line = (tmp / error_file(rank)).read_text().strip().split("\t", 2)
+        code, when, line = RunDir(tmp).rank_error(rank).read_text().strip().split("\t", 2)
         return float(when), int(code), line
     except (OSError, ValueError):
         return None
@@ -107,7 +97,7 @@ def _failure(tmp: Path, rank: int, code: int) -> RankFailed:
     else:  # no record (killed, or failed before it could write one): the last line of its log
         exit_code, line = code, f"exited with status {code}"
         try:
-            tail = [x for x in (tmp / f".rank{rank}.log").read_text(errors="replace").splitlines() if x.strip()]
+            tail = [x for x in RunDir(tmp).rank_log(rank).read_text(errors="replace").splitlines() if x.strip()]
             if tail:
                 line = f"{line}: {tail[-1].strip()[:300]}"
         except OSError:
@@ -140,7 +130,7 @@ def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> N
     logs = []
     try:
         for rank in range(world):
-            fh = open(tmp / f".rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+            fh = open(RunDir(tmp).rank_log(rank), "wb")  # noqa: SIM115 - closed below
             logs.append(fh)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "kvprof.capture.rank_worker", str(tmp), str(rank), str(world), backend],
@@ -163,15 +153,13 @@ def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> N
 def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, device: torch.device,
                    runtime: Runtime | None = None) -> Manifest:
     """Rank 0's entries as the variants (any reader opens the run), every rank under ``ranks``."""
-    from kvprof.capture.run import base_manifest, plan_variants, variant_entry
-
     manifest = base_manifest(config, device, runtime)
     # each rank sets the resolved count itself; None: every rank keeps torch's own choice
     manifest.config["threads"] = config.threads
     for p in plan_variants(config, device):
         manifest.variants[p.name] = variant_entry(p)
     manifest.world_size, manifest.backend = world, backend
-    docs = [orjson.loads((tmp / result_file(r)).read_bytes()) for r in range(world)]
+    docs = [orjson.loads(RunDir(tmp).rank_result(r).read_bytes()) for r in range(world)]
     manifest.device = docs[0]["device"]
     for doc in docs:
         entry = RankEntry(rank=int(doc["rank"]), device=doc["device"], timings=doc["timings"])
@@ -185,51 +173,38 @@ def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, d
         e.paths, e.kernels_per_write, e.bytes_per_token = dict(v["paths"]), dict(v["kernels_per_write"]), \
             v["bytes_per_token"]
         e.fused = PathReport.from_json(v["fused"])
-    manifest.files = {"step_timings": docs[0]["timings"]}
+    manifest.files = {RunDir.TIMINGS_KEY: docs[0]["timings"]}
     return manifest
 
 
 def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-                  analyse: bool = True, runtime: Runtime | None = None):  # noqa: ANN201 - run.CaptureResult
+                  runtime: Runtime | None = None) -> CapturedRun:
     """The multi-rank capture; same result as the one-process ``capture``. ``runtime``: what
     ``kvprof.capture.runtime.prepare`` set up (each rank sets the same threads itself)."""
-    from kvprof.capture.run import CaptureResult, plan_variants
-    from kvprof.capture.summary import analyze_run_dir, scrub_manifest, verify_run_dir
-    from kvprof.guards import check_capture
-
-    config.validate()
+    config = config.validate()
     backend, device = backend_for(config)
     world = int(config.ranks or 1)
     for p in plan_variants(config, device):
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
     check_capture(config, device)  # one rank's sizes and memory
-    run_id = config.ensure_run_id()
+    config = config.with_run_id()
+    run_id = str(config.run_id)
     final = Path(config.output) / run_id
     problems: list[KvprofError] = []
     with atomic_directory(final) as tmp:
         tmp = Path(tmp)
-        atomic_write_bytes(tmp / CONFIG_FILE, orjson.dumps(config.as_dict()))
+        atomic_write_bytes(RunDir(tmp).ranks_config, orjson.dumps(config.as_dict()))
         launch(tmp, world, backend, log)
         manifest = merge_manifest(config, tmp, world, backend, device, runtime)
         for f in list(tmp.iterdir()):  # the launcher's own files: not part of the run
-            if f.name.startswith(".rank") or f.name in (CONFIG_FILE, STORE_FILE):
+            if RunDir.is_launcher_file(f.name):
                 f.unlink()
         if config.scrub:
-            from kvprof.tools.scrub import scrub_path
-
-            manifest.scrubbed = [
-                str(r) for f in sorted(tmp.iterdir()) if f.is_file() and (r := scrub_path(f)) is not None and r.changed
-            ]
+            manifest.scrubbed = scrub_files(tmp)
         manifest = scrub_manifest(manifest) if config.scrub else manifest
-        atomic_write_bytes(tmp / MANIFEST, manifest.dumps())
-    analysis_error: str | None
-    summary, analysis_error = (None, "not analysed (--no-summary)")
-    if analyse:
-        summary, analysis_error = analyze_run_dir(final, config.rank_shape().layers, scrub=config.scrub)
-    if config.scrub:
-        problems += verify_run_dir(final)
-    return CaptureResult(final, manifest, problems, summary, analysis_error)
+        RunDir(tmp).write_manifest(manifest)
+    return CapturedRun(final, manifest, problems)
 
 
-__all__ = ["RankFailed", "backend_for", "capture_ranks", "check_ranks", "launch", "rank_environment"]
+__all__ = ["RankFailed", "backend_for", "capture_ranks", "launch", "rank_environment"]

@@ -15,7 +15,8 @@ import math
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.session import PreparedPhase, StepTimer, session_for
+from kvprof.capture.layout_session import session_for
+from kvprof.capture.session import PreparedPhase, StepTimer
 from kvprof.core.timings import StepSamples
 from kvprof.layer import DecoderContext
 from kvprof.layouts.layout import Writer

@@ -75,6 +75,7 @@ class RopeSession(MHASession):
         assert isinstance(prepared, RopePhase)
         write = self.pool.set_kv_buffer_with_rope
         q, k, v, positions, table = prepared.q, prepared.k, prepared.v, prepared.positions, prepared.cos_sin_cache
+        assert q is not None and positions is not None and table is not None  # RopeSession.prepare sets them
         for layer in self.layers:
             write(layer, loc, q, k, v, positions, table, IS_NEOX, self.k_scale, self.v_scale)
 

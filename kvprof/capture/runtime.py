@@ -64,14 +64,15 @@ def triton_interpreter(device: torch.device) -> str | None:
     return "set by kvprof"
 
 
-def prepare(config: CaptureConfig) -> Runtime:
-    """Resolve the device and the device-dependent defaults, set Triton's interpreter up."""
-    config.validate()
-    device = resolve_device(config.device)
-    config.resolve_for(device.type)
+def prepare(config: CaptureConfig) -> tuple[CaptureConfig, Runtime]:
+    """Validate ``config`` and resolve the device and the device-dependent defaults (a new,
+    resolved configuration; ``config`` itself is left as it was), set Triton's interpreter up."""
+    checked = config.validate()
+    device = resolve_device(checked.device)
+    resolved = checked.resolved_for(device.type)
     interpret = triton_interpreter(device)
-    threads = config.threads if config.threads is not None else torch.get_num_threads()
-    return Runtime(device=device, threads=threads, triton_interpret=interpret)
+    threads = resolved.threads if resolved.threads is not None else torch.get_num_threads()
+    return resolved, Runtime(device=device, threads=threads, triton_interpret=interpret)
 
 
 __all__ = ["Runtime", "prepare", "triton_interpreter"]

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Generic
 
 import torch
 
@@ -276,24 +275,3 @@ class MHASession(VariantSession[KVPool]):
         self.pool.k_buffer.clear()
         self.pool.v_buffer.clear()
         super().close()
-
-
-@contextmanager
-def session_for(config: CaptureConfig, writer: Writer, device: torch.device,
-                **kw: Any) -> Iterator[VariantSession[Any]]:
-    layout = config.layout_name()
-    session: VariantSession[Any]
-    if layout == "mha" and get_layout(layout).contract_of(writer) == "rope":  # rope + store writes
-        from kvprof.capture.rope_session import RopeSession
-
-        session = RopeSession(config, writer, device, **kw)
-    elif layout == "mha":
-        session = MHASession(config, writer, device, **kw)
-    else:  # the MLA and paged layouts: their pools, slots and inputs
-        from kvprof.capture.layout_session import LAYOUT_SESSIONS
-
-        session = LAYOUT_SESSIONS[layout](config, writer, device, **kw)
-    try:
-        yield session
-    finally:
-        session.close()

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from kvprof.capture.session import PreparedPhase, StepTimer, VariantSession
 from kvprof.core.run import TraceMeta
+from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepSamples
 from kvprof.trace.hta import hta_metadata_json
 
@@ -189,7 +190,7 @@ def run_torch_pass(
         prof.add_metadata_json("kvprof", orjson.dumps(meta.to_json()).decode())
         # HolisticTraceAnalysis reads the rank here
         prof.add_metadata_json("distributedInfo", hta_metadata_json(rank=rank, world_size=world_size))
-    name = name or f"{session.writer.name}.pt.trace.json.gz"
+    name = name or RunDir.torch_trace_name(session.writer.name)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         raw = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(raw)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.argtypes import positive_float, positive_int
-from kvprof.bench.grids import CPU_GRID, CPU_THREADS, CUDA_GRID
+from kvprof.bench.grids import CPU_GRID, CPU_ROPE_GRID, CPU_THREADS, CUDA_GRID, CUDA_ROPE_GRID, FAMILIES
 from kvprof.core.bench_result import BenchTarget
 from kvprof.report.terminal import add_format_arguments
 
@@ -31,14 +31,16 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _shapes(text: str) -> list[tuple[int, int]]:
+def _shapes(text: str) -> list[tuple[int, ...]]:
+    """HEADSxDIM (the store family) or Q_HEADSxHEADSxDIM (the rope family), comma-separated."""
     try:
         out = [tuple(int(v) for v in s.split("x")) for s in text.split(",") if s]
     except ValueError:
         out = []
-    if not out or any(len(s) != 2 or min(s) < 1 for s in out):
-        raise argparse.ArgumentTypeError(f"expected HEADSxDIM[,HEADSxDIM...], got {text!r}")
-    return out  # type: ignore[return-value]
+    if not out or any(len(s) not in (2, 3) or min(s) < 1 for s in out) or len({len(s) for s in out}) > 1:
+        raise argparse.ArgumentTypeError(f"expected HEADSxDIM[,HEADSxDIM...] (--family rope: QHEADSxHEADSxDIM), "
+                                         f"got {text!r}")
+    return out
 
 
 def _dtypes(text: str) -> list[tuple[str, str]]:
@@ -70,9 +72,15 @@ def _non_negative_us(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--variants", default=None, help="comma-separated (default: all built-ins)")
+    p.add_argument("--family", choices=FAMILIES, default="store",
+                   help="store: one layer's K+V store (default); rope: the rotary embedding of q and k with the "
+                        "store, as engines fuse it (rope_* variants; shapes QHEADSxHEADSxDIM, default "
+                        f"{CUDA_ROPE_GRID.shapes_text()} on CUDA, {CPU_ROPE_GRID.shapes_text()} on CPU)")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated (default: the family's built-ins: every store writer, or the rope writers)")
     p.add_argument("--shapes", type=_shapes, default=None,
-                   help=f"HEADSxDIM list (default: {CUDA_GRID.shapes_text()} on CUDA, {CPU_GRID.shapes_text()} on CPU)")
+                   help=f"HEADSxDIM list (default: {CUDA_GRID.shapes_text()} on CUDA, {CPU_GRID.shapes_text()} on CPU); "
+                        "--family rope: QHEADSxHEADSxDIM")
     p.add_argument("--dtypes", type=_dtypes, default=None,
                    help=f"CACHE[<-INPUT] list (default: {CUDA_GRID.dtypes_text()} on CUDA, "
                         f"{CPU_GRID.dtypes_text()} on CPU)")
@@ -112,24 +120,36 @@ def default_out() -> Path:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kvprof.bench.run import BENCH_VARIANTS, check_bench_memory, default_grid, grid
+    from kvprof.bench.run import (
+        BENCH_VARIANTS,
+        ROPE_BENCH_VARIANTS,
+        check_bench_memory,
+        default_grid,
+        grid,
+        rope_grid,
+    )
+    from kvprof.core.errors import UsageError
     from kvprof.devinfo import resolve_device
     from kvprof.dtypes import parse_dtype
 
     device = resolve_device(args.device)
-    points = default_grid(device)
+    family = getattr(args, "family", "store")
+    rope = family == "rope"
+    points = default_grid(device, family)
+    if args.shapes and len(args.shapes[0]) != (3 if rope else 2):
+        raise UsageError("--family rope takes --shapes QHEADSxHEADSxDIM (query heads, KV heads, head dim)" if rope
+                         else "--shapes takes HEADSxDIM (QHEADSxHEADSxDIM is for --family rope)")
     if args.shapes or args.dtypes or args.tokens:
-        shapes = args.shapes or sorted({(p.heads, p.dim) for p in points})
+        shapes = args.shapes or sorted({(p.q_heads, p.heads, p.dim) if rope else (p.heads, p.dim) for p in points})
         dtypes = args.dtypes or sorted({(p.cache_dtype, p.input_dtype) for p in points})
         tokens = args.tokens or sorted({p.tokens for p in points})
         for c, i in dtypes:
             parse_dtype(c), parse_dtype(i)
         if any(t < 1 for t in tokens):
-            from kvprof.core.errors import UsageError
-
             raise UsageError("--tokens must be positive")
-        points = grid(shapes, dtypes, tokens)
-    variants = [v for v in (args.variants.split(",") if args.variants else BENCH_VARIANTS) if v]
+        points = rope_grid(shapes, dtypes, tokens) if rope else grid(shapes, dtypes, tokens)
+    defaults = ROPE_BENCH_VARIANTS if rope else BENCH_VARIANTS
+    variants = [v for v in (args.variants.split(",") if args.variants else defaults) if v]
     check_bench_memory(points, device, args.pool_mb << 20, getattr(args, "max_memory_gb", None), variants)
     out = Path(args.out) if args.out else default_out()
     made = not out.exists()

@@ -155,11 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     factory = (lambda total: StepProgress(total)) if args.progress else None
-    result = api.capture(config, progress_factory=factory, analyse=args.summary)
-    if args.summary:
-        from kvprof.capture.summary import print_capture_summary
-
-        print_capture_summary(result)
+    result = api.capture(config, progress_factory=factory, analyse=args.summary, render=args.summary)
     print(f"run directory: {result.run_dir}")
     for problem in result.problems:
         print(f"kvprof capture: error: {problem} (the torch.profiler results are kept)", file=sys.stderr)

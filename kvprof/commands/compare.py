@@ -28,6 +28,7 @@ from typing import Any
 
 from kvprof.argtypes import positive_float, positive_int
 from kvprof.core.errors import UsageError
+from kvprof.core.rundir import RunDir
 from kvprof.report.terminal import add_format_arguments
 
 GATE_FAILED_EXIT_CODE = 1
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
     parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
     parser.add_argument("--max-events", type=positive_int, default=None, help="refuse traces with more events than this")
-    parser.add_argument("--out", type=Path, default=None, help="folder for compare.json (default: write nothing)")
+    parser.add_argument("--out", type=Path, default=None, help=f"folder for {RunDir.COMPARE} (default: write nothing)")
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
     parser.add_argument("--fail-if-slower", type=_percent, default=None, metavar="PCT",
                         help="with RUN2: exit 1 when any variant x phase x size of RUN2 is slower than in RUN by "
@@ -116,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     if gate is not None:
         _report_gate(gate, args)
     if args.out is not None and not args.no_files:
-        write_json(args.out / "compare.json", doc)
-        note(args.format, str(args.out / "compare.json"))
+        out = RunDir(args.out).compare
+        write_json(out, doc)
+        note(args.format, str(out))
     return GATE_FAILED_EXIT_CODE if gate is not None and not gate.passed else 0
 
 

@@ -12,39 +12,33 @@ import argparse
 from pathlib import Path
 
 from kvprof.core.errors import ToolError, UsageError
+from kvprof.core.rundir import RunDir
+from kvprof.core.summary import Summary
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", type=Path, help="an analysed run folder (has summary.json)")
+    p.add_argument("run", type=Path, help=f"an analysed run folder (has {RunDir.SUMMARY})")
     p.add_argument("--html", type=Path, required=True, metavar="OUT.html", help="where to write the report")
     p.add_argument("--source", default=None, help="reference, nsys or kineto (default: the most trusted present)")
     p.add_argument("--baseline", default=None, help="variant the savings are against (default: analyze's)")
 
 
-def load_run(run: Path) -> tuple[dict, object]:
+def load_run(run: Path) -> tuple[Summary, object]:
     """summary.json (required) and writes.parquet (optional) of an analysed run; one-line errors."""
-    import orjson
-
     if not run.is_dir():
         raise UsageError(f"{run} is not a folder")
-    s = run / "summary.json"
-    if not s.is_file():
-        raise UsageError(f"{run} has no summary.json: run `kvprof analyze {run}` first")
-    try:
-        summary = orjson.loads(s.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise UsageError(f"{s} is not valid JSON ({exc})") from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("groups"), list):
-        raise UsageError(f"{s} is not a kvprof summary (no groups)")
+    rd = RunDir(run)
+    if not rd.summary.is_file():
+        raise UsageError(f"{run} has no {RunDir.SUMMARY}: run `kvprof analyze {run}` first")
+    summary = rd.read_summary(UsageError)
     writes = None
-    w = run / "writes.parquet"
-    if w.is_file():
+    if rd.writes.is_file():
         import pyarrow.parquet as pq
 
         try:
-            writes = pq.read_table(w).to_pandas()
+            writes = pq.read_table(rd.writes).to_pandas()
         except (OSError, ValueError) as exc:
-            raise UsageError(f"{w} is not readable Parquet ({exc})") from None
+            raise UsageError(f"{rd.writes} is not readable Parquet ({exc})") from None
     return summary, writes
 
 
@@ -61,14 +55,15 @@ def run(args: argparse.Namespace) -> int:
     from kvprof.dashboard.html_report import render
 
     summary, writes = load_run(args.run)
-    groups = frames.groups_frame(summary)
+    doc = summary.to_json()  # the landing view reads the summary's tables as rows
+    groups = frames.groups_frame(doc)
     sources = set(groups["source"].dropna().astype(str))
     if args.source and args.source not in sources:
         raise UsageError(f"--source {args.source}: this run has {', '.join(sorted(sources)) or 'no sources'}")
     variants = set(groups["variant"].dropna().astype(str))
     if args.baseline and args.baseline not in variants:
         raise UsageError(f"--baseline {args.baseline}: this run has {', '.join(sorted(variants))}")
-    land = build(args.run.resolve().name, summary, writes, args.source, None, args.baseline)
+    land = build(args.run.resolve().name, doc, writes, args.source, None, args.baseline)
     text = render(land)
     with atomic_file(args.html, "w") as fh:
         fh.write(text)

@@ -1,24 +1,33 @@
 """Remove the environment, tokens, host names and home paths from exports, traces, logs and outputs.
 
 Each PATH (a file or a run folder) is rewritten in place, atomically; one line per file
-says what changed. Then every PATH is verified as ``--check`` does. With ``--check`` nothing
-is written: every string is decoded (JSON escapes, gzip, SQLite text, Parquet, log lines)
-and any environment value, home path, host name or token-shaped string still there is
-reported. Exit status: 0 when every file is clean; for the first file that failed, its
-error's code (2 usage, 3 unreadable, 6 unwritable), the others are still handled; 1 when
-anything remains after scrubbing (or, with --check, is there), or a file that cannot be
-rewritten (.nsys-rep, unknown format) holds a secret value; 2 when only .nsys-rep files
-were given (they cannot be rewritten: share the scrubbed .sqlite export).
+says what changed. An export's environment is cut down to kvprof's allow-list (what a
+profiled child is given); secrets are removed in plain, base64, hex and percent-encoded
+forms and when cut across adjacent JSON strings. Then every PATH is verified as ``--check``
+does. With ``--check`` nothing is written: every string is decoded (JSON escapes, gzip, SQLite
+text, Parquet, log lines) and any environment entry outside the allow-list, secret, home
+path, host name or token-shaped string still there is reported; a file read only in part
+(.nsys-rep, unknown format) is never called clean, a symbolic link is followed (a link to a
+folder or a broken one is reported as not read), and the last line names the forms looked
+for. ``--max-bytes`` bounds what one file may hold once decompressed (default 2 GiB).
+Exit status: 0 when every file is clean; for the first file that failed, its error's code
+(2 usage or over --max-bytes, 3 unreadable, 6 unwritable), the others are still handled; 1
+when anything remains after scrubbing (or, with --check, is there or was not read), or a
+file that cannot be rewritten (.nsys-rep, unknown format) holds a secret value; 2 when only
+.nsys-rep files were given (they cannot be rewritten: share the scrubbed .sqlite export).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.tools.scrub import CheckReport, ScrubReport, check_path, file_kind, scrub_path, scrub_tree
+from kvprof.tools.scrub.check import COVERED
+from kvprof.tools.scrub.rules import DEFAULT_MAX_BYTES, format_bytes
 
 LEAK_EXIT_CODE = KvprofError.exit_code
 
@@ -30,17 +39,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--check", action="store_true",
                         help="verify only: write nothing, exit 1 if anything would still be removed")
+    parser.add_argument("--max-bytes", type=byte_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
+                        help="the most one file may hold once decompressed, e.g. 512M, 4G "
+                             f"(default {format_bytes(DEFAULT_MAX_BYTES)}); a larger one is an error")
 
 
-def verify(paths: list[Path], failed: object) -> list[CheckReport]:
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
+
+
+def byte_size(text: str) -> int:
+    """``--max-bytes``: a positive number of bytes, with an optional K/M/G/T (binary) unit."""
+    m = _SIZE.fullmatch(text.strip())
+    value = int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")) if m else 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}")
+    return value
+
+
+def verify(paths: list[Path], failed: object, max_bytes: int = DEFAULT_MAX_BYTES) -> list[CheckReport]:
     """check_path over every PATH; a line per file that is not clean (stderr)."""
     reports: list[CheckReport] = []
     for path in paths:
         try:
-            reports += check_path(path, on_error=failed)  # type: ignore[arg-type]
+            reports += check_path(path, on_error=failed, max_bytes=max_bytes)  # type: ignore[arg-type]
         except KvprofError as exc:
             failed(exc)  # type: ignore[operator]
     return reports
+
+
+def tally(reports: list[CheckReport]) -> str:
+    """The last line of ``--check``: how many files were clean, read in part, not clean, and
+    which forms were looked for (so a partial read is never taken for a clean one)."""
+    partial = sum(1 for r in reports if r.clean and r.partial)
+    dirty = sum(1 for r in reports if not r.clean)
+    return (f"kvprof scrub --check: {len(reports)} files: {len(reports) - partial - dirty} clean, {partial} read in part "
+            f"(raw bytes only: nothing found there), {dirty} not clean; secrets looked for as: {COVERED}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,10 +87,12 @@ def run(args: argparse.Namespace) -> int:
         exit_code = exit_code or exc.exit_code
         only_reports = False
 
+    max_bytes = getattr(args, "max_bytes", DEFAULT_MAX_BYTES)
     if getattr(args, "check", False):
-        checked = verify(args.paths, failed)
+        checked = verify(args.paths, failed, max_bytes)
         for r in checked:
             print(r.line(), file=sys.stdout if r.clean else sys.stderr)
+        print(tally(checked))
         if exit_code:
             return exit_code
         return LEAK_EXIT_CODE if any(not r.clean for r in checked) else 0
@@ -65,12 +100,12 @@ def run(args: argparse.Namespace) -> int:
     for path in args.paths:
         try:
             if path.is_dir():
-                found = scrub_tree(path, on_error=failed)
+                found = scrub_tree(path, on_error=failed, max_bytes=max_bytes)
             elif path.is_file() and file_kind(path) is None:
                 raise UsageError(f"{path}: unknown file type (scrub reads .sqlite, .json, .json.gz, .log, .txt, "
                                  ".csv, .parquet)")
             else:
-                found = [scrub_path(path)]
+                found = [scrub_path(path, max_bytes=max_bytes)]
         except KvprofError as exc:
             failed(exc)
             continue
@@ -85,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         return LEAK_EXIT_CODE
     if only_reports:
         return UsageError.exit_code
-    left = [r for r in verify([p for p in args.paths if p.exists()], failed) if not r.clean]
+    left = [r for r in verify([p for p in args.paths if p.exists()], failed, max_bytes) if not r.clean]
     for r in left:
         print(f"kvprof scrub: after scrubbing, {r.line()}", file=sys.stderr)
     if exit_code:

@@ -11,6 +11,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-dtype", default=None)
 
 
+def _fused_word(writer: object) -> str:
+    """yes/no: one launch writes K and V; a rope + store writer says where its rotation runs."""
+    word = "yes" if getattr(writer, "fused", False) else "no"
+    rope = writer.info().extra.get("rope")  # type: ignore[attr-defined]
+    if rope == "fused":
+        return "into rope"  # one launch rotates q and k and writes K and V
+    if rope == "separate":
+        return f"{word} (rope apart)"
+    return word
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -30,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             w = create_writer(name)
             reason = w.unsupported_reason(device, cache, inp)
-            table.add_row(name, "yes" if w.fused else "no", "yes" if reason is None else f"no: {reason}", w.description)
+            table.add_row(name, _fused_word(w), "yes" if reason is None else f"no: {reason}", w.description)
         except KvprofError as exc:
             table.add_row(name, "?", f"no: {exc}", "")
     Console().print(table)

@@ -60,7 +60,7 @@ class BenchRow:
     variant: str
     mode: str
     status: str
-    bytes: int = 0  # inputs read once plus rows written once, K and V
+    bytes: int = 0  # inputs read once plus rows written once, K and V (rope: q and k also written back)
     writes_per_sample: int = 0
     reason: str | None = None  # why a row is not "ok"
     median_us: float | None = None  # per write
@@ -79,10 +79,14 @@ class BenchRow:
     meets_target: bool | None = None
     floor_us: float | None = None
     ratio_to: dict[str, float] | None = None  # peer's median / this one's (> 1: this is faster)
+    # the rope family (``bench --family rope``): query heads rotated with each write, besides
+    # the ``heads`` K/V heads; None: a store of K and V alone
+    q_heads: int | None = None
 
     @property
     def shape(self) -> str:
-        return f"{self.heads}x{self.dim}"
+        """"HEADSxDIM"; a rope point "QxHEADSxDIM" (query heads first)."""
+        return f"{self.q_heads}x{self.heads}x{self.dim}" if self.q_heads else f"{self.heads}x{self.dim}"
 
     @property
     def dtype(self) -> str:
@@ -109,8 +113,8 @@ class BenchRow:
         dtypes) get them back from those labels."""
         heads, dim = d.get("heads"), d.get("dim")
         if (heads is None or dim is None) and isinstance(d.get("shape"), str) and "x" in d["shape"]:
-            h, _, w = d["shape"].partition("x")
-            heads, dim = int(h), int(w)
+            h, _, w = d["shape"].rpartition("x")
+            heads, dim = int(h.rpartition("x")[2]), int(w)
         label = str(d.get("dtype") or "")
         cache, _, inp = label.partition("<-")
         known = {f.name for f in fields(cls)}

@@ -18,11 +18,6 @@ def _int(v: Any) -> bool:
     return v.__class__ is int and 0 <= v < (1 << 31)
 
 
-def rank_trace_name(variant: str, rank: int) -> str:
-    """A rank's trace file: every rank's file of one variant side by side in the run folder."""
-    return f"{variant}.rank{rank}.pt.trace.json.gz"
-
-
 @dataclass
 class RankEntry:
     """What one rank wrote: its trace per variant, the device it ran on, the paths its writer reported."""
@@ -64,4 +59,4 @@ class RankEntry:
         return cls(rank=rank, files=files, paths=paths, device=dict(device or {}), timings=timings)
 
 
-__all__ = ["BACKENDS", "RankEntry", "rank_trace_name"]
+__all__ = ["BACKENDS", "RankEntry"]

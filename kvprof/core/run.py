@@ -18,12 +18,6 @@ from typing import Any
 from kvprof.core.ranks import RankEntry
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED
 
-MANIFEST = "manifest.json"
-SUMMARY = "summary.json"
-# Files of a run folder that are not traces (a reader must not try them as one).
-NOT_TRACES = (MANIFEST, SUMMARY, "bench.json", "compare.json")
-
-
 def _is_int(v: Any) -> bool:
     return v.__class__ is int and -(1 << 63) < v < (1 << 63)
 
@@ -368,4 +362,4 @@ class TraceMeta:
         return cls(variant=name, run_id=manifest.run_id, context=manifest.context, layout=manifest.layout)
 
 
-__all__ = ["MANIFEST", "NOT_TRACES", "SUMMARY", "Manifest", "PathReport", "TraceMeta", "VariantEntry", "plain_name"]
+__all__ = ["Manifest", "PathReport", "TraceMeta", "VariantEntry", "plain_name"]

@@ -17,7 +17,6 @@ from typing import Any
 
 import orjson
 
-TIMINGS_FILE = "step_timings.json"
 TIMINGS_SCHEMA = "kvprof.step_timings/1"
 PASSES = ("reference", "kineto", "nsys")  # the reference pass, then one per profiler source
 
@@ -94,4 +93,4 @@ class StepTimings:
                    records=[StepSamples.from_json(r) for r in recs if isinstance(r, dict)])
 
 
-__all__ = ["PASSES", "TIMINGS_FILE", "TIMINGS_SCHEMA", "StepSamples", "StepTimings"]
+__all__ = ["PASSES", "TIMINGS_SCHEMA", "StepSamples", "StepTimings"]

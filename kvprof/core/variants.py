@@ -32,7 +32,7 @@ class VariantInfo:
     default_capture: bool = False
     default_bench: bool = False
     claims_fused: bool = False  # the writer promises one launch for K and V
-    rope: bool = False  # the write also rotates q and k (rope + store: RopeKVWriter)
+    rope: str = ""  # a rope + store writer (RopeKVWriter): "fused" (one launch) or "separate"
 
     @property
     def argb(self) -> int:
@@ -62,13 +62,13 @@ VARIANTS: tuple[VariantInfo, ...] = (
                 default_bench=True),
     # rope + store (the MHA layout's rope contract): the rotary embedding of q and k with the write
     VariantInfo("rope_then_store", Role.REFERENCE, "#4477aa", "rope kernel, then a store chosen by store=",
-                rope=True),
+                rope="separate"),
     VariantInfo("rope_then_two_stream", Role.BASELINE, "#ee6677", "rope kernel, then two copies on two streams",
-                rope=True),
+                rope="separate"),
     VariantInfo("rope_then_triton_fused", Role.KVPROF, "#ccbb44", "rope kernel, then kvprof's fused Triton store",
-                claims_fused=True, rope=True),
+                claims_fused=True, rope="separate"),
     VariantInfo("rope_triton_fused", Role.KVPROF, "#228833", "kvprof's Triton rope + store in one launch",
-                claims_fused=True, rope=True),
+                claims_fused=True, rope="fused"),
     # the MLA latent layout (kvprof.layouts.mla): its reference, SGLang's unfused path, peer, fused
     VariantInfo("mla_index_put", Role.REFERENCE, "#bbbbbb", "MLA: cast, index_put of nope and rope"),
     VariantInfo("mla_cat_copy", Role.BASELINE, "#ddcc77", "MLA: torch.cat then one copy (SGLang unfused)"),
@@ -90,6 +90,7 @@ PEERS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.PEER)
 KVPROF_FUSED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.KVPROF and v.claims_fused
                                       and not v.rope)
 ROPE_VARIANTS: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.rope)
+ROPE_KVPROF_FUSED: tuple[str, ...] = tuple(v.name for v in VARIANTS if v.role is Role.KVPROF and v.rope == "fused")
 
 
 def info(name: str) -> VariantInfo:

@@ -30,6 +30,7 @@ from kvprof.dashboard.state import UPLOAD_PREFIX, Context  # noqa: E402
 from kvprof.dashboard.ui import md  # noqa: E402
 from kvprof.dashboard.views import compare, distributions, overlap, overview, sweeps, timeline  # noqa: E402
 from kvprof.core.errors import KvprofError  # noqa: E402
+from kvprof.core.rundir import RunDir  # noqa: E402
 
 PAGES: dict[str, Callable[[Context], None]] = {
     "Overview": overview.render,
@@ -176,7 +177,7 @@ def sidebar() -> tuple[str, Context]:
             if ctx.run.run_dir is not None:
                 stale = data.stale_traces(ctx.run.run_dir)
                 if stale:
-                    st.warning(f"{md(run_label)}: summary.json is older than {md(', '.join(stale))}; re-run "
+                    st.warning(f"{md(run_label)}: {RunDir.SUMMARY} is older than {md(', '.join(stale))}; re-run "
                                "`python -m kvprof analyze` on it for current numbers.")
         except KvprofError as exc:
             st.error(f"Cannot open {md(run_label)}: {md(exc)}")
@@ -199,7 +200,7 @@ def main() -> None:
         if not ctx.root.is_dir():
             st.warning(f"The traces root {md(ctx.root)} does not exist.")
         else:
-            st.warning(f"No runs under {md(ctx.root)}: it holds no run folder (manifest.json, traces or summary.json). "
+            st.warning(f"No runs under {md(ctx.root)}: it holds no run folder ({RunDir.MANIFEST}, traces or {RunDir.SUMMARY}). "
                        "Capture one with `python -m kvprof capture`, open one with `python -m kvprof dashboard "
                        "RUN_DIR`, or upload a trace in the sidebar.")
     guarded(page, PAGES[page], ctx)

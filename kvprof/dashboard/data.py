@@ -28,7 +28,7 @@ import streamlit as st
 
 from kvprof.core.errors import KvprofError
 from kvprof.core.readers import REGISTRY as READERS
-from kvprof.core.run import MANIFEST, NOT_TRACES
+from kvprof.core.rundir import RunDir, parse_summary
 from kvprof.core.schema import GPU_WORK_KINDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ ENV_CACHE = "KVPROF_DASHBOARD_CACHE"  # where outputs of runs without them, and 
 DEFAULT_MAX_UPLOAD_MB = 200
 MAX_BENCH_BYTES = 64 << 20
 MAX_SUMMARY_BYTES = 256 << 20
-OUTPUTS = ("summary.json", "writes.parquet", "events.parquet")
+OUTPUTS = (RunDir.SUMMARY, RunDir.WRITES, RunDir.EVENTS)  # what the pages read (not summary.csv)
 
 
 def upload_suffixes() -> tuple[str, ...]:
@@ -146,18 +146,18 @@ def contained(root: Path, path: Path) -> Path:
 
 
 def _is_trace_name(name: str) -> bool:
-    return READERS.is_trace_name(name) and name not in NOT_TRACES and not name.endswith(".bench.json")
+    return READERS.is_trace_name(name) and name not in RunDir.NOT_TRACES and not name.endswith(f".{RunDir.BENCH}")
 
 
 def check_inputs(run_dir: Path, root: Path) -> None:
     """Refuse a run whose manifest or files point outside the root (``load`` would follow them)."""
-    man = run_dir / MANIFEST
+    man = RunDir(run_dir).manifest
     if man.is_file():
         contained(root, man)
         try:
             doc = orjson.loads(man.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
-            raise DashboardError(f"{run_dir.name}/{MANIFEST} is not readable JSON ({exc})") from None
+            raise DashboardError(f"{run_dir.name}/{man.name} is not readable JSON ({exc})") from None
         variants = doc.get("variants") if isinstance(doc, dict) else None
         for entry in (variants or {}).values():
             files = entry.get("files") if isinstance(entry, dict) else None
@@ -190,11 +190,12 @@ class RunEntry:
 
 
 def outputs_complete(d: Path) -> bool:
-    return all((d / n).is_file() for n in OUTPUTS)
+    return RunDir(d).has_outputs(OUTPUTS)
 
 
 def is_run_dir(d: Path) -> bool:
-    if (d / MANIFEST).is_file() or (d / "summary.json").is_file():
+    run = RunDir(d)
+    if run.is_run() or run.summary.is_file():
         return True
     try:
         return any(_is_trace_name(p.name) and p.is_file() for p in d.iterdir())
@@ -212,7 +213,7 @@ def discover_runs(root: Path, max_depth: int = 2) -> list[RunEntry]:
     def visit(d: Path, depth: int) -> None:
         if is_run_dir(d):
             rel = "." if d == root_r else d.relative_to(root_r).as_posix()
-            out.append(RunEntry(rel, d, outputs_complete(d), (d / "summary.json").is_file()))
+            out.append(RunEntry(rel, d, outputs_complete(d), RunDir(d).summary.is_file()))
             return
         if depth >= max_depth:
             return
@@ -241,7 +242,7 @@ def discover_bench(root: Path, max_depth: int = 4) -> list[Path]:
         depth = len(Path(dirpath).relative_to(root_r).parts)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__")) and depth < max_depth)
         for f in sorted(filenames):
-            if f == "bench.json" or f.endswith(".bench.json"):
+            if f == RunDir.BENCH or f.endswith(f".{RunDir.BENCH}"):
                 try:
                     found.append(contained(root_r, Path(dirpath) / f))
                 except PathError:
@@ -254,7 +255,7 @@ STALE_AFTER_S = 120.0  # a checkout or copy writes files seconds apart; a re-cap
 
 def stale_traces(run_dir: Path) -> list[str]:
     """Traces clearly newer than the run's summary.json: its numbers may not be theirs any more."""
-    s = run_dir / "summary.json"
+    s = RunDir(run_dir).summary
     if not s.is_file():
         return []
     t = s.stat().st_mtime + STALE_AFTER_S
@@ -307,17 +308,17 @@ def ensure_outputs(run: Path, root: Path) -> tuple[Path, str | None]:
     if outputs_complete(d):
         return d, None
     check_inputs(d, root)
-    inputs = [p for p in d.iterdir() if p.is_file() and (_is_trace_name(p.name) or p.name == MANIFEST)]
+    inputs = [p for p in d.iterdir() if p.is_file() and (_is_trace_name(p.name) or p.name == RunDir.MANIFEST)]
     out = cache_dir() / "runs" / _fingerprint(inputs, str(d))
     if outputs_complete(out):
         return out, None
     try:
         return analyse_to(d, out), None
     except KvprofError as exc:
-        if not (d / "summary.json").is_file():
+        if not RunDir(d).summary.is_file():
             raise
         missing = ", ".join(n for n in OUTPUTS if not (d / n).is_file())
-        return d, f"{missing} missing and re-analysing failed ({exc}); showing what summary.json has"
+        return d, f"{missing} missing and re-analysing failed ({exc}); showing what {RunDir.SUMMARY} has"
 
 
 def upload_suffix(name: str) -> str:
@@ -356,16 +357,16 @@ def stamp(p: Path) -> int:
 
 
 def _summary_doc(path: str) -> dict[str, Any]:
+    """summary.json read as every reader reads it (kvprof.core.rundir: a typed Summary), as the
+    document the pages' frames take."""
     p = Path(path)
     if p.stat().st_size > MAX_SUMMARY_BYTES:
         raise DashboardError(f"{p.name} is larger than {MAX_SUMMARY_BYTES >> 20} MB; not read")
     try:
-        doc = orjson.loads(p.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise DashboardError(f"{p.parent.name}/{p.name} is not valid JSON ({exc}); re-run kvprof analyze") from None
-    if not isinstance(doc, dict) or "groups" not in doc:
-        raise DashboardError(f"{p.parent.name}/{p.name} is not a kvprof summary (no groups)")
-    return doc
+        summary = parse_summary(p.read_bytes())
+    except ValueError as exc:
+        raise DashboardError(f"{p.parent.name}/{p.name} is {exc}; re-run kvprof analyze") from None
+    return summary.to_json()
 
 
 # summary.json's per-layer table: two thirds of the samples' 3.5 MB and read by one page only
@@ -452,23 +453,23 @@ class RunOutputs:
 
     def summary(self) -> dict[str, Any]:
         """summary.json without its "layers" table (see ``layers``)."""
-        p = self.file("summary.json")
+        p = self.file(RunDir.SUMMARY)
         return read_summary(str(p), stamp(p))
 
     def groups(self) -> pd.DataFrame:
-        p = self.file("summary.json")
+        p = self.file(RunDir.SUMMARY)
         return read_groups(str(p), stamp(p))
 
     def layers(self) -> pd.DataFrame:
-        p = self.file("summary.json")
+        p = self.file(RunDir.SUMMARY)
         return read_layers(str(p), stamp(p))
 
     def writes(self) -> pd.DataFrame:
-        p = self.file("writes.parquet")
+        p = self.file(RunDir.WRITES)
         return read_writes(str(p), stamp(p))
 
     def gpu_events(self) -> pd.DataFrame:
-        p = self.file("events.parquet")
+        p = self.file(RunDir.EVENTS)
         return read_gpu_events(str(p), stamp(p))
 
 

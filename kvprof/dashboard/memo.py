@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvprof.analysis.compare import Benchmark
+from kvprof.core.rundir import RunDir
 from kvprof.dashboard import charts, data, frames, landing, tables
 from kvprof.dashboard.landing import Landing, source_words
 
@@ -32,8 +33,8 @@ class RunFiles:
 
     @classmethod
     def of(cls, run: data.RunOutputs) -> RunFiles:
-        s = run.file("summary.json")
-        w = run.dir / "writes.parquet"
+        s = run.file(RunDir.SUMMARY)
+        w = RunDir(run.dir).writes
         has_w = w.is_file()
         return cls(str(s), data.stamp(s), str(w) if has_w else None, data.stamp(w) if has_w else 0)
 

@@ -59,7 +59,6 @@ ENV_ON = "KVPROF_SGLANG"
 ENV_WRITER = "KVPROF_SGLANG_WRITER"
 ENV_DIR = "KVPROF_SGLANG_DIR"
 SIDECAR_SCHEMA = "kvprof.sglang_sidecar/1"
-SIDECAR_PREFIX = "kvprof-sglang."
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
 # (class in sglang.srt.mem_cache.memory_pool, method, variant named in the ranges). Only
@@ -441,9 +440,11 @@ class _Route:
         layer_id = override if override is not None else getattr(call.get("layer"), "layer_id", None)
         if type(layer_id) is not int or not 0 <= layer_id - pool.start_layer < pool.layer_num:
             return f"layer {layer_id!r} is not in this pool"
+        idx = layer_id - pool.start_layer
         try:
-            k, v = self.check(loc, call.get("cache_k"), call.get("cache_v"), pool.head_num, pool.head_dim,
-                              pool.v_head_dim, self.device, self.device_index)
+            loc, k, v = self.check(loc, call.get("cache_k"), call.get("cache_v"), pool.head_num, pool.head_dim,
+                                   pool.v_head_dim, self.device, self.device_index, pool.k_buffer[idx],
+                                   pool.v_buffer[idx])
         except ValueError as exc:
             return f"input kvprof's checks refuse ({exc})"
         in_dtype = k.dtype
@@ -452,7 +453,7 @@ class _Route:
         refused = self.input_ok[in_dtype]
         if refused:
             return refused
-        return (loc_info, loc, layer_id - pool.start_layer, k, v, call.get("k_scale"), call.get("v_scale"))
+        return (loc_info, loc, idx, k, v, call.get("k_scale"), call.get("v_scale"))
 
 
 class _RopeRoute:
@@ -757,9 +758,10 @@ class _State:
                 import orjson
 
                 from kvprof.core.atomic import atomic_write_bytes
+                from kvprof.core.rundir import RunDir
 
                 doc = self.sidecar()
-                path = sidecar_dir() / f"{SIDECAR_PREFIX}TP-{doc['tp_rank']}.pid-{doc['pid']}.json"
+                path = sidecar_dir() / RunDir.sidecar_name(doc["tp_rank"], doc["pid"])
                 atomic_write_bytes(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
                 return path
             except Exception as exc:  # noqa: BLE001 - a sidecar must never take the server down

@@ -1,5 +1,7 @@
 """What the MLA and paged pools and writers share: the writer's self-description and the checks
-on slots, devices and scales that run before any kernel (what a layout is: ``layout.py``).
+on slots, devices and scales that run before any kernel (what a layout is: ``layout.py``; the
+check for inputs sharing memory with a buffer is :func:`kvprof.validation.check_apart`, the MHA
+pool's too).
 
 A layout writer differs from the MHA ``KVWriter`` only in what ``write`` takes (one latent
 row for MLA, a block-addressed K/V pair for the paged cache), so it says up front what it
@@ -54,8 +56,9 @@ def check_cache_dtype(dtype: Any) -> None:
         raise ValueError(f"unsupported cache dtype {dtype}")
 
 
-def check_loc(loc: Any, device: torch.device, name: str = "loc") -> int:
-    """1-D int32/int64 slots on the pool's device; returns the token count."""
+def check_loc(loc: Any, device: torch.device, name: str = "loc") -> torch.Tensor:
+    """1-D int32/int64 slots on the pool's device; returns them contiguous (the kernels read
+    consecutive slots: a strided view is copied)."""
     if not isinstance(loc, torch.Tensor):
         raise ValueError(f"{name} must be a tensor of slot indices, got {type(loc).__name__}")
     if loc.dtype is not torch.int64 and loc.dtype is not torch.int32:
@@ -64,7 +67,7 @@ def check_loc(loc: Any, device: torch.device, name: str = "loc") -> int:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(loc.shape)}")
     if loc.device != device:
         raise ValueError(f"{name} is on {loc.device}, the pool is on {device}")
-    return loc.shape[0]
+    return loc if loc.is_contiguous() else loc.contiguous()
 
 
 def check_rows(t: Any, name: str, tokens: int, heads: int, dim: int, device: torch.device,

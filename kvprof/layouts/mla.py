@@ -13,7 +13,9 @@ by tensor parallelism. As in SGLang (0.5.23, ``sglang/srt/mem_cache/memory_pool.
 * fp8 caches live in uint8 buffers, read back through ``dtype`` views; there are no K/V
   scales (SGLang's MLA cast does not scale).
 
-Every input is checked before any kernel runs; a bad call raises a one-line ``ValueError``.
+Every input is checked before any kernel runs; a bad call raises a one-line ``ValueError`` and
+writes nothing. A strided ``loc`` is copied contiguous; an input that shares memory with the
+layer's buffer is refused.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ import torch
 from kvprof.dtypes import short_name, store_dtype_for
 from kvprof.guards import check_memory, memory_limit
 from kvprof.layouts.base import (
-    LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, layer_index, slot_range,
+    LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, layer_index,
+    slot_range,
 )
 from kvprof.layouts.layout import Layout
+from kvprof.layouts.ranges import Ranges
+from kvprof.validation import check_apart
 
 # SGLang's set_mla_kv_buffer never writes this slot (set_mla_kv_buffer_triton's default)
 RESERVED_SKIP_SLOT = 0
@@ -123,8 +128,9 @@ class MLAPool:
         idx = layer_index(layer, layer_id_override, self.start_layer, self.layer_num)
         if k_scale is not None or v_scale is not None:
             raise ValueError("the MLA pool takes no k_scale/v_scale (SGLang's MLA cache casts without scaling)")
-        tokens = self._check_loc(loc)
-        row = check_rows(cache_k, "cache_k", tokens, 1, self.kv_cache_dim, self.device)
+        loc = self._check_loc(loc)
+        row = check_rows(cache_k, "cache_k", loc.shape[0], 1, self.kv_cache_dim, self.device)
+        check_apart((self.kv_buffer[idx],), loc=loc, cache_k=row)
         r = self.kv_lora_rank
         path = self.writer.write(self.kv_buffer[idx], loc, row[..., :r], row[..., r:], self.dtype, NO_SKIP)
         self.path_counts[path] += 1
@@ -134,23 +140,25 @@ class MLAPool:
         """Write ``cache_k_nope`` and ``cache_k_rope`` side by side into the rows at ``loc``
         (slot 0 skipped, as SGLang does)."""
         idx = layer_index(layer, layer_id_override, self.start_layer, self.layer_num)
-        tokens = self._check_loc(loc)
+        loc = self._check_loc(loc)
+        tokens = loc.shape[0]
         nope = check_rows(cache_k_nope, "cache_k_nope", tokens, 1, self.kv_lora_rank, self.device)
         rope = check_rows(cache_k_rope, "cache_k_rope", tokens, 1, self.qk_rope_head_dim, self.device)
         if nope.dtype != rope.dtype:
             raise ValueError(f"cache_k_nope is {nope.dtype} but cache_k_rope is {rope.dtype}")
+        check_apart((self.kv_buffer[idx],), loc=loc, cache_k_nope=nope, cache_k_rope=rope)
         path = self.writer.write(self.kv_buffer[idx], loc, nope, rope, self.dtype, RESERVED_SKIP_SLOT)
         self.path_counts[path] += 1
 
-    def _check_loc(self, loc: Any) -> int:
-        tokens = check_loc(loc, self.device)
-        if self.check_slots and tokens and not capturing(loc):
+    def _check_loc(self, loc: Any) -> torch.Tensor:
+        loc = check_loc(loc, self.device)
+        if self.check_slots and loc.shape[0] and not capturing(loc):
             lo, hi = slot_range(loc)
             if lo < 0:
                 raise ValueError(f"loc has a negative slot ({lo})")
             if hi >= self.rows:
                 raise ValueError(f"loc has slot {hi}, past the last slot {self.rows - 1}")
-        return tokens
+        return loc
 
 
 def cast_like_sglang(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -199,8 +207,6 @@ class MLALayout(Layout[MLAPool]):
     def make_pool(self, *args: Any, instrument: bool = False, variant: str | None = None, **kwargs: Any) -> MLAPool:
         if not instrument:
             return MLAPool(*args, **kwargs)
-        from kvprof.layouts.instrument import InstrumentedMLAPool  # it builds on this module
-
         return InstrumentedMLAPool(*args, variant=variant, **kwargs)
 
     def write(self, pool: MLAPool, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -212,3 +218,24 @@ class MLALayout(Layout[MLAPool]):
 
 
 LAYOUT = MLALayout()
+
+
+class InstrumentedMLAPool(MLAPool):
+    """An ``MLAPool`` whose writes are named ranges in Nsight Systems and torch.profiler."""
+
+    def __init__(self, *args: Any, variant: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.variant = variant or self.writer.name
+        self._ranges = Ranges(self, self.variant)
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v=None, k_scale=None, v_scale=None,  # type: ignore[override]
+                      layer_id_override=None) -> None:
+        lid = layer_id_override if layer_id_override is not None else getattr(layer, "layer_id", layer)
+        self._ranges.run(lid, loc, lambda: MLAPool.set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale, v_scale,
+                                                                 layer_id_override))
+
+    def set_mla_kv_buffer(self, layer, loc, cache_k_nope, cache_k_rope,  # type: ignore[override]
+                          layer_id_override=None) -> None:
+        lid = layer_id_override if layer_id_override is not None else getattr(layer, "layer_id", layer)
+        self._ranges.run(lid, loc, lambda: MLAPool.set_mla_kv_buffer(self, layer, loc, cache_k_nope, cache_k_rope,
+                                                                     layer_id_override))

@@ -17,7 +17,9 @@ vLLM's ``csrc/cache_kernels.cu`` (``reshape_and_cache_flash_kernel``) and, for f
   become the format's largest finite value;
 * fp8 caches are stored as uint8 and read back through ``dtype`` views.
 
-Every input is checked before any kernel runs; a bad call raises a one-line ``ValueError``.
+Every input is checked before any kernel runs; a bad call raises a one-line ``ValueError`` and
+writes nothing. A strided ``slot_mapping`` is copied contiguous; an input (scales included)
+that shares memory with the layer's caches is refused.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ import torch
 from kvprof.dtypes import short_name, store_dtype_for
 from kvprof.guards import check_memory, memory_limit
 from kvprof.layouts.base import (
-    LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, check_scale_value, is_fp8,
-    layer_index, slot_range,
+    LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, check_scale_value,
+    is_fp8, layer_index, slot_range,
 )
 from kvprof.layouts.layout import Layout
+from kvprof.layouts.ranges import Ranges
+from kvprof.validation import check_apart
 
 PAD_SLOT = -1
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -121,7 +125,8 @@ class PagedPool:
                                 slot_mapping: torch.Tensor, k_scale: Any = None, v_scale: Any = None) -> None:
         """vLLM's write, argument order and all (the caches are the layer's)."""
         idx = layer_index(layer, None, self.start_layer, self.layer_num)
-        tokens = check_loc(slot_mapping, self.device, "slot_mapping")
+        slot_mapping = check_loc(slot_mapping, self.device, "slot_mapping")
+        tokens = slot_mapping.shape[0]
         key = check_rows(key, "key", tokens, self.head_num, self.head_dim, self.device, at_least=True)
         value = check_rows(value, "value", tokens, self.head_num, self.head_dim, self.device, at_least=True)
         if key.dtype != value.dtype:
@@ -142,6 +147,9 @@ class PagedPool:
                 raise ValueError(f"slot_mapping has slot {hi}, past the last slot {self.slots - 1}")
         ks = self._scale(k_scale) if fp8 else None
         vs = self._scale(v_scale) if fp8 else None
+        if tokens:
+            check_apart((self.key_cache[idx], self.value_cache[idx]), slot_mapping=slot_mapping, key=key,
+                        value=value, k_scale=ks, v_scale=vs)
         path = self.writer.write(self.key_cache[idx], self.value_cache[idx], slot_mapping, key, value,
                                  self.dtype, ks, vs)
         self.path_counts[path] += 1
@@ -196,7 +204,6 @@ class PagedLayout(Layout[PagedPool]):
                   **kwargs: Any) -> PagedPool:
         if not instrument:
             return PagedPool(*args, **kwargs)
-        from kvprof.layouts.instrument import InstrumentedPagedPool  # it builds on this module
 
         return InstrumentedPagedPool(*args, variant=variant, **kwargs)
 
@@ -207,3 +214,17 @@ class PagedLayout(Layout[PagedPool]):
 
 
 LAYOUT = PagedLayout()
+
+
+class InstrumentedPagedPool(PagedPool):
+    """A ``PagedPool`` whose writes are named ranges in Nsight Systems and torch.profiler."""
+
+    def __init__(self, *args: Any, variant: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.variant = variant or self.writer.name
+        self._ranges = Ranges(self, self.variant)
+
+    def reshape_and_cache_flash(self, layer, key, value, slot_mapping, k_scale=None,  # type: ignore[override]
+                                v_scale=None) -> None:
+        self._ranges.run(layer, slot_mapping, lambda: PagedPool.reshape_and_cache_flash(
+            self, layer, key, value, slot_mapping, k_scale, v_scale))

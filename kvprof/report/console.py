@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.rundir import RunDir
 from kvprof.core.summary import Summary, VariantVerdict
 from kvprof.report.cells import (
     NA,
@@ -251,8 +252,8 @@ def _generic(summary: Summary, con: Console) -> None:
     """A trace with no kvprof steps: the numbers any trace has."""
     found = sum(int((tr.get("attribution") or {}).get("writes") or 0) for tr in summary.traces)
     con.print(f"{found:,} writes found, none inside a kvprof step range: no per-phase table; generic numbers "
-              "only (see the warnings and summary.json 'traces[].generic')" if found else
-              "no kvprof writes: generic numbers only (see summary.json 'traces[].generic')")
+              f"only (see the warnings and {RunDir.SUMMARY} 'traces[].generic')" if found else
+              f"no kvprof writes: generic numbers only (see {RunDir.SUMMARY} 'traces[].generic')")
     for tr in summary.traces:
         g = tr.get("generic") or {}
         if g.get("gpu"):

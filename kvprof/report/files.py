@@ -15,8 +15,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvprof.core.atomic import atomic_file, atomic_outputs, atomic_path
+from kvprof.core.atomic import atomic_file, atomic_path
 from kvprof.core.errors import OutputError
+from kvprof.core.rundir import RunDir
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -67,12 +68,9 @@ def writes_for_parquet(writes: pd.DataFrame) -> pd.DataFrame:
     return w
 
 
-OUTPUT_NAMES = ("summary.json", "summary.csv", "events.parquet", "writes.parquet")
-
-
 def write_analysis(loaded: Any, result: Any, out: Path, rules: Any = None) -> list[Path]:
-    """Every analysis output into ``out`` as one set (kvprof.core.atomic.atomic_outputs): all four
-    files replace the old ones together, summary.json (the marker readers require) last.
+    """Every analysis output into ``out`` as one set (kvprof.core.rundir.RunDir.staged_outputs): all
+    four files replace the old ones together, summary.json (the marker readers require) last.
 
     ``rules`` (kvprof.tools.scrub.Rules): scrub every string before it is written, so a capture
     under $HOME or with a token in a trace never writes them into its outputs.
@@ -87,10 +85,10 @@ def write_analysis(loaded: Any, result: Any, out: Path, rules: Any = None) -> li
 
         doc, groups, writes = scrub_document(doc, rules), scrub_frame(groups, rules), scrub_frame(writes, rules)
         events, _ = scrub_table(events, rules)
-    with atomic_outputs(out, OUTPUT_NAMES[0]) as stage:
-        summary, groups_path, events_path, writes_path = (stage / n for n in OUTPUT_NAMES)
-        write_parquet(events_path, with_schema(events, EVENTS_SCHEMA))
-        write_parquet(writes_path, with_schema(writes, WRITES_SCHEMA))
-        write_csv(groups_path, groups)
-        write_json(summary, doc)
-    return [out / n for n in OUTPUT_NAMES]
+    run = RunDir(out)
+    with run.staged_outputs() as stage:
+        write_parquet(stage.events, with_schema(events, EVENTS_SCHEMA))
+        write_parquet(stage.writes, with_schema(writes, WRITES_SCHEMA))
+        write_csv(stage.summary_csv, groups)
+        write_json(stage.summary, doc)
+    return run.outputs

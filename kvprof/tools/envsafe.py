@@ -23,6 +23,9 @@ Rules, in order (all in this module, nowhere else):
    secret (with a warning saying the report will hold them); a name that is not set is
    a warning, not an error.
 
+``allowed(name, value)`` is rules 1-3 alone: ``kvprof.tools.scrub`` cuts the environment an
+export holds down to it, so a scrubbed export shows what a profiled child would have been given.
+
 LANG/LANGUAGE/LC_* pass because they decide how the child and nsys decode and print
 text (file names, error messages); their values are locale names, not personal data.
 PYTORCH_* passes with TORCH_*: ``PYTORCH_CUDA_ALLOC_CONF`` changes what is measured.
@@ -43,7 +46,9 @@ log = logging.getLogger("kvprof")
 
 # kvprof's own variables: the only KVPROF_* names a child receives.
 KVPROF_VARIABLES: tuple[str, ...] = ("KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
-                                     "KVPROF_SGL_CUBIN")  # where sgl_kernel_cubin's kernels are
+                                     "KVPROF_SGL_CUBIN",  # where sgl_kernel_cubin's kernels are
+                                     # the SGLang plugin's switches (kvprof.integrations.sglang)
+                                     "KVPROF_SGLANG", "KVPROF_SGLANG_WRITER", "KVPROF_SGLANG_DIR")
 
 EXACT_NAMES: tuple[str, ...] = (
     "PATH",
@@ -142,17 +147,29 @@ def sensitive_values(env: Mapping[str, str] | None = None, min_length: int = 6) 
     }
 
 
-def _allowed(name: str, value: str) -> bool:
+def allowed(name: str, value: str) -> bool:
+    """Rules 1-3 of the module docstring: whether a variable may reach a profiled child (and so
+    stay in a scrubbed export, which ``kvprof.tools.scrub`` cuts down to the same list)."""
     if name in ALWAYS_PASS or name in EXACT_NAMES:
         return True
-    if name.startswith(ALLOWED_PREFIXES):
-        if looks_secret(name, value):
-            log.warning(
-                "not passing %s to the profiled process: it looks like a secret "
-                "(--pass-env %s passes it on purpose)", name, name,
-            )
-            return False
+    return name.startswith(ALLOWED_PREFIXES) and not looks_secret(name, value)
+
+
+def allowed_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) cut down to rules 1-3, quietly: the
+    environment of an auxiliary nsys run (its export), where nothing is passed on purpose."""
+    base = os.environ if base is None else base
+    return {name: value for name, value in base.items() if allowed(name, value)}
+
+
+def _allowed(name: str, value: str) -> bool:
+    if allowed(name, value):
         return True
+    if name.startswith(ALLOWED_PREFIXES):
+        log.warning(
+            "not passing %s to the profiled process: it looks like a secret "
+            "(--pass-env %s passes it on purpose)", name, name,
+        )
     return False
 
 

@@ -35,6 +35,7 @@ from typing import IO
 
 from kvprof.core.atomic import atomic_path
 from kvprof.core.errors import ToolError, TraceError
+from kvprof.tools import envsafe
 
 logger = logging.getLogger("kvprof")
 
@@ -145,13 +146,17 @@ def nsys_profile_command(
     trace: str = "cuda,nvtx",
     cuda_graph_trace: str | None = "node",
     capture_range: str | None = "cudaProfilerApi",
+    duration: float | None = None,
 ) -> list[str]:
-    """The ``nsys profile`` command line; ``output_base`` without ``.nsys-rep``."""
+    """The ``nsys profile`` command line; ``output_base`` without ``.nsys-rep``.
+    ``duration``: nsys stops collecting after that many seconds and ends the command (a server)."""
     cmd = [str(nsys), "profile", *PROFILE_FLAGS, f"--trace={trace}"]
     if cuda_graph_trace:
         cmd.append(f"--cuda-graph-trace={cuda_graph_trace}")
     if capture_range and capture_range != "none":
         cmd += [f"--capture-range={capture_range}", CAPTURE_RANGE_END]
+    if duration is not None:
+        cmd.append(f"--duration={duration:g}")
     cmd += [f"--output={output_base}", *child_argv]
     return cmd
 
@@ -209,14 +214,18 @@ def isolation_prefix() -> list[str] | None:
 
 
 def _pump(
-    stream: IO[str], log: IO[str], output: deque[str], lock: threading.Lock, tail: deque[str] | None
+    stream: IO[str], log: IO[str], output: deque[str], lock: threading.Lock, tail: deque[str] | None,
+    echo: IO[str] | None = None,
 ) -> None:
-    """Copy one pipe of nsys into the log line by line, keeping recent lines to diagnose."""
+    """Copy one pipe of nsys into the log line by line (and to ``echo``), keeping recent lines to diagnose."""
     for line in iter(stream.readline, ""):
         with lock:
             log.write(line)
             log.flush()
             output.append(line)
+            if echo is not None:
+                echo.write(line)
+                echo.flush()
         if tail is not None:
             tail.append(line)
     stream.close()
@@ -227,16 +236,20 @@ def run_nsys_pass(
     output_base: Path | str,
     child_argv: Sequence[str],
     env: Mapping[str, str],
-    timeout: float,
+    timeout: float | None,
     *,
     isolate: bool | None = None,
-    **profile_options: str | None,
+    echo: IO[str] | None = None,
+    check: bool = True,
+    **profile_options: str | float | None,
 ) -> NsysResult:
     """Run ``child_argv`` under ``nsys profile`` with exactly ``env`` (the allowlisted
-    environment: the report stores it). stdout and stderr go to ``<base>.nsys.log``.
-    ``isolate``: run nsys in its own PID namespace (``isolation_prefix``) so the report
-    holds no other process's environment; None = when available, True = required.
-    ToolError: nsys missing, importer failure, timeout, child failure, no report.
+    environment: the report stores it). stdout and stderr go to ``<base>.nsys.log`` (and to
+    ``echo``). ``isolate``: run nsys in its own PID namespace (``isolation_prefix``) so the
+    report holds no other process's environment; None = when available, True = required.
+    ``timeout``: seconds, None for none. ``check=False``: a non-zero exit that still left a
+    report is returned (``returncode``), not raised. ToolError: nsys missing, importer
+    failure, timeout, child failure, no report.
     """
     if nsys is None:
         nsys = require_nsys(env)
@@ -276,8 +289,8 @@ def run_nsys_pass(
             raise ToolError(f"cannot run nsys at {nsys}: {exc.strerror or exc}") from None
 
         pumps = [
-            threading.Thread(target=_pump, args=(proc.stdout, log, output, lock, None), daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, log, output, lock, stderr_tail), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stdout, log, output, lock, None, echo), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, log, output, lock, stderr_tail, echo), daemon=True),
         ]
         for t in pumps:
             t.start()
@@ -300,7 +313,7 @@ def run_nsys_pass(
             f"the Nsight Systems importer failed, only {stream.name} was written: {what} "
             f"(put libdw.so.1 and libelf.so.1 on LD_LIBRARY_PATH; log: {log_path})"
         )
-    if returncode != 0:
+    if returncode != 0 and (check or not report.exists()):
         raise ToolError(
             f"nsys pass failed (exit {returncode}): {_blame_line(stderr_tail)} (log: {log_path})"
         )
@@ -358,10 +371,15 @@ def complete_sqlite(path: Path) -> bool:
 
 
 def export_sqlite(
-    nsys: Path | str, rep_path: Path | str, out_path: Path | str, timeout: float = 600
+    nsys: Path | str, rep_path: Path | str, out_path: Path | str, timeout: float = 600,
+    env: Mapping[str, str] | None = None,
 ) -> Path:
     """``nsys export --type sqlite`` to a temporary name, renamed to ``out_path`` when
-    complete (a reader never opens a half-written export)."""
+    complete (a reader never opens a half-written export). ``env``: the exporter's
+    environment (default: this process's, cut down to kvprof's allow-list like a profiled
+    child's: nothing of the user's reaches nsys)."""
+    if env is None:
+        env = envsafe.allowed_environment()
     rep, out = Path(rep_path), Path(out_path)
     if not rep.is_file():
         raise TraceError(f"{rep}: no such Nsight Systems report")
@@ -370,7 +388,7 @@ def export_sqlite(
         try:
             done = subprocess.run(
                 cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL, env=dict(env),
             )
         except FileNotFoundError:
             raise ToolError(f"cannot run nsys at {nsys}: not found") from None

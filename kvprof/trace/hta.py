@@ -21,9 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
-from kvprof.core.run import MANIFEST, Manifest, plain_name
-
-HTA_FOLDER = "hta"
+from kvprof.core.run import Manifest, plain_name
+from kvprof.core.rundir import RunDir
 
 
 def hta_metadata_json(rank: int = 0, world_size: int = 1) -> str:
@@ -58,21 +57,18 @@ def write_hta_folders(run_dir: Path) -> dict[str, Path]:
     """``run_dir/hta/<variant>/`` for every variant with a torch.profiler trace, made whole in a
     temporary folder and renamed in (an older ``hta`` folder is replaced); the folders by
     variant, empty when the run has no torch.profiler trace (an nsys-only capture)."""
-    from kvprof.core.atomic import atomic_directory
-    from kvprof.trace.load import read_manifest
-
-    run = Path(run_dir)
-    traces = {variant: [n for n in names if (run / n).is_file() and not (run / n).is_symlink()]
-              for variant, names in variant_traces(read_manifest(run / MANIFEST)).items()}
+    run = RunDir(run_dir)
+    traces = {variant: [n for n in names if run.file(n).is_file() and not run.file(n).is_symlink()]
+              for variant, names in variant_traces(run.read_manifest()).items()}
     traces = {variant: names for variant, names in traces.items() if names}
     if not traces:
         return {}
-    with atomic_directory(run / HTA_FOLDER, replace=True) as tmp:
+    with run.staged_hta() as tmp:
         for variant, names in traces.items():
             (tmp / variant).mkdir()
             for name in names:
-                _link_or_copy(run / name, tmp / variant / name)
-    return {variant: run / HTA_FOLDER / variant for variant in traces}
+                _link_or_copy(run.file(name), tmp / variant / name)
+    return {variant: run.hta_folder(variant) for variant in traces}
 
 
-__all__ = ["HTA_FOLDER", "hta_metadata_json", "variant_traces", "write_hta_folders"]
+__all__ = ["hta_metadata_json", "variant_traces", "write_hta_folders"]

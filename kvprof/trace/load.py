@@ -18,8 +18,9 @@ from typing import Any
 import orjson
 
 from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat, TraceReader
-from kvprof.core.run import MANIFEST, NOT_TRACES, Manifest, TraceMeta, VariantEntry
-from kvprof.core.timings import TIMINGS_FILE, StepTimings
+from kvprof.core.run import Manifest, TraceMeta, VariantEntry
+from kvprof.core.rundir import RunDir
+from kvprof.core.timings import StepTimings
 from kvprof.core.errors import TraceError, UsageError
 from kvprof.core.files import open_regular, require_regular
 from kvprof.trace.attribution import attribute
@@ -41,21 +42,10 @@ class Loaded:
     sidecars: list[dict[str, Any]] = field(default_factory=list)  # kvprof's SGLang plugin, one per process
 
 
-def _read_timings(run_dir: Path, manifest: Manifest) -> tuple[StepTimings | None, str | None]:
-    path = run_dir / manifest.file("step_timings", TIMINGS_FILE)  # a plain name in the run directory
-    if not path.is_file():
-        return None, None
-    try:
-        return StepTimings.from_json(path.read_bytes()), None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"{path.name}: unreadable, no reference figures ({exc})"
-
-
 # SGLang's profiler output: [prefix-]<profile id>-TP-<rank>[-DP-..][-PP-..][-EP-..][-<stage>].trace.json.gz,
 # one file per rank, and optionally merged-<profile id>.trace.json.gz (all ranks in one file).
 _SGLANG_RANK = re.compile(r"-TP-(\d+)(?:-|\.)")
 _SGLANG_MERGED = re.compile(r"^merged-.*\.trace\.json(\.gz)?$")
-SIDECAR_PREFIX = "kvprof-sglang."
 
 
 def sglang_rank(name: str) -> int | None:
@@ -136,26 +126,12 @@ MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, Overfl
              RecursionError, UnicodeError)
 
 
-def read_manifest(path: Path) -> Manifest:
-    """manifest.json, type-checked (kvprof.core.run.Manifest); TraceError when it is not one."""
-    try:
-        with open_regular(path) as fh:
-            doc = orjson.loads(fh.read())
-    except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except orjson.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc})") from None
-    try:
-        return Manifest.from_json(doc)
-    except ValueError as exc:
-        raise TraceError(f"{path}: {exc}") from None
-
-
 def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
-    manifest = read_manifest(run_dir / MANIFEST)
+    run = RunDir(run_dir)
+    manifest = run.read_manifest()
     loaded = Loaded(input=run_dir, kind="run", traces=[], manifest=manifest, warnings=list(manifest.warnings),
                     variants=dict(manifest.variants))
-    loaded.timings, problem = _read_timings(run_dir, manifest)
+    loaded.timings, problem = run.read_timings(manifest)
     if problem:
         loaded.warnings.append(problem)
     seen: set[Path] = set()
@@ -219,8 +195,8 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         entries = list(d.iterdir())
     except OSError as exc:
         raise TraceError(f"cannot read the folder {d}: {exc.strerror or exc}") from None
-    files = sorted(p for p in entries if p.is_file() and REGISTRY.is_trace_name(p.name) and p.name not in NOT_TRACES)
-    sidecars = [p for p in files if p.name.startswith(SIDECAR_PREFIX) and p.name.endswith(".json")]
+    files = sorted(p for p in entries if p.is_file() and REGISTRY.is_trace_name(p.name) and p.name not in RunDir.NOT_TRACES)
+    sidecars = [p for p in files if RunDir.is_sidecar(p.name)]
     files = [p for p in files if p not in sidecars]
     merged = [p for p in files if _SGLANG_MERGED.match(p.name)]
     if merged and any(sglang_rank(p.name) is not None for p in files):
@@ -243,7 +219,7 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         except NotThisFormat:
             loaded.warnings.append(f"skipped {p.name}: not a trace")
     if not loaded.traces:
-        raise TraceError(f"{d}: no traces here (no {MANIFEST}, no file named as one of: {REGISTRY.describe()})")
+        raise TraceError(f"{d}: no traces here (no {RunDir.MANIFEST}, no file named as one of: {REGISTRY.describe()})")
     return loaded
 
 
@@ -255,7 +231,7 @@ def load(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> 
     if max_events <= 0:
         raise UsageError(f"--max-events must be positive, got {max_events}")
     if p.is_dir():
-        return load_run(p, max_events) if (p / MANIFEST).is_file() else load_dir(p, max_events)
+        return load_run(p, max_events) if RunDir(p).is_run() else load_dir(p, max_events)
     require_regular(p, "a trace")  # a FIFO or a device would block or never end
     t = _with_file_rank(load_file(p, max_events), p)
     return Loaded(input=p, kind=t.source, traces=[t])

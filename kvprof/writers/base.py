@@ -50,8 +50,9 @@ class KVWriter(abc.ABC):
     fused: bool = False
     devices: tuple[str, ...] = ("cpu", "cuda")
     # True: ``write`` refuses, before any kernel runs, every call that
-    # ``kvprof.validation.check_write_inputs`` refuses (compiled checks cost nanoseconds), so
-    # the pool skips its Python checks on the hot path and runs them only to word an error.
+    # ``kvprof.validation.check_write_inputs`` refuses (compiled checks cost nanoseconds), and
+    # takes what it copies (a strided ``loc``), so the pool skips its Python checks on the hot
+    # path and runs them only to word an error.
     validates_inputs: bool = False
 
     def info(self) -> WriterInfo:
@@ -83,8 +84,9 @@ class KVWriter(abc.ABC):
         """Write one layer's K and V rows at ``loc``; return the path that ran.
 
         ``k_buf``/``v_buf`` are the pool's storage views (uint8 for fp8 caches) of shape
-        ``[size + page_size, heads, dim]``; ``cache_k``/``cache_v`` are the caller's rows,
-        ``[tokens, heads, dim]``, in their own dtype, already validated by the pool;
-        ``dtype`` is the cache's logical dtype. Plain arguments, no request object:
-        this is the hot path whose host cost kvprof measures.
+        ``[size + page_size, heads, dim]``; ``loc`` is 1-D and contiguous; ``cache_k``/``cache_v``
+        are the caller's rows, ``[tokens, heads, dim]``, in their own dtype; all already
+        validated by the pool (:func:`kvprof.validation.check_write_inputs`: no input shares
+        memory with a buffer). ``dtype`` is the cache's logical dtype. Plain arguments, no
+        request object: this is the hot path whose host cost kvprof measures.
         """

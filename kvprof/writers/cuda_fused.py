@@ -154,12 +154,31 @@ class CudaFusedWriter(KVWriter):
         try:
             op(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, flags)
         except RuntimeError as exc:
-            # rows with a non-contiguous inside are rare (the pool hands contiguous rows)
-            if NOT_ROW_CONTIGUOUS not in str(exc):
-                raise
-            op(k_buf, v_buf, loc, cache_k.contiguous(), cache_v.contiguous(), k_inv, v_inv, flags)
+            _copy_and_launch(exc, op, k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, flags)
         return FUSED
 
 
-# The op's message for input rows that are not contiguous (the writer then copies them).
+def _copy_and_launch(exc: RuntimeError, op: Any, k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor,
+                     cache_k: torch.Tensor, cache_v: torch.Tensor, k_inv: float, v_inv: float, flags: int) -> None:
+    """After the op refused a strided ``loc`` or rows with a non-contiguous inside (rare: the
+    pool hands contiguous ones), before launching anything: copy what it refused and launch
+    again; any other refusal is raised."""
+    while True:
+        text = str(exc)
+        if NOT_LOC_CONTIGUOUS in text and not loc.is_contiguous():
+            loc = loc.contiguous()
+        elif NOT_ROW_CONTIGUOUS in text and not (cache_k.is_contiguous() and cache_v.is_contiguous()):
+            cache_k, cache_v = cache_k.contiguous(), cache_v.contiguous()
+        else:
+            raise exc
+        try:
+            op(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, flags)
+            return
+        except RuntimeError as again:
+            exc = again
+
+
+# The op's messages for input rows that are not contiguous and for a strided loc (the
+# writer then copies them; store_kv.cpp checks loc before the rows).
 NOT_ROW_CONTIGUOUS = "cuda_fused: input rows must be contiguous"
+NOT_LOC_CONTIGUOUS = "cuda_fused: loc must be contiguous"

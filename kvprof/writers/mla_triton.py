@@ -102,12 +102,12 @@ class MLATritonWriter(MLAWriter):
         return None
 
     def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
+        reason = _conversion_reason(nope.dtype, dtype)
+        if reason:  # refused whatever the token count
+            raise ValueError(reason)
         tokens = loc.shape[0]
         if tokens == 0:
             return FUSED
-        reason = _conversion_reason(nope.dtype, dtype)
-        if reason:
-            raise ValueError(reason)
         conv = _SAME if nope.dtype == dtype else (_TO_E4M3 if dtype == torch.float8_e4m3fn else _TO_E5M2)
         r, p = nope.shape[-1], rope.shape[-1]
         rows = kv_buf.shape[0]

@@ -19,6 +19,7 @@ import abc
 import torch
 
 from kvprof.core.vocab import ROPE_FUSED  # noqa: F401  (the path a one-launch write reports)
+from kvprof.validation import check_apart
 from kvprof.writers.base import WriterInfo
 
 ROPE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -122,6 +123,7 @@ def check_rope_inputs(
         raise ValueError(f"cos_sin_cache's rope_dim {rope_dim} must be even and in [2, head_dim={dim}]")
     if cos_sin_cache.stride(1) != 1:
         raise ValueError(f"cos_sin_cache needs unit stride in its last dim, got {cos_sin_cache.stride()}")
+    check_apart((k_buf, v_buf), q=q, k=k, v=v, loc=loc, positions=positions, cos_sin_cache=cos_sin_cache)
     return q, k, v
 
 

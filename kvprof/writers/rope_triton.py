@@ -236,11 +236,10 @@ class RopeThenStoreWriter(RopeKVWriter):
 
     name = "rope_then_store"
     rope_fused = False
-    devices = ("cpu", "cuda")
     rope_kernels = 1  # launches before the store's own: the rotary kernel
 
     def __init__(self, store: str = "index_put", rope_config: RopeConfig | dict[str, int] | None = None,
-                 rope_pdl: bool | None = None, **store_options: object) -> None:
+                 rope_pdl: bool | None = None, **store_options: Any) -> None:
         """``store``: a registered MHA store writer, built with the remaining keywords;
         ``rope_config``/``rope_pdl``: the rotary kernel's launch shape and PDL (None: where it
         exists, as the store writers' own default)."""
@@ -266,7 +265,7 @@ class RopeThenStoreWriter(RopeKVWriter):
     def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
               k_scale=None, v_scale=None) -> str:
         self.rotary.rotate(q, k, positions, cos_sin_cache, is_neox)
-        cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's rows, as the pool passes them
+        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's inputs, as the pool passes them
         return self.store.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
     def info(self) -> WriterInfo:
@@ -282,7 +281,7 @@ class RopeThenTwoStreamWriter(RopeThenStoreWriter):
     name = "rope_then_two_stream"
 
     def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
-                 **store_options: object) -> None:
+                 **store_options: Any) -> None:
         super().__init__("two_stream", rope_config, rope_pdl, **store_options)
 
 
@@ -292,7 +291,7 @@ class RopeThenTritonFusedWriter(RopeThenStoreWriter):
     name = "rope_then_triton_fused"
 
     def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
-                 **store_options: object) -> None:
+                 **store_options: Any) -> None:
         super().__init__("triton_fused", rope_config, rope_pdl, **store_options)
 
 

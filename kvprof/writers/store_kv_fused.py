@@ -85,7 +85,7 @@ class StoreKVFusedWriter(KVWriter):
         else:
             writer = self._eager.get(loc.get_device()) or self._eager_writer(loc.device)
         if writer is self.triton:
-            cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, cache_k, cache_v)
+            loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, cache_k, cache_v)
         return writer.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
 

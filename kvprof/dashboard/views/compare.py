@@ -12,6 +12,7 @@ from kvprof.dashboard.state import Context
 from kvprof.dashboard.ui import md, show_figure, show_table
 from kvprof.dashboard.views.common import device_line, esc, intro, source_label
 from kvprof.core.errors import KvprofError
+from kvprof.core.rundir import RunDir
 
 RATIOS = ("ratio after/before", "ratio GPU span", "ratio host launch", "ratio kernels/write")
 
@@ -23,15 +24,13 @@ def _identity(ctx: Context, label: str) -> tuple[str, str, float]:
     dev = s.get("device") or {}
     device = str(dev.get("name") or "unknown device") if isinstance(dev, dict) else "unknown device"
     model = "unknown model"
-    man = (run.run_dir or run.dir) / "manifest.json"
-    if man.is_file():
-        import orjson
-
+    rd = RunDir(run.run_dir or run.dir)
+    if rd.is_run():
         try:
-            model = str(((orjson.loads(man.read_bytes()).get("config") or {}).get("model")) or model)
-        except (OSError, ValueError, AttributeError):
+            model = str(rd.read_manifest().config.get("model") or model)
+        except KvprofError:
             pass
-    when = Path(run.file("summary.json")).stat().st_mtime
+    when = Path(run.file(RunDir.SUMMARY)).stat().st_mtime
     return device, model, when
 
 

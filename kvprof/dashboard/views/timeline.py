@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from kvprof.core.rundir import RunDir
 from kvprof.dashboard import charts, data, frames
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.ui import md, show_figure, show_table
@@ -48,7 +49,7 @@ def render(ctx: Context) -> None:
     trace = st.selectbox("trace", paths, index=default, format_func=label, key=f"tl-trace::{ctx.run.label}")
     t = by_path[trace]
 
-    ev_path, w_path = ctx.run.file("events.parquet"), ctx.run.file("writes.parquet")
+    ev_path, w_path = ctx.run.file(RunDir.EVENTS), ctx.run.file(RunDir.WRITES)
     rows, _origin, end_us = data.timeline_rows(str(ev_path), data.stamp(ev_path), str(w_path), data.stamp(w_path), trace)
     if not t.get("gpu_events"):
         st.warning("This trace has no GPU events (a CPU-only capture): no stream lanes; the lane below is the "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvprof.core.errors import KvprofError, OutputError, TraceError, UsageError
 from kvprof.core.files import open_regular, require_regular
-from kvprof.tools.scrub.rules import GZIP_MAGIC, JSON_SUFFIXES, PARQUET_SUFFIXES, REPORT_SUFFIXES, Rules, SIDECARS, SQLITE_MAGIC, SQLITE_SUFFIXES, ScrubReport, TEXT_SUFFIXES, find_values, total_size
+from kvprof.tools.scrub.rules import DEFAULT_MAX_BYTES, GZIP_MAGIC, JSON_SUFFIXES, PARQUET_SUFFIXES, REPORT_SUFFIXES, Rules, SIDECARS, SQLITE_MAGIC, SQLITE_SUFFIXES, ScrubReport, TEXT_SUFFIXES, find_values, total_size
 from kvprof.tools.scrub.sqlite import scrub_sqlite
 from kvprof.tools.scrub.tables import scrub_parquet
 from kvprof.tools.scrub.text import scrub_json, scrub_text
@@ -39,13 +39,19 @@ def file_kind(path: Path) -> str | None:
     return None
 
 
+def _link_report(link: Path) -> ScrubReport:
+    target = os.path.realpath(link)
+    return ScrubReport(link, "symlink", note=f"symbolic link to {target}: not rewritten (scrub the target "
+                                              "itself); the check below reads it")
+
+
 def _unrewritable(path: Path, kind: str, rules: Rules) -> ScrubReport:
     leaks = tuple(find_values([path], rules.needles()))
     size = total_size([path])
     if kind == "nsys-rep":
         note = (
             "an .nsys-rep cannot be rewritten; share the scrubbed .sqlite export instead "
-            "(capture runs nsys isolated, with the allowlisted environment)"
+            "(kvprof capture and kvprof nsys run nsys isolated, with the allowlisted environment)"
         )
     else:
         note = "unknown file type, not rewritten (scrub rewrites .sqlite, .json, .json.gz, .log, .txt)"
@@ -54,17 +60,19 @@ def _unrewritable(path: Path, kind: str, rules: Rules) -> ScrubReport:
     return ScrubReport(path, kind, bytes_before=size, bytes_after=size, note=note, leaks=leaks)
 
 
-def scrub_path(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> ScrubReport:
+def scrub_path(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
+               max_bytes: int = DEFAULT_MAX_BYTES) -> ScrubReport:
     """Scrub one file in place (atomically). ``env``: whose secret values to hunt (default:
-    this process's environment). A file of no known type (and an .nsys-rep) is not
-    rewritten, only checked for secret values (``leaks``). UsageError for a missing path,
-    TraceError for an unreadable file, OutputError for an unwritable one."""
+    this process's environment); ``max_bytes``: the most it reads into memory (decompressed).
+    A file of no known type (and an .nsys-rep) is not rewritten, only checked for secret
+    values (``leaks``). UsageError for a missing path (ResourceError, one of them, for a file
+    over ``max_bytes``), TraceError for an unreadable file, OutputError for an unwritable one."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{p}: no such file")
     if p.is_dir():
         raise UsageError(f"{p}: is a folder (scrub_tree scrubs folders)")
-    report = _scrub_one(p.resolve(), Rules(env))  # resolved: a symlink's target is scrubbed
+    report = _scrub_one(p.resolve(), Rules(env, max_bytes=max_bytes))  # resolved: a named link's target is scrubbed
     report.path = p
     return report
 
@@ -102,14 +110,17 @@ def scrub_tree(
     *,
     env: Mapping[str, str] | None = None,
     on_error: Callable[[KvprofError], None] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> list[ScrubReport]:
     """Scrub every known file under ``root``; other files are only checked for secret
-    values (reported when found). Symbolic links and kvprof temporaries are skipped.
-    A file that fails raises, or, with ``on_error``, is passed to it and the walk goes on."""
+    values (reported when found). A symbolic link is not followed to rewrite what it points
+    at (that may be anywhere): it gets a report saying so, and ``check_path`` checks its
+    target. kvprof temporaries are skipped. A file that fails raises, or, with
+    ``on_error``, is passed to it and the walk goes on."""
     base = Path(root)
     if not base.is_dir():
-        return [scrub_path(base, env=env)]
-    rules = Rules(env)
+        return [scrub_path(base, env=env, max_bytes=max_bytes)]
+    rules = Rules(env, max_bytes=max_bytes)
     reports: list[ScrubReport] = []
 
     def unreadable(exc: OSError) -> None:  # os.walk skips what it cannot list unless told
@@ -120,9 +131,12 @@ def scrub_tree(
 
     for dirpath, dirnames, filenames in os.walk(base, onerror=unreadable):
         dirnames.sort()
-        for name in sorted(filenames):
+        for name in sorted(filenames) + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
             p = Path(dirpath, name)
-            if p.is_symlink() or (name.startswith(".") and ".tmp-" in name):
+            if p.is_symlink():
+                reports.append(_link_report(p))
+                continue
+            if name.startswith(".") and ".tmp-" in name:
                 continue
             if name.endswith(SIDECARS):
                 continue  # handled with its database

@@ -1,13 +1,18 @@
 """Scrub rules: remove the environment and home paths from outputs before they are shared.
 
 An nsys SQLite export keeps the profiled process's environment (META_DATA_CAPTURE rows
-``PROCESS_<n>:ENVIRONMENT_VARIABLE`` and whole ``KEY=VALUE`` blocks in StringIds); a
-Chrome trace names the user's home in paths and may carry metadata added by anyone.
+``PROCESS_<n>:ENVIRONMENT_VARIABLE``, TARGET_INFO_SYSTEM_ENV's ``DeviceEnvironment``, and
+NUL-separated environ blocks in StringIds, other processes' too); a Chrome trace names the
+user's home in paths and may carry metadata added by anyone.
 
 Rules (``Rules``), applied to every text value of an SQLite file and every string (keys
 included) of a JSON file, and line by line to .log/.txt files:
 
-- environment: a string is replaced whole by ``MARKER`` when it
+- environment as nsys stores it: a name/value row whose name mentions ENVIRONMENT (SQLite)
+  and a NUL-separated block of ``NAME=value`` entries anywhere are cut down to the entries
+  ``envsafe.allowed`` passes to a profiled child (``Rules.filter_environment``: values without
+  home paths or host names, an entry holding a secret dropped, ``MARKER`` when none is left).
+- any other environment: a string is replaced whole by ``MARKER`` when it
   (a) contains ``NAME=`` where NAME is an environment-like name (``_ASSIGNMENT``: all
   upper case like PATH, upper-case led with an ``_`` like PMIX_MCA_gds, ``_``-led, a
   lower-case proxy variable) or any name set in the scrubbing environment, not glued
@@ -15,7 +20,8 @@ included) of a JSON file, and line by line to .log/.txt files:
   (b) contains the value of a variable of the scrubbing environment (default: this
   process's) that ``envsafe.looks_secret`` flags (secret-sounding name or token-shaped
   value), 6 characters or longer; or
-  (c) (SQLite) is the value of a META_DATA_CAPTURE row whose name mentions ENVIRONMENT.
+  (c) holds such a value or a token shape encoded (``Rules.encoded_form``: base64 in either
+  alphabet at any alignment, hex in either case, percent-encoding).
   Whole strings go because a partial cut of a ``KEY=VALUE`` block is easy to get wrong.
   Lower-case ``key=value`` text (kvprof's own NVTX messages) is kept, and so is kvprof's
   own advice naming one of its settings with a plain value (``_OWN_SETTING``: "set
@@ -23,7 +29,8 @@ included) of a JSON file, and line by line to .log/.txt files:
   kvprof's reasons readable; a string with any other assignment still goes whole.
 - home paths: ``/home/<user>``, ``/Users/<user>``, ``/root`` and this user's ``~``
   become ``~`` inside the string; the rest of the string is kept.
-- JSON values under a key that names a secret (``HF_TOKEN``) become ``MARKER``.
+- JSON values under a key that names a secret (``HF_TOKEN``) become ``MARKER``; adjacent
+  strings of one array or object that together hold a secret (``Rules.split_secrets``) too.
 - token-shaped strings (``sk-...``, ``hf_...``, ``ghp_...``, AWS key ids, JWTs, URLs
   with a password: ``envsafe``'s known formats) become ``TOKEN_MARKER`` wherever they are,
   whether or not the variable that held them is set where scrub runs.
@@ -35,7 +42,8 @@ included) of a JSON file, and line by line to .log/.txt files:
 Parquet files (analyze's outputs) get the same rules on every string column.
 ``check_path`` (``scrub --check``) verifies without writing: it decodes every string
 (JSON escapes, gzip, SQLite text, Parquet, log lines) and reports any that the rules would
-still change, plus any environment secret found in the raw bytes.
+still change, plus any environment secret found in the raw bytes (``needles``: every form).
+What one file may hold once decompressed is bounded (``DEFAULT_MAX_BYTES``).
 
 SQLite values are replaced in place (same row, same id: StringIds also holds kernel names
 and NVTX messages referenced by id), never deleted, then the copy is VACUUMed (with
@@ -43,23 +51,29 @@ secure_delete) so no free page keeps old bytes; the raw bytes are checked for ev
 secret value before the copy replaces the original, and stale -wal/-shm/-journal files
 are removed. Every file is rewritten atomically, and only when something changed.
 
-A ``.nsys-rep`` cannot be rewritten: it is reported, and scanned for secret values in
-plain bytes (a miss proves nothing: parts are compressed). What keeps it clean is how
-capture runs nsys: the allowlisted environment (``kvprof.tools.envsafe``) in a private
-PID namespace (``kvprof.tools.nsys.isolation_prefix``), since nsys also stores the
-environment of every other process it can see.
+A ``.nsys-rep`` cannot be rewritten: it is reported, and scanned in plain bytes
+(``raw_findings``; a miss proves nothing: parts are compressed). What keeps it clean is how
+kvprof runs nsys (``kvprof capture``, ``kvprof nsys -- CMD``): the allowlisted environment
+(``kvprof.tools.envsafe``) in a private PID namespace (``kvprof.tools.nsys.isolation_prefix``),
+since nsys also stores the environment of every other process it can see.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
+import itertools
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import orjson
 
+from kvprof.core.errors import ResourceError
 from kvprof.core.readers import builtin_suffixes
 from kvprof.tools import envsafe
 
@@ -77,6 +91,10 @@ PARQUET_SUFFIXES = (".parquet",)
 REPORT_SUFFIXES = (*builtin_suffixes("nsys_rep"), ".qdstrm")
 SIDECARS = ("-wal", "-shm", "-journal")
 
+# What scrub reads into memory from one file at most (a JSON trace after gunzip, a log): a
+# 4 MB .json.gz can expand to gigabytes. ``--max-bytes`` changes it.
+DEFAULT_MAX_BYTES = 2 << 30
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 # NAME= where NAME is env-like: all upper case (PATH, CC), or upper-case led with an _
@@ -89,7 +107,8 @@ _ASSIGNMENT = re.compile(
 # kvprof's own hints: one of the settings it documents, set to a flag value, not glued to a
 # path or word (TRITON_INTERPRET=1, KVPROF_SGLANG=1, SGLANG_PLUGINS=kvprof)
 _OWN_SETTING = re.compile(
-    r"(?<![\w.\-/:=$])(?:TRITON_INTERPRET|KVPROF_[A-Z0-9_]+|SGLANG_PLUGINS)=(?:0|1|true|false|kvprof)(?![\w.\-/=])"
+    r"(?<![\w.\-/:=$])(?:(?:TRITON_INTERPRET|KVPROF_[A-Z0-9_]+|SGLANG_PLUGINS)=(?:0|1|true|false|kvprof)"
+    r"|KVPROF_SGLANG_WRITER=[a-z][a-z0-9_]*)(?![\w.\-/=])"  # a writer is a variant name (triton_fused)
 )
 _HOME_DIRS = re.compile(r"(?<![\w.\-])(?:(?:/home|/Users)/[^/\s\"'\x00:]+|/root(?=[/\s\"'\x00:]|\Z))")
 SECRET_KEY = re.compile(r"[A-Z][A-Z0-9_]+\Z")
@@ -99,6 +118,46 @@ _TOKEN_PREFIXES = (r"hf_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|sk-|sk_live
 _TOKEN = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + _TOKEN_PREFIXES + r")[A-Za-z0-9_\-.=+/]{8,}"
                     r"|[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
 TOKEN_BYTES = re.compile(rb"(?:" + _TOKEN_PREFIXES.encode() + rb")|://")
+# In decoded bytes a token may follow any byte (b"0hf_..." is a token after a stray byte), so
+# no word boundary is asked for there.
+_TOKEN_IN_BYTES = re.compile(rb"(?:" + _TOKEN_PREFIXES.encode() + rb")[A-Za-z0-9_\-.=+/]{8,}"
+                             rb"|[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
+
+# Encoded forms a secret or token is looked for in (``Rules.encoded_form``): runs of the
+# base64 alphabets (standard and URL-safe, decoded at each of the 4 character offsets, so the
+# secret's 3 byte alignments inside a larger payload are all seen), runs of hex digits (either
+# case, both nibble offsets) and %XX escapes. A secret of 6 characters is 8 base64 or 12 hex
+# characters: shorter runs cannot hold one.
+_B64_RUN = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
+B64_RUN_BYTES = re.compile(_B64_RUN.pattern.encode())
+_HEX_RUN = re.compile(r"[0-9A-Fa-f]{12,}")
+HEX_RUN_BYTES = re.compile(_HEX_RUN.pattern.encode())
+_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
+PERCENT_BYTES = re.compile(_PERCENT.pattern.encode())
+ENCODED_FORMS = ("base64 (standard and URL-safe, 3 alignments)", "hex (either case)", "percent-encoding")
+# An environment entry, as nsys stores one: NAME=value or NAME="value".
+_ENV_ENTRY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
+_ENCODED_CACHE_SIZE = 1 << 16
+SPLIT_WINDOW = 8  # a secret cut across more adjacent JSON strings than this is not looked for
+# What nsys itself puts in the environment of the process it starts (its injection library,
+# stored as a placeholder): no value of the user's.
+NSYS_PLACEHOLDERS = frozenset({("LD_PRELOAD", "{}")})
+# An entry of a NUL-separated environment block in raw bytes (an .nsys-rep's plain parts):
+# NUL before and after, so a fragment of a compressed copy is not taken for a name.
+_RAW_ENV_ENTRY = re.compile(rb"(?<=\x00)([A-Za-z_][A-Za-z0-9_]*=[\x20-\x7e]*)(?=\x00)")
+
+
+def format_bytes(n: int) -> str:
+    """2147483648 -> "2 GiB", 16777216 -> "16 MiB" (whole binary units where they fit)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n:,} bytes"
+
+
+def too_big(path: Path, max_bytes: int, what: str = "holds") -> ResourceError:
+    return ResourceError(f"{path}: {what} more than {format_bytes(max_bytes)}, scrub's limit for one file "
+                         "(--max-bytes raises it)")
 
 
 def this_hostnames() -> list[str]:
@@ -114,7 +173,7 @@ class ScrubReport:
     """What scrub did to one file."""
 
     path: Path
-    kind: str  # "sqlite" | "json" | "text" | "parquet" | "nsys-rep" | "other"
+    kind: str  # "sqlite" | "json" | "text" | "parquet" | "nsys-rep" | "other" | "symlink"
     env_rows: int = 0  # META_DATA_CAPTURE environment rows emptied (SQLite)
     strings: int = 0  # other values / strings / lines replaced by MARKER (tokens cut out included)
     paths: int = 0  # values with a home path rewritten to ~
@@ -135,7 +194,7 @@ class ScrubReport:
     def line(self, full_path: bool = True) -> str:
         """One line for the user: what changed and the size before/after."""
         name = str(self.path) if full_path else self.path.name
-        if self.kind in ("nsys-rep", "other"):
+        if self.kind in ("nsys-rep", "other", "symlink"):
             return f"{name}: {self.note}"
         parts = []
         if self.kind == "sqlite":
@@ -155,8 +214,9 @@ class Rules:
     """The string rules of the module docstring, built for one environment."""
 
     def __init__(self, env: Mapping[str, str] | None = None, home: str | None = None,
-                 hostnames: Iterable[str] | None = None) -> None:
+                 hostnames: Iterable[str] | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         env = os.environ if env is None else env
+        self.max_bytes = max_bytes  # the most one file may hold once decompressed (DEFAULT_MAX_BYTES)
         hosts = sorted({h for h in (this_hostnames() if hostnames is None else hostnames) if len(h) >= 3},
                        key=len, reverse=True)
         self.hostnames = hosts
@@ -165,6 +225,11 @@ class Rules:
         self.secrets = envsafe.sensitive_values(env)
         values = sorted(set(self.secrets.values()), key=len, reverse=True)
         self._values = re.compile("|".join(map(re.escape, values))) if values else None
+        self._values_bytes = (re.compile(b"|".join(re.escape(v.encode()) for v in values)) if values else None)
+        self._encoded: dict[tuple[str, str], bool] = {}  # (decoder, run) -> holds a secret (runs repeat)
+        # the secrets' base64 forms as such: found even where the characters around one differ
+        forms = sorted({f.decode() for v in values for f in base64_forms(v.encode())}, key=len, reverse=True)
+        self._b64_forms = re.compile("|".join(map(re.escape, forms))) if forms else None
         other_names = sorted(n for n in env if len(n) >= 3 and not _ASSIGNMENT.fullmatch(n + "="))
         self._names = (
             re.compile(r"(?<![\w.\-/:=$])(?:" + "|".join(map(re.escape, other_names)) + ")=")
@@ -197,9 +262,118 @@ class Rules:
         s = _HOME_DIRS.sub(HOME, s)
         return self._home.sub(HOME, s) if self._home is not None else s
 
+    # ------------------------------------------------------------ encoded secrets
+
+    def _holds_secret(self, data: bytes) -> bool:
+        return bool(_TOKEN_IN_BYTES.search(data) or (self._values_bytes is not None and self._values_bytes.search(data)))
+
+    def _run_holds_secret(self, run: str, decode: Callable[[str], Iterable[bytes]]) -> bool:
+        key = (decode.__name__, run)
+        hit = self._encoded.get(key)
+        if hit is None:
+            hit = any(self._holds_secret(view) for view in decode(run))
+            if len(self._encoded) >= _ENCODED_CACHE_SIZE:
+                self._encoded.clear()
+            self._encoded[key] = hit
+        return hit
+
+    def encoded_form(self, s: str) -> str | None:
+        """"base64" | "hex" | "percent-encoded" when ``s`` holds a secret value of the scrubbing
+        environment or a token-shaped string in that encoding (``ENCODED_FORMS``), else None."""
+        if len(s) < 8:
+            return None
+        if "%" in s and _PERCENT.search(s):
+            plain = unquote(s, errors="replace")
+            if self.is_environment(plain) or _TOKEN.search(plain):
+                return "percent-encoded"
+        for m in _B64_RUN.finditer(s):
+            if self._run_holds_secret(m.group(), base64_views):
+                return "base64"
+        if self._b64_forms is not None and self._b64_forms.search(s):
+            return "base64"
+        for m in _HEX_RUN.finditer(s):
+            if self._run_holds_secret(m.group(), hex_views):
+                return "hex"
+        return None
+
+    def encoded_run(self, run: bytes) -> bool:
+        """Whether a base64 or hex run found in raw bytes decodes to a secret (JSON candidates)."""
+        text = run.decode("ascii")
+        if self._b64_forms is not None and self._b64_forms.search(text):
+            return True
+        return self._run_holds_secret(text, base64_views) or (
+            bool(_HEX_RUN.fullmatch(text)) and self._run_holds_secret(text, hex_views))
+
+    def split_secrets(self, parts: list[str]) -> list[tuple[int, int]]:
+        """(first, last) index of adjacent ``parts`` that together hold a secret value or a
+        token-shaped string no single one of them holds (a secret cut across JSON strings).
+        Each part is tried as the start of one, with the next ``SPLIT_WINDOW - 1`` parts; a
+        match that reaches back into earlier parts (a URL scheme glued to a word) is taken
+        from the latest part it can start in."""
+        if len(parts) < 2 or sum(map(len, parts)) < 8:
+            return []
+        starts = [0, *itertools.accumulate(map(len, parts))]
+        found: dict[int, tuple[int, int]] = {}  # where a match ends -> the parts it covers
+        for i in reversed(range(len(parts) - 1)):
+            window = "".join(parts[i:i + SPLIT_WINDOW])
+            for rx in (self._values, _TOKEN):
+                for m in rx.finditer(window) if rx is not None else ():
+                    if m.start() >= len(parts[i]) or m.end() <= len(parts[i]):
+                        continue  # starts in a later part, or lies inside this one (judged alone)
+                    end = starts[i] + m.end()
+                    if end not in found:
+                        found[end] = (i, bisect.bisect_left(starts, end) - 1)
+        return sorted(set(found.values()))
+
+    # ------------------------------------------------------------ environment blocks
+
+    def keep_entry(self, entry: str) -> str | None:
+        """One ``NAME=value`` / ``NAME="value"`` entry as it may stay (home paths and host names
+        taken out of the value), or None: a name outside kvprof's allow-list
+        (``envsafe.allowed``), or a value holding a secret or a token in any form."""
+        m = _ENV_ENTRY.match(entry)
+        if m is None:
+            return None
+        raw = entry[m.end():]
+        value = raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
+        if (m.group(1), value) in NSYS_PLACEHOLDERS:
+            return entry
+        if not envsafe.allowed(m.group(1), value):
+            return None
+        if (self._values is not None and self._values.search(value)) or _TOKEN.search(value) or self.encoded_form(value):
+            return None
+        if self._hosts is not None:
+            raw = self._hosts.sub(HOST_MARKER, raw)
+        return entry[: m.end()] + self.strip_home(raw)
+
+    def filter_environment(self, block: str) -> str:
+        """An environment as nsys stores it (one entry, ``;``-separated as in DeviceEnvironment,
+        or NUL-separated as a process's environ) cut down to the entries ``keep_entry`` keeps;
+        ``MARKER`` when none is. Unchanged when every entry stays as it is (idempotent)."""
+        if not block.strip() or block == MARKER:
+            return block
+        sep = "\x00" if "\x00" in block else ";"
+        entries: list[str] = []
+        for piece in block.split(sep):
+            if entries and piece and not _ENV_ENTRY.match(piece):
+                entries[-1] += sep + piece  # a separator inside a value: "A=x;y" is one entry
+            else:
+                entries.append(piece)
+        entries = [e for e in entries if e]
+        kept = [k for k in map(self.keep_entry, entries) if k is not None]
+        if kept == entries:
+            return block
+        if not kept:
+            return MARKER
+        return sep.join(kept) + ("\x00" if sep == "\x00" else "")  # NUL-terminated: still a block
+
     def scrub(self, s: str) -> tuple[str, str | None]:
-        """(new value, "env" | "home" | "host" | None); "env" covers token-shaped strings."""
-        if self.is_environment(s):
+        """(new value, "env" | "home" | "host" | None); "env" covers token-shaped strings and
+        encoded secrets. A NUL-separated environment block is cut down to kvprof's allow-list."""
+        if "\x00" in s and "=" in s and is_environment_block(s):
+            new = self.filter_environment(s)
+            return (new, "env") if new != s else (s, None)
+        if self.is_environment(s) or self.encoded_form(s):
             return MARKER, "env"
         reason = None
         new = s
@@ -220,13 +394,63 @@ class Rules:
         return out + ([home] if home else [])
 
     def needles(self) -> dict[str, list[bytes]]:
-        """name -> byte forms of its secret value, for raw-byte checks."""
+        """name -> byte forms of its secret value, for raw-byte checks: UTF-8, UTF-16, JSON
+        escaped, base64 and URL-safe base64 at its 3 alignments, hex in either case, percent-encoded."""
         out: dict[str, list[bytes]] = {}
         for name, value in self.secrets.items():
-            forms = {value.encode(), value.encode("utf-16-le"), value.encode("utf-16-be")}
-            forms.add(orjson.dumps(value)[1:-1])
-            out[name] = sorted(forms)
+            raw = value.encode()
+            forms = {raw, value.encode("utf-16-le"), value.encode("utf-16-be"), orjson.dumps(value)[1:-1],
+                     raw.hex().encode(), raw.hex().upper().encode()}
+            for quoted in (quote(value, safe=""), re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quote(value, safe=""))):
+                forms.add(quoted.encode())
+            forms.update(base64_forms(raw))
+            out[name] = sorted(f for f in forms if f)
         return out
+
+
+# ---------------------------------------------------------------- encodings
+
+
+def base64_forms(raw: bytes) -> set[bytes]:
+    """The base64 characters that encode ``raw`` whatever precedes it: at each of its 3
+    byte alignments, standard and URL-safe alphabets, without the characters the neighbouring
+    bytes also decide (so each form is found inside any larger base64 payload)."""
+    out: set[bytes] = set()
+    for align in range(3):
+        enc = base64.b64encode(b"\x00" * align + raw).rstrip(b"=")
+        start = {0: 0, 1: 2, 2: 3}[align]  # characters that mix the padding bytes in
+        end = len(enc) - (1 if (align + len(raw)) % 3 else 0)  # the last one mixes the next byte in
+        form = enc[start:end]
+        if len(form) >= 6:
+            out.add(form)
+            out.add(form.translate(bytes.maketrans(b"+/", b"-_")))
+    return out
+
+
+def base64_views(run: str) -> Iterator[bytes]:
+    """A base64 run decoded from each of its first 4 characters (a run may start with a
+    character that is not part of the payload), in its alphabet (URL-safe if it has - or _)."""
+    body = run.rstrip("=").replace("-", "+").replace("_", "/")
+    for start in range(4):
+        chunk = body[start:]
+        if len(chunk) % 4 == 1:
+            chunk = chunk[:-1]
+        if len(chunk) < 8:
+            return
+        yield binascii.a2b_base64(chunk + "=" * (-len(chunk) % 4))
+
+
+def hex_views(run: str) -> Iterator[bytes]:
+    """A hex run decoded at both nibble offsets."""
+    for start in (0, 1):
+        chunk = run[start:]
+        yield bytes.fromhex(chunk[: len(chunk) - len(chunk) % 2])
+
+
+def is_environment_block(s: str) -> bool:
+    """A NUL-separated list of ``NAME=value`` entries (a process's environ, as nsys stores it)."""
+    parts = [p for p in s.split("\x00") if p]
+    return bool(parts) and all(_ENV_ENTRY.match(p) for p in parts)
 
 
 # ---------------------------------------------------------------- raw bytes
@@ -250,6 +474,34 @@ def find_values(paths: Iterable[Path], needles: Mapping[str, list[bytes]]) -> li
                         found.add(name)
                 tail = window[-longest:]
     return sorted(found)
+
+
+def raw_findings(paths: Iterable[Path], rules: Rules) -> list[tuple[str, str]]:
+    """What the raw bytes of a file scrub cannot decode (an .nsys-rep, an unknown format) show:
+    token-shaped strings and base64/hex runs holding a secret, and environment entries outside
+    kvprof's allow-list in NUL-separated blocks; (what, short sample) each. Read in chunks."""
+    found: dict[tuple[str, str], None] = {}
+    overlap = 1 << 12
+    for p in paths:
+        with open(p, "rb") as fh:
+            tail = b""
+            while chunk := fh.read(1 << 22):
+                window = tail + chunk
+                for m in _TOKEN_IN_BYTES.finditer(window):
+                    found[("token-shaped strings", m.group()[:6].decode("ascii", "replace") + "...")] = None
+                for rx in (B64_RUN_BYTES, HEX_RUN_BYTES):
+                    for m in rx.finditer(window):
+                        if rules.encoded_run(m.group()):
+                            found[("encoded secrets", m.group()[:6].decode("ascii") + "...")] = None
+                for m in _RAW_ENV_ENTRY.finditer(window):
+                    entry = m.group(1).decode("ascii")
+                    if rules.keep_entry(entry) is None:  # a home path there is the child's HOME: kept
+                        found[(ALLOW_LIST_FINDING, entry.split("=", 1)[0])] = None
+                tail = window[-overlap:]
+    return list(found)
+
+
+ALLOW_LIST_FINDING = "environment variables outside kvprof's allow-list"
 
 
 def find_in(data: bytes, needles: Mapping[str, list[bytes]]) -> list[str]:

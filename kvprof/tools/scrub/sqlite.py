@@ -51,11 +51,17 @@ class _Change:
     column: str
     old: Any
     new: Any
-    reason: str  # "env" | "home" | "meta"
+    reason: str  # "env" | "home" | "host" | "hostrow" | "envrow"
+    name: tuple[str, str] | None = None  # envrow: (name column, the row's name)
 
 
-def is_meta_table(table: str, columns: list[str]) -> bool:
-    return table.upper() == "META_DATA_CAPTURE" and {"name", "value"} <= {c.lower() for c in columns}
+def env_rows_condition(columns: dict[str, str]) -> str:
+    """SQL condition selecting the environment rows of a name/value table (META_DATA_CAPTURE's
+    ``PROCESS_<n>:ENVIRONMENT_VARIABLE``, TARGET_INFO_SYSTEM_ENV's ``DeviceEnvironment``);
+    "" for a table without name and value columns. ``columns``: lower-case name -> name."""
+    if "name" in columns and "value" in columns:
+        return f"upper({quote_ident(columns['name'])}) LIKE '%ENVIRONMENT%'"
+    return ""
 
 
 def _plan_sqlite(conn: sqlite3.Connection, tables: Iterable[str], rules: Rules) -> list[_Change]:
@@ -64,21 +70,21 @@ def _plan_sqlite(conn: sqlite3.Connection, tables: Iterable[str], rules: Rules) 
     for table in tables:
         columns = [r[1] for r in conn.execute(f"PRAGMA table_info({quote_ident(table)})")]
         lower = {c.lower(): c for c in columns}
-        if "name" in lower and "value" in lower:  # TARGET_INFO_SYSTEM_ENV: ("Hostname", "gpu-node-7")
+        env_rows = env_rows_condition(lower)
+        if env_rows:  # TARGET_INFO_SYSTEM_ENV: ("Hostname", "gpu-node-7"), ("DeviceEnvironment", "A=1;B=2")
             n, v = quote_ident(lower["name"]), quote_ident(lower["value"])
             if conn.execute(f"SELECT count(*) FROM {quote_ident(table)} WHERE upper({n}) LIKE '%HOSTNAME%' "
                             f"AND {v} IS NOT ?", (HOST_MARKER,)).fetchone()[0]:
                 changes.append(_Change(table, lower["value"], lower["name"], HOST_MARKER, "hostrow"))
-        if is_meta_table(table, columns):
-            value = next(c for c in columns if c.lower() == "value")
-            pending = conn.execute(
-                f"SELECT count(*) FROM {quote_ident(table)} WHERE name LIKE '%ENVIRONMENT%' AND {quote_ident(value)} IS NOT ?",
-                (MARKER,),
-            ).fetchone()[0]
-            if pending:
-                changes.append(_Change(table, value, None, MARKER, "meta"))
+            for name, value in conn.execute(f"SELECT DISTINCT {n}, {v} FROM {quote_ident(table)} "
+                                            f"WHERE {env_rows} AND typeof({v}) = 'text'"):
+                new = rules.filter_environment(value)  # down to kvprof's allow-list
+                if new != value:
+                    changes.append(_Change(table, lower["value"], value, new, "envrow", (lower["name"], name)))
         for col in columns:
-            sql = f"SELECT DISTINCT {quote_ident(col)} FROM {quote_ident(table)} WHERE typeof({quote_ident(col)}) IN ('text','blob')"
+            skip = f" AND NOT coalesce({env_rows}, 0)" if env_rows and col == lower["value"] else ""
+            sql = (f"SELECT DISTINCT {quote_ident(col)} FROM {quote_ident(table)} "
+                   f"WHERE typeof({quote_ident(col)}) IN ('text','blob'){skip}")
             for (value,) in conn.execute(sql):
                 if isinstance(value, str):
                     new, reason = rules.scrub(value)
@@ -89,36 +95,60 @@ def _plan_sqlite(conn: sqlite3.Connection, tables: Iterable[str], rules: Rules) 
     return changes
 
 
-def _apply(conn: sqlite3.Connection, changes: list[_Change], report: ScrubReport) -> None:
-    serial = 0
+# UNIQUE or PRIMARY KEY: two values replaced by the same marker collide; a number makes each
+# distinct. Any other refusal (CHECK, NOT NULL, a trigger's RAISE) no marker can satisfy.
+_UNIQUE_ERRORS = frozenset({"SQLITE_CONSTRAINT_UNIQUE", "SQLITE_CONSTRAINT_PRIMARYKEY"})
+MAX_MARKER_TRIES = 100
+
+
+def _first_free_serial(conn: sqlite3.Connection, table: str, column: str) -> int:
+    """One past the markers already numbered in this column (a file scrubbed before)."""
+    sql = f"SELECT count(*) FROM {quote_ident(table)} WHERE {quote_ident(column)} LIKE ?"
+    return int(conn.execute(sql, (MARKER[:-1] + "%",)).fetchone()[0])
+
+
+def _update_value(conn: sqlite3.Connection, ch: _Change, state: dict[tuple[str, str], int], path: Path) -> int:
+    """UPDATE one value everywhere it occurs; rows changed. A UNIQUE collision gets a numbered
+    marker (at most MAX_MARKER_TRIES tries); any other constraint is a one-line TraceError."""
+    t, c = quote_ident(ch.table), quote_ident(ch.column)
+    where, params = f"{c} = ?", [ch.old]
+    if ch.name is not None:  # one environment row's value: only where the name matches too
+        where, params = where + f" AND {quote_ident(ch.name[0])} = ?", params + [ch.name[1]]
+    new = ch.new
+    for _ in range(MAX_MARKER_TRIES):
+        try:
+            return conn.execute(f"UPDATE {t} SET {c} = ? WHERE {where}", (new, *params)).rowcount
+        except sqlite3.IntegrityError as exc:
+            if getattr(exc, "sqlite_errorname", "") not in _UNIQUE_ERRORS:
+                raise TraceError(f"{path}: cannot replace a value in {ch.table}.{ch.column}: the file refuses it "
+                                 f"({' '.join(str(exc).split())[:120]}); original kept") from None
+            key = (ch.table, ch.column)
+            state[key] = state.get(key) or _first_free_serial(conn, ch.table, ch.column)
+            state[key] += 1
+            new = f"{MARKER} #{state[key]}" if isinstance(ch.new, str) else f"{MARKER} #{state[key]}".encode()
+    raise TraceError(f"{path}: cannot replace a value in {ch.table}.{ch.column}: {MAX_MARKER_TRIES} markers "
+                     "collided with values already there; original kept")
+
+
+def _apply(conn: sqlite3.Connection, changes: list[_Change], report: ScrubReport, path: Path) -> None:
+    serials: dict[tuple[str, str], int] = {}
     for ch in changes:
         t, c = quote_ident(ch.table), quote_ident(ch.column)
-        if ch.reason == "meta":
-            cur = conn.execute(
-                f"UPDATE {t} SET {c} = ? WHERE name LIKE '%ENVIRONMENT%' AND {c} IS NOT ?",
-                (MARKER, MARKER),
-            )
-            report.env_rows += cur.rowcount
+        if ch.reason == "envrow":
+            report.env_rows += _update_value(conn, ch, serials, path)
             continue
         if ch.reason == "hostrow":  # ``old`` holds the name column here
             cur = conn.execute(f"UPDATE {t} SET {c} = ? WHERE upper({quote_ident(ch.old)}) LIKE '%HOSTNAME%' AND {c} IS NOT ?",
                                (HOST_MARKER, HOST_MARKER))
             report.hosts += cur.rowcount
             continue
-        new = ch.new
-        while True:
-            try:
-                cur = conn.execute(f"UPDATE {t} SET {c} = ? WHERE {c} = ?", (new, ch.old))
-                break
-            except sqlite3.IntegrityError:  # a UNIQUE column: make each marker distinct
-                serial += 1
-                new = f"{MARKER} #{serial}"
+        rows = _update_value(conn, ch, serials, path)
         if ch.reason == "home":
-            report.paths += cur.rowcount
+            report.paths += rows
         elif ch.reason == "host":
-            report.hosts += cur.rowcount
+            report.hosts += rows
         else:
-            report.strings += cur.rowcount
+            report.strings += rows
 
 
 def scrub_sqlite(path: Path, rules: Rules) -> ScrubReport:
@@ -146,7 +176,7 @@ def scrub_sqlite(path: Path, rules: Rules) -> ScrubReport:
                 dst.execute("PRAGMA journal_mode=DELETE")
                 dst.execute("PRAGMA secure_delete=ON")
                 with dst:
-                    _apply(dst, changes, report)
+                    _apply(dst, changes, report, path)
                 dst.execute("VACUUM")
                 after = _check(dst, tmp)
                 left = dst.execute("PRAGMA freelist_count").fetchone()[0]
@@ -162,7 +192,7 @@ def scrub_sqlite(path: Path, rules: Rules) -> ScrubReport:
                     f"{path}: the value of {', '.join(still)} is still in the file after scrubbing; original kept"
                 )
     except sqlite3.Error as exc:
-        raise TraceError(f"{path}: cannot scrub the SQLite file: {exc}") from None
+        raise TraceError(f"{path}: cannot scrub the SQLite file: {' '.join(str(exc).split())[:200]}; original kept") from None
     finally:
         src.close()
     for side in files[1:]:

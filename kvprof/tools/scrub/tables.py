@@ -7,7 +7,7 @@ from typing import Any
 
 from kvprof.core.atomic import atomic_path
 from kvprof.core.errors import TraceError
-from kvprof.tools.scrub.rules import Rules, ScrubReport, total_size
+from kvprof.tools.scrub.rules import Rules, ScrubReport, too_big, total_size
 
 # ---------------------------------------------------------------- documents and tables in memory
 
@@ -82,6 +82,9 @@ def scrub_parquet(path: Path, rules: Rules) -> ScrubReport:
 
     report = ScrubReport(path, "parquet", bytes_before=total_size([path]))
     try:
+        meta = pq.ParquetFile(path).metadata
+        if sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)) > rules.max_bytes:
+            raise too_big(path, rules.max_bytes, "decompresses to")
         table = pq.read_table(path)
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         raise TraceError(f"{path}: not readable Parquet ({' '.join(str(exc).split())[:200]})") from None

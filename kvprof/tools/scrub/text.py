@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from collections.abc import Iterable, Mapping
@@ -15,7 +16,9 @@ from kvprof.core.atomic import atomic_path
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.tools import envsafe
-from kvprof.tools.scrub.rules import GZIP_MAGIC, HOST_KEYS, HOST_MARKER, MARKER, Rules, ScrubReport, TOKEN_BYTES, find_in, find_values, total_size
+from kvprof.tools.scrub.rules import (B64_RUN_BYTES, DEFAULT_MAX_BYTES, GZIP_MAGIC, HEX_RUN_BYTES, HOST_KEYS, HOST_MARKER,
+                                     MARKER, PERCENT_BYTES, Rules, ScrubReport, TOKEN_BYTES, find_in, find_values, too_big,
+                                     total_size)
 
 # ---------------------------------------------------------------- JSON / Chrome traces
 
@@ -31,7 +34,7 @@ _NAME_BYTE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 _JSON_HOST_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in HOST_KEYS) + rb')"\s*:\s*"')
 
 
-def _candidates(data: bytes, literals: Iterable[bytes]) -> Iterable[int]:
+def _candidates(data: bytes, literals: Iterable[bytes], rules: Rules) -> Iterable[int]:
     for m in re.finditer(rb"=", data):
         if m.start() and data[m.start() - 1] in _NAME_BYTE:
             yield m.start()
@@ -44,6 +47,12 @@ def _candidates(data: bytes, literals: Iterable[bytes]) -> Iterable[int]:
     for lit in literals:
         if lit:
             for m in re.finditer(re.escape(lit), data, re.IGNORECASE):
+                yield m.start()
+    for m in PERCENT_BYTES.finditer(data):
+        yield m.start()
+    for rx in (B64_RUN_BYTES, HEX_RUN_BYTES):  # a token whose variable is not set, encoded
+        for m in rx.finditer(data):
+            if rules.encoded_run(m.group()):
                 yield m.start()
 
 
@@ -71,7 +80,7 @@ def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes]
     """Replacements (span -> new literal) for every string literal the rules change, and how
     many were secrets (env), home paths and host names."""
     spans: set[tuple[int, int]] = set()
-    for i in _candidates(data, rules.literals()):
+    for i in _candidates(data, rules.literals(), rules):
         span = _literal_at(data, i)
         if span is not None:
             spans.add(span)
@@ -112,19 +121,72 @@ def _apply_edits(data: bytes, edits: Mapping[tuple[int, int], bytes]) -> bytes:
     return b"".join(out)
 
 
-def read_json_bytes(path: Path) -> tuple[bytes, bool]:
+_CHUNK = 1 << 24
+
+
+def read_bounded(path: Path, max_bytes: int, gunzip: bool = True) -> tuple[bytes, bool]:
+    """(content, was gzipped): a gzip file is decompressed as a stream and refused past
+    ``max_bytes`` (ResourceError), so a small bomb never fills the memory; so is a plain file.
+    ``gunzip=False``: the bytes as they are (a log is rewritten as it was stored)."""
     with open_regular(path) as fh:
-        raw = fh.read()
-    if not raw.startswith(GZIP_MAGIC):
-        if path.name.endswith(".gz"):
-            raise TraceError(f"{path}: not a gzip file")
-        return raw, False
-    try:
-        return gzip.decompress(raw), True
-    except EOFError:
-        raise TraceError(f"{path}: truncated gzip file (it ends before the end of its data)") from None
-    except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-        raise TraceError(f"{path}: corrupt gzip file ({exc})") from None
+        gzipped = gunzip and fh.read(2) == GZIP_MAGIC
+        fh.seek(0)
+        if not gzipped:
+            if os.fstat(fh.fileno()).st_size > max_bytes:
+                raise too_big(path, max_bytes)
+            return fh.read(), False
+        chunks: list[bytes] = []
+        total = 0
+        try:
+            with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
+                while chunk := gz.read(_CHUNK):  # read(huge) would allocate all of it at once
+                    total += len(chunk)
+                    if total > max_bytes:
+                        raise too_big(path, max_bytes, "decompresses to")
+                    chunks.append(chunk)
+        except EOFError:
+            raise TraceError(f"{path}: truncated gzip file (it ends before the end of its data)") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise TraceError(f"{path}: corrupt gzip file ({exc})") from None
+    return b"".join(chunks), True
+
+
+def read_json_bytes(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, bool]:
+    data, gzipped = read_bounded(path, max_bytes)
+    if not gzipped and path.name.endswith(".gz"):
+        raise TraceError(f"{path}: not a gzip file")
+    return data, gzipped
+
+
+def split_secret_strings(doc: Any, rules: Rules) -> list[tuple[Any, Any]]:
+    """(container, key or index) of every string that holds part of a secret cut across
+    adjacent strings of one array, or adjacent values of one object (``Rules.split_secrets``)."""
+    out: list[tuple[Any, Any]] = []
+    memo: dict[tuple[str, ...], list[tuple[int, int]]] = {}  # events repeat their strings
+    stack = [doc]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, dict):
+            keys, values = list(cur), list(cur.values())
+        elif isinstance(cur, list):
+            keys, values = list(range(len(cur))), cur
+        else:
+            continue
+        run: list[int] = []  # positions of the current run of adjacent strings
+        for i, v in enumerate([*values, None]):
+            if isinstance(v, str):
+                run.append(i)
+                continue
+            if len(run) > 1:
+                parts = tuple(values[j] for j in run)
+                if parts not in memo:
+                    memo[parts] = rules.split_secrets(list(parts))
+                for first, last in memo[parts]:
+                    out += [(cur, keys[j]) for j in run[first:last + 1]]
+            run = []
+            if isinstance(v, (dict, list)):
+                stack.append(v)
+    return out
 
 
 def parse_json(data: bytes, path: Path) -> Any:
@@ -140,15 +202,25 @@ def scrub_json(path: Path, rules: Rules) -> ScrubReport:
     result is parsed before it replaces the original (a file left unchanged is not
     parsed: scrub is not a validator, and a full parse of a big trace takes seconds)."""
     report = ScrubReport(path, "json", bytes_before=total_size([path]))
-    data, gzipped = read_json_bytes(path)
+    data, gzipped = read_json_bytes(path, rules.max_bytes)
     if data.lstrip()[:1] not in (b"{", b"["):
         raise TraceError(f"{path}: not JSON (it does not start with {{ or [)")
     edits, report.strings, report.paths, report.hosts = _json_edits(data, rules)
     needles = rules.needles()
-    if not edits and not find_in(data, needles):
+    out = _apply_edits(data, edits) if edits else data
+    try:
+        doc = orjson.loads(out)
+    except orjson.JSONDecodeError:
+        doc = None  # not parsed, so not rewritten for this; the check that follows says why
+    split = split_secret_strings(doc, rules) if doc is not None else []
+    if split:
+        for container, key in split:
+            container[key] = MARKER
+        report.strings += len(split)
+        out = orjson.dumps(doc)  # the byte layout is not kept for this one: a re-serialisation
+    if out is data and not find_in(data, needles):
         report.bytes_after = report.bytes_before
         return report
-    out = _apply_edits(data, edits)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             if gzipped:
@@ -156,7 +228,7 @@ def scrub_json(path: Path, rules: Rules) -> ScrubReport:
                     gz.write(out)
             else:
                 fh.write(out)
-        written, _ = read_json_bytes(tmp)
+        written, _ = read_json_bytes(tmp, max(rules.max_bytes, len(out)))
         parse_json(written, path)  # also rejects a truncated input: only literals were edited
         if written != out or find_in(written, needles) or find_values([tmp], needles):
             raise TraceError(f"{path}: verification of the scrubbed copy failed; original kept")
@@ -171,8 +243,7 @@ def scrub_json(path: Path, rules: Rules) -> ScrubReport:
 def scrub_text(path: Path, rules: Rules) -> ScrubReport:
     """Scrub a log line by line: environment lines go whole, home paths become ~."""
     report = ScrubReport(path, "text", bytes_before=total_size([path]))
-    with open_regular(path) as fh:
-        text = fh.read().decode("utf-8", errors="surrogateescape")
+    text = read_bounded(path, rules.max_bytes, gunzip=False)[0].decode("utf-8", errors="surrogateescape")
     lines = text.splitlines(keepends=True)
     out = []
     for line in lines:

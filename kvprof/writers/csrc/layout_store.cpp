@@ -60,6 +60,8 @@ void mla_store(at::Tensor buf, at::Tensor loc, at::Tensor nope, at::Tensor rope,
   TORCH_CHECK(buf.is_cuda() && buf.is_contiguous(), "layout_store: the MLA buffer must be a contiguous CUDA tensor");
   TORCH_CHECK(loc.is_cuda() && (loc.scalar_type() == at::kLong || loc.scalar_type() == at::kInt),
               "layout_store: loc must be int32/int64 on CUDA");
+  TORCH_CHECK(loc.dim() == 1 && (loc.stride(0) == 1 || tokens == 1),
+              "layout_store: loc must be 1-D and contiguous (the kernel reads consecutive slots)");
   const int kind = in_kind_of(nope.scalar_type());
   TORCH_CHECK(kind >= 0 && rope.scalar_type() == nope.scalar_type(), "layout_store: nope/rope must be fp32/bf16/fp16");
   const int64_t R = nope.size(-1), P = rope.size(-1), rows = buf.size(0);
@@ -85,6 +87,8 @@ void paged_store(at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, at::T
               "layout_store: the caches must be contiguous CUDA tensors");
   TORCH_CHECK(slots.is_cuda() && (slots.scalar_type() == at::kLong || slots.scalar_type() == at::kInt),
               "layout_store: slot_mapping must be int32/int64 on CUDA");
+  TORCH_CHECK(slots.dim() == 1 && (slots.stride(0) == 1 || tokens == 1),
+              "layout_store: slot_mapping must be 1-D and contiguous (the kernel reads consecutive slots)");
   const int kind = in_kind_of(key.scalar_type());
   TORCH_CHECK(kind >= 0 && value.scalar_type() == key.scalar_type(), "layout_store: key/value must be fp32/bf16/fp16");
   const int64_t row = k_cache.size(2) * k_cache.size(3);

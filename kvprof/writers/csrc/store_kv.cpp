@@ -96,6 +96,19 @@ bool rows_contiguous(const at::Tensor& t) {
   return true;
 }
 
+// Whether the bytes `t` can touch meet those of `buf` (contiguous): torch strides are never
+// negative, so t's bytes run from its first one to the end of its last element.
+bool shares_bytes(const at::Tensor& t, const at::Tensor& buf) {
+  if (t.numel() == 0 || buf.numel() == 0) return false;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const auto hi = lo + static_cast<uintptr_t>((last + 1) * t.element_size());
+  const auto buf_lo = reinterpret_cast<uintptr_t>(buf.data_ptr());
+  const auto buf_hi = buf_lo + static_cast<uintptr_t>(buf.numel() * buf.element_size());
+  return lo < buf_hi && buf_lo < hi;
+}
+
 }  // namespace
 
 // k_out/v_out: the pool's storage buffers (uint8 for fp8 caches), contiguous, [rows, ...].
@@ -135,6 +148,10 @@ void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor
   TORCH_CHECK(k_in.scalar_type() == v_in.scalar_type(), "cuda_fused: k and v inputs differ in dtype");
   TORCH_CHECK(k_out.scalar_type() == v_out.scalar_type(), "cuda_fused: k and v buffers differ in dtype");
   TORCH_CHECK(k_out.size(0) == v_out.size(0), "cuda_fused: k and v buffers differ in rows");
+  // An input that shares memory with a buffer would be read while it is overwritten.
+  TORCH_CHECK(!shares_bytes(k_in, k_out) && !shares_bytes(k_in, v_out) && !shares_bytes(v_in, k_out) &&
+                  !shares_bytes(v_in, v_out) && !shares_bytes(loc, k_out) && !shares_bytes(loc, v_out),
+              "cuda_fused: an input shares memory with a cache buffer");
   TORCH_CHECK(threads >= 32 && threads <= 512 && (threads & (threads - 1)) == 0,
               "cuda_fused: threads must be a power of two in [32, 512]");
   TORCH_CHECK(blocks_per_sm >= 1, "cuda_fused: blocks_per_sm must be >= 1");

@@ -1,0 +1,191 @@
+"""What every capture (one process, ``--ranks N``, the nsys child) decides before it runs: the
+variants and why one cannot run here, the manifest's base, the decoder context, whether
+the output may be replaced; and what a finished capture returns.
+
+Capture writes a run and analyses nothing: ``CapturedRun`` is the run directory, its
+manifest and the parts that failed but were kept; ``kvprof.api.capture`` opens and
+analyses it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import kvprof
+from kvprof.capture.config import CaptureConfig
+from kvprof.capture.runtime import Runtime
+from kvprof.core.errors import DeviceError, KvprofError, OutputError, UsageError
+from kvprof.core.run import Manifest, VariantEntry
+from kvprof.core.rundir import RunDir
+from kvprof.devinfo import device_properties, versions
+from kvprof.layer import DecoderContext, weight_bytes
+from kvprof.layouts.layout import Writer, get_layout
+from kvprof.layouts.registry import create_variant
+from kvprof.writers import KVWriter
+
+
+@dataclass
+class CapturedRun:
+    """A finished capture: its run directory (renamed into place), its manifest, and the parts
+    that failed while the run was kept (the nsys pass; the exit code says so)."""
+
+    run_dir: Path
+    manifest: Manifest
+    problems: list[KvprofError] = field(default_factory=list)
+
+
+@dataclass
+class PlannedVariant:
+    name: str
+    writer: Writer
+    reason: str | None  # None: runnable here
+
+
+def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVariant]:
+    """Build each writer and ask whether it can run here; an explicitly named one must.
+    A default variant that would only repeat another's kernel here (store_kv_fused on a CPU
+    is triton_fused's kernel) is left out with that reason: same writes, twice the time."""
+    cache, inp = config.cache_torch_dtype(), config.input_torch_dtype()
+    planned: list[PlannedVariant] = []
+    for name in config.variants:
+        try:
+            writer = create_variant(config.layout_name(), name, **config.writer_options.get(name, {}))
+        except KvprofError as exc:
+            if name in config.required_variants:
+                raise
+            planned.append(PlannedVariant(name, _Unavailable(name), str(exc)))
+            continue
+        reason = writer.unsupported_reason(device, cache, inp) or _rope_reason(config, writer)
+        if reason and name in config.required_variants:
+            raise DeviceError(f"variant {name} cannot run on {device}: {reason}")
+        if reason is None and name not in config.required_variants:
+            reason = _repeats(writer, device, planned)
+        planned.append(PlannedVariant(writer.name, writer, reason))
+    if not any(p.reason is None for p in planned):
+        why = "; ".join(f"{p.name}: {p.reason}" for p in planned)
+        raise DeviceError(f"none of the variants can run on {device} ({why})")
+    return planned
+
+
+def _rope_reason(config: CaptureConfig, writer: Writer) -> str | None:
+    """Why a rope + store writer cannot run in this capture, or None: its session writes only,
+    on one rank (``kvprof.capture.rope_session``)."""
+    if config.layout_name() != "mha" or get_layout("mha").contract_of(writer) != "rope":
+        return None
+    if config.context == "layer":
+        return "it rotates q and k with the write; --context layer rotates them in its own layers (capture writes only)"
+    if config.ranks is not None:
+        return "rope + store writes are captured on one rank (no --ranks)"
+    return None
+
+
+def _repeats(writer: Writer, device: torch.device, planned: list[PlannedVariant]) -> str | None:
+    """Why ``writer`` would repeat a variant already planned to run here, or None."""
+    kernel_for = getattr(writer, "kernel_for", None)  # writers that pick one of two kernels per call
+    if kernel_for is None:
+        return None
+    eager, captured = kernel_for(device, captured=False), kernel_for(device, captured=True)
+    same = eager if eager == captured else None
+    if same and same != writer.name and any(p.name == same and p.reason is None for p in planned):
+        return f"on {device.type} it runs {same}'s kernel, the same writes; --variants {writer.name} runs it anyway"
+    return None
+
+
+class _Unavailable(KVWriter):
+    """Stands in for a writer that could not even be built, so the manifest can say why."""
+
+    description = "could not be built"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, *args: Any, **kwargs: Any) -> str:  # pragma: no cover - never planned to run
+        raise RuntimeError(f"{self.name} is unavailable")
+
+
+def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None) -> Manifest:
+    phases = config.phase_specs(graphs_possible=device.type == "cuda")
+    settings = config.as_dict()
+    if runtime is not None:
+        settings["threads"] = runtime.threads
+        settings["resolved"]["triton_interpret"] = runtime.triton_interpret
+    return Manifest(
+        kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
+        config=settings, phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
+    )
+
+
+def variant_entry(p: PlannedVariant) -> VariantEntry:
+    """The manifest's entry for a planned variant; ``interpreted`` where its kernel runs under
+    Triton's interpreter (on the host, in numpy: its times are not a GPU's)."""
+    info = p.writer.info()
+    entry = VariantEntry(available=p.reason is None, reason=p.reason, description=info.description,
+                         fused_claim=info.fused)
+    if p.reason is None and info.extra.get("interpreted"):
+        entry.extra["interpreted"] = True
+    if info.extra.get("rope"):  # a rope + store writer: "fused" (one launch) or "separate"
+        entry.extra["rope"] = info.extra["rope"]
+    return entry
+
+
+def _memory_available(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * 0.8)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 0.5)
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext | None:
+    """The decoder layers around the writes (``--context layer``), once per capture; refused
+    before allocating when its weights would not fit."""
+    if config.context != "layer":
+        return None
+    shape = config.rank_shape()
+    dtype = config.input_torch_dtype()
+    need, have = weight_bytes(shape, dtype), _memory_available(device)
+    if need > have:
+        raise UsageError(
+            f"--context layer for {shape.model} at tp {shape.tp} needs {need / 2**30:.1f} GiB of weights on "
+            f"{device}, more than the {have / 2**30:.1f} GiB available; pick a smaller --model or a larger --tp")
+    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed)
+
+
+def check_replaceable(final: Path, force: bool) -> None:
+    """Before any work: an existing ``final`` needs --force, and --force replaces only a run
+    directory (one holding manifest.json) or an empty folder, never some other folder."""
+    if not (final.exists() or final.is_symlink()):
+        return
+    if not force:
+        raise OutputError(f"cannot write {final}: it already exists (pass --force to replace it, "
+                          "or choose another --run-id)")
+    if final.is_symlink() or not final.is_dir():
+        raise OutputError(f"cannot replace {final}: it is not a folder")
+    if not RunDir(final).is_run() and any(final.iterdir()):
+        raise OutputError(f"cannot replace {final}: it is not a kvprof run directory (no {RunDir.MANIFEST}); "
+                          "--force replaces only run directories")
+
+
+def scrub_manifest(manifest: Manifest) -> Manifest:
+    """The manifest as it may be shared: the scrub rules on every string (it names $HOME paths)."""
+    from kvprof.tools.scrub import Rules, scrub_document
+
+    return Manifest.from_json(scrub_document(manifest.to_json(), Rules()))
+
+
+def scrub_files(folder: Path) -> list[str]:
+    """Scrub every file of a run being written; what each changed one had (for the manifest)."""
+    from kvprof.tools.scrub import scrub_path
+
+    return [str(r) for f in sorted(folder.iterdir()) if f.is_file() and (r := scrub_path(f)) is not None and r.changed]
+
+
+__all__ = ["CapturedRun", "PlannedVariant", "base_manifest", "check_replaceable", "make_context", "plan_variants",
+           "scrub_files", "scrub_manifest", "variant_entry"]
