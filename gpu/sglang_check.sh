@@ -2,7 +2,7 @@
 # kvprof inside SGLang's real package on one H200, in one call of at most 10 minutes:
 #   on a machine with network, once:   bash gpu/fetch_sglang_wheels.sh   (fills .whl/, ~34 MB; see that script)
 #   on the GPU machine, with .whl beside the checkout (and .gpu from gpu/prepare_carry.sh for nsys):
-#     bash gpu/sglang_check.sh [steps...]     steps (default all): install pool nsys bench
+#     bash gpu/sglang_check.sh [steps...]     steps (default all): install pool rope nsys bench
 # Results under $OUT: sglang-check.txt (the log), sglang-results.tgz (traces, sidecars,
 # kvprof analyze outputs, bench.json/csv). Each step is time-boxed so a slow one still
 # leaves the others' results.
@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 LOG="$OUT/sglang-check.txt"
 WORK=/tmp/kvprof-sglang-work
 mkdir -p "$WORK"
-steps=${*:-install pool nsys bench}
+steps=${*:-install pool rope nsys bench}
 stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
 [ -f .gpu/env.sh ] && source .gpu/env.sh
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -46,6 +46,16 @@ PY
       d="$WORK/torch-$w"; rm -rf "$d"; mkdir -p "$d"
       ( [ "$w" = sglang ] || export KVPROF_SGLANG_WRITER=$w
         timeout 150 python3 gpu/sglang_pool.py --out "$d" --profiler torch ) 2>&1 | tee -a "$LOG"
+      timeout 60 python3 -m kvprof analyze "$d" --out "$d/analysis" 2>&1 | tee -a "$LOG"
+    done
+    ;;
+  rope)
+    stamp "rope: a fused-rope model's writes (SGLang's CUDA rotary embedding with FusedSetKVBufferArg), SGLang's own, then KVPROF_SGLANG_WRITER=rope_triton_fused"
+    for w in sglang rope_triton_fused; do
+      d="$WORK/rope-$w"; rm -rf "$d"; mkdir -p "$d"
+      ( [ "$w" = sglang ] || export KVPROF_SGLANG_WRITER=$w
+        timeout 240 python3 gpu/sglang_pool.py --path rope --out "$d" ) 2>&1 | tee -a "$LOG"
+      echo "rope ($w) exit: ${PIPESTATUS[0]}" | tee -a "$LOG"
       timeout 60 python3 -m kvprof analyze "$d" --out "$d/analysis" 2>&1 | tee -a "$LOG"
     done
     ;;

@@ -1,5 +1,6 @@
 """kvprof's plugin inside SGLang's real package: its MHATokenToKVPool on CPU, the plugin loaded
-through SGLang's own ``load_plugins()``.
+through SGLang's own ``load_plugins()``; and its rotary embedding with the KV store fused in
+(``ROPE_SCENARIO``, see its test for what is real there).
 
 Each scenario runs in a fresh process (SGLang loads plugins once per process and patches its
 classes for good): pool A writes before the plugin loads, pool B the same writes after, under
@@ -96,11 +97,104 @@ json.dump({"hooked": hooked, "same": same, "written": written, "calls": len(call
 '''
 
 
-def _scenario(tmp_path: Path, writer: str | None) -> tuple[dict, Path]:
+# SGLang's rotary embedding with FusedSetKVBufferArg, as Qwen3-MoE / GPT-OSS call it on CUDA with a
+# bf16 cache. What runs is SGLang's own: get_rope's RotaryEmbedding (built as on CUDA: JIT kernel,
+# float32 cos/sin table), its forward() dispatch pinned to forward_cuda, create_fused_set_kv_buffer_arg
+# inside a forward context, apply_rope_with_cos_sin_cache_inplace, the MHATokenToKVPool. What
+# cannot run on a CPU is the JIT CUDA op at the bottom (apply_rope_inplace[_with_kvcache]): the
+# stand-ins below take its place, kvprof's float32 reference rounded once to bf16, then the store.
+ROPE_SCENARIO = r'''
+import json, os, sys, torch
+out = sys.argv[1]
+import sglang.kernels.ops.attention.rope as sgl_rope
+from sglang.srt.layers.rotary_embedding import base as rotary_base
+from sglang.srt.layers.rotary_embedding.factory import get_rope
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.models.utils import create_fused_set_kv_buffer_arg
+from sglang.srt.plugins import load_plugins
+from kvprof.writers.rope_reference import rope_reference
+
+def cpu_rope(q, k, cos_sin_cache, positions, *, is_neox, rope_dim=0):  # for SGLang's JIT apply_rope_inplace
+    rq, rk = rope_reference(q, k, cos_sin_cache, positions, is_neox, rope_dim or None)
+    q.copy_(rq)
+    k.copy_(rk)
+
+def cpu_rope_store(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, *, is_neox, rope_dim=0):
+    cpu_rope(q, k, cos_sin_cache, positions, is_neox=is_neox, rope_dim=rope_dim)  # ... and its _with_kvcache
+    k_cache[out_loc] = k.reshape(k.shape[0], -1)
+    v_cache[out_loc] = v.reshape(v.shape[0], -1)
+
+sgl_rope.apply_rope_inplace = cpu_rope
+sgl_rope.apply_rope_inplace_with_kvcache = cpu_rope_store
+# base.py binds the wrapper only where CUDA is available; SGLang's hooks follow such bindings
+rotary_base.apply_rope_with_cos_sin_cache_inplace = sgl_rope.apply_rope_with_cos_sin_cache_inplace
+HQ, HK, D, LAYERS = 4, 2, 64, 3
+rotary_base._is_cuda = True  # the constructor decides as on CUDA: the JIT kernel, a float32 table
+try:
+    rotary = get_rope(D, D, 4096, 10000, True, dtype=torch.bfloat16)
+finally:
+    rotary_base._is_cuda = False
+assert not rotary.use_fallback_kernel and rotary.cos_sin_cache.dtype == torch.float32
+rotary._forward_method = rotary.forward_cuda  # what BaseFusedOp's dispatch picks on CUDA
+
+class Attn:  # what create_fused_set_kv_buffer_arg reads of SGLang's RadixAttention
+    def __init__(self, i): self.layer_id, self.k_scale, self.v_scale = i, None, None
+
+class Backend:
+    def __init__(self, pool): self.token_to_kv_pool = pool
+
+class Batch:
+    def __init__(self, loc): self.out_cache_loc = loc
+
+g = torch.Generator().manual_seed(0)
+calls = []  # (layer, positions, loc, q, k, v, fused)
+for tokens in (1, 4, 7):  # three steps
+    loc = torch.randperm(95, generator=g)[:tokens] + 1
+    pos = torch.randint(0, 4096, (tokens,), generator=g)
+    for layer in range(LAYERS):
+        q = torch.randn(tokens, HQ * D, generator=g).bfloat16()
+        k = torch.randn(tokens, HK * D, generator=g).bfloat16()
+        v = torch.randn(tokens, HK * D, generator=g).bfloat16()
+        calls.append((layer, pos, loc, q, k, v, True))
+    calls.append((0, pos, loc, q, k, v, False))  # the rotary embedding alone: no write
+
+def pool():
+    return MHATokenToKVPool(size=96, page_size=1, dtype=torch.bfloat16, head_num=HK, head_dim=D,
+                            layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+
+def run(p):
+    outs = []
+    with forward_context(ForwardContext(attn_backend=Backend(p))):
+        for layer, pos, loc, q, k, v, fused in calls:
+            q, k = q.clone(), k.clone()
+            arg = create_fused_set_kv_buffer_arg(v, Attn(layer), Batch(loc)) if fused else None
+            outs += list(rotary(pos, q, k, fused_set_kv_buffer_arg=arg))
+    return outs
+
+a = pool()
+out_a = run(a)
+load_plugins()
+hooked = hasattr(sgl_rope.apply_rope_with_cos_sin_cache_inplace, "__wrapped__")
+bound = rotary_base.apply_rope_with_cos_sin_cache_inplace is sgl_rope.apply_rope_with_cos_sin_cache_inplace
+b = pool()
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    out_b = run(b)
+prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
+same = all(torch.equal(x, y) for x, y in zip(a.k_buffer + a.v_buffer, b.k_buffer + b.v_buffer))
+same_qk = len(out_a) == len(out_b) and all(torch.equal(x, y) for x, y in zip(out_a, out_b))
+written = all(bool(x.view(torch.uint8).any()) for x in b.k_buffer + b.v_buffer)
+json.dump({"hooked": hooked and bound, "same": same, "same_qk": same_qk, "written": written},
+          open(os.path.join(out, "result.txt"), "w"))
+'''
+
+
+def _scenario(tmp_path: Path, writer: str | None, code: str = SCENARIO) -> tuple[dict, Path]:
     prof = tmp_path / "sglang_profile"
     prof.mkdir()
     script = tmp_path / "scenario.py"
-    script.write_text(SCENARIO)
+    script.write_text(code)
     env = {**os.environ, "KVPROF_SGLANG": "1", "SGLANG_PLUGINS": "kvprof", "KVPROF_SGLANG_DIR": str(prof),
            "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("KVPROF_SGLANG_WRITER", None)
@@ -168,6 +262,42 @@ def test_plugin_in_sglang_pool(tmp_path: Path, writer: str | None, capsys: pytes
     writes = pd.read_parquet(out / "writes.parquet")
     assert (writes["variant"] == variant).sum() == 18
     assert sorted(writes.loc[writes["variant"] == variant, "layer"].unique().tolist()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("writer", [None, "rope_triton_fused"])
+def test_fused_rope_writes_counted_ranged_and_routed(tmp_path: Path, writer: str | None,
+                                                     capsys: pytest.CaptureFixture[str]):
+    """A fused-rope model's writes never call set_kv_buffer: the rope hook counts and ranges
+    them per layer, and KVPROF_SGLANG_WRITER=rope_triton_fused (Triton's interpreter here)
+    writes what SGLang's path writes: the pool and the rotated q/k bit for bit against the
+    stand-in, kvprof's float32 reference rounded once to bf16."""
+    result, prof = _scenario(tmp_path, writer, ROPE_SCENARIO)
+    assert result["hooked"], "load_plugins() did not hook SGLang's rope + store function"
+    assert result["written"], "the writes did not land"
+    assert result["same"] and result["same_qk"], "the plugin changed what landed or how q/k were rotated"
+
+    layers, steps = 3, 3
+    variant = writer or "sglang_fused_rope"
+    names = _range_names(prof / "1790857026.5-TP-0.trace.json.gz")
+    assert len(names) == layers * steps  # the rope-only calls have no range
+    assert sorted(names) == sorted(f"set_kv_buffer[{variant}] L{i}" for i in range(layers) for _ in range(steps))
+
+    (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
+    side = json.loads(sidecar.read_text())
+    assert "apply_rope_with_cos_sin_cache_inplace" in side["hooked"] and side["writer"] == writer
+    assert side["write_paths"] == {"fused into rope": layers * steps}
+    assert side["paths"] == ({f"writer:{writer}:fused_into_rope": 9} if writer else {"sglang:fused_into_rope": 9})
+    assert not side["fallbacks"] and not side["unattributed"]
+    (pool,) = side["pools"]
+    assert pool["class"] == "MHATokenToKVPool" and pool["native_path"] == "fused_into_rope"
+
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(prof), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "fused into rope" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["write_kernels"]["stepless_writes"]
+    assert (row["variant"], row["writes"], row["layers"], row["rank"]) == (variant, layers * steps, layers, 0)
 
 
 def test_plugin_off_without_the_variable(tmp_path: Path):

@@ -68,10 +68,14 @@ def test_builtin_patterns_pick_the_write_kernels_only():
                        ("void store_kv_cache_256x1<long>(unsigned long*, unsigned long*, long const*, unsigned long, "
                        "unsigned long const*, unsigned long, unsigned long, unsigned long, unsigned long)"),
                        "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, 0>(...)",
-                       "void sglang::set_mla_kv_buffer_kernel<576l, false>(sglang::SetMlaKVBufferParams)"])
+                       "void sglang::set_mla_kv_buffer_kernel<576l, false>(sglang::SetMlaKVBufferParams)",
+                       ("void sglang::fused_rope_store_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, "
+                        "128u>(sglang::FusedRopeStoreParams)"),
+                       ("void sglang::fused_rope_kernel<true, 128l, true, __nv_bfloat16, __nv_bfloat16, long, "
+                        "128u>(sglang::FusedRopeParams)")])
     got = list(classify(names, list(BUILTIN_PATTERNS)))
     assert got == ["sglang_store_cache", None, None, "sgl_kernel_store_kv_cache", "vllm_reshape_and_cache",
-                   "sglang_set_mla_kv_buffer"]
+                   "sglang_set_mla_kv_buffer", "sglang_fused_rope_store", None]  # rope alone writes nothing
 
 
 def test_bad_regex_is_a_usage_error():
@@ -141,7 +145,9 @@ def test_synthesized_sglang_folder_per_rank_and_step(tmp_path: Path, capsys: pyt
     _kineto(run / "1733412345.5-TP-1.trace.json.gz", r1)
     _kineto(run / "merged-1733412345.5.trace.json.gz", r0 + r1)  # SGLang's merge: must not double count
     (run / "kvprof-sglang.TP-0.pid-11.json").write_text(json.dumps(
-        {"schema": "kvprof.sglang_sidecar/1", "rank": 0, "tp_rank": 0, "tp_size": 2, "pools": []}))
+        {"schema": "kvprof.sglang_sidecar/1", "pid": 11, "rank": 0, "tp_rank": 0, "tp_size": 2, "pools": [], "writer": None,
+         "paths": {"sglang:sglang_mha": 5, "sglang:fused_into_rope": 7},
+         "write_paths": {"set_kv_buffer": 5, "fused into rope": 7}}))
     loaded = load_dir(run)
     assert len(loaded.traces) == 2 and len(loaded.sidecars) == 1
     assert any("merged-" in w for w in loaded.warnings)
@@ -162,6 +168,9 @@ def test_synthesized_sglang_folder_per_rank_and_step(tmp_path: Path, capsys: pyt
     assert main(["analyze", str(run), "--out", str(out), "--write-kernels", r"^nvjet_"]) == 0
     printed = capsys.readouterr().out
     assert "KV-write kernels by name" in printed and "sglang_store_cache" in printed and "user" in printed
+    # the sidecar's paths, by entry point: TP rank, pid, writer, set_kv_buffer, fused into rope, fallback
+    (row,) = [line for line in printed.splitlines() if "SGLang's own" in line]
+    assert [c.strip() for c in row.split("│")[1:7]] == ["0", "11", "SGLang's own", "5", "7", "0"]
     summary = json.loads((out / "summary.json").read_text())
     wk = summary["write_kernels"]
     fams = {(t["rank"], f["family"]): f["kernels"] for t in wk["traces"] for f in t["families"]}

@@ -48,6 +48,9 @@ BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
     # SGLang's MLA write (set_mla_kv_buffer.cuh) and its DCP-masked MHA write (Triton)
     WritePattern("sglang_set_mla_kv_buffer", r"\bset_mla_kv_buffer_kernel\b", 1, "SGLang MLA write"),
     WritePattern("sglang_masked_set_kv_buffer", r"\bmasked_set_kv_buffer_kernel\b", 1, "SGLang DCP-masked write"),
+    # SGLang's rope + store (elementwise/rope.cuh): q and k rotated and K/V stored in one launch,
+    # for models that fuse the write into the rotary embedding (its rope-only kernel is not a write)
+    WritePattern("sglang_fused_rope_store", r"\bfused_rope_store_kernel\b", 1, "SGLang fused rope + store (JIT)"),
     # sgl-kernel's store_kv_cache op (store_kv_cache_256x1 / 128x2 instantiations)
     WritePattern("sgl_kernel_store_kv_cache", r"\bstore_kv_cache(?:_\w+)?\b", 1, "sgl-kernel store_kv_cache"),
     # PyTorch's index_put (tensor[loc] = rows): the two-copy path writes K, then V
@@ -242,6 +245,7 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                       _fmt(r["kernels_per_write"], 1), _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]),
                       _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
         console.print(t)
+    render_sidecar_paths(section.get("sidecars") or [], console)
     # kvprof's own captures have their writes' numbers above; the name classifier is for the others
     rows = [t for t in section.get("traces") or [] if t.get("write_kernels") and not t.get("is_kvprof_capture")]
     if not rows:
@@ -265,6 +269,29 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                 str(t["path"]).rsplit("/", 1)[-1][:60],
             )
     console.print(table)
+
+
+SIDECAR_WRITE_PATHS = ("set_kv_buffer", "fused into rope", "fallback")  # the plugin's write_paths keys
+
+
+def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
+    """Per SGLang process (the plugin's sidecars): which entry point wrote -- set_kv_buffer, or
+    the rotary embedding with the store fused in -- and how often a named writer fell back."""
+    rows = [s for s in sidecars if s.get("write_paths") or s.get("paths")]
+    if not rows:
+        return
+    from rich.table import Table
+
+    t = Table(title="SGLang plugin: KV writes by path (counted in Python; graph replays are not)",
+              title_justify="left")
+    for col in ("TP rank", "pid", "writer", *SIDECAR_WRITE_PATHS, "paths"):
+        t.add_column(col, justify="left" if col in ("writer", "paths") else "right", no_wrap=col != "paths")
+    for s in sorted(rows, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
+        counts = s.get("write_paths") or {}
+        t.add_row(str(s.get("tp_rank")), str(s.get("pid")), str(s.get("writer") or "SGLang's own"),
+                  *(str(counts.get(k, 0)) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
+                  ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items()))
+    console.print(t)
 
 
 def _fmt(v: Any, scale: float = 1000.0) -> str:

@@ -22,10 +22,23 @@ slot 0, SGLang's reserved padding slot, is written like any slot (SGLang's
 outside the buffer are masked by the fused writers where ``store_cache`` would stop on a
 device assert (the size limit).
 
+Models that fuse the KV write into their rotary embedding (SGLang on CUDA with a bf16
+cache: Qwen3-MoE, GPT-OSS, Bailing-MoE, ...) never call ``set_kv_buffer``: they pass a
+``FusedSetKVBufferArg`` to the rotary embedding, whose ``forward_cuda`` hands it to
+``apply_rope_with_cos_sin_cache_inplace`` (``ROPE_FUNCTION``), one launch that rotates q and k
+and stores K and V. The plugin hooks that function (the one place every such write passes
+through; calls without the argument only rotate and get no range). The argument carries the
+layer's K buffer but not its layer id: the plugin maps the buffer's address to the layer
+through the pools it has seen (created after it loaded, written through ``set_kv_buffer``,
+or SGLang's current pool) -- ``_LayerMap``. Those writes get the same range family
+(``set_kv_buffer[sglang_fused_rope] L<layer>``), and ``KVPROF_SGLANG_WRITER`` naming a rope +
+store writer (``rope_triton_fused``, ...) puts it in place of SGLang's fused kernel.
+
 Every process that writes leaves a sidecar ``kvprof-sglang.TP-<rank>.pid-<pid>.json`` in
 ``KVPROF_SGLANG_DIR`` (default: ``SGLANG_TORCH_PROFILER_DIR``, else ``/tmp`` as SGLang's
 profiler): rank, TP size, pool class and shapes, dtype, the writer and how many calls took
-which path, SGLang's version. ``kvprof analyze`` reads it next to SGLang's traces.
+which path (``paths``: SGLang's or the writer's, in detail; ``write_paths``: "set_kv_buffer",
+"fused into rope" or "fallback"), SGLang's version. ``kvprof analyze`` reads it next to SGLang's traces.
 """
 
 from __future__ import annotations
@@ -35,9 +48,12 @@ import inspect
 import logging
 import os
 import threading
+import weakref
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from kvprof.core.vocab import ROPE_FUSED
 
 ENV_ON = "KVPROF_SGLANG"
 ENV_WRITER = "KVPROF_SGLANG_WRITER"
@@ -61,6 +77,24 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
     ("MiniMaxSparseKVPool", "set_kv_buffer", "sglang_minimax_sparse"),
 )
 ROUTABLE = ("MHATokenToKVPool", "set_kv_buffer")  # the one write a kvprof writer may take over
+
+# SGLang's rope + KV store: the kernel wrapper every FusedSetKVBufferArg passes through on CUDA
+# (its caller is RotaryEmbedding.forward_cuda, which its subclasses inherit). Hooking the
+# function rather than the forward methods: they accept the argument on every platform but
+# only forward_cuda's JIT branch writes with it (the others assert it is None), and the
+# function's arguments are the write's own (q, k, table, positions, style, the buffers).
+# ROCm's fused path (forward_cuda's HIP branch, fused_qk_rope_reshape_and_cache) does not pass
+# through it and is not hooked.
+ROPE_MODULE = "sglang.kernels.ops.attention.rope"
+ROPE_FUNCTION = "apply_rope_with_cos_sin_cache_inplace"
+ROPE_ARG = "fused_args"
+ROPE_VARIANT = "sglang_fused_rope"  # the range variant of SGLang's own fused rope + store
+POOL_INIT = ("MHATokenToKVPool", "__init__")  # where the plugin first sees a pool and its K buffers
+
+# What the sidecar's write_paths count: which entry point wrote, or that a named writer fell back
+WRITE_SET_KV_BUFFER = "set_kv_buffer"
+WRITE_FUSED_INTO_ROPE = "fused into rope"
+WRITE_FALLBACK = "fallback"
 
 log = logging.getLogger("kvprof.sglang")
 
@@ -98,6 +132,19 @@ def plugin() -> None:
             continue
         HookRegistry.register(f"{MEMORY_POOL}.{cls_name}.{method}", hook, HookType.AROUND)
         hooked.append(f"{cls_name}.{method}")
+    reason = _target_problem(*POOL_INIT)
+    if reason:
+        log.warning("kvprof: not hooking %s.%s: %s", *POOL_INIT, reason)
+    else:
+        HookRegistry.register(f"{MEMORY_POOL}.{'.'.join(POOL_INIT)}", _pool_init_hook, HookType.AROUND)
+    reason = _rope_problem()
+    if reason:
+        log.warning("kvprof: not hooking %s.%s: %s", ROPE_MODULE, ROPE_FUNCTION, reason)
+    else:
+        hook = _make_rope_hook()
+        if hook is not None:
+            HookRegistry.register(f"{ROPE_MODULE}.{ROPE_FUNCTION}", hook, HookType.AROUND)
+            hooked.append(ROPE_FUNCTION)
     state.hooked = hooked
     if hooked:
         log.info("kvprof: KV-write ranges on %s%s", ", ".join(hooked),
@@ -126,6 +173,26 @@ def _target_problem(cls_name: str, method: str) -> str | None:
     return None
 
 
+def _rope_problem() -> str | None:
+    """Why SGLang's rope + store function cannot be hooked here (None: it can)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(ROPE_MODULE)
+    except Exception as exc:  # noqa: BLE001 - its import errors vary with what is installed
+        return f"{ROPE_MODULE} does not import ({_line(exc)})"
+    fn = getattr(mod, ROPE_FUNCTION, None)
+    if not callable(fn):
+        return f"this SGLang has no {ROPE_FUNCTION}"
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError) as exc:
+        return f"cannot read its signature ({_line(exc)})"
+    if ROPE_ARG not in params:
+        return f"this SGLang's {ROPE_FUNCTION} takes no {ROPE_ARG}"
+    return None
+
+
 class _Args:
     """Where a target's arguments sit, read once from its signature (keyword or position)."""
 
@@ -146,14 +213,59 @@ class _Args:
         return None
 
 
+class _Ranges:
+    """kvprof's write ranges (NVTX and record_function), names and attributes made once each."""
+
+    def __init__(self) -> None:
+        import nvtx
+        import torch
+
+        from kvprof.core.vocab import NVTX_DOMAIN
+
+        self.domain = nvtx.get_domain(NVTX_DOMAIN)
+        self.profiler_enabled = torch._C._autograd._profiler_enabled
+        self.record_function = torch.profiler.record_function
+        self.names: dict[tuple[str, int | None], str] = {}
+        self.attrs: dict[tuple[str, int | None, int], Any] = {}
+
+    def of(self, variant: str, layer_id: int | None, tokens: int) -> tuple[str, Any]:
+        """(range name, NVTX attributes); without a layer id the name has no ``L<layer>``
+        (a form the analysis reads as layer -1)."""
+        from kvprof.core.vocab import WRITE_RANGE_FORMAT
+
+        key = (variant, layer_id)
+        name = self.names.get(key)
+        if name is None:
+            name = WRITE_RANGE_FORMAT.format(variant=variant, layer=layer_id)
+            if layer_id is None:
+                name = name.rsplit(" L", 1)[0]
+            self.names[key] = name
+        akey = (variant, layer_id, tokens)
+        attr = self.attrs.get(akey)
+        if attr is None:
+            from kvprof.instrument import variant_color
+
+            attr = self.attrs[akey] = self.domain.get_event_attributes(
+                message=name, color=variant_color(variant), category=variant, payload=tokens)
+        return name, attr
+
+    def run(self, name: str, attr: Any, write: Any, *args: Any) -> Any:
+        """``write(*args)`` inside the range (and a record_function range while a profiler records)."""
+        local = _LOCAL
+        local.depth = 1
+        self.domain.push_range(attr)
+        try:
+            if self.profiler_enabled():
+                with self.record_function(name):
+                    return write(*args)
+            return write(*args)
+        finally:
+            self.domain.pop_range()
+            local.depth = 0
+
+
 def _make_hook(cls_name: str, method: str, variant: str) -> Any:
     import importlib
-
-    import nvtx
-    import torch
-
-    from kvprof.instrument import variant_color
-    from kvprof.core.vocab import NVTX_DOMAIN, WRITE_RANGE_FORMAT
 
     cls = getattr(importlib.import_module(MEMORY_POOL), cls_name)
     try:
@@ -161,27 +273,13 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
     except (TypeError, ValueError) as exc:
         log.warning("kvprof: not hooking %s.%s: cannot read its signature (%s)", cls_name, method, _line(exc))
         return None
-    domain = nvtx.get_domain(NVTX_DOMAIN)
-    profiler_enabled = torch._C._autograd._profiler_enabled
-    record_function = torch.profiler.record_function
-    names: dict[tuple[str, int], str] = {}
-    attrs: dict[tuple[str, int, int], Any] = {}
+    ranges = _Ranges()
     local = _LOCAL
     state = STATE
     routable = (cls_name, method) == ROUTABLE
+    native_path = f"sglang:{variant}"
+    hooked = f"{cls_name}.{method}"
     layer_pos, loc_pos, loc_name, override_pos = where.layer, where.loc, where.loc_name, where.override
-
-    def range_of(name_variant: str, layer_id: int, tokens: int) -> tuple[str, Any]:
-        key = (name_variant, layer_id)
-        name = names.get(key)
-        if name is None:
-            name = names[key] = WRITE_RANGE_FORMAT.format(variant=name_variant, layer=layer_id)
-        akey = (name_variant, layer_id, tokens)
-        attr = attrs.get(akey)
-        if attr is None:
-            attr = attrs[akey] = domain.get_event_attributes(
-                message=name, color=variant_color(name_variant), category=name_variant, payload=tokens)
-        return name, attr
 
     def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(local, "depth", 0) or not args:
@@ -199,34 +297,94 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
         if type(layer_id) is not int or not tokens or len(tokens) != 1:
             return original(*args, **kwargs)  # a call SGLang itself will judge: no range
         tokens = int(tokens[0])
-        call: tuple[Any, ...] = ()
         route = state.route_for(pool) if routable and state.writer_name else None
+        fell_back = False
         if route is not None:
             prepared = route.prepare(pool, args, kwargs)
             if isinstance(prepared, str):
                 state.fallback(prepared)
-                route = None
+                route, fell_back = None, True
             else:
-                call = prepared
-        name, attr = range_of(route.writer.name if route else variant, layer_id, tokens)
-        state.seen(pool, cls_name, method, variant)
-        local.depth = 1
-        domain.push_range(attr)
-        try:
-            if profiler_enabled():
-                with record_function(name):
-                    return route.write(pool, call) if route else _native(original, args, kwargs, state, variant)
-            return route.write(pool, call) if route else _native(original, args, kwargs, state, variant)
-        finally:
-            domain.pop_range()
-            local.depth = 0
+                name, attr = ranges.of(route.writer.name, layer_id, tokens)
+                state.seen(pool, hooked, variant)
+                return ranges.run(name, attr, route.write, pool, prepared)
+        name, attr = ranges.of(variant, layer_id, tokens)
+        state.seen(pool, hooked, variant)
+        return ranges.run(name, attr, _native, original, args, kwargs, state, native_path,
+                          WRITE_FALLBACK if fell_back else WRITE_SET_KV_BUFFER)
 
     hook.__name__ = f"kvprof_{cls_name}_{method}"
     return hook
 
 
-def _native(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any], state: _State, variant: str) -> Any:
-    state.count(f"sglang:{variant}")
+def _rope_params() -> list[str]:
+    """The parameter names of SGLang's rope + store function, in order."""
+    import importlib
+
+    return list(inspect.signature(getattr(importlib.import_module(ROPE_MODULE), ROPE_FUNCTION)).parameters)
+
+
+def _make_rope_hook() -> Any:
+    """The AROUND hook on SGLang's rope + store function: a range and a count for every call
+    that writes (``fused_args`` given), the named rope writer in SGLang's place where it can."""
+    fused_pos = _rope_params().index(ROPE_ARG)
+    ranges = _Ranges()
+    local = _LOCAL
+    state = STATE
+    layers = LAYERS
+    native_path = f"sglang:{ROPE_FUSED}"
+
+    def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+        fused = kwargs.get(ROPE_ARG)
+        if fused is None and len(args) > fused_pos:
+            fused = args[fused_pos]
+        if fused is None or getattr(local, "depth", None):
+            return original(*args, **kwargs)  # the rotary embedding only: no KV write
+        loc = getattr(fused, "cache_loc", None)
+        tokens = getattr(loc, "shape", None)
+        k_buffer = getattr(fused, "k_buffer", None)
+        if not tokens or len(tokens) != 1 or not hasattr(k_buffer, "data_ptr"):
+            return original(*args, **kwargs)  # a call SGLang itself will judge: no range
+        tokens = int(tokens[0])
+        found = layers.find(k_buffer)
+        if found is None:
+            state.note("K buffer of no pool kvprof has seen (range without a layer)")
+            layer_id = None
+        else:
+            pool, index, layer_id = found
+            state.seen(pool, ROPE_FUNCTION, ROPE_VARIANT)
+        fell_back = False
+        if state.writer_name:
+            if found is None:
+                state.fallback("rope + store: its K buffer is in no pool kvprof has seen")
+                fell_back = True
+            elif (route := state.rope_route_for(found[0])) is not None:
+                prepared = route.prepare(found, args, kwargs)
+                if isinstance(prepared, str):
+                    state.fallback(prepared)
+                    fell_back = True
+                else:
+                    name, attr = ranges.of(route.writer.name, layer_id, tokens)
+                    return ranges.run(name, attr, route.write, prepared)
+        name, attr = ranges.of(ROPE_VARIANT, layer_id, tokens)
+        return ranges.run(name, attr, _native, original, args, kwargs, state, native_path,
+                          WRITE_FALLBACK if fell_back else WRITE_FUSED_INTO_ROPE)
+
+    hook.__name__ = f"kvprof_{ROPE_FUNCTION}"
+    return hook
+
+
+def _pool_init_hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """A pool, once built: its K buffers are where SGLang's fused rope + store writes."""
+    out = original(*args, **kwargs)
+    if args:
+        LAYERS.add(args[0])
+    return out
+
+
+def _native(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any], state: _State, path: str,
+            write_path: str) -> Any:
+    state.count(path, write_path)
     return original(*args, **kwargs)
 
 
@@ -263,7 +421,7 @@ class _Route:
         if self.oob is not None:
             self.oob(loc, 0, self.rows, "set_kv_buffer (MHA)")
         path = self.writer.write(pool.k_buffer[idx], pool.v_buffer[idx], loc, k, v, pool.dtype, k_scale, v_scale)
-        self.state.count(f"writer:{self.writer.name}:{path}")
+        self.state.count(f"writer:{self.writer.name}:{path}", WRITE_SET_KV_BUFFER)
 
     def prepare(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | str:
         """The write's arguments for ``write``, or why this call is SGLang's to write."""
@@ -298,6 +456,162 @@ class _Route:
         return (loc_info, loc, idx, k, v, call.get("k_scale"), call.get("v_scale"))
 
 
+class _RopeRoute:
+    """A pool's fused rope + store writes through a kvprof rope writer (``RopeKVWriter``): the
+    arguments SGLang's kernel would get, with the layer's own 3-D K/V buffers."""
+
+    def __init__(self, writer: Any, pool: Any, device: Any, state: _State) -> None:
+        from kvprof.writers.rope_base import check_rope_inputs
+
+        self.writer = writer
+        self.dtype = pool.dtype  # not the pool: kvprof must not keep a pool SGLang has let go
+        self.state = state
+        self.device = device
+        self.check = check_rope_inputs
+        self.names = _rope_params()
+        self.input_ok: dict[Any, str | None] = {}
+
+    def write(self, call: tuple[Any, ...]) -> None:
+        path = self.writer.write(*call, self.dtype)
+        self.state.count(f"writer:{self.writer.name}:{path}", WRITE_FUSED_INTO_ROPE)
+
+    def prepare(self, found: tuple[Any, int, int], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[Any, ...] | str:
+        """The writer's arguments, or why this call is SGLang's to write (worded for the log)."""
+        if len(args) > len(self.names):
+            return f"rope + store: {len(args)} positional arguments (kvprof knows {len(self.names)})"
+        for key in kwargs:
+            if key not in self.names:
+                return f"rope + store: unknown argument {key!r}"
+        call: dict[str, Any] = dict(zip(self.names, args))
+        call.update(kwargs)
+        pool, index, _ = found
+        fused: Any = call[ROPE_ARG]  # the hook passes only calls that have it
+        table: Any = call.get("cos_sin_cache")
+        rope_dim = call.get("rope_dim") or 0
+        if rope_dim and rope_dim != getattr(table, "shape", (0,))[-1]:
+            return f"rope + store: rope_dim {rope_dim} is not the cos/sin table's width"
+        k_buf, v_buf = pool.k_buffer[index], pool.v_buffer[index]
+        if getattr(fused.v_buffer, "data_ptr", lambda: None)() != v_buf.data_ptr():
+            return "rope + store: its V buffer is not its layer's"
+        loc, positions, q, k = fused.cache_loc, call.get("positions"), call.get("q"), call.get("k")
+        try:
+            q, k, v = self.check(q, k, fused.value, k_buf, v_buf, loc, positions, table)  # type: ignore[arg-type]
+        except ValueError as exc:
+            return f"rope + store: input kvprof's checks refuse ({exc})"
+        in_dtype = k.dtype
+        if in_dtype not in self.input_ok:
+            self.input_ok[in_dtype] = self.writer.unsupported_reason(self.device, pool.dtype, in_dtype)
+        refused = self.input_ok[in_dtype]
+        if refused:
+            return refused
+        return (q, k, v, k_buf, v_buf, loc, positions, table, bool(call.get("is_neox")))
+
+
+class _LayerMap:
+    """Which layer of which pool a K buffer is. SGLang's fused rope + store gets the layer's K
+    buffer (``FusedSetKVBufferArg.k_buffer``, a 2-D view of ``pool.k_buffer[i]``) and no layer
+    id: the buffer's address names it. Pools come from the pool-init hook, from writes through
+    ``set_kv_buffer``, and, when an address is unknown, from SGLang's forward context (the pool
+    ``create_fused_set_kv_buffer_arg`` read it from). The layer id of buffer ``i`` is the pool's
+    ``model_layer_ids[i]`` where a hybrid pool gave it one, else ``start_layer + i``."""
+
+    def __init__(self, current: Any = None) -> None:
+        self.current = current or _current_pool
+        # weak references (where the pool allows them): a pool SGLang lets go of, with its
+        # buffers, is not kept alive by kvprof
+        self.pools: list[Any] = []
+        self.by_ptr: dict[int, tuple[Any, int, int] | None] = {}  # None: several layers share it
+        self.missed: set[int] = set()
+        self.lock = threading.Lock()
+
+    def add(self, pool: Any) -> None:
+        with self.lock:
+            if any(_deref(r) is pool for r in self.pools):
+                return
+            self.pools = [r for r in self.pools if _deref(r) is not None] + [_weak(pool)]
+            self.missed.clear()
+
+    def find(self, k_buffer: Any) -> tuple[Any, int, int] | None:
+        """(pool, index in its k_buffer, layer id), or None when no known pool holds it."""
+        ptr = k_buffer.data_ptr()
+        hit = self._alive(self.by_ptr.get(ptr), ptr)
+        if hit is not None:
+            return hit
+        if ptr in self.missed:
+            return None
+        pool = self.current()
+        if pool is not None:
+            self.add(pool)
+            inner = getattr(pool, "full_kv_pool", None)  # a hybrid pool's full-attention pool
+            if inner is not None:
+                self.add(inner)
+        self._rebuild()
+        hit = self._alive(self.by_ptr.get(ptr), ptr)
+        if hit is None:
+            self.missed.add(ptr)
+        return hit
+
+    @staticmethod
+    def _alive(entry: tuple[Any, int, int] | None, ptr: int) -> tuple[Any, int, int] | None:
+        """The entry with its pool, if the pool lives and its buffer is still at ``ptr``."""
+        if entry is None:
+            return None
+        pool = _deref(entry[0])
+        return (pool, entry[1], entry[2]) if pool is not None and _buffer_ptr(pool, entry[1]) == ptr else None
+
+    def _rebuild(self) -> None:
+        by_ptr: dict[int, tuple[Any, int, int] | None] = {}
+        with self.lock:
+            refs = [(r, p) for r, p in ((r, _deref(r)) for r in self.pools) if p is not None]
+        for ref, pool in refs:
+            bufs = getattr(pool, "k_buffer", None)
+            if not isinstance(bufs, (list, tuple)):
+                continue
+            ids = getattr(pool, "model_layer_ids", None)
+            ids = ids if isinstance(ids, (list, tuple)) and len(ids) == len(bufs) else None
+            start = getattr(pool, "start_layer", 0) or 0
+            for i, buf in enumerate(bufs):
+                ptr = buf.data_ptr() if hasattr(buf, "data_ptr") else None
+                if not ptr:
+                    continue
+                entry = (ref, i, int(ids[i]) if ids else start + i)
+                by_ptr[ptr] = None if ptr in by_ptr else entry
+        self.by_ptr = by_ptr
+
+
+def _weak(pool: Any) -> Any:
+    try:
+        return weakref.ref(pool)
+    except TypeError:  # a pool class with __slots__: held for the process, as SGLang holds it
+        return lambda: pool
+
+
+def _deref(ref: Any) -> Any:
+    return ref()
+
+
+def _buffer_ptr(pool: Any, index: int) -> int | None:
+    try:
+        return int(pool.k_buffer[index].data_ptr())
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def _current_pool() -> Any:
+    """SGLang's KV pool of the forward pass now running, or None outside one."""
+    try:
+        from sglang.srt.model_executor.forward_context import get_token_to_kv_pool, has_forward_context
+
+        return get_token_to_kv_pool() if has_forward_context() else None
+    except Exception as exc:  # noqa: BLE001 - another SGLang, or no attention backend yet
+        log.debug("kvprof: no SGLang forward context (%s)", _line(exc))
+        return None
+
+
+LAYERS = _LayerMap()
+
+
 class _State:
     """What this process did, for the sidecar; the writer and each pool's route."""
 
@@ -308,19 +622,32 @@ class _State:
         self.hooked: list[str] = []
         self.pools: dict[int, dict[str, Any]] = {}
         self.routes: dict[int, _Route | None] = {}
+        self.rope_routes: dict[int, tuple[Any, _RopeRoute | None]] = {}
         self.paths: dict[str, int] = {}
+        self.write_paths: dict[str, int] = {}
         self.fallbacks: dict[str, int] = {}
+        self.unattributed: dict[str, int] = {}
         self.lock = threading.Lock()
 
-    def count(self, path: str) -> None:
+    def count(self, path: str, write_path: str) -> None:
+        """One write: ``path`` in detail (whose kernel, which path), ``write_path`` which entry
+        point wrote it (set_kv_buffer, fused into rope) or that the named writer fell back."""
         self.paths[path] = self.paths.get(path, 0) + 1
+        self.write_paths[write_path] = self.write_paths.get(write_path, 0) + 1
+
+    def note(self, reason: str) -> None:
+        """A write counted and ranged without its layer (logged once per reason)."""
+        n = self.unattributed.get(reason, 0)
+        if not n:
+            log.warning("kvprof: a KV write with no layer: %s", reason)
+        self.unattributed[reason] = n + 1
 
     def fallback(self, reason: str) -> None:
         n = self.fallbacks.get(reason, 0)
         if not n:
             log.warning("kvprof: %s: SGLang's own write for %s", self.writer_name, reason)
         self.fallbacks[reason] = n + 1
-        self.count("sglang:fallback")
+        self.paths["sglang:fallback"] = self.paths.get("sglang:fallback", 0) + 1
 
     def _writer(self) -> Any:
         if self.writer is None and self.writer_error is None:
@@ -350,46 +677,64 @@ class _State:
                                     route_reason=reason)
         return route
 
+    def rope_route_for(self, pool: Any) -> _RopeRoute | None:
+        """This pool's route for SGLang's fused rope + store writes, as ``route_for`` (held with
+        a weak reference to its pool, so a new pool at a freed pool's id gets its own)."""
+        key = id(pool)
+        held = self.rope_routes.get(key)
+        if held is not None and _deref(held[0]) is pool:
+            return held[1]
+        route, reason = self._build_rope_route(pool)
+        self.rope_routes[key] = (_weak(pool), route)
+        if route is None:
+            log.warning("kvprof: %s not used for %s's fused rope + store: %s", self.writer_name,
+                        type(pool).__name__, reason)
+        self.pool_info(pool).update(rope_route=(f"writer:{self.writer_name}" if route else "sglang"),
+                                    rope_route_reason=reason)
+        return route
+
     def _build_route(self, pool: Any) -> tuple[_Route | None, str | None]:
         import importlib
 
-        import torch
-
-        mod = importlib.import_module(MEMORY_POOL)
         writer = self._writer()
         if writer is None:
             return None, f"writer {self.writer_name} unavailable ({self.writer_error})"
+        if _is_rope_writer(writer):
+            return None, f"{writer.name} is a rope + store writer: set_kv_buffer has no rotary embedding to run"
+        mod = importlib.import_module(MEMORY_POOL)
         base = mod.MHATokenToKVPool
-        if getattr(pool, "is_quantized_kv_cache", False):
-            return None, "quantized KV cache (SGLang's quant method writes it)"
-        if getattr(pool, "use_hnd", False) or getattr(pool, "kv_cache_layout", "nhd") != "nhd":
-            return None, f"layout {getattr(pool, 'kv_cache_layout', '?')} (kvprof writes NHD rows)"
         if getattr(type(pool), "_store_kv_layer", None) is not getattr(base, "_store_kv_layer", None):
             return None, f"{type(pool).__name__} writes its own layout (_store_kv_layer)"
-        try:
-            dev = torch.device(pool.device)
-        except (TypeError, RuntimeError) as exc:
-            return None, f"device {pool.device!r} ({_line(exc)})"
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        reason = writer.unsupported_reason(dev, pool.dtype)
+        dev, reason = _pool_device(pool, writer)
         if reason:
             return None, reason
-        bufs = list(pool.k_buffer) + list(pool.v_buffer)
-        if not all(b.is_contiguous() and b.dim() == 3 and b.shape[0] == pool.size + pool.page_size for b in bufs):
-            return None, "K/V buffers are not contiguous [slots, heads, dim] tensors"
         writer.prepare(dev)
         return _Route(writer, pool, mod, self), None
+
+    def _build_rope_route(self, pool: Any) -> tuple[_RopeRoute | None, str | None]:
+        writer = self._writer()
+        if writer is None:
+            return None, f"writer {self.writer_name} unavailable ({self.writer_error})"
+        if not _is_rope_writer(writer):
+            return None, (f"{writer.name} is a store writer: SGLang's rope + store stays one launch "
+                          "(name a rope + store writer, e.g. rope_triton_fused)")
+        dev, reason = _pool_device(pool, writer)
+        if reason:
+            return None, reason
+        writer.prepare(dev)
+        return _RopeRoute(writer, pool, dev, self), None
 
     def pool_info(self, pool: Any) -> dict[str, Any]:
         return self.pools.setdefault(id(pool), {})
 
-    def seen(self, pool: Any, cls_name: str, method: str, variant: str) -> None:
+    def seen(self, pool: Any, hooked: str, variant: str) -> None:
+        """A pool's first write: described in the sidecar, and its K buffers known by address."""
         info = self.pools.get(id(pool))
         if info is not None and info.get("class"):
             return
         info = self.pool_info(pool)
-        info.update(describe_pool(pool, cls_name, method, variant))
+        info.update(describe_pool(pool, hooked, variant))
+        LAYERS.add(pool)
         self.write_sidecar()
 
     def sidecar(self) -> dict[str, Any]:
@@ -400,7 +745,8 @@ class _State:
             "schema": SIDECAR_SCHEMA, "kvprof_version": __version__, "sglang_version": sglang_version(),
             "pid": os.getpid(), "rank": rank, "tp_rank": tp_rank, "tp_size": tp_size,
             "hooked": self.hooked, "writer": self.writer_name, "writer_error": self.writer_error,
-            "pools": list(self.pools.values()), "paths": dict(self.paths), "fallbacks": dict(self.fallbacks),
+            "pools": list(self.pools.values()), "paths": dict(self.paths), "write_paths": dict(self.write_paths),
+            "fallbacks": dict(self.fallbacks), "unattributed": dict(self.unattributed),
         }
 
     def write_sidecar(self) -> Path | None:
@@ -426,12 +772,43 @@ class _State:
 STATE = _State()
 
 
+def _is_rope_writer(writer: Any) -> bool:
+    """Whether ``writer`` implements the MHA layout's rope + store contract (not the store's)."""
+    from kvprof.layouts import get_layout
+
+    return get_layout("mha").contract_of(writer) == "rope"
+
+
+def _pool_device(pool: Any, writer: Any) -> tuple[Any, str | None]:
+    """(the pool's device, None), or (None, why kvprof's writer cannot write this pool)."""
+    import torch
+
+    if getattr(pool, "is_quantized_kv_cache", False):
+        return None, "quantized KV cache (SGLang's quant method writes it)"
+    if getattr(pool, "use_hnd", False) or getattr(pool, "kv_cache_layout", "nhd") != "nhd":
+        return None, f"layout {getattr(pool, 'kv_cache_layout', '?')} (kvprof writes NHD rows)"
+    try:
+        dev = torch.device(pool.device)
+    except (TypeError, RuntimeError) as exc:
+        return None, f"device {pool.device!r} ({_line(exc)})"
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    reason = writer.unsupported_reason(dev, pool.dtype)
+    if reason:
+        return None, reason
+    bufs = list(pool.k_buffer) + list(pool.v_buffer)
+    if not all(b.is_contiguous() and b.dim() == 3 and b.shape[0] == pool.size + pool.page_size for b in bufs):
+        return None, "K/V buffers are not contiguous [slots, heads, dim] tensors"
+    return dev, None
+
+
 def sidecar_dir() -> Path:
     return Path(os.environ.get(ENV_DIR) or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or "/tmp")
 
 
-def describe_pool(pool: Any, cls_name: str, method: str, variant: str) -> dict[str, Any]:
-    """Shapes and dtypes of one pool, read defensively (attribute names vary by pool)."""
+def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
+    """Shapes and dtypes of one pool, read defensively (attribute names vary by pool); its native
+    path is set_kv_buffer's predicted one, or fused_into_rope where its first write was SGLang's rope."""
     from kvprof.dtypes import short_name
 
     def dt(x: Any) -> Any:
@@ -440,8 +817,8 @@ def describe_pool(pool: Any, cls_name: str, method: str, variant: str) -> dict[s
         except (KeyError, ValueError, TypeError):
             return str(x) if x is not None else None
 
-    out: dict[str, Any] = {"class": type(pool).__name__, "hooked": f"{cls_name}.{method}", "variant": variant,
-                           "native_path": native_path(pool)}
+    out: dict[str, Any] = {"class": type(pool).__name__, "hooked": hooked, "variant": variant,
+                           "native_path": ROPE_FUSED if hooked == ROPE_FUNCTION else native_path(pool)}
     for key in ("size", "page_size", "head_num", "head_dim", "v_head_dim", "layer_num", "start_layer",
                 "kv_lora_rank", "qk_rope_head_dim", "kv_cache_layout"):
         value = getattr(pool, key, None)
