@@ -14,7 +14,8 @@ range inside a capture, min/max the captures' medians. The eager columns are a l
 writes without a graph: wall and host time per write (the launch path). Every replay rotates
 q and k again (in place, as the write does); a rotation keeps the values' size, so the work
 stays the same. Knobs: ROPE_VARIANTS, ROPE_TOKENS, ROPE_CACHE (bf16 or fp8_e4m3, scale 0.5),
-ROPE_LAYERS, ROPE_CAPTURES, ROPE_REPLAYS. JSON to $OUT/rope-bench.json.
+ROPE_LAYERS, ROPE_CAPTURES, ROPE_REPLAYS, ROPE_JSON (the file name). ``rope_triton_fused@T.H.W`` in
+ROPE_VARIANTS forces that writer's launch shape (tuning). JSON to $OUT/rope-bench.json.
 """
 
 from __future__ import annotations
@@ -163,9 +164,33 @@ def env_int(name: str, default: str) -> int:
     return value
 
 
+def tuned(name: str) -> Callable[[], Any] | None:
+    """``rope_triton_fused@T.H.W``: kvprof's fused Triton rope + store with one forced launch shape
+    (``block_t`` tokens x ``block_h`` heads per program, ``num_warps``), for tuning its table."""
+    base, _, shape = name.partition("@")
+    if base != "rope_triton_fused" or not shape:
+        return None
+    try:
+        block_t, block_h, warps = (int(x) for x in shape.split("."))
+    except ValueError:
+        return None
+
+    def make() -> Any:
+        from kvprof.writers.rope_tables import RopeConfig
+        from kvprof.writers.rope_triton import RopeTritonFusedWriter
+
+        return RopeTritonFusedWriter(config=RopeConfig(block_t, block_h, warps))
+
+    return make
+
+
 def main() -> None:
     makers = factories()
     variants = env_list("ROPE_VARIANTS", ",".join(makers))
+    for name in variants:
+        maker = tuned(name)
+        if maker is not None:
+            makers[name] = maker
     unknown = [v for v in variants if v not in makers]
     if unknown:
         fail(f"unknown ROPE_VARIANTS {', '.join(unknown)}; known: {', '.join(makers)}")
@@ -215,7 +240,7 @@ def main() -> None:
     for tokens in tokens_list:
         results += bench_tokens(tokens, writers, cs, cache, scale, layers, captures, replays)
         torch.cuda.empty_cache()
-    dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu")) / "rope-bench.json"
+    dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu")) / os.environ.get("ROPE_JSON", "rope-bench.json")
     dest.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "layers": layers,
             "shape": f"{HQ}q/{HK}kv x {DIM}", "cache": str(cache), "captures": captures, "replays": replays}
