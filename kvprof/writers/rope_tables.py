@@ -8,10 +8,12 @@ A write of a few tokens (decode) is latency-bound: one head per program spreads 
 many SMs as there are heads. A prefill of thousands of tokens is bound by bandwidth (q read
 and written, k and v read, two cache rows written): larger tiles, fewer programs.
 
-Provenance: first guesses, not yet timed on a GPU. The rows follow the fused store's tuned
-shapes (:mod:`kvprof.writers.triton_tables`: about 4 elements per thread and row chunk at a
-few tokens, more tokens per program from a few hundred on); ``RopeTritonFusedWriter(config=...)``
-overrides them per writer, and they are meant to be replaced by timings on the target GPU.
+Provenance: the head-size-128 rows are the fastest shapes of a sweep on an H200 (Llama-3.1-70B
+at TP8 per rank: 8 q heads, 1 KV head x 128, bf16; 80 layers from CUDA graphs; 24 decode shapes
+at 1, 10 and 64 tokens, 32 prefill shapes at 512 and 4096; ``lab/rope_bench.py`` with
+``rope_triton_fused@T.H.W`` variants, output in ``lab/results/rope-tune-*.txt``). The other rows
+are untimed guesses after the fused store's table (:mod:`kvprof.writers.triton_tables`).
+``RopeTritonFusedWriter(config=...)`` overrides them per writer.
 Under Triton's interpreter a write takes :func:`interpreted_rope_config` instead.
 """
 
@@ -44,11 +46,11 @@ _ANY = 1 << 62
 
 # (largest head_dim, largest token count, config): first match wins.
 ROPE_TABLE: RopeTable = [
-    (128, 1, RopeConfig(1, 1, 1)),
-    (128, 64, RopeConfig(1, 2, 1)),
-    (128, 512, RopeConfig(2, 4, 2)),
-    (128, 4096, RopeConfig(4, 4, 4)),
-    (128, _ANY, RopeConfig(8, 4, 4)),
+    (128, 16, RopeConfig(1, 1, 1)),
+    (128, 64, RopeConfig(1, 2, 4)),
+    (128, 512, RopeConfig(8, 1, 4)),
+    (128, 4096, RopeConfig(16, 1, 8)),
+    (128, _ANY, RopeConfig(16, 1, 8)),
     (_ANY, 1, RopeConfig(1, 1, 2)),
     (_ANY, 64, RopeConfig(1, 1, 2)),
     (_ANY, 512, RopeConfig(2, 2, 4)),
