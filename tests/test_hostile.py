@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from kvprof.cli import main
-from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps
+from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
 
 SMALL = ["--batch-sizes", "1", "--prefill-tokens", "8", "--steps", "1", "--warmup", "0", "--no-progress",
          "--variants", "index_put", "--no-summary", "--tp", "8"]
@@ -372,6 +372,46 @@ def test_absurd_timestamps_are_skipped_with_a_warning(tmp_path):
     gen = s["traces"][0]["generic"]
     assert 0 <= gen["gpu_busy_ns"] <= gen["gpu_window_ns"] < 10**12
     assert any("2 events skipped" in w for w in s["warnings"])
+
+
+_NOT_A_NUMBER = {"text_nan": "NaN", "true": True, "null": None, "numeric_text": "5", "list": [5], "missing": ...}
+
+
+@pytest.mark.parametrize("field", ["dur", "ts"])
+@pytest.mark.parametrize("value", sorted(_NOT_A_NUMBER))
+def test_kineto_time_that_is_not_a_number_is_skipped_not_zero(tmp_path, field, value):
+    """A kernel whose dur or ts is text, a boolean, null or missing is dropped and counted,
+    never read as 0 ns (which made that write cost nothing and lowered every median)."""
+    from kvprof.analysis.summary import analyze
+    from kvprof.trace.load import load
+
+    def corrupt(doc):
+        kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+        if _NOT_A_NUMBER[value] is ...:
+            del kernel[field]
+        else:
+            kernel[field] = _NOT_A_NUMBER[value]
+
+    spec = TraceSpec(layers=[0], phases=[PhaseSpec("decode", 8, 2)], write=WriteSpec([KernelSpec(7, 0, 5000)]))
+    result = analyze(load(synthetic(tmp_path, mutate=corrupt, spec=spec)))
+    busy = result.writes.sort_values("step")["gpu_busy_ns"].tolist()
+    assert busy[0] != busy[0] and busy[1] == 5000  # the damaged write has no GPU time, not 0
+    assert any("1 events skipped: timestamp or duration missing or not a number" in w
+               for w in result.summary.warnings)
+
+
+def test_nsys_time_that_is_not_a_number_is_skipped_not_zero(tmp_path):
+    from kvprof.analysis.summary import analyze
+    from kvprof.trace.load import load
+
+    p = _nsys_export(tmp_path / "a.sqlite")
+    with sqlite3.connect(p) as con:
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = 'abc' WHERE correlationId = 100")
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = NULL WHERE correlationId = 101")
+    result = analyze(load(p))
+    busy = result.writes.sort_values("layer")["gpu_busy_ns"].tolist()
+    assert busy[0] != busy[0] and busy[1] != busy[1] and busy[2] == 1000
+    assert any("2 rows skipped: start or end missing or not a number" in w for w in result.summary.warnings)
 
 
 def test_nsys_end_before_start_and_missing_runtime_table_are_warned(tmp_path):

@@ -137,7 +137,7 @@ def events_from_document(
     block_l: list[int] = []
     bytes_l: list[int] = []
     flows: dict[tuple[int, int, float], int] = {}
-    stats = {"skipped": 0, "non_complete": 0, "malformed": 0, "out_of_range": 0}
+    stats = {"skipped": 0, "non_complete": 0, "malformed": 0, "not_a_number": 0, "out_of_range": 0}
     code_of_cat = _CODE_OF_CAT
     arg_codes = _ARG_CODES
     gpu_codes = _GPU_CODES
@@ -174,12 +174,12 @@ def events_from_document(
                     continue
                 code = _OTHER
             ts = e.get("ts")
-            if ts.__class__ not in (int, float):
-                stats["malformed"] += 1
+            dur = e.get("dur")
+            # text, true/false, null or a missing value is no time: never read as 0 (bool is
+            # not int by __class__)
+            if ts.__class__ not in (int, float) or dur.__class__ not in (int, float):
+                stats["not_a_number"] += 1
                 continue
-            dur = e.get("dur", 0)
-            if dur.__class__ not in (int, float):
-                dur = 0
             if not (-_MAX_US < ts < _MAX_US and -_MAX_US < dur < _MAX_US):  # NaN fails too
                 stats["out_of_range"] += 1
                 continue

@@ -292,6 +292,11 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         nv, _ = _nvtx_frame(db, strings)
         host_frames.append(nv)
     host = pd.concat(host_frames, ignore_index=True) if host_frames else pd.DataFrame()
+    # a start or end that is missing, text, a blob or beyond int64 is no time: the row is
+    # dropped and counted, never read as 0 or -1 ns
+    gpu, untimed_gpu = _timed(gpu)
+    host, untimed_host = _timed(host)
+    untimed = untimed_gpu + untimed_host
     n_gpu, n_host = len(gpu), len(host)
     if n_gpu + n_host == 0:
         raise TraceError(f"{p.name}: nsys export with no kernels, runtime calls or NVTX ranges")
@@ -309,8 +314,7 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         np.asarray([kinds.index(k) for k in col(gpu, "kind")], dtype=np.int32),
         np.asarray([kinds.index(k) for k in col(host, "kind")], dtype=np.int32),
     ])
-    timed = (start >= 0) & (end >= 0)  # _i64 gives -1 for a missing or non-numeric time
-    negative = int((timed & (end < start)).sum())
+    negative = int((end < start).sum())
     n = n_gpu + n_host
     name_codes = np.concatenate([names.codes_of(col(gpu, "name")), names.codes_of(col(host, "name"))])
     grid = np.concatenate([names.codes_of(col(gpu, "grid")), np.full(n_host, -1, np.int32)])
@@ -352,9 +356,21 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         stats={"events_in_file": n, "kernels": int((col(gpu, "kind") == "kernel").sum()) if n_gpu else 0},
         graph_nodes=graph_nodes_of(db, tables),
         warnings=_missing_table_warnings(tables) + (
+            [f"{untimed:,} rows skipped: start or end missing or not a number (corrupt export)"]
+            if untimed else []) + (
             [f"{negative:,} rows end before they start (corrupt export); their duration counts as 0 ns"]
             if negative else []),
     )
+
+
+def _timed(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The rows whose start and end are numbers (``_select`` made every other value NaN),
+    and how many were not."""
+    if df.empty or "start" not in df.columns or "end" not in df.columns:
+        return df, 0
+    ok = df["start"].notna() & df["end"].notna()
+    bad = int((~ok).sum())
+    return (df[ok].reset_index(drop=True) if bad else df), bad
 
 
 def _missing_table_warnings(tables: set[str] | list[str]) -> list[str]:
