@@ -15,6 +15,7 @@ from kvprof.analysis.metrics import fused_or_fell_back, group_metrics
 from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.ranks import analyze_ranks, collective_per_step
 from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs, trace_rank
+from kvprof.core.numbers import finite_or_none
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
@@ -32,12 +33,18 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
 
 
-def clean(obj: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+MAX_DEPTH = 64  # summary.json nests a few levels; deeper is copied input (a sidecar), cut here
+
+
+def clean(obj: Any, depth: int = 0) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python; anything nested deeper than
+    MAX_DEPTH -> None (Python would run out of stack on it, orjson refuses to write it)."""
+    if depth > MAX_DEPTH:
+        return None
     if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
+        return {str(k): clean(v, depth + 1) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
+        return [clean(v, depth + 1) for v in obj]
     if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
         try:
             obj = obj.item()
@@ -51,17 +58,17 @@ def clean(obj: Any) -> Any:
 
 
 def _device(loaded: Loaded) -> dict[str, Any]:
+    """The device's name and rates, from the first source that has each: a name is text, a
+    rate a positive finite number (a trace's metadata can hold anything)."""
     dev: dict[str, Any] = {"name": None, "peak_bandwidth_gbs": None, "copy_rate_gbs": None}
     mdev = loaded.manifest.device if loaded.manifest else {}
-    for t in loaded.traces:
-        kd = t.kvprof.device if t.kvprof else {}
-        for d in [kd, *t.devices]:
-            for k in dev:
-                if dev[k] is None and d.get(k) is not None:
-                    dev[k] = d[k]
-    for k in dev:
-        if dev[k] is None and mdev.get(k) is not None:
-            dev[k] = mdev[k]
+    sources = [d for t in loaded.traces for d in [t.kvprof.device if t.kvprof else {}, *t.devices]] + [mdev]
+    for d in sources:
+        for k in dev:
+            v = d.get(k) if isinstance(d, dict) else None
+            ok = isinstance(v, str) if k == "name" else (finite_or_none(v) or 0) > 0 and not isinstance(v, bool)
+            if dev[k] is None and ok:
+                dev[k] = v
     return dev
 
 

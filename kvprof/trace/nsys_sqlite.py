@@ -26,7 +26,7 @@ import pandas as pd
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.trace.model import Trace
-from kvprof.core.schema import KINDS
+from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
 from kvprof.trace.table import build_table
 
 NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE, NVTX_CATEGORY_NAME = 59, 60, 75, 33
@@ -253,11 +253,27 @@ def _clock(db: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
     return clock
 
 
-def read_nsys_sqlite(path: str | os.PathLike[str]) -> Trace:
+# the tables read into memory row by row
+ROW_TABLES = (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+              "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",
+              "CUDA_GRAPH_NODE_EVENTS", "StringIds")
+
+
+def _check_rows(db: sqlite3.Connection, p: Path, max_events: int) -> None:
+    """Refuse an export with more rows to read than ``max_events`` before reading any."""
+    tables = _tables(db)
+    rows = sum(db.execute(f"SELECT COUNT(*) FROM [{t}]").fetchone()[0] for t in ROW_TABLES if t in tables)
+    if rows > max_events:
+        raise TraceError(f"{p.name}: {rows:,} rows to read, more than {max_events:,} events; too large to load "
+                         "here: capture a shorter window, or raise --max-events on a machine with more memory")
+
+
+def read_nsys_sqlite(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> Trace:
     """Load one nsys SQLite export; write columns are left unset (see attribution)."""
     p = Path(path)
     db = open_export(p)
     try:
+        _check_rows(db, p, max_events)
         return _read(db, p)
     except sqlite3.DatabaseError as exc:
         raise TraceError(f"{p.name}: unreadable nsys export ({exc})") from None
