@@ -11,16 +11,24 @@ Steps are the trace's ``ProfilerStep#N`` ranges (torch.profiler with a schedule)
 kvprof's step ranges, on the GPU side; a trace with neither is one window. Name matching
 is a heuristic and says so: ``index_put`` kernels are KV writes only in an engine whose
 other code does not use ``index_put`` (SGLang's two-copy path does; so may a model).
+
+Matching is bounded in time: a user's pattern can backtrack catastrophically
+(``^(a+)+$``-like nesting took minutes on 41-character names with ``re``), so patterns are
+compiled with the ``regex`` package (re's syntax) and every search gets what is left of
+MATCH_BUDGET_S (``KVPROF_REGEX_TIMEOUT_S``); past it, a one-line UsageError.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import regex
 
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core.errors import UsageError
@@ -38,8 +46,9 @@ class WritePattern:
     kernels_per_write: int
     source: str
 
-    def compiled(self) -> re.Pattern[str]:
-        return re.compile(self.regex)
+    def compiled(self) -> Any:
+        """A ``regex`` pattern: its searches take a timeout."""
+        return regex.compile(self.regex)
 
 
 BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
@@ -60,24 +69,60 @@ BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$|^kvprof\.step\[")
 
+# Seconds all the name matching of one trace may take; the built-in patterns need milliseconds
+# for thousands of distinct kernel names.
+MATCH_BUDGET_S = 5.0
+MATCH_BUDGET_ENV = "KVPROF_REGEX_TIMEOUT_S"
+
+
+def match_budget_s() -> float:
+    """MATCH_BUDGET_S, or ``KVPROF_REGEX_TIMEOUT_S`` when set (a UsageError unless positive)."""
+    text = os.environ.get(MATCH_BUDGET_ENV, "").strip()
+    if not text:
+        return MATCH_BUDGET_S
+    try:
+        budget = float(text)
+    except ValueError:
+        budget = float("nan")
+    if not 0 < budget < float("inf"):
+        raise UsageError(f"{MATCH_BUDGET_ENV}={text!r}: expected a positive number of seconds")
+    return budget
+
 
 def patterns_with(user_regex: str | None) -> list[WritePattern]:
     """The user's pattern (first, one kernel per write) and the built-ins; a bad regex is a UsageError."""
     out = list(BUILTIN_PATTERNS)
     if user_regex:
         try:
-            re.compile(user_regex)
-        except re.error as exc:
+            regex.compile(user_regex)
+        except (regex.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--write-kernels: not a regular expression ({exc})") from None
         out.insert(0, WritePattern("user", user_regex, 1, "--write-kernels"))
     return out
 
 
-def classify(names: pd.Series, patterns: list[WritePattern]) -> pd.Series:
-    """Pattern name per kernel name (None: not a write kernel), computed once per distinct name."""
-    compiled = [(p.name, p.compiled()) for p in patterns]
+def classify(names: pd.Series, patterns: list[WritePattern], budget_s: float | None = None) -> pd.Series:
+    """Pattern name per kernel name (None: not a write kernel), computed once per distinct name,
+    within ``budget_s`` seconds in all (default: match_budget_s)."""
+    budget = match_budget_s() if budget_s is None else budget_s
+    compiled = [(p, p.compiled()) for p in patterns]
     strs = names.astype(str)
-    table = {n: next((pname for pname, rx in compiled if rx.search(n)), None) for n in pd.unique(strs)}
+    deadline = time.monotonic() + budget
+    table: dict[str, str | None] = {}
+    for n in pd.unique(strs):
+        table[n] = None
+        for p, rx in compiled:
+            try:
+                hit = rx.search(n, timeout=max(deadline - time.monotonic(), 1e-3))
+            except TimeoutError:
+                which = f"--write-kernels {p.regex!r}" if p.name == "user" else f"the pattern {p.name!r}"
+                raise UsageError(
+                    f"{which}: matching {len(table):,} kernel names took more than {budget:g} s (nested "
+                    f"repeats such as (a+)+ backtrack without end); simplify it, or raise {MATCH_BUDGET_ENV}"
+                ) from None
+            if hit:
+                table[n] = p.name
+                break
     return pd.Series([table[n] for n in strs], index=names.index, dtype=object)
 
 
