@@ -619,3 +619,106 @@ def test_the_memory_estimate_counts_the_layers_a_step_writes():
     assert (two.profiled_writes, every.profiled_writes) == (4 * 2, 4 * 80)
     per_layer = pool_bytes(1001, 1, 1, 128, 128, 2)  # 8 KV heads over TP8: 1 per rank, bf16
     assert every.device_bytes - two.device_bytes == 78 * per_layer
+
+
+# ---------------------------------------------------------------- 11. text from traces on a terminal, in a spreadsheet
+
+# a variant that clears the screen, rings, returns the carriage, reverses the line and is a formula
+EVIL_VARIANT = '=HYPERLINK("http://e.x")\x1b[2J\x1b[H\x07\r\u202eevil\x9b'
+EVIL_DEVICE = "[link=http://e.x]GPU[/link]\x1b]0;retitled\x07"  # rich markup and a terminal title
+EVIL_KERNEL = "store_kv\x1b[31m[bold]red\u2066"
+RAW = ("\x1b", "\x07", "\r", "\u202e", "\u2066", "\x9b")
+
+
+def _evil_run(folder: Path) -> Path:
+    """A folder of two variants: the hostile one and the baseline, on a hostile device."""
+    folder.mkdir()
+    for name, variant in (("a.json", EVIL_VARIANT), ("b.json", "two_stream")):
+        spec = TraceSpec(variant=variant, layers=[0], phases=[PhaseSpec("decode", 8, 4)],
+                         write=WriteSpec([KernelSpec(7, 0, 5000 if name == "a.json" else 4000, name=EVIL_KERNEL)]))
+        doc, _ = build(spec)
+        doc["deviceProperties"] = [{"id": 0, "name": EVIL_DEVICE, "numSms": 132}]
+        doc["kvprof"]["device"] = {"name": EVIL_DEVICE}
+        (folder / name).write_bytes(dumps(doc))
+    return folder
+
+
+def _inert(out: str) -> None:
+    assert not [c for c in RAW if c in out], [c for c in RAW if c in out]
+    assert "\\x1b" in out  # shown, as its escape
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare", "compare-runs", "gate"])
+def test_trace_strings_reach_the_terminal_inert(tmp_path, capsys, command):
+    """Escape sequences, CR, BEL and bidi overrides from a trace are printed as their escapes,
+    and rich markup in them as the characters (they retitled the terminal and cleared it)."""
+    run = _evil_run(tmp_path / "run")
+    args = {"analyze": ["analyze", str(run), "--no-files"],
+            "compare": ["compare", str(run), "--baseline", "two_stream"],
+            "compare-runs": ["compare", str(run), str(run)],
+            "gate": ["compare", str(run), str(_evil_run(tmp_path / "new")), "--fail-if-slower", "0",
+                     "--junit", str(tmp_path / "j.xml")]}[command]
+    rc = main(args)
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    _inert(cap.out + cap.err)
+    assert "evil" in cap.out
+    if command == "analyze":
+        assert "[link=http://e.x]GPU[/link]" in cap.out  # not a link: the text
+    if command == "gate":
+        from xml.etree import ElementTree as ET
+
+        xml = (tmp_path / "j.xml").read_text()
+        assert not [c for c in RAW if c in xml]
+        assert ET.fromstring(xml.split("\n", 1)[1]).get("name") == "kvprof.gate"
+
+
+def test_a_trace_without_kvprof_ranges_prints_its_kernels_inert(tmp_path, capsys):
+    doc, _ = build(TraceSpec(write=WriteSpec([KernelSpec(7, 0, 5000, name=EVIL_KERNEL)])))
+    doc.pop("kvprof")
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if "set_kv_buffer" not in str(e.get("name"))
+                          and not str(e.get("name")).startswith("kvprof")]
+    p = tmp_path / "t\x1b[2J.json"  # a file name is text from outside too
+    p.write_bytes(dumps(doc))
+    rc = main(["analyze", str(p), "--no-files", "--write-kernels", "store_kv"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    _inert(cap.out + cap.err)
+    assert "[bold]red" in cap.out and "KV-write kernels by name" in cap.out
+
+
+def test_an_error_quoting_a_trace_is_one_inert_line(tmp_path, capsys):
+    p = tmp_path / "x\x1b[2J\r.json"
+    p.write_bytes(b"{")
+    rc, err = run_cli(capsys, "analyze", str(p))
+    assert rc == 3
+    _inert(one_line(err))
+
+
+def test_csv_cells_are_never_formulas(tmp_path, capsys):
+    """summary.csv, analyze --format csv and compare --format csv: a text cell starting with
+    = + - @ TAB or CR gets a leading ' (OWASP); numbers, negative ones included, stay numbers."""
+    import csv
+    import io
+
+    run = _evil_run(tmp_path / "run")
+    assert main(["analyze", str(run), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(run), "--no-files", "--format", "csv"]) == 0
+    printed = capsys.readouterr().out
+    assert main(["compare", str(run), "--baseline", "two_stream", "--format", "csv"]) == 0
+    compared = capsys.readouterr().out
+    for text in ((tmp_path / "o" / "summary.csv").read_text(), printed, compared):
+        rows = list(csv.DictReader(io.StringIO(text)))
+        variants = {r["variant"] for r in rows}
+        assert "'" + EVIL_VARIANT.replace("\r", "\n") in variants or "'" + EVIL_VARIANT in variants, variants
+        assert not [v for r in rows for v in r.values() if v and v[0] in "=+@\t\r"]
+        assert not [v for r in rows for v in r.values() if v.startswith("-") and not _is_number(v)]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

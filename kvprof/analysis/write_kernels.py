@@ -32,6 +32,7 @@ import regex
 
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core.errors import UsageError
+from kvprof.core.text import markup
 from kvprof.trace.intervals import busy_and_overlap
 
 MAX_STEPS_LISTED = 64
@@ -283,7 +284,8 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                     "host µs", "launch→GPU µs"):
             t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
         for r in stepless:
-            t.add_row(str(r["rank"]), r["variant"], str(r["writes"]), str(r["layers"]), str(r["graph_writes"]),
+            t.add_row(markup(r["rank"]), markup(r["variant"]), markup(r["writes"]), markup(r["layers"]),
+                      markup(r["graph_writes"]),
                       _fmt(r["kernels_per_write"], 1), _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]),
                       _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
         console.print(t)
@@ -292,7 +294,8 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
     if not rows:
         if any(t.get("gpu") and not t.get("kvprof_writes") for t in section.get("traces") or []):
             console.print("KV-write kernels by name: none matched"
-                          + (f" (--write-kernels {section['user_regex']!r})" if section.get("user_regex") else ""))
+                          + (f" (--write-kernels {markup(repr(section['user_regex']))})"
+                             if section.get("user_regex") else ""))
         return
     table = Table(title="KV-write kernels by name (per rank)", title_justify="left")
     for col in ("rank", "family", "kernels", "writes", "GPU µs", "µs/write", "share of GPU", "steps",
@@ -301,13 +304,13 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
     for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
         for f in t["families"]:
             table.add_row(
-                str(t.get("rank")), f["family"], str(f["kernels"]), str(f["writes"]),
+                markup(t.get("rank")), markup(f["family"]), markup(f["kernels"]), markup(f["writes"]),
                 f"{f['total_ns'] / 1000:.1f}", f"{f['per_write_ns'] / 1000:.2f}",
                 f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "n/a (no GPU time)",
-                str(t.get("steps_count") or "n/a (no steps)"),
+                markup(t.get("steps_count") or "n/a (no steps)"),
                 f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None
                 else "n/a (no steps)",
-                str(t["path"]).rsplit("/", 1)[-1][:60],
+                markup(str(t["path"]).rsplit("/", 1)[-1][:60]),
             )
     console.print(table)
 

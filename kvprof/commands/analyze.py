@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from kvprof import api
     from kvprof.analysis.write_kernels import render_write_kernels
     from kvprof.report.console import render
+    from kvprof.report.files import frame_csv
     from kvprof.report.terminal import note, print_json, print_text, table_console
 
     api.check_write_kernel_regex(args.write_kernels)  # a bad REGEX is refused before any trace is read
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print_json(result.summary.to_json())
     elif args.format == "csv":
-        print_text(result.groups.to_csv(index=False))  # the same table as summary.csv
+        print_text(frame_csv(result.groups))  # the same table as summary.csv
     elif not args.quiet:
         con = table_console(args.format)
         render(result.summary, con)
