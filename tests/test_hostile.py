@@ -722,3 +722,54 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# ---------------------------------------------------------------- 12. a summary.json edited by hand
+
+
+def _analysed(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    assert main(["analyze", str(synthetic(tmp_path)), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def _tamper(run: Path, edit) -> None:
+    doc = orjson.loads((run / "summary.json").read_bytes())
+    edit(doc)
+    (run / "summary.json").write_bytes(orjson.dumps(doc))
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("cost_per_write_ns", -5e9, "negative"), ("gpu_span_ns", "NaN", "not a number"),
+    ("step_ns", True, "not a number"), ("writes", -3, "negative"), ("bandwidth_gbs", [1], "not a number"),
+])
+def test_figures_that_cannot_be_are_read_as_missing_and_named(tmp_path, capsys, key, value, why):
+    from kvprof.api import read_summary
+
+    run = _analysed(tmp_path)
+    capsys.readouterr()
+
+    def edit(doc):
+        doc["groups"].append({**doc["groups"][0], "source": "reference", "context": "layer",
+                              "cost_per_write_ns": -120.0, "write_share": -0.01})
+        doc["groups"][0][key] = value
+
+    _tamper(run, edit)
+    s = read_summary(run)
+    assert s.groups[0][key] is None
+    assert len(s.invalid) == 1 and f"groups[0] (two_stream kineto decode 8): {key} = " in s.invalid[0]
+    assert why in s.invalid[0] and s.invalid[0] in s.warnings
+    # the reference pass's decoder-layer cost is a difference of medians: negative is a reading
+    assert s.groups[1]["cost_per_write_ns"] == -120.0 and s.groups[1]["write_share"] == -0.01
+
+
+def test_report_shows_an_impossible_cost_as_invalid(tmp_path, capsys):
+    """kvprof report rendered a tampered cost as -5,000,000 µs/write."""
+    pytest.importorskip("plotly")
+    run = _analysed(tmp_path)
+    _tamper(run, lambda doc: doc["groups"][0].update(cost_per_write_ns=-5e9))
+    capsys.readouterr()
+    assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0, capsys.readouterr().err
+    html = (tmp_path / "r.html").read_text()
+    assert "5,000,000" not in html and "-5000" not in html.split("<body>", 1)[1].split("<script", 1)[0]
+    assert "cost_per_write_ns = -5000000000.0 is negative" in html

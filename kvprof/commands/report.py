@@ -36,6 +36,13 @@ def load_run(run: Path) -> tuple[dict, object]:
         raise UsageError(f"{s} is not valid JSON ({exc})") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("groups"), list):
         raise UsageError(f"{s} is not a kvprof summary (no groups)")
+    from kvprof.core.summary import Summary
+
+    try:  # a figure that cannot be (a negative cost, text) is read as n/a and named in "invalid"
+        checked = Summary.from_json(summary)
+    except ValueError as exc:
+        raise UsageError(f"{s}: {exc}") from None
+    summary = {**summary, **checked.to_json(), "invalid": checked.invalid}
     writes = None
     w = run / "writes.parquet"
     if w.is_file():
@@ -69,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline and args.baseline not in variants:
         raise UsageError(f"--baseline {args.baseline}: this run has {', '.join(sorted(variants))}")
     land = build(args.run.resolve().name, summary, writes, args.source, None, args.baseline)
+    land.notes[:0] = summary["invalid"]
     text = render(land)
     with atomic_file(args.html, "w") as fh:
         fh.write(text)
