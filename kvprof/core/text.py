@@ -5,8 +5,8 @@ ESC in a name can retitle the terminal, clear the screen or move the cursor, a C
 override can make a line read as something else, and ``[red]`` or ``[link=...]`` is markup to
 rich. ``printable`` shows every such character as its escape (``\\x1b``, ``\\u202e``), so
 the text is visible and inert; ``markup`` also escapes rich markup, for strings that are
-printed through it. ``formula_safe`` guards a CSV cell that a spreadsheet would run as a
-formula (OWASP's CSV injection advice: a leading ``'``).
+printed through it. ``csv_cell`` guards a CSV cell that a spreadsheet would run as a
+formula (OWASP's CSV injection advice: a leading ``'``) or split in two (a bare CR).
 """
 
 from __future__ import annotations
@@ -30,11 +30,28 @@ def printable(value: Any) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
-def markup(value: Any) -> str:
-    """``printable``, with rich markup escaped: for text inside a string rich parses."""
-    from rich.markup import escape
+# rich's markup: a tag is "[" then a letter, "#", "/" or "@", up to the next "]" (rich.markup.RE_TAGS)
+_OPENING = re.compile(r"(\\*)\[")
+_TAG_LIKE = re.compile(r"\[[a-z#/@][^\[]*?\]")
 
-    return escape(printable(value))
+
+def markup(value: Any) -> str:
+    """``printable``, escaped for a string that rich parses as markup: it prints as the same
+    characters, tags and backslashes included. Do not put a tag right after it (a trailing
+    backslash would escape that tag; rich.markup.escape has the same limit).
+
+    rich.markup.escape leaves a backslash before a "[" that starts no tag, which rich then
+    drops ("\\[" prints as "["): here every "[" is escaped as rich reads it back.
+    """
+    text = printable(value)
+
+    def escaped(m: re.Match[str]) -> str:
+        n = len(m.group(1))
+        if _TAG_LIKE.match(text, m.end() - 1):  # rich halves the backslashes, and one escapes the tag
+            return "\\" * (2 * n + 1) + "["
+        return "\\" * (n + 1) + "[" if n else "["  # in plain text rich turns "\\[" into "["
+
+    return _OPENING.sub(escaped, text)
 
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -48,4 +65,13 @@ def formula_safe(value: Any) -> Any:
     return value
 
 
-__all__ = ["FORMULA_PREFIXES", "formula_safe", "markup", "printable"]
+def csv_cell(value: Any) -> Any:
+    """A CSV cell that stays one cell and is no formula: a CR as its escape (Python's csv
+    writer leaves it unquoted with "\\n" line ends, and readers end the row there, so the
+    rest could start a row of its own), then ``formula_safe``."""
+    if isinstance(value, str) and "\r" in value:
+        value = value.replace("\r", "\\x0d")
+    return formula_safe(value)
+
+
+__all__ = ["FORMULA_PREFIXES", "csv_cell", "formula_safe", "markup", "printable"]

@@ -4,7 +4,7 @@ summary.json (orjson, indented), summary.csv (the groups table), events.parquet 
 normalized event table of every trace, SCHEMA), writes.parquet (one row per write,
 kvprof.analysis.writes.WRITE_COLUMNS). A reader never sees half a file. A CSV text cell
 that a spreadsheet would run as a formula (a variant named ``=HYPERLINK(...)``) is written
-with a leading ``'`` (kvprof.core.text.formula_safe).
+with a leading ``'``, and a CR inside a cell as its escape (kvprof.core.text.csv_cell).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from kvprof.core.atomic import atomic_file, atomic_outputs, atomic_path
 from kvprof.core.errors import OutputError
-from kvprof.core.text import formula_safe
+from kvprof.core.text import csv_cell
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -29,11 +29,12 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
-    """The frame with every text cell (and column name) formula-safe; numbers untouched."""
-    out = df.rename(columns=formula_safe)
+    """The frame with every text cell (and column name) a safe CSV cell (kvprof.core.text.csv_cell);
+    numbers untouched."""
+    out = df.rename(columns=csv_cell)
     for c in out.columns:
         if not pd.api.types.is_numeric_dtype(out[c]):
-            out[c] = out[c].map(formula_safe)
+            out[c] = out[c].map(csv_cell)
     return out
 
 

@@ -69,16 +69,16 @@ def print_json(doc: Any) -> None:
 
 def csv_text(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
     """Rows as CSV with a header; missing values empty; columns in first-seen order; a text
-    cell a spreadsheet would run as a formula gets a leading ``'`` (kvprof.core.text.formula_safe)."""
-    from kvprof.core.text import formula_safe
+    cell a spreadsheet would run as a formula gets a leading ``'`` (kvprof.core.text.csv_cell)."""
+    from kvprof.core.text import csv_cell
 
     rows = list(rows)
     cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([formula_safe(str(k)) for k in cols])
+    w.writerow([csv_cell(str(k)) for k in cols])
     for r in rows:
-        w.writerow([("" if r.get(k) is None else formula_safe(r.get(k))) for k in cols])
+        w.writerow([("" if r.get(k) is None else csv_cell(r.get(k))) for k in cols])
     return buf.getvalue()
 
 

@@ -156,7 +156,7 @@ def _gpu_frame(db: sqlite3.Connection, table: str, kind: str, strings: dict[int,
         wanted.update(bytes="-1")
     elif kind == "sync":
         wanted.update(syncType="NULL")
-    df = _select(db, table, wanted, "WHERE start IS NOT NULL")
+    df = _select(db, table, wanted)  # rows without a start are counted and dropped by _timed
     if kind == "kernel":
         name_id = df["demangledName"].where(df["demangledName"].notna(), df["shortName"])
         df["name"] = [strings.get(int(i), f"kernel#{int(i)}") if pd.notna(i) else "kernel" for i in name_id]
@@ -297,8 +297,7 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
     host_frames: list[pd.DataFrame] = []
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
         rt = _select(db, "CUPTI_ACTIVITY_KIND_RUNTIME", {"start": "NULL", "end": "NULL", "globalTid": "NULL",
-                                                         "correlationId": "-1", "nameId": "NULL"},
-                     "WHERE start IS NOT NULL")
+                                                         "correlationId": "-1", "nameId": "NULL"})
         raw = [strings.get(int(i), "?") if pd.notna(i) else "?" for i in rt["nameId"]]
         rt_names = [_VERSION_SUFFIX.sub("", s) for s in raw]
         rt["name"] = rt_names
