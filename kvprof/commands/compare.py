@@ -53,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=positive_int, default=None, help=f"layers per decode step (default {b.layers})")
     parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
     parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
-    parser.add_argument("--max-events", type=positive_int, default=None, help="refuse traces with more events than this")
+    parser.add_argument("--max-events", type=positive_int, default=None,
+                        help="refuse traces with more events than this (default 4,000,000; also bounds the JSON "
+                             "values parsed at once, and KVPROF_MAX_TRACE_MB the decompressed size)")
     parser.add_argument("--out", type=Path, default=None, help="folder for compare.json (default: write nothing)")
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
     parser.add_argument("--fail-if-slower", type=_percent, default=None, metavar="PCT",
