@@ -128,13 +128,13 @@ class Summary:
         raw_variants = d.get("variants")
         variants = raw_variants if isinstance(raw_variants, dict) else {}
         invalid: list[str] = []
-        device = d.get("device") if isinstance(d.get("device"), dict) else {}
+        device: dict[str, Any] = _object(d.get("device")) or {}
         device = {**device, **_checked({k: device.get(k) for k in ("peak_bandwidth_gbs", "copy_rate_gbs")
                                         if k in device}, "device", invalid, positive=True)}
-        comparison = d.get("comparison") if isinstance(d.get("comparison"), dict) else None
+        comparison = _object(d.get("comparison"))
         if comparison is not None:
             comparison = {**comparison, "rows": _checked_rows(comparison.get("rows"), "comparison.rows", invalid)}
-        observer = d.get("observer") if isinstance(d.get("observer"), dict) else {}
+        observer: dict[str, Any] = _object(d.get("observer")) or {}
         if observer:
             observer = {**observer, "rows": _checked_rows(observer.get("rows"), "observer.rows", invalid)}
         return cls(
@@ -149,6 +149,10 @@ class Summary:
             ranks=d.get("ranks") if isinstance(d.get("ranks"), dict) else None, kvprof_version=str(d.get("kvprof_version", "")),
             schema=str(d["schema"]), invalid=invalid,
         )
+
+
+def _object(v: Any) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None
 
 
 def _why_invalid(key: str, v: Any, signed: bool, positive: bool = False) -> str | None:
