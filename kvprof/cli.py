@@ -20,6 +20,7 @@ from kvprof import __version__
 from kvprof.core.atomic import DISK_ERRNOS  # a full or read-only disk: exit 6, never a traceback
 from kvprof.core.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, KvprofError, OutputError
 from kvprof.core.interrupts import Terminated, ctrl_c_raises_interrupted
+from kvprof.core.text import printable
 
 COMMANDS = ("capture", "analyze", "compare", "report", "bench", "dashboard", "scrub", "nsys", "variants")
 
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prog = f"kvprof {args.command}"
             return int(args._run(args) or 0)
     except KvprofError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)  # it can quote a trace's text
         return exc.exit_code
     except KeyboardInterrupt as exc:
         word = "terminated" if isinstance(exc, Terminated) else "interrupted"

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from kvprof.cli import main
-from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps
+from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
 
 SMALL = ["--batch-sizes", "1", "--prefill-tokens", "8", "--steps", "1", "--warmup", "0", "--no-progress",
          "--variants", "index_put", "--no-summary", "--tp", "8"]
@@ -374,6 +374,46 @@ def test_absurd_timestamps_are_skipped_with_a_warning(tmp_path):
     assert any("2 events skipped" in w for w in s["warnings"])
 
 
+_NOT_A_NUMBER = {"text_nan": "NaN", "true": True, "null": None, "numeric_text": "5", "list": [5], "missing": ...}
+
+
+@pytest.mark.parametrize("field", ["dur", "ts"])
+@pytest.mark.parametrize("value", sorted(_NOT_A_NUMBER))
+def test_kineto_time_that_is_not_a_number_is_skipped_not_zero(tmp_path, field, value):
+    """A kernel whose dur or ts is text, a boolean, null or missing is dropped and counted,
+    never read as 0 ns (which made that write cost nothing and lowered every median)."""
+    from kvprof.analysis.summary import analyze
+    from kvprof.trace.load import load
+
+    def corrupt(doc):
+        kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+        if _NOT_A_NUMBER[value] is ...:
+            del kernel[field]
+        else:
+            kernel[field] = _NOT_A_NUMBER[value]
+
+    spec = TraceSpec(layers=[0], phases=[PhaseSpec("decode", 8, 2)], write=WriteSpec([KernelSpec(7, 0, 5000)]))
+    result = analyze(load(synthetic(tmp_path, mutate=corrupt, spec=spec)))
+    busy = result.writes.sort_values("step")["gpu_busy_ns"].tolist()
+    assert busy[0] != busy[0] and busy[1] == 5000  # the damaged write has no GPU time, not 0
+    assert any("1 events skipped: timestamp or duration missing or not a number" in w
+               for w in result.summary.warnings)
+
+
+def test_nsys_time_that_is_not_a_number_is_skipped_not_zero(tmp_path):
+    from kvprof.analysis.summary import analyze
+    from kvprof.trace.load import load
+
+    p = _nsys_export(tmp_path / "a.sqlite")
+    with sqlite3.connect(p) as con:
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = 'abc' WHERE correlationId = 100")
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = NULL WHERE correlationId = 101")
+    result = analyze(load(p))
+    busy = result.writes.sort_values("layer")["gpu_busy_ns"].tolist()
+    assert busy[0] != busy[0] and busy[1] != busy[1] and busy[2] == 1000
+    assert any("2 rows skipped: start or end missing or not a number" in w for w in result.summary.warnings)
+
+
 def test_nsys_end_before_start_and_missing_runtime_table_are_warned(tmp_path):
     from kvprof.analysis.summary import analyze
     from kvprof.trace.load import load
@@ -579,3 +619,159 @@ def test_the_memory_estimate_counts_the_layers_a_step_writes():
     assert (two.profiled_writes, every.profiled_writes) == (4 * 2, 4 * 80)
     per_layer = pool_bytes(1001, 1, 1, 128, 128, 2)  # 8 KV heads over TP8: 1 per rank, bf16
     assert every.device_bytes - two.device_bytes == 78 * per_layer
+
+
+# ---------------------------------------------------------------- 11. text from traces on a terminal, in a spreadsheet
+
+# a variant that clears the screen, rings, returns the carriage, reverses the line and is a formula
+EVIL_VARIANT = '=HYPERLINK("http://e.x")\x1b[2J\x1b[H\x07\r\u202eevil\x9b'
+EVIL_DEVICE = "[link=http://e.x]GPU[/link]\x1b]0;retitled\x07"  # rich markup and a terminal title
+EVIL_KERNEL = "store_kv\x1b[31m[bold]red\u2066"
+RAW = ("\x1b", "\x07", "\r", "\u202e", "\u2066", "\x9b")
+
+
+def _evil_run(folder: Path) -> Path:
+    """A folder of two variants: the hostile one and the baseline, on a hostile device."""
+    folder.mkdir()
+    for name, variant in (("a.json", EVIL_VARIANT), ("b.json", "two_stream")):
+        spec = TraceSpec(variant=variant, layers=[0], phases=[PhaseSpec("decode", 8, 4)],
+                         write=WriteSpec([KernelSpec(7, 0, 5000 if name == "a.json" else 4000, name=EVIL_KERNEL)]))
+        doc, _ = build(spec)
+        doc["deviceProperties"] = [{"id": 0, "name": EVIL_DEVICE, "numSms": 132}]
+        doc["kvprof"]["device"] = {"name": EVIL_DEVICE}
+        (folder / name).write_bytes(dumps(doc))
+    return folder
+
+
+def _inert(out: str) -> None:
+    assert not [c for c in RAW if c in out], [c for c in RAW if c in out]
+    assert "\\x1b" in out  # shown, as its escape
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare", "compare-runs", "gate"])
+def test_trace_strings_reach_the_terminal_inert(tmp_path, capsys, command):
+    """Escape sequences, CR, BEL and bidi overrides from a trace are printed as their escapes,
+    and rich markup in them as the characters (they retitled the terminal and cleared it)."""
+    run = _evil_run(tmp_path / "run")
+    args = {"analyze": ["analyze", str(run), "--no-files"],
+            "compare": ["compare", str(run), "--baseline", "two_stream"],
+            "compare-runs": ["compare", str(run), str(run)],
+            "gate": ["compare", str(run), str(_evil_run(tmp_path / "new")), "--fail-if-slower", "0",
+                     "--junit", str(tmp_path / "j.xml")]}[command]
+    rc = main(args)
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    _inert(cap.out + cap.err)
+    assert "evil" in cap.out
+    if command == "analyze":
+        assert "[link=http://e.x]GPU[/link]" in cap.out  # not a link: the text
+    if command == "gate":
+        from xml.etree import ElementTree as ET
+
+        xml = (tmp_path / "j.xml").read_text()
+        assert not [c for c in RAW if c in xml]
+        assert ET.fromstring(xml.split("\n", 1)[1]).get("name") == "kvprof.gate"
+
+
+def test_a_trace_without_kvprof_ranges_prints_its_kernels_inert(tmp_path, capsys):
+    doc, _ = build(TraceSpec(write=WriteSpec([KernelSpec(7, 0, 5000, name=EVIL_KERNEL)])))
+    doc.pop("kvprof")
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if "set_kv_buffer" not in str(e.get("name"))
+                          and not str(e.get("name")).startswith("kvprof")]
+    p = tmp_path / "t\x1b[2J.json"  # a file name is text from outside too
+    p.write_bytes(dumps(doc))
+    rc = main(["analyze", str(p), "--no-files", "--write-kernels", "store_kv"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    _inert(cap.out + cap.err)
+    assert "[bold]red" in cap.out and "KV-write kernels by name" in cap.out
+
+
+def test_an_error_quoting_a_trace_is_one_inert_line(tmp_path, capsys):
+    p = tmp_path / "x\x1b[2J\r.json"
+    p.write_bytes(b"{")
+    rc, err = run_cli(capsys, "analyze", str(p))
+    assert rc == 3
+    _inert(one_line(err))
+
+
+def test_csv_cells_are_never_formulas(tmp_path, capsys):
+    """summary.csv, analyze --format csv and compare --format csv: a text cell starting with
+    = + - @ TAB or CR gets a leading ' (OWASP), a CR inside one is written as its escape (the
+    csv module leaves it unquoted); numbers, negative ones included, stay numbers."""
+    import csv
+    import io
+
+    run = _evil_run(tmp_path / "run")
+    assert main(["analyze", str(run), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(run), "--no-files", "--format", "csv"]) == 0
+    printed = capsys.readouterr().out
+    assert main(["compare", str(run), "--baseline", "two_stream", "--format", "csv"]) == 0
+    compared = capsys.readouterr().out
+    for text in ((tmp_path / "o" / "summary.csv").open(newline="").read(), printed, compared):
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+        assert "\r" not in text and all(None not in r for r in rows)  # no cell split into a row
+        variants = {r["variant"] for r in rows}
+        assert "'" + EVIL_VARIANT.replace("\r", "\\x0d") in variants, variants  # a CR would end the row
+        assert not [v for r in rows for v in r.values() if v and v[0] in "=+@\t\r"]
+        assert not [v for r in rows for v in r.values() if v.startswith("-") and not _is_number(v)]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- 12. a summary.json edited by hand
+
+
+def _analysed(tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    assert main(["analyze", str(synthetic(tmp_path)), "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def _tamper(run: Path, edit) -> None:
+    doc = orjson.loads((run / "summary.json").read_bytes())
+    edit(doc)
+    (run / "summary.json").write_bytes(orjson.dumps(doc))
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("cost_per_write_ns", -5e9, "negative"), ("gpu_span_ns", "NaN", "not a number"),
+    ("step_ns", True, "not a number"), ("writes", -3, "negative"), ("bandwidth_gbs", [1], "not a number"),
+])
+def test_figures_that_cannot_be_are_read_as_missing_and_named(tmp_path, capsys, key, value, why):
+    from kvprof.api import read_summary
+
+    run = _analysed(tmp_path)
+    capsys.readouterr()
+
+    def edit(doc):
+        doc["groups"].append({**doc["groups"][0], "source": "reference", "context": "layer",
+                              "cost_per_write_ns": -120.0, "write_share": -0.01})
+        doc["groups"][0][key] = value
+
+    _tamper(run, edit)
+    s = read_summary(run)
+    assert s.groups[0][key] is None
+    assert len(s.invalid) == 1 and f"groups[0] (two_stream kineto decode 8): {key} = " in s.invalid[0]
+    assert why in s.invalid[0] and s.invalid[0] in s.warnings
+    # the reference pass's decoder-layer cost is a difference of medians: negative is a reading
+    assert s.groups[1]["cost_per_write_ns"] == -120.0 and s.groups[1]["write_share"] == -0.01
+
+
+def test_report_shows_an_impossible_cost_as_invalid(tmp_path, capsys):
+    """kvprof report rendered a tampered cost as -5,000,000 µs/write."""
+    pytest.importorskip("plotly")
+    run = _analysed(tmp_path)
+    _tamper(run, lambda doc: doc["groups"][0].update(cost_per_write_ns=-5e9))
+    capsys.readouterr()
+    assert main(["report", str(run), "--html", str(tmp_path / "r.html")]) == 0, capsys.readouterr().err
+    html = (tmp_path / "r.html").read_text()
+    assert "5,000,000" not in html and "-5000" not in html.split("<body>", 1)[1].split("<script", 1)[0]
+    assert "cost_per_write_ns = -5000000000.0 is negative" in html

@@ -261,3 +261,118 @@ def test_batched_parse_handles_kinetos_blank_first_line(monkeypatch, tmp_path):
     f.write_text(text)
     assert kineto.split_events(f.read_bytes(), "cpu.json") is not None
     assert kineto.read_kineto(f).events.num_rows == 5
+
+
+# ---------------------------------------------------------------- memory bounds
+
+
+def _gzip_members(path: Path, head: bytes, unit: bytes, member_mb: int, members: int, tail: bytes) -> Path:
+    """A small .json.gz that inflates to ``member_mb`` x ``members`` MiB (one member compressed once)."""
+    body = gzip.compress(unit * ((member_mb << 20) // len(unit)), compresslevel=9)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(head))
+        for _ in range(members):
+            f.write(body)
+        f.write(gzip.compress(tail))
+    return path
+
+
+def test_a_gzip_bomb_stops_at_the_decompressed_size_limit(tmp_path, monkeypatch):
+    """A 250 kB .json.gz inflating to 256 MiB is refused once past the limit, holding no more than
+    the limit and one chunk (it used to be inflated whole, then copied: 4 MB files reached GBs)."""
+    import tracemalloc
+
+    p = _gzip_members(tmp_path / "bomb.json.gz", b'{"traceEvents": [', b" ", 16, 16, b"]}")
+    assert p.stat().st_size < 400_000
+    monkeypatch.setenv("KVPROF_MAX_TRACE_MB", "8")
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError, match=r"bomb.json.gz: more than 8 MiB once decompressed.*KVPROF_MAX_TRACE_MB"):
+            load(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20, peak
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf"])
+def test_a_bad_size_limit_is_a_usage_error(tmp_path, monkeypatch, value):
+    p = _write(tmp_path, "t.json", dumps(build(TraceSpec())[0]))
+    monkeypatch.setenv("KVPROF_MAX_TRACE_MB", value)
+    with pytest.raises(UsageError, match="KVPROF_MAX_TRACE_MB"):
+        load(p)
+
+
+def test_the_size_limit_can_be_raised(tmp_path, monkeypatch):
+    p = _write(tmp_path, "t.json", dumps(build(TraceSpec())[0]))
+    monkeypatch.setenv("KVPROF_MAX_TRACE_MB", "0.001")
+    with pytest.raises(TraceError, match="once decompressed"):
+        load(p)
+    monkeypatch.setenv("KVPROF_MAX_TRACE_MB", "64")
+    assert load(p).traces[0].events.num_rows > 0
+
+
+@pytest.mark.parametrize("unit", [b"{}", b"[]", b'"a"', b"0.5", b'{"a": 1}'])
+def test_values_without_events_are_bounded_before_parsing(tmp_path, unit):
+    """Objects with no "ph" were not counted as events, and parsed whole: 16x-30x their bytes."""
+    p = _write(tmp_path, "t.json", b'{"traceEvents": [' + b",".join([unit] * 5000) + b"]}")
+    with pytest.raises(TraceError, match=r"t.json: up to [\d,]+ JSON values to parse at once, more than 4,000 "):
+        load(p, max_events=1000)
+
+
+def test_event_lines_beyond_max_events_are_refused_in_the_batched_parse(tmp_path, monkeypatch):
+    import kvprof.trace.kineto as kineto
+
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 0)
+    p = _write(tmp_path, "t.json", b'{"traceEvents": [\n  ' + b",\n  ".join([b"{}"] * 2000) + b"\n]}")
+    with pytest.raises(TraceError, match="more than 1,000 events"):
+        load(p, max_events=1000)
+
+
+def test_a_batch_too_large_to_parse_at_once_is_refused(tmp_path, monkeypatch):
+    import kvprof.trace.kineto as kineto
+
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 0)
+    doc, _ = build(TraceSpec())
+    doc["traceEvents"][0]["args"] = {"pad": [0] * 100_000}  # one event line holding 100k values
+    p = _write(tmp_path, "t.json", dumps(doc))
+    with pytest.raises(TraceError, match="JSON values to parse at once"):
+        load(p, max_events=1000)
+
+
+@pytest.mark.parametrize("where", ["document", "name", "grid", "args", "kvprof"])
+def test_deep_nesting_is_one_line(tmp_path, where):
+    """orjson stops at 1024 levels (one line); under it, kvprof never recurses through a value."""
+    from kvprof.analysis.summary import analyze
+
+    deep = "<deep>"  # replaced by 1000 nested lists once serialized (orjson writes 255 levels at most)
+    doc, _ = build(TraceSpec())
+    kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    if where == "document":
+        p = _write(tmp_path, "t.json", b'{"traceEvents": [' + b"[" * 5000 + b"]" * 5000 + b"]}")
+        with pytest.raises(TraceError, match="not valid JSON") as exc:
+            load(p)
+        assert "\n" not in str(exc.value)
+        return
+    if where == "name":
+        kernel["name"] = deep
+    elif where == "grid":
+        kernel["args"]["grid"] = [deep, 1, 1]
+    elif where == "args":
+        kernel["args"] = {"correlation": deep, "device": deep, "stream": deep}
+    else:
+        doc["kvprof"]["device"] = {"name": deep}
+        doc["kvprof"]["layers"] = deep
+    p = _write(tmp_path, "t.json", orjson.dumps(doc).replace(b'"<deep>"', b"[" * 1000 + b"]" * 1000))
+    assert analyze(load(p)).summary.traces[0]["events"] > 0
+
+
+def test_nsys_rows_beyond_max_events_are_refused_before_reading(tmp_path):
+    p = tmp_path / "e.sqlite"
+    with sqlite3.connect(p) as db:
+        db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+        db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, shortName INTEGER)")
+        db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 1)", [(i, i + 1) for i in range(1500)])
+    with pytest.raises(TraceError, match="e.sqlite: 1,500 rows to read, more than 1,000 events"):
+        load(p, max_events=1000)
+    assert load(p, max_events=2000).traces[0].events.num_rows == 1500

@@ -185,3 +185,44 @@ def test_bad_write_kernels_regex_is_one_line(tmp_path: Path, capsys: pytest.Capt
     code = main(["analyze", str(run), "--no-files", "--write-kernels", "store_("])
     err = capsys.readouterr().err
     assert code == 2 and "--write-kernels" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _names_trace(tmp_path: Path, name: str) -> Path:
+    from kvprof.trace.synthetic import KernelSpec, TraceSpec, WriteSpec, build, dumps
+
+    doc, _ = build(TraceSpec(write=WriteSpec([KernelSpec(7, 0, 2500, name=name)])))
+    p = tmp_path / "t.json"
+    p.write_bytes(dumps(doc))
+    return p
+
+
+@pytest.mark.parametrize(("pattern", "budget", "rc"), [("^(a+)+$", "5", 0), ("(a|aa)+$", "0.5", 2)])
+def test_catastrophic_backtracking_ends_within_the_budget(tmp_path, pattern, budget, rc):
+    """``--write-kernels '^(a+)+$'`` on 41-character names ran past 60 s; it now finishes (the
+    regex package does not backtrack on it) or stops at the budget with one line."""
+    import os
+    import subprocess
+    import sys
+
+    p = _names_trace(tmp_path, "a" * 40 + "!")
+    env = {**os.environ, "KVPROF_REGEX_TIMEOUT_S": budget}
+    proc = subprocess.Popen([sys.executable, "-m", "kvprof", "analyze", str(p), "--no-files",
+                             "--write-kernels", pattern], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        _, err = proc.communicate(timeout=40)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == rc, err
+    if rc:
+        assert err.count("\n") == 1 and "took more than 0.5 s" in err and "KVPROF_REGEX_TIMEOUT_S" in err, err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "x"])
+def test_a_bad_match_budget_is_a_usage_error(monkeypatch, value):
+    import pandas as pd
+
+    monkeypatch.setenv("KVPROF_REGEX_TIMEOUT_S", value)
+    with pytest.raises(UsageError, match="KVPROF_REGEX_TIMEOUT_S"):
+        classify(pd.Series(["k"]), list(BUILTIN_PATTERNS))

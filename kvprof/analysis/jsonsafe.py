@@ -8,12 +8,18 @@ from typing import Any
 import pandas as pd
 
 
-def clean(obj: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python."""
+MAX_DEPTH = 64  # summary.json nests a few levels; deeper is copied input (a sidecar), cut here
+
+
+def clean(obj: Any, depth: int = 0) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python; anything nested deeper than
+    MAX_DEPTH -> None (Python would run out of stack on it, orjson refuses to write it)."""
+    if depth > MAX_DEPTH:
+        return None
     if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
+        return {str(k): clean(v, depth + 1) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
+        return [clean(v, depth + 1) for v in obj]
     if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
         try:
             obj = obj.item()

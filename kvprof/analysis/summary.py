@@ -23,6 +23,7 @@ from kvprof.analysis.writes import (
     peak_bandwidth_gbs,
     trace_rank,
 )
+from kvprof.core.numbers import finite_or_none
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
@@ -41,17 +42,17 @@ class Analysis:
 
 
 def _device(loaded: Loaded) -> dict[str, Any]:
+    """The device's name and rates, from the first source that has each: a name is text, a
+    rate a positive finite number (a trace's metadata can hold anything)."""
     dev: dict[str, Any] = {"name": None, "peak_bandwidth_gbs": None, "copy_rate_gbs": None}
     mdev = loaded.manifest.device if loaded.manifest else {}
-    for t in loaded.traces:
-        kd = t.kvprof.device if t.kvprof else {}
-        for d in [kd, *t.devices]:
-            for k in dev:
-                if dev[k] is None and d.get(k) is not None:
-                    dev[k] = d[k]
-    for k in dev:
-        if dev[k] is None and mdev.get(k) is not None:
-            dev[k] = mdev[k]
+    sources = [d for t in loaded.traces for d in [t.kvprof.device if t.kvprof else {}, *t.devices]] + [mdev]
+    for d in sources:
+        for k in dev:
+            v = d.get(k) if isinstance(d, dict) else None
+            ok = isinstance(v, str) if k == "name" else (finite_or_none(v) or 0) > 0 and not isinstance(v, bool)
+            if dev[k] is None and ok:
+                dev[k] = v
     return dev
 
 

@@ -11,19 +11,28 @@ Steps are the trace's ``ProfilerStep#N`` ranges (torch.profiler with a schedule)
 kvprof's step ranges, on the GPU side; a trace with neither is one window. Name matching
 is a heuristic and says so: ``index_put`` kernels are KV writes only in an engine whose
 other code does not use ``index_put`` (SGLang's two-copy path does; so may a model).
+
+Matching is bounded in time: a user's pattern can backtrack catastrophically
+(``^(a+)+$``-like nesting took minutes on 41-character names with ``re``), so patterns are
+compiled with the ``regex`` package (re's syntax) and every search gets what is left of
+MATCH_BUDGET_S (``KVPROF_REGEX_TIMEOUT_S``); past it, a one-line UsageError.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import regex
 
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core.errors import UsageError
+from kvprof.core.text import markup
 from kvprof.trace.intervals import busy_and_overlap
 
 MAX_STEPS_LISTED = 64
@@ -38,8 +47,9 @@ class WritePattern:
     kernels_per_write: int
     source: str
 
-    def compiled(self) -> re.Pattern[str]:
-        return re.compile(self.regex)
+    def compiled(self) -> Any:
+        """A ``regex`` pattern: its searches take a timeout."""
+        return regex.compile(self.regex)
 
 
 BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
@@ -63,24 +73,60 @@ BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$|^kvprof\.step\[")
 
+# Seconds all the name matching of one trace may take; the built-in patterns need milliseconds
+# for thousands of distinct kernel names.
+MATCH_BUDGET_S = 5.0
+MATCH_BUDGET_ENV = "KVPROF_REGEX_TIMEOUT_S"
+
+
+def match_budget_s() -> float:
+    """MATCH_BUDGET_S, or ``KVPROF_REGEX_TIMEOUT_S`` when set (a UsageError unless positive)."""
+    text = os.environ.get(MATCH_BUDGET_ENV, "").strip()
+    if not text:
+        return MATCH_BUDGET_S
+    try:
+        budget = float(text)
+    except ValueError:
+        budget = float("nan")
+    if not 0 < budget < float("inf"):
+        raise UsageError(f"{MATCH_BUDGET_ENV}={text!r}: expected a positive number of seconds")
+    return budget
+
 
 def patterns_with(user_regex: str | None) -> list[WritePattern]:
     """The user's pattern (first, one kernel per write) and the built-ins; a bad regex is a UsageError."""
     out = list(BUILTIN_PATTERNS)
     if user_regex:
         try:
-            re.compile(user_regex)
-        except re.error as exc:
+            regex.compile(user_regex)
+        except (regex.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--write-kernels: not a regular expression ({exc})") from None
         out.insert(0, WritePattern("user", user_regex, 1, "--write-kernels"))
     return out
 
 
-def classify(names: pd.Series, patterns: list[WritePattern]) -> pd.Series:
-    """Pattern name per kernel name (None: not a write kernel), computed once per distinct name."""
-    compiled = [(p.name, p.compiled()) for p in patterns]
+def classify(names: pd.Series, patterns: list[WritePattern], budget_s: float | None = None) -> pd.Series:
+    """Pattern name per kernel name (None: not a write kernel), computed once per distinct name,
+    within ``budget_s`` seconds in all (default: match_budget_s)."""
+    budget = match_budget_s() if budget_s is None else budget_s
+    compiled = [(p, p.compiled()) for p in patterns]
     strs = names.astype(str)
-    table = {n: next((pname for pname, rx in compiled if rx.search(n)), None) for n in pd.unique(strs)}
+    deadline = time.monotonic() + budget
+    table: dict[str, str | None] = {}
+    for n in pd.unique(strs):
+        table[n] = None
+        for p, rx in compiled:
+            try:
+                hit = rx.search(n, timeout=max(deadline - time.monotonic(), 1e-3))
+            except TimeoutError:
+                which = f"--write-kernels {p.regex!r}" if p.name == "user" else f"the pattern {p.name!r}"
+                raise UsageError(
+                    f"{which}: matching {len(table):,} kernel names took more than {budget:g} s (nested "
+                    f"repeats such as (a+)+ backtrack without end); simplify it, or raise {MATCH_BUDGET_ENV}"
+                ) from None
+            if hit:
+                table[n] = p.name
+                break
     return pd.Series([table[n] for n in strs], index=names.index, dtype=object)
 
 
@@ -241,7 +287,8 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                     "host µs", "launch→GPU µs"):
             t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
         for r in stepless:
-            t.add_row(str(r["rank"]), r["variant"], str(r["writes"]), str(r["layers"]), str(r["graph_writes"]),
+            t.add_row(markup(r["rank"]), markup(r["variant"]), markup(r["writes"]), markup(r["layers"]),
+                      markup(r["graph_writes"]),
                       _fmt(r["kernels_per_write"], 1), _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]),
                       _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
         console.print(t)
@@ -251,7 +298,8 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
     if not rows:
         if any(t.get("gpu") and not t.get("kvprof_writes") for t in section.get("traces") or []):
             console.print("KV-write kernels by name: none matched"
-                          + (f" (--write-kernels {section['user_regex']!r})" if section.get("user_regex") else ""))
+                          + (f" (--write-kernels {markup(repr(section['user_regex']))})"
+                             if section.get("user_regex") else ""))
         return
     table = Table(title="KV-write kernels by name (per rank)", title_justify="left")
     for col in ("rank", "family", "kernels", "writes", "GPU µs", "µs/write", "share of GPU", "steps",
@@ -260,13 +308,13 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
     for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
         for f in t["families"]:
             table.add_row(
-                str(t.get("rank")), f["family"], str(f["kernels"]), str(f["writes"]),
+                markup(t.get("rank")), markup(f["family"]), markup(f["kernels"]), markup(f["writes"]),
                 f"{f['total_ns'] / 1000:.1f}", f"{f['per_write_ns'] / 1000:.2f}",
                 f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "n/a (no GPU time)",
-                str(t.get("steps_count") or "n/a (no steps)"),
+                markup(t.get("steps_count") or "n/a (no steps)"),
                 f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None
                 else "n/a (no steps)",
-                str(t["path"]).rsplit("/", 1)[-1][:60],
+                markup(str(t["path"]).rsplit("/", 1)[-1][:60]),
             )
     console.print(table)
 

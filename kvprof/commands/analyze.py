@@ -9,6 +9,11 @@ the ones capture writes into a run directory; --no-files writes nothing.
 
 --format json prints summary.json's document on stdout, --format csv the summary.csv
 table; nothing else goes to stdout then (the files written are named on stderr).
+
+Limits on what a trace may cost (docs/reliability.md): --max-events; a trace over 1 GiB
+once decompressed (KVPROF_MAX_TRACE_MB raises it); --write-kernels matching over 5 s per
+trace (KVPROF_REGEX_TIMEOUT_S). Text from a trace is printed with control characters
+escaped.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms,
                         help=f"measured inter-token latency after the change, ms (default {b.itl_after_ms})")
     parser.add_argument("--max-events", type=positive_int, default=None,
-                        help="refuse traces with more events than this (default 4,000,000; memory bound)")
+                        help="refuse traces with more events than this, or more than 4 JSON values per "
+                             "event to parse at once (default 4,000,000; memory bound)")
     parser.add_argument("--write-kernels", default=None, metavar="REGEX",
                         help="also count GPU kernels whose name matches REGEX as KV writes (one kernel a "
                              "write), beside the built-in patterns for SGLang, sgl-kernel, index_put and vLLM")
@@ -48,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from kvprof import api
     from kvprof.analysis.write_kernels import render_write_kernels
     from kvprof.report.console import render
+    from kvprof.report.files import frame_csv
     from kvprof.report.terminal import note, print_json, print_text, table_console
 
     api.check_write_kernel_regex(args.write_kernels)  # a bad REGEX is refused before any trace is read
@@ -57,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print_json(result.summary.to_json())
     elif args.format == "csv":
-        print_text(result.groups.to_csv(index=False))  # the same table as summary.csv
+        print_text(frame_csv(result.groups))  # the same table as summary.csv
     elif not args.quiet:
         con = table_console(args.format)
         render(result.summary, con)

@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=positive_int, default=None, help=f"layers per decode step (default {b.layers})")
     parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
     parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
-    parser.add_argument("--max-events", type=positive_int, default=None, help="refuse traces with more events than this")
+    parser.add_argument("--max-events", type=positive_int, default=None,
+                        help="refuse traces with more events than this (default 4,000,000; also bounds the JSON "
+                             "values parsed at once, and KVPROF_MAX_TRACE_MB the decompressed size)")
     parser.add_argument("--out", type=Path, default=None, help=f"folder for {RunDir.COMPARE} (default: write nothing)")
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
     parser.add_argument("--fail-if-slower", type=_percent, default=None, metavar="PCT",
@@ -67,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvprof import api
+    from kvprof.core.text import markup
     from kvprof.report.console import comparison_table, run_comparison_table
     from kvprof.report.files import write_json
     from kvprof.report.terminal import csv_text, note, print_json, print_text, table_console
@@ -94,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
             if doc["rows"]:
                 con.print(run_comparison_table(doc))
             for why in _why_blank(doc["rows"]):
-                con.print(f"[yellow]blank:[/yellow] {why}", soft_wrap=True)
+                con.print(f"[yellow]blank:[/yellow] {markup(why)}", soft_wrap=True)
             for why in runs.empty:
-                con.print(f"[yellow]no row:[/yellow] {why}", soft_wrap=True)
+                con.print(f"[yellow]no row:[/yellow] {markup(why)}", soft_wrap=True)
     else:
         doc = api.compare_variants(first, args.baseline, bench, args.layers)
         if args.format == "table":
@@ -104,12 +107,13 @@ def run(args: argparse.Namespace) -> int:
                 con.print(comparison_table(doc))
             h = doc.get("headline")
             if h:
-                con.print(f"captured {h['variant']} ({h['source']}, decode bs={h['size']}): saving "
+                con.print(f"captured {markup(h['variant'])} ({markup(h['source'])}, decode bs={markup(h['size'])}): "
+                          "saving "
                           f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {bench.itl_before_ms:.2f} -> "
                           f"{h['predicted_itl_ms']:.2f} ms; measured {bench.itl_before_ms:.2f} -> "
                           f"{bench.itl_after_ms:.2f} ms")
             for w in doc["warnings"]:
-                con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
+                con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
     if args.format == "json":
         print_json(doc)
     elif args.format == "csv":
@@ -139,8 +143,9 @@ def _why_blank(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _report_gate(gate: Any, args: argparse.Namespace) -> None:
-    from kvprof.report.gate import gate_table, junit_xml
     from kvprof.core.atomic import atomic_write_text
+    from kvprof.core.text import markup
+    from kvprof.report.gate import gate_table, junit_xml
     from kvprof.report.terminal import make_console
 
     con = make_console(stderr=args.format != "table")
@@ -152,7 +157,7 @@ def _report_gate(gate: Any, args: argparse.Namespace) -> None:
                f"{gate.threshold_pct:g} % and their spread")
     con.print(verdict, soft_wrap=True)
     for why in gate.unjudged:
-        con.print(f"[yellow]not judged:[/yellow] {why}", soft_wrap=True)
+        con.print(f"[yellow]not judged:[/yellow] {markup(why)}", soft_wrap=True)
     if args.junit is not None:
         atomic_write_text(args.junit, junit_xml(gate, base=str(args.run), new=str(args.run2)))
         print(f"wrote {args.junit}", file=con.file)

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline and args.baseline not in variants:
         raise UsageError(f"--baseline {args.baseline}: this run has {', '.join(sorted(variants))}")
     land = build(args.run.resolve().name, doc, writes, args.source, None, args.baseline)
+    land.notes[:0] = summary.invalid
     text = render(land)
     with atomic_file(args.html, "w") as fh:
         fh.write(text)

@@ -132,6 +132,36 @@ SCHEMA = pa.schema(
 # Events a trace may hold before a reader refuses it (memory bound: ~100 bytes a row in the
 # table, several times that while parsing). ``--max-events`` overrides it.
 DEFAULT_MAX_EVENTS = 4_000_000
+# JSON values one parse may create, per allowed event (DEFAULT_MAX_EVENTS x 4 = 16M values, at
+# most ~125 bytes each once parsed: ~2 GB). torch.profiler's traces, one event per line, are
+# parsed in pieces of 50,000 events (~23 values each), far below it; a trace in another layout
+# is parsed whole, which admits ~700,000 events of that size at the default.
+JSON_VALUES_PER_EVENT = 4
+
+# Decompressed bytes of one trace before a reader refuses it: a small .json.gz can hold
+# gigabytes. Kineto writes 200-500 bytes per event: 1 GiB holds 2-4 million events, about
+# what DEFAULT_MAX_EVENTS admits, and 8x the largest traces kvprof is benchmarked on (120 MB).
+# The environment variable raises or lowers it (MiB).
+DEFAULT_MAX_TRACE_MB = 1024
+MAX_TRACE_MB_ENV = "KVPROF_MAX_TRACE_MB"
+
+
+def max_trace_bytes() -> int:
+    """The decompressed size limit: ``KVPROF_MAX_TRACE_MB`` (MiB) when set, else the default."""
+    import os
+
+    from kvprof.core.errors import UsageError
+
+    text = os.environ.get(MAX_TRACE_MB_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_TRACE_MB << 20
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = float("nan")
+    if not (0 < mb < 1 << 40):  # NaN fails too
+        raise UsageError(f"{MAX_TRACE_MB_ENV}={text!r}: expected a positive size in MiB")
+    return int(mb * (1 << 20))
 
 # Defaults of the columns a reader leaves unset (integers -1, strings null).
 INT_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_integer(f.type))

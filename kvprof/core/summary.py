@@ -21,15 +21,38 @@ Top-level keys (``SUMMARY_SCHEMA``):
 - warnings: every warning, one sentence each
 
 The tables (groups, layers, traces, observer, comparison) stay rows of plain values:
-they are read as frames, not field by field.
+they are read as frames, not field by field. Reading one back (``Summary.from_json``)
+checks their figures: a duration, cost, count or rate that is not a number, or is
+negative, cannot be a measurement (a summary.json edited or damaged by hand); it is
+read as missing and named, with the reason, in ``invalid`` and the warnings, so every
+view shows it as n/a instead of "-5,000,000 µs per write".
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 SUMMARY_SCHEMA = "kvprof.summary/1"
+
+# Row figures that are never negative: durations and costs (ns), counts, rates, fractions.
+NON_NEGATIVE = frozenset({
+    "size", "writes", "steps", "kernels_per_write", "kernels_per_write_min", "kernels_per_write_max",
+    "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "cost_per_write_ns", "host_launch_ns", "streams",
+    "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak", "step_ns", "step_gpu_ns", "step_iqr_ns",
+    "writes_only_step_ns", "tokens", "baseline_cost_per_write_ns", "reference_cost_per_write_ns",
+})
+# The reference pass's cost in a decoder layer is a difference of two medians (the layer with
+# and without its writes): noise can make it, and the share, negative.
+SIGNED_IN_REFERENCE = frozenset({"cost_per_write_ns", "write_share", "baseline_cost_per_write_ns",
+                                 "reference_cost_per_write_ns"})
+# Row figures that may have either sign (differences, ratios, savings); only a number.
+SIGNED = frozenset({
+    "launch_delay_ns", "write_share", "ratio_cost_per_write_ns", "saving_per_step_ms", "predicted_itl_ms",
+    "measured_saving_per_step_ms", "measured_saving_spread_ms", "projected_saving_per_step_ms",
+    "saving_share_of_itl", "ratio_per_write", "ratio_per_step", "pass_slowdown",
+})
 
 
 @dataclass
@@ -82,6 +105,7 @@ class Summary:
     layer_steps: dict[str, Any] | None = None  # --context layer: kvprof.analysis.layer_step.LayerSteps.to_json
     kvprof_version: str = ""
     schema: str = SUMMARY_SCHEMA
+    invalid: list[str] = field(default_factory=list)  # figures from_json read as missing, and why
 
     @property
     def fused_variants(self) -> list[str]:
@@ -112,19 +136,73 @@ class Summary:
             raise ValueError("not a kvprof summary (no groups)")
         raw_variants = d.get("variants")
         variants = raw_variants if isinstance(raw_variants, dict) else {}
+        invalid: list[str] = []
+        device: dict[str, Any] = _object(d.get("device")) or {}
+        device = {**device, **_checked({k: device.get(k) for k in ("peak_bandwidth_gbs", "copy_rate_gbs")
+                                        if k in device}, "device", invalid, positive=True)}
+        comparison = _object(d.get("comparison"))
+        if comparison is not None:
+            comparison = {**comparison, "rows": _checked_rows(comparison.get("rows"), "comparison.rows", invalid)}
+        observer: dict[str, Any] = _object(d.get("observer")) or {}
+        if observer:
+            observer = {**observer, "rows": _checked_rows(observer.get("rows"), "observer.rows", invalid)}
         return cls(
             input=str(d.get("input", "")), input_kind=str(d.get("input_kind", "")),
-            device=d.get("device") or {}, traces=list(d.get("traces") or []),
+            device=device, traces=list(d.get("traces") or []),
             variants={str(n): VariantVerdict.from_json(v) for n, v in variants.items() if isinstance(v, dict)},
-            groups=d["groups"], layers=list(d.get("layers") or []), comparison=d.get("comparison"),
-            observer=d.get("observer") or {}, trusted_sources=list(d.get("trusted_sources") or []),
-            reference=d.get("reference"), warnings=list(d.get("warnings") or []),
+            groups=_checked_rows(d["groups"], "groups", invalid),
+            layers=_checked_rows(d.get("layers"), "layers", invalid), comparison=comparison,
+            observer=observer, trusted_sources=list(d.get("trusted_sources") or []),
+            reference=d.get("reference"), warnings=invalid + list(d.get("warnings") or []),
             write_kernels=d.get("write_kernels"),
             ranks=d.get("ranks") if isinstance(d.get("ranks"), dict) else None,
             layer_steps=d.get("layer_steps") if isinstance(d.get("layer_steps"), dict) else None,
             kvprof_version=str(d.get("kvprof_version", "")),
-            schema=str(d["schema"]),
+            schema=str(d["schema"]), invalid=invalid,
         )
 
 
-__all__ = ["SUMMARY_SCHEMA", "Summary", "VariantVerdict"]
+def _object(v: Any) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None
+
+
+def _why_invalid(key: str, v: Any, signed: bool, positive: bool = False) -> str | None:
+    """Why ``v`` cannot be the figure ``key``, or None when it can (None itself: missing)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "not a number"
+    if not math.isfinite(v):
+        return "not finite"
+    if positive and v <= 0:
+        return "not positive"
+    if v < 0 and not signed:
+        return "negative, which a duration, cost, count or rate cannot be"
+    return None
+
+
+def _checked(row: dict[str, Any], where: str, invalid: list[str], positive: bool = False) -> dict[str, Any]:
+    """``row`` with each figure that cannot be replaced by None, and ``invalid`` told why."""
+    reference = row.get("source") == "reference"
+    out = dict(row)
+    for key, v in row.items():
+        if key not in NON_NEGATIVE and key not in SIGNED and not positive:
+            continue
+        signed = key in SIGNED or (reference and key in SIGNED_IN_REFERENCE)
+        why = _why_invalid(key, v, signed, positive)
+        if why is not None:
+            out[key] = None
+            label = " ".join(str(row.get(k)) for k in ("variant", "source", "phase", "size") if k in row)
+            invalid.append(f"summary.json {where}{f' ({label})' if label else ''}: {key} = {repr(v)[:40]} is "
+                           f"{why}; shown as n/a")
+    return out
+
+
+def _checked_rows(rows: Any, where: str, invalid: list[str]) -> list[dict[str, Any]]:
+    """A table's rows (objects only), each figure checked (``_checked``)."""
+    if not isinstance(rows, list):
+        return []
+    return [_checked(r, f"{where}[{i}]", invalid) for i, r in enumerate(rows) if isinstance(r, dict)]
+
+
+__all__ = ["NON_NEGATIVE", "SIGNED", "SUMMARY_SCHEMA", "Summary", "VariantVerdict"]

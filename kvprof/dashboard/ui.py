@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvprof.dashboard.tables import display, html_table
+from kvprof.report.files import frame_csv  # text cells formula-safe, as in summary.csv
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$])")
 
@@ -74,5 +75,5 @@ def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_co
         st.dataframe(display(rows), hide_index=True, column_config=column_config, key=f"table-{name}")
     if len(df) > max_rows:
         st.caption(f"showing the first {max_rows:,} of {len(df):,} rows; the CSV has all of them")
-    st.download_button("Download table as CSV", data=lambda: df.to_csv(index=False).encode(), file_name=f"{name}.csv",
+    st.download_button("Download table as CSV", data=lambda: frame_csv(df).encode(), file_name=f"{name}.csv",
                        mime="text/csv", key=f"csv-{name}", on_click="ignore")

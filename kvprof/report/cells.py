@@ -21,6 +21,7 @@ from rich.text import Text
 
 from kvprof.core.summary import Summary
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.text import markup, printable
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[Cell]]
                 gone.setdefault(whys, []).append(col.header)
                 keep.remove(i)
         notes += [f"n/a here ({'; '.join(whys)}): {', '.join(heads)}" for whys, heads in gone.items()]
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+    t = Table(title=None if title is None else markup(title), title_justify="left",
+              box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
               padding=(0, 1), pad_edge=not compact, collapse_padding=compact)
     natural = sum(max([len(cols[i].header)] + [len(str(r[i])) for r in rows]) for i in keep)
     borders = (2 if compact else 3) * len(keep) + 1
@@ -140,8 +142,8 @@ def table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[Cell]]
     for i in keep:
         c = cols[i]
         t.add_column("\n".join(c.header.split()) if narrow else c.header, justify=c.justify, overflow="fold")
-    for r in rows:
-        t.add_row(*(Text(str(r[i]), style="dim") if isinstance(r[i], NA) else str(r[i]) for i in keep))
+    for r in rows:  # Text, not str: a cell is never rich markup, and never a control character
+        t.add_row(*(Text(printable(r[i]), style="dim" if isinstance(r[i], NA) else "") for i in keep))
     meant = [f"{cols[i].header}: {cols[i].means}" for i in keep if cols[i].means]
     meant += list(dict.fromkeys(f"{cell}: {cell.explain}" for r in rows for i in keep
                                 if isinstance(cell := r[i], NA) and cell.explain))
@@ -153,7 +155,7 @@ def table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[Cell]]
 def print_table(console: Any, t: Table, notes: Sequence[str]) -> None:
     console.print(t)
     for line in notes:
-        console.print(Text(line, style="dim"))
+        console.print(Text(printable(line), style="dim"))
 
 
 __all__ = ["GRAPH", "NA", "NOT_MEASURED", "Cell", "Col", "cpu_run", "gpu_traced", "missing_reason", "no_gpu_reason",

@@ -15,6 +15,7 @@ from rich.table import Table
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.rundir import RunDir
 from kvprof.core.summary import Summary, VariantVerdict
+from kvprof.core.text import markup
 from kvprof.report.cells import (
     NA,
     NOT_MEASURED,
@@ -129,16 +130,19 @@ def observer_table(obs: dict[str, Any], summary: Summary | None = None,
 
 
 def verdict_line(name: str, v: VariantVerdict) -> str:
+    """One variant's verdict as rich markup (the names and reasons in it escaped)."""
+    name = markup(name)
     if not v.available:
-        return f"[dim]{name}: not run ({v.reason})[/dim]"
+        return f"[dim]{name}: not run ({markup(v.reason)})[/dim]"
     word = "fused" if v.fused else ("not fused" if v.fused is False else "unknown")
     parts = [f"{name}: {word}"]
     parts.append(f"paths say {'fused' if v.fused_by_paths else 'not fused' if v.fused_by_paths is False else '?'}")
     counts = v.kernel_counts.get("gpu_ops_per_write") or {}
-    if counts:
-        parts.append("GPU ops/write " + ", ".join(f"{k} x{c}" for k, c in counts.items()))
+    if counts and isinstance(counts, dict):
+        parts.append("GPU ops/write " + ", ".join(f"{markup(k)} x{markup(c)}" for k, c in counts.items()))
     if v.fell_back:
-        parts.append("[red]fell back[/red]" + (f" ({'; '.join(v.fallback_reasons)})" if v.fallback_reasons else ""))
+        reasons = "; ".join(markup(r) for r in v.fallback_reasons)
+        parts.append("[red]fell back[/red]" + (f" ({reasons})" if reasons else ""))
     if v.agree is False:
         parts.append("[yellow]paths and kernel count disagree[/yellow]")
     return " · ".join(parts)
@@ -200,7 +204,7 @@ def comparison_view(cmp: dict[str, Any], width: int | None = None) -> tuple[Tabl
 def comparison_table(cmp: dict[str, Any], width: int | None = None) -> Table:
     """``compare``'s view: the comparison, with the lines about it as the table's caption."""
     t, notes = comparison_view(cmp, width)
-    t.caption, t.caption_justify = "\n".join(notes), "left"
+    t.caption, t.caption_justify = "\n".join(markup(n) for n in notes), "left"
     return t
 
 
@@ -221,18 +225,18 @@ def run_comparison_table(doc: dict[str, Any]) -> Table:
                     num(r.get("ratio_cost_per_write_ns"), NO_GPU_TIME, "{:.2f}"),
                     num(r.get("saving_per_step_ms"), saving_reason(r), "{:.3f}")])
     t, notes = table(f"run vs run (before -> after; projection: {doc['layers']} layers/step)", cols, out)
-    t.caption, t.caption_justify = "\n".join(notes), "left"
+    t.caption, t.caption_justify = "\n".join(markup(n) for n in notes), "left"
     return t
 
 
 def headline_line(h: dict[str, Any], b: dict[str, Any]) -> str:
-    """The one-line answer, naming the source its figure comes from and how it was got."""
-    source = SOURCE_NAMES.get(h["source"], h["source"])
+    """The one-line answer, naming the source its figure comes from and how it was got (rich markup)."""
+    source = markup(SOURCE_NAMES.get(h["source"], h["source"]))
     how = "measured in a decoder layer" if h.get("measured") else "projected as layers x per-write saving"
     extra = ""
     if h.get("measured") and _is_number(h.get("projected_saving_per_step_ms")):
         extra = f"; the writes alone project {h['projected_saving_per_step_ms']:.3f} ms"
-    return (f"{h['variant']} vs baseline at decode bs={h['size']} ({source}): saving {h['saving_per_step_ms']:.3f} "
+    return (f"{markup(h['variant'])} vs baseline at decode bs={markup(h['size'])} ({source}): saving {h['saving_per_step_ms']:.3f} "
             f"ms/step, {how}{extra}; ITL {b['itl_before_ms']:.2f} → {h['predicted_itl_ms']:.2f} ms predicted, "
             f"{b['itl_before_ms']:.2f} → {b['itl_after_ms']:.2f} ms ({h['measured_saving_ms']:.2f} ms) measured by "
             "the serving benchmark")
@@ -260,24 +264,26 @@ def _generic(summary: Summary, con: Console) -> None:
         if g.get("gpu"):
             busy, window = us(g.get("gpu_busy_ns"), NOT_MEASURED, 1), us(g.get("gpu_window_ns"), NOT_MEASURED, 1)
             overlap = num((g.get("overlap_frac") or 0) * 100, NOT_MEASURED)
-            con.print(f"  {tr['path']}: GPU busy {busy} µs of {window} µs, overlap {overlap} %, "
+            con.print(f"  {markup(tr['path'])}: GPU busy {busy} µs of {window} µs, overlap {overlap} %, "
                       f"{len(g.get('streams') or [])} streams")
             for k in (g.get("kernels_by_name") or [])[:5]:
-                con.print(f"    {k['count']:>6} x {k['name'][:70]}  total {us(k['total_ns'], NOT_MEASURED, 1)} µs")
+                con.print(f"    {markup(k['count']):>6} x {markup(str(k['name'])[:70])}  "
+                          f"total {us(k['total_ns'], NOT_MEASURED, 1)} µs")
         else:
-            con.print(f"  {tr['path']}: {g.get('note', 'no GPU activity')}")
+            con.print(f"  {markup(tr['path'])}: {markup(g.get('note', 'no GPU activity'))}")
 
 
 def render(summary: Summary, console: Console | None = None) -> None:
     con = console or make_console()
     dev = summary.device
     peak = num(dev.get("peak_bandwidth_gbs"), NA("unknown"), "{:.0f}")
-    con.print(f"[bold]kvprof analyze[/bold] {summary.input}  ({summary.input_kind}; device: {dev.get('name') or '?'}, "
-              f"peak {peak} GB/s)")
+    con.print(f"[bold]kvprof analyze[/bold] {markup(summary.input)}  ({markup(summary.input_kind)}; device: "
+              f"{markup(dev.get('name') or '?')}, peak {peak} GB/s)")
     for tr in summary.traces:
         att = tr.get("attribution") or {}
-        con.print(f"  {tr['source']}: {tr['path']} — {tr['events']:,} events, {tr['gpu_events']:,} on GPU, "
-                  f"writes {att.get('writes', 0)}, attribution {att.get('method', 'none')}")
+        con.print(f"  {markup(tr['source'])}: {markup(tr['path'])} — {markup(_count(tr.get('events')))} events, "
+                  f"{markup(_count(tr.get('gpu_events')))} on GPU, writes {markup(att.get('writes', 0))}, "
+                  f"attribution {markup(att.get('method', 'none'))}")
     groups = summary.groups
     ref_rows = [g for g in groups if g["source"] == "reference"]
     if ref_rows:
@@ -301,7 +307,12 @@ def render(summary: Summary, console: Console | None = None) -> None:
             con.print(headline_line(h, cmp["benchmark"]))
     render_layer_steps(summary.layer_steps, con)  # a --context layer run only
     for w in summary.warnings:
-        con.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
+        con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
+
+
+def _count(v: Any) -> str:
+    """A count with thousands separators; anything else (a tampered summary) as its text."""
+    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 __all__ = ["SOURCE_NAMES", "comparison_rows", "comparison_table", "comparison_view", "groups_table", "headline_line", "make_console",

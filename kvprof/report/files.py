@@ -2,7 +2,9 @@
 
 summary.json (orjson, indented), summary.csv (the groups table), events.parquet (the
 normalized event table of every trace, SCHEMA), writes.parquet (one row per write,
-kvprof.analysis.writes.WRITE_COLUMNS). A reader never sees half a file.
+kvprof.analysis.writes.WRITE_COLUMNS). A reader never sees half a file. A CSV text cell
+that a spreadsheet would run as a formula (a variant named ``=HYPERLINK(...)``) is written
+with a leading ``'``, and a CR inside a cell as its escape (kvprof.core.text.csv_cell).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow.parquet as pq
 from kvprof.core.atomic import atomic_file, atomic_path
 from kvprof.core.errors import OutputError
 from kvprof.core.rundir import RunDir
+from kvprof.core.text import csv_cell
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -26,9 +29,24 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
         fh.write(data + b"\n")
 
 
+def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame with every text cell (and column name) a safe CSV cell (kvprof.core.text.csv_cell);
+    numbers untouched."""
+    out = df.rename(columns=csv_cell)
+    for c in out.columns:
+        if not pd.api.types.is_numeric_dtype(out[c]):
+            out[c] = out[c].map(csv_cell)
+    return out
+
+
+def frame_csv(df: pd.DataFrame) -> str:
+    """``df`` as CSV text, formula-safe: summary.csv's content."""
+    return csv_safe(df).to_csv(index=False)
+
+
 def write_csv(path: Path, df: pd.DataFrame) -> None:
     with atomic_file(path, "w") as fh:
-        df.to_csv(fh, index=False)
+        csv_safe(df).to_csv(fh, index=False)
 
 
 PARQUET_SCHEMA_KEY = b"kvprof.schema"  # file metadata: which kvprof table, which version

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvprof.core.text import markup
+
 
 MISSING = "n/a (not measured)"  # as every console table says it (kvprof.report.cells)
 
@@ -30,16 +32,16 @@ def _num(v: Any, fmt: str) -> str:
 
 def per_rank_table(doc: dict[str, Any]) -> Table:
     where = "GPU spans" if doc.get("step_source") == "gpu" else "host ranges"
-    t = Table(title=f"per rank, median ({doc.get('world_size')} ranks; {where})", title_justify="left")
+    t = Table(title=markup(f"per rank, median ({doc.get('world_size')} ranks; {where})"), title_justify="left")
     for col in ("variant", "phase", "size", "rank", "writes", "write µs", "step µs", "collective µs", "wait µs",
                 "collective %", "paths"):
         t.add_column(col, justify="left" if col in ("variant", "phase", "paths") else "right", no_wrap=True)
     for r in doc.get("per_rank") or []:
-        t.add_row(str(r.get("variant")), str(r.get("phase")), str(r.get("size")), str(r.get("rank")),
-                  str(r.get("writes")), _us(r.get("write_ns")), _us(r.get("step_ns"), 1),
+        t.add_row(markup(r.get("variant")), markup(r.get("phase")), markup(r.get("size")), markup(r.get("rank")),
+                  markup(r.get("writes")), _us(r.get("write_ns")), _us(r.get("step_ns"), 1),
                   _us(r.get("collective_ns"), 1), _us(r.get("wait_ns"), 1),
                   _num(r["collective_share"] * 100 if r.get("collective_share") is not None else None, "{:.1f}"),
-                  str(r.get("paths") or "n/a (no paths reported)"))
+                  markup(r.get("paths") or "n/a (no paths reported)"))
     return t
 
 
@@ -48,9 +50,9 @@ def skew_table(doc: dict[str, Any]) -> Table:
     for col in ("variant", "phase", "size", "ranks", "steps", "median", "max", "slowest rank"):
         t.add_column(col, justify="left" if col in ("variant", "phase") else "right", no_wrap=True)
     for r in doc.get("skew") or []:
-        t.add_row(str(r.get("variant")), str(r.get("phase")), str(r.get("size")), str(r.get("ranks")),
-                  str(r.get("steps")), _num(r.get("skew_median"), "{:.3f}"), _num(r.get("skew_max"), "{:.3f}"),
-                  str(r.get("slowest_rank")))
+        t.add_row(markup(r.get("variant")), markup(r.get("phase")), markup(r.get("size")), markup(r.get("ranks")),
+                  markup(r.get("steps")), _num(r.get("skew_median"), "{:.3f}"), _num(r.get("skew_max"), "{:.3f}"),
+                  markup(r.get("slowest_rank")))
     return t
 
 
@@ -62,7 +64,7 @@ def render_ranks(doc: dict[str, Any] | None, console: Console) -> None:
     console.print(skew_table(doc))
     same = doc.get("same_path") or {}
     for variant, ok in same.items():
-        console.print(f"  {variant}: " + ("every rank took the same write path" if ok else
+        console.print(f"  {markup(variant)}: " + ("every rank took the same write path" if ok else
                                           "[red]the ranks took different write paths[/] (see paths above)"))
 
 

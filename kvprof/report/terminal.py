@@ -68,14 +68,17 @@ def print_json(doc: Any) -> None:
 
 
 def csv_text(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Rows as CSV with a header; missing values empty; columns in first-seen order."""
+    """Rows as CSV with a header; missing values empty; columns in first-seen order; a text
+    cell a spreadsheet would run as a formula gets a leading ``'`` (kvprof.core.text.csv_cell)."""
+    from kvprof.core.text import csv_cell
+
     rows = list(rows)
     cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([csv_cell(str(k)) for k in cols])
     for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+        w.writerow([("" if r.get(k) is None else csv_cell(r.get(k))) for k in cols])
     return buf.getvalue()
 
 

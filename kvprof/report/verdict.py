@@ -19,6 +19,7 @@ from kvprof.core import variants
 from kvprof.core.layer_kernels import LayerKernels
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
+from kvprof.core.text import printable
 from kvprof.core.numbers import finite_or_none
 from kvprof.report.cells import NA, Cell, Col, cpu_run, print_table, table
 from kvprof.report.layer_steps import saving_lines
@@ -226,7 +227,7 @@ def grouped_warnings(warnings: list[str]) -> list[str]:
 def render_verdict(summary: Summary, console: Any, manifest: Manifest | None = None) -> None:
     console.print(Text("What this run says", style="bold"))
     for line in verdict_lines(summary, manifest):
-        console.print(Text(f"  {line}"))
+        console.print(Text(printable(f"  {line}")))
 
 
 def render_first_run(summary: Summary, console: Any, manifest: Manifest | None = None,
@@ -234,14 +235,14 @@ def render_first_run(summary: Summary, console: Any, manifest: Manifest | None =
     """The capture's whole summary: what ran, the compact table, the verdict, where next."""
     line = run_line(manifest)
     if line:
-        console.print(Text(line))
+        console.print(Text(printable(line)))
     cols, rows = compact_rows(summary, manifest)
     if rows:
         t, notes = table(None, cols, rows, collapse=False, compact=True, width=console.width)
         print_table(console, t, notes)
     render_verdict(summary, console, manifest)
     for line in grouped_warnings(summary.warnings):
-        console.print(Text(f"warning: {line}", style="yellow"))
+        console.print(Text(printable(f"warning: {line}"), style="yellow"))
     console.print(Text("every table (reference pass, each profiler, observer effect, vs baseline): "
                        f"python -m kvprof analyze {run_dir or 'RUN_DIR'}"))
 

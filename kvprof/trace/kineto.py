@@ -6,8 +6,9 @@ Why it looks the way it does:
   is stored once); the parsed document is dropped right after. No per-event Python
   object outlives the pass.
 - Size guard: the decompressed bytes are read in chunks while counting events, so a
-  trace too large to parse on this machine is refused (``max_events``) before it is
-  held in memory, with a one-line message rather than an out-of-memory kill.
+  trace too large to parse on this machine is refused (its size, ``max_events``, the
+  JSON values one parse would create: kvprof.trace.kineto_io) before it is parsed,
+  with a one-line message rather than an out-of-memory kill.
 - Clock: ``ts`` is microseconds. Current torch writes it relative to
   ``baseTimeNanoseconds`` (which is not the trace start: it can be weeks earlier, so
   ``ts`` *looks* absolute); older traces wrote unix microseconds and no base. Both are
@@ -89,7 +90,8 @@ def _i64_array(values: list[Any]) -> np.ndarray:
 
 
 def _dims(v: Any) -> str | None:
-    if isinstance(v, (list, tuple)):
+    """A launch grid or block as "x,y,z"; None unless it is a list of numbers."""
+    if isinstance(v, (list, tuple)) and all(x.__class__ in (int, float) for x in v):
         return ",".join(str(x) for x in v)
     return None
 
@@ -137,7 +139,7 @@ def events_from_document(
     block_l: list[int] = []
     bytes_l: list[int] = []
     flows: dict[tuple[int, int, float], int] = {}
-    stats = {"skipped": 0, "non_complete": 0, "malformed": 0, "out_of_range": 0}
+    stats = {"skipped": 0, "non_complete": 0, "malformed": 0, "not_a_number": 0, "out_of_range": 0}
     code_of_cat = _CODE_OF_CAT
     arg_codes = _ARG_CODES
     gpu_codes = _GPU_CODES
@@ -174,18 +176,18 @@ def events_from_document(
                     continue
                 code = _OTHER
             ts = e.get("ts")
-            if ts.__class__ not in (int, float):
-                stats["malformed"] += 1
+            dur = e.get("dur")
+            # text, true/false, null or a missing value is no time: never read as 0 (bool is
+            # not int by __class__)
+            if ts.__class__ not in (int, float) or dur.__class__ not in (int, float):
+                stats["not_a_number"] += 1
                 continue
-            dur = e.get("dur", 0)
-            if dur.__class__ not in (int, float):
-                dur = 0
             if not (-_MAX_US < ts < _MAX_US and -_MAX_US < dur < _MAX_US):  # NaN fails too
                 stats["out_of_range"] += 1
                 continue
             name = e.get("name")
-            if name.__class__ is not str:
-                name = "" if name is None else str(name)
+            if name.__class__ is not str:  # a number keeps its digits; a list or object is no name
+                name = str(name) if name.__class__ in (int, float, bool) else ""
             kind_l.append(code)
             name_l.append(names_setdefault(name, len(names)))
             pid = e.get("pid")
@@ -315,7 +317,7 @@ def read_kineto(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVEN
 def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
     p = Path(path)
     data = read_bytes(p, max_events)
-    split = split_events(data, p.name) if len(data) > SPLIT_MIN_BYTES else None
+    split = split_events(data, p.name, max_events) if len(data) > SPLIT_MIN_BYTES else None
     cols = None
     if split is not None:
         doc, starts, _, rb = split
@@ -323,11 +325,11 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
         if total == 0:
             raise TraceError(f"{p.name}: empty trace (traceEvents is empty)")
         try:
-            cols, n, stats = events_from_document(doc, event_batches(data, starts, rb))
+            cols, n, stats = events_from_document(doc, event_batches(data, starts, rb, p.name, max_events))
         except orjson.JSONDecodeError:
             cols = None  # not Kineto's layout after all: parse it whole below
     if cols is None:
-        doc = parse_document(data, p.name)
+        doc = parse_document(data, p.name, max_events)
         total = len(doc["traceEvents"])
         if total == 0:
             raise TraceError(f"{p.name}: empty trace (traceEvents is empty)")

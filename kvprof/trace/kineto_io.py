@@ -1,8 +1,16 @@
-"""The byte side of the Kineto reader: read (gunzip) with an event-count guard, parse, split.
+"""The byte side of the Kineto reader: read (gunzip) within bounds, parse, split.
 
-A trace too large to parse here is refused while its bytes are still being counted
-(``max_events``); large documents are parsed in batches of events so that the whole
-parsed list never lives at once.
+Memory is bounded before anything is parsed, each bound with a one-line refusal:
+- the decompressed size (``KVPROF_MAX_TRACE_MB``, kvprof.core.schema.max_trace_bytes):
+  gzip is inflated a chunk at a time and reading stops past the limit, so a small
+  .json.gz that inflates to gigabytes costs no more than the limit;
+- the events (``max_events``), counted while the bytes are read;
+- the JSON values one parse may create (``max_events`` x JSON_VALUES_PER_EVENT), counted
+  from the bytes before orjson sees them: a parsed value costs 25-125 bytes, so the
+  bytes alone do not bound the parse.
+Large documents in torch.profiler's layout are parsed in batches of events so that the
+whole parsed list never lives at once. orjson refuses nesting deeper than 1024 levels
+(a JSONDecodeError, reported as one line).
 """
 
 from __future__ import annotations
@@ -19,27 +27,32 @@ import orjson
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.core.readers import NotThisFormat
-from kvprof.core.schema import DEFAULT_MAX_EVENTS
+from kvprof.core.schema import DEFAULT_MAX_EVENTS, JSON_VALUES_PER_EVENT, MAX_TRACE_MB_ENV, max_trace_bytes
 
-_CHUNK = 16 << 20  # bytes decompressed at a time while counting events
+_READ = 1 << 20  # compressed bytes read at a time
+_CHUNK = 16 << 20  # most bytes decompressed (or read) at a time
+
+
 def _gunzip_chunks(raw: Any) -> Any:
-    """Decompressed chunks of a (possibly multi-member) gzip stream; truncation is an error.
+    """Decompressed chunks of at most _CHUNK bytes of a (possibly multi-member) gzip stream;
+    truncation is an error.
 
     zlib directly rather than the gzip module: gzip.GzipFile.read(n) can return a short
     read and then b"" for a stream cut short, which would hand half a trace to the parser.
+    ``max_length`` keeps each chunk small however much one compressed block inflates to.
     """
     d = zlib.decompressobj(31)
     fed = False
     while True:
-        block = raw.read(_CHUNK // 4)
+        block = raw.read(_READ)
         if not block:
             break
         while block:
             fed = True
-            out = d.decompress(block)
+            out = d.decompress(block, _CHUNK)
             if out:
                 yield out
-            block = b""
+            block = d.unconsumed_tail
             if d.eof:
                 block = d.unused_data
                 d = zlib.decompressobj(31)
@@ -48,44 +61,73 @@ def _gunzip_chunks(raw: Any) -> Any:
         raise EOFError("the gzip stream ends before its end-of-stream marker")
 
 
-def read_bytes(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> bytes:
-    """The decompressed trace bytes, refusing early when they hold more than ``max_events``."""
+def read_bytes(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS,
+               max_bytes: int | None = None) -> bytearray:
+    """The decompressed trace bytes, refusing early when they hold more than ``max_events``
+    events or more than ``max_bytes`` bytes (default: kvprof.core.schema.max_trace_bytes)."""
     p = Path(path)
+    limit = max_trace_bytes() if max_bytes is None else max_bytes
     try:
         raw = open_regular(p)
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
-    chunks: list[bytes] = []
-    count, tail, size = 0, b"", 0
+    data = bytearray()  # grown in place: no list of chunks joined into a second copy
+    count, tail = 0, b""
     try:
         with raw:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             source = _gunzip_chunks(raw) if gz else iter(lambda: raw.read(_CHUNK), b"")
             for chunk in source:
+                if len(data) + len(chunk) > limit:
+                    raise TraceError(
+                        f"{p.name}: more than {limit / (1 << 20):,.0f} MiB once decompressed; too large to load "
+                        f"here: capture a shorter window, or raise {MAX_TRACE_MB_ENV} (MiB) on a machine with "
+                        "more memory")
                 count += (tail + chunk[:3]).count(b'"ph"') + chunk.count(b'"ph"')
                 tail = chunk[-3:]
-                chunks.append(chunk)
-                size += len(chunk)
+                data += chunk
                 if count > max_events:
                     raise TraceError(
                         f"{p.name}: more than {max_events:,} events (counted {count:,} in the first "
-                        f"{size >> 20} MiB); too large to load here: capture a shorter "
+                        f"{len(data) >> 20} MiB); too large to load here: capture a shorter "
                         "window, or raise --max-events on a machine with more memory"
                     )
     except (EOFError, zlib.error) as exc:
         raise TraceError(f"{p.name}: truncated or corrupt gzip ({exc or type(exc).__name__})") from None
     except OSError as exc:
         raise TraceError(f"cannot read {p}: {exc.strerror or exc}") from None
-    data = b"".join(chunks)
-    del chunks
     return data
 
 
-def parse_document(data: bytes, name: str) -> dict[str, Any]:
+def json_values(data: bytes | bytearray, lo: int = 0, hi: int | None = None) -> int:
+    """At most this many JSON values (object keys aside) in ``data[lo:hi]``.
+
+    Every value but the first follows a "[", a "," or (as the first member of an object)
+    a "{"; the same characters inside strings only make the count larger. Counted with
+    bytes.count, without copying.
+    """
+    hi = len(data) if hi is None else hi
+    return 1 + sum(data.count(c, lo, hi) for c in (b",", b"[", b"{"))
+
+
+def check_values(data: bytes | bytearray, name: str, max_events: int, lo: int = 0, hi: int | None = None) -> None:
+    """TraceError when parsing ``data[lo:hi]`` at once would create more values than
+    ``max_events`` allows (kvprof.core.schema.JSON_VALUES_PER_EVENT)."""
+    cap = max_events * JSON_VALUES_PER_EVENT
+    n = json_values(data, lo, hi)
+    if n > cap:
+        raise TraceError(
+            f"{name}: up to {n:,} JSON values to parse at once, more than {cap:,} ({JSON_VALUES_PER_EVENT} per "
+            f"event of --max-events {max_events:,}); torch.profiler's layout (one event per line) is parsed in "
+            "pieces: write the trace that way, or raise --max-events on a machine with more memory")
+
+
+def parse_document(data: bytes | bytearray, name: str, max_events: int = DEFAULT_MAX_EVENTS) -> dict[str, Any]:
     """orjson parse with one-line errors; a bare event list is accepted as a trace."""
-    if not data.strip():
+    if not data or data.isspace():  # isspace, not strip: no copy of a large document
         raise TraceError(f"{name}: empty file")
+    check_values(data, name, max_events)
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -102,7 +144,8 @@ SPLIT_MIN_BYTES = 8 << 20  # below this the one-shot parse costs little memory a
 _INDENT = re.compile(rb"\[[ \t\r\n]*?(\n[ \t]*)\{")  # Kineto may leave a blank line first
 
 
-def split_events(data: bytes, name: str) -> tuple[dict[str, Any], list[int], int, int] | None:
+def split_events(data: bytes | bytearray, name: str,
+                 max_events: int = DEFAULT_MAX_EVENTS) -> tuple[dict[str, Any], list[int], int, int] | None:
     """An indented trace parsed in batches: (document without its events, event start
     offsets, array start, array end), or None when the file is not laid out that way.
 
@@ -110,7 +153,8 @@ def split_events(data: bytes, name: str) -> tuple[dict[str, Any], list[int], int
     its own at one indentation, deeper objects further in. Parsing the events a batch at
     a time keeps only one batch of Python objects alive instead of the whole document
     (the bytes stay, a fraction of the parsed size). Anything else, compact JSON
-    included, takes the one-shot parse.
+    included, takes the one-shot parse. More event lines than ``max_events`` is a
+    TraceError, as is a document around the events too large to parse at once.
     """
     key = data.find(b'"traceEvents"')
     if key < 0:
@@ -126,6 +170,8 @@ def split_events(data: bytes, name: str) -> tuple[dict[str, Any], list[int], int
         rb = data.rfind(b"]", lb, rb)
         if rb < 0:
             return None
+        if json_values(data, 0, lb) + json_values(data, rb + 1) > max_events * JSON_VALUES_PER_EVENT:
+            return None  # the one-shot parse refuses it with the count
         try:
             doc = orjson.loads(data[:lb] + b"[]" + data[rb + 1:])
         except orjson.JSONDecodeError:
@@ -134,16 +180,23 @@ def split_events(data: bytes, name: str) -> tuple[dict[str, Any], list[int], int
             break
     else:
         return None
-    starts = [s.start() + 1 for s in event_start.finditer(data, lb, rb)]
+    starts: list[int] = []
+    for s in event_start.finditer(data, lb, rb):
+        starts.append(s.start() + 1)
+        if len(starts) > max_events:
+            raise TraceError(f"{name}: more than {max_events:,} events; too large to load here: capture a "
+                             "shorter window, or raise --max-events on a machine with more memory")
     return doc, starts, lb, rb
 
 
-def event_batches(data: bytes, starts: list[int], rb: int) -> Iterator[list[Any]]:
-    """Parsed lists of up to _BATCH events, one at a time."""
+def event_batches(data: bytes | bytearray, starts: list[int], rb: int, name: str = "trace",
+                  max_events: int = DEFAULT_MAX_EVENTS) -> Iterator[list[Any]]:
+    """Parsed lists of up to _BATCH events, one at a time (each within the values bound)."""
     view = memoryview(data)
     for i in range(0, len(starts), _BATCH):
         lo = starts[i]
         hi = starts[i + _BATCH] if i + _BATCH < len(starts) else rb
+        check_values(data, name, max_events, lo, hi)
         chunk = bytes(view[lo:hi]).rstrip().rstrip(b",")
         yield orjson.loads(b"[" + chunk + b"]")
 

@@ -26,7 +26,7 @@ import pandas as pd
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.trace.model import Trace
-from kvprof.core.schema import KINDS
+from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
 from kvprof.trace.table import build_table
 
 NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE, NVTX_CATEGORY_NAME = 59, 60, 75, 33
@@ -156,7 +156,7 @@ def _gpu_frame(db: sqlite3.Connection, table: str, kind: str, strings: dict[int,
         wanted.update(bytes="-1")
     elif kind == "sync":
         wanted.update(syncType="NULL")
-    df = _select(db, table, wanted, "WHERE start IS NOT NULL")
+    df = _select(db, table, wanted)  # rows without a start are counted and dropped by _timed
     if kind == "kernel":
         name_id = df["demangledName"].where(df["demangledName"].notna(), df["shortName"])
         df["name"] = [strings.get(int(i), f"kernel#{int(i)}") if pd.notna(i) else "kernel" for i in name_id]
@@ -253,11 +253,27 @@ def _clock(db: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
     return clock
 
 
-def read_nsys_sqlite(path: str | os.PathLike[str]) -> Trace:
+# the tables read into memory row by row
+ROW_TABLES = (KERNEL_TABLE, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+              "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",
+              "CUDA_GRAPH_NODE_EVENTS", "StringIds")
+
+
+def _check_rows(db: sqlite3.Connection, p: Path, max_events: int) -> None:
+    """Refuse an export with more rows to read than ``max_events`` before reading any."""
+    tables = _tables(db)
+    rows = sum(db.execute(f"SELECT COUNT(*) FROM [{t}]").fetchone()[0] for t in ROW_TABLES if t in tables)
+    if rows > max_events:
+        raise TraceError(f"{p.name}: {rows:,} rows to read, more than {max_events:,} events; too large to load "
+                         "here: capture a shorter window, or raise --max-events on a machine with more memory")
+
+
+def read_nsys_sqlite(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> Trace:
     """Load one nsys SQLite export; write columns are left unset (see attribution)."""
     p = Path(path)
     db = open_export(p)
     try:
+        _check_rows(db, p, max_events)
         return _read(db, p)
     except sqlite3.DatabaseError as exc:
         raise TraceError(f"{p.name}: unreadable nsys export ({exc})") from None
@@ -281,8 +297,7 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
     host_frames: list[pd.DataFrame] = []
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
         rt = _select(db, "CUPTI_ACTIVITY_KIND_RUNTIME", {"start": "NULL", "end": "NULL", "globalTid": "NULL",
-                                                         "correlationId": "-1", "nameId": "NULL"},
-                     "WHERE start IS NOT NULL")
+                                                         "correlationId": "-1", "nameId": "NULL"})
         raw = [strings.get(int(i), "?") if pd.notna(i) else "?" for i in rt["nameId"]]
         rt_names = [_VERSION_SUFFIX.sub("", s) for s in raw]
         rt["name"] = rt_names
@@ -292,6 +307,11 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         nv, _ = _nvtx_frame(db, strings)
         host_frames.append(nv)
     host = pd.concat(host_frames, ignore_index=True) if host_frames else pd.DataFrame()
+    # a start or end that is missing, text, a blob or beyond int64 is no time: the row is
+    # dropped and counted, never read as 0 or -1 ns
+    gpu, untimed_gpu = _timed(gpu)
+    host, untimed_host = _timed(host)
+    untimed = untimed_gpu + untimed_host
     n_gpu, n_host = len(gpu), len(host)
     if n_gpu + n_host == 0:
         raise TraceError(f"{p.name}: nsys export with no kernels, runtime calls or NVTX ranges")
@@ -309,8 +329,7 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         np.asarray([kinds.index(k) for k in col(gpu, "kind")], dtype=np.int32),
         np.asarray([kinds.index(k) for k in col(host, "kind")], dtype=np.int32),
     ])
-    timed = (start >= 0) & (end >= 0)  # _i64 gives -1 for a missing or non-numeric time
-    negative = int((timed & (end < start)).sum())
+    negative = int((end < start).sum())
     n = n_gpu + n_host
     name_codes = np.concatenate([names.codes_of(col(gpu, "name")), names.codes_of(col(host, "name"))])
     grid = np.concatenate([names.codes_of(col(gpu, "grid")), np.full(n_host, -1, np.int32)])
@@ -352,9 +371,21 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
         stats={"events_in_file": n, "kernels": int((col(gpu, "kind") == "kernel").sum()) if n_gpu else 0},
         graph_nodes=graph_nodes_of(db, tables),
         warnings=_missing_table_warnings(tables) + (
+            [f"{untimed:,} rows skipped: start or end missing or not a number (corrupt export)"]
+            if untimed else []) + (
             [f"{negative:,} rows end before they start (corrupt export); their duration counts as 0 ns"]
             if negative else []),
     )
+
+
+def _timed(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The rows whose start and end are numbers (``_select`` made every other value NaN),
+    and how many were not."""
+    if df.empty or "start" not in df.columns or "end" not in df.columns:
+        return df, 0
+    ok = df["start"].notna() & df["end"].notna()
+    bad = int((~ok).sum())
+    return (df[ok].reset_index(drop=True) if bad else df), bad
 
 
 def _missing_table_warnings(tables: set[str] | list[str]) -> list[str]:

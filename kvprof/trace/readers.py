@@ -24,7 +24,7 @@ class NsysSqliteReader:
     name = "nsys_sqlite"
 
     def read(self, path: Path, max_events: int, export_dir: Path | None = None) -> Trace:
-        return read_nsys_sqlite(path)
+        return read_nsys_sqlite(path, max_events)
 
 
 class NsysReportReader:
@@ -37,7 +37,7 @@ class NsysReportReader:
         from kvprof.tools.nsys import exported
 
         with exported(path, export_dir) as db:
-            return read_nsys_sqlite(db).replace(path=str(path))
+            return read_nsys_sqlite(db, max_events).replace(path=str(path))
 
 
 KINETO = KinetoReader()

@@ -16,6 +16,10 @@ SPAN_WARN_NS = 86_400 * 10**9  # a profile longer than a day: a timestamp is pro
 def reader_warnings(stats: dict[str, Any], negative: int, start_ns: np.ndarray, dur_ns: np.ndarray) -> list[str]:
     """What a reader changed or skipped, said once per trace."""
     out = []
+    untimed = int(stats.get("not_a_number", 0))
+    if untimed:
+        out.append(f"{untimed:,} events skipped: timestamp or duration missing or not a number "
+                   "(text, true/false, null; corrupt values)")
     bad = int(stats.get("out_of_range", 0))
     if bad:
         out.append(f"{bad:,} events skipped: timestamp or duration not finite or beyond ±3e15 µs (corrupt values)")
