@@ -193,7 +193,7 @@ def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: 
                   analyse: bool = True, runtime: Runtime | None = None):  # noqa: ANN201 - run.CaptureResult
     """The multi-rank capture; same result as the one-process ``capture``. ``runtime``: what
     ``kvprof.capture.runtime.prepare`` set up (each rank sets the same threads itself)."""
-    from kvprof.capture.run import CaptureResult, plan_variants
+    from kvprof.capture.run import CaptureResult, plan_variants, sweep_stale
     from kvprof.capture.summary import analyze_run_dir, scrub_manifest, verify_run_dir
     from kvprof.guards import check_capture
 
@@ -207,6 +207,7 @@ def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: 
     run_id = config.ensure_run_id()
     final = Path(config.output) / run_id
     problems: list[KvprofError] = []
+    sweep_stale(final.parent, log)
     with atomic_directory(final) as tmp:
         tmp = Path(tmp)
         atomic_write_bytes(tmp / CONFIG_FILE, orjson.dumps(config.as_dict()))

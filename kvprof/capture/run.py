@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import kvprof
-from kvprof.core.atomic import atomic_directory, atomic_write_bytes
+from kvprof.core.atomic import atomic_directory, atomic_write_bytes, clean_stale
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.reference import run_reference_pass
 from kvprof.capture.runtime import Runtime, prepare
@@ -195,6 +195,7 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
+    sweep_stale(final.parent, log)
     with atomic_directory(final, replace=config.force) as tmp:
         tmp = Path(tmp)
         manifest = base_manifest(config, device, runtime)
@@ -262,6 +263,13 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     return CaptureResult(final, manifest, problems, summary, analysis_error)
 
 
+def sweep_stale(folder: Path, log: Callable[[str], None]) -> None:
+    """Remove, and name, the hidden temporaries in ``folder`` of kvprof processes that are gone
+    (killed outright, e.g. SIGKILL, where no cleanup could run)."""
+    for path in clean_stale(folder):
+        log(f"removed {path.name} from {folder}: left behind by a kvprof process that no longer runs")
+
+
 def check_replaceable(final: Path, force: bool) -> None:
     """Before any work: an existing ``final`` needs --force, and --force replaces only a run
     directory (one holding manifest.json) or an empty folder, never some other folder."""
@@ -277,4 +285,4 @@ def check_replaceable(final: Path, force: bool) -> None:
                           "--force replaces only run directories")
 
 
-__all__ = ["CaptureResult", "capture", "check_replaceable", "plan_variants"]
+__all__ = ["CaptureResult", "capture", "check_replaceable", "plan_variants", "sweep_stale"]
