@@ -26,21 +26,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvprof.argtypes import positive_float, positive_int
+from kvprof.argtypes import non_negative_float, output_folder, positive_float, positive_int
 from kvprof.core.errors import UsageError
 from kvprof.report.terminal import add_format_arguments
 
 GATE_FAILED_EXIT_CODE = 1
-
-
-def _percent(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
-    if not (v >= 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0, got {text!r}")
-    return v
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,9 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
     parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
     parser.add_argument("--max-events", type=positive_int, default=None, help="refuse traces with more events than this")
-    parser.add_argument("--out", type=Path, default=None, help="folder for compare.json (default: write nothing)")
+    parser.add_argument("--out", type=output_folder, default=None, help="folder for compare.json (default: write nothing)")
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
-    parser.add_argument("--fail-if-slower", type=_percent, default=None, metavar="PCT",
+    parser.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                         help="with RUN2: exit 1 when any variant x phase x size of RUN2 is slower than in RUN by "
                              "more than PCT %% and more than both runs' spread (step IQR per write)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from kvprof.argtypes import typed_options
 from kvprof.core.errors import UsageError
 from kvprof.layouts.base import LAYOUTS, LayoutWriter
 
@@ -54,8 +55,9 @@ def create_writer(layout: str, name: str, **options: object) -> LayoutWriter:
                 mod = importlib.import_module(f"kvprof.writers.{module}")
             except ImportError as exc:
                 raise UsageError(f"writer {name} cannot be imported: {exc}") from None
-            try:
-                return getattr(mod, cls)(**options)
+            writer_class = getattr(mod, cls)
+            try:  # a boolean option given as text ("no") is made a bool, or refused
+                return writer_class(**typed_options(writer_class, options, name))
             except TypeError as exc:
                 raise UsageError(f"bad option for writer {name}: {exc}") from None
     raise UsageError(f"{name!r} is not a writer of the {layout} layout; known: {', '.join(writer_names(layout))}")

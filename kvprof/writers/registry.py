@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Callable
 from importlib import metadata
 
+from kvprof.argtypes import typed_options
 from kvprof.core.errors import UsageError
 from kvprof.writers.base import KVWriter
 
@@ -58,7 +59,7 @@ class WriterRegistry:
                     "(or give module:function)"
                 )
             factory = self._factories[spec]
-        writer = factory(**options)
+        writer = factory(**typed_options(factory, options, spec))
         if not isinstance(writer, KVWriter):
             raise UsageError(f"writer {spec!r} returned {type(writer).__name__}, not a KVWriter")
         if not writer.name:
