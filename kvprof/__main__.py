@@ -1,3 +1,3 @@
-from kvprof.cli import main
+from kvprof.cli import run_as_program
 
-raise SystemExit(main())
+run_as_program()

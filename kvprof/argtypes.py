@@ -1,32 +1,97 @@
-"""argparse types that refuse what would otherwise be quietly taken for a default.
+"""argparse types that refuse what would otherwise be quietly taken for a default, or crash later.
 
 ``--pool-size 0`` or ``--max-events 0`` used to mean "default" through an ``x or default``;
-``--itl-before nan`` passed every ``<= 0`` test. These types refuse them at the argument,
-with the option's name in the one-line error (exit 2).
+``--itl-before nan`` passed every ``<= 0`` test; ``--threads 100000`` crashed torch's thread
+pool (SIGSEGV); ``--seed -1``, ``--max-memory-gb 1e308`` and counts past int64 ended in
+tracebacks. These types refuse such values at the argument, with the option's name in the
+one-line error (exit 2), before torch is imported. The bounds are module constants, so
+``kvprof.guards.check_capture_values`` holds a ``CaptureConfig`` from the Python API to the
+same ones. ``typed_options`` reads a writer option's text as its parameter's type asks:
+``always=no`` was true.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from kvprof.core.errors import UsageError
+
+# what JSON outputs (orjson), numpy and torch hold: a larger count ended in "Integer exceeds 64-bit range"
+INT64_MAX = 2**63 - 1
+# torch's generators take a seed in [0, 2**64); kvprof derives further seeds by adding small
+# offsets (a layer, a bench point), so a seed stays within int64 to leave them room
+SEED_MAX = INT64_MAX
+# more torch threads than this many per CPU only contend; 100,000 crashed torch's pool
+THREADS_PER_CPU = 4
+# a memory limit above this (1 PiB) is no limit any machine has, and bytes overflow past 1e308 GB
+MAX_MEMORY_GB = 1 << 20
+# a K/V scale and its inverse are float32 on the device: both must be finite and non-zero there
+SCALE_MIN, SCALE_MAX = 2.0**-126, 2.0**127
+# timed repeats per bench point: a median over more is no more precise, and 2**63 ran for ever
+MAX_REPEATS = 100_000
+# room a command needs inside an output folder: a run id (128), its temporary suffix and file names
+OUTPUT_NAME_ROOM = 256
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
-def _int_at_least(text: str, low: int, what: str) -> int:
+def _shown(text: object) -> str:
+    """A value as an error repeats it: at most 60 characters of it."""
+    shown = repr(text) if isinstance(text, str) else str(text)
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."
+
+
+def _int_in(text: str, low: int, high: int, what: str) -> int:
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+    except ValueError:  # also a number of more digits than int() reads (4300)
+        raise argparse.ArgumentTypeError(f"expected {what}, got {_shown(text)}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {_shown(value)}")
     return value
 
 
 def positive_int(text: str) -> int:
-    return _int_at_least(text, 1, "a positive integer")
+    return _int_in(text, 1, INT64_MAX, "a positive integer (at most 2**63-1)")
 
 
 def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0, "an integer >= 0")
+    return _int_in(text, 0, INT64_MAX, "an integer >= 0 (at most 2**63-1)")
+
+
+def positive_ints(text: str) -> list[int]:
+    """Comma-separated positive integers (sizes, token counts), at least one."""
+    values = [_int_in(x, 1, INT64_MAX, "comma-separated positive integers") for x in text.replace(" ", "").split(",")
+              if x]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {_shown(text)}")
+    return values
+
+
+def seed(text: str) -> int:
+    """A random seed torch and numpy both take: 0 .. 2**63-1."""
+    return _int_in(text, 0, SEED_MAX, f"a seed from 0 to {SEED_MAX}")
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity where the OS tells, else all of them)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def max_threads() -> int:
+    return THREADS_PER_CPU * cpu_count()
+
+
+def thread_count(text: str) -> int:
+    """torch CPU threads: 1 .. 4 x this machine's CPUs."""
+    high = max_threads()
+    return _int_in(text, 1, high, f"a thread count from 1 to {high} ({THREADS_PER_CPU} x {cpu_count()} CPUs)")
 
 
 def positive_float(text: str) -> float:
@@ -34,10 +99,105 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {_shown(text)}") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {_shown(text)}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (a time in µs, a percentage)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {_shown(text)}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A fraction in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {_shown(text)}")
+    return value
+
+
+def kv_scale(text: str) -> float:
+    """A K/V scale: finite, > 0, and within float32's normal range, so its inverse is too."""
+    value = positive_float(text)
+    if not SCALE_MIN <= value <= SCALE_MAX:
+        raise argparse.ArgumentTypeError(f"expected a scale from 2**-126 to 2**127 (float32 holds it and its "
+                                         f"inverse), got {_shown(text)}")
+    return value
+
+
+def repeat_count(text: str) -> int:
+    """Timed repeats of one measurement: 1 .. ``MAX_REPEATS``."""
+    return _int_in(text, 1, MAX_REPEATS, f"a count from 1 to {MAX_REPEATS:,}")
+
+
+def port_number(text: str) -> int:
+    """A TCP port: 1 .. 65535."""
+    return _int_in(text, 1, 65535, "a port from 1 to 65535")
+
+
+def memory_gb(text: str) -> float:
+    """A memory limit in GB: finite, > 0, at most ``MAX_MEMORY_GB``."""
+    value = positive_float(text)
+    if value > MAX_MEMORY_GB:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_MEMORY_GB} GB, got {_shown(text)}")
+    return value
+
+
+def memory_mb(text: str) -> int:
+    """A size in MB (a pool): 1 .. the MB of ``MAX_MEMORY_GB`` (its bytes stay within int64)."""
+    return _int_in(text, 1, MAX_MEMORY_GB << 10, f"a number of MB from 1 to {MAX_MEMORY_GB << 10}")
+
+
+def output_folder(text: str) -> Path:
+    """A folder to write into whose path the OS can take, with room for what goes inside it.
+
+    Too long a path (a name over the filesystem's limit, or a whole path over PATH_MAX once a
+    run's names are added) used to end in ENAMETOOLONG tracebacks, sometimes after folders
+    were made.
+    """
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a folder path, got {_shown(text)}")
+    path = Path(os.path.abspath(os.path.expanduser(text)))
+    name_max, path_max = _name_limits(path)
+    for part in path.parts[1:]:
+        if len(os.fsencode(part)) > name_max:
+            raise argparse.ArgumentTypeError(
+                f"the folder name {part[:40]!r}... is {len(os.fsencode(part))} bytes; this filesystem takes {name_max}")
+    length = len(os.fsencode(str(path)))
+    if length + OUTPUT_NAME_ROOM > path_max:
+        raise argparse.ArgumentTypeError(
+            f"the path is {length} bytes; with the {OUTPUT_NAME_ROOM} bytes a run's names need it would pass the "
+            f"system's limit of {path_max}")
+    return Path(text)
+
+
+def _name_limits(path: Path) -> tuple[int, int]:
+    """(longest file name, longest path) in bytes where ``path`` would be made (255, 4096 if unknown)."""
+    existing = path
+    while True:
+        try:
+            if existing.is_dir():
+                break
+        except OSError:
+            pass
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255, 4096
 
 
 def finite_positive(value: float | None, name: str) -> None:
@@ -46,3 +206,42 @@ def finite_positive(value: float | None, name: str) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def _annotation_is_bool(annotation: object) -> bool:
+    """``bool`` or ``bool | None`` (also as the string ``from __future__ import annotations`` leaves)."""
+    if isinstance(annotation, str):
+        text = annotation.replace("Optional[bool]", "bool | None")
+        parts = {p.strip() for p in text.split("|")}
+        return "bool" in parts and parts <= {"bool", "None"}
+    if annotation is bool:
+        return True
+    args = tuple(getattr(annotation, "__args__", ()) or ())
+    return bool in args and set(args) <= {bool, type(None)}
+
+
+def typed_options(factory: Callable[..., object], options: dict[str, object], label: str) -> dict[str, object]:
+    """``options`` for ``factory``, with each value for a boolean parameter made a real bool.
+
+    The command line gives text: ``two_stream.always=no`` used to reach ``bool("no")``, which is
+    True. A boolean parameter takes a bool, 1/0, true/false, yes/no or on/off (any case);
+    anything else is a UsageError naming ``label.key``. Parameters of other types, and
+    factories whose signature cannot be read, get the values unchanged.
+    """
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return dict(options)
+    out = dict(options)
+    for key, value in options.items():
+        param = params.get(key)
+        if param is None or not _annotation_is_bool(param.annotation) or isinstance(value, bool) or value is None:
+            continue
+        word = value if isinstance(value, str) else str(value) if isinstance(value, int) else None
+        parsed = BOOL_WORDS.get(word.strip().lower()) if word is not None else None
+        if parsed is None:
+            raise UsageError(f"{label}.{key} takes true/false, yes/no, on/off or 1/0, got {_shown(value)}")
+        out[key] = parsed
+    return out

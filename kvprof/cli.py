@@ -4,21 +4,28 @@ Each command module has a docstring (its first line is the help), ``add_argument
 ``run``; heavy imports happen inside ``run`` so ``--help`` stays fast. User errors
 (``KvprofError``) become one line on stderr and the error's exit code; so do argument
 errors (exit 2, one line instead of argparse's usage block), a full or read-only disk
-(exit 6), Ctrl-C, at any moment including start-up (130) and SIGTERM (143). A closed
-stdout (a pipe into ``head``) ends the command quietly with exit 0.
+(exit 6), a path longer than the system takes (exit 2), Ctrl-C, at any moment including
+start-up (130), SIGTERM (143) and the other signals that end a process by default (SIGHUP,
+SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM: 128 + the signal's number). A closed stdout (a pipe into
+``head``) ends the command quietly with exit 0. Output the terminal's encoding cannot show
+(``PYTHONIOENCODING=ascii``: µ, box drawing) is written with replacement characters instead
+of ending in UnicodeEncodeError.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
+import signal
 import sys
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
-from collections.abc import Sequence
 
 from kvprof import __version__
 from kvprof.core.atomic import DISK_ERRNOS  # a full or read-only disk: exit 6, never a traceback
-from kvprof.core.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE, KvprofError, OutputError
+from kvprof.core.errors import INTERRUPTED_EXIT_CODE, KvprofError, OutputError, UsageError
 from kvprof.core.interrupts import Terminated, ctrl_c_raises_interrupted
 from kvprof.core.text import printable
 
@@ -70,7 +77,36 @@ def quiet_closed_stdout() -> None:
         pass
 
 
+@contextlib.contextmanager
+def unencodable_replaced() -> Iterator[None]:
+    """stdout and stderr replace what their encoding cannot hold (``PYTHONIOENCODING=ascii``
+    and a µ or a table's box drawing), restored afterwards for a caller that runs ``main``."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            with contextlib.suppress(ValueError, OSError):  # a closed or detached stream
+                reconfigure(errors="replace")
+                changed.append(reconfigure)
+    try:
+        yield
+    finally:
+        for reconfigure in changed:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="strict")
+
+
+def _path_shown(path: object) -> str:
+    text = str(path)
+    return text if len(text) <= 80 else f"{text[:40]}...{text[-37:]}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with unencodable_replaced():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     prog = "kvprof"
     try:
         # the handlers cover start-up too: building the parser imports torch for seconds
@@ -86,15 +122,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {printable(exc)}", file=sys.stderr)  # it can quote a trace's text
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        word = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"{prog}: {word}; nothing half-written was kept", file=sys.stderr)
-        return TERMINATED_EXIT_CODE if isinstance(exc, Terminated) else INTERRUPTED_EXIT_CODE
+        if isinstance(exc, Terminated):
+            word = "terminated" if exc.signum == signal.SIGTERM else f"terminated ({exc.signum.name})"
+            print(f"{prog}: {word}; nothing half-written was kept", file=sys.stderr)
+            return exc.exit_code
+        print(f"{prog}: interrupted; nothing half-written was kept", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except BrokenPipeError:
         quiet_closed_stdout()
         return 0
     except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # a path the user gave, too long for the system
+            where = f": {_path_shown(exc.filename)}" if exc.filename else ""
+            print(f"{prog}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+            return UsageError.exit_code
         if exc.errno not in DISK_ERRNOS:
             raise
         where = f" writing {exc.filename}" if exc.filename else ""
         print(f"{prog}: error: {exc.strerror or exc}{where}; nothing half-written was kept", file=sys.stderr)
         return OutputError.exit_code
+
+
+def run_as_program() -> NoReturn:
+    """``python -m kvprof``: ``main``, then Ctrl-C ignored while the interpreter shuts down.
+
+    Once the command has returned, its outputs are complete and its exit code is decided; a
+    Ctrl-C that landed in the interpreter's own shutdown (after Python's handlers are gone)
+    used to end the process by signal (-2) with no message instead of that code.
+    """
+    try:
+        code = main()
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(code)

@@ -45,7 +45,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda", index)
     if device.type != "cpu":
         raise UsageError(f"unsupported device {name!r}; use auto, cpu, cuda or cuda:N")
-    return device
+    if device.index not in (None, 0):  # torch has one CPU device; cpu:0 is it
+        raise UsageError(f"--device {name}: there is one CPU device, cpu (or cpu:0)")
+    return torch.device("cpu")  # without the index: tensors made on "cpu" report no index
 
 
 def _version(dist: str) -> str | None:

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from kvprof.argtypes import MAX_MEMORY_GB, SEED_MAX, THREADS_PER_CPU, cpu_count, max_threads
 from kvprof.core.errors import ResourceError, UsageError
 
 if TYPE_CHECKING:
@@ -44,6 +45,13 @@ class CaptureConfig(Protocol):
     def page_size(self) -> int: ...
     @property
     def max_memory_gb(self) -> float | None: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def threads(self) -> int | None: ...
+    def reference_steps_on(self, device_type: str) -> int: ...
     def rank_shape(self) -> RankShape: ...
     def phase_specs(self, graphs_possible: bool = True) -> list[PhaseSpec]: ...
     def cache_torch_dtype(self) -> torch.dtype: ...
@@ -56,6 +64,9 @@ DEVICE_FRACTION = 0.9
 # Profiled writes per variant a capture may record: each write leaves several events, and
 # analyze refuses traces over 4,000,000 events by default (kvprof.trace.kineto).
 MAX_PROFILED_WRITES = 500_000
+# Unprofiled writes per variant (warm-up and reference steps x sizes x layers): each is run and
+# the reference steps are timed and kept; 2**63 warm-up steps ran for ever.
+MAX_UNPROFILED_WRITES = 20 * MAX_PROFILED_WRITES
 # Bytes the profiler keeps per recorded write (ranges, ops, launches), for the estimate.
 PROFILER_BYTES_PER_WRITE = 4096
 GiB = 1 << 30
@@ -101,8 +112,9 @@ def _user_limit(max_memory_gb: float | None) -> int | None:
         source = ENV_MAX_MEMORY_GB
     else:
         source = "--max-memory-gb"
-    if not (max_memory_gb > 0 and max_memory_gb != float("inf")):
-        raise UsageError(f"{source} must be a positive number of GB, got {max_memory_gb}")
+    if isinstance(max_memory_gb, bool) or not isinstance(max_memory_gb, (int, float)) \
+            or not 0 < max_memory_gb <= MAX_MEMORY_GB:  # nan fails too
+        raise UsageError(f"{source} must be a positive number of GB up to {MAX_MEMORY_GB}, got {max_memory_gb}")
     return int(max_memory_gb * GiB)
 
 
@@ -153,6 +165,7 @@ class CaptureEstimate:
     device_bytes: int  # pool, inputs and slots on the device
     host_bytes: int  # host slot tables and the profiler's record of every write
     profiled_writes: int
+    unprofiled_writes: int = 0  # warm-up and reference steps' writes
 
 
 def capture_estimate(config: CaptureConfig, device: torch.device) -> CaptureEstimate:
@@ -175,9 +188,10 @@ def capture_estimate(config: CaptureConfig, device: torch.device) -> CaptureEsti
     slots = sum(p.steps * p.tokens for p in phases) * 8
     inputs = sum(p.tokens for p in phases) * shape.head_num * dims * (in_elem + 4)  # float32 staging too
     writes = sum(p.steps for p in phases) * layers
+    unprofiled = (config.warmup + config.reference_steps_on(device.type)) * len(phases) * layers
     device_bytes = pool + inputs + slots
     host_bytes = slots + writes * PROFILER_BYTES_PER_WRITE
-    return CaptureEstimate(device_bytes, host_bytes, writes)
+    return CaptureEstimate(device_bytes, host_bytes, writes, unprofiled)
 
 
 def check_capture(config: CaptureConfig, device: torch.device) -> CaptureEstimate:
@@ -188,6 +202,11 @@ def check_capture(config: CaptureConfig, device: torch.device) -> CaptureEstimat
             f"this capture would profile {est.profiled_writes:,} writes per variant (steps x sizes x layers); "
             f"the limit is {MAX_PROFILED_WRITES:,}, about what analyze loads by default (4,000,000 events). "
             "Lower --steps, the sizes or the phases")
+    if est.unprofiled_writes > MAX_UNPROFILED_WRITES:
+        raise ResourceError(
+            f"this capture would run {est.unprofiled_writes:,} unprofiled writes per variant ((--warmup + "
+            f"--reference-steps) x sizes x layers); the limit is {MAX_UNPROFILED_WRITES:,}. Lower --warmup or "
+            "--reference-steps")
     max_gb = getattr(config, "max_memory_gb", None)
     if device.type == "cuda":
         check_memory(est.device_bytes, memory_limit(device, max_gb), f"the pool and inputs on {device}")
@@ -227,6 +246,13 @@ def check_capture_values(config: CaptureConfig) -> None:
     for name, value in (("--pool-size", config.pool_size), ("--serving-steps", config.serving_steps)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not 0 <= config.seed <= SEED_MAX:
+        raise UsageError(f"--seed must be an integer from 0 to {SEED_MAX}, got {config.seed!r}")
+    threads = config.threads
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= max_threads()):
+        raise UsageError(f"--threads must be from 1 to {max_threads()} ({THREADS_PER_CPU} x {cpu_count()} CPUs), "
+                         f"got {threads!r}")
     max_gb = getattr(config, "max_memory_gb", None)
     if max_gb is not None:
         _user_limit(max_gb)

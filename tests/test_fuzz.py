@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvprof.cli import main
@@ -263,6 +263,87 @@ def test_valid_traces_give_the_builders_answers(layers: int, steps: int, k_ns: i
     assert list(w["gpu_busy_ns"]) == [e["gpu_busy_ns"] for e in exp]
     assert list(w["gpu_span_ns"]) == [e["gpu_span_ns"] for e in exp]
     assert not [x for x in result.summary.to_json()["warnings"] if "skipped" in x or "negative" in x]
+
+
+# ---------------------------------------------------------------- command-line values
+
+# (command, option, what an accepted value must be): each numeric option of the commands that
+# take sizes, counts, seeds, limits or paths. Checked at the argument, before torch is imported.
+INT64_MAX = 2**63 - 1
+NUMERIC_OPTIONS = [
+    *[("capture", o, (1, INT64_MAX)) for o in ("--tp", "--steps", "--serving-steps", "--chunk", "--page-size",
+                                               "--pool-size", "--context-len", "--layers", "--reference-steps",
+                                               "--ranks")],
+    ("capture", "--warmup", (0, INT64_MAX)), ("capture", "--seed", (0, INT64_MAX)),
+    ("capture", "--threads", (1, 4 * len(os.sched_getaffinity(0)))),
+    ("capture", "--max-memory-gb", (0, 2**20)), ("capture", "--k-scale", (2.0**-126, 2.0**127)),
+    ("capture", "--v-scale", (2.0**-126, 2.0**127)),
+    ("bench", "--seed", (0, INT64_MAX)), ("bench", "--threads", (1, 4 * len(os.sched_getaffinity(0)))),
+    ("bench", "--replays", (1, 100_000)), ("bench", "--eager-repeats", (1, 100_000)),
+    ("bench", "--pool-mb", (1, 2**30)), ("bench", "--max-memory-gb", (0, 2**20)),
+    ("bench", "--target-rate-fraction", (0, 1)), ("bench", "--target-fixed-us", (0, float("inf"))),
+    *[(c, o, (1, INT64_MAX)) for c in ("analyze", "compare") for o in ("--layers", "--max-events")],
+    *[(c, o, (0, float("inf"))) for c in ("analyze", "compare") for o in ("--itl-before", "--itl-after")],
+    ("compare", "--fail-if-slower", (0, float("inf"))),
+    ("dashboard", "--port", (1, 65535)), ("dashboard", "--max-upload-mb", (1, 2**30)),
+    # comma-separated sizes: each one bounded
+    ("capture", "--batch-sizes", (1, INT64_MAX)), ("capture", "--prefill-tokens", (1, INT64_MAX)),
+    ("bench", "--tokens", (1, INT64_MAX)),
+]
+DEST = {"--batch-sizes": "decode_sizes", "--prefill-tokens": "prefill_sizes"}
+_PARSER: list[Any] = []
+
+
+def _parse(argv: list[str]) -> tuple[Any, int | None, str]:
+    """The command line parsed (no command run): (namespace or None, exit code or None, stderr)."""
+    from kvprof.cli import build_parser
+
+    if not _PARSER:
+        _PARSER.append(build_parser())
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return _PARSER[0].parse_args(argv), None, err.getvalue()
+        except SystemExit as exc:
+            return None, int(exc.code or 0), err.getvalue()
+
+
+POSITIONAL = {"analyze": ["t.json"], "compare": ["t.json"]}
+NUMBER_TEXT = st.one_of(
+    st.integers(-(2**80), 2**80).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["", " ", ",", "1e308", "-0", "0x10", "1_000", "nan", "-inf", "1e-320", "٣", "9" * 5000,
+                     "1,2,3", "4,-1", f"1,{2**70}"]),
+    st.text(max_size=12),
+)
+
+
+def _option(command: str, flag: str) -> tuple[str, str, tuple]:
+    return next(o for o in NUMERIC_OPTIONS if o[:2] == (command, flag))
+
+
+@_settings(300)
+@given(st.sampled_from(NUMERIC_OPTIONS), NUMBER_TEXT)
+@example(_option("capture", "--seed"), "-1")
+@example(_option("capture", "--threads"), "100000")
+@example(_option("capture", "--max-memory-gb"), "1e308")
+@example(_option("bench", "--target-rate-fraction"), "9" * 5000)
+@example(_option("capture", "--batch-sizes"), f"1,{2**70}")
+def test_numeric_options_take_a_bounded_value_or_refuse_in_one_line(option: tuple[str, str, tuple], text: str) -> None:
+    """Any text for any numeric option: parsed within the option's bounds, or exit 2 with one
+    line naming the option, never a traceback (the value reaching torch, numpy or orjson did)."""
+    command, flag, (low, high) = option
+    args, code, err = _parse([command, *POSITIONAL.get(command, []), f"{flag}={text}"])
+    assert "Traceback" not in err
+    if args is None:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert code == 2 and len(lines) == 1 and flag in lines[0], err
+        assert len(lines[0]) < 400, lines[0]  # a 5000-digit value is not repeated whole
+        return
+    value = getattr(args, DEST.get(flag, flag.lstrip("-").replace("-", "_")))
+    for v in value if isinstance(value, list) else [value]:
+        assert not isinstance(v, bool) and isinstance(v, (int, float)), value
+        assert low <= v <= high and v == v, (flag, text, value)
 
 
 @pytest.mark.fuzz_long

@@ -775,3 +775,133 @@ def test_report_shows_an_impossible_cost_as_invalid(tmp_path, capsys):
     html = (tmp_path / "r.html").read_text()
     assert "5,000,000" not in html and "-5000" not in html.split("<body>", 1)[1].split("<script", 1)[0]
     assert "cost_per_write_ns = -5000000000.0 is negative" in html
+
+
+# ---------------------------------------------------------------- 11. command-line values, option by option
+
+BIG = str(2**70)  # past int64: orjson, numpy and torch refused it with a traceback
+LONG_NAME = "n" * 300  # over a file name's 255 bytes (ENAMETOOLONG)
+DEEP = "/".join(["d" * 200] * 21)  # a path over PATH_MAX (4096)
+# (command, option and value, what the one line must name); every one exits 2, before any work
+BAD_VALUES = [
+    *[("capture", ["--seed", v], "--seed") for v in ("-1", BIG, "x")],
+    *[("capture", ["--threads", v], "--threads") for v in ("0", "100000", BIG)],
+    *[("capture", ["--max-memory-gb", v], "--max-memory-gb") for v in ("1e308", "inf", "nan", "-1", "0")],
+    *[("capture", [opt, BIG], opt) for opt in ("--tp", "--steps", "--warmup", "--serving-steps", "--chunk",
+                                               "--page-size", "--pool-size", "--context-len", "--layers",
+                                               "--reference-steps", "--ranks")],
+    *[("capture", [opt, v], opt) for opt in ("--k-scale", "--v-scale") for v in ("1e308", "1e-308", "nan", "0")],
+    ("capture", ["--batch-sizes", f"1,{BIG}"], "--batch-sizes"),
+    ("capture", ["--prefill-tokens", "0"], "--prefill-tokens"),
+    ("capture", ["--warmup", "100000000"], "--warmup"),  # unprofiled writes over the limit: it would run for days
+    ("capture", ["--reference-steps", "100000000"], "--reference-steps"),
+    ("capture", ["--device", "cpu:1"], "one CPU device"),
+    ("capture", ["--out", LONG_NAME], "--out"),
+    ("capture", ["--out", DEEP], "--out"),
+    ("capture", ["--variants", "two_stream", "--writer-option", "two_stream.always=maybe"], "two_stream.always"),
+    *[("bench", ["--seed", v], "--seed") for v in ("-1", BIG)],
+    ("bench", ["--threads", "100000"], "--threads"),
+    *[("bench", [opt, BIG], opt) for opt in ("--replays", "--eager-repeats", "--pool-mb")],
+    ("bench", ["--replays", "0"], "--replays"),
+    ("bench", ["--tokens", ","], "--tokens"),
+    ("bench", ["--target-fixed-us", "inf"], "--target-fixed-us"),
+    *[("bench", ["--max-memory-gb", v], "--max-memory-gb") for v in ("1e308", "nan")],
+    ("bench", ["--out", LONG_NAME], "--out"),
+    *[(cmd, [opt, BIG], opt) for cmd in ("analyze", "compare") for opt in ("--layers", "--max-events")],
+    *[(cmd, ["--itl-before", "inf"], "--itl-before") for cmd in ("analyze", "compare")],
+    *[(cmd, ["--out", LONG_NAME], "--out") for cmd in ("analyze", "compare")],
+    ("dashboard", ["--address", "no-such-host.invalid"], "--address"),
+    ("dashboard", ["--max-upload-mb", BIG], "--max-upload-mb"),
+    ("dashboard", ["--port", "0"], "--port"),
+    ("dashboard", ["--cache-dir", LONG_NAME], "--cache-dir"),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "needle"), BAD_VALUES,
+                         ids=[f"{c} {' '.join(a)[:40]}" for c, a, _ in BAD_VALUES])
+def test_bad_command_line_values_are_one_line_and_write_nothing(tmp_path, capsys, monkeypatch, command, args, needle):
+    if command == "dashboard":
+        pytest.importorskip("streamlit")
+    monkeypatch.chdir(tmp_path)  # a relative --out lands here, where nothing may appear
+    out = tmp_path / "o"
+    (tmp_path / "in").mkdir()
+    trace = synthetic(tmp_path / "in")
+    head = {"capture": ["capture", *SMALL, "--phase", "decode", "--out", str(out)],
+            "bench": ["bench", "--device", "cpu", "--tokens", "2", "--shapes", "1x8", "--out", str(out)],
+            "analyze": ["analyze", str(trace), "--no-files"],
+            "compare": ["compare", str(trace)],
+            "dashboard": ["dashboard", "--port", "18999"]}
+    rc, err = run_cli(capsys, *head[command], *args)
+    line = one_line(err)
+    assert rc == 2, err
+    assert line.startswith(f"kvprof {command}: error:") and needle in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no output, no temporary, no folder
+    assert sorted(p.name for p in (tmp_path / "in").iterdir()) == ["t.json"]
+
+
+# ---------------------------------------------------------------- 12. values that were read wrongly
+
+
+@pytest.mark.parametrize("word", ["no", "off", "False", "0"])
+def test_a_boolean_writer_option_of_no_is_false(tmp_path, capsys, word):
+    """``two_stream.always=no`` was ``bool("no")``, true: the capture then refused two_stream on a CPU."""
+    rc, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--variants", "two_stream",
+                      "--writer-option", f"two_stream.always={word}", "--out", str(tmp_path), "--run-id", "r")
+    assert rc == 0, err
+    manifest = orjson.loads((tmp_path / "r" / "manifest.json").read_bytes())
+    assert manifest["variants"]["two_stream"]["available"]
+    assert manifest["config"]["writer_options"] == {"two_stream": {"always": {"no": "no", "off": "off",
+                                                                            "False": "False", "0": 0}[word]}}
+
+
+def test_boolean_options_take_the_words_and_refuse_the_rest():
+    from kvprof.core.errors import UsageError
+    from kvprof.writers import create_writer
+
+    for word, value in (("yes", True), ("ON", True), ("1", True), (1, True), ("No", False), ("off", False),
+                        (0, False), (False, False)):
+        assert create_writer("two_stream", always=word).always is value, word
+    for bad in ("maybe", "", 2, 0.5, [True]):
+        with pytest.raises(UsageError, match="two_stream.always takes true/false"):
+            create_writer("two_stream", always=bad)
+
+
+def test_device_cpu_0_is_the_cpu(tmp_path, capsys):
+    """``--device cpu:0`` built the pool on "cpu:0" and the slots on "cpu": a ValueError traceback."""
+    rc, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--device", "cpu:0", "--out", str(tmp_path),
+                      "--run-id", "r")
+    assert rc == 0, err
+    assert (tmp_path / "r" / "manifest.json").is_file()
+
+
+def test_a_dead_captures_hidden_folder_is_removed_and_named(tmp_path, capsys):
+    with subprocess.Popen([sys.executable, "-c", "pass"]) as dead:  # waited for on leaving, whatever happens
+        dead.wait()
+    stale = tmp_path / f".r0.tmp-{dead.pid}-0123abcd"
+    stale.mkdir()
+    (stale / "index_put.pt.trace.json.gz").write_bytes(b"half")
+    rc, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--out", str(tmp_path), "--run-id", "r")
+    assert rc == 0, err
+    assert f"removed {stale.name} from {tmp_path}: left behind by a kvprof process that no longer runs" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def _ascii_child(args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, "-m", "kvprof", *args], capture_output=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("args", [["bench", "--help"], ["analyze", "TRACE", "--no-files"]])
+def test_an_ascii_terminal_gets_replacement_characters_not_a_traceback(tmp_path, args):
+    """bench's help says µs and analyze's table draws boxes: PYTHONIOENCODING=ascii ended in
+    UnicodeEncodeError."""
+    trace = synthetic(tmp_path)
+    done = _ascii_child([str(trace) if a == "TRACE" else a for a in args])
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert b"Traceback" not in done.stderr and b"UnicodeEncodeError" not in done.stderr
+    assert done.stdout.isascii() and len(done.stdout) > 200
+
+
+def test_a_path_too_long_for_the_system_is_one_line(tmp_path, capsys):
+    rc, err = run_cli(capsys, "analyze", str(tmp_path / LONG_NAME / "t.json"), "--no-files")
+    assert rc == 2 and "File name too long" in one_line(err)

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pandas as pd
@@ -128,11 +129,15 @@ def test_the_rank_that_failed_first_is_named_not_the_first_seen_exiting(tmp_path
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--ranks", "0"], "--ranks must be between 1 and 64"),
+    (["--ranks", "0"], "argument --ranks: expected a positive integer"),
+    (["--ranks", "65"], "--ranks must be between 1 and 64"),
     (["--ranks", "2", "--profiler", "nsys"], "--ranks records torch.profiler traces only"),
 ])
 def test_bad_ranks_are_refused(tmp_path, capsys, args, message):
-    rc = main(["capture", *TINY, *args, "--out", str(tmp_path)])
+    try:
+        rc = main(["capture", *TINY, *args, "--out", str(tmp_path)])
+    except SystemExit as exc:  # argparse's refusals exit from inside main
+        rc = int(exc.code or 0)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and message in err[-1]
     assert list(tmp_path.iterdir()) == []
@@ -214,3 +219,29 @@ def test_manifest_ranks_round_trip_and_hostile_entries():
     assert [r.rank for r in hostile.ranks] == [1]
     assert hostile.ranks[0].files == {} and hostile.ranks[0].paths == {}
     assert len(hostile.warnings) >= 3
+
+
+@pytest.mark.slow
+def test_two_ranks_with_a_relative_out(tmp_path):
+    """Each rank joined through ``file://{out}/...``: with a relative --out (the default, traces)
+    the first folder was read as a host and every rank waited for the others for 10 minutes."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvprof", "capture", *TINY, "--steps", "1", "--warmup", "0", "--ranks", "2",
+         "--variants", "index_put", "--no-summary", "--out", "rel/runs", "--run-id", "r"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:  # SIGTERM first: the launcher stops its ranks' process groups itself
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    manifest = orjson.loads((tmp_path / "rel" / "runs" / "r" / "manifest.json").read_bytes())
+    assert manifest["world_size"] == 2 and [r["rank"] for r in manifest["ranks"]] == [0, 1]
+    assert sorted(p.name for p in (tmp_path / "rel" / "runs").iterdir()) == ["r"]

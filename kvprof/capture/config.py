@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kvprof.argtypes import SCALE_MAX, SCALE_MIN
 from kvprof.capture.defaults import CPU_DEFAULT_LAYERS, CPU_DEFAULT_THREADS
 from kvprof.core import variants
 from kvprof.dtypes import parse_dtype, short_name
@@ -111,8 +112,10 @@ class CaptureConfig:
             raise UsageError(f"--nsys-graph-trace must be one of {', '.join(NSYS_GRAPH_TRACES)}, "
                              f"got {self.nsys_graph_trace!r}")
         for s in (self.k_scale, self.v_scale):
-            if s is not None and not (s > 0 and s == s and s != float("inf")):
-                raise UsageError(f"scales must be positive and finite, got {s}")
+            if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
+                                  or not SCALE_MIN <= s <= SCALE_MAX):  # nan fails too
+                raise UsageError(f"scales must be positive and finite, from 2**-126 to 2**127 (float32 holds "
+                                 f"them and their inverses), got {s}")
         self._check_layers()
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")

@@ -10,6 +10,7 @@ analyses it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 import kvprof
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.runtime import Runtime
+from kvprof.core.atomic import clean_stale
 from kvprof.core.errors import DeviceError, KvprofError, OutputError, UsageError
 from kvprof.core.run import Manifest, VariantEntry
 from kvprof.core.rundir import RunDir
@@ -158,6 +160,13 @@ def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext 
             f"{device}, more than the {have / 2**30:.1f} GiB available; pick a smaller --model or a larger --tp")
     return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed, k_scale=config.k_scale,
                           v_scale=config.v_scale)
+
+
+def sweep_stale(folder: Path, log: Callable[[str], None]) -> None:
+    """Remove, and name, the hidden temporaries in ``folder`` of kvprof processes that are gone
+    (killed outright, e.g. SIGKILL, where no cleanup could run)."""
+    for path in clean_stale(folder):
+        log(f"removed {path.name} from {folder}: left behind by a kvprof process that no longer runs")
 
 
 def check_replaceable(final: Path, force: bool) -> None:

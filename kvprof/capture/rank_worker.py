@@ -137,8 +137,10 @@ def main(argv: list[str]) -> int:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        dist.init_process_group(backend, init_method=f"file://{RunDir(out).ranks_store}", rank=rank, world_size=world,
-                                timeout=TIMEOUT)
+        # a FileStore by absolute path, not a file:// URL: in "file://traces/x" the first folder of
+        # a relative --out is read as a host and every rank waited for the others until TIMEOUT
+        store = dist.FileStore(str(RunDir(out).ranks_store.resolve()), world)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=TIMEOUT)
         try:
             doc = run_rank(config, out, rank, world, device)
             dist.barrier()  # every rank finished its traces before any reports success

@@ -23,7 +23,9 @@ import orjson
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.plan import CapturedRun, base_manifest, plan_variants, scrub_files, scrub_manifest, variant_entry
+from kvprof.capture.plan import (
+    CapturedRun, base_manifest, plan_variants, scrub_files, scrub_manifest, sweep_stale, variant_entry,
+)
 from kvprof.capture.runtime import Runtime
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes
 from kvprof.core.errors import DeviceError, KvprofError, UsageError
@@ -192,6 +194,7 @@ def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: 
     run_id = str(config.run_id)
     final = Path(config.output) / run_id
     problems: list[KvprofError] = []
+    sweep_stale(final.parent, log)
     with atomic_directory(final) as tmp:
         tmp = Path(tmp)
         atomic_write_bytes(RunDir(tmp).ranks_config, orjson.dumps(config.as_dict()))

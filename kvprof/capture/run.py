@@ -19,7 +19,7 @@ from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import (
     CapturedRun, base_manifest, check_replaceable, make_context, plan_variants, scrub_files, scrub_manifest,
-    variant_entry,
+    sweep_stale, variant_entry,
 )
 from kvprof.capture.reference import run_reference_pass
 from kvprof.capture.runtime import Runtime, prepare
@@ -79,6 +79,7 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
             log(f"skipping {p.name}: {p.reason}")
     if context is not None:
         log(f"--context layer: {context.kernels.describe()}")
+    sweep_stale(final.parent, log)
     with atomic_directory(final, replace=config.force) as tmp:
         tmp = Path(tmp)
         manifest = base_manifest(config, device, runtime, context)
@@ -134,4 +135,4 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     return CapturedRun(final, manifest, problems)
 
 
-__all__ = ["CapturedRun", "capture", "check_replaceable", "plan_variants"]
+__all__ = ["CapturedRun", "capture", "check_replaceable", "plan_variants", "sweep_stale"]

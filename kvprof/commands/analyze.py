@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvprof.argtypes import positive_float, positive_int
+from kvprof.argtypes import output_folder, positive_float, positive_int
 from kvprof.report.terminal import add_format_arguments
 
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     b = Benchmark()
     parser.add_argument("path", help="run directory, trace folder, Chrome trace, nsys .sqlite or .nsys-rep")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the outputs (default: next to PATH)")
+    parser.add_argument("--out", type=output_folder, default=None, help="folder for the outputs (default: next to PATH)")
     parser.add_argument("--baseline", default=None,
                         help="variant to compare the others with (default: two_stream when present)")
     parser.add_argument("--layers", type=positive_int, default=None,

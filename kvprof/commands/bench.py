@@ -18,7 +18,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvprof.argtypes import positive_float, positive_int
+from kvprof.argtypes import (
+    fraction, memory_gb, memory_mb, non_negative_float, output_folder, positive_ints, repeat_count, seed,
+    thread_count,
+)
 from kvprof.bench.grids import CPU_GRID, CPU_ROPE_GRID, CPU_THREADS, CUDA_GRID, CUDA_ROPE_GRID, FAMILIES
 from kvprof.core.bench_result import BenchTarget
 from kvprof.report.terminal import add_format_arguments
@@ -39,7 +42,7 @@ def _shapes(text: str) -> list[tuple[int, ...]]:
         out = []
     if not out or any(len(s) not in (2, 3) or min(s) < 1 for s in out) or len({len(s) for s in out}) > 1:
         raise argparse.ArgumentTypeError(f"expected HEADSxDIM[,HEADSxDIM...] (--family rope: QHEADSxHEADSxDIM), "
-                                         f"got {text!r}")
+                                         f"got {text[:60]!r}")
     return out
 
 
@@ -49,26 +52,6 @@ def _dtypes(text: str) -> list[tuple[str, str]]:
         cache, _, inp = item.partition("<-")
         out.append((cache, inp or cache))
     return out
-
-
-def _fraction(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = float("nan")
-    if not 0 < x <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
-    return x
-
-
-def _non_negative_us(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = float("nan")
-    if not 0 <= x < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of µs >= 0, got {text!r}")
-    return x
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,26 +67,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", type=_dtypes, default=None,
                    help=f"CACHE[<-INPUT] list (default: {CUDA_GRID.dtypes_text()} on CUDA, "
                         f"{CPU_GRID.dtypes_text()} on CPU)")
-    p.add_argument("--tokens", type=_ints, default=None,
+    p.add_argument("--tokens", type=positive_ints, default=None,
                    help=f"token counts (default: {CUDA_GRID.tokens_text()} on CUDA, {CPU_GRID.tokens_text()} on CPU)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=positive_int, default=None,
+    p.add_argument("--threads", type=thread_count, default=None,
                    help=f"torch intra-op threads while timing (default: {CPU_THREADS} on CPU, so a time is the "
                         "writer's work and not threads contending for cores; torch's own default on CUDA); "
                         "recorded in bench.json")
-    p.add_argument("--replays", type=positive_int, default=100, help="graph replays per point (default: %(default)s)")
-    p.add_argument("--eager-repeats", type=positive_int, default=20)
-    p.add_argument("--pool-mb", type=positive_int, default=256, help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
-    p.add_argument("--max-memory-gb", type=positive_float, default=None,
+    p.add_argument("--replays", type=repeat_count, default=100, help="graph replays per point (default: %(default)s)")
+    p.add_argument("--eager-repeats", type=repeat_count, default=20)
+    p.add_argument("--pool-mb", type=memory_mb, default=256, help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
+    p.add_argument("--max-memory-gb", type=memory_gb, default=None,
                    help="refuse points that would need more (default: 80%% of available host memory, "
                         "90%% of the GPU's free memory)")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", type=output_folder, default=None,
                    help="folder for bench.json and bench.csv (default: a new folder under ~/.cache/kvprof/bench)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target-fixed-us", type=_non_negative_us, default=BenchTarget.fixed_us,
+    p.add_argument("--seed", type=seed, default=0, help="random seed of the inputs, 0 .. 2**63-1 (default: %(default)s)")
+    p.add_argument("--target-fixed-us", type=non_negative_float, default=BenchTarget.fixed_us,
                    help="the fused writes' target is this many µs + bytes / (fraction x copy rate) "
                         "(default: %(default)s; recorded in bench.json)")
-    p.add_argument("--target-rate-fraction", type=_fraction, default=BenchTarget.rate_fraction,
+    p.add_argument("--target-rate-fraction", type=fraction, default=BenchTarget.rate_fraction,
                    help="the fraction of the measured copy rate in that target (default: %(default)s)")
     add_format_arguments(p)
 

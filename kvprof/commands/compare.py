@@ -26,22 +26,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvprof.argtypes import positive_float, positive_int
+from kvprof.argtypes import non_negative_float, output_folder, positive_float, positive_int
 from kvprof.core.errors import UsageError
 from kvprof.core.rundir import RunDir
 from kvprof.report.terminal import add_format_arguments
 
 GATE_FAILED_EXIT_CODE = 1
-
-
-def _percent(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
-    if not (v >= 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0, got {text!r}")
-    return v
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-events", type=positive_int, default=None,
                         help="refuse traces with more events than this (default 4,000,000; also bounds the JSON "
                              "values parsed at once, and KVPROF_MAX_TRACE_MB the decompressed size)")
-    parser.add_argument("--out", type=Path, default=None, help=f"folder for {RunDir.COMPARE} (default: write nothing)")
+    parser.add_argument("--out", type=output_folder, default=None, help=f"folder for {RunDir.COMPARE} (default: write nothing)")
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
-    parser.add_argument("--fail-if-slower", type=_percent, default=None, metavar="PCT",
+    parser.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                         help="with RUN2: exit 1 when any variant x phase x size of RUN2 is slower than in RUN by "
                              "more than PCT %% and more than both runs' spread (step IQR per write)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE",

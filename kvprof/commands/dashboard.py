@@ -16,10 +16,12 @@ import os
 import sys
 from pathlib import Path
 
+from kvprof.argtypes import MAX_MEMORY_GB, memory_mb, output_folder, port_number
 from kvprof.core.errors import ToolError, UsageError
 
 DEFAULT_PORT = 8501
 DEFAULT_MAX_UPLOAD_MB = 200
+MAX_UPLOAD_MB = MAX_MEMORY_GB << 10  # Streamlit took any number, 10**30 too, and started anyway
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -27,12 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", nargs="?", default=None, help="run folder to open first (default: the samples)")
     parser.add_argument("--root", action="append", type=Path, default=None,
                         help="traces root the sidebar offers (repeatable; default: traces/samples and traces)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default: %(default)s)")
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, help="port (default: %(default)s)")
     parser.add_argument("--address", default="127.0.0.1",
                         help="address to bind (default: %(default)s, this machine only)")
-    parser.add_argument("--max-upload-mb", type=int, default=DEFAULT_MAX_UPLOAD_MB,
+    parser.add_argument("--max-upload-mb", type=memory_mb, default=DEFAULT_MAX_UPLOAD_MB,
                         help="largest trace upload, MB (default: %(default)s)")
-    parser.add_argument("--cache-dir", type=Path, default=None,
+    parser.add_argument("--cache-dir", type=output_folder, default=None,
                         help="where analyze outputs of unanalysed runs and uploads go "
                              "(default: ~/.cache/kvprof/dashboard)")
     parser.add_argument("--open", action="store_true", help="open a browser tab too")
@@ -48,12 +50,25 @@ def app_path() -> Path:
     return p
 
 
+def check_address(address: str, port: int) -> None:
+    """The address is an IP address or a name that resolves; else one line, before
+    the server starts (it used to end in the server's socket.gaierror traceback)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise UsageError(f"--address {address!r} does not resolve to an address to bind: {why}") from None
+
+
 def streamlit_command(args: argparse.Namespace, app: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """The ``streamlit run`` command line and environment for ``args`` (checked, nothing started)."""
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
-    if args.max_upload_mb <= 0:
-        raise UsageError(f"--max-upload-mb must be positive, got {args.max_upload_mb}")
+    if not 0 < args.max_upload_mb <= MAX_UPLOAD_MB:
+        raise UsageError(f"--max-upload-mb must be from 1 to {MAX_UPLOAD_MB}, got {args.max_upload_mb}")
+    check_address(args.address, args.port)
     roots = [r.expanduser().resolve() for r in (args.root or [])]
     for r in roots:
         if not r.is_dir():

@@ -17,6 +17,11 @@ there back out: nanobind/pybind11 throw a C++ exception nothing catches and the 
 aborts (SIGABRT, exit -6) instead of exiting 130. So while the handlers are installed, an
 extension module's initialisation holds the signal and it is raised the moment the
 initialisation returns (``_native_init``).
+
+SIGHUP (a closed terminal or SSH session), SIGQUIT (Ctrl-\\), SIGUSR1, SIGUSR2 and SIGALRM
+end a process by default too (SIGQUIT with a core dump), and did so without the cleanup,
+leaving the hidden run folder behind: they raise ``Terminated`` as SIGTERM does, with the
+exit code 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -33,37 +38,52 @@ from types import FrameType, ModuleType
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a kvprof command; caught like any KeyboardInterrupt."""
 
+    signum = signal.SIGINT
+
 
 class Terminated(Interrupted):
-    """SIGTERM during a kvprof command; cleaned up like Ctrl-C, exit code 143."""
+    """SIGTERM (or another signal whose default ends the process) during a kvprof command;
+    cleaned up like Ctrl-C, exit code 128 + the signal's number (143 for SIGTERM)."""
 
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signal.Signals(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum)
+
+
+# The signals handled like SIGTERM: each ends a process by default (SIGQUIT with a core dump).
+TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+                    if hasattr(signal, name))
 
 # Extension modules initialising in the main thread (where Python runs signal handlers), and
-# the signal that arrived meanwhile (Terminated wins over Interrupted: it asks for more).
+# the signal that arrived meanwhile (a terminating one wins over Ctrl-C: it asks for more).
 _native_depth = 0
-_pending: type[Interrupted] | None = None
+_pending: Interrupted | None = None
 
 
-def _raise(kind: type[Interrupted]) -> None:
+def _raise(exc: Interrupted) -> None:
     global _pending
     if _native_depth:
-        if _pending is None or kind is Terminated:
-            _pending = kind
+        if _pending is None or isinstance(exc, Terminated):
+            _pending = exc
         return
-    raise kind
+    raise exc
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    _raise(Interrupted)
+    _raise(Interrupted())
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    _raise(Terminated)
+    _raise(Terminated(signum))
 
 
 @contextmanager
 def _native_init() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while an extension module initialises; raise what came on the way out."""
+    """Hold the handled signals while an extension module initialises; raise what came on the way out."""
     global _native_depth, _pending
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -74,8 +94,8 @@ def _native_init() -> Iterator[None]:
     finally:
         _native_depth -= 1
         if _native_depth == 0 and _pending is not None:
-            kind, _pending = _pending, None
-            raise kind
+            exc, _pending = _pending, None
+            raise exc
 
 
 class _HeldSignalsLoader(ExtensionFileLoader):
@@ -110,18 +130,19 @@ class _NativeImportFinder:
 
 @contextmanager
 def ctrl_c_raises_interrupted() -> Iterator[None]:
-    """Within the block, SIGINT raises ``Interrupted`` and SIGTERM ``Terminated`` (held while an
-    extension module initialises); a handler someone else set is kept."""
+    """Within the block, SIGINT raises ``Interrupted`` and SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
+    SIGUSR2 and SIGALRM raise ``Terminated`` (held while an extension module initialises); a
+    handler someone else set is kept."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     own_int = signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    own_term = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    own = [s for s in TERMINATING if signal.getsignal(s) == signal.SIG_DFL]
     if own_int:
         signal.signal(signal.SIGINT, _raise_interrupted)
-    if own_term:
-        signal.signal(signal.SIGTERM, _raise_terminated)
-    finder = (own_int or own_term) and _NativeImportFinder not in sys.meta_path
+    for s in own:
+        signal.signal(s, _raise_terminated)
+    finder = (own_int or bool(own)) and _NativeImportFinder not in sys.meta_path
     if finder:
         sys.meta_path.insert(0, _NativeImportFinder)  # type: ignore[arg-type]
     try:
@@ -131,13 +152,14 @@ def ctrl_c_raises_interrupted() -> Iterator[None]:
             sys.meta_path.remove(_NativeImportFinder)  # type: ignore[arg-type]
         if own_int:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        if own_term:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s in own:
+            signal.signal(s, signal.SIG_DFL)
 
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends (a few renames that must happen together).
+    """SIGINT and the terminating signals wait until the block ends (a few renames that must
+    happen together).
 
     Blocked at the thread's signal mask, so a signal that arrives meanwhile is delivered,
     and raises, right after the block, when the set it protects is whole.
@@ -145,7 +167,7 @@ def signals_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *TERMINATING})
     try:
         yield
     finally:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from kvprof.argtypes import typed_options
 from kvprof.core.errors import UsageError
 from kvprof.layouts.layout import LAYOUTS, Layout, Writer, check_layout, get_layout
 
@@ -77,7 +78,7 @@ class WriterRegistry:
                 raise UsageError(f"unknown variant {spec!r}: not a writer of the {layout} layout; known: "
                                  f"{', '.join(known)} (or give module:function)")
             factory = self._factories[(layout, spec)]
-        writer = factory(**options)
+        writer = factory(**typed_options(factory, options, spec))
         bases = self._layouts(layout).writer_bases
         if not isinstance(writer, bases):
             raise UsageError(f"writer {spec!r} returned {type(writer).__name__}, not a "
@@ -111,8 +112,9 @@ def builtin(name: str, module: str, cls: str) -> WriterFactory:
             mod = importlib.import_module(f"kvprof.writers.{module}")
         except ImportError as exc:
             raise UsageError(f"writer {name} cannot be imported: {exc}") from None
-        try:
-            writer: Writer = getattr(mod, cls)(**options)
+        writer_class = getattr(mod, cls)
+        try:  # a boolean option given as text ("no") is made a bool, or refused
+            writer: Writer = writer_class(**typed_options(writer_class, options, name))
         except TypeError as exc:  # unknown option names
             raise UsageError(f"bad option for writer {name}: {exc}") from None
         return writer
