@@ -193,7 +193,7 @@ def _checked(row: dict[str, Any], where: str, invalid: list[str], positive: bool
         if why is not None:
             out[key] = None
             label = " ".join(str(row.get(k)) for k in ("variant", "source", "phase", "size") if k in row)
-            invalid.append(f"summary.json {where}{f' ({label})' if label else ''}: {key} = {repr(v)[:40]} is "
+            invalid.append(f"summary {where}{f' ({label})' if label else ''}: {key} = {repr(v)[:40]} is "
                            f"{why}; shown as n/a")
     return out
 
