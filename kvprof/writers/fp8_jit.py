@@ -93,23 +93,8 @@ def hw_cast_safe(cols: int, token_stride: int, elems_per_program: int, num_warps
 
 
 if triton is not None:
-
-    @triton.jit
-    def _round_code(a, M: tl.constexpr, B: tl.constexpr):
-        """|x| as fp32 bits (int32) -> the code of a format with M mantissa bits and exponent
-        bias B, rounded to nearest even, subnormals included; overflow is the caller's."""
-        SH: tl.constexpr = 23 - M
-        r = a - ((127 - B) << 23)
-        normal = (r + ((1 << (SH - 1)) - 1) + ((r >> SH) & 1)) >> SH
-        e = a >> 23
-        sig = tl.where(e > 0, (a & 0x7FFFFF) | 0x800000, a)
-        s = tl.minimum(151 - B - M - tl.maximum(e, 1), 30)
-        q = sig >> s
-        rem = sig - (q << s)
-        half = 1 << (s - 1)
-        up = (rem > half) | ((rem == half) & ((q & 1) == 1))
-        sub = q + up.to(tl.int32)
-        return tl.where(a < ((128 - B) << 23), sub, normal)
+    # the subnormal-aware rounding, shared with the MHA writer's integer path
+    from kvprof.writers.triton_convert import int_round_small
 
     @triton.jit
     def fp8_code_int(x, E4M3: tl.constexpr, SAT: tl.constexpr):
@@ -119,13 +104,13 @@ if triton is not None:
         a = xb & 0x7FFFFFFF
         nan = a > 0x7F800000
         if E4M3:
-            r = _round_code(a, 3, 7)
+            r = int_round_small(a, 3, 7)
             if SAT:
                 r = tl.where(nan, 0x7F, tl.where(a >= 0x43F00000, 0x7E, tl.minimum(r, 0x7E)))
             else:  # >= 480, inf, NaN: NaN; (464, 480) rounds to 0x7F already
                 r = tl.where(a >= 0x43F00000, 0x7F, r)
         else:
-            r = _round_code(a, 2, 15)
+            r = int_round_small(a, 2, 15)
             if SAT:
                 r = tl.where(nan, 0x7F, tl.where(a >= 0x47800000, 0x7B, tl.minimum(r, 0x7B)))
             else:  # >= 65536: inf (61440 and up round there already); NaN
