@@ -1,7 +1,7 @@
 """argparse types that refuse what would otherwise be quietly taken for a default.
 
-``--pool-size 0`` or ``--max-events 0`` used to mean "default" through an ``x or default``;
-``--itl-before nan`` passed every ``<= 0`` test. These types refuse them at the argument,
+Through an ``x or default``, ``--pool-size 0`` or ``--max-events 0`` would mean "default";
+``--itl-before nan`` passes every ``<= 0`` test. These types refuse them at the argument,
 with the option's name in the one-line error (exit 2).
 """
 

@@ -89,8 +89,8 @@ def pdl_capable(device: object) -> bool:
 
 def hw_cast_safe(cols: int, token_stride: int, elems_per_program: int, num_warps: int) -> bool:
     """Whether Triton's packed hardware fp8 cast may be used for a tile. Triton 3.6's ptxas
-    mis-compiled it when a thread held its elements in pairs (odd bytes came out wrong on an
-    H200); rows in 16-element multiples with >= 4 elements per thread never showed it."""
+    miscompiles it where a thread holds its elements in pairs (``triton_kernel.fp8_cast_safe``,
+    docs/benchmarks.md); rows in 16-element multiples with >= 4 elements per thread do not."""
     return cols % 16 == 0 and token_stride % 16 == 0 and elems_per_program >= 4 * 32 * num_warps
 
 
