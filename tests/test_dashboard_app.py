@@ -414,6 +414,7 @@ def test_paths_outside_the_root_are_not_opened(dash_env: dict[str, Path], monkey
     assert ".." not in at.sidebar.selectbox(key="nav_run").value
 
 
+@pytest.mark.slow  # every page of every run in the test root
 def test_every_page_for_every_kind_of_run(dash_env: dict[str, Path]) -> None:
     at = ok(start())
     for run in ("h200", "cpu-only", "synth-after", "corrupt", "h200-raw"):

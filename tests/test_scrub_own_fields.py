@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import orjson
+import pytest
 
 from cli_support import end, kvprof_child
 from kvprof.cli import main
@@ -27,6 +28,7 @@ def _reasons(doc: dict) -> dict[str, str]:
     return {name: v.get("reason") for name, v in doc["variants"].items()}
 
 
+@pytest.mark.slow  # a capture in a child process
 def test_scrub_then_analyze_keeps_the_variant_reasons(tmp_path, capsys):
     # with the interpreter turned off (kvprof keeps an explicit 0), triton_fused cannot run on
     # CPU and the manifest says why
