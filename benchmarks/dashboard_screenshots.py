@@ -1,6 +1,6 @@
 """Screenshots of every dashboard page and of the HTML report, on the committed samples, for docs.
 
-    python bench/dashboard_screenshots.py [--out docs/img/dashboard] [--width 760]
+    python benchmarks/dashboard_screenshots.py [--out docs/img/dashboard] [--width 760]
 
 Starts ``kvprof dashboard`` on the bundled H200 samples (a free localhost port), visits each
 page in Debian's headless Chromium through Playwright (never ``playwright install``), and
