@@ -11,17 +11,14 @@ pytest.importorskip("plotly")
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from dashboard_support import empty_root_env  # noqa: E402
 from kvprof.commands.dashboard import app_path  # noqa: E402
 
 ENTRY = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
 
 
 def test_checkout_entry_runs_the_packaged_app_on_every_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(empty))
-    monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("KVPROF_DASHBOARD_RUN", raising=False)
+    empty_root_env(tmp_path, monkeypatch)
     entry = AppTest.from_file(str(ENTRY), default_timeout=90).run()
     packaged = AppTest.from_file(str(app_path()), default_timeout=90).run()
     for at in (entry, packaged):
