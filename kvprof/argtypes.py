@@ -1,13 +1,13 @@
 """argparse types that refuse what would otherwise be quietly taken for a default, or crash later.
 
-``--pool-size 0`` or ``--max-events 0`` used to mean "default" through an ``x or default``;
-``--itl-before nan`` passed every ``<= 0`` test; ``--threads 100000`` crashed torch's thread
-pool (SIGSEGV); ``--seed -1``, ``--max-memory-gb 1e308`` and counts past int64 ended in
+Through an ``x or default``, ``--pool-size 0`` or ``--max-events 0`` would mean "default";
+``--itl-before nan`` passes every ``<= 0`` test; a ``--threads`` past what torch's thread pool
+takes crashes it (SIGSEGV); seeds, memory sizes and counts outside their ranges end in
 tracebacks. These types refuse such values at the argument, with the option's name in the
 one-line error (exit 2), before torch is imported. The bounds are module constants, so
 ``kvprof.guards.check_capture_values`` holds a ``CaptureConfig`` from the Python API to the
-same ones. ``typed_options`` reads a writer option's text as its parameter's type asks:
-``always=no`` was true.
+same ones. ``typed_options`` reads a writer option's text as its parameter's type asks
+(``always=no`` is false).
 """
 
 from __future__ import annotations

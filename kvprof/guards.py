@@ -238,7 +238,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def check_capture_values(config: CaptureConfig) -> None:
-    """Values that used to be taken quietly (0 as "default", an empty phase list, a path as run id)."""
+    """Values that would otherwise be taken quietly (0 as "default", an empty phase list, a path as run id)."""
     if config.run_id is not None:
         check_run_id(config.run_id)
     if not config.phases:

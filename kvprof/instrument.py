@@ -6,7 +6,7 @@ in domain ``kvprof`` (message naming variant and layer, payload = tokens, a colo
 category per variant) from event attributes built once per (layer, tokens), and enters a ``record_function`` range of the same name only
 while a torch profiler is recording: outside a profiler record_function costs ~8.6 µs a
 call on a 2-core CPU machine, NVTX with prebuilt attributes ~0.1 µs
-(`python bench/bench_instrumentation.py` prints both).
+(`python benchmarks/bench_instrumentation.py` prints both).
 """
 
 from __future__ import annotations

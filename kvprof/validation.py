@@ -42,7 +42,8 @@ def check_write_inputs(
     contiguous rows, copying only where needed. Slot values are the caller's (a device sync)."""
     # Ordered and written so that the common, valid call costs about a dozen attribute
     # reads (identity tests, one shape read per tensor, integer device ids instead of
-    # torch.device objects): on the H200's host each Python-level read costs ~0.1-0.2 µs.
+    # torch.device objects): each Python-level read is a visible part of the pool's cost per
+    # write (docs/benchmarks.md, "Eager").
     if not isinstance(loc, torch.Tensor):
         raise ValueError(f"loc must be a tensor of slot indices, got {type(loc).__name__}")
     loc_dtype = loc.dtype

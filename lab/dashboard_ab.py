@@ -1,5 +1,5 @@
 """Interleaved A/B of two dashboard checkouts in one headless Chromium: differences smaller than
-bench/bench_dashboard.py's round-to-round noise (about 0.5 s on a 2-core machine).
+benchmarks/bench_dashboard.py's round-to-round noise (about 0.5 s on a 2-core machine).
 
     python lab/dashboard_ab.py fresh --pairs 7 before=/tmp/kvprof-before after=.
     python lab/dashboard_ab.py warm --rounds 9 before=/tmp/kvprof-before after=/tmp/kvprof-toggle
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_dashboard as bd  # noqa: E402
 
 from kvprof.core.errors import ToolError  # noqa: E402

@@ -2,7 +2,7 @@
 """The tables of docs/observer-effect.md, from analysed run directories.
 
     python lab/observer_tables.py traces/samples/h200-llama70b-tp8
-    python lab/observer_tables.py --settings docs/gpu/settings/nsys-node docs/gpu/settings/nsys-graph
+    python lab/observer_tables.py --settings lab/results/observer-settings/nsys-node lab/results/observer-settings/nsys-graph
     python lab/observer_tables.py --layer RUN_LAYER                 # writes inside a decoder layer
 
 Reads only each run's summary.json and step_timings.json (what `kvprof analyze` and

@@ -131,3 +131,13 @@ def dash_env(dash_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(dash_runs["h200"]))
     monkeypatch.delenv("KVPROF_DASHBOARD_MAX_UPLOAD_MB", raising=False)
     return {**dash_runs, "root": root, "cache": tmp_path / "cache"}
+
+
+def empty_root_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The dashboard pointed at an empty traces root (returned), with its own cache, opening no run."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(empty))
+    monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVPROF_DASHBOARD_RUN", raising=False)
+    return empty

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from cli_support import end, kvprof_child, run_cli
 from kvprof.capture.defaults import CPU_DEFAULT_LAYERS
 from kvprof.cli import main
 
@@ -20,15 +21,9 @@ SMALL = ["--model", "llama-3.1-70b", "--tp", "8", "--batch-sizes", "1,4", "--pre
          "--steps", "2", "--warmup", "1", "--no-progress"]
 
 
-def run_cli(*args: str) -> int:
-    try:
-        return main(list(args))
-    except SystemExit as exc:  # argparse's refusals exit from inside main
-        return int(exc.code or 0)
-
-
 def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
-    rc = run_cli("capture", *SMALL, "--variants", "index_put,two_stream", "--out", str(tmp_path), "--run-id", "r1")
+    rc, printed, _ = run_cli(capsys, "capture", *SMALL, "--variants", "index_put,two_stream", "--out", str(tmp_path),
+                             "--run-id", "r1")
     assert rc == 0
     run = tmp_path / "r1"
     manifest = orjson.loads((run / "manifest.json").read_bytes())
@@ -56,23 +51,20 @@ def test_capture_writes_a_complete_run_dir(tmp_path, capsys):
     summary = orjson.loads((run / "summary.json").read_bytes())
     assert set(summary["variants"]) >= {"index_put", "two_stream"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
-    assert "run directory" in capsys.readouterr().out
+    assert "run directory" in printed
 
 
 def test_first_run_on_cpu_fuses_in_triton_interpreter_and_fits_80_columns(tmp_path):
     """The README's first command, shrunk to a few seconds: the default variants on a CPU with
     TRITON_INTERPRET unset; kvprof sets it, triton_fused runs fused, the output teaches and
     fits 80 columns, and what was skipped says why."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(COLUMNS="80", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvprof", "capture", "--batch-sizes", "1", "--prefill-tokens", "16", "--steps", "2",
-         "--warmup", "1", "--no-progress", "--out", str(tmp_path), "--run-id", "first"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = kvprof_child("capture", "--batch-sizes", "1", "--prefill-tokens", "16", "--steps", "2", "--warmup", "1",
+                        "--no-progress", "--out", str(tmp_path), "--run-id", "first",
+                        env={"TRITON_INTERPRET": None, "COLUMNS": "80", "PYTHONUNBUFFERED": "1"})
     try:
         out, err = proc.communicate(timeout=300)
     finally:
-        _end(proc)
+        end(proc)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert "profiler_start" not in err.decode() and "profiler_stop" not in err.decode()  # Kineto's markers
     text = out.decode()
@@ -109,14 +101,13 @@ def test_first_run_on_a_gpu_writes_every_layer_with_compiled_kernels(tmp_path, c
 
     if triton_kernel.interpreted():
         pytest.skip("triton_fused was imported under TRITON_INTERPRET=1; run with TRITON_INTERPRET=0")
-    rc = run_cli("capture", "--batch-sizes", "1,10", "--prefill-tokens", "64", "--steps", "3", "--warmup", "1",
-                 "--reference-steps", "20", "--variants", "index_put,two_stream,triton_fused", "--no-progress",
-                 "--out", str(tmp_path), "--run-id", "g")
+    rc, out, _ = run_cli(capsys, "capture", "--batch-sizes", "1,10", "--prefill-tokens", "64", "--steps", "3",
+                         "--warmup", "1", "--reference-steps", "20", "--variants", "index_put,two_stream,triton_fused",
+                         "--no-progress", "--out", str(tmp_path), "--run-id", "g")
     assert rc == 0
     manifest = orjson.loads((tmp_path / "g" / "manifest.json").read_bytes())
     assert manifest["config"]["layers"] == 80 and manifest["config"]["resolved"]["triton_interpret"] is None
     assert "interpreted" not in manifest["variants"]["triton_fused"]
-    out = capsys.readouterr().out
     flat = " ".join(out.split())
     assert "each step wrote 80 of the model's 80 layers" in flat and "interpreter" not in flat
     row = next(line.split() for line in out.splitlines() if line.split()[:4] == ["triton_fused", "yes", "decode", "10"])
@@ -124,8 +115,8 @@ def test_first_run_on_a_gpu_writes_every_layer_with_compiled_kernels(tmp_path, c
 
 
 def test_layers_and_threads_reach_the_manifest_and_projections_use_the_model(tmp_path, capsys):
-    rc = run_cli("capture", *SMALL, "--variants", "index_put,two_stream", "--layers", "3", "--threads", "2",
-                 "--phase", "decode", "--out", str(tmp_path), "--run-id", "l3")
+    rc, _, _ = run_cli(capsys, "capture", *SMALL, "--variants", "index_put,two_stream", "--layers", "3",
+                       "--threads", "2", "--phase", "decode", "--out", str(tmp_path), "--run-id", "l3")
     assert rc == 0
     manifest = orjson.loads((tmp_path / "l3" / "manifest.json").read_bytes())
     assert manifest["config"]["layers"] == 3 and manifest["config"]["threads"] == 2
@@ -160,8 +151,8 @@ def test_layers_and_threads_reach_the_manifest_and_projections_use_the_model(tmp
 def test_bad_input_is_one_line_and_a_code(tmp_path, capsys, monkeypatch, args, code, message):
     monkeypatch.setenv("KVPROF_NSYS", str(tmp_path / "no-nsys-here"))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    rc = run_cli("capture", *SMALL, "--out", str(tmp_path / "out"), *args)
-    err = capsys.readouterr().err.strip().splitlines()
+    rc, _, stderr = run_cli(capsys, "capture", *SMALL, "--out", str(tmp_path / "out"), *args)
+    err = stderr.strip().splitlines()
     assert rc == code
     assert err and message in err[-1] and err[-1].startswith("kvprof capture: error:")
     assert "Traceback" not in "\n".join(err)
@@ -171,30 +162,31 @@ def test_bad_input_is_one_line_and_a_code(tmp_path, capsys, monkeypatch, args, c
 def test_unwritable_output(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--out", str(blocker / "sub"))
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--variants", "index_put", "--out", str(blocker / "sub"))
     assert rc == 6
-    assert "kvprof capture: error:" in capsys.readouterr().err
+    assert "kvprof capture: error:" in err
 
 
 def test_existing_run_id_is_refused(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
-    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--out", str(tmp_path), "--run-id", "taken")
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--variants", "index_put", "--out", str(tmp_path),
+                         "--run-id", "taken")
     assert rc == 6
-    err = capsys.readouterr().err
     assert "exists" in err and "--force" in err
     # --force replaces run directories only, never a folder of someone else's files
-    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--out", str(tmp_path), "--run-id", "taken", "--force")
-    assert rc == 6 and "not a kvprof run directory" in capsys.readouterr().err
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--variants", "index_put", "--out", str(tmp_path),
+                         "--run-id", "taken", "--force")
+    assert rc == 6 and "not a kvprof run directory" in err
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
 def test_force_replaces_a_run_directory_whole(tmp_path, capsys):
     args = ["capture", *SMALL, "--phase", "decode", "--batch-sizes", "1", "--out", str(tmp_path), "--run-id", "r",
             "--no-summary"]
-    assert run_cli(*args, "--variants", "index_put") == 0
+    assert run_cli(capsys, *args, "--variants", "index_put").rc == 0
     (tmp_path / "r" / "stale.txt").write_text("from the old run")
-    assert run_cli(*args, "--variants", "two_stream", "--force") == 0
+    assert run_cli(capsys, *args, "--variants", "two_stream", "--force").rc == 0
     manifest = orjson.loads((tmp_path / "r" / "manifest.json").read_bytes())
     assert [v for v, e in manifest["variants"].items() if e["available"]] == ["two_stream"]
     assert not (tmp_path / "r" / "stale.txt").exists() and not (tmp_path / "r" / "index_put.pt.trace.json.gz").exists()
@@ -202,12 +194,9 @@ def test_force_replaces_a_run_directory_whole(tmp_path, capsys):
 
 
 def test_ctrl_c_leaves_no_run_dir(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvprof", "capture", "--model", "llama-3.1-70b", "--steps", "400",
-         "--variants", "index_put", "--no-progress", "--out", str(tmp_path), "--run-id", "interrupted"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-    )
+    proc = kvprof_child("capture", "--model", "llama-3.1-70b", "--steps", "400", "--variants", "index_put",
+                        "--no-progress", "--out", str(tmp_path), "--run-id", "interrupted",
+                        env={"PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not any(tmp_path.iterdir()):
@@ -216,7 +205,7 @@ def test_ctrl_c_leaves_no_run_dir(tmp_path):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
-        _end(proc)
+        end(proc)
     assert proc.returncode == 130, err.decode()[-2000:]
     assert b"interrupted" in err and b"Traceback" not in err
     assert list(tmp_path.iterdir()) == []
@@ -259,14 +248,7 @@ def _interrupt_inside_exec(tmp_path: Path, *command: str) -> tuple[int, bytes]:
         _, err = proc.communicate(timeout=60)
         return proc.returncode, err
     finally:
-        _end(proc)
-
-
-def _end(proc: subprocess.Popen) -> None:
-    """Whatever happened above, the child does not outlive the test (a lost SIGINT left it spinning)."""
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(30)
+        end(proc)  # a lost SIGINT would leave it spinning
 
 
 def test_ctrl_c_inside_exec_still_exits_130(tmp_path):
@@ -291,7 +273,7 @@ def test_plain_keyboard_interrupt_inside_exec_dies_by_signal(tmp_path):
     assert rc == -signal.SIGINT
 
 
-def test_third_party_writer_by_spec(tmp_path, monkeypatch):
+def test_third_party_writer_by_spec(tmp_path, monkeypatch, capsys):
     plugin = tmp_path / "plug"
     plugin.mkdir()
     (plugin / "my_writer.py").write_text(
@@ -300,8 +282,8 @@ def test_third_party_writer_by_spec(tmp_path, monkeypatch):
         "def make():\n    return Mine()\n"
     )
     monkeypatch.syspath_prepend(str(plugin))
-    rc = run_cli("capture", *SMALL, "--variants", "index_put", "--writer", "my_writer:make",
-                 "--out", str(tmp_path / "o"), "--run-id", "r", "--no-summary")
+    rc, _, _ = run_cli(capsys, "capture", *SMALL, "--variants", "index_put", "--writer", "my_writer:make",
+                       "--out", str(tmp_path / "o"), "--run-id", "r", "--no-summary")
     assert rc == 0
     manifest = orjson.loads((tmp_path / "o" / "r" / "manifest.json").read_bytes())
     assert manifest["variants"]["mine"]["files"]["torch_trace"] == "mine.pt.trace.json.gz"
@@ -391,12 +373,13 @@ def test_child_counts_only_measured_writes(tmp_path):
     assert result["paths"] == {"two_copies": CPU_DEFAULT_LAYERS * 2 * 2}
 
 
-def test_planted_secret_reaches_no_byte_of_a_cpu_run(tmp_path, monkeypatch):
+def test_planted_secret_reaches_no_byte_of_a_cpu_run(tmp_path, monkeypatch, capsys):
     """The CPU half of the environment check (the H200 samples are checked in test_samples.py)."""
     secret = "kvprof-planted-cpu-5e0c1a9f77"
     monkeypatch.setenv("KVPROF_TEST_SECRET", secret)
     monkeypatch.setenv("HF_TOKEN", "hf_" + secret)
-    rc = run_cli("capture", *SMALL, "--variants", "index_put,two_stream", "--out", str(tmp_path), "--run-id", "s")
+    rc, _, _ = run_cli(capsys, "capture", *SMALL, "--variants", "index_put,two_stream", "--out", str(tmp_path),
+                       "--run-id", "s")
     assert rc == 0
     files = [p for p in (tmp_path / "s").rglob("*") if p.is_file()]
     assert len(files) >= 6

@@ -7,13 +7,11 @@ import csv
 import gzip
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_support import end, kvprof_child
 from kvprof.cli import main
 from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps
 
@@ -29,17 +27,6 @@ def run_dir(tmp_path_factory) -> Path:
                                                           PhaseSpec("prefill", 64, 2)]))
         (folder / f"{variant}.pt.trace.json.gz").write_bytes(gzip.compress(dumps(doc), compresslevel=1))
     return folder
-
-
-def _child(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvprof", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=ROOT, env={**os.environ, **(env or {})})
-
-
-def _end(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(30)
 
 
 def test_analyze_json_is_one_document_and_paths_go_to_stderr(run_dir, tmp_path, capsys):
@@ -65,28 +52,25 @@ def test_compare_json_parses(run_dir, capsys):
 
 
 def test_closing_the_pipe_is_not_an_error(run_dir):
-    proc = _child("analyze", str(run_dir), "--no-files")
+    proc = kvprof_child("analyze", str(run_dir), "--no-files", cwd=ROOT)
     try:
         first = proc.stdout.readline()
         proc.stdout.close()  # what `| head -1` does
         err = proc.stderr.read()
         rc = proc.wait(120)
     finally:
-        _end(proc)
+        end(proc)
     assert first.startswith(b"kvprof analyze")
     assert rc == 0 and err == b"", err.decode()[-2000:]
 
 
 @pytest.mark.parametrize("columns, widest", [("90", 90), (None, 120)])
 def test_piped_tables_follow_columns(run_dir, columns, widest):
-    env = {"COLUMNS": columns} if columns else {}
-    clean_env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    proc = subprocess.Popen([sys.executable, "-m", "kvprof", "analyze", str(run_dir), "--no-files"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env={**clean_env, **env})
+    proc = kvprof_child("analyze", str(run_dir), "--no-files", cwd=ROOT, env={"COLUMNS": columns})
     try:
         out, _ = proc.communicate(timeout=120)
     finally:
-        _end(proc)
+        end(proc)
     assert proc.returncode == 0
     # table lines (box drawing) fit; the one-line warnings are soft-wrapped on purpose
     table = [line for line in out.decode().splitlines() if line[:1] in "┏┃┡│└"]

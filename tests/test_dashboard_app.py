@@ -19,7 +19,7 @@ pytest.importorskip("plotly")
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard_support import FIXTURE, REPO, dash_env, dash_runs, synth_spec  # noqa: E402,F401
+from dashboard_support import FIXTURE, REPO, dash_env, dash_runs, empty_root_env, synth_spec  # noqa: E402,F401
 from kvprof.trace.synthetic import build, dumps  # noqa: E402
 
 APP = str(REPO / "kvprof" / "dashboard" / "app.py")
@@ -306,11 +306,7 @@ def test_cpu_only_trace_reads_as_warnings(dash_env: dict[str, Path], monkeypatch
 
 
 def test_empty_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(empty))
-    monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("KVPROF_DASHBOARD_RUN", raising=False)
+    empty_root_env(tmp_path, monkeypatch)
     at = ok(start())
     assert "No runs under" in texts(at.warning)
     assert not at.error
@@ -414,6 +410,7 @@ def test_paths_outside_the_root_are_not_opened(dash_env: dict[str, Path], monkey
     assert ".." not in at.sidebar.selectbox(key="nav_run").value
 
 
+@pytest.mark.slow  # every page of every run in the test root
 def test_every_page_for_every_kind_of_run(dash_env: dict[str, Path]) -> None:
     at = ok(start())
     for run in ("h200", "cpu-only", "synth-after", "corrupt", "h200-raw"):

@@ -21,7 +21,7 @@ from dashboard_support import REPO, dash_runs  # noqa: F401
 from kvprof.core.errors import ToolError
 from kvprof.dashboard.background import BackgroundServer, free_port
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a server and a Chromium for the module
 
 CHROMIUM = Path(os.environ.get("KVPROF_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = REPO / "test-artifacts" / "dashboard"

@@ -230,6 +230,7 @@ def _quiet_dashboard_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch
     monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path_factory.mktemp("dash-cache")))
 
 
+@pytest.mark.slow
 @_settings(CI_EXAMPLES)
 @given(kineto_damage())
 def test_malformed_kineto(case: tuple[bytes, str]) -> None:

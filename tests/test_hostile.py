@@ -19,22 +19,13 @@ import orjson
 import pytest
 import torch
 
+from cli_support import kvprof_child, run_cli
 from kvprof.cli import main
 from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
 
 SMALL = ["--batch-sizes", "1", "--prefill-tokens", "8", "--steps", "1", "--warmup", "0", "--no-progress",
          "--variants", "index_put", "--no-summary", "--tp", "8"]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    try:
-        rc = main(list(args))
-    except SystemExit as exc:  # argparse's refusals exit from inside main
-        rc = int(exc.code or 0)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return rc, err
 
 
 def one_line(err: str) -> str:
@@ -58,7 +49,7 @@ def synthetic(tmp_path: Path, name: str = "t.json", mutate=None, spec: TraceSpec
 @pytest.mark.parametrize("run_id", ["../escape", "/tmp/kvprof-absolute-run-id", "a\nb", "a" * 300, ".hidden", "a/b"])
 def test_run_id_that_is_not_a_plain_folder_name_is_refused(tmp_path, capsys, run_id):
     out = tmp_path / "out"
-    rc, err = run_cli(capsys, "capture", *SMALL, "--out", str(out), "--run-id", run_id)
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--out", str(out), "--run-id", run_id)
     assert rc == 2
     assert "--run-id" in one_line(err)
     assert not out.exists() or not any(out.iterdir())
@@ -99,7 +90,7 @@ def _mutations():
 @pytest.mark.parametrize("case", sorted(_mutations()))
 def test_malformed_kineto_values_never_trace_back(tmp_path, capsys, case):
     p = synthetic(tmp_path, mutate=_mutations()[case])
-    rc, err = run_cli(capsys, "analyze", str(p), "--out", str(tmp_path / "o"))
+    rc, _, err = run_cli(capsys, "analyze", str(p), "--out", str(tmp_path / "o"))
     assert rc in (0, 3), err
     if rc:
         assert one_line(err).startswith("kvprof analyze: error:")
@@ -145,7 +136,7 @@ def _nsys_export(path: Path, *, text_in_ints: bool = False, runtime: bool = True
 
 def test_nsys_text_in_integer_columns_is_read_not_traced_back(tmp_path, capsys):
     p = _nsys_export(tmp_path / "x.sqlite", text_in_ints=True)
-    rc, err = run_cli(capsys, "analyze", str(p), "--no-files")
+    rc, _, err = run_cli(capsys, "analyze", str(p), "--no-files")
     assert rc == 0, err
 
 
@@ -155,7 +146,7 @@ def test_manifest_files_of_the_wrong_type(tmp_path, capsys, files):
     run.mkdir()
     synthetic(run, "t.pt.trace.json")
     (run / "manifest.json").write_bytes(orjson.dumps({"variants": {"v": {"files": files}}, "device": "x"}))
-    rc, err = run_cli(capsys, "analyze", str(run), "--no-files")
+    rc, _, err = run_cli(capsys, "analyze", str(run), "--no-files")
     assert rc == 3 and "no readable trace" in one_line(err)
 
 
@@ -164,7 +155,7 @@ def test_manifest_cannot_point_outside_the_run_folder(tmp_path, capsys):
     run.mkdir()
     outside = synthetic(tmp_path, "outside.json")
     (run / "manifest.json").write_bytes(orjson.dumps({"variants": {"v": {"files": {"torch_trace": str(outside)}}}}))
-    rc, err = run_cli(capsys, "analyze", str(run), "--no-files")
+    rc, _, err = run_cli(capsys, "analyze", str(run), "--no-files")
     assert rc == 3 and "no readable trace" in one_line(err)  # the absolute path is dropped, with a warning
 
 
@@ -179,7 +170,7 @@ def test_unreadable_folder_and_file(tmp_path, capsys, monkeypatch):
         return real_iterdir(self)
 
     monkeypatch.setattr(Path, "iterdir", deny)
-    rc, err = run_cli(capsys, "analyze", str(d), "--no-files")
+    rc, _, err = run_cli(capsys, "analyze", str(d), "--no-files")
     assert rc == 3 and "cannot read the folder" in one_line(err)
     monkeypatch.setattr(Path, "iterdir", real_iterdir)
     f = synthetic(tmp_path)
@@ -191,7 +182,7 @@ def test_unreadable_folder_and_file(tmp_path, capsys, monkeypatch):
         return real_open(path, flags, *a, **k)
 
     monkeypatch.setattr(os, "open", deny_open)
-    rc, err = run_cli(capsys, "analyze", str(f), "--no-files")
+    rc, _, err = run_cli(capsys, "analyze", str(f), "--no-files")
     assert rc == 3 and "Permission denied" in one_line(err)
 
 
@@ -199,7 +190,7 @@ def test_unreadable_folder_and_file(tmp_path, capsys, monkeypatch):
 def test_itl_must_be_positive_and_finite(tmp_path, capsys, value):
     p = synthetic(tmp_path)
     for cmd in ("analyze", "compare"):
-        rc, err = run_cli(capsys, cmd, str(p), "--itl-before", value, "--no-files")
+        rc, _, err = run_cli(capsys, cmd, str(p), "--itl-before", value, "--no-files")
         assert rc == 2 and "--itl-before" in one_line(err)
 
 
@@ -218,7 +209,7 @@ def test_full_disk_during_analyze_is_exit_6_and_keeps_nothing_new(tmp_path, caps
         return real(table, where, **kw)
 
     monkeypatch.setattr(pq, "write_table", full)
-    rc, err = run_cli(capsys, "analyze", str(p), "--out", str(out))
+    rc, _, err = run_cli(capsys, "analyze", str(p), "--out", str(out))
     assert rc == 6 and "No space left" in one_line(err)
     assert not out.exists() or list(out.iterdir()) == []
 
@@ -230,7 +221,7 @@ def test_full_disk_during_capture_is_exit_6_and_leaves_no_run(tmp_path, capsys, 
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(tp.shutil, "copyfileobj", full)
-    rc, err = run_cli(capsys, "capture", *SMALL, "--out", str(tmp_path), "--run-id", "r")
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--out", str(tmp_path), "--run-id", "r")
     assert rc == 6 and "No space left" in one_line(err)
     assert list(tmp_path.iterdir()) == []
 
@@ -244,19 +235,13 @@ def test_full_disk_during_scrub_is_exit_6_and_keeps_the_original(tmp_path, capsy
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(pathlib.Path, "write_bytes", full)
-    rc, err = run_cli(capsys, "scrub", str(log))
+    rc, _, err = run_cli(capsys, "scrub", str(log))
     assert rc == 6 and "No space left" in err
     assert log.read_text() == "HF_TOKEN=hf_abcdefghijklmnop\n"
 
 
-def _child(args: list[str], **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRITON_INTERPRET": "1"}
-    return subprocess.Popen([sys.executable, "-m", "kvprof", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=kw.get("cwd"))
-
-
 def test_ctrl_c_during_start_up_is_130_without_traceback(tmp_path):
-    proc = _child(["capture", "--help"])
+    proc = kvprof_child("capture", "--help", env={"PYTHONUNBUFFERED": "1"})
     try:
         time.sleep(0.3)  # inside the imports (torch takes seconds), before any command runs
         proc.send_signal(signal.SIGINT)
@@ -269,8 +254,8 @@ def test_ctrl_c_during_start_up_is_130_without_traceback(tmp_path):
 
 
 def test_sigterm_during_capture_leaves_no_hidden_run_folder(tmp_path):
-    proc = _child(["capture", "--model", "llama-3.1-70b", "--steps", "400", "--variants", "index_put",
-                   "--no-progress", "--out", str(tmp_path), "--run-id", "t"])
+    proc = kvprof_child("capture", "--model", "llama-3.1-70b", "--steps", "400", "--variants", "index_put",
+                        "--no-progress", "--out", str(tmp_path), "--run-id", "t", env={"PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.time() + 90
         while time.time() < deadline and not any(tmp_path.iterdir()):
@@ -299,7 +284,7 @@ def test_fifo_is_refused_within_a_second(tmp_path, command):
     target = tmp_path if command == "scrub-folder" else fifo
     args = {"analyze": ["analyze", str(target), "--no-files"], "scrub": ["scrub", str(target)],
             "scrub-folder": ["scrub", str(target)], "scrub-check": ["scrub", "--check", str(target)]}[command]
-    proc = _child(args)
+    proc = kvprof_child(*args, env={"PYTHONUNBUFFERED": "1"})
     try:
         _, err = proc.communicate(timeout=60)
         assert b"Traceback" not in err
@@ -325,14 +310,14 @@ def test_fifo_is_refused_within_a_second(tmp_path, command):
                                   ["--prefill-tokens", "100000000"], ["--pool-size", "100000000000"],
                                   ["--steps", "100000000"]])
 def test_capture_refuses_sizes_over_the_limit_before_allocating(tmp_path, capsys, args):
-    rc, err = run_cli(capsys, "capture", *SMALL, *args, "--out", str(tmp_path / "o"))
+    rc, _, err = run_cli(capsys, "capture", *SMALL, *args, "--out", str(tmp_path / "o"))
     line = one_line(err)
     assert rc == 2 and ("limit" in line)
     assert not (tmp_path / "o").exists()
 
 
 def test_max_memory_gb_raises_or_lowers_the_limit(tmp_path, capsys):
-    rc, err = run_cli(capsys, "capture", *SMALL, "--max-memory-gb", "0.0001", "--out", str(tmp_path / "o"))
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--max-memory-gb", "0.0001", "--out", str(tmp_path / "o"))
     assert rc == 2 and "--max-memory-gb" in one_line(err)
 
 
@@ -347,12 +332,12 @@ def test_pool_refuses_an_absurd_size_before_allocating():
 
 def test_bench_refuses_huge_points_and_bad_pool_mb(tmp_path, capsys):
     out = tmp_path / "b"
-    rc, err = run_cli(capsys, "bench", "--device", "cpu", "--tokens", "100000000", "--shapes", "32x128",
+    rc, _, err = run_cli(capsys, "bench", "--device", "cpu", "--tokens", "100000000", "--shapes", "32x128",
                       "--out", str(out))
     assert rc == 2 and "would need about" in one_line(err)
-    rc, err = run_cli(capsys, "bench", "--device", "cpu", "--pool-mb", "-1", "--out", str(out))
+    rc, _, err = run_cli(capsys, "bench", "--device", "cpu", "--pool-mb", "-1", "--out", str(out))
     assert rc == 2 and "--pool-mb" in one_line(err)
-    rc, err = run_cli(capsys, "bench", "--device", "cpu", "--variants", "nope", "--tokens", "2", "--out", str(out))
+    rc, _, err = run_cli(capsys, "bench", "--device", "cpu", "--variants", "nope", "--tokens", "2", "--out", str(out))
     assert rc == 2 and not out.exists()  # no empty folder left behind
 
 
@@ -467,7 +452,7 @@ def test_unrecognised_write_ranges_and_unscoped_replays_are_counted(tmp_path, ca
 
     spec = TraceSpec(phases=[PhaseSpec("decode", 8, 2, graph=True), PhaseSpec("prefill", 64, 1)])
     p = synthetic(tmp_path, spec=spec, mutate=odd)
-    rc, _ = run_cli(capsys, "analyze", str(p), "--no-files")
+    rc, _, _ = run_cli(capsys, "analyze", str(p), "--no-files")
     from kvprof.trace.load import load
 
     att = load(p).traces[0].attribution
@@ -510,7 +495,7 @@ def test_interrupt_after_the_first_output_keeps_the_old_set(tmp_path, capsys, mo
             raise KeyboardInterrupt
 
     monkeypatch.setattr(files, "write_parquet", interrupted)
-    rc, _ = run_cli(capsys, "analyze", str(p), "--out", str(out))
+    rc, _, _ = run_cli(capsys, "analyze", str(p), "--out", str(out))
     assert rc == 130
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
 
@@ -520,7 +505,7 @@ def test_unwritable_old_summary_leaves_the_old_set_whole(tmp_path, capsys):
     out = tmp_path / "o"
     out.mkdir()
     (out / "summary.json").mkdir()  # cannot be replaced by a file
-    rc, err = run_cli(capsys, "analyze", str(p), "--out", str(out))
+    rc, _, err = run_cli(capsys, "analyze", str(p), "--out", str(out))
     assert rc == 6 and "summary.json" in one_line(err)
     assert sorted(f.name for f in out.iterdir()) == ["summary.json"]
 
@@ -544,12 +529,12 @@ def test_stale_temporaries_of_dead_processes_are_cleaned(tmp_path):
 
 @pytest.mark.parametrize(("args", "needle"), [(["--phase", ","], "--phase"), (["--pool-size", "0"], "--pool-size")])
 def test_capture_values_that_used_to_mean_default(tmp_path, capsys, args, needle):
-    rc, err = run_cli(capsys, "capture", *SMALL, *args, "--out", str(tmp_path / "o"))
+    rc, _, err = run_cli(capsys, "capture", *SMALL, *args, "--out", str(tmp_path / "o"))
     assert rc == 2 and needle in one_line(err)
 
 
 def test_max_events_zero_is_refused(tmp_path, capsys):
-    rc, err = run_cli(capsys, "analyze", str(synthetic(tmp_path)), "--max-events", "0", "--no-files")
+    rc, _, err = run_cli(capsys, "analyze", str(synthetic(tmp_path)), "--max-events", "0", "--no-files")
     assert rc == 2 and "--max-events" in one_line(err)
 
 

@@ -108,7 +108,8 @@ def _mla_run(name: str, case) -> None:
     assert not bad.any(), f"{name}: rows {bad.nonzero().flatten()[:8].tolist()} differ from the reference"
 
 
-@pytest.mark.parametrize("name", MLA_WRITERS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "mla_triton" else n
+                                  for n in MLA_WRITERS])  # mla_triton: 30 interpreted launches
 @SETTINGS
 @given(case=mla_cases())
 def test_mla_writers_match_reference(name: str, case) -> None:
@@ -425,7 +426,7 @@ def test_every_tuned_mla_shape_matches_the_reference(fp8: bool) -> None:
         assert torch.equal(pools[0].kv_buffer[0], pools[1].kv_buffer[0]), shape
 
 
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("fp8", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_every_tuned_paged_shape_matches_the_reference(fp8: bool) -> None:
     from kvprof.writers.layout_tables import paged_shape
     from kvprof.writers.paged_triton import PagedTritonWriter

@@ -24,6 +24,7 @@ TINY = ["--model", "llama-3.1-8b", "--tp", "8", "--phase", "decode", "--batch-si
         "--warmup", "1", "--device", "cpu", "--no-progress"]
 
 
+@pytest.mark.slow  # two rank processes, each importing torch and capturing
 def test_two_ranks_make_one_run_with_per_rank_traces_and_analysis(tmp_path, capsys):
     rc = main(["capture", *TINY, "--ranks", "2", "--variants", "index_put,two_stream", "--out", str(tmp_path),
                "--run-id", "r2"])
@@ -76,6 +77,7 @@ def test_two_ranks_make_one_run_with_per_rank_traces_and_analysis(tmp_path, caps
         assert sorted(TraceAnalysis(trace_dir=str(folder)).t.get_all_traces()) == [0, 1]
 
 
+@pytest.mark.slow  # a launcher and two rank processes
 def test_a_failing_rank_leaves_no_run_and_one_line(tmp_path):
     plugin = tmp_path / "plug"
     plugin.mkdir()

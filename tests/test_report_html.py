@@ -11,18 +11,15 @@ import pytest
 
 pytest.importorskip("plotly")
 
+from cli_support import run_kvprof  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "traces" / "samples" / "h200-llama70b-tp8"
 
 
-def kvprof(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvprof", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
-
-
 def test_report_of_the_samples_is_self_contained(tmp_path: Path) -> None:
     out = tmp_path / "report.html"
-    res = kvprof("report", str(SAMPLE), "--html", str(out))
+    res = run_kvprof("report", str(SAMPLE), "--html", str(out))
     assert res.returncode == 0, res.stderr
     text = out.read_text()
     assert "source reference" in res.stdout
@@ -39,7 +36,7 @@ def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
     for args in (["report", str(tmp_path), "--html", str(tmp_path / "r.html")],
                  ["report", str(SAMPLE), "--html", str(tmp_path / "r.txt")],
                  ["report", str(SAMPLE), "--html", str(tmp_path / "r.html"), "--source", "perfetto"]):
-        res = kvprof(*args)
+        res = run_kvprof(*args)
         assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert not (tmp_path / "r.html").exists()
 

@@ -29,6 +29,8 @@ PLANTED = (b"kvprof-planted-9c41e7d2b85a", b"hf_kvprofPlantedTokenValue012345678
 
 @cache
 def analysis():
+    """The whole capture analysed once (about 15 s on a loaded 2-core machine): every test that
+    reads it is marked slow, since the first of them to run pays for it."""
     return analyze(load_run(RUN))
 
 
@@ -50,6 +52,7 @@ def test_samples_are_complete():
     assert total < 20 << 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["kineto", "nsys"])
 def test_kernels_per_write(source):
     w = measured(source)
@@ -64,6 +67,7 @@ def test_kernels_per_write(source):
     assert set(decode[decode["variant"] == "index_put"]["streams"]) == {1}
 
 
+@pytest.mark.slow
 def test_fused_verdicts_agree():
     variants = analysis().summary.to_json()["variants"]
     for v in ("triton_fused", "cuda_fused", "store_kv_fused", "sgl_kernel_cubin"):
@@ -79,6 +83,7 @@ def _per_group(source: str) -> pd.DataFrame:
         gpu_busy_ns=("gpu_busy_ns", "median"), gpu_new_ns=("gpu_new_ns", "median"), graph=("graph", "all"))
 
 
+@pytest.mark.slow
 def test_torch_profiler_and_nsys_see_the_same_writes():
     """Same writes, kernels and streams per write. Their times are not compared with each
     other: each is compared with the reference below."""
@@ -94,6 +99,7 @@ def _groups() -> pd.DataFrame:
     return g[g["layer"].astype(str) == "all"]
 
 
+@pytest.mark.slow
 def test_every_point_has_reference_figures():
     timings = StepTimings.from_json((RUN / "step_timings.json").read_bytes())
     manifest = orjson.loads((RUN / "manifest.json").read_bytes())
@@ -106,6 +112,7 @@ def test_every_point_has_reference_figures():
     assert len(g[g["source"] == "reference"]) == len(ran) * len(points)
 
 
+@pytest.mark.slow
 def test_observer_rows_are_each_reading_over_the_reference():
     summary = analysis().summary.to_json()
     g = _groups().set_index(["variant", "source", "phase", "size"])
@@ -118,6 +125,7 @@ def test_observer_rows_are_each_reading_over_the_reference():
         assert r["flagged"] == (abs(r["ratio_per_write"] - 1) > 0.1 or abs(r["ratio_per_step"] - 1) > 0.1)
 
 
+@pytest.mark.slow
 def test_headlines_come_from_the_reference():
     summary = analysis().summary.to_json()
     assert summary["trusted_sources"][0] == "reference"
@@ -125,6 +133,7 @@ def test_headlines_come_from_the_reference():
     assert head["source"] == "reference" and head["size"] == 10
 
 
+@pytest.mark.slow
 def test_both_profilers_slow_the_decode_graphs_they_watch():
     """docs/observer-effect.md: per-node tracing of a replayed graph slows it (each profiled
     pass timed its own steps with the reference's CUDA events)."""

@@ -19,16 +19,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from cli_support import run_cli
 from kvprof.cli import main
 
 SECRET = "sk-planted0123456789abcdefXYZ"
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return rc, out, err
 
 
 def escaped_trace(path: Path) -> Path:

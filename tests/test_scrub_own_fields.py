@@ -4,12 +4,11 @@ variant reasons (the triton_fused hint "set TRITON_INTERPRET=1 before ..." inclu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import orjson
+import pytest
 
+from cli_support import end, kvprof_child
 from kvprof.cli import main
 from kvprof.tools.scrub import Rules
 
@@ -29,20 +28,17 @@ def _reasons(doc: dict) -> dict[str, str]:
     return {name: v.get("reason") for name, v in doc["variants"].items()}
 
 
+@pytest.mark.slow  # a capture in a child process
 def test_scrub_then_analyze_keeps_the_variant_reasons(tmp_path, capsys):
     # with the interpreter turned off (kvprof keeps an explicit 0), triton_fused cannot run on
     # CPU and the manifest says why
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvprof", "capture", "--device", "cpu", "--model", "small=2x1x64", "--phase", "decode",
-         "--batch-sizes", "1", "--steps", "4", "--warmup", "1", "--no-progress", "--out", str(tmp_path),
-         "--run-id", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = kvprof_child("capture", "--device", "cpu", "--model", "small=2x1x64", "--phase", "decode",
+                        "--batch-sizes", "1", "--steps", "4", "--warmup", "1", "--no-progress", "--out", str(tmp_path),
+                        "--run-id", "r", env={"TRITON_INTERPRET": "0"})
     try:
         _, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        end(proc)
     assert proc.returncode == 0, err.decode()[-2000:]
     run = tmp_path / "r"
     manifest = orjson.loads((run / "manifest.json").read_bytes())

@@ -48,7 +48,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     ["capture", "--help"],
     ["analyze", "{run}", "--out", "{tmp}", "--quiet"],
     ["compare", "{run}", "--baseline", "two_stream", "--out", "{tmp}"],
-    ["scrub", "--check", "{tmp}/summary.json"],
+    pytest.param(["scrub", "--check", "{tmp}/summary.json"], marks=pytest.mark.slow),  # after an analyze
     ["report", "--help"],
     ["report", "{samples}", "--html", "{tmp}/r.html"],
 ], ids=lambda a: " ".join(a).replace("{samples}", "SAMPLES").replace("{run}", "RUN").replace("{tmp}", "OUT"))

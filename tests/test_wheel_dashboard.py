@@ -46,8 +46,11 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # this interpreter's packages (streamlit, plotly, pandas ...) after the venv's own: offline, fast; a
     # plain path line does not run that folder's .pth files, so an editable kvprof there stays invisible
     Path(site, "zz_host_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # without PYTHONPATH: a source folder on it holds the build's kvcache_profiler.egg-info, which pip
+    # would take for the package installed already, and install nothing
     res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                          "--no-index", str(whl)], capture_output=True, text=True, timeout=600)
+                          "--no-index", str(whl)], capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert res.returncode == 0, res.stderr[-2000:]
     return env_dir
 

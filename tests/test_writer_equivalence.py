@@ -89,5 +89,6 @@ _COMPILED = None
 def test_torch_compile_matches_index_put(case):
     global _COMPILED
     if _COMPILED is None:
+        torch._dynamo.reset()  # torch.compile's cache is per function: another file's compiles count too
         _COMPILED = create_writer("torch_compile")  # one writer: compile once per dtype combination
     _check(_COMPILED, case)

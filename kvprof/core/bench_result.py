@@ -27,7 +27,7 @@ MODES = ("graph", "eager")
 class BenchTarget:
     """The fused write's target: ``fixed_us`` + bytes / (``rate_fraction`` x measured copy rate).
 
-    Defaults: 1.2 µs (about two empty kernel nodes of an H200 graph replay) and 0.9 of the
+    Defaults: 1.2 µs (about two empty kernel nodes of a graph replay, docs/benchmarks.md) and 0.9 of the
     device-to-device copy rate; ``kvprof bench --target-fixed-us/--target-rate-fraction``
     change them, and the run records the values it used."""
 

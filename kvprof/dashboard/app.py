@@ -1,7 +1,7 @@
 """kvprof dashboard: compare KV-cache write variants from what ``python -m kvprof analyze`` wrote.
 
 Start with ``python -m kvprof dashboard [RUN_DIR]`` (binds 127.0.0.1) or
-``streamlit run kvprof/dashboard/app.py [-- --root DIR [--root DIR2] [--run RUN_DIR]]``.
+``streamlit run dashboards/app.py [-- --root DIR [--root DIR2] [--run RUN_DIR]]`` from a checkout.
 The sidebar picks a traces root (only those configured: KVPROF_DASHBOARD_ROOTS, default
 traces/samples and traces), a run under it, the variants and the trace source, and takes
 uploads. Pages: Overview, Timeline, Distributions, Sweeps, Overlap, Compare runs.

@@ -1,16 +1,15 @@
 """Find Nsight Systems, run one profiled pass under it, and export the report to SQLite.
 
-nsys is rarely on PATH (on the H200 machine kvprof is measured on it ships inside the Nsight Compute bundle), its
+nsys is rarely on PATH (it may ship only inside the Nsight Compute bundle, one of ``INSTALL_GLOBS``), its
 importer silently leaves only a ``.qdstrm`` when libdw/libelf are missing, and an
 unbounded capture writes gigabytes. This module turns each of those into a ToolError
 that says what is missing, and keeps the profile flags in one place (``PROFILE_FLAGS``).
 
 nsys also stores the environment of every process it can read in /proc, not only the
-profiled one (measured on the H200, nsys 2025.3.1: the capture's parent with HF_TOKEN,
-its shell, a sibling ``tail``). So a pass runs in its own PID namespace where the system
-allows it (``isolation_prefix``): with the allowlisted environment
-(``kvprof.tools.envsafe``) the .nsys-rep then holds no secret (measured: none, same
-events, 5 processes listed instead of 189).
+profiled one. So a pass runs in its own PID namespace where the system allows it
+(``isolation_prefix``): with the allowlisted environment (``kvprof.tools.envsafe``) the
+.nsys-rep then holds no secret (docs/reliability.md, "Nsight Systems reports", has the
+measurement).
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ INSTALL_GLOBS: tuple[str, ...] = (
 )
 
 # Flags of every profiled pass. --sample/--cpuctxsw off and a capture range keep a tiny
-# run at seconds and kilobytes instead of minutes and gigabytes (measured on the H200: docs/observer-effect.md).
+# run at seconds and kilobytes instead of minutes and gigabytes (docs/observer-effect.md).
 PROFILE_FLAGS: tuple[str, ...] = (
     "--sample=none",
     "--cpuctxsw=none",
@@ -191,9 +190,9 @@ def missing_importer_libraries(env: Mapping[str, str]) -> list[str]:
 def isolation_prefix() -> list[str] | None:
     """``unshare`` arguments giving nsys a private PID namespace and /proc, or None.
 
-    nsys stores the environment of every process it can read in /proc (measured on the
-    H200 with 2025.3.1: the capture's parent, its shell, even a sibling ``tail``), so the
-    allowlisted child environment alone does not keep an .nsys-rep clean. In its own PID
+    nsys stores the environment of every process it can read in /proc (the capture's
+    parent, its shell, even a sibling ``tail``: docs/reliability.md), so the allowlisted
+    child environment alone does not keep an .nsys-rep clean. In its own PID
     namespace nsys sees only itself and the child. Root gets a PID namespace; others a
     user namespace as well (where the kernel allows it). Probed once per call.
     """

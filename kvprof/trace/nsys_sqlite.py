@@ -53,7 +53,7 @@ def _numeric(s: pd.Series) -> pd.Series:
     """Numbers as float or int; text, blobs and values beyond int64 become missing (NaN).
 
     SQLite columns are not typed: an export edited by hand (or by a hostile tool) can hold
-    text where nsys writes integers, and ``int("abc")`` used to end in a traceback.
+    text where nsys writes integers, and ``int("abc")`` would end in a traceback.
     """
     if s.dtype.kind in "iu":
         return s

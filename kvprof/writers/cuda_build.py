@@ -35,7 +35,7 @@ def find_nvcc() -> str | None:
 
 
 def arch_flags() -> list[str]:
-    """sm_90 always (the H200), plus the current device's arch where it differs."""
+    """sm_90 always (Hopper, where kvprof's figures come from), plus the current device's arch where it differs."""
     flags = ["-gencode=arch=compute_90,code=sm_90"]
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()

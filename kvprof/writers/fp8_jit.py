@@ -11,7 +11,9 @@ Two implementations of one rounding (round to nearest, ties to even, subnormals 
 
 ``SAT``: overflow (and inf) gives the largest finite value, NaN stays NaN (vLLM's
 ``__NV_SATFINITE``; torch >= 2.12's e4m3fn cast); otherwise e4m3fn overflow is NaN and
-e5m2 overflow is inf (c10's rule before 2.12 for e4m3fn, always for e5m2).
+e5m2 overflow is inf (c10's rule before 2.12 for e4m3fn, always for e5m2). Every rule but
+vLLM's saturating e5m2 is the MHA writer's, so both paths come from
+:mod:`kvprof.writers.triton_convert`; that one rule is written here.
 
 Beside it, what every Triton writer asks about where its kernel runs: ``interpreted``,
 ``pdl_capable`` and ``placement_reason`` (the one-line reason a writer cannot run here).
@@ -87,63 +89,41 @@ def pdl_capable(device: object) -> bool:
 
 def hw_cast_safe(cols: int, token_stride: int, elems_per_program: int, num_warps: int) -> bool:
     """Whether Triton's packed hardware fp8 cast may be used for a tile. Triton 3.6's ptxas
-    mis-compiled it when a thread held its elements in pairs (odd bytes came out wrong on an
-    H200); rows in 16-element multiples with >= 4 elements per thread never showed it."""
+    miscompiles it where a thread holds its elements in pairs (``triton_kernel.fp8_cast_safe``,
+    docs/benchmarks.md); rows in 16-element multiples with >= 4 elements per thread do not."""
     return cols % 16 == 0 and token_stride % 16 == 0 and elems_per_program >= 4 * 32 * num_warps
 
 
 if triton is not None:
-
-    @triton.jit
-    def _round_code(a, M: tl.constexpr, B: tl.constexpr):
-        """|x| as fp32 bits (int32) -> the code of a format with M mantissa bits and exponent
-        bias B, rounded to nearest even, subnormals included; overflow is the caller's."""
-        SH: tl.constexpr = 23 - M
-        r = a - ((127 - B) << 23)
-        normal = (r + ((1 << (SH - 1)) - 1) + ((r >> SH) & 1)) >> SH
-        e = a >> 23
-        sig = tl.where(e > 0, (a & 0x7FFFFF) | 0x800000, a)
-        s = tl.minimum(151 - B - M - tl.maximum(e, 1), 30)
-        q = sig >> s
-        rem = sig - (q << s)
-        half = 1 << (s - 1)
-        up = (rem > half) | ((rem == half) & ((q & 1) == 1))
-        sub = q + up.to(tl.int32)
-        return tl.where(a < ((128 - B) << 23), sub, normal)
+    from kvprof.writers.triton_convert import E4M3 as E4M3_KIND
+    from kvprof.writers.triton_convert import E5M2 as E5M2_KIND
+    from kvprof.writers.triton_convert import hw_narrow, int_narrow, int_round_small
 
     @triton.jit
     def fp8_code_int(x, E4M3: tl.constexpr, SAT: tl.constexpr):
         """fp32 -> fp8 bits (int32 in the low byte), integer ops only."""
         xb = x.to(tl.int32, bitcast=True)
-        sign = (xb >> 31) & 1
-        a = xb & 0x7FFFFFFF
-        nan = a > 0x7F800000
         if E4M3:
-            r = _round_code(a, 3, 7)
-            if SAT:
-                r = tl.where(nan, 0x7F, tl.where(a >= 0x43F00000, 0x7E, tl.minimum(r, 0x7E)))
-            else:  # >= 480, inf, NaN: NaN; (464, 480) rounds to 0x7F already
-                r = tl.where(a >= 0x43F00000, 0x7F, r)
+            r = int_narrow(xb, E4M3_KIND, SAT)
+        elif SAT:  # vLLM's saturating e5m2, which torch never uses
+            sign = (xb >> 31) & 1
+            a = xb & 0x7FFFFFFF
+            r = int_round_small(a, 2, 15)
+            r = tl.where(a > 0x7F800000, 0x7F, tl.where(a >= 0x47800000, 0x7B, tl.minimum(r, 0x7B)))
+            r = r | (sign << 7)
         else:
-            r = _round_code(a, 2, 15)
-            if SAT:
-                r = tl.where(nan, 0x7F, tl.where(a >= 0x47800000, 0x7B, tl.minimum(r, 0x7B)))
-            else:  # >= 65536: inf (61440 and up round there already); NaN
-                r = tl.where(nan, 0x7F, tl.where(a >= 0x47800000, 0x7C, r))
-        return r | (sign << 7)
+            r = int_narrow(xb, E5M2_KIND, False)
+        return r
 
     @triton.jit
     def fp8_bits(x, E4M3: tl.constexpr, SAT: tl.constexpr, HW: tl.constexpr):
         """fp32 -> fp8 storage bits (uint8)."""
-        if HW:
-            if E4M3:
-                c = x.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-                if not SAT:  # satfinite gives +-448 where the old c10 rule gives NaN (0x7F|s)
-                    c = c | (tl.abs(x) > 464.0).to(tl.uint8)
-            else:
-                c = x.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-                if not SAT:  # satfinite gives +-57344 (0x7B|s) where c10 gives inf (0x7C|s)
-                    c = c + (tl.abs(x) >= 61440.0).to(tl.uint8)
+        if HW and E4M3:
+            c = hw_narrow(x, E4M3_KIND, SAT, False)
+        elif HW and not SAT:
+            c = hw_narrow(x, E5M2_KIND, False, False)
+        elif HW:  # satfinite is vLLM's saturating e5m2 rule as it is
+            c = x.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
         else:
             c = fp8_code_int(x, E4M3, SAT).to(tl.uint8)
         return c

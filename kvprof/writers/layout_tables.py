@@ -1,16 +1,14 @@
 """Launch shapes of kvprof's fused MLA and paged Triton writes, by token count.
 
-Provenance: ``python lab/tune_layouts.py`` on one NVIDIA H200 (torch 2.11.0+cu130, Triton
-3.6.0), 2026-12-03: every candidate timed the way ``python -m kvprof.bench.layouts`` times a
-write (CUDA-graph replays of W writes at scattered slots, median of 100 replays; the fastest
-three re-timed over three captures), at DeepSeek-V3's latent row (512 + 64) and at vLLM's
-paged cache for Llama-3.1-70B TP8 (1 KV head x 128, block size 16); its output is in
-``lab/results/tune-layouts-2026-12-03.{txt,json}``. Streaming stores (``.cs``) made no
-difference to MLA writes up to 64 tokens and made them 15-18 % faster at 512 tokens and
-5-8 % at 4096. Rows of other
-lengths keep shapes chosen by the same rule as the MHA table: one program per token for long
-rows, more tokens per program as the write grows. The writers' constructor arguments
-override these per writer.
+Chosen by ``python lab/tune_layouts.py``, which times every candidate the way ``python -m
+kvprof.bench.layouts`` times a write (CUDA-graph replays of W writes at scattered slots,
+median of 100 replays; the fastest three re-timed over three captures) at DeepSeek-V3's
+latent row (512 + 64) and at vLLM's paged cache for Llama-3.1-70B TP8 (1 KV head x 128,
+block size 16); streaming stores (``.cs``) only where they made MLA writes faster. The run
+these tables come from, its GPU and its output: lab/README.md. Rows of other lengths keep
+shapes chosen by the same rule as the MHA table: one program per token for long rows, more
+tokens per program as the write grows. The writers' constructor arguments override these
+per writer.
 """
 
 from __future__ import annotations

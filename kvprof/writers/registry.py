@@ -25,7 +25,7 @@ from kvprof.layouts.layout import LAYOUTS, Layout, Writer, check_layout, get_lay
 
 WriterFactory = Callable[..., Writer]
 
-ENTRY_POINT_GROUP = "kvprof.writers"  # the MHA writers' group, as it always was
+ENTRY_POINT_GROUP = "kvprof.writers"  # the MHA writers' group (the pyproject.toml entry points' group)
 MHA = "mha"
 
 

@@ -1,7 +1,7 @@
 """sgl-kernel's ``store_kv_cache`` kernels, run from the cubin inside sgl-kernel's wheel.
 
-Why it exists: sgl-kernel's op cannot be loaded where kvprof's bench runs on a GPU (its
-wheel pins another torch, and the H200 machine kvprof is measured on has no package registry), yet the
+Why it exists: sgl-kernel's op often cannot be loaded where kvprof's bench runs on a GPU (its
+wheel pins another torch; a GPU host may have no package registry: docs/benchmarks.md), yet the
 peer kvprof compares with is that op's kernel. The kernel is plain device code in the wheel's fatbinary, with
 no torch in it: ``python -m kvprof.writers.sgl_cubin_extract`` takes the cubin that holds
 ``store_kv_cache_256x1<T>`` and ``store_kv_cache_128x2<T>`` (T = int32/int64 slots) out

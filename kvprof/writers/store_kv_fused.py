@@ -4,8 +4,8 @@ Why two kernels behind one name: the two places a write runs want different thin
 Eagerly, a small write is bound by the host launch path, where the compiled CUDA op
 (``cuda_fused``: one pybind call into a ``<<<>>>`` launch) costs a few µs and a Triton
 launch from Python 30-50 µs. Inside a CUDA graph the launch path is paid once, at capture,
-and only device time is left, where ``triton_fused`` is the faster kernel on the H200
-(docs/benchmarks.md). So: while the current stream is capturing, the Triton kernel; else
+and only device time is left, where ``triton_fused`` is the faster kernel in kvprof's
+measurements (docs/benchmarks.md). So: while the current stream is capturing, the Triton kernel; else
 the compiled op when a compiler built it, and the Triton kernel as the portable path
 (no nvcc, or a CPU under Triton's interpreter). Both write the same bits (bitwise
 ``index_put``), so the choice never changes the cache, only the cost. Which kernel ran

@@ -127,7 +127,9 @@ if triton is not None:
     @triton.jit
     def int_round_small(a, M: tl.constexpr, B: tl.constexpr):
         """|x| fp32 bits -> round-to-nearest-even code of a format with M mantissa bits
-        and exponent bias B, subnormals included (overflow is the caller's)."""
+        and exponent bias B, subnormals included (overflow is the caller's). The fp8 writers
+        (:mod:`kvprof.writers.fp8_jit`) use it too. The subnormal shift is kept in [1, 30] in
+        every lane, also where the final select keeps the normal code, so no shift is out of range."""
         SH: tl.constexpr = 23 - M
         r = a - ((127 - B) << 23)
         normal = (r + ((1 << (SH - 1)) - 1) + ((r >> SH) & 1)) >> SH

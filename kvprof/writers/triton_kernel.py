@@ -84,15 +84,14 @@ def fp8_cast_safe(rk: int, rv: int, k_stride: int, v_stride: int, block_t: int, 
                   block_k: int, block_v: int) -> bool:
     """Whether Triton's packed fp8 cast may be used for this launch, else the integer encode.
 
-    Triton converts fp32 <-> fp8 in pairs (cvt.rn.satfinite.e4m3x2.f32). When a thread ends
-    up with its elements in pairs (2 contiguous per row chunk), the ptxas bundled with
-    Triton 3.6 (the H200's) emits SASS that merges the stack-pointer register R1 into the
-    second byte: every odd element came out as 0xFC in the H200 GPU tests (a 1x20 row,
-    4 tokens x 2 warps). Reproduced offline by compiling for sm_90a with Triton 3.6's ptxas
-    and reading the SASS; it never showed with rows in 16-element multiples, 16-element
-    aligned token strides and >= 4 elements per thread (the layouts every common KV shape
-    gets: 1x128 .. 32x128). Anything else takes the exact integer encode (slower, rare),
-    and so do fp8 *inputs* (their widening and rounding showed the same defect).
+    Triton converts fp32 <-> fp8 in pairs (cvt.rn.satfinite.e4m3x2.f32). Where a thread
+    holds its elements in pairs (2 contiguous per row chunk), the ptxas bundled with
+    Triton 3.6 emits sm_90 SASS that merges the stack-pointer register R1 into the second
+    byte (docs/benchmarks.md, "Triton's packed fp8 cast", has the failing launch). Rows in
+    16-element multiples, 16-element aligned token strides and >= 4 elements per thread do
+    not show it (the layouts every common KV shape gets: 1x128 .. 32x128). Anything else
+    takes the exact integer encode (slower, rare), and so do fp8 *inputs* (their widening
+    and rounding show the same defect).
     ``block_k``/``block_v``: the columns one program holds (the row's block over ``split``)."""
     if rk % 16 or rv % 16 or k_stride % 16 or v_stride % 16 or block_k % 16 or block_v % 16:
         return False

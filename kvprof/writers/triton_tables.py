@@ -1,12 +1,12 @@
 """Launch shapes of kvprof's fused Triton write, by (K+V input row bytes, tokens).
 
-Provenance: ``python lab/tune_fused.py`` on one NVIDIA H200 (torch 2.11.0+cu130, Triton
-3.6.0), 2026-12-02: every candidate shape timed the way ``kvprof bench`` times a write
-(CUDA-graph replays of W writes into a 256 MB pool at random slots, median of 100
-replays), the fastest kept. Its output is in ``lab/results/`` (``tune-*.txt``); what the
-shapes mean for the bench's numbers is in docs/benchmarks.md. ``TritonFusedWriter(config=...)``
-overrides the tables per writer. Under Triton's interpreter (CPU) a write takes
-``interpreted_config`` instead: few large programs, see the comment there.
+Chosen by ``python lab/tune_fused.py``, which times every candidate shape the way ``kvprof
+bench`` times a write (CUDA-graph replays of W writes into a 256 MB pool at random slots,
+median of 100 replays) and keeps the fastest. The run these tables come from, its GPU and
+its output (``lab/results/tune-*.txt``): lab/README.md; what the shapes mean for the
+bench's numbers: docs/benchmarks.md. ``TritonFusedWriter(config=...)`` overrides the tables
+per writer. Under Triton's interpreter (CPU) a write takes ``interpreted_config`` instead:
+few large programs, see the comment there.
 """
 
 from __future__ import annotations

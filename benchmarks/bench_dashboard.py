@@ -1,7 +1,7 @@
 """How fast the dashboard shows its first page: the samples, and a ~100 MB trace.
 
-    python bench/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser] [--code CHECKOUT]
-                                    [--timeline] [--cpu-profile]
+    python benchmarks/bench_dashboard.py [--samples DIR] [--mb 100] [--repeat 3] [--no-browser] [--code CHECKOUT]
+                                         [--timeline] [--cpu-profile]
 
 Two measurements per data set, each from a fresh process so nothing is warm by accident:
 - AppTest (streamlit.testing): the server-side script run of the first page, in a new
@@ -16,7 +16,7 @@ Two measurements per data set, each from a fresh process so nothing is warm by a
 Data sets: the samples under traces/samples (when that is empty, the real H200 fixture
 tests/fixtures/real analysed into a temp folder, and the table says so); a synthesized
 kvprof-shaped Kineto trace of --mb MB uncompressed (kvprof.trace.synthetic via
-bench/bench_load.py) both before analyze has run (the dashboard runs the pipeline) and
+benchmarks/bench_load.py) both before analyze has run (the dashboard runs the pipeline) and
 after (its summary/parquet files present). Targets: samples < 3 s, 100 MB trace < 15 s.
 For scale, the same browser measurement of a data-free Streamlit app with the same kinds
 of widgets and one chart (Streamlit's and Plotly's own front-end cost on this machine).
@@ -303,7 +303,7 @@ def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
 
 
 def big_run(tmp: Path, mb: int) -> tuple[Path, dict[str, Any]]:
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_load import synthesize
 
     d = tmp / "big" / "synthetic-100mb"

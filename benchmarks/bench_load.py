@@ -1,6 +1,6 @@
 """Load time and peak memory: kvprof's Kineto reader vs HolisticTraceAnalysis, same trace.
 
-    python bench/bench_load.py [TRACE] [--mb 120] [--repeat 3]
+    python benchmarks/bench_load.py [TRACE] [--mb 120] [--repeat 3]
 
 Without TRACE it synthesizes a realistic kvprof trace (kvprof.trace.synthetic: the event
 shapes of a real torch 2.11 H200 capture -- cpu_ops, launches, kernels, flows, syncs,

@@ -4,7 +4,7 @@ Target: under 2 µs added per write when on. A writer that does nothing isolates
 wrapper's own cost; index_put shows it beside a real (CPU) write. Prints medians of
 repeated timed loops, measured in this one run.
 
-    python bench/bench_instrumentation.py [--calls 20000] [--repeats 7]
+    python benchmarks/bench_instrumentation.py [--calls 20000] [--repeats 7]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The whole ``python -m kvprof analyze`` command vs HolisticTraceAnalysis loading the same trace.
 
-    python bench/bench_analyze.py [TRACE] [--mb 35] [--repeat 5]
+    python benchmarks/bench_analyze.py [TRACE] [--mb 35] [--repeat 5]
 
 Both sides are timed as a user runs them: a fresh interpreter per run, wall clock from
 process start to exit, imports included. kvprof runs its full command (read, attribute,
