@@ -76,7 +76,12 @@ def _writer(layout: str, name: str, device: torch.device):  # noqa: ANN202
 
 
 def _params() -> list:
-    names = [("mha", n) for n in writer_names()]
+    """Every store writer of every layout. The MHA layout's rope + store writers take q, k, v,
+    positions and a cos/sin cache (another contract): tests/test_rope_writers.py checks them the
+    same way (strided slots and positions, inputs sharing memory with the cache refused)."""
+    from kvprof.core import variants
+
+    names = [("mha", n) for n in writer_names() if not variants.info(n).rope]
     names += [(layout, n) for layout in ("mla", "paged") for n in registry.writer_names(layout)]
     return [pytest.param(layout, n, id=f"{layout}-{n}", marks=[pytest.mark.slow] if n in SLOW else [])
             for layout, n in names]
