@@ -61,7 +61,9 @@ def stream_lanes(rows: pd.DataFrame) -> np.ndarray:
     """One lane per (device, stream): stream ids are per device, so stream 7 of GPU 0 and
     stream 7 of GPU 1 are two lanes, never one."""
     if "device" not in rows.columns:
-        return rows["stream"].to_numpy()
+        streams: np.ndarray = rows["stream"].to_numpy()
+        return streams
+    codes: np.ndarray
     codes, _ = pd.factorize(pd.MultiIndex.from_arrays([rows["device"].to_numpy(), rows["stream"].to_numpy()]))
     return codes
 

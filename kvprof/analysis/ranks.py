@@ -48,10 +48,11 @@ class RankAnalysis:
     step_source: str = "host"  # "gpu": step and write times are GPU spans; "host": host ranges
 
     def to_json(self) -> dict[str, Any]:
-        return clean({"world_size": self.world_size, "step_source": self.step_source,
+        cleaned: dict[str, Any] = clean({"world_size": self.world_size, "step_source": self.step_source,
                       "same_path": dict(self.same_path),
                       "per_rank": self.per_rank.to_dict(orient="records"),
                       "skew": self.skew.to_dict(orient="records")})
+        return cleaned
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:

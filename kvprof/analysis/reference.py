@@ -75,12 +75,12 @@ def reference_groups(timings: StepTimings | None, layout: str | None = None) -> 
 
 def _ratio(a: Any, b: Any) -> float | None:
     try:
-        a, b = float(a), float(b)
+        num, den = float(a), float(b)
     except (TypeError, ValueError):
         return None
-    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+    if not (math.isfinite(num) and math.isfinite(den)) or den <= 0:
         return None
-    return a / b
+    return num / den
 
 
 def observer_effect(groups: pd.DataFrame, timings: StepTimings | None,

@@ -120,7 +120,7 @@ class _NativeImportFinder:
             find = getattr(finder, "find_spec", None)
             if finder is cls or find is None:
                 continue
-            spec = find(fullname, path, target)
+            spec: ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
                 if type(spec.loader) is ExtensionFileLoader:
                     spec.loader = _HeldSignalsLoader(spec.loader.name, spec.loader.path)
@@ -144,12 +144,12 @@ def ctrl_c_raises_interrupted() -> Iterator[None]:
         signal.signal(s, _raise_terminated)
     finder = (own_int or bool(own)) and _NativeImportFinder not in sys.meta_path
     if finder:
-        sys.meta_path.insert(0, _NativeImportFinder)  # type: ignore[arg-type]
+        sys.meta_path.insert(0, _NativeImportFinder)
     try:
         yield
     finally:
         if finder and _NativeImportFinder in sys.meta_path:
-            sys.meta_path.remove(_NativeImportFinder)  # type: ignore[arg-type]
+            sys.meta_path.remove(_NativeImportFinder)
         if own_int:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         for s in own:

@@ -24,10 +24,10 @@ def enclosing(inner: pd.DataFrame, outer: pd.DataFrame, key: tuple[str, ...] = (
         return res
     ikeys = list(zip(*(inner[k].to_numpy() for k in key)))
     okeys = list(zip(*(outer[k].to_numpy() for k in key)))
-    inner_groups: dict[tuple, list[int]] = {}
+    inner_groups: dict[tuple[object, ...], list[int]] = {}
     for i, k in enumerate(ikeys):
         inner_groups.setdefault(k, []).append(i)
-    outer_groups: dict[tuple, list[int]] = {}
+    outer_groups: dict[tuple[object, ...], list[int]] = {}
     for i, k in enumerate(okeys):
         outer_groups.setdefault(k, []).append(i)
     o_start = outer["start_ns"].to_numpy()

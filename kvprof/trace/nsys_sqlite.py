@@ -76,7 +76,13 @@ def _select(db: sqlite3.Connection, table: str, wanted: dict[str, str], where: s
 
 
 def _i64(s: pd.Series, default: int = -1) -> np.ndarray:
-    return pd.to_numeric(s, errors="coerce").fillna(default).to_numpy(dtype=np.int64)
+    values: np.ndarray = pd.to_numeric(s, errors="coerce").fillna(default).to_numpy(dtype=np.int64)
+    return values
+
+
+def _unrecorded(n: int) -> np.ndarray:
+    """``n`` int64 -1s: "not recorded" in a column that only the other source (GPU or host) fills."""
+    return np.full(n, -1, np.int64)
 
 
 def open_export(path: str | os.PathLike[str]) -> sqlite3.Connection:
@@ -336,26 +342,25 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
     block = np.concatenate([names.codes_of(col(gpu, "block")), np.full(n_host, -1, np.int32)])
     domain = np.concatenate([np.full(n_gpu, -1, np.int32), names.codes_of(col(host, "domain"))])
     category = np.concatenate([np.full(n_gpu, -1, np.int32), names.codes_of(col(host, "category_name"))])
-    neg = lambda k: np.full(k, -1, np.int64)  # noqa: E731
     table = build_table(
         {
             "trace": str(p),
             "source": "nsys",
             "rank": 0,
-            "pid": np.concatenate([np.where(col(gpu, "globalPid").notna().to_numpy(), g_pid, -1) if n_gpu else neg(0), h_pid]),
-            "tid": np.concatenate([neg(n_gpu), h_tid]),
-            "device": np.concatenate([_i64(col(gpu, "deviceId")), neg(n_host)]),
-            "stream": np.concatenate([_i64(col(gpu, "streamId")), neg(n_host)]),
+            "pid": np.concatenate([np.where(col(gpu, "globalPid").notna().to_numpy(), g_pid, -1) if n_gpu else _unrecorded(0), h_pid]),
+            "tid": np.concatenate([_unrecorded(n_gpu), h_tid]),
+            "device": np.concatenate([_i64(col(gpu, "deviceId")), _unrecorded(n_host)]),
+            "stream": np.concatenate([_i64(col(gpu, "streamId")), _unrecorded(n_host)]),
             "kind": (kind, kinds),
             "name": (name_codes, names.values),
             "start_ns": start,
             "dur_ns": np.maximum(end - start, 0),
             "correlation": np.concatenate([_i64(col(gpu, "correlationId")), _i64(col(host, "correlationId"))]),
-            "graph_node": np.concatenate([_i64(col(gpu, "graphNodeId")), neg(n_host)]),
+            "graph_node": np.concatenate([_i64(col(gpu, "graphNodeId")), _unrecorded(n_host)]),
             "grid": (grid, names.values),
             "block": (block, names.values),
-            "bytes": np.concatenate([_i64(col(gpu, "bytes")), neg(n_host)]),
-            "payload": np.concatenate([neg(n_gpu), _i64(col(host, "payload"))]),
+            "bytes": np.concatenate([_i64(col(gpu, "bytes")), _unrecorded(n_host)]),
+            "payload": np.concatenate([_unrecorded(n_gpu), _i64(col(host, "payload"))]),
             "domain": (domain, names.values),
             "category": (category, names.values),
         },
