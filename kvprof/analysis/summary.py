@@ -66,13 +66,8 @@ def _reference_doc(loaded: Loaded) -> dict[str, Any] | None:
             "steps_per_series": sorted({len(r.samples_ns) for r in recs})}
 
 
-def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None = None,
-            layers: int | None = None) -> Analysis:
-    warnings = list(loaded.warnings)
-    writes_l, steps_l, traces_doc = [], [], []
-    world_size = loaded.manifest.world_size if loaded.manifest is not None else None
-    rank_inputs: list[tuple[str, int, pd.DataFrame]] = []  # a multi-rank run: (trace, rank, collectives)
-    boundaries: list[WriteBoundary] = []  # --context layer: where the writes sit on each trace's GPU timeline
+def _bytes_per_token(loaded: Loaded) -> dict[str, float]:
+    """Each variant's KV bytes per token: the run's record, overridden by a trace's own."""
     bpt: dict[str, float] = {}
     for name, entry in loaded.variants.items():
         if entry.bytes_per_token is not None:
@@ -80,42 +75,55 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     for t in loaded.traces:
         if t.kvprof and t.kvprof.variant and t.kvprof.bytes_per_token is not None:
             bpt[t.kvprof.variant] = t.kvprof.bytes_per_token
+    return bpt
+
+
+@dataclass
+class _TraceTables:
+    """What one pass over the traces gathers, in trace order."""
+
+    writes: list[pd.DataFrame] = field(default_factory=list)
+    steps: list[pd.DataFrame] = field(default_factory=list)
+    docs: list[dict[str, Any]] = field(default_factory=list)
+    rank_inputs: list[tuple[str, int, pd.DataFrame]] = field(default_factory=list)  # (trace, rank, collectives)
+    boundaries: list[WriteBoundary] = field(default_factory=list)  # --context layer: writes on the GPU timeline
+    warnings: list[str] = field(default_factory=list)
+
+
+def _read_traces(loaded: Loaded, bpt: dict[str, float], multi_rank: bool) -> _TraceTables:
+    """Per-write and per-step tables, the document entry and the notes of every trace."""
+    out = _TraceTables()
     for t in loaded.traces:
         ev = to_frame(t.events)
         w = per_write_table(t, ev, bpt)
-        s = per_step_table(t, w, ev)
-        writes_l.append(w)
-        steps_l.append(s)
+        out.writes.append(w)
+        out.steps.append(per_step_table(t, w, ev))
         if t.kvprof is not None and t.kvprof.context == "layer":
-            boundaries += write_boundaries(gpu_work_rows(ev), w)
-        if world_size is not None:
+            out.boundaries += write_boundaries(gpu_work_rows(ev), w)
+        if multi_rank:
             rank = trace_rank(ev)
-            rank_inputs.append((t.path, rank, collective_per_step(ev, rank)))
+            out.rank_inputs.append((t.path, rank, collective_per_step(ev, rank)))
         gen = generic_summary(ev)
         if not gen["gpu"]:
-            warnings.append(f"{t.path}: no GPU events (CPU-only trace): only CPU-side numbers are reported")
-        warnings.extend(f"{t.path}: {m}" for m in t.warnings)
-        traces_doc.append({
+            out.warnings.append(f"{t.path}: no GPU events (CPU-only trace): only CPU-side numbers are reported")
+        out.warnings.extend(f"{t.path}: {m}" for m in t.warnings)
+        out.docs.append({
             "path": t.path, "source": t.source, "variants": t.variants, "is_kvprof": t.is_kvprof,
             "events": int(len(ev)), "gpu_events": int((ev["device"] >= 0).sum()), "clock": t.clock,
             "attribution": t.attribution, "stats": t.stats, "devices": t.devices,
             "peak_bandwidth_gbs": peak_bandwidth_gbs(t), "generic": gen,
         })
-    writes = pd.concat([w for w in writes_l if len(w)], ignore_index=True) if any(len(w) for w in writes_l) \
-        else pd.DataFrame(columns=list(WRITE_COLUMNS))
-    steps = pd.concat([s for s in steps_l if len(s)], ignore_index=True) if any(len(s) for s in steps_l) \
-        else pd.DataFrame()
-    groups = group_metrics(writes, steps)
-    ref_groups = reference_groups(loaded.timings, loaded.manifest.layout if loaded.manifest is not None else None)
-    if len(ref_groups):
-        groups = pd.concat([groups, ref_groups], ignore_index=True) if len(groups) else ref_groups
-    observer = observer_effect(groups, loaded.timings)
-    warnings.extend(observer_notes(observer))
-    for name, entry in loaded.variants.items():
-        if entry.reference_error:
-            warnings.append(f"{name}: no reference figures (the unprofiled pass failed: {entry.reference_error})")
-    sources = trusted_sources(sorted(set(groups["source"].dropna().astype(str))) if len(groups) else [], observer)
-    layer_groups = group_metrics(writes, steps, by_layer=True)
+    return out
+
+
+def _stacked(frames: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:
+    """The non-empty frames one under the other, or ``empty`` when there are none."""
+    rows = [f for f in frames if len(f)]
+    return pd.concat(rows, ignore_index=True) if rows else empty
+
+
+def _verdicts(loaded: Loaded, writes: pd.DataFrame, warnings: list[str]) -> dict[str, VariantVerdict]:
+    """Fused or fell back, per variant: the recorded ones first, then any only the traces name."""
     variants: dict[str, VariantVerdict] = {}
     names = list(loaded.variants) + sorted(set(writes["variant"].dropna().astype(str)) - set(loaded.variants))
     for name in names:
@@ -129,28 +137,59 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
         warnings.extend(verdict_warnings)
         verdict.sources = [str(x) for x in sorted(vw["source"].dropna().astype(str).unique())]
         variants[name] = verdict
+    return variants
+
+
+def _comparison(groups: pd.DataFrame, variants: dict[str, VariantVerdict], baseline: str | None,
+                bench: Benchmark | None, layers: int | None, sources: list[str],
+                warnings: list[str]) -> dict[str, Any] | None:
+    """Every variant against the baseline (the given one, else the default when measured)."""
     present = set(groups["variant"].astype(str)) if len(groups) else set()
     base = baseline or (DEFAULT_BASELINE if DEFAULT_BASELINE in present else None)
-    comparison = None
     if base and len(present) > 1:
         fused = [n for n, v in variants.items() if v.fused]
         comparison = compare_groups(groups, base, bench, layers, prefer=fused, source_order=sources)
         warnings.extend(comparison.pop("warnings"))
-    elif baseline and baseline not in present:
+        return comparison
+    if baseline and baseline not in present:
         warnings.append(f"baseline {baseline!r} has no measured writes; no comparison")
+    return None
+
+
+def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None = None,
+            layers: int | None = None) -> Analysis:
+    warnings = list(loaded.warnings)
+    world_size = loaded.manifest.world_size if loaded.manifest is not None else None
+    tables = _read_traces(loaded, _bytes_per_token(loaded), multi_rank=world_size is not None)
+    warnings.extend(tables.warnings)
+    writes = _stacked(tables.writes, pd.DataFrame(columns=list(WRITE_COLUMNS)))
+    steps = _stacked(tables.steps, pd.DataFrame())
+    groups = group_metrics(writes, steps)
+    ref_groups = reference_groups(loaded.timings, loaded.manifest.layout if loaded.manifest is not None else None)
+    if len(ref_groups):
+        groups = pd.concat([groups, ref_groups], ignore_index=True) if len(groups) else ref_groups
+    observer = observer_effect(groups, loaded.timings)
+    warnings.extend(observer_notes(observer))
+    for name, entry in loaded.variants.items():
+        if entry.reference_error:
+            warnings.append(f"{name}: no reference figures (the unprofiled pass failed: {entry.reference_error})")
+    sources = trusted_sources(sorted(set(groups["source"].dropna().astype(str))) if len(groups) else [], observer)
+    layer_groups = group_metrics(writes, steps, by_layer=True)
+    variants = _verdicts(loaded, writes, warnings)
+    comparison = _comparison(groups, variants, baseline, bench, layers, sources, warnings)
     summary = Summary(
         schema=SUMMARY_SCHEMA, kvprof_version=__version__, input=str(loaded.input), input_kind=loaded.kind,
-        device=clean(_device(loaded)), traces=clean(traces_doc),
+        device=clean(_device(loaded)), traces=clean(tables.docs),
         variants={n: VariantVerdict.from_json(clean(v.to_json())) for n, v in variants.items()},
         groups=clean(groups.to_dict(orient="records")), layers=clean(layer_groups.to_dict(orient="records")),
         comparison=clean(comparison), observer=clean(observer), trusted_sources=clean(sources),
         reference=clean(_reference_doc(loaded)), warnings=list(dict.fromkeys(warnings)),
     )
-    steps_doc = layer_steps(loaded.timings, boundaries, sources)
+    steps_doc = layer_steps(loaded.timings, tables.boundaries, sources)
     if steps_doc is not None:
         summary.layer_steps = clean(steps_doc.to_json())
     if world_size is not None and loaded.manifest is not None:
-        ranks = analyze_ranks(writes, steps, rank_inputs, loaded.manifest.ranks, world_size)
+        ranks = analyze_ranks(writes, steps, tables.rank_inputs, loaded.manifest.ranks, world_size)
         summary.ranks = ranks.to_json()
         summary.warnings += [f"{v}: the ranks took different write paths" for v, same in ranks.same_path.items()
                              if not same]
