@@ -59,9 +59,7 @@ def check_write_inputs(
     # get_device() is -1 for every non-CUDA device: those compare device objects
     if (device_index < 0 or loc.get_device() != device_index or cache_k.get_device() != device_index
             or cache_v.get_device() != device_index):
-        for name, t in (("loc", loc), ("cache_k", cache_k), ("cache_v", cache_v)):
-            if t.device != device:
-                raise ValueError(f"{name} is on {t.device}, the pool is on {device}")
+        _check_devices(device, loc=loc, cache_k=cache_k, cache_v=cache_v)
     k_dtype = cache_k.dtype
     if k_dtype is not cache_v.dtype:
         raise ValueError(f"cache_k is {k_dtype} but cache_v is {cache_v.dtype}")
@@ -97,6 +95,14 @@ def check_write_inputs(
         if (lo < k_hi and k_lo < hi) or (lo < v_hi and v_lo < hi):
             _shared("loc")
     return loc, cache_k, cache_v
+
+
+def _check_devices(device: torch.device, **inputs: torch.Tensor) -> None:
+    """The first input not on ``device``, named (off the fast path: a CUDA pool's inputs on its
+    own GPU never get here)."""
+    for name, t in inputs.items():
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, the pool is on {device}")
 
 
 def _shared(name: str) -> None:

@@ -86,12 +86,7 @@ def check_rope_inputs(
     ``[tokens, heads * dim]``). q/k are rotated in place, so they are never copied and must
     have unit stride in their last dim; v, loc and positions may have any strides. Slot and
     position values are the caller's (reading them would sync the device)."""
-    for name, t in (("q", q), ("k", k), ("v", v), ("loc", loc), ("positions", positions),
-                    ("cos_sin_cache", cos_sin_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
-        if t.device != k_buf.device:
-            raise ValueError(f"{name} is on {t.device}, the cache is on {k_buf.device}")
+    _check_tensors_on(k_buf.device, q=q, k=k, v=v, loc=loc, positions=positions, cos_sin_cache=cos_sin_cache)
     heads, dim = k_buf.shape[1], k_buf.shape[2]
     v_dim = v_buf.shape[2]
     for name, t in (("loc", loc), ("positions", positions)):
@@ -115,6 +110,23 @@ def check_rope_inputs(
     for name, t in (("q", q), ("k", k)):
         if t.numel() and t.stride(2) != 1:
             raise ValueError(f"{name} is rotated in place and needs unit stride in its last dim, got {t.stride()}")
+    _check_cos_sin_cache(cos_sin_cache, dim)
+    check_apart((k_buf, v_buf), q=q, k=k, v=v, loc=loc, positions=positions, cos_sin_cache=cos_sin_cache)
+    return q, k, v
+
+
+def _check_tensors_on(device: torch.device, **inputs: object) -> None:
+    """Every input a tensor on the cache's device; the first that is not, named."""
+    for name, t in inputs.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
+
+
+def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, dim: int) -> None:
+    """``[positions, rope_dim]`` float32 with unit stride in rope_dim, rope_dim even and at most
+    ``dim`` (the rotated part of each head)."""
     if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2:
         raise ValueError(f"cos_sin_cache must be a 2-D float32 tensor, got {tuple(cos_sin_cache.shape)} "
                          f"{cos_sin_cache.dtype}")
@@ -123,8 +135,6 @@ def check_rope_inputs(
         raise ValueError(f"cos_sin_cache's rope_dim {rope_dim} must be even and in [2, head_dim={dim}]")
     if cos_sin_cache.stride(1) != 1:
         raise ValueError(f"cos_sin_cache needs unit stride in its last dim, got {cos_sin_cache.stride()}")
-    check_apart((k_buf, v_buf), q=q, k=k, v=v, loc=loc, positions=positions, cos_sin_cache=cos_sin_cache)
-    return q, k, v
 
 
 def _heads(t: torch.Tensor, name: str, tokens: int, dim: int) -> torch.Tensor:
