@@ -13,25 +13,28 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import (
-    CapturedRun, base_manifest, check_replaceable, make_context, plan_variants, scrub_files, scrub_manifest,
-    sweep_stale, variant_entry,
+    CapturedRun, PlannedVariant, base_manifest, check_replaceable, make_context, plan_variants, scrub_files,
+    scrub_manifest, sweep_stale, variant_entry,
 )
 from kvprof.capture.reference import run_reference_pass
 from kvprof.capture.runtime import Runtime, prepare
 from kvprof.capture.torch_pass import run_torch_pass
 from kvprof.core.atomic import atomic_directory
 from kvprof.core.errors import KvprofError, ToolError
-from kvprof.core.run import PathReport, TraceMeta
+from kvprof.core.run import Manifest, PathReport, TraceMeta, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepTimings
 from kvprof.devinfo import torch_threads
 from kvprof.dtypes import short_name
 from kvprof.guards import check_capture
+
+if TYPE_CHECKING:
+    from kvprof.layer import DecoderContext
 
 
 def capture(
@@ -59,19 +62,8 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     run_id = str(config.run_id)
     final = Path(config.output) / run_id
     check_replaceable(final, config.force)
-    nsys_path = None
     problems: list[KvprofError] = []
-    if config.profiler in ("nsys", "both"):
-        from kvprof.tools.nsys import find_nsys
-
-        nsys_path = find_nsys()
-        if nsys_path is None:
-            err = ToolError(
-                "Nsight Systems (nsys) not found on PATH, in KVPROF_NSYS or the usual install folders"
-            )
-            if config.profiler == "nsys":
-                raise err
-            problems.append(err)
+    nsys_path = _nsys_or_problem(config, problems)
     runnable = [p for p in planned if p.reason is None]
     context = make_context(config, device)
     for p in planned:
@@ -90,34 +82,11 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
         timings = StepTimings(context=config.context, context_len=config.context_len if context else None)
         try:
             for p in runnable:
-                entry = manifest.variants[p.name]
                 if bar is not None:
                     bar.describe(p.name)
                 if config.profiler in ("torch", "both"):
-                    meta = TraceMeta(
-                        variant=p.name, fused=entry.fused_claim, run_id=run_id, layout=config.layout_name(),
-                        cache_dtype=short_name(config.cache_torch_dtype()),
-                        input_dtype=short_name(config.input_torch_dtype()),
-                        device=manifest.device, model=config.rank_shape().as_dict(),
-                        extra={"rope": entry.extra["rope"]} if "rope" in entry.extra else {},
-                    )
-                    with session_for(config, p.writer, device, context=context) as session:
-                        out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,
-                                             sync_events=config.torch_sync_events)
-                    entry.files["torch_trace"] = out.torch_trace
-                    entry.paths = dict(out.meta.paths)
-                    entry.kernels_per_write = dict(out.meta.kernels_per_write)
-                    entry.bytes_per_token = out.meta.bytes_per_token
-                    entry.fused = PathReport.of_paths(entry.fused_claim, entry.paths)
-                    for rec in out.step_timings:
-                        timings.add(rec)
-                # the unperturbed figure every profiler's reading is held against
-                try:
-                    for rec in run_reference_pass(config, p.writer, device, context):
-                        timings.add(rec)
-                except (KvprofError, RuntimeError, ValueError) as exc:
-                    entry.reference_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                    log(f"reference pass for {p.name} failed: {entry.reference_error}")
+                    _torch_pass(config, p, manifest, runtime, context, tmp, bar, timings)
+                _reference_pass(config, p, manifest.variants[p.name], runtime, context, timings, log)
         finally:
             if bar is not None:
                 bar.close()
@@ -133,6 +102,60 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
         manifest = scrub_manifest(manifest) if config.scrub else manifest  # its paths name $HOME
         run.write_manifest(manifest)
     return CapturedRun(final, manifest, problems)
+
+
+def _nsys_or_problem(config: CaptureConfig, problems: list[KvprofError]) -> Path | None:
+    """Where nsys is, when the profiler needs it. Not found: an error for ``--profiler nsys``;
+    a problem added to ``problems`` for ``both`` (the torch pass still runs)."""
+    if config.profiler not in ("nsys", "both"):
+        return None
+    from kvprof.tools.nsys import find_nsys
+
+    nsys_path = find_nsys()
+    if nsys_path is None:
+        err = ToolError(
+            "Nsight Systems (nsys) not found on PATH, in KVPROF_NSYS or the usual install folders"
+        )
+        if config.profiler == "nsys":
+            raise err
+        problems.append(err)
+    return nsys_path
+
+
+def _torch_pass(config: CaptureConfig, p: PlannedVariant, manifest: Manifest, runtime: Runtime,
+                context: DecoderContext | None, tmp: Path, bar: Any, timings: StepTimings) -> None:
+    """One variant under torch.profiler: its trace, paths and kernels per write go into its
+    manifest entry, its step timings into ``timings``."""
+    entry = manifest.variants[p.name]
+    meta = TraceMeta(
+        variant=p.name, fused=entry.fused_claim, run_id=str(config.run_id), layout=config.layout_name(),
+        cache_dtype=short_name(config.cache_torch_dtype()),
+        input_dtype=short_name(config.input_torch_dtype()),
+        device=manifest.device, model=config.rank_shape().as_dict(),
+        extra={"rope": entry.extra["rope"]} if "rope" in entry.extra else {},
+    )
+    with session_for(config, p.writer, runtime.device, context=context) as session:
+        out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,
+                             sync_events=config.torch_sync_events)
+    entry.files["torch_trace"] = out.torch_trace
+    entry.paths = dict(out.meta.paths)
+    entry.kernels_per_write = dict(out.meta.kernels_per_write)
+    entry.bytes_per_token = out.meta.bytes_per_token
+    entry.fused = PathReport.of_paths(entry.fused_claim, entry.paths)
+    for rec in out.step_timings:
+        timings.add(rec)
+
+
+def _reference_pass(config: CaptureConfig, p: PlannedVariant, entry: VariantEntry, runtime: Runtime,
+                    context: DecoderContext | None, timings: StepTimings, log: Callable[[str], None]) -> None:
+    """The unperturbed figure every profiler's reading is held against; a failure is recorded
+    in the variant's entry and logged, and the capture goes on."""
+    try:
+        for rec in run_reference_pass(config, p.writer, runtime.device, context):
+            timings.add(rec)
+    except (KvprofError, RuntimeError, ValueError) as exc:
+        entry.reference_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        log(f"reference pass for {p.name} failed: {entry.reference_error}")
 
 
 __all__ = ["CapturedRun", "capture", "check_replaceable", "plan_variants", "sweep_stale"]
