@@ -254,15 +254,50 @@ def run_nsys_pass(
         nsys = require_nsys(env)
     if not _executable(Path(nsys)):
         raise ToolError(f"cannot run nsys at {nsys}: not an executable file")
+    base, report, stream = _fresh_report_paths(output_base)
+    log_path = base.with_name(base.name + ".nsys.log")
+    cmd = nsys_profile_command(nsys, base, child_argv, **profile_options)  # type: ignore[arg-type]
+    prefix = _isolation(isolate)
+    if prefix:
+        cmd = [*prefix, *cmd]
+    start = time.monotonic()
+    returncode, text, stderr_tail = _run_logged(nsys, cmd, env, log_path, timeout, echo)
+    seconds = time.monotonic() - start
+    if IMPORTER_FAILURE in text or (stream.exists() and not report.exists()):
+        named = sorted(set(_MISSING_LIB.findall(text)) | set(missing_importer_libraries(env)))
+        what = f"{', '.join(named)} not found" if named else "see the log"
+        raise ToolError(
+            f"the Nsight Systems importer failed, only {stream.name} was written: {what} "
+            f"(put libdw.so.1 and libelf.so.1 on LD_LIBRARY_PATH; log: {log_path})"
+        )
+    if returncode != 0 and (check or not report.exists()):
+        raise ToolError(
+            f"nsys pass failed (exit {returncode}): {_blame_line(stderr_tail)} (log: {log_path})"
+        )
+    if not report.exists():
+        raise ToolError(
+            f"nsys wrote no report at {report} (did the profiled process call cudaProfilerStart? "
+            f"log: {log_path})"
+        )
+    return NsysResult(report, log_path, tuple(cmd), returncode, seconds, isolated=bool(prefix))
+
+
+def _fresh_report_paths(output_base: Path | str) -> tuple[Path, Path, Path]:
+    """``(base, <base>.nsys-rep, <base>.qdstrm)``, the folder made and any old report or stream
+    deleted (--force-overwrite semantics: a stale one would pass for new)."""
     base = Path(output_base)
     if base.name.endswith(".nsys-rep"):
         base = base.with_name(base.name[: -len(".nsys-rep")])
     base.parent.mkdir(parents=True, exist_ok=True)
     report, stream = base.with_name(base.name + ".nsys-rep"), base.with_name(base.name + ".qdstrm")
-    for stale in (report, stream):  # --force-overwrite semantics; a stale one would pass for new
+    for stale in (report, stream):
         stale.unlink(missing_ok=True)
-    log_path = base.with_name(base.name + ".nsys.log")
-    cmd = nsys_profile_command(nsys, base, child_argv, **profile_options)  # type: ignore[arg-type]
+    return base, report, stream
+
+
+def _isolation(isolate: bool | None) -> list[str] | None:
+    """The PID-namespace prefix for nsys (``run_nsys_pass``'s ``isolate``): an error when it is
+    required and missing, a warning when it is wanted and missing."""
     prefix = isolation_prefix() if isolate is not False else None
     if isolate and prefix is None:
         raise ToolError("cannot isolate nsys: `unshare --pid --mount-proc` is not available or not permitted here")
@@ -271,12 +306,17 @@ def run_nsys_pass(
             "nsys runs without a private PID namespace (unshare not permitted here): the .nsys-rep "
             "will hold the environment of your other processes; share only the scrubbed .sqlite"
         )
-    if prefix:
-        cmd = [*prefix, *cmd]
+    return prefix
+
+
+def _run_logged(nsys: Path | str, cmd: list[str], env: Mapping[str, str], log_path: Path, timeout: float | None,
+                echo: IO[str] | None) -> tuple[int, str, deque[str]]:
+    """Run ``cmd`` with its output copied to ``log_path`` (and ``echo``); stopped with its
+    children on a timeout or Ctrl-C. Returns the exit code, the last lines of output and the
+    last lines of stderr."""
     stderr_tail: deque[str] = deque(maxlen=50)
     output: deque[str] = deque(maxlen=2000)
     lock = threading.Lock()
-    start = time.monotonic()
     with open(log_path, "w", encoding="utf-8", errors="replace") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         try:
@@ -303,25 +343,7 @@ def run_nsys_pass(
             raise
         for t in pumps:
             t.join(timeout=30)
-    seconds = time.monotonic() - start
-    text = "".join(output)
-    if IMPORTER_FAILURE in text or (stream.exists() and not report.exists()):
-        named = sorted(set(_MISSING_LIB.findall(text)) | set(missing_importer_libraries(env)))
-        what = f"{', '.join(named)} not found" if named else "see the log"
-        raise ToolError(
-            f"the Nsight Systems importer failed, only {stream.name} was written: {what} "
-            f"(put libdw.so.1 and libelf.so.1 on LD_LIBRARY_PATH; log: {log_path})"
-        )
-    if returncode != 0 and (check or not report.exists()):
-        raise ToolError(
-            f"nsys pass failed (exit {returncode}): {_blame_line(stderr_tail)} (log: {log_path})"
-        )
-    if not report.exists():
-        raise ToolError(
-            f"nsys wrote no report at {report} (did the profiled process call cudaProfilerStart? "
-            f"log: {log_path})"
-        )
-    return NsysResult(report, log_path, tuple(cmd), returncode, seconds, isolated=bool(prefix))
+    return returncode, "".join(output), stderr_tail
 
 
 def _kill_group(proc: subprocess.Popen[str], pumps: Sequence[threading.Thread]) -> None:
