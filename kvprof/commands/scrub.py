@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvprof.core.errors import KvprofError, UsageError
@@ -76,53 +77,68 @@ def tally(reports: list[CheckReport]) -> str:
             f"(raw bytes only: nothing found there), {dirty} not clean; secrets looked for as: {COVERED}")
 
 
-def run(args: argparse.Namespace) -> int:
-    exit_code = 0
-    reports: list[ScrubReport] = []
-    only_reports = True
+@dataclass
+class _Outcome:
+    """What the paths have come to so far: the first failed file's exit code, and whether
+    only .nsys-rep files (which cannot be rewritten) were given."""
 
-    def failed(exc: KvprofError) -> None:
-        nonlocal exit_code, only_reports
+    exit_code: int = 0
+    only_reports: bool = True
+
+    def failed(self, exc: KvprofError) -> None:
         print(f"kvprof scrub: {exc}", file=sys.stderr)
-        exit_code = exit_code or exc.exit_code
-        only_reports = False
+        self.exit_code = self.exit_code or exc.exit_code
+        self.only_reports = False
 
+
+def _check_only(paths: list[Path], outcome: _Outcome, max_bytes: int) -> int:
+    """``--check``: a line per file and the tally; nothing is written."""
+    checked = verify(paths, outcome.failed, max_bytes)
+    for r in checked:
+        print(r.line(), file=sys.stdout if r.clean else sys.stderr)
+    print(tally(checked))
+    if outcome.exit_code:
+        return outcome.exit_code
+    return LEAK_EXIT_CODE if any(not r.clean for r in checked) else 0
+
+
+def _scrub_one(path: Path, outcome: _Outcome, max_bytes: int) -> list[ScrubReport]:
+    """Scrub a file or a folder in place, a line per file; a failure is told and counted."""
+    try:
+        if path.is_dir():
+            found = scrub_tree(path, on_error=outcome.failed, max_bytes=max_bytes)
+        elif path.is_file() and file_kind(path) is None:
+            raise UsageError(f"{path}: unknown file type (scrub reads .sqlite, .json, .json.gz, .log, .txt, "
+                             ".csv, .parquet)")
+        else:
+            found = [scrub_path(path, max_bytes=max_bytes)]
+    except KvprofError as exc:
+        outcome.failed(exc)
+        return []
+    if path.is_dir() or any(r.kind != "nsys-rep" for r in found):
+        outcome.only_reports = False
+    for report in found:
+        print(report.line(), file=sys.stderr if report.leaks else sys.stdout)
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    outcome = _Outcome()
     max_bytes = getattr(args, "max_bytes", DEFAULT_MAX_BYTES)
     if getattr(args, "check", False):
-        checked = verify(args.paths, failed, max_bytes)
-        for r in checked:
-            print(r.line(), file=sys.stdout if r.clean else sys.stderr)
-        print(tally(checked))
-        if exit_code:
-            return exit_code
-        return LEAK_EXIT_CODE if any(not r.clean for r in checked) else 0
-
+        return _check_only(args.paths, outcome, max_bytes)
+    reports: list[ScrubReport] = []
     for path in args.paths:
-        try:
-            if path.is_dir():
-                found = scrub_tree(path, on_error=failed, max_bytes=max_bytes)
-            elif path.is_file() and file_kind(path) is None:
-                raise UsageError(f"{path}: unknown file type (scrub reads .sqlite, .json, .json.gz, .log, .txt, "
-                                 ".csv, .parquet)")
-            else:
-                found = [scrub_path(path, max_bytes=max_bytes)]
-        except KvprofError as exc:
-            failed(exc)
-            continue
-        if path.is_dir() or any(r.kind != "nsys-rep" for r in found):
-            only_reports = False
-        for report in found:
-            print(report.line(), file=sys.stderr if report.leaks else sys.stdout)
-        reports.extend(found)
-    if exit_code:
-        return exit_code
+        reports.extend(_scrub_one(path, outcome, max_bytes))
+    if outcome.exit_code:
+        return outcome.exit_code
     if any(r.leaks for r in reports):
         return LEAK_EXIT_CODE
-    if only_reports:
+    if outcome.only_reports:
         return UsageError.exit_code
-    left = [r for r in verify([p for p in args.paths if p.exists()], failed, max_bytes) if not r.clean]
+    left = [r for r in verify([p for p in args.paths if p.exists()], outcome.failed, max_bytes) if not r.clean]
     for r in left:
         print(f"kvprof scrub: after scrubbing, {r.line()}", file=sys.stderr)
-    if exit_code:
-        return exit_code
+    if outcome.exit_code:
+        return outcome.exit_code
     return LEAK_EXIT_CODE if left else 0
