@@ -206,12 +206,9 @@ def pack(columns: list[Column], width: int, keep: int = len(KEY_COLUMNS)) -> lis
     return tables or [head]
 
 
-def render_table(result: BenchResult, console: Console | None = None) -> None:
-    """The limits, one table per mode and field (split to fit ``console.width``), the reasons
-    and the verdicts. A column with no figure on this device is left out and named once."""
-    console = console or Console(width=200)
+def _head_line(result: BenchResult, cuda: bool) -> str:
+    """The device, its copy rate and graph floors, the thread count and the target, on one line."""
     limits = result.limits
-    cuda = result.device.get("type", "cuda") == "cuda"
     rate = limits.get("copy_rate_gbs")
     head = [f"[bold]{result.device_name}[/]", f"copy rate {_fmt(rate, 0) if rate else 'n/a'} GB/s (read+write)"]
     if cuda:
@@ -225,7 +222,40 @@ def render_table(result: BenchResult, console: Console | None = None) -> None:
     head.append(f"target for kvprof's fused writes: {result.settings.target.describe()}")
     if is_rope(result):
         head.append("rope family: each write rotates q and k (read and written back), reads v, writes two cache rows")
-    console.print("  ".join(head))
+    return "  ".join(head)
+
+
+def _with_figures(columns: list[Column], dropped: dict[str, list[str]]) -> list[Column]:
+    """The key columns and every column with a figure; each left out one is added once to
+    ``dropped`` under its "n/a (why)"."""
+    shown = columns[:len(KEY_COLUMNS)]
+    for c in columns[len(KEY_COLUMNS):]:
+        na = c.only_na()
+        if na is None:
+            shown.append(c)
+        elif c.header not in dropped.setdefault(na, []):
+            dropped[na].append(c.header)
+    return shown
+
+
+def _print_packed(console: Console, title: str, columns: list[Column]) -> None:
+    """``columns`` as one table, or several numbered ones where they do not fit the console."""
+    parts = pack(columns, console.width)
+    for i, cols in enumerate(parts):
+        table = Table(title=title if len(parts) == 1 else f"{title} [{i + 1}/{len(parts)}]", show_lines=False)
+        for j, c in enumerate(cols):
+            table.add_column(c.header, justify="left" if j < len(KEY_COLUMNS) else "right", no_wrap=True)
+        for cells in zip(*(c.cells for c in cols)):
+            table.add_row(*cells)
+        console.print(table)
+
+
+def render_table(result: BenchResult, console: Console | None = None) -> None:
+    """The limits, one table per mode and field (split to fit ``console.width``), the reasons
+    and the verdicts. A column with no figure on this device is left out and named once."""
+    console = console or Console(width=200)
+    cuda = result.device.get("type", "cuda") == "cuda"
+    console.print(_head_line(result, cuda))
     dropped: dict[str, list[str]] = {}  # "n/a (why)" -> the columns left out for it, over every table
     for mode, field, iqr_field, title in TABLES:
         rows = [r for r in result.records if r.mode == mode and (field == "median_us" or getattr(r, field) is not None)]
@@ -234,22 +264,7 @@ def render_table(result: BenchResult, console: Console | None = None) -> None:
         if field == "host_us" and not cuda:
             console.print("eager host time through the pool: the wall clock above (a CPU write has no launch queue)")
             continue
-        columns = table_columns(result, mode, field, iqr_field)
-        shown = columns[:len(KEY_COLUMNS)]
-        for c in columns[len(KEY_COLUMNS):]:
-            na = c.only_na()
-            if na is None:
-                shown.append(c)
-            elif c.header not in dropped.setdefault(na, []):
-                dropped[na].append(c.header)
-        parts = pack(shown, console.width)
-        for i, cols in enumerate(parts):
-            table = Table(title=title if len(parts) == 1 else f"{title} [{i + 1}/{len(parts)}]", show_lines=False)
-            for j, c in enumerate(cols):
-                table.add_column(c.header, justify="left" if j < len(KEY_COLUMNS) else "right", no_wrap=True)
-            for cells in zip(*(c.cells for c in cols)):
-                table.add_row(*cells)
-            console.print(table)
+        _print_packed(console, title, _with_figures(table_columns(result, mode, field, iqr_field), dropped))
     for na, names in dropped.items():
         console.print(f"  not shown, {na}: {', '.join(names)}", markup=False, highlight=False)
     reasons = {(r.variant, r.reason) for r in result.records if not r.ok}
