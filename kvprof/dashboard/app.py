@@ -116,6 +116,73 @@ def _handle_upload(f: object) -> None:
         st.success(f"analysed; open as “{md(msg)}”")
 
 
+def _pick_root(roots: list[Path], first_run: Path | None) -> tuple[Path, list[data.RunEntry]]:
+    """The traces root select (first the root holding the run asked for, else one with runs)
+    and the runs under the chosen root."""
+    ss = st.session_state
+    if ss.get("nav_root") not in [str(r) for r in roots]:
+        with_run = [r for r in roots if first_run and first_run.is_relative_to(r)]
+        with_runs = [r for r in roots if _runs(str(r))]
+        ss["nav_root"] = str((with_run or with_runs or roots)[0])
+    root = Path(st.sidebar.selectbox("Traces root", [str(r) for r in roots], key="nav_root",
+                                     format_func=data.root_label, help="only files under this folder are read"))
+    return root, _runs(str(root))
+
+
+def _pick_run(ctx: Context, root: Path, first_run: Path | None) -> str | None:
+    """The run select: the page's ``run`` query, else the run asked for, else the first analysed one."""
+    ss = st.session_state
+    labels = ctx.labels()
+    if not labels:
+        return None
+    if ss.get("nav_run") not in labels:
+        q = str(st.query_params.get("run", ""))
+        rel = None
+        if first_run is not None and first_run.is_relative_to(root):
+            rel = first_run.relative_to(root).as_posix() or "."
+        analysed = next((e.rel for e in ctx.runs if e.analysed), None)  # open something readable first
+        ss["nav_run"] = next((c for c in (q, rel, analysed) if c in labels), labels[0])
+    entries = {e.rel: e for e in ctx.runs}
+    label: str | None = st.sidebar.selectbox("Run", labels, key="nav_run",
+                                             format_func=lambda lab: entries[lab].label if lab in entries else lab)
+    return label
+
+
+def _open_run(ctx: Context, run_label: str) -> None:
+    """Open the run into ``ctx`` with its variant and source filters; an error instead when it
+    cannot be read, and a warning when its summary is older than its traces."""
+    sb = st.sidebar
+    try:
+        ctx.run = ctx.open(run_label)
+        summary = ctx.run.summary()
+        groups = ctx.run.groups()
+        variants = frames.variants_in(summary, groups)
+        ctx.variants = sb.multiselect("Variants", variants, default=variants, key=f"nav_variants::{run_label}")
+        sources = frames.sources_in(groups, summary)
+        if len(sources) > 1:
+            ctx.source = sb.radio("Source", sources, horizontal=True, key=f"nav_source::{run_label}",
+                                  help="reference: the same steps with no profiler attached, timed with CUDA "
+                                       "events (what a step pays; the default); kineto: torch.profiler; "
+                                       "nsys: Nsight Systems. Each profiler slows what it watches: the "
+                                       "Overview page shows by how much.")
+        elif sources:
+            ctx.source = sources[0]
+        if ctx.run.note:
+            st.warning(f"{md(run_label)}: {md(ctx.run.note)}")
+        if ctx.run.run_dir is not None:
+            stale = data.stale_traces(ctx.run.run_dir)
+            if stale:
+                st.warning(f"{md(run_label)}: {RunDir.SUMMARY} is older than {md(', '.join(stale))}; re-run "
+                           "`python -m kvprof analyze` on it for current numbers.")
+    except KvprofError as exc:
+        st.error(f"Cannot open {md(run_label)}: {md(exc)}")
+        ctx.run = None
+    except Exception as exc:  # noqa: BLE001
+        log.exception("opening %s failed", run_label)
+        st.error(f"Cannot open {md(run_label)}: {type(exc).__name__}: {md(exc)}")
+        ctx.run = None
+
+
 def sidebar() -> tuple[str, Context]:
     ss = st.session_state
     sb = st.sidebar
@@ -126,13 +193,7 @@ def sidebar() -> tuple[str, Context]:
 
     roots = data.configured_roots()
     first_run = data.initial_run()
-    if ss.get("nav_root") not in [str(r) for r in roots]:
-        with_run = [r for r in roots if first_run and first_run.is_relative_to(r)]
-        with_runs = [r for r in roots if _runs(str(r))]
-        ss["nav_root"] = str((with_run or with_runs or roots)[0])
-    root = Path(sb.selectbox("Traces root", [str(r) for r in roots], key="nav_root", format_func=data.root_label,
-                             help="only files under this folder are read"))
-    runs = _runs(str(root))
+    root, runs = _pick_root(roots, first_run)
 
     with sb.expander("Upload a trace", expanded=False):
         f = st.file_uploader(
@@ -143,49 +204,9 @@ def sidebar() -> tuple[str, Context]:
     uploads: dict[str, Path] = ss.setdefault("uploads", {})
 
     ctx = Context(root=root, runs=runs, uploads=uploads)
-    labels = ctx.labels()
-    run_label = None
-    if labels:
-        if ss.get("nav_run") not in labels:
-            q = str(st.query_params.get("run", ""))
-            rel = None
-            if first_run is not None and first_run.is_relative_to(root):
-                rel = first_run.relative_to(root).as_posix() or "."
-            analysed = next((e.rel for e in runs if e.analysed), None)  # open something readable first
-            ss["nav_run"] = next((c for c in (q, rel, analysed) if c in labels), labels[0])
-        entries = {e.rel: e for e in runs}
-        run_label = sb.selectbox("Run", labels, key="nav_run",
-                                 format_func=lambda lab: entries[lab].label if lab in entries else lab)
+    run_label = _pick_run(ctx, root, first_run)
     if run_label is not None:
-        try:
-            ctx.run = ctx.open(run_label)
-            summary = ctx.run.summary()
-            groups = ctx.run.groups()
-            variants = frames.variants_in(summary, groups)
-            ctx.variants = sb.multiselect("Variants", variants, default=variants, key=f"nav_variants::{run_label}")
-            sources = frames.sources_in(groups, summary)
-            if len(sources) > 1:
-                ctx.source = sb.radio("Source", sources, horizontal=True, key=f"nav_source::{run_label}",
-                                      help="reference: the same steps with no profiler attached, timed with CUDA "
-                                           "events (what a step pays; the default); kineto: torch.profiler; "
-                                           "nsys: Nsight Systems. Each profiler slows what it watches: the "
-                                           "Overview page shows by how much.")
-            elif sources:
-                ctx.source = sources[0]
-            if ctx.run.note:
-                st.warning(f"{md(run_label)}: {md(ctx.run.note)}")
-            if ctx.run.run_dir is not None:
-                stale = data.stale_traces(ctx.run.run_dir)
-                if stale:
-                    st.warning(f"{md(run_label)}: {RunDir.SUMMARY} is older than {md(', '.join(stale))}; re-run "
-                               "`python -m kvprof analyze` on it for current numbers.")
-        except KvprofError as exc:
-            st.error(f"Cannot open {md(run_label)}: {md(exc)}")
-            ctx.run = None
-        except Exception as exc:  # noqa: BLE001
-            log.exception("opening %s failed", run_label)
-            st.error(f"Cannot open {md(run_label)}: {type(exc).__name__}: {md(exc)}")
-            ctx.run = None
+        _open_run(ctx, run_label)
     st.query_params["page"] = page.split()[0].lower()
     if run_label is not None:
         st.query_params["run"] = run_label
