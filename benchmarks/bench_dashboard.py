@@ -47,6 +47,7 @@ from kvprof.core.errors import ToolError
 from kvprof.dashboard.background import BackgroundServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+Row = tuple[str, str, Any, str]  # data set, measurement, seconds (or a list of them, or a note), target
 CODE = ROOT  # the checkout whose dashboard is measured (--code): the samples and this script stay ROOT's
 
 
@@ -312,7 +313,7 @@ def big_run(tmp: Path, mb: int) -> tuple[Path, dict[str, Any]]:
     return d, info
 
 
-def browser_rows(rows: list[tuple[str, str, Any, str]], name: str, b: dict[str, Any], target: str,
+def browser_rows(rows: list[Row], name: str, b: dict[str, Any], target: str,
                  charts: int) -> None:
     """First chart drawn (the target) and the page complete, for each kind of visit; the CPU profile."""
     done = f"all {charts} chart(s), run over"
@@ -343,6 +344,65 @@ def fmt(x: Any) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
 
 
+def measure_set(rows: list[Row], name: str, root: Path, run: Path, target: float, args: argparse.Namespace,
+                tmp: Path) -> None:
+    """One data set: AppTest's first page, warm session and page switches, then (unless
+    --no-browser) Chromium's first chart, complete page and page switches."""
+    r = apptest(root, run, tmp / f"cache-{name.split()[0]}")
+    if "error" in r:
+        rows.append((name, "AppTest", r["error"], ""))
+        return
+    rows.append((name, "AppTest first page, new process", r["first_s"], f"{target:g}"))
+    rows.append((name, "AppTest first page, new session (warm process)", r["warm_session_s"], f"{target:g}"))
+    rows.append((name, "AppTest imports (streamlit testing)", r["import_s"], ""))
+    for p, s in r["pages"].items():
+        rows.append((name, f"AppTest switch to {p}", s, ""))
+    if r["problems"]:
+        rows.append((name, "errors shown", "; ".join(r["problems"])[:300], ""))
+    if args.no_browser:
+        return
+    if not Path(CHROMIUM).is_file():
+        rows.append((name, "browser", f"skipped: {CHROMIUM} missing", ""))
+        return
+    # first chart visible (a drawn bar), and the page complete (all its charts, the run over)
+    load0 = os.getloadavg()[0]
+    b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat,
+                profile=args.cpu_profile, timeline=args.timeline)
+    rows.append((name, "load average (1 min) before / after the browser runs",
+                 f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
+    if "error" in b:
+        rows.append((name, "browser", b["error"], ""))
+        return
+    rows.append((name, "browser: server start (process up, health ok)", b["server_start_s"], ""))
+    browser_rows(rows, name, b, f"{target:g}", int(r["charts"]))
+    for p, s in b["pages"].items():
+        rows.append((name, f"browser: switch to {p}, run over", s, ""))
+
+
+def measure_floor(rows: list[Row], args: argparse.Namespace, tmp: Path) -> None:
+    """The floor: a data-free app with the same kinds of widgets and one chart, measured the same way."""
+    floor = tmp / "floor_app.py"
+    floor.write_text(FLOOR_APP)
+    load0 = os.getloadavg()[0]
+    b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor, profile=args.cpu_profile,
+                timeline=args.timeline)
+    if "error" not in b:
+        name = "floor: no-data app, same widgets"
+        rows.append((name, "load average (1 min) before / after the browser runs",
+                     f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
+        browser_rows(rows, name, b, "", 1)
+
+
+def print_rows(rows: list[Row]) -> None:
+    """The measurements as one aligned table."""
+    w1 = max(len(r[0]) for r in rows)
+    w2 = max(len(r[1]) for r in rows)
+    print(f"\n{'data set':<{w1}}  {'measurement':<{w2}}  {'seconds':>22}  target s")
+    print("-" * (w1 + w2 + 36))
+    for name, what, val, target in rows:
+        print(f"{name:<{w1}}  {what:<{w2}}  {fmt(val):>22}  {target}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=Path, default=None, help="traces root with the samples (default traces/samples)")
@@ -367,7 +427,7 @@ def main() -> int:
             print(f"bench_dashboard: {CODE} has no kvprof/dashboard/app.py", file=sys.stderr)
             return 2
         print(f"dashboard code: {CODE}")
-    rows: list[tuple[str, str, Any, str]] = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="kvprof-bench-dash-") as t:
         tmp = Path(t)
         s_root, s_run, s_label = samples_root(args.samples, tmp)
@@ -392,55 +452,12 @@ def main() -> int:
             sets.append((f"{args.mb} MB trace, analysed", big.parent, big, 15.0))
 
         for name, root, run, target in sets:
-            r = apptest(root, run, tmp / f"cache-{name.split()[0]}")
-            if "error" in r:
-                rows.append((name, "AppTest", r["error"], ""))
-                continue
-            rows.append((name, "AppTest first page, new process", r["first_s"], f"{target:g}"))
-            rows.append((name, "AppTest first page, new session (warm process)", r["warm_session_s"], f"{target:g}"))
-            rows.append((name, "AppTest imports (streamlit testing)", r["import_s"], ""))
-            for p, s in r["pages"].items():
-                rows.append((name, f"AppTest switch to {p}", s, ""))
-            if r["problems"]:
-                rows.append((name, "errors shown", "; ".join(r["problems"])[:300], ""))
-            if args.no_browser:
-                continue
-            if not Path(CHROMIUM).is_file():
-                rows.append((name, "browser", f"skipped: {CHROMIUM} missing", ""))
-                continue
-            # first chart visible (a drawn bar), and the page complete (all its charts, the run over)
-            load0 = os.getloadavg()[0]
-            b = browser(root, run, tmp / f"cache-{name.split()[0]}", max(1, int(r["charts"])), args.repeat,
-                        profile=args.cpu_profile, timeline=args.timeline)
-            rows.append((name, "load average (1 min) before / after the browser runs",
-                         f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
-            if "error" in b:
-                rows.append((name, "browser", b["error"], ""))
-                continue
-            rows.append((name, "browser: server start (process up, health ok)", b["server_start_s"], ""))
-            browser_rows(rows, name, b, f"{target:g}", int(r["charts"]))
-            for p, s in b["pages"].items():
-                rows.append((name, f"browser: switch to {p}, run over", s, ""))
+            measure_set(rows, name, root, run, target, args, tmp)
 
         if not args.no_browser and Path(CHROMIUM).is_file():
-            # the floor: a data-free app with the same kinds of widgets and one chart, measured the same way
-            floor = tmp / "floor_app.py"
-            floor.write_text(FLOOR_APP)
-            load0 = os.getloadavg()[0]
-            b = browser(tmp, tmp, tmp / "cache-floor", 1, args.repeat, app=floor, profile=args.cpu_profile,
-                        timeline=args.timeline)
-            if "error" not in b:
-                name = "floor: no-data app, same widgets"
-                rows.append((name, "load average (1 min) before / after the browser runs",
-                             f"{load0:.2f} / {os.getloadavg()[0]:.2f}", ""))
-                browser_rows(rows, name, b, "", 1)
+            measure_floor(rows, args, tmp)
 
-    w1 = max(len(r[0]) for r in rows)
-    w2 = max(len(r[1]) for r in rows)
-    print(f"\n{'data set':<{w1}}  {'measurement':<{w2}}  {'seconds':>22}  target s")
-    print("-" * (w1 + w2 + 36))
-    for name, what, val, target in rows:
-        print(f"{name:<{w1}}  {what:<{w2}}  {fmt(val):>22}  {target}")
+    print_rows(rows)
     return 0
 
 
