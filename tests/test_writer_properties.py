@@ -14,6 +14,8 @@ theirs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -242,44 +244,78 @@ def _check_rows(name: str, before: torch.Tensor, after: torch.Tensor, slots: lis
                 f"{name}: slot {s} does not hold the reference row of token(s) {touched[s]}")
 
 
+def _pool(layout: str, writer: Any, case: dict, device: torch.device) -> tuple[Any, list[torch.Tensor]]:
+    """The layout's pool with ``writer``, and the buffers it writes into."""
+    cache, heads, dim, vdim = case["cache"], case["heads"], case["dim"], case["vdim"]
+    if layout == "mha":
+        pool = KVPool(SIZE, 1, cache, heads, dim, 1, device, writer=writer, v_head_dim=vdim,
+                      check_slots=case["check_slots"])
+        return pool, [pool.k_buffer[0], pool.v_buffer[0]]
+    if layout == "mla":
+        pool = MLAPool(SIZE, 1, cache, 2 * dim, vdim, 1, device, writer=writer, check_slots=case["check_slots"])
+        return pool, [pool.kv_buffer[0]]
+    pool = PagedPool(SIZE // 4, 4, cache, heads, dim, 1, device, writer=writer, check_slots=case["check_slots"])
+    return pool, [pool.key_cache[0], pool.value_cache[0]]
+
+
+def _input_shapes(layout: str, case: dict) -> list[tuple[int, int, int]]:
+    """The shapes of the rows the layout's write call takes."""
+    tokens, heads, dim, vdim = case["tokens"], case["heads"], case["dim"], case["vdim"]
+    if layout == "mha":
+        return [(tokens, heads, dim), (tokens, heads, vdim)]
+    if layout == "mla":
+        return [(tokens, 1, 2 * dim), (tokens, 1, vdim)] if case["split"] else [(tokens, 1, 2 * dim + vdim)]
+    return [(tokens + case["padded"], heads, dim)] * 2
+
+
+def _write(layout: str, pool: Any, case: dict, loc: torch.Tensor, inputs: list[torch.Tensor], scale: Any) -> None:
+    """The layout's own write call (SGLang's MHA and MLA ones, vLLM's paged one)."""
+    if layout == "mha":
+        pool.set_kv_buffer(0, loc, inputs[0], inputs[1], scale, scale)
+    elif layout == "mla" and case["split"]:
+        pool.set_mla_kv_buffer(0, loc, inputs[0], inputs[1])
+    elif layout == "mla":
+        pool.set_kv_buffer(0, loc, inputs[0])
+    else:
+        pool.reshape_and_cache_flash(0, inputs[0], inputs[1], loc, scale, scale)
+
+
+def _check_written(layout: str, name: str, case: dict, snapshot: list[torch.Tensor], buffers: list[torch.Tensor],
+                   held: list[torch.Tensor], scale: Any, device: torch.device) -> None:
+    """The reference rows (each layout's own conversion) at the slots, every other row as it was."""
+    cache, tokens, heads, dim, vdim, slots = (case[k] for k in ("cache", "tokens", "heads", "dim", "vdim", "slots"))
+    if layout == "mha":
+        for i, (before, b) in enumerate(zip(snapshot, buffers)):
+            x = held[i].reshape(tokens, heads, (dim, vdim)[i])
+            _check_rows(name, before, _rows_of(b), slots, _bytes(convert_for_cache(x, cache, scale)))
+    elif layout == "mla":
+        after = _rows_of(buffers[0])
+        if case["split"]:  # set_mla_kv_buffer: nope, then rope, side by side; slot 0 skipped
+            cut = 2 * dim * torch.empty((), dtype=store_dtype_for(cache)).element_size()
+            for x, columns in zip(held, (slice(0, cut), slice(cut, None))):
+                _check_rows(name, snapshot[0], after, slots, _bytes(cast_like_sglang(x, cache)), columns, 0)
+        else:
+            _check_rows(name, snapshot[0], after, slots, _bytes(cast_like_sglang(held[0], cache)))
+    else:
+        s = None if scale is None else (scale if isinstance(scale, torch.Tensor) else torch.tensor([scale], device=device))
+        for i, (before, b) in enumerate(zip(snapshot, buffers)):
+            _check_rows(name, before, _rows_of(b), slots, _bytes(convert_like_vllm(held[i][:tokens], cache, s)))
+
+
 def _run(layout: str, writer, case: dict, device: torch.device = CPU) -> None:  # noqa: ANN001
     """One call through the layout's pool; then either the reference rows at the slots and every
     other row as it was, or a ValueError and every byte as it was."""
     gen = torch.Generator().manual_seed(case["seed"])
-    cache, tokens = case["cache"], case["tokens"]
-    heads, dim, vdim = case["heads"], case["dim"], case["vdim"]
-    if layout == "mha":
-        pool = KVPool(SIZE, 1, cache, heads, dim, 1, device, writer=writer, v_head_dim=vdim,
-                      check_slots=case["check_slots"])
-        buffers = [pool.k_buffer[0], pool.v_buffer[0]]
-    elif layout == "mla":
-        pool = MLAPool(SIZE, 1, cache, 2 * dim, vdim, 1, device, writer=writer, check_slots=case["check_slots"])
-        buffers = [pool.kv_buffer[0]]
-    else:
-        pool = PagedPool(SIZE // 4, 4, cache, heads, dim, 1, device, writer=writer, check_slots=case["check_slots"])
-        buffers = [pool.key_cache[0], pool.value_cache[0]]
+    pool, buffers = _pool(layout, writer, case, device)
     _fill(buffers, gen)
     loc = _loc(case, buffers)
-    if layout == "mha":
-        shapes = [(tokens, heads, dim), (tokens, heads, vdim)]
-    elif layout == "mla":
-        shapes = [(tokens, 1, 2 * dim), (tokens, 1, vdim)] if case["split"] else [(tokens, 1, 2 * dim + vdim)]
-    else:
-        shapes = [(tokens + case["padded"], heads, dim)] * 2
-    inputs = [_rows(case, i, shape, buffers, gen) for i, shape in enumerate(shapes)]
+    inputs = [_rows(case, i, shape, buffers, gen) for i, shape in enumerate(_input_shapes(layout, case))]
     snapshot = [_rows_of(b).clone() for b in buffers]
     held = [x.clone() for x in inputs]  # the values as the call sees them (aliased ones included)
     refuse = _expect_refusal(case, writer, device)
     scale = _scale(case, device)
     try:
-        if layout == "mha":
-            pool.set_kv_buffer(0, loc, inputs[0], inputs[1], scale, scale)
-        elif layout == "mla" and case["split"]:
-            pool.set_mla_kv_buffer(0, loc, inputs[0], inputs[1])
-        elif layout == "mla":
-            pool.set_kv_buffer(0, loc, inputs[0])
-        else:
-            pool.reshape_and_cache_flash(0, inputs[0], inputs[1], loc, scale, scale)
+        _write(layout, pool, case, loc, inputs, scale)
     except ValueError as exc:
         for before, b in zip(snapshot, buffers):
             assert torch.equal(before, _rows_of(b)), f"{writer.name} changed the cache, then refused: {exc}"
@@ -288,23 +324,7 @@ def _run(layout: str, writer, case: dict, device: torch.device = CPU) -> None:  
         assert "\n" not in str(exc)
         return
     assert not refuse, f"{writer.name} took a call it must refuse: {case}"
-    slots = case["slots"]
-    if layout == "mha":
-        for i, (before, b) in enumerate(zip(snapshot, buffers)):
-            x = held[i].reshape(tokens, heads, (dim, vdim)[i])
-            _check_rows(writer.name, before, _rows_of(b), slots, _bytes(convert_for_cache(x, cache, scale)))
-    elif layout == "mla":
-        after = _rows_of(buffers[0])
-        if case["split"]:  # set_mla_kv_buffer: nope, then rope, side by side; slot 0 skipped
-            cut = 2 * dim * torch.empty((), dtype=store_dtype_for(cache)).element_size()
-            for x, columns in zip(held, (slice(0, cut), slice(cut, None))):
-                _check_rows(writer.name, snapshot[0], after, slots, _bytes(cast_like_sglang(x, cache)), columns, 0)
-        else:
-            _check_rows(writer.name, snapshot[0], after, slots, _bytes(cast_like_sglang(held[0], cache)))
-    else:
-        s = None if scale is None else (scale if isinstance(scale, torch.Tensor) else torch.tensor([scale], device=device))
-        for i, (before, b) in enumerate(zip(snapshot, buffers)):
-            _check_rows(writer.name, before, _rows_of(b), slots, _bytes(convert_like_vllm(held[i][:tokens], cache, s)))
+    _check_written(layout, writer.name, case, snapshot, buffers, held, scale, device)
 
 
 def _bytes(x: torch.Tensor) -> torch.Tensor:
