@@ -118,7 +118,7 @@ def _to_ns(ts_us: np.ndarray) -> tuple[np.ndarray, float]:
     return rel + np.int64(origin) * 1000, origin
 
 
-def events_from_document(
+def events_from_document(  # noqa: C901 (the per-event loop stays in one frame: a call per event slows multi-GB reads)
     doc: dict[str, Any], batches: Iterable[list[Any]] | None = None
 ) -> tuple[dict[str, Any], int, dict[str, int]]:
     """One pass over ``traceEvents`` (or over ``batches`` of it) into columns; consumes the lists."""
