@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,11 @@ class _Unavailable(KVWriter):
         raise RuntimeError(f"{self.name} is unavailable")
 
 
+def captured_now() -> str:
+    """The capture's start, ISO 8601 in UTC to the second: what compare pairs and orders runs by."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None) -> Manifest:
     phases = config.phase_specs(graphs_possible=device.type == "cuda")
     settings = config.as_dict()
@@ -103,7 +109,8 @@ def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime 
         settings["threads"] = runtime.threads
         settings["resolved"]["triton_interpret"] = runtime.triton_interpret
     return Manifest(
-        kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
+        kvprof=kvprof.__version__, run_id=config.run_id, captured_at=captured_now(),
+        versions=versions(), device=device_properties(device),
         config=settings, phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
     )
 
@@ -114,7 +121,7 @@ def variant_entry(p: PlannedVariant) -> VariantEntry:
     info = p.writer.info()
     entry = VariantEntry(available=p.reason is None, reason=p.reason, description=info.description,
                          fused_claim=info.fused)
-    if p.reason is None and info.extra.get("interpreted"):
+    if p.reason is None and info.extra.get("interpreted"):  # VariantEntry.interpreted
         entry.extra["interpreted"] = True
     return entry
 
