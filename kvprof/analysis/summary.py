@@ -16,6 +16,7 @@ from kvprof.analysis.reference import observer_effect, observer_notes, reference
 from kvprof.analysis.ranks import analyze_ranks, collective_per_step
 from kvprof.analysis.writes import WRITE_COLUMNS, per_step_table, per_write_table, peak_bandwidth_gbs, trace_rank
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
+from kvprof.core.timings import CONTROL
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
 from kvprof.trace.table import to_frame
@@ -51,7 +52,7 @@ def _reference_doc(loaded: Loaded) -> dict[str, Any] | None:
     t = loaded.timings
     if t is None:
         return None
-    recs = t.select(pass_="reference")
+    recs = [r for r in t.select(pass_="reference") if r.mode != CONTROL]
     return {"context": t.context, "context_len": t.context_len,
             "clock": sorted({r.clock for r in recs}), "series": len(recs),
             "steps_per_series": sorted({len(r.samples_ns) for r in recs})}
