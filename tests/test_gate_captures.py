@@ -2,7 +2,10 @@
 
 Identical captures must pass against each other: a shared machine runs one process up to
 2x slower than another (seen here at a load of 6 on 2 cores), and the gate judges a
-write's cost over the control series its own reference pass timed between the steps.
+write's cost over the control series its own reference pass timed between the steps. The
+threshold is 10 %, the one docs/formats.md gives for a shared CPU: over 156 rows of
+identical captures the low end of the interval reached +6.0 % at most (at 5 %, 1 of 30
+ordered pairs of small captures failed).
 Triton's interpreter is left out (its time swings by 3x between identical runs). A real
 slowdown must still fail: a third-party writer (``--writer module:factory``) whose NEW
 version stores every K and V twice -- twice the writer's own work per call; what a write
@@ -25,6 +28,7 @@ from kvprof.cli import main
 
 pytestmark = pytest.mark.slow
 
+THRESHOLD = "10"
 SMALL = ["--batch-sizes", "1", "--phase", "decode", "--no-progress", "--no-summary"]
 WRITER = '''from kvprof.writers.index_put import IndexPutWriter
 
@@ -57,7 +61,7 @@ def capture(out: Path, run_id: str, *args: str, path: Path | None = None) -> Pat
 def test_three_identical_captures_pass_against_each_other(tmp_path, capsys):
     runs = [capture(tmp_path, f"same{i}", "--variants", "index_put,two_stream,triton_fused") for i in range(3)]
     for before, after in itertools.permutations(runs, 2):
-        rc = main(["compare", str(before), str(after), "--fail-if-slower", "5", "--json"])
+        rc = main(["compare", str(before), str(after), "--fail-if-slower", THRESHOLD, "--json"])
         out, err = capsys.readouterr()
         gate = json.loads(out)["gate"]
         assert rc == 0, (before.name, after.name, err)
@@ -74,7 +78,7 @@ def test_a_writer_that_writes_twice_fails_the_gate(tmp_path, capsys):
     args = ("--variants", "index_put", "--writer", "gate_writer:make")
     base = capture(tmp_path, "base", *args, path=once)
     new = capture(tmp_path, "new", *args, path=twice)
-    rc = main(["compare", str(base), str(new), "--fail-if-slower", "5", "--json"])
+    rc = main(["compare", str(base), str(new), "--fail-if-slower", THRESHOLD, "--json"])
     out, err = capsys.readouterr()
     gate = json.loads(out)["gate"]
     rows = {r["variant"]: r for r in gate["rows"]}
@@ -83,4 +87,4 @@ def test_a_writer_that_writes_twice_fails_the_gate(tmp_path, capsys):
     assert not rows["index_put"]["regressed"], rows
     assert "gate_writer.make" in err and "regressed" in err
     # the other way round it is faster: no regression
-    assert main(["compare", str(new), str(base), "--fail-if-slower", "5"]) == 0
+    assert main(["compare", str(new), str(base), "--fail-if-slower", THRESHOLD]) == 0
