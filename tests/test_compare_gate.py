@@ -187,7 +187,7 @@ def test_interpreted_rows_are_left_out_unless_asked():
     ({"layers": 4}, "layers: each step wrote 2 layer(s) in BASE, 4 in NEW"),
     ({"cache_dtype": "fp8_e4m3"}, "settings: cache_dtype is bf16 in BASE, fp8_e4m3 in NEW"),
     ({"interpreted": False}, "interpreter: triton_fused ran under Triton's interpreter in BASE, compiled in NEW"),
-    ({"device": {"type": "cuda", "name": "NVIDIA H200"}}, "device: BASE ran on cpu (x86_64), NEW on cuda (NVIDIA H200)"),
+    ({"device": {"type": "cuda", "name": "NVIDIA H200"}}, "device: BASE ran on cpu x86_64, NEW on cuda NVIDIA H200"),
     ({"clock": "cuda_events"}, "source: BASE's reference pass was timed with wall clock, NEW's with CUDA events"),
 ])
 def test_runs_that_measure_different_things_are_not_compared(change, line):
@@ -283,3 +283,15 @@ def test_gate_usage_errors_are_one_line(runs, capsys, args):
     assert rc == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_trace_and_a_run_of_the_same_device_are_not_told_apart_by_how_they_name_it():
+    # a trace knows its device's name only (analyze's summary); a run's manifest has the type too
+    trace = side(jitter(20_000), control=jitter(4_000))
+    trace.summary.device = {"name": "NVIDIA H200"}  # type: ignore[union-attr]
+    run = side(jitter(20_000), control=jitter(4_000), manifest=manifest())
+    run.manifest.device = {"type": "cuda", "name": "NVIDIA H200"}  # type: ignore[union-attr]
+    assert not [w for w in regression_gate(trace, run, 5).not_comparable if w.startswith("device")]
+    run.manifest.device = {"type": "cuda", "name": "NVIDIA H100"}  # type: ignore[union-attr]
+    assert regression_gate(trace, run, 5).not_comparable == ["device: BASE ran on NVIDIA H200, NEW on cuda "
+                                                              "NVIDIA H100"]

@@ -236,14 +236,9 @@ def test_bad_upload_is_a_message_in_the_page(page: object, app_url: str, tmp_pat
     pg.screenshot(path=str(ARTIFACTS / "bad-upload.png"))  # type: ignore[attr-defined]
 
 
-def test_a_cpu_capture_is_labelled_wall_clock_in_the_browser(tmp_path: Path) -> None:
+def test_a_cpu_capture_is_labelled_wall_clock_in_the_browser(page: object, tmp_path: Path) -> None:
     """A real CPU capture's HTML report, drawn by Chromium: the clock is the wall clock (never "GPU µs" or
     CUDA events), no ITL share, no empty saving chart; the screenshot is saved for a person to look at."""
-    reason = _requirements()
-    if reason:
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
     from kvprof.cli import main
 
     assert main(["capture", "--device", "cpu", "--variants", "index_put,two_stream", "--batch-sizes", "1,8",
@@ -252,19 +247,14 @@ def test_a_cpu_capture_is_labelled_wall_clock_in_the_browser(tmp_path: Path) -> 
     report = tmp_path / "cpu-report.html"
     assert main(["report", str(tmp_path / "cpu-run"), "--html", str(report)]) == 0
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            pg = browser.new_page(viewport={"width": 1300, "height": 1400})
-            pg.goto(report.as_uri())
-            pg.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1")
-            text = pg.inner_text("body")
-            charts = pg.evaluate(CHART_FACTS)
-            axes = pg.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map("
-                               "e => e._fullLayout.yaxis.title.text)")
-            pg.screenshot(path=str(ARTIFACTS / "cpu-report.png"), full_page=True)
-        finally:
-            browser.close()
+    pg = page
+    pg.goto(report.as_uri())  # type: ignore[attr-defined]
+    pg.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1")  # type: ignore[attr-defined]
+    text = pg.inner_text("body")  # type: ignore[attr-defined]
+    charts = pg.evaluate(CHART_FACTS)  # type: ignore[attr-defined]
+    axes = pg.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map("  # type: ignore[attr-defined]
+                       "e => e._fullLayout.yaxis.title.text)")
+    pg.screenshot(path=str(ARTIFACTS / "cpu-report.png"), full_page=True)  # type: ignore[attr-defined]
     assert "source: the reference pass (no profiler attached, wall clock)" in text
     assert "CUDA events" not in text and "GPU µs" not in text
     assert axes == ["µs per write (wall clock)"]  # one chart: the cost; no empty saving chart

@@ -139,11 +139,13 @@ RULE = ("slower than BASE by more than threshold_pct beyond the noise: judged_pc
 
 # -- comparability ---------------------------------------------------------------------------
 
-def _device(run: GateRun) -> str | None:
+def _device(run: GateRun) -> tuple[str | None, str | None]:
+    """(type, name) of the run's device: the manifest's, else what analyze found in the traces."""
     d = run.manifest.device if run.manifest is not None else (run.summary.device if run.summary else {})
-    if not isinstance(d, dict) or not (d.get("name") or d.get("type")):
-        return None
-    return f"{d.get('type') or '?'} ({d.get('name') or '?'})" if d.get("type") else str(d.get("name"))
+    if not isinstance(d, dict):
+        return None, None
+    kind, name = d.get("type"), d.get("name")
+    return (str(kind) if kind else None), (str(name) if name else None)
 
 
 def _clock(run: GateRun) -> str | None:
@@ -165,9 +167,10 @@ def comparability(base: GateRun, new: GateRun) -> tuple[list[str], list[str]]:
     """(why the runs cannot be compared, one line each; what could not be checked)."""
     why: list[str] = []
     notes: list[str] = []
-    db, dn = _device(base), _device(new)
-    if db and dn and db != dn:
-        why.append(f"device: BASE ran on {db}, NEW on {dn}")
+    (tb, nb), (tn, nn) = _device(base), _device(new)
+    if (nb and nn and nb != nn) or (tb and tn and tb != tn):
+        why.append(f"device: BASE ran on {' '.join(x for x in (tb, nb) if x)}, NEW on "
+                   f"{' '.join(x for x in (tn, nn) if x)}")
     cb, cn = _clock(base), _clock(new)
     if (cb is None) != (cn is None):
         has, lacks = ("BASE", "NEW") if cb else ("NEW", "BASE")

@@ -173,10 +173,11 @@ def source_timing(source: str | None, reference: Mapping[str, Any] | None,
     if source is None:
         return SourceTiming(None, None)
     if source == "reference":
-        listed = (reference or {}).get("clock")
+        listed = reference.get("clock") if isinstance(reference, Mapping) else None
         clocks = sorted({str(c) for c in listed}) if isinstance(listed, list) else []
         return SourceTiming(source, clocks[0] if len(clocks) == 1 else "mixed" if clocks else None)
-    mine = [t for t in traces or [] if isinstance(t, Mapping) and str(t.get("source")) == source]
+    mine = [t for t in (traces if isinstance(traces, Sequence) else []) if isinstance(t, Mapping)
+            and str(t.get("source")) == source]
     if not mine:
         return SourceTiming(source, None)
     gpu = any(isinstance(n := t.get("gpu_events"), (int, float)) and n > 0 for t in mine)

@@ -145,6 +145,8 @@ def render(ctx: Context) -> None:
     for w in warns:
         st.info(md(w))
     timing = landing.timing(b_sum, ctx.source)
+    if timing.clock is None:  # the before run has no such source: say how the after run timed it
+        timing = landing.timing(a_sum, ctx.source)
     src = timing.words
     show_figure(charts.before_after(df, f"{timing.per_write}: {before} → {after} · {src}"), "compare-before-after")
     have = [c for c in RATIOS if df[c].notna().any()]
