@@ -176,6 +176,16 @@ def _runs_lines(runs: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _grouped(lines: list[str]) -> list[str]:
+    """"v phase size: why" lines with the same variant and reason as one line naming the points."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for line in lines:
+        point, _, why = line.partition(": ")
+        variant, _, where = point.partition(" ")
+        by.setdefault((variant, why), []).append(where)
+    return [f"{v} ({', '.join(points)}): {why}" for (v, why), points in by.items()]
+
+
 def _report_gate(gate: Any, args: argparse.Namespace) -> None:
     from kvprof.report.gate import junit_xml, row_text
     from kvprof.core.atomic import atomic_write_text
@@ -188,6 +198,9 @@ def _report_gate(gate: Any, args: argparse.Namespace) -> None:
         con.print(f"[yellow]note:[/yellow] {line}", soft_wrap=True)
     for r in gate.regressed:
         con.print(f"[red]regressed:[/red] {row_text(r, gate.threshold_pct)}", soft_wrap=True, highlight=False)
+    for r in gate.rows:  # the table's raw ratio alone would read as a regression: say why it is not one
+        if not r.regressed and r.slower_pct > gate.threshold_pct:
+            con.print(f"not a regression: {row_text(r, gate.threshold_pct)}", soft_wrap=True, highlight=False)
     rule = f"slower than BASE by more than {gate.threshold_pct:g} % beyond the noise"
     if not gate.comparable:
         verdict = (f"gate: not judged, the runs cannot be compared ({len(gate.not_comparable)} reason(s) above); "
@@ -201,7 +214,7 @@ def _report_gate(gate: Any, args: argparse.Namespace) -> None:
     con.print(verdict, soft_wrap=True)
     for why in gate.unjudged:
         con.print(f"[yellow]not judged:[/yellow] {why}", soft_wrap=True)
-    for why in gate.left_out:
+    for why in _grouped(gate.left_out):
         con.print(f"[yellow]left out:[/yellow] {why}", soft_wrap=True)
     if args.junit is not None:
         atomic_write_text(args.junit, junit_xml(gate, base=str(args.run), new=str(args.run2)))

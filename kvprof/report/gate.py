@@ -27,8 +27,10 @@ def _pct(v: float | None) -> str:
 def noise_text(r: GateRow) -> str:
     """The noise the row was held against, in words."""
     if r.noise == "control":
+        drift = r.drift_pct or 0.0
         return (f"over the control series {_pct(r.judged_pct)} %, 95 % interval {_pct(r.low_pct)} .. "
-                f"{_pct(r.high_pct)} %; the machine ran the control {_pct(r.drift_pct)} % slower in NEW")
+                f"{_pct(r.high_pct)} %; the machine ran the control {abs(drift):.1f} % "
+                f"{'slower' if drift >= 0 else 'faster'} in NEW")
     if r.noise == "bootstrap":
         text = (f"95 % interval {_pct(r.low_pct)} .. {_pct(r.high_pct)} % (bootstrap of the reference pass's "
                 "per-step samples)")
