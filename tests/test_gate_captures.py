@@ -59,15 +59,22 @@ def capture(out: Path, run_id: str, *args: str, path: Path | None = None) -> Pat
 
 
 def test_three_identical_captures_pass_against_each_other(tmp_path, capsys):
+    from kvprof import api
+
     runs = [capture(tmp_path, f"same{i}", "--variants", "index_put,two_stream,triton_fused") for i in range(3)]
+    opened = {r: api.open_run(r) for r in runs}
+    analysed = {r: api.analyze(opened[r]) for r in runs}  # once each; the gate is compare's
     for before, after in itertools.permutations(runs, 2):
-        rc = main(["compare", str(before), str(after), "--fail-if-slower", THRESHOLD, "--json"])
-        out, err = capsys.readouterr()
-        gate = json.loads(out)["gate"]
-        assert rc == 0, (before.name, after.name, err)
-        assert gate["passed"] and gate["comparable"] and {r["noise"] for r in gate["rows"]} == {"control"}
-        assert {r["variant"] for r in gate["rows"]} == {"index_put", "two_stream"}
-        assert [w.split(":")[0] for w in gate["left_out"]] == ["triton_fused decode 1"]
+        gate = api.regression_gate(analysed[before], analysed[after], float(THRESHOLD), base_run=opened[before],
+                                   new_run=opened[after])
+        rows = [(r.variant, round(r.judged_pct, 1), round(r.low_pct or 0, 1)) for r in gate.rows]
+        assert gate.passed and gate.comparable, (before.name, after.name, rows)
+        assert {r.noise for r in gate.rows} == {"control"}
+        assert {r.variant for r in gate.rows} == {"index_put", "two_stream"}
+        assert [w.split(":")[0] for w in gate.left_out] == ["triton_fused decode 1"]
+    # and the command says so with exit 0
+    assert main(["compare", str(runs[0]), str(runs[2]), "--fail-if-slower", THRESHOLD]) == 0
+    assert "gate: passed" in capsys.readouterr().out
 
 
 def test_a_writer_that_writes_twice_fails_the_gate(tmp_path, capsys):
