@@ -144,13 +144,35 @@ def compare_runs(before: Analysis, after: Analysis, pairs: list[tuple[str, str]]
     return _compare_runs(before.groups, after.groups, pairs, bench or benchmark(layers), layers)
 
 
-def regression_gate(base: Analysis, new: Analysis, threshold_pct: float) -> GateResult:
+def regression_gate(base: Analysis, new: Analysis, threshold_pct: float, *, base_run: Loaded | None = None,
+                    new_run: Loaded | None = None, include_interpreted: bool = False) -> GateResult:
     """Each variant x phase x size of ``new`` against ``base`` on the most trusted source both
-    measured (``base``'s trusted_sources): regressed when slower by more than ``threshold_pct``
-    percent and by more than both runs' step IQR per write (kvprof.analysis.gate)."""
-    from kvprof.analysis.gate import regression_gate as _gate
+    measured (``base``'s trusted_sources), once the runs are comparable: regressed when slower
+    by more than ``threshold_pct`` percent beyond the noise (kvprof.analysis.gate). ``base_run``/
+    ``new_run``: the opened runs, for their per-step samples and manifests."""
+    from kvprof.analysis.gate import GateRun, regression_gate as _gate
 
-    return _gate(base.groups, new.groups, threshold_pct, source_order=base.summary.trusted_sources)
+    def side(result: Analysis, loaded: Loaded | None) -> GateRun:
+        return GateRun(groups=result.groups, summary=result.summary,
+                       timings=loaded.timings if loaded is not None else None,
+                       manifest=loaded.manifest if loaded is not None else None)
+
+    return _gate(side(base, base_run), side(new, new_run), threshold_pct,
+                 source_order=base.summary.trusted_sources, include_interpreted=include_interpreted)
+
+
+def comparability(before: Analysis, after: Analysis, before_run: Loaded | None = None,
+                  after_run: Loaded | None = None) -> tuple[list[str], list[str]]:
+    """Why two runs cannot be compared (device, timing source, settings, interpreter, threads,
+    layers), one line each, and what could not be checked (kvprof.analysis.gate.comparability)."""
+    from kvprof.analysis.gate import GateRun, comparability as _comparability
+
+    def side(result: Analysis, loaded: Loaded | None) -> GateRun:
+        return GateRun(groups=result.groups, summary=result.summary,
+                       timings=loaded.timings if loaded is not None else None,
+                       manifest=loaded.manifest if loaded is not None else None)
+
+    return _comparability(side(before, before_run), side(after, after_run))
 
 
 def clean(doc: Any) -> Any:
@@ -254,5 +276,5 @@ def dashboard_server(run_dir: str | os.PathLike[str] | None = None, *, port: int
 
 
 __all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmark", "capture", "check_write_kernel_regex", "clean",
-           "compare_runs", "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
+           "comparability", "compare_runs", "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
            "regression_gate", "render_capture", "write_outputs"]

@@ -355,7 +355,9 @@ def test_partial_outputs_show_what_there_is(dash_env: dict[str, Path], monkeypat
     monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(dash_env["partial"]))
     at = ok(start())
     assert "events.parquet missing" in texts(at.warning)
-    assert len(charts(at)) == 4  # the Overview needs only summary.json
+    # the Overview needs only summary.json; one variant, the baseline: no saving chart, and a line says why
+    assert len(charts(at)) == 3
+    assert "no chart of ms saved per decode step: no variant has a decode row" in texts(at.caption)
     goto(at, "Timeline")
     assert "events.parquet is missing" in texts(at.error)
     goto(at, "Distributions")
@@ -389,7 +391,7 @@ def test_upload_a_trace_is_analysed_outside_the_root(dash_env: dict[str, Path]) 
     at = _upload(ok(start()), "../../mine.pt.trace.json.gz", gzip.compress(dumps(doc)))
     assert at.sidebar.selectbox(key="nav_run").value == "upload: ../../mine.pt.trace.json.gz"
     assert "analysed" in texts(at.success)
-    assert len(tables(at)) >= 3 and len(charts(at)) == 4
+    assert len(tables(at)) >= 3 and len(charts(at)) == 3  # one variant: no saving chart (a caption says why)
     assert tree_files(root) == before
     assert not (root.parent / "mine.pt.trace.json.gz").exists()
     goto(at, "Overlap")

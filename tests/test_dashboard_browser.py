@@ -234,3 +234,31 @@ def test_bad_upload_is_a_message_in_the_page(page: object, app_url: str, tmp_pat
     assert pg.locator('[data-testid="stException"]').count() == 0  # type: ignore[attr-defined]
     assert _charts_drawn(pg, 2) >= 2  # the open run still shows
     pg.screenshot(path=str(ARTIFACTS / "bad-upload.png"))  # type: ignore[attr-defined]
+
+
+def test_a_cpu_capture_is_labelled_wall_clock_in_the_browser(page: object, tmp_path: Path) -> None:
+    """A real CPU capture's HTML report, drawn by Chromium: the clock is the wall clock (never "GPU µs" or
+    CUDA events), no ITL share, no empty saving chart; the screenshot is saved for a person to look at."""
+    from kvprof.cli import main
+
+    assert main(["capture", "--device", "cpu", "--variants", "index_put,two_stream", "--batch-sizes", "1,8",
+                 "--phase", "decode", "--steps", "6", "--warmup", "1", "--no-progress", "--out", str(tmp_path),
+                 "--run-id", "cpu-run"]) == 0
+    report = tmp_path / "cpu-report.html"
+    assert main(["report", str(tmp_path / "cpu-run"), "--html", str(report)]) == 0
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg = page
+    pg.goto(report.as_uri())  # type: ignore[attr-defined]
+    pg.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1")  # type: ignore[attr-defined]
+    text = pg.inner_text("body")  # type: ignore[attr-defined]
+    charts = pg.evaluate(CHART_FACTS)  # type: ignore[attr-defined]
+    axes = pg.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map("  # type: ignore[attr-defined]
+                       "e => e._fullLayout.yaxis.title.text)")
+    pg.screenshot(path=str(ARTIFACTS / "cpu-report.png"), full_page=True)  # type: ignore[attr-defined]
+    assert "source: the reference pass (no profiler attached, wall clock)" in text
+    assert "CUDA events" not in text and "GPU µs" not in text
+    assert axes == ["µs per write (wall clock)"]  # one chart: the cost; no empty saving chart
+    assert len(charts) == 1 and "µs per write (wall clock)" in charts[0]["title"]
+    assert "no chart of ms saved per decode step: a CPU's wall clock says nothing of a GPU's decode step" in text
+    assert "n/a (CPU)" in text
+    check_chart(charts[0], "cpu-report")

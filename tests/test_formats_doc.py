@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from kvprof.analysis.gate import GateRow
+from kvprof.analysis.compare import RATIO_METRICS
+from kvprof.analysis.gate import GateResult, GateRow
 from kvprof.analysis.metrics import GROUP_COLUMNS
 from kvprof.analysis.writes import WRITE_COLUMNS
 from kvprof.cli import main
@@ -43,7 +44,11 @@ def test_every_json_key_is_documented():
     assert missing(Manifest().to_json()) == []
     entry = VariantEntry(reason="r", paths={}, kernels_per_write={}, bytes_per_token=1)
     assert missing(entry.to_json()) == []
-    assert missing([f.name for f in fields(GateRow)] + ["spread_known", "threshold_pct", "unjudged"]) == []
+    gate = GateResult(threshold_pct=5).to_json()
+    assert missing([f.name for f in fields(GateRow)] + list(gate)) == []
+    run_vs_run = [f"{side}_{m}" for m in RATIO_METRICS for side in ("before", "after")] + ["only_in", "runs",
+                                                                                          "not_comparable"]
+    assert missing(run_vs_run) == []
 
 
 def test_every_schema_version_is_documented():

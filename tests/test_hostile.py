@@ -675,7 +675,7 @@ def test_a_trace_without_kvprof_ranges_prints_its_kernels_inert(tmp_path, capsys
 def test_an_error_quoting_a_trace_is_one_inert_line(tmp_path, capsys):
     p = tmp_path / "x\x1b[2J\r.json"
     p.write_bytes(b"{")
-    rc, err = run_cli(capsys, "analyze", str(p))
+    rc, _, err = run_cli(capsys, "analyze", str(p))
     assert rc == 3
     _inert(one_line(err))
 
@@ -816,7 +816,7 @@ def test_bad_command_line_values_are_one_line_and_write_nothing(tmp_path, capsys
             "analyze": ["analyze", str(trace), "--no-files"],
             "compare": ["compare", str(trace)],
             "dashboard": ["dashboard", "--port", "18999"]}
-    rc, err = run_cli(capsys, *head[command], *args)
+    rc, _, err = run_cli(capsys, *head[command], *args)
     line = one_line(err)
     assert rc == 2, err
     assert line.startswith(f"kvprof {command}: error:") and needle in line, line
@@ -830,7 +830,7 @@ def test_bad_command_line_values_are_one_line_and_write_nothing(tmp_path, capsys
 @pytest.mark.parametrize("word", ["no", "off", "False", "0"])
 def test_a_boolean_writer_option_of_no_is_false(tmp_path, capsys, word):
     """``two_stream.always=no`` was ``bool("no")``, true: the capture then refused two_stream on a CPU."""
-    rc, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--variants", "two_stream",
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--variants", "two_stream",
                       "--writer-option", f"two_stream.always={word}", "--out", str(tmp_path), "--run-id", "r")
     assert rc == 0, err
     manifest = orjson.loads((tmp_path / "r" / "manifest.json").read_bytes())
@@ -853,7 +853,7 @@ def test_boolean_options_take_the_words_and_refuse_the_rest():
 
 def test_device_cpu_0_is_the_cpu(tmp_path, capsys):
     """``--device cpu:0`` built the pool on "cpu:0" and the slots on "cpu": a ValueError traceback."""
-    rc, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--device", "cpu:0", "--out", str(tmp_path),
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--device", "cpu:0", "--out", str(tmp_path),
                       "--run-id", "r")
     assert rc == 0, err
     assert (tmp_path / "r" / "manifest.json").is_file()
@@ -865,7 +865,7 @@ def test_a_dead_captures_hidden_folder_is_removed_and_named(tmp_path, capsys):
     stale = tmp_path / f".r0.tmp-{dead.pid}-0123abcd"
     stale.mkdir()
     (stale / "index_put.pt.trace.json.gz").write_bytes(b"half")
-    rc, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--out", str(tmp_path), "--run-id", "r")
+    rc, _, err = run_cli(capsys, "capture", *SMALL, "--phase", "decode", "--out", str(tmp_path), "--run-id", "r")
     assert rc == 0, err
     assert f"removed {stale.name} from {tmp_path}: left behind by a kvprof process that no longer runs" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
@@ -888,5 +888,5 @@ def test_an_ascii_terminal_gets_replacement_characters_not_a_traceback(tmp_path,
 
 
 def test_a_path_too_long_for_the_system_is_one_line(tmp_path, capsys):
-    rc, err = run_cli(capsys, "analyze", str(tmp_path / LONG_NAME / "t.json"), "--no-files")
+    rc, _, err = run_cli(capsys, "analyze", str(tmp_path / LONG_NAME / "t.json"), "--no-files")
     assert rc == 2 and "File name too long" in one_line(err)

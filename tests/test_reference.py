@@ -8,6 +8,7 @@ import math
 import orjson
 import pandas as pd
 import pytest
+from cli_support import run_cli
 
 from kvprof.analysis.compare import compare_groups
 from kvprof.analysis.reference import (
@@ -192,8 +193,9 @@ def test_context_layer_runs_on_cpu_and_reports_the_write_share(tmp_path, capsys)
     timings = StepTimings.from_json((run / "step_timings.json").read_bytes())
     assert timings.context == "layer" and timings.context_len == 8
     modes = {(r.phase, r.size, r.mode) for r in timings.select(pass_="reference")}
+    # on a CPU a control step (the machine's speed) is timed beside each of the three modes' steps
     assert modes == {(p, s, m) for p, s in (("decode", 1), ("decode", 2), ("prefill", 16))
-                     for m in ("layer", "layer_no_write", "writes")}
+                     for m in ("layer", "layer_no_write", "writes", "control")}
     summary = orjson.loads((run / "summary.json").read_bytes())
     ref = [g for g in summary["groups"] if g["source"] == "reference"]
     assert ref and all(g["context"] == "layer" and g["write_share"] is not None for g in ref)
@@ -208,14 +210,15 @@ def test_context_layer_runs_on_cpu_and_reports_the_write_share(tmp_path, capsys)
 
 @pytest.mark.parametrize("args,message", [
     (["--context", "nonsense"], "unknown context 'nonsense'"),
-    (["--reference-steps", "0"], "--reference-steps must be at least 1"),
-    (["--context", "layer", "--context-len", "0"], "--context-len must be positive"),
+    (["--reference-steps", "0"], "argument --reference-steps: expected a positive integer"),
+    (["--context", "layer", "--context-len", "0"], "argument --context-len: expected a positive integer"),
     (["--context", "layer", "--model", "llama-3.1-405b", "--tp", "1"], "GiB of weights"),
 ])
 def test_bad_context_values_are_one_line_and_leave_nothing(tmp_path, capsys, args, message):
     base = TINY[4:] if "--model" in args else TINY  # the case names its own model and tp
-    rc = main(["capture", *base, *args, "--variants", "index_put", "--out", str(tmp_path), "--run-id", "bad"])
-    err = capsys.readouterr().err.strip().splitlines()
+    rc, _, stderr = run_cli(capsys, "capture", *base, *args, "--variants", "index_put", "--out", str(tmp_path),
+                            "--run-id", "bad")
+    err = stderr.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0]
     assert not (tmp_path / "bad").exists() and not any(tmp_path.iterdir())
 

@@ -493,3 +493,19 @@ def test_real_kineto_trace_reads_the_same_after_scrub(tmp_path: Path, name: str)
     scrub_path(path)
     after = read_kineto(path)
     assert after.events.equals(before.events) and after.kvprof == before.kvprof
+
+
+def test_a_gzipped_log_is_scrubbed_and_stays_gzipped(tmp_path: Path, secret: str) -> None:
+    """Sample logs are kept gzipped beside their runs: scrub reads them as text (they were read
+    as JSON and refused), rewrites them gzipped, and --check finds the planted line first."""
+    from kvprof.tools.scrub import check_path
+
+    path = tmp_path / "capture.txt.gz"
+    path.write_bytes(gzip.compress(f"starting\n{PLANTED}={secret}\ndone\n".encode()))
+    assert file_kind(path) == "text"
+    assert [r for r in check_path(path) if not r.clean]
+    report = scrub_path(path)
+    assert report.rewritten
+    text = gzip.decompress(path.read_bytes()).decode()
+    assert secret not in text and text.startswith("starting\n") and text.endswith("done\n")
+    assert all(r.clean for r in check_path(path))

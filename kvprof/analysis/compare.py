@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.timings import WALL
 
 RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns", "kernels_per_write", "step_gpu_ns")
 
@@ -91,7 +92,7 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
         row["saving_per_write_ns"] = diff
         row["context"] = str(getattr(r, "context", "none") or "none")
         # a CPU wall clock says nothing about a GPU serving step: no ITL projection from it
-        gpu_time = getattr(r, "attribution", "") != "wall"
+        gpu_time = getattr(r, "attribution", "") != WALL
         if r.phase == "decode" and diff is not None and gpu_time:
             step_ms = diff * layers / 1e6
             row["projected_saving_per_step_ms"] = step_ms

@@ -25,6 +25,7 @@ from kvprof.analysis.writes import (
 )
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
+from kvprof.core.timings import CONTROL
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
 from kvprof.trace.table import to_frame
@@ -60,7 +61,7 @@ def _reference_doc(loaded: Loaded) -> dict[str, Any] | None:
     t = loaded.timings
     if t is None:
         return None
-    recs = t.select(pass_="reference")
+    recs = [r for r in t.select(pass_="reference") if r.mode != CONTROL]
     return {"context": t.context, "context_len": t.context_len,
             "clock": sorted({r.clock for r in recs}), "series": len(recs),
             "steps_per_series": sorted({len(r.samples_ns) for r in recs})}

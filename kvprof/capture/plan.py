@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,11 @@ class _Unavailable(KVWriter):
         raise RuntimeError(f"{self.name} is unavailable")
 
 
+def captured_now() -> str:
+    """The capture's start, ISO 8601 in UTC to the second: what compare pairs and orders runs by."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime | None = None,
                   context: DecoderContext | None = None) -> Manifest:
     phases = config.phase_specs(graphs_possible=device.type == "cuda")
@@ -118,7 +124,8 @@ def base_manifest(config: CaptureConfig, device: torch.device, runtime: Runtime 
     if context is not None:  # the layer's attention and rotary kernels (kvprof.core.layer_kernels)
         settings["resolved"]["layer"] = context.kernels.as_dict()
     return Manifest(
-        kvprof=kvprof.__version__, run_id=config.run_id, versions=versions(), device=device_properties(device),
+        kvprof=kvprof.__version__, run_id=config.run_id, captured_at=captured_now(),
+        versions=versions(), device=device_properties(device),
         config=settings, phases=[p.as_dict() for p in phases], cuda_graphs_used=any(p.graph for p in phases),
     )
 
@@ -129,7 +136,7 @@ def variant_entry(p: PlannedVariant) -> VariantEntry:
     info = p.writer.info()
     entry = VariantEntry(available=p.reason is None, reason=p.reason, description=info.description,
                          fused_claim=info.fused)
-    if p.reason is None and info.extra.get("interpreted"):
+    if p.reason is None and info.extra.get("interpreted"):  # VariantEntry.interpreted
         entry.extra["interpreted"] = True
     if info.extra.get("rope"):  # a rope + store writer: "fused" (one launch) or "separate"
         entry.extra["rope"] = info.extra["rope"]

@@ -6,6 +6,14 @@ step (CUDA events: the GPU timeline a step pays, launch gaps inside the step inc
 wall clock on CPU). Modes are interleaved in rounds so that a drift in clocks or temperature moves
 them alike. With a decoder context it also times the same layers without the write
 (the rest of the step) and the writes alone (the projection's per-write input).
+
+On a CPU the modes alternate step by step, and a ``control`` series is timed between
+them: the step's K and V stored at the step's slots of a scratch tensor, once per layer,
+by torch's own index_put (the same bytes and memory pattern, none of kvprof's pool or
+writer code). A shared machine runs one process slower than
+another for its whole life, or for a stretch of steps; the control slows with it, so the
+regression gate can tell a slower machine from slower code (kvprof.analysis.gate;
+docs/formats.md has what was measured).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import torch
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.session import PreparedPhase, StepTimer
-from kvprof.core.timings import StepSamples
+from kvprof.core.timings import CONTROL, StepSamples
 from kvprof.layer import DecoderContext
 from kvprof.layouts.layout import Writer
 
@@ -35,44 +43,75 @@ def reference_modes(context: DecoderContext | None) -> list[str]:
     return ["layer", "layer_no_write", "writes"] if context is not None else ["writes"]
 
 
+class ControlStep:
+    """The machine's speed at each step, without kvprof: step i's K and V stored at step i's slots
+    of scratch tensors, once per layer the step writes, by torch's index_put (the bytes, the
+    random rows and the count of calls a write makes; no pool, no writer, no conversion)."""
+
+    def __init__(self, prepared: PreparedPhase, layers: int) -> None:
+        self.prepared, self.layers = prepared, layers
+        rows = int(prepared.locs.max()) + 1 if prepared.locs.numel() else 1
+        k, v = prepared.k, prepared.v
+        # zeroed, as the pools are: every page is touched before the first timed step
+        self.k_out = torch.zeros((rows, *k.shape[1:]), dtype=k.dtype, device=k.device)
+        self.v_out = torch.zeros((rows, *v.shape[1:]), dtype=v.dtype, device=v.device)
+
+    def step(self, i: int) -> None:
+        p = self.prepared
+        loc = p.locs[i % p.spec.steps]
+        for _ in range(self.layers):
+            self.k_out[loc] = p.k
+            self.v_out[loc] = p.v
+
+
 def run_reference_pass(config: CaptureConfig, writer: Writer, device: torch.device,
                        context: DecoderContext | None = None) -> list[StepSamples]:
     """Timed steps per (phase, size, mode) for one writer; raises what the workload raises."""
     out: list[StepSamples] = []
     modes = reference_modes(context)
+    cpu = device.type == "cpu"
+    timed = [*modes, CONTROL] if cpu else modes
+    per_round = 1 if cpu else ROUND  # a CPU's speed changes within a series: alternate every step
     n = config.reference_steps_on(device.type)
     with session_for(config, writer, device, instrument=False, context=context) as session:
         for index, spec in enumerate(session.phases):
             prepared: PreparedPhase = session.prepare(spec, index)
+            control = ControlStep(prepared, len(session.layers)) if cpu else None
             for mode in modes:
                 session.warm_up(prepared, mode)
                 if spec.graph:
                     session.capture_graph(prepared, mode)
                 for i in range(WARM_REPLAYS):
                     session.run_step(prepared, i, mode)
+            if control is not None:
+                for i in range(WARM_REPLAYS):
+                    control.step(i)
             session.synchronize()
-            timers = {mode: StepTimer(device, n) for mode in modes}
+            timers = {mode: StepTimer(device, n) for mode in timed}
             done = 0
-            for _ in range(math.ceil(n / ROUND)):
-                count = min(ROUND, n - done)
-                for mode in modes:
+            for _ in range(math.ceil(n / per_round)):
+                count = min(per_round, n - done)
+                for mode in timed:
                     timer = timers[mode]
                     if spec.graph and device.type == "cuda":
                         torch.cuda._sleep(HEAD_START_CYCLES)
                     for i in range(done, done + count):
                         timer.start()
-                        session.run_step(prepared, i, mode)
+                        if control is not None and mode == CONTROL:
+                            control.step(i)
+                        else:
+                            session.run_step(prepared, i, mode)
                         timer.stop()
                 done += count
             session.synchronize()
-            for mode in modes:
+            for mode in timed:
                 out.append(StepSamples(
                     variant=writer.name, pass_="reference", phase=spec.phase, size=spec.size, mode=mode,
                     graph=spec.graph, writes_per_step=0 if mode == "layer_no_write" else len(session.layers),
                     clock=timers[mode].clock, samples_ns=tuple(timers[mode].samples_ns()),
                 ))
-            del prepared
+            del prepared, control
     return out
 
 
-__all__ = ["reference_modes", "run_reference_pass"]
+__all__ = ["ControlStep", "reference_modes", "run_reference_pass"]

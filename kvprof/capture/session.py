@@ -29,6 +29,7 @@ import torch
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.core.errors import UsageError
+from kvprof.core.timings import CUDA_EVENTS, WALL
 from kvprof.instrument import make_pool, phase_range, step_range
 from kvprof.layer import DecoderContext, Rotary, split_qkv
 from kvprof.layouts.layout import Layout, PoolT, Writer, get_layout
@@ -95,7 +96,7 @@ class StepTimer:
 
     @property
     def clock(self) -> str:
-        return "cuda_events" if self.cuda else "wall"
+        return CUDA_EVENTS if self.cuda else WALL
 
 
 class VariantSession(abc.ABC, Generic[PoolT]):

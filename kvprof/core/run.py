@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from kvprof.core.ranks import RankEntry
@@ -51,6 +52,16 @@ def _checked(doc: dict[str, Any], types: dict[str, Callable[[Any], bool]], where
     if dropped:
         warnings.append(f"{where}: ignored {', '.join(dropped)} (not of the type kvprof writes)")
     return known, extra
+
+
+def _iso_time(v: Any) -> bool:
+    """An ISO 8601 time with its UTC offset (what capture writes), e.g. 2026-12-04T17:16:31+00:00."""
+    if not isinstance(v, str):
+        return False
+    try:
+        return datetime.fromisoformat(v).tzinfo is not None
+    except ValueError:
+        return False
 
 
 def plain_name(name: str) -> bool:
@@ -133,6 +144,11 @@ class VariantEntry:
     nsys_error: str | None = None  # the nsys pass failed: why (the torch results are kept)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def interpreted(self) -> bool:
+        """Its Triton kernel ran under Triton's interpreter (numpy on the host, not a GPU's time)."""
+        return self.available and self.extra.get("interpreted") is True
+
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"available": self.available, "reason": self.reason, "description": self.description,
                              "fused_claim": self.fused_claim, "files": dict(self.files)}
@@ -189,6 +205,7 @@ _MANIFEST_TYPES: dict[str, Callable[[Any], bool]] = {
     "nsys": lambda v: isinstance(v, dict),
     "world_size": lambda v: _is_int(v) and 1 <= v < (1 << 31),
     "backend": lambda v: isinstance(v, str),
+    "captured_at": lambda v: v is None or _iso_time(v),
 }
 
 
@@ -198,6 +215,7 @@ class Manifest:
 
     run_id: str | None = None
     kvprof: str | None = None  # the version that wrote it
+    captured_at: str | None = None  # when the capture started, ISO 8601 UTC; None (unknown) in older runs
     versions: dict[str, Any] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # kvprof.capture.config.CaptureConfig.as_dict
@@ -226,6 +244,11 @@ class Manifest:
         layout = resolved.get("layout") if isinstance(resolved, dict) else None
         return layout if isinstance(layout, str) and layout else "mha"
 
+    @property
+    def captured(self) -> datetime | None:
+        """When the capture started (None: not recorded, a run from before kvprof wrote it)."""
+        return datetime.fromisoformat(self.captured_at) if self.captured_at else None
+
     def file(self, key: str, default: str) -> str:
         """A run-level file's name, always a plain name inside the run folder."""
         name = self.files.get(key)
@@ -233,7 +256,8 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "schema": MANIFEST_SCHEMA, "kvprof": self.kvprof, "run_id": self.run_id, "versions": self.versions, "device": self.device,
+            "schema": MANIFEST_SCHEMA, "kvprof": self.kvprof, "run_id": self.run_id, "captured_at": self.captured_at,
+            "versions": self.versions, "device": self.device,
             "config": self.config, "phases": self.phases, "cuda_graphs_used": self.cuda_graphs_used,
             "variants": {n: e.to_json() for n, e in self.variants.items()}, "files": dict(self.files),
             "problems": list(self.problems),
@@ -263,12 +287,24 @@ class Manifest:
                             "manifest", warnings)
         variants = {str(n): VariantEntry.from_json(str(n), e, warnings) for n, e in doc["variants"].items()}
         ranks = _ranks_of(doc.get("ranks"), warnings)
-        return cls(run_id=d.get("run_id"), kvprof=d.get("kvprof"), versions=d.get("versions", {}),
+        return cls(run_id=d.get("run_id"), kvprof=d.get("kvprof"), captured_at=d.get("captured_at"),
+                   versions=d.get("versions", {}),
                    device=d.get("device", {}), config=d.get("config", {}), phases=d.get("phases", []),
                    cuda_graphs_used=d.get("cuda_graphs_used", False), variants=variants,
                    files=d.get("files", {}), problems=d.get("problems", []), scrubbed=d.get("scrubbed"),
                    nsys=d.get("nsys"), world_size=d.get("world_size"), backend=d.get("backend"), ranks=ranks,
                    extra=extra, warnings=warnings)
+
+
+def captured_text(manifest: Manifest | None) -> str:
+    """When a run was captured, as compare and the dashboard show it: "captured 2026-12-04 17:16:31
+    UTC", or why that is unknown."""
+    if manifest is None:
+        return "capture time unknown: no manifest, a trace and not a run directory"
+    when = manifest.captured
+    if when is None:
+        return "capture time unknown: captured before kvprof recorded it"
+    return f"captured {when.astimezone(timezone.utc).strftime('%Y-%m-%d %H:%M:%S')} UTC"
 
 
 def _ranks_of(doc: Any, warnings: list[str]) -> list[RankEntry]:
@@ -362,4 +398,4 @@ class TraceMeta:
         return cls(variant=name, run_id=manifest.run_id, context=manifest.context, layout=manifest.layout)
 
 
-__all__ = ["Manifest", "PathReport", "TraceMeta", "VariantEntry", "plain_name"]
+__all__ = ["Manifest", "PathReport", "TraceMeta", "VariantEntry", "captured_text", "plain_name"]

@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvprof.core.timings import SourceTiming, source_timing
+
 SUMMARY_SCHEMA = "kvprof.summary/1"
 
 # Row figures that are never negative: durations and costs (ns), counts, rates, fractions.
@@ -110,6 +112,10 @@ class Summary:
     @property
     def fused_variants(self) -> list[str]:
         return [n for n, v in self.variants.items() if v.fused]
+
+    def timing(self, source: str | None) -> SourceTiming:
+        """How ``source``'s figures were timed (CUDA events, wall clock, ...): every view's label."""
+        return source_timing(source, self.reference, self.traces)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {

@@ -136,11 +136,12 @@ def speedup_bars(df: pd.DataFrame, baseline: str, title: str | None = None) -> g
     return _layout(fig, title or f"GPU cost per write: speed-up vs {baseline}")
 
 
-def landing_cost(df: pd.DataFrame, title: str) -> go.Figure:
-    """GPU µs per write with its spread (error bar = IQR), one panel per phase (frames.landing_frame)."""
+def landing_cost(df: pd.DataFrame, title: str, axis: str = "GPU µs per write") -> go.Figure:
+    """µs per write with its spread (error bar = IQR), one panel per phase (frames.landing_frame);
+    ``axis``: what the figures are (kvprof.core.timings.SourceTiming.per_write)."""
     d = df.dropna(subset=["cost_us"])
     if d.empty:
-        return empty_figure("no GPU time per write for this source (a CPU-only capture has none)", title)
+        return empty_figure("no time per write for this source (a CPU-only capture's profiler has none)", title)
     phases = _phases(d)
     fig = _phase_panels(phases, [max(1, d[d["phase"] == p]["phase_size"].nunique()) for p in phases])
     shown: set[str] = set()
@@ -155,7 +156,7 @@ def landing_cost(df: pd.DataFrame, title: str) -> go.Figure:
                          "arrayminus": (g["cost_us"] - g["cost_lo_us"]).clip(lower=0), "thickness": 1.2, "width": 3},
                 hovertemplate=f"{v}<br>%{{x}}<br>%{{y:.3f}} µs per write<extra></extra>"), **_kw(phases, j))
             shown.add(v)
-        set_y(fig, [*p["cost_us"], *p["cost_hi_us"]], False, "GPU µs per write" if j == 0 else "", **_kw(phases, j))
+        set_y(fig, [*p["cost_us"], *p["cost_hi_us"]], False, axis if j == 0 else "", **_kw(phases, j))
     fig.update_layout(barmode="group", meta={"chart": "landing_cost"})
     return _layout(fig, title)
 

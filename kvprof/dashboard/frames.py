@@ -36,7 +36,7 @@ DIST_METRICS: dict[str, tuple[str, float]] = {
 
 # Group metrics the Overview chart can plot: label -> (column, scale)
 GROUP_METRICS: dict[str, tuple[str, float]] = {
-    "GPU µs per write (cost)": ("cost_per_write_ns", 1 / NS_PER_US),
+    "cost per write (µs)": ("cost_per_write_ns", 1 / NS_PER_US),
     "GPU span µs per write": ("gpu_span_ns", 1 / NS_PER_US),
     "host launch µs per write": ("host_launch_ns", 1 / NS_PER_US),
     "launch delay µs": ("launch_delay_ns", 1 / NS_PER_US),
@@ -430,14 +430,15 @@ def bench_limits(docs: dict[str, dict[str, Any]]) -> pd.DataFrame:
 # ---------------------------------------------------------------------------- compare runs
 
 
-COMPARE_COLUMNS = ("variant", "source", "phase", "size", "before µs/write", "after µs/write", "ratio after/before",
-                   "speed-up", "saving µs/write", "saving ms/decode step", "ratio GPU span", "ratio GPU busy",
-                   "ratio host launch", "ratio kernels/write", "ratio step GPU")
+COMPARE_COLUMNS = ("variant", "source", "phase", "size", "only in", "before µs/write", "after µs/write",
+                   "ratio after/before", "speed-up", "saving µs/write", "saving ms/decode step", "ratio GPU span",
+                   "ratio GPU busy", "ratio host launch", "ratio kernels/write", "ratio step GPU")
 
 
 def compare_runs(before: pd.DataFrame, after: pd.DataFrame, pairs: list[tuple[str, str]], layers: int,
                  itl_before_ms: float, itl_after_ms: float) -> tuple[pd.DataFrame, list[str]]:
-    """kvprof.analysis.runs.compare_runs as the page's table (COMPARE_COLUMNS), and why a pair is empty."""
+    """kvprof.analysis.runs.compare_runs as the page's table (COMPARE_COLUMNS; "only in": the run a row
+    was measured in, when only one was), and why a pair is empty."""
     from kvprof.analysis.runs import compare_runs as compare_two_runs
 
     bench = Benchmark(itl_before_ms=itl_before_ms, itl_after_ms=itl_after_ms, layers=layers)
@@ -448,8 +449,9 @@ def compare_runs(before: pd.DataFrame, after: pd.DataFrame, pairs: list[tuple[st
         saving = r.get("saving_per_write_ns")
         rows.append({
             "variant": r["variant"], "source": r["source"], "phase": r["phase"], "size": r["size"],
-            "before µs/write": (r.get("baseline_cost_per_write_ns") or np.nan) / NS_PER_US,
-            "after µs/write": (r.get("cost_per_write_ns") or np.nan) / NS_PER_US,
+            "only in": r.get("only_in") or "both",
+            "before µs/write": (r.get("before_cost_per_write_ns") or np.nan) / NS_PER_US,
+            "after µs/write": (r.get("after_cost_per_write_ns") or np.nan) / NS_PER_US,
             "ratio after/before": ratio, "speed-up": (1.0 / ratio) if ratio else np.nan,
             "saving µs/write": (saving if saving is not None else np.nan) / NS_PER_US,
             "saving ms/decode step": r.get("saving_per_step_ms", np.nan),
@@ -458,6 +460,6 @@ def compare_runs(before: pd.DataFrame, after: pd.DataFrame, pairs: list[tuple[st
             "ratio kernels/write": r.get("ratio_kernels_per_write"), "ratio step GPU": r.get("ratio_step_gpu_ns"),
         })
     df = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
-    for c in COMPARE_COLUMNS[4:]:
+    for c in COMPARE_COLUMNS[5:]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df, result.empty

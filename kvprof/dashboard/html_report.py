@@ -11,7 +11,7 @@ import html
 from datetime import datetime, timezone
 
 from kvprof import __version__
-from kvprof.dashboard.landing import Landing, source_words
+from kvprof.dashboard.landing import Landing
 from kvprof.dashboard.tables import display, landing_table
 
 CSS = """
@@ -35,7 +35,7 @@ def render(land: Landing) -> str:
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>kvprof report · {e(land.run)}"
              f"</title><style>{CSS}</style></head><body>",
              f"<h1>kvprof report · {e(land.run)}</h1>",
-             f"<p class='sub'>{e(land.device)} · source: {e(source_words(land.source))} · baseline: "
+             f"<p class='sub'>{e(land.device)} · source: {e(land.timing.words)} · baseline: "
              f"{e(str(land.baseline))} · kvprof {e(__version__)} · "
              f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>",
              f"<p class='head'>{e(land.headline)}</p>"]
@@ -45,7 +45,7 @@ def render(land: Landing) -> str:
                                  config={"displaylogo": False}))
         first = False
     parts += [f"<p class='note'>{e(n)}</p>" for n in land.notes]
-    parts.append("<h2>Per variant and phase</h2>" + _table_html(landing_table(land.frame)))
+    parts.append("<h2>Per variant and phase</h2>" + _table_html(landing_table(land.frame, land.timing)))
     parts.append("<h2>Fused or fell back</h2>" + _table(land.verdicts))
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -19,7 +19,7 @@ import streamlit as st
 from kvprof.analysis.compare import Benchmark
 from kvprof.core.rundir import RunDir
 from kvprof.dashboard import charts, data, frames, landing, tables
-from kvprof.dashboard.landing import Landing, source_words
+from kvprof.dashboard.landing import Landing
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,9 @@ def detail_view(summary: str, summary_stamp: int, source: str | None, variants: 
     comp = frames.comparison(groups, baseline, layers, itl_before_ms, itl_after_ms,
                              prefer=frames.fused_variants(doc), source_order=order)
     table = frames.overview_frame(g, comp, doc, baseline)
-    src = source_words(source)
-    fig = charts.speedup_bars(table, baseline, f"GPU cost per write: speed-up vs {baseline} · {src}")
+    t = landing.timing(doc, source)
+    fig = charts.speedup_bars(table, baseline, f"{'GPU cost' if t.gpu else f'cost ({t.how})'} per write: speed-up "
+                                               f"vs {baseline} · {t.words}")
     return Detail(g, table, tuple(str(w) for w in comp.get("warnings") or []), fig)
 
 
@@ -117,9 +118,12 @@ def metric_figure(summary: str, summary_stamp: int, source: str | None, variants
     if source:
         g = g[g["source"].astype(str) == source]
     mf = frames.group_metric_frame(g, metric)
-    src = source_words(source)
+    doc = data.read_summary(summary, summary_stamp)
+    t = landing.timing(doc, source)
+    src = t.words
+    label = t.per_write if frames.GROUP_METRICS[metric][0] == "cost_per_write_ns" else metric
     if len(mf):
-        return charts.metric_bars(mf, metric, f"{metric} · {src}")
+        return charts.metric_bars(mf, label, f"{label} · {src}")
     return charts.empty_figure(f"no {metric} at {src}" + (" (a CPU-only capture has no GPU times)" if cpu_only
                                                           else ""), metric)
 

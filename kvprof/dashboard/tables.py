@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvprof.core import variants as V
+from kvprof.core.timings import SourceTiming
 from kvprof.dashboard.frames import NS_PER_US, measured_writes, phase_size, verdict_text
 
 MISSING = "n/a"
@@ -112,8 +113,12 @@ def spread_needs_writes(groups: pd.DataFrame, source: str) -> bool:
 
 
 def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: dict[str, Any], source: str,
-                  writes: pd.DataFrame | None = None, layers: int = 80, itl_before_ms: float = 12.05) -> pd.DataFrame:
-    """One row per variant and (phase, size) of ``source``: cost and its band, saving and its spread, share."""
+                  writes: pd.DataFrame | None = None, layers: int = 80, itl_before_ms: float = 12.05,
+                  gpu: bool = True) -> pd.DataFrame:
+    """One row per variant and (phase, size) of ``source``: cost and its band, saving and its spread, share.
+    ``gpu``: the source timed GPU work (kvprof.core.timings.SourceTiming.gpu); where it did not (a
+    CPU's wall clock) there is no saving per decode step and no share of the ITL, not even the
+    baseline's 0."""
     g = _landing_rows(groups, source)
     w = measured_writes(writes, source=source) if writes is not None and len(writes) else None
     verdicts = {n: verdict_text(v) for n, v in (summary.get("variants") or {}).items()}
@@ -134,6 +139,7 @@ def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: di
     for _, r in df.iterrows():
         c = comp_rows.get((r["variant"], r["phase"], r["size"]))
         s = c.get("saving_per_step_ms") if c else (0.0 if r["variant"] == base and r["phase"] == "decode" else None)
+        s = s if gpu else None
         saving.append(np.nan if s is None else float(s))
         if r["variant"] == base:
             spread.append(np.nan)  # the baseline against itself: 0 by definition
@@ -144,7 +150,8 @@ def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: di
             spread.append(layers * math.hypot(hb, half[(r["variant"], r["phase"], r["size"])]) / 1e3)
         else:
             spread.append(np.nan)
-        share.append(100.0 * layers * r["cost_us"] / (itl_before_ms * 1e3) if r["phase"] == "decode" else np.nan)
+        share.append(100.0 * layers * r["cost_us"] / (itl_before_ms * 1e3) if r["phase"] == "decode" and gpu
+                     else np.nan)
     df["saving_ms"], df["saving_spread_ms"], df["share_pct"] = saving, spread, share
     order = {v: i for i, v in enumerate(V.ordered(list(df["variant"].astype(str))))}
     return (df.assign(_o=df["variant"].map(order)).sort_values(["_o", "phase", "size"]).drop(columns="_o")
@@ -156,11 +163,22 @@ LANDING_TABLE = {"variant": "variant", "verdict": "fused?", "phase_size": "phase
                  "saving_spread_ms": "± ms", "share_pct": "writes' share of ITL %"}
 
 
-def landing_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The landing view's table: the same numbers as its charts, in text."""
+def landing_table(df: pd.DataFrame, timing: SourceTiming | None = None) -> pd.DataFrame:
+    """The landing view's table: the same numbers as its charts, in text, headed in the source's unit
+    (``timing``); a saving or share that cannot exist says why, as capture's table does."""
     t = df.assign(spread=[f"{cell(lo, 3)} – {cell(hi, 3)}" if how != "none" else MISSING
                           for lo, hi, how in zip(df["cost_lo_us"], df["cost_hi_us"], df["spread_from"])])
-    return display(t[list(LANDING_TABLE)].rename(columns=LANDING_TABLE), digits=3)
+    names = dict(LANDING_TABLE)
+    if timing is not None:
+        names["cost_us"] = timing.per_write_short
+        names["spread"] = f"IQR {timing.unit}"
+    out = display(t[list(LANDING_TABLE)].rename(columns=names), digits=3)
+    for col in ("saving_ms", "saving_spread_ms", "share_pct"):
+        why = [f"{MISSING} ({phase})" if phase != "decode" else
+               f"{MISSING} ({timing.no_step_why[0]})" if timing is not None and not timing.gpu else MISSING
+               for phase in df["phase"].astype(str)]
+        out[names[col]] = [w if v == MISSING else v for w, v in zip(why, out[names[col]])]
+    return out
 
 
 def outliers(values: pd.Series) -> tuple[int, float]:

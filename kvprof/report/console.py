@@ -16,6 +16,7 @@ from kvprof.core.numbers import finite_or_none
 from kvprof.core.rundir import RunDir
 from kvprof.core.summary import Summary, VariantVerdict
 from kvprof.core.text import markup
+from kvprof.core.timings import WALL, SourceTiming
 from kvprof.report.cells import (
     NA,
     NOT_MEASURED,
@@ -83,8 +84,8 @@ def groups_table(rows: list[dict[str, Any]], source: str, summary: Summary | Non
 
 def reference_table(rows: list[dict[str, Any]], width: int | None = None) -> tuple[Table, list[str]]:
     """The unprofiled reference pass: the figures a step pays, with their spread."""
-    clock = {r.get("attribution") for r in rows}
-    how = "CUDA events" if clock == {"cuda_events"} else "wall clock" if clock == {"wall"} else "events / wall clock"
+    clocks = sorted({str(r.get("attribution")) for r in rows})
+    how = SourceTiming("reference", clocks[0] if len(clocks) == 1 else "mixed").how
     layer = any(r.get("context") == "layer" for r in rows)
     cols = [Col("variant", justify="left"), Col("phase", justify="left"), Col("size", "batch or tokens"),
             Col("steps", "steps timed"), Col("step µs", "one step's median (every layer it ran)"),
@@ -148,17 +149,20 @@ def verdict_line(name: str, v: VariantVerdict) -> str:
     return " · ".join(parts)
 
 
-NO_GPU_TIME = NA("no GPU time", "this source timed no GPU work for the row (a CPU run's profiler)")
+NO_GPU_TIME = NA("no GPU time", "this source timed no GPU work for the row (a CPU run's profiler; its reference "
+                                "rows have a cost)")
 
 
 def saving_reason(r: dict[str, Any]) -> NA:
     """Why a comparison row has no saving per decode step."""
     if r.get("phase") != "decode":
         return NA(str(r.get("phase")), "savings are per decode step")
-    if finite_or_none(r.get("cost_per_write_ns")) is None or finite_or_none(r.get("baseline_cost_per_write_ns")) is None:
+    mine, theirs = ((r.get("after_cost_per_write_ns"), r.get("before_cost_per_write_ns")) if "only_in" in r else
+                    (r.get("cost_per_write_ns"), r.get("baseline_cost_per_write_ns")))
+    if finite_or_none(mine) is None or finite_or_none(theirs) is None:
         return NO_GPU_TIME
     # kvprof.analysis.compare projects GPU time only
-    return NA("CPU clock", "a CPU's wall clock says nothing of a GPU's decode step")
+    return NA(*SourceTiming(str(r.get("source")), WALL).no_step_why)
 
 
 def comparison_rows(cmp: dict[str, Any]) -> tuple[list[Col], list[list[Cell]]]:
@@ -215,16 +219,29 @@ def _comparison_title(cmp: dict[str, Any]) -> str:
 
 
 def run_comparison_table(doc: dict[str, Any]) -> Table:
-    """kvprof.analysis.runs.RunComparison rows: each variant before -> after."""
+    """kvprof.analysis.runs.RunComparison rows: each variant before -> after. A row measured in one
+    run only says so in the other run's cells; rows with a cost per write in neither run (a CPU
+    run's profiler rows) are not shown, and one line under the table says which and why."""
     cols = [Col("variant", justify="left"), Col("source", justify="left"), Col("phase", justify="left"), Col("size"),
-            Col("before µs"), Col("after µs"), Col("after/before"), Col("saving/step ms")]
+            Col("before µs", "cost per write in the before run"), Col("after µs", "cost per write in the after run"),
+            Col("after/before"), Col("saving/step ms")]
     out: list[list[Cell]] = []
+    costless: dict[str, list[str]] = {}
     for r in doc["rows"]:
+        before, after = r.get("before_cost_per_write_ns"), r.get("after_cost_per_write_ns")
+        if finite_or_none(before) is None and finite_or_none(after) is None:
+            costless.setdefault(str(r["source"]), []).append(f"{r['variant']} {r['phase']} {r['size']}")
+            continue
+        only = r.get("only_in")
+        gone = NA(f"only in {only}", f"measured in the {only} run only") if only else None
         out.append([str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                    us(r.get("baseline_cost_per_write_ns"), NO_GPU_TIME), us(r.get("cost_per_write_ns"), NO_GPU_TIME),
-                    num(r.get("ratio_cost_per_write_ns"), NO_GPU_TIME, "{:.2f}"),
-                    num(r.get("saving_per_step_ms"), saving_reason(r), "{:.3f}")])
+                    us(before, gone or NO_GPU_TIME), us(after, gone or NO_GPU_TIME),
+                    num(r.get("ratio_cost_per_write_ns"), gone or NO_GPU_TIME, "{:.2f}"),
+                    num(r.get("saving_per_step_ms"), gone or saving_reason(r), "{:.3f}")])
     t, notes = table(f"run vs run (before -> after; projection: {doc['layers']} layers/step)", cols, out)
+    for source, points in costless.items():
+        notes.insert(0, f"not shown: {len(points)} {source} row(s) with no cost per write in either run "
+                        f"({', '.join(points[:4])}{', ...' if len(points) > 4 else ''}): {NO_GPU_TIME.explain}")
     t.caption, t.caption_justify = "\n".join(markup(n) for n in notes), "left"
     return t
 

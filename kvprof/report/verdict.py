@@ -47,7 +47,14 @@ def interpreted(manifest: Manifest | None) -> list[str]:
     """Variants whose kernel ran under Triton's interpreter (the manifest says so)."""
     if manifest is None:
         return []
-    return [n for n, e in manifest.variants.items() if e.available and e.extra.get("interpreted")]
+    return [n for n, e in manifest.variants.items() if e.interpreted]
+
+
+def _source_words(summary: Summary, source: str) -> str:
+    """"no profiler, wall clock": the source and, for the reference pass, the clock it recorded."""
+    t = summary.timing(source)
+    words = SOURCE_WORDS.get(source, source)
+    return f"{words}, {t.how}" if source == "reference" and t.clock is not None else words
 
 
 def _fused_word(summary: Summary, name: str) -> str:
@@ -119,7 +126,7 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     cols = [Col("variant", justify="left"), Col("fused", fused_help, "left"),
             Col("phase", justify="left"), Col("size", "batch (decode) or tokens (prefill)"),
             Col("µs/write", "median time one layer's write adds"),
-            Col("src", "where it was timed: " + ", ".join(f"{SHORT_SOURCE.get(s, s)} = {SOURCE_WORDS.get(s, s)}"
+            Col("src", "where it was timed: " + ", ".join(f"{SHORT_SOURCE.get(s, s)} = {_source_words(summary, s)}"
                                                           for s in order if s in used), "left"),
             Col("ratio", f"the variant's µs/write over {baseline}'s (the baseline)"),
             Col("saving/step", per_step)]

@@ -61,10 +61,11 @@ def intro(text: str) -> None:
     st.markdown(f"<p data-testid='page-intro' style='margin-top:-0.5rem'>{text}</p>", unsafe_allow_html=True)
 
 
-def source_label(source: str | None) -> str:
+def source_label(source: str | None, summary: dict[str, Any] | None = None) -> str:
+    """The source and, with the run's summary, how it timed (wall clock, CUDA events)."""
     from kvprof.dashboard.landing import source_words
 
-    return source_words(source)
+    return source_words(source, summary)
 
 
 def per_write_source(ctx: Context, writes: pd.DataFrame) -> str | None:
@@ -76,6 +77,7 @@ def per_write_source(ctx: Context, writes: pd.DataFrame) -> str | None:
     order = frames.sources_in(pd.DataFrame({"source": sorted(have)}), ctx.summary())
     if not order:
         return ctx.source
-    st.caption(f"{md(source_label(ctx.source))} times whole steps and has no per-write rows: this page shows "
-               f"{md(source_label(order[0]))}, the least perturbed profiler of this run.")
+    summary = ctx.summary()
+    st.caption(f"{md(source_label(ctx.source, summary))} times whole steps and has no per-write rows: this page "
+               f"shows {md(source_label(order[0], summary))}, the least perturbed profiler of this run.")
     return order[0]

@@ -9,7 +9,7 @@ from kvprof.dashboard import frames, landing, memo
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.tables import landing_table
 from kvprof.dashboard.ui import md, show_figure, show_table
-from kvprof.dashboard.views.common import device_line, esc, intro, need_run, no_gpu_traces, source_label
+from kvprof.dashboard.views.common import device_line, esc, intro, need_run, no_gpu_traces
 
 
 def _report_html(ctx: Context, land: landing.Landing) -> bytes:
@@ -25,9 +25,11 @@ def render(ctx: Context) -> None:
     assert ctx.run is not None
     summary = ctx.summary()
     groups = ctx.groups()
-    src = source_label(ctx.source)
+    timing = landing.timing(summary, ctx.source)
+    src = timing.words
     st.subheader(f"Overview · {md(ctx.run.label)}")
-    intro(f"Per variant: fused or not, what one KV write costs on the GPU and what it saves per decode step, "
+    where = "on the GPU" if timing.gpu else f"by the {timing.how}"
+    intro(f"Per variant: fused or not, what one KV write costs {where} and what it saves per decode step, "
           f"measured by <b>{esc(src)}</b>.")
     st.caption(f"{device_line(summary)} · input: {md(summary.get('input_kind'))} · "
                f"{len(summary.get('traces') or [])} trace file(s) · kvprof {md(summary.get('kvprof_version'))}")
@@ -67,8 +69,8 @@ def render(ctx: Context) -> None:
         show_figure(fig, f"landing-{name}-{ctx.run.label}")
     for n in land.notes:
         st.caption(md(n))
-    show_table(landing_table(land.frame), f"landing-{ctx.run.label}",
-               caption=f"the numbers behind the two charts · {src}")
+    show_table(landing_table(land.frame, land.timing), f"landing-{ctx.run.label}",
+               caption=f"the numbers behind the chart{'s' if len(land.figures) > 1 else ''} · {src}")
     st.download_button("Download this view as an HTML report", data=lambda: _report_html(ctx, land),
                        file_name=f"kvprof-report-{ctx.run.label.replace('/', '-')}.html", mime="text/html",
                        key="landing-report", on_click="ignore",
@@ -80,8 +82,9 @@ def render(ctx: Context) -> None:
     obs = frames.observer_frame(summary)
     if len(obs):
         st.markdown("#### Observer effect")
-        st.caption("Each profiler's reading over the unprofiled reference (the same steps, no profiler, CUDA "
-                   "events); 'profiled run / reference' is how much the profiler slowed the run itself. "
+        st.caption("Each profiler's reading over the unprofiled reference (the same steps, no profiler, "
+                   f"{landing.timing(summary, 'reference').how}); 'profiled run / reference' is how much the "
+                   "profiler slowed the run itself. "
                    f"More than {round((summary.get('observer') or {}).get('threshold', 0.1) * 100)} % off is "
                    "flagged; the landing view uses the reference by default.")
         show_table(obs, f"observer-{ctx.run.label}")
@@ -93,7 +96,8 @@ def render(ctx: Context) -> None:
     for w in detail.warnings:
         st.info(md(w))
     st.markdown("#### Per variant and phase")
-    show_table(detail.table, f"overview-{ctx.run.label}", caption=f"medians per write · {src}")
+    show_table(detail.table.rename(columns={"GPU µs/write": timing.per_write_short}), f"overview-{ctx.run.label}",
+               caption=f"medians per write · {src}")
     metrics = list(frames.GROUP_METRICS)
     has_gpu = detail.table["GPU µs/write"].notna().any()
     metric = st.selectbox("chart", metrics, index=0 if has_gpu else metrics.index("host launch µs per write"),

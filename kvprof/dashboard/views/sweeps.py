@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from kvprof.dashboard import charts, data, frames
+from kvprof.dashboard import charts, data, frames, landing
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.ui import md, show_figure, show_table
 from kvprof.dashboard.views.common import intro, source_label
@@ -20,7 +20,8 @@ def _run_sweep(ctx: Context) -> None:
     pts = frames.sweep_from_groups(ctx.groups(), ctx.variants, ctx.source)
     phases = sorted(pts["phase"].unique()) if len(pts) else []
     if not phases:
-        st.info("No (phase, size) of this run has a GPU time per write (CPU-only trace, or no measured writes).")
+        st.info(f"No (phase, size) of this run has a time per write at {md(source_label(ctx.source, summary))} "
+                "(a CPU-only trace's profiler has none, or no measured writes).")
         return
     phase = st.radio("phase", phases, horizontal=True, key=f"sw-phase::{ctx.run.label}")
     p = pts[pts["phase"] == phase].rename(columns={"us_per_write": "us"})
@@ -36,7 +37,8 @@ def _run_sweep(ctx: Context) -> None:
     floors = frames.floor_lines(wb[wb["tokens"].isin(p["tokens"])], rates)
     if not rates:
         st.caption("the device's peak bandwidth is unknown here: no floor line")
-    show_figure(charts.sweep(p, floors, f"{phase}: GPU µs per write vs tokens · {source_label(ctx.source)}"),
+    timing = landing.timing(summary, ctx.source)
+    show_figure(charts.sweep(p, floors, f"{phase}: {timing.per_write} vs tokens · {timing.words}", timing.per_write),
                 f"sweep-run-{phase}")
     show_table(p, f"sweep-run-{ctx.run.label}-{phase}")
 

@@ -172,7 +172,7 @@ def check_file(path: Path, rules: Rules) -> CheckReport:
     elif kind == "sqlite":
         _check_sqlite(path, rules, out)
     elif kind == "text":
-        for line in read_bounded(path, rules.max_bytes, gunzip=False)[0].decode("utf-8", errors="replace").splitlines():
+        for line in read_bounded(path, rules.max_bytes, gunzip=True)[0].decode("utf-8", errors="replace").splitlines():
             _judge(line, rules, out)
     elif kind == "parquet":
         _check_parquet(path, rules, out)

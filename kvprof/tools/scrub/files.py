@@ -54,7 +54,7 @@ def _unrewritable(path: Path, kind: str, rules: Rules) -> ScrubReport:
             "(kvprof capture and kvprof nsys run nsys isolated, with the allowlisted environment)"
         )
     else:
-        note = "unknown file type, not rewritten (scrub rewrites .sqlite, .json, .json.gz, .log, .txt)"
+        note = "unknown file type, not rewritten (scrub rewrites .sqlite, .json, .json.gz, .log, .txt, gzipped or not)"
     if leaks:
         note = f"holds the value of {', '.join(leaks)} in plain bytes; do not share it ({note})"
     return ScrubReport(path, kind, bytes_before=size, bytes_after=size, note=note, leaks=leaks)

@@ -86,7 +86,7 @@ HOST_KEYS = ("host_name", "hostname", "hostName", "host")
 # Trace formats as the trace-reader registry names them, plus what else scrub rewrites.
 SQLITE_SUFFIXES = (*builtin_suffixes("nsys_sqlite"), ".sqlite3", ".db")
 JSON_SUFFIXES = builtin_suffixes("kineto")
-TEXT_SUFFIXES = (".log", ".txt", ".csv")
+TEXT_SUFFIXES = (".log", ".txt", ".csv", ".log.gz", ".txt.gz", ".csv.gz")  # logs kept gzipped too
 PARQUET_SUFFIXES = (".parquet",)
 REPORT_SUFFIXES = (*builtin_suffixes("nsys_rep"), ".qdstrm")
 SIDECARS = ("-wal", "-shm", "-journal")

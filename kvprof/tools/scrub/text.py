@@ -241,9 +241,10 @@ def scrub_json(path: Path, rules: Rules) -> ScrubReport:
 
 
 def scrub_text(path: Path, rules: Rules) -> ScrubReport:
-    """Scrub a log line by line: environment lines go whole, home paths become ~."""
+    """Scrub a log line by line (plain or gzipped): environment lines go whole, home paths become ~."""
     report = ScrubReport(path, "text", bytes_before=total_size([path]))
-    text = read_bounded(path, rules.max_bytes, gunzip=False)[0].decode("utf-8", errors="surrogateescape")
+    data, gzipped = read_bounded(path, rules.max_bytes, gunzip=True)
+    text = data.decode("utf-8", errors="surrogateescape")
     lines = text.splitlines(keepends=True)
     out = []
     for line in lines:
@@ -257,8 +258,9 @@ def scrub_text(path: Path, rules: Rules) -> ScrubReport:
     if new_text == text:
         report.bytes_after = report.bytes_before
         return report
+    encoded = new_text.encode("utf-8", errors="surrogateescape")
     with atomic_path(path) as tmp:
-        tmp.write_bytes(new_text.encode("utf-8", errors="surrogateescape"))
+        tmp.write_bytes(gzip.compress(encoded, mtime=0) if gzipped else encoded)
     report.rewritten = True
     report.bytes_after = total_size([path])
     return report
