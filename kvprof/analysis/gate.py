@@ -184,6 +184,13 @@ def comparability(base: GateRun, new: GateRun) -> tuple[list[str], list[str]]:
         notes.append(f"settings not checked: {lacking} {'has' if ' and ' not in lacking else 'have'} no manifest "
                      "(a trace, not a run directory)")
         return why, notes
+    why += _model_differs(mb, mn) + _settings_differ(mb, mn)
+    return why, notes
+
+
+def _model_differs(mb: Manifest, mn: Manifest) -> list[str]:
+    """The model shape (each dimension that differs), else the model name and tp as given."""
+    why: list[str] = []
     sb, sn = ((m.config.get("resolved") or {}).get("shape") for m in (mb, mn))
     if isinstance(sb, dict) and isinstance(sn, dict):
         keys = [k for k in dict.fromkeys([*sb, *sn]) if sb.get(k) != sn.get(k)]
@@ -195,6 +202,12 @@ def comparability(base: GateRun, new: GateRun) -> tuple[list[str], list[str]]:
             if mb.config.get(key) != mn.config.get(key):
                 why.append(f"settings: {key} is {_show(mb.config.get(key))} in BASE, {_show(mn.config.get(key))} "
                            "in NEW")
+    return why
+
+
+def _settings_differ(mb: Manifest, mn: Manifest) -> list[str]:
+    """The capture settings, ranks, interpreter, threads and layers that differ, one line each."""
+    why: list[str] = []
     for key in SETTINGS:
         if key == "context_len" and _setting(mb, "context") != "layer":
             continue  # only a decoder-layer step reads it
@@ -214,7 +227,7 @@ def comparability(base: GateRun, new: GateRun) -> tuple[list[str], list[str]]:
     lb, ln = mb.config.get("layers"), mn.config.get("layers")
     if lb != ln:
         why.append(f"layers: each step wrote {_show(lb)} layer(s) in BASE, {_show(ln)} in NEW")
-    return why, notes
+    return why
 
 
 def _show(v: Any) -> str:
@@ -269,17 +282,18 @@ def _draws(modes: dict[str, StepSamples], rng: np.random.Generator,
         ratios = _per_step_over_control(modes)
         if ratios is None:
             return None
-        return np.median(ratios[rng.integers(0, len(ratios), size=(RESAMPLES, len(ratios)))], axis=1)
-
-    def medians(s: StepSamples) -> np.ndarray:
-        x = np.asarray(s.samples_ns, dtype=float)
-        return np.median(x[rng.integers(0, len(x), size=(RESAMPLES, len(x)))], axis=1)
-
-    cost = medians(main)
+        return _resampled_medians(ratios, rng)
+    cost = _resampled_medians(np.asarray(main.samples_ns, dtype=float), rng)
     bare = modes.get("layer_no_write")
     if main.mode == "layer" and bare is not None:
-        cost = cost - medians(bare)
+        cost = cost - _resampled_medians(np.asarray(bare.samples_ns, dtype=float), rng)
     return cost / main.writes_per_step
+
+
+def _resampled_medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The median of each of RESAMPLES resamples of ``x`` (drawn with replacement)."""
+    medians: np.ndarray = np.median(x[rng.integers(0, len(x), size=(RESAMPLES, len(x)))], axis=1)
+    return medians
 
 
 def _interval(base: dict[str, StepSamples], new: dict[str, StepSamples],

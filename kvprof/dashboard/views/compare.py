@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from kvprof.analysis.compare import Benchmark
@@ -100,12 +102,7 @@ def render(ctx: Context) -> None:
         st.info(f"Nothing to compare: {md(why)}. Capture another run (or upload a trace, or add a traces root) "
                 "and it is paired with this one here.")
         return
-    if "only analysed run" in why:
-        st.info(f"{md(why)}: no run of the same model and device to pair it with; pick two runs below.")
-    elif "unknown" in why:
-        st.warning(f"paired by default: {md(before0)} → {md(after0)} ({md(why)}); pick others below.")
-    else:
-        st.caption(f"paired by default: {md(before0)} → {md(after0)} ({md(why)}); pick others below.")
+    _say_default_pair(before0, after0, why)
     c1, c2, c5 = st.columns([2, 2, 1])
     before = c1.selectbox("before", labels, index=labels.index(before0), key="cmp-before")
     after = c2.selectbox("after", labels, index=labels.index(after0), key="cmp-after")
@@ -114,14 +111,10 @@ def render(ctx: Context) -> None:
     if before == after:
         st.info("Before and after are the same run: pick two different runs.")
         return
-    sums = {}
-    for lab in (before, after):
-        try:
-            sums[lab] = ctx.open(lab).summary()
-        except KvprofError as exc:
-            st.error(f"Cannot open {md(lab)}: {md(exc)}")
-            return
-    b_sum, a_sum = sums[before], sums[after]
+    sums = _summaries(ctx, [before, after])
+    if sums is None:
+        return
+    b_sum, a_sum = sums
     bg, ag = frames.groups_frame(b_sum), frames.groups_frame(a_sum)
     for lab in (before, after):
         if lab not in ident:
@@ -144,6 +137,34 @@ def render(ctx: Context) -> None:
         df = df[df["source"] == ctx.source]
     for w in warns:
         st.info(md(w))
+    _show_comparison(ctx, df, b_sum, a_sum, before, after)
+
+
+def _say_default_pair(before: str, after: str, why: str) -> None:
+    """Which runs are paired by default and why; a warning when their order is not known."""
+    if "only analysed run" in why:
+        st.info(f"{md(why)}: no run of the same model and device to pair it with; pick two runs below.")
+    elif "unknown" in why:
+        st.warning(f"paired by default: {md(before)} → {md(after)} ({md(why)}); pick others below.")
+    else:
+        st.caption(f"paired by default: {md(before)} → {md(after)} ({md(why)}); pick others below.")
+
+
+def _summaries(ctx: Context, labels: list[str]) -> list[dict[str, Any]] | None:
+    """Each run's summary, or None (and the error shown) at the first that cannot be opened."""
+    sums = []
+    for lab in labels:
+        try:
+            sums.append(ctx.open(lab).summary())
+        except KvprofError as exc:
+            st.error(f"Cannot open {md(lab)}: {md(exc)}")
+            return None
+    return sums
+
+
+def _show_comparison(ctx: Context, df: pd.DataFrame, b_sum: dict[str, Any], a_sum: dict[str, Any], before: str,
+                     after: str) -> None:
+    """Before/after per variant, the chosen ratio, and the table, timed as the source says."""
     timing = landing.timing(b_sum, ctx.source)
     if timing.clock is None:  # the before run has no such source: say how the after run timed it
         timing = landing.timing(a_sum, ctx.source)
