@@ -37,12 +37,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprof.argtypes import non_negative_float, output_folder, positive_float, positive_int
 from kvprof.core.errors import UsageError
 from kvprof.core.rundir import RunDir
 from kvprof.report.terminal import add_format_arguments
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kvprof.analysis.compare import Benchmark
+    from kvprof.analysis.gate import GateResult
+    from kvprof.analysis.summary import Analysis
+    from kvprof.trace.load import Loaded
 
 GATE_FAILED_EXIT_CODE = 1
 NOT_COMPARABLE_EXIT_CODE = 7  # the gate judged nothing: the runs differ in what they measure, or no row has a noise
@@ -74,19 +82,83 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_format_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:  # noqa: C901 (two comparison modes in three formats; to be split per mode)
-    from kvprof import api
-    from kvprof.core.text import markup
-    from kvprof.report.console import comparison_table, run_comparison_table
-    from kvprof.report.files import write_json
-    from kvprof.report.terminal import csv_text, note, print_json, print_text, table_console
-
+def _check_flags(args: argparse.Namespace) -> None:
+    """The gate's options need the gate, and the gate needs two runs."""
     if args.fail_if_slower is not None and not args.run2:
         raise UsageError("--fail-if-slower needs two runs: kvprof compare BASE NEW --fail-if-slower PCT")
     if args.junit is not None and args.fail_if_slower is None:
         raise UsageError("--junit needs --fail-if-slower PCT")
     if args.include_interpreted and args.fail_if_slower is None:
         raise UsageError("--include-interpreted needs --fail-if-slower PCT")
+
+
+def _run_against_run(args: argparse.Namespace, first: Analysis, first_run: Loaded, max_events: int,
+                     bench: Benchmark, con: Console) -> tuple[dict[str, Any], GateResult | None]:
+    """RUN against RUN2 (each variant with itself), with the gate when asked: the document and
+    the gate's result (None without --fail-if-slower); the tables when the format is table."""
+    from kvprof import api
+    from kvprof.core.text import markup
+    from kvprof.report.console import run_comparison_table
+
+    second_run = api.open_run(args.run2, max_events)
+    second = api.analyze(second_run, bench=bench, layers=args.layers)
+    runs = api.compare_runs(first, second, bench=bench, layers=args.layers)
+    if not any(r.get("only_in") is None for r in runs.rows) and args.fail_if_slower is None:
+        raise UsageError(f"{args.run} and {args.run2} have no (variant, source, phase, size) measured in both"
+                         + (": " + "; ".join(runs.empty) if runs.empty else ""))
+    doc = api.clean(runs.to_json())
+    doc["runs"] = {"before": _identity(args.run, first_run), "after": _identity(args.run2, second_run)}
+    gate = None
+    if args.fail_if_slower is not None:
+        gate = api.regression_gate(first, second, args.fail_if_slower, base_run=first_run, new_run=second_run,
+                                   include_interpreted=args.include_interpreted)
+        doc["gate"] = api.clean(gate.to_json())
+        differ: list[str] = []
+    else:
+        differ = api.comparability(first, second, first_run, second_run)[0]
+        doc["not_comparable"] = differ
+    if args.format == "table":
+        for line in _runs_lines(doc["runs"]):
+            con.print(line, soft_wrap=True, markup=False, highlight=False)
+        for why in differ:
+            con.print(f"[yellow]warning:[/yellow] not comparable: {why}", soft_wrap=True)
+        if doc["rows"]:
+            con.print(run_comparison_table(doc))
+        for why in runs.empty:
+            con.print(f"[yellow]no row:[/yellow] {markup(why)}", soft_wrap=True)
+    return doc, gate
+
+
+def _variants_against_baseline(args: argparse.Namespace, first: Analysis, bench: Benchmark,
+                               con: Console) -> dict[str, Any]:
+    """Each variant of RUN against --baseline: the document, and with the table format the
+    table, the headline projection and the warnings."""
+    from kvprof import api
+    from kvprof.core.text import markup
+    from kvprof.report.console import comparison_table
+
+    doc = api.compare_variants(first, args.baseline, bench, args.layers)
+    if args.format == "table":
+        if doc["rows"]:
+            con.print(comparison_table(doc))
+        h = doc.get("headline")
+        if h:
+            con.print(f"captured {markup(h['variant'])} ({markup(h['source'])}, decode bs={markup(h['size'])}): "
+                      "saving "
+                      f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {bench.itl_before_ms:.2f} -> "
+                      f"{h['predicted_itl_ms']:.2f} ms; measured {bench.itl_before_ms:.2f} -> "
+                      f"{bench.itl_after_ms:.2f} ms")
+        for w in doc["warnings"]:
+            con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
+    return doc
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvprof import api
+    from kvprof.report.files import write_json
+    from kvprof.report.terminal import csv_text, note, print_json, print_text, table_console
+
+    _check_flags(args)
     me = api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events
     bench = api.benchmark(args.layers, args.itl_before, args.itl_after)
     baseline = None if args.run2 else args.baseline
@@ -95,45 +167,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 (two comparison modes in
     con = table_console(args.format)
     gate = None
     if args.run2:
-        second_run = api.open_run(args.run2, me)
-        second = api.analyze(second_run, bench=bench, layers=args.layers)
-        runs = api.compare_runs(first, second, bench=bench, layers=args.layers)
-        if not any(r.get("only_in") is None for r in runs.rows) and args.fail_if_slower is None:
-            raise UsageError(f"{args.run} and {args.run2} have no (variant, source, phase, size) measured in both"
-                             + (": " + "; ".join(runs.empty) if runs.empty else ""))
-        doc = api.clean(runs.to_json())
-        doc["runs"] = {"before": _identity(args.run, first_run), "after": _identity(args.run2, second_run)}
-        if args.fail_if_slower is not None:
-            gate = api.regression_gate(first, second, args.fail_if_slower, base_run=first_run, new_run=second_run,
-                                       include_interpreted=args.include_interpreted)
-            doc["gate"] = api.clean(gate.to_json())
-            differ: list[str] = []
-        else:
-            differ = api.comparability(first, second, first_run, second_run)[0]
-            doc["not_comparable"] = differ
-        if args.format == "table":
-            for line in _runs_lines(doc["runs"]):
-                con.print(line, soft_wrap=True, markup=False, highlight=False)
-            for why in differ:
-                con.print(f"[yellow]warning:[/yellow] not comparable: {why}", soft_wrap=True)
-            if doc["rows"]:
-                con.print(run_comparison_table(doc))
-            for why in runs.empty:
-                con.print(f"[yellow]no row:[/yellow] {markup(why)}", soft_wrap=True)
+        doc, gate = _run_against_run(args, first, first_run, me, bench, con)
     else:
-        doc = api.compare_variants(first, args.baseline, bench, args.layers)
-        if args.format == "table":
-            if doc["rows"]:
-                con.print(comparison_table(doc))
-            h = doc.get("headline")
-            if h:
-                con.print(f"captured {markup(h['variant'])} ({markup(h['source'])}, decode bs={markup(h['size'])}): "
-                          "saving "
-                          f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {bench.itl_before_ms:.2f} -> "
-                          f"{h['predicted_itl_ms']:.2f} ms; measured {bench.itl_before_ms:.2f} -> "
-                          f"{bench.itl_after_ms:.2f} ms")
-            for w in doc["warnings"]:
-                con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
+        doc = _variants_against_baseline(args, first, bench, con)
     if args.format == "json":
         print_json(doc)
     elif args.format == "csv":
