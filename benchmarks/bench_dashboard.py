@@ -134,8 +134,7 @@ def browser(root: Path, run: Path, cache: Path, charts: int, repeat: int, app: P
     """goto -> first chart drawn, and -> every first-page chart drawn with the run over: a just-started
     server, a new browser (empty cache) on a warm server, a reload; then page switches. ``profile``:
     one more new-browser visit under Chromium's CPU profiler (``profiled_visit``)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
 
     app = app or dashboard_app()
     server = start_server(CODE, app, env_for(root, run, cache))

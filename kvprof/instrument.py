@@ -19,8 +19,8 @@ import nvtx
 import torch
 
 from kvprof.core import variants
-from kvprof.pool import KVPool
 from kvprof.core.vocab import NVTX_DOMAIN, PHASE_RANGE_FORMAT, STEP_RANGE_FORMAT, WRITE_RANGE_FORMAT
+from kvprof.pool import KVPool
 
 _BAD_CALL = object()  # a call the plain pool will reject: no range for it
 _STEP_COLOR = 0xFFBAB0AC

@@ -28,7 +28,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_dashboard as bd  # noqa: E402
-
 from kvprof.core.errors import ToolError  # noqa: E402
 from kvprof.dashboard.background import BackgroundServer  # noqa: E402
 

@@ -65,11 +65,10 @@ def main() -> None:
         raise SystemExit("fp8_ablation.py: error: needs a CUDA GPU (run it on the H200: gpu/run_gpu_checks.sh ablation)")
     import triton
 
+    import ablation_kernel as ak
     from kvprof.bench.run import BenchCase, BenchPoint
     from kvprof.bench.timing import time_graph
     from kvprof.writers import triton_fused as tf
-
-    import ablation_kernel as ak
 
     t0 = time.perf_counter()
     device = torch.device("cuda")

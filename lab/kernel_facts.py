@@ -38,9 +38,9 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "0"  # the compiled kernels, whatever the shell says
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
-
 import torch  # noqa: E402
+
+from kvprof.core.atomic import atomic_write_text  # noqa: E402  (after the path insert)
 
 T0 = time.perf_counter()
 DTYPES = [("bf16", torch.bfloat16, None), ("fp8", torch.float8_e4m3fn, 0.5)]  # the input is bf16

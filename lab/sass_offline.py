@@ -33,10 +33,9 @@ def fail(msg: str) -> None:
 
 
 def sass_for(fp8: bool, heads: int, dim: int, tokens: int) -> str:
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
-
-    import torch
 
     from kvprof.writers import triton_kernel as tk
     from kvprof.writers.triton_fused import KINDS, pick_config

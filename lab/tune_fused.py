@@ -162,8 +162,8 @@ def tune(results: list[dict]) -> None:
     import torch
 
     from kvprof.bench.run import BenchCase, BenchPoint
-    from kvprof.core.bench_result import BenchTarget
     from kvprof.bench.timing import copy_rate_gbs, time_graph
+    from kvprof.core.bench_result import BenchTarget
     from kvprof.writers.triton_fused import TritonConfig, TritonFusedWriter, pick_config
 
     device = torch.device("cuda")
@@ -229,8 +229,7 @@ def host_times(calls: int = 200, repeats: int = 15) -> dict[str, float]:
 
     from kvprof.dtypes import store_dtype_for
     from kvprof.pool import KVPool
-    from kvprof.writers import create_writer
-    from kvprof.writers import cuda_fused as cfm
+    from kvprof.writers import create_writer, cuda_fused as cfm
 
     def noop(*args: object) -> None:
         return None

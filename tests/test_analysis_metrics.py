@@ -14,12 +14,11 @@ import pytest
 
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.metrics import fused_or_fell_back, paths_verdict
-from kvprof.core.run import TraceMeta
 from kvprof.analysis.summary import analyze
-from kvprof.commands import analyze as analyze_cmd
-from kvprof.commands import compare as compare_cmd
-from kvprof.trace.load import load
+from kvprof.commands import analyze as analyze_cmd, compare as compare_cmd
+from kvprof.core.run import TraceMeta
 from kvprof.core.schema import SCHEMA
+from kvprof.trace.load import load
 from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
 
 REAL = Path(__file__).parent / "fixtures" / "real"

@@ -16,10 +16,10 @@ import pytest
 from kvprof.analysis.gate import GateRun, regression_gate
 from kvprof.analysis.metrics import GROUP_COLUMNS
 from kvprof.analysis.reference import reference_groups
+from kvprof.cli import main
 from kvprof.core.run import Manifest, VariantEntry
 from kvprof.core.summary import Summary
 from kvprof.core.timings import StepSamples, StepTimings
-from kvprof.cli import main
 from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
 
 

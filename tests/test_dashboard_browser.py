@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from dashboard_support import REPO, dash_runs  # noqa: F401
-
 from kvprof.core.errors import ToolError
 from kvprof.dashboard.background import BackgroundServer, free_port
 

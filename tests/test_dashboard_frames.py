@@ -17,9 +17,9 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
 from dashboard_support import REPO, dash_runs  # noqa: E402,F401
-from kvprof.dashboard import charts, data, frames  # noqa: E402
 from kvprof.analysis.compare import compare_groups  # noqa: E402
 from kvprof.commands import dashboard as dash_cmd  # noqa: E402
+from kvprof.dashboard import charts, data, frames  # noqa: E402
 
 
 def fake_kernels(n: int, streams: int = 4, seed: int = 0) -> pd.DataFrame:

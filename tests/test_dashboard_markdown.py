@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("streamlit")
 
-from dashboard_support import REPO
 from streamlit.testing.v1 import AppTest
 
+from dashboard_support import REPO
 from kvprof.trace.synthetic import PhaseSpec, TraceSpec, build, dumps
 
 INJECTED = "![](http://attacker.invalid/x)"

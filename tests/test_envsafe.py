@@ -8,12 +8,11 @@ import random
 import secrets
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from kvprof.core.errors import UsageError
 from kvprof.tools import envsafe
 from kvprof.tools.envsafe import child_environment, describe, looks_like_token, sensitive_values
-from kvprof.core.errors import UsageError
 
 PLANTED = "KVPROF_TEST_SECRET"
 

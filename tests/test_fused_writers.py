@@ -20,18 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from kvprof.dtypes import convert_for_cache, store_dtype_for
-from kvprof.pool import KVPool
-from kvprof.writers import FUSED, create_writer
-from kvprof.writers import cuda_fused as cf
-from kvprof.writers import triton_fused as tf
-from kvprof.writers import triton_kernel as tk
-from kvprof.writers.triton_convert import cached_inverse, pow2_exact
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kernel_convert import convert_with_kernel
+from kvprof.dtypes import convert_for_cache, store_dtype_for
+from kvprof.pool import KVPool
+from kvprof.writers import FUSED, create_writer, cuda_fused as cf, triton_fused as tf, triton_kernel as tk
+from kvprof.writers.triton_convert import cached_inverse, pow2_exact
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, *FP8)

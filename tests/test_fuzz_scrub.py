@@ -26,8 +26,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.core.errors import ResourceError, TraceError
 from kvprof.tools.envsafe import allowed

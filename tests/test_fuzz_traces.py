@@ -30,8 +30,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.cli import main
 from kvprof.core.errors import TraceError, UsageError

@@ -5,7 +5,6 @@ step savings the analysis derives from the reference pass's step timings."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import statistics

@@ -15,8 +15,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.core.errors import ResourceError, UsageError
 from kvprof.layouts import get_layout, registry
@@ -349,8 +348,8 @@ def test_block_tables_are_fragmented_and_padded() -> None:
 def test_instrumented_layout_pools_name_their_writes_like_the_mha_pool() -> None:
     """Under torch.profiler each write is a range named WRITE_RANGE_FORMAT (variant, layer);
     a refused call raises the pool's error and leaves no range."""
-    from kvprof.layouts.instrument import make_layout_pool
     from kvprof.core.vocab import WRITE_RANGE_FORMAT
+    from kvprof.layouts.instrument import make_layout_pool
 
     mla = make_layout_pool("mla", 8, 1, torch.bfloat16, 16, 8, 2, writer=registry.create_writer("mla", "mla_triton"),
                            instrument=True, start_layer=3)

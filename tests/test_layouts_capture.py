@@ -34,8 +34,8 @@ def test_mla_capture_writes_manifest_with_layout(tmp_path, capsys) -> None:
 ])
 def test_child_counts_layout_writes(tmp_path, model, extra, variant, path, layers) -> None:
     from kvprof.capture.child import run_child
-    from kvprof.commands.capture import config_from_args
     from kvprof.cli import build_parser
+    from kvprof.commands.capture import config_from_args
 
     args = build_parser().parse_args(["capture", "--model", model, *extra, *SMALL])
     config = config_from_args(args)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kvprof.core.errors import ToolError, TraceError
 from kvprof.tools import nsys as nsysmod
 from kvprof.tools.envsafe import child_environment
 from kvprof.tools.nsys import (
@@ -27,7 +28,6 @@ from kvprof.tools.nsys import (
     nsys_version,
     run_nsys_pass,
 )
-from kvprof.core.errors import ToolError, TraceError
 
 FAKE = '''#!{python}
 import os, sqlite3, subprocess, sys

@@ -8,8 +8,8 @@ import math
 import orjson
 import pandas as pd
 import pytest
-from cli_support import run_cli
 
+from cli_support import run_cli
 from kvprof.analysis.compare import compare_groups
 from kvprof.analysis.reference import (
     observer_effect,

@@ -13,8 +13,7 @@ from kvprof.cli import main
 from kvprof.core.vocab import FUSED, ROPE_FUSED, TWO_COPIES
 from kvprof.instrument import make_pool
 from kvprof.pool import KVPool
-from kvprof.writers import create_writer, writer_names
-from kvprof.writers import rope_triton_kernel as rk
+from kvprof.writers import create_writer, rope_triton_kernel as rk, writer_names
 from kvprof.writers.rope_reference import cos_sin_table, rope_reference
 
 needs_interpreter = pytest.mark.skipif(rk.triton is None or not rk.interpreted(),

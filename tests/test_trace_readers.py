@@ -12,10 +12,10 @@ import orjson
 import pytest
 
 from kvprof.core.errors import TraceError, UsageError
+from kvprof.core.schema import SCHEMA
 from kvprof.trace.kineto import clock_of, read_kineto
 from kvprof.trace.load import load, sniff
 from kvprof.trace.nsys_sqlite import read_nsys_sqlite, split_global_id
-from kvprof.core.schema import SCHEMA
 from kvprof.trace.synthetic import TraceSpec, build, dumps
 from kvprof.trace.table import to_frame
 

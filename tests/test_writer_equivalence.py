@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.pool import KVPool
 from kvprof.workload import PhaseSpec, SlotAllocator

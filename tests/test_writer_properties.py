@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.dtypes import convert_for_cache, store_dtype_for
 from kvprof.layouts import registry

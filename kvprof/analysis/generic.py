@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from kvprof.analysis.gpu_groups import group_gpu_stats, short_kernel_name, stream_lanes
-from kvprof.trace.intervals import busy_and_overlap, gaps
 from kvprof.core.schema import GPU_WORK_KINDS, LAUNCH_KINDS
+from kvprof.trace.intervals import busy_and_overlap, gaps
 
 TOP = 15
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pandas as pd
 
-
 MAX_DEPTH = 64  # summary.json nests a few levels; deeper is copied input (a sidecar), cut here
 
 

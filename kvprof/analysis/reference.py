@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from kvprof.analysis.metrics import GROUP_COLUMNS
-from kvprof.core.timings import StepSamples, StepTimings
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.timings import StepSamples, StepTimings
 
 REFERENCE = "reference"
 OBSERVER_THRESHOLD = 0.10

@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 
 from kvprof.analysis.compare import RATIO_METRICS, Benchmark, compare_groups
-from kvprof.core.numbers import finite_or_none
 from kvprof.core import variants as variant_table
+from kvprof.core.numbers import finite_or_none
 
 _BEFORE = "__before__"
 _AFTER = "__after__"

@@ -13,14 +13,14 @@ from kvprof.analysis.generic import generic_summary
 from kvprof.analysis.jsonsafe import clean
 from kvprof.analysis.layer_step import WriteBoundary, layer_steps, write_boundaries
 from kvprof.analysis.metrics import fused_or_fell_back, group_metrics
-from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.ranks import analyze_ranks, collective_per_step
+from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.writes import (
     WRITE_COLUMNS,
     gpu_work_rows,
+    peak_bandwidth_gbs,
     per_step_table,
     per_write_table,
-    peak_bandwidth_gbs,
     trace_rank,
 )
 from kvprof.core.numbers import finite_or_none
@@ -29,7 +29,6 @@ from kvprof.core.timings import CONTROL
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
 from kvprof.trace.table import to_frame
-
 
 
 @dataclass

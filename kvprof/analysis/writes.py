@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 
 from kvprof.analysis.gpu_groups import GROUP_STAT_COLUMNS, group_gpu_stats, short_kernel_name
-from kvprof.trace.model import Trace
 from kvprof.core.schema import GPU_WORK_KINDS, LAUNCH_KINDS
+from kvprof.trace.model import Trace
 from kvprof.trace.table import to_frame
 
 WRITE_COLUMNS = (

@@ -26,12 +26,11 @@ from typing import Any
 import torch
 
 from kvprof.bench.run import writes_per_graph
-from kvprof.core.bench_result import BenchTarget
-
 from kvprof.bench.timing import copy_rate_gbs, time_eager, time_graph
+from kvprof.core.bench_result import BenchTarget
+from kvprof.core.errors import KvprofError, UsageError
 from kvprof.devinfo import device_properties, versions
 from kvprof.dtypes import parse_dtype
-from kvprof.core.errors import KvprofError, UsageError
 from kvprof.layouts import registry
 from kvprof.layouts.layout import get_layout
 from kvprof.layouts.mla import MLAPool

@@ -24,9 +24,9 @@ from kvprof.bench import grids
 from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
+from kvprof.core.errors import KvprofError, UsageError
 from kvprof.devinfo import device_properties, torch_threads, versions
 from kvprof.dtypes import parse_dtype, short_name
-from kvprof.core.errors import KvprofError, UsageError
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
 from kvprof.writers.rope_base import RopeKVWriter

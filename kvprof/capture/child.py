@@ -17,13 +17,13 @@ import orjson
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.plan import make_context
 from kvprof.capture.layout_session import session_for
+from kvprof.capture.plan import make_context
 from kvprof.capture.session import StepTimer
-from kvprof.core.timings import StepSamples
-from kvprof.devinfo import resolve_device
 from kvprof.core.errors import KvprofError
 from kvprof.core.interrupts import ctrl_c_raises_interrupted
+from kvprof.core.timings import StepSamples
+from kvprof.devinfo import resolve_device
 from kvprof.layouts.registry import create_variant
 
 

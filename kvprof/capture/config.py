@@ -18,8 +18,8 @@ import torch
 from kvprof.argtypes import SCALE_MAX, SCALE_MIN
 from kvprof.capture.defaults import CPU_DEFAULT_LAYERS, CPU_DEFAULT_THREADS
 from kvprof.core import variants
-from kvprof.dtypes import parse_dtype, short_name
 from kvprof.core.errors import UsageError
+from kvprof.dtypes import parse_dtype, short_name
 from kvprof.guards import check_capture_values
 from kvprof.models import RankShape, resolve_model
 from kvprof.workload import PhaseSpec, build_phases

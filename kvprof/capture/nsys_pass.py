@@ -16,12 +16,12 @@ import orjson
 
 import kvprof
 from kvprof.capture.config import CaptureConfig
-from kvprof.tools.envsafe import child_environment, describe
-from kvprof.tools.nsys import export_sqlite, nsys_version, run_nsys_pass
+from kvprof.core.errors import KvprofError
 from kvprof.core.run import Manifest
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepSamples, StepTimings
-from kvprof.core.errors import KvprofError
+from kvprof.tools.envsafe import child_environment, describe
+from kvprof.tools.nsys import export_sqlite, nsys_version, run_nsys_pass
 
 CHILD_TIMEOUT_S = 900
 

@@ -75,9 +75,9 @@ class RankSession(MHASession):
 def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: torch.device) -> dict[str, Any]:
     """Every runnable variant on this rank; returns this rank's part of the manifest."""
     from kvprof.capture.plan import make_context, plan_variants
+    from kvprof.capture.torch_pass import run_torch_pass
     from kvprof.devinfo import device_properties
     from kvprof.dtypes import short_name
-    from kvprof.capture.torch_pass import run_torch_pass
 
     planned = plan_variants(config, device)
     context = make_context(config, device)

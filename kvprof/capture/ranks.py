@@ -24,7 +24,13 @@ import torch
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.plan import (
-    CapturedRun, base_manifest, plan_variants, scrub_files, scrub_manifest, sweep_stale, variant_entry,
+    CapturedRun,
+    base_manifest,
+    plan_variants,
+    scrub_files,
+    scrub_manifest,
+    sweep_stale,
+    variant_entry,
 )
 from kvprof.capture.runtime import Runtime
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes

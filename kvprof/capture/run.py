@@ -18,8 +18,16 @@ from typing import TYPE_CHECKING, Any
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import (
-    CapturedRun, PlannedVariant, base_manifest, check_replaceable, make_context, plan_variants, scrub_files,
-    scrub_manifest, sweep_stale, variant_entry,
+    CapturedRun,
+    PlannedVariant,
+    base_manifest,
+    check_replaceable,
+    make_context,
+    plan_variants,
+    scrub_files,
+    scrub_manifest,
+    sweep_stale,
+    variant_entry,
 )
 from kvprof.capture.reference import run_reference_pass
 from kvprof.capture.runtime import Runtime, prepare

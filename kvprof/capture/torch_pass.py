@@ -30,7 +30,6 @@ from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepSamples
 from kvprof.trace.hta import hta_metadata_json
 
-
 # Kineto (torch >= 2.13) writes a marker line to fd 2 whenever a profiler starts or stops,
 # "USDT:<date> <time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start": noise
 # between kvprof's own lines, with nothing for the user to act on.
@@ -100,9 +99,9 @@ def step_template(session: VariantSession, prepared: PreparedPhase) -> dict[str,
     empty: dict[str, Any] = {"kernels": None, "memcpy": None, "memset": None}
     if session.device.type != "cuda":
         return empty
+    from kvprof.core.schema import GPU_WORK_KINDS
     from kvprof.trace.attribution import attribute
     from kvprof.trace.kineto import read_kineto
-    from kvprof.core.schema import GPU_WORK_KINDS
     from kvprof.trace.table import to_frame
 
     with recording(profile(activities=_activities(session.device))) as prof:

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.argtypes import (
-    fraction, memory_gb, memory_mb, non_negative_float, output_folder, positive_ints, repeat_count, seed,
+    fraction,
+    memory_gb,
+    memory_mb,
+    non_negative_float,
+    output_folder,
+    positive_ints,
+    repeat_count,
+    seed,
     thread_count,
 )
 from kvprof.bench.grids import CPU_GRID, CPU_ROPE_GRID, CPU_THREADS, CUDA_GRID, CUDA_ROPE_GRID, FAMILIES
@@ -153,9 +160,9 @@ def run(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], device: Any, out: Path) -> int:
     import sys
 
-    from kvprof.core.atomic import atomic_write_bytes, atomic_write_text
     from kvprof.bench.render import render_table, to_csv
     from kvprof.bench.run import run_bench
+    from kvprof.core.atomic import atomic_write_bytes, atomic_write_text
     from kvprof.core.bench_result import BenchResult
     from kvprof.report.terminal import note, print_json, print_text, table_console
 

@@ -14,7 +14,14 @@ import argparse
 import sys
 
 from kvprof.argtypes import (
-    kv_scale, memory_gb, non_negative_int, output_folder, positive_int, positive_ints, seed, thread_count,
+    kv_scale,
+    memory_gb,
+    non_negative_int,
+    output_folder,
+    positive_int,
+    positive_ints,
+    seed,
+    thread_count,
 )
 
 

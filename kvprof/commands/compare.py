@@ -217,9 +217,9 @@ def _grouped(lines: list[str]) -> list[str]:
 
 
 def _report_gate(gate: Any, args: argparse.Namespace) -> None:
-    from kvprof.report.gate import junit_xml, row_text
     from kvprof.core.atomic import atomic_write_text
     from kvprof.core.text import markup
+    from kvprof.report.gate import junit_xml, row_text
     from kvprof.report.terminal import make_console
 
     con = make_console(stderr=args.format != "table")

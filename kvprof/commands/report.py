@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--html {args.html}: the report is HTML; name it *.html")
     from kvprof.core.atomic import atomic_file
     from kvprof.dashboard import frames
-    from kvprof.dashboard.landing import build
     from kvprof.dashboard.html_report import render
+    from kvprof.dashboard.landing import build
 
     summary, writes = load_run(args.run)
     doc = summary.to_json()  # the landing view reads the summary's tables as rows

@@ -26,9 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from kvprof.core.errors import KvprofError
     from kvprof.devinfo import resolve_device
     from kvprof.dtypes import parse_dtype
-    from kvprof.core.errors import KvprofError
     from kvprof.writers import create_writer, writer_names
 
     device = resolve_device(args.device)

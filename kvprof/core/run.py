@@ -19,6 +19,7 @@ from typing import Any
 from kvprof.core.ranks import RankEntry
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED
 
+
 def _is_int(v: Any) -> bool:
     return v.__class__ is int and -(1 << 63) < v < (1 << 63)
 

@@ -25,12 +25,12 @@ if (_SOURCE_ROOT / "pyproject.toml").is_file() and str(_SOURCE_ROOT) not in sys.
 
 import streamlit as st  # noqa: E402
 
+from kvprof.core.errors import KvprofError  # noqa: E402
+from kvprof.core.rundir import RunDir  # noqa: E402
 from kvprof.dashboard import data, frames  # noqa: E402
 from kvprof.dashboard.state import UPLOAD_PREFIX, Context  # noqa: E402
 from kvprof.dashboard.ui import md  # noqa: E402
 from kvprof.dashboard.views import compare, distributions, overlap, overview, sweeps, timeline  # noqa: E402
-from kvprof.core.errors import KvprofError  # noqa: E402
-from kvprof.core.rundir import RunDir  # noqa: E402
 
 PAGES: dict[str, Callable[[Context], None]] = {
     "Overview": overview.render,

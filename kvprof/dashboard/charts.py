@@ -25,8 +25,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvprof.core import variants as V
-from kvprof.dashboard.axes import (LIMIT_COLOURS, LIMIT_DASHES, MARGIN, limit_line, lin_range,  # noqa: F401 (MARGIN: tests)
-                                   log_range, log_ticks, set_y)
+from kvprof.dashboard.axes import (  # noqa: F401 (MARGIN: tests)
+    LIMIT_COLOURS,
+    LIMIT_DASHES,
+    MARGIN,
+    limit_line,
+    lin_range,
+    log_range,
+    log_ticks,
+    set_y,
+)
 from kvprof.dashboard.frames import HOST_LANE, NOT_IN_WRITE, WRITES_LANE
 
 NEUTRAL = "#9aa0a6"

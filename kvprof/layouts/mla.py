@@ -31,7 +31,13 @@ import torch
 from kvprof.dtypes import short_name, store_dtype_for
 from kvprof.guards import check_memory, memory_limit
 from kvprof.layouts.base import (
-    LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, layer_index,
+    LayoutWriter,
+    capturing,
+    check_cache_dtype,
+    check_loc,
+    check_positive,
+    check_rows,
+    layer_index,
     slot_range,
 )
 from kvprof.layouts.layout import Layout

@@ -33,8 +33,16 @@ import torch
 from kvprof.dtypes import short_name, store_dtype_for
 from kvprof.guards import check_memory, memory_limit
 from kvprof.layouts.base import (
-    LayoutWriter, capturing, check_cache_dtype, check_loc, check_positive, check_rows, check_scale_value,
-    is_fp8, layer_index, slot_range,
+    LayoutWriter,
+    capturing,
+    check_cache_dtype,
+    check_loc,
+    check_positive,
+    check_rows,
+    check_scale_value,
+    is_fp8,
+    layer_index,
+    slot_range,
 )
 from kvprof.layouts.layout import Layout
 from kvprof.layouts.ranges import Ranges

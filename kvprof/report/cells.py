@@ -19,8 +19,8 @@ from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from kvprof.core.summary import Summary
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.summary import Summary
 from kvprof.core.text import markup, printable
 
 

@@ -10,7 +10,6 @@ from rich.table import Table
 
 from kvprof.core.text import markup
 
-
 MISSING = "n/a (not measured)"  # as every console table says it (kvprof.report.cells)
 
 

@@ -17,10 +17,10 @@ from rich.text import Text
 
 from kvprof.core import variants
 from kvprof.core.layer_kernels import LayerKernels
+from kvprof.core.numbers import finite_or_none
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
 from kvprof.core.text import printable
-from kvprof.core.numbers import finite_or_none
 from kvprof.report.cells import NA, Cell, Col, cpu_run, print_table, table
 from kvprof.report.layer_steps import saving_lines
 

@@ -27,9 +27,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvprof.trace.attribution_parts import dedupe, dominant_method, during_capture, per_write_template
-from kvprof.trace.intervals import enclosing
-from kvprof.trace.model import Trace
 from kvprof.core.run import TraceMeta
 from kvprof.core.schema import GPU_WORK_KINDS, GRAPH_LAUNCH_NAMES, LAUNCH_KINDS
 from kvprof.core.vocab import (
@@ -39,6 +36,9 @@ from kvprof.core.vocab import (
     WRITE_RANGE_LOOKALIKE,
     WRITE_RANGE_PATTERN,
 )
+from kvprof.trace.attribution_parts import dedupe, dominant_method, during_capture, per_write_template
+from kvprof.trace.intervals import enclosing
+from kvprof.trace.model import Trace
 from kvprof.trace.table import from_frame, to_frame
 
 WRITE_INDEX_COLUMNS = (

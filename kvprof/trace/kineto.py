@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import gc
 import os
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
 from kvprof.core.errors import TraceError
+from kvprof.core.run import TraceMeta
+from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
 from kvprof.trace.kineto_io import (
     I64_MAX,
     SPLIT_MIN_BYTES,
@@ -36,9 +38,7 @@ from kvprof.trace.kineto_io import (
     split_events,
 )
 from kvprof.trace.model import Trace
-from kvprof.core.run import TraceMeta
 from kvprof.trace.sanitize import reader_warnings
-from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
 from kvprof.trace.table import build_table
 
 # Kineto "cat" -> kvprof kind (see the table in kvprof.core.schema).

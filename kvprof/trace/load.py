@@ -17,14 +17,14 @@ from typing import Any
 
 import orjson
 
+from kvprof.core.errors import TraceError, UsageError
+from kvprof.core.files import open_regular, require_regular
 from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat, TraceReader
 from kvprof.core.run import Manifest, TraceMeta, VariantEntry
 from kvprof.core.rundir import RunDir
-from kvprof.core.timings import StepTimings
-from kvprof.core.errors import TraceError, UsageError
-from kvprof.core.files import open_regular, require_regular
-from kvprof.trace.attribution import attribute
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
+from kvprof.core.timings import StepTimings
+from kvprof.trace.attribution import attribute
 from kvprof.trace.model import Trace
 
 

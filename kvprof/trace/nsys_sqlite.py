@@ -25,8 +25,8 @@ import pandas as pd
 
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
-from kvprof.trace.model import Trace
 from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
+from kvprof.trace.model import Trace
 from kvprof.trace.table import build_table
 
 NVTX_PUSH_POP, NVTX_START_END, NVTX_DOMAIN_CREATE, NVTX_CATEGORY_NAME = 59, 60, 75, 33

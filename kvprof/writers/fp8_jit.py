@@ -95,9 +95,13 @@ def hw_cast_safe(cols: int, token_stride: int, elems_per_program: int, num_warps
 
 
 if triton is not None:
-    from kvprof.writers.triton_convert import E4M3 as E4M3_KIND
-    from kvprof.writers.triton_convert import E5M2 as E5M2_KIND
-    from kvprof.writers.triton_convert import hw_narrow, int_narrow, int_round_small
+    from kvprof.writers.triton_convert import (
+        E4M3 as E4M3_KIND,
+        E5M2 as E5M2_KIND,
+        hw_narrow,
+        int_narrow,
+        int_round_small,
+    )
 
     @triton.jit
     def fp8_code_int(x, E4M3: tl.constexpr, SAT: tl.constexpr):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from kvprof.layouts.mla import MLAWriter
-from kvprof.writers.layout_tables import mla_shape
 from kvprof.writers.fp8_jit import (
     TRITON_ERROR,
     fp8_bits,
@@ -27,6 +26,7 @@ from kvprof.writers.fp8_jit import (
     torch_e4m3_saturates,
     triton,
 )
+from kvprof.writers.layout_tables import mla_shape
 
 FUSED = "fused"
 _SAME, _TO_E4M3, _TO_E5M2 = 0, 1, 2

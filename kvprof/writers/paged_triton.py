@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from kvprof.layouts.paged import PagedWriter
-from kvprof.writers.layout_tables import paged_shape
 from kvprof.writers.fp8_jit import (
     TRITON_ERROR,
     fp8_bits,
@@ -26,6 +25,7 @@ from kvprof.writers.fp8_jit import (
     tl,
     triton,
 )
+from kvprof.writers.layout_tables import paged_shape
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)

@@ -13,8 +13,22 @@ from kvprof.core.errors import KvprofError, TraceError, UsageError
 from kvprof.core.files import require_regular
 from kvprof.tools import envsafe
 from kvprof.tools.scrub.files import file_kind
-from kvprof.tools.scrub.rules import (ALLOW_LIST_FINDING, DEFAULT_MAX_BYTES, ENCODED_FORMS, HOST_KEYS, HOST_MARKER, MARKER,
-                                     SECRET_KEY, SIDECARS, Rules, find_in, find_values, raw_findings, sidecars_of, too_big)
+from kvprof.tools.scrub.rules import (
+    ALLOW_LIST_FINDING,
+    DEFAULT_MAX_BYTES,
+    ENCODED_FORMS,
+    HOST_KEYS,
+    HOST_MARKER,
+    MARKER,
+    SECRET_KEY,
+    SIDECARS,
+    Rules,
+    find_in,
+    find_values,
+    raw_findings,
+    sidecars_of,
+    too_big,
+)
 from kvprof.tools.scrub.sqlite import env_rows_condition, quote_ident
 from kvprof.tools.scrub.text import parse_json, read_bounded, read_json_bytes, split_secret_strings
 

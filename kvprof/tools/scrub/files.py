@@ -9,7 +9,21 @@ from pathlib import Path
 
 from kvprof.core.errors import KvprofError, OutputError, TraceError, UsageError
 from kvprof.core.files import open_regular, require_regular
-from kvprof.tools.scrub.rules import DEFAULT_MAX_BYTES, GZIP_MAGIC, JSON_SUFFIXES, PARQUET_SUFFIXES, REPORT_SUFFIXES, Rules, SIDECARS, SQLITE_MAGIC, SQLITE_SUFFIXES, ScrubReport, TEXT_SUFFIXES, find_values, total_size
+from kvprof.tools.scrub.rules import (
+    DEFAULT_MAX_BYTES,
+    GZIP_MAGIC,
+    JSON_SUFFIXES,
+    PARQUET_SUFFIXES,
+    REPORT_SUFFIXES,
+    SIDECARS,
+    SQLITE_MAGIC,
+    SQLITE_SUFFIXES,
+    TEXT_SUFFIXES,
+    Rules,
+    ScrubReport,
+    find_values,
+    total_size,
+)
 from kvprof.tools.scrub.sqlite import scrub_sqlite
 from kvprof.tools.scrub.tables import scrub_parquet
 from kvprof.tools.scrub.text import scrub_json, scrub_text

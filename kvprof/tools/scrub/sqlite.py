@@ -11,7 +11,17 @@ from typing import Any
 from kvprof.core.atomic import atomic_path
 from kvprof.core.errors import OutputError, TraceError
 from kvprof.core.files import open_regular
-from kvprof.tools.scrub.rules import HOST_MARKER, MARKER, Rules, SQLITE_MAGIC, ScrubReport, find_in, find_values, sidecars_of, total_size
+from kvprof.tools.scrub.rules import (
+    HOST_MARKER,
+    MARKER,
+    SQLITE_MAGIC,
+    Rules,
+    ScrubReport,
+    find_in,
+    find_values,
+    sidecars_of,
+    total_size,
+)
 
 # ---------------------------------------------------------------- SQLite
 

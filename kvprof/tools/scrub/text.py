@@ -16,9 +16,23 @@ from kvprof.core.atomic import atomic_path
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.tools import envsafe
-from kvprof.tools.scrub.rules import (B64_RUN_BYTES, DEFAULT_MAX_BYTES, GZIP_MAGIC, HEX_RUN_BYTES, HOST_KEYS, HOST_MARKER,
-                                     MARKER, PERCENT_BYTES, Rules, ScrubReport, TOKEN_BYTES, find_in, find_values, too_big,
-                                     total_size)
+from kvprof.tools.scrub.rules import (
+    B64_RUN_BYTES,
+    DEFAULT_MAX_BYTES,
+    GZIP_MAGIC,
+    HEX_RUN_BYTES,
+    HOST_KEYS,
+    HOST_MARKER,
+    MARKER,
+    PERCENT_BYTES,
+    TOKEN_BYTES,
+    Rules,
+    ScrubReport,
+    find_in,
+    find_values,
+    too_big,
+    total_size,
+)
 
 # ---------------------------------------------------------------- JSON / Chrome traces
 
