@@ -70,7 +70,8 @@ def problems(at):
 at = AppTest.from_file(app, default_timeout=900)
 t = time.perf_counter(); at.run(); out["first_s"] = time.perf_counter() - t
 out["charts"] = len(at.get("plotly_chart")); out["problems"] += problems(at)
-t = time.perf_counter(); AppTest.from_file(app, default_timeout=900).run(); out["warm_session_s"] = time.perf_counter() - t
+t = time.perf_counter(); AppTest.from_file(app, default_timeout=900).run()
+out["warm_session_s"] = time.perf_counter() - t
 for p in pages:
     t = time.perf_counter(); at.sidebar.radio(key="nav_page").set_value(p).run()
     out["pages"][p] = time.perf_counter() - t; out["problems"] += problems(at)
@@ -295,7 +296,8 @@ def samples_root(arg: Path | None, tmp: Path) -> tuple[Path, Path, str]:
     root = (arg or ROOT / "traces" / "samples").resolve()
     runs = [e for e in discover_runs(root) if e.analysed] or discover_runs(root)
     if runs:
-        return root, runs[0].path, f"samples: {root.relative_to(ROOT) if root.is_relative_to(ROOT) else root}/{runs[0].rel}"
+        shown = root.relative_to(ROOT) if root.is_relative_to(ROOT) else root
+        return root, runs[0].path, f"samples: {shown}/{runs[0].rel}"
     fx = tmp / "samples" / "h200-fixture"
     shutil.copytree(ROOT / "tests" / "fixtures" / "real", fx)
     analyse_to(fx, fx)

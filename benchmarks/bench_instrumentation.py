@@ -47,11 +47,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     assert not torch.autograd.profiler._is_profiler_enabled  # noqa: SLF001
-    print(f"{'writer':<10} {'off µs/write':>13} {'on µs/write':>12} {'added µs':>9}  (median of {args.repeats} x {args.calls})")
+    print(f"{'writer':<10} {'off µs/write':>13} {'on µs/write':>12} {'added µs':>9}  (median of {args.repeats} x "
+          f"{args.calls})")
     for name, factory in (("null", NullWriter), ("index_put", lambda: create_writer("index_put"))):
         times = {}
         for on in (False, True):
-            pool = make_pool(64, 1, torch.bfloat16, 1, 128, 1, "cpu", writer=factory(), instrument=on, check_slots=False)
+            pool = make_pool(64, 1, torch.bfloat16, 1, 128, 1, "cpu", writer=factory(),
+                             instrument=on, check_slots=False)
             times[on] = per_call_us(pool, args.calls if name == "null" else args.calls // 10, args.repeats)
         added = times[True] - times[False]
         verdict = "ok" if added < 2.0 else "OVER the 2 µs target"

@@ -8,8 +8,9 @@ does), how wide are its global loads and stores, and a digest of the SASS listin
 
 Compiled by Triton's bundled ptxas at the writers' own launch shapes (rope_tables) for
 Llama-3.1-8B's heads (32 q, 8 kv, 128 dims, full NeoX rotary) at 1, 64 and 4096 tokens,
-Llama-3.1-70B's per rank at TP 8 (8 q, 1 kv), a partial GPT-J rotary (64 of 128 dims) and the rotary-only kernel of the ``rope_then_*``
-writers; bf16 caches and fp8 e4m3 from bf16 with per-tensor scales (the integer encode where
+Llama-3.1-70B's per rank at TP 8 (8 q, 1 kv), a partial GPT-J rotary (64 of 128 dims) and the
+rotary-only kernel of the ``rope_then_*`` writers; bf16 caches and fp8 e4m3 from bf16 with
+per-tensor scales (the integer encode where
 the writer takes it). ``--quick``: two compiles, to check that the kernel compiles at all.
 """
 
@@ -60,7 +61,8 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
     consts = {"HQ": hq, "HK": hk, "D": dim, "DV": dim, "HALF": half, "BLOCK_HALF": triton.next_power_of_2(half),
               "BLOCK_P": triton.next_power_of_2(dim - rope) if dim > rope else 0,
               "BLOCK_DV": triton.next_power_of_2(dim), "BLOCK_T": cfg.block_t,
-              "BLOCK_HQ": min(cfg.block_h, triton.next_power_of_2(hq)), "BLOCK_HK": min(cfg.block_h, triton.next_power_of_2(hk)),
+              "BLOCK_HQ": min(cfg.block_h, triton.next_power_of_2(hq)),
+              "BLOCK_HK": min(cfg.block_h, triton.next_power_of_2(hk)),
               "MODE": mode}
     sig = {**dict(zip(names, types)), **{name: "constexpr" for name in consts}}
     # pointers and strides divisible by 16, the unit strides of loc/positions/head rows as

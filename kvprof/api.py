@@ -275,6 +275,7 @@ def dashboard_server(run_dir: str | os.PathLike[str] | None = None, *, port: int
     return BackgroundServer(command, port, env=env, cwd=cwd, log=log)
 
 
-__all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmark", "capture", "check_write_kernel_regex", "clean",
-           "comparability", "compare_runs", "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
+__all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmark", "capture",
+           "check_write_kernel_regex", "clean", "comparability", "compare_runs", "compare_variants",
+           "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
            "regression_gate", "render_capture", "write_outputs"]

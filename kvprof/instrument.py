@@ -3,10 +3,10 @@
 Off means the plain ``KVPool``: no wrapper, no flag test on the hot path. On, each
 ``set_kv_buffer`` (and ``set_kv_buffer_with_rope``, in the same range) pushes an NVTX range
 in domain ``kvprof`` (message naming variant and layer, payload = tokens, a colour and
-category per variant) from event attributes built once per (layer, tokens), and enters a ``record_function`` range of the same name only
-while a torch profiler is recording: outside a profiler record_function costs ~8.6 µs a
-call on a 2-core CPU machine, NVTX with prebuilt attributes ~0.1 µs
-(`python benchmarks/bench_instrumentation.py` prints both).
+category per variant) from event attributes built once per (layer, tokens), and enters a
+``record_function`` range of the same name only while a torch profiler is recording: outside
+a profiler record_function costs ~8.6 µs a call on a 2-core CPU machine, NVTX with prebuilt
+attributes ~0.1 µs (`python benchmarks/bench_instrumentation.py` prints both).
 """
 
 from __future__ import annotations

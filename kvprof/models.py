@@ -40,7 +40,8 @@ class ModelSpec:
             v_head_dim=self.v_head_dim or self.head_dim,
             hidden=self.hidden or (self.q_heads or self.kv_heads) * self.head_dim,
             q_head_num=math.ceil((self.q_heads or self.kv_heads) / tp),
-            intermediate=math.ceil((self.intermediate or 4 * (self.hidden or (self.q_heads or self.kv_heads) * self.head_dim)) / tp),
+            intermediate=math.ceil(
+                (self.intermediate or 4 * (self.hidden or (self.q_heads or self.kv_heads) * self.head_dim)) / tp),
         )
 
 

@@ -129,7 +129,8 @@ class KVPool:
         (rotated in place), v read, the K and V rows written."""
         in_elem = torch.empty((), dtype=input_dtype).element_size()
         rotated = (q_heads + self.head_num) * self.head_dim
-        return tokens * ((2 * rotated + self.head_num * self.v_head_dim) * in_elem + self.k_row_bytes + self.v_row_bytes)
+        return tokens * ((2 * rotated + self.head_num * self.v_head_dim) * in_elem
+                         + self.k_row_bytes + self.v_row_bytes)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -280,7 +281,8 @@ def _check_scale(name: str, scale: Any) -> None:
         return
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or not scale.is_floating_point():
-            raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} {scale.dtype}")
+            raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} "
+                             f"{scale.dtype}")
         return
     raise ValueError(f"{name} must be a positive number or a one-element tensor, got {type(scale).__name__}")
 

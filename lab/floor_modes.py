@@ -79,8 +79,8 @@ def main() -> None:
         print(f"{key:<44} {statistics.median(flat):13.3f} {min(flat):7.3f} {max(flat):7.3f} {iqr:13.3f}   {rows}")
     dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu"))
     dest.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(dest / "floor-modes.json", json.dumps({"pools": POOLS, "captures": CAPTURES, "points": out,
-                                                             "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
+    doc = {"pools": POOLS, "captures": CAPTURES, "points": out, "elapsed_s": round(time.perf_counter() - t0, 1)}
+    atomic_write_text(dest / "floor-modes.json", json.dumps(doc, indent=1))
     print(f"wrote {dest / 'floor-modes.json'} ({time.perf_counter() - t0:.1f} s)")
 
 

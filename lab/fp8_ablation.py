@@ -53,7 +53,8 @@ CHAIN_STEPS = (1, 2, 3, 4, 6)  # dependent steps added to the bf16 copy's chain 
 try:
     CAPTURES = int(os.environ.get("ABL_CAPTURES", "3"))
 except ValueError:
-    raise SystemExit(f"fp8_ablation.py: error: ABL_CAPTURES must be an integer, got {os.environ['ABL_CAPTURES']!r}") from None
+    raise SystemExit("fp8_ablation.py: error: ABL_CAPTURES must be an integer, got "
+                     f"{os.environ['ABL_CAPTURES']!r}") from None
 if CAPTURES < 1:
     raise SystemExit(f"fp8_ablation.py: error: ABL_CAPTURES must be at least 1, got {CAPTURES}")
 
@@ -62,7 +63,8 @@ def main() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit("fp8_ablation.py: error: needs a CUDA GPU (run it on the H200: gpu/run_gpu_checks.sh ablation)")
+        raise SystemExit("fp8_ablation.py: error: needs a CUDA GPU (run it on the H200: "
+                         "gpu/run_gpu_checks.sh ablation)")
     import triton
 
     import ablation_kernel as ak
@@ -103,7 +105,8 @@ def main() -> None:
         # where the buffers landed (which moves a floor-bound median by a few ns).
         for rnd in range(CAPTURES):
             cases = {
-                "bf16": BenchCase(BenchPoint(heads, dim, "bf16", "bf16", tokens), device, 256 << 20, seed=tokens * 1000 + rnd),
+                "bf16": BenchCase(BenchPoint(heads, dim, "bf16", "bf16", tokens), device, 256 << 20,
+                                  seed=tokens * 1000 + rnd),
                 "fp8": BenchCase(BenchPoint(heads, dim, "fp8_e4m3", "bf16", tokens), device, 256 << 20,
                              seed=tokens * 1000 + rnd),
             }
@@ -138,7 +141,8 @@ def main() -> None:
     print(f"{'point / kernel [block_t/warps/split]':<62} {'median':>8} {'min':>7} {'max':>7} {'IQR':>6}")
     for key, runs in out.items():
         m = runs["median"]
-        print(f"{key:<62} {statistics.median(m):8.3f} {min(m):7.3f} {max(m):7.3f} {statistics.median(runs['iqr']):6.3f}")
+        print(f"{key:<62} {statistics.median(m):8.3f} {min(m):7.3f} {max(m):7.3f} "
+              f"{statistics.median(runs['iqr']):6.3f}")
     summary = chain_summary(out)
     for line in summary["lines"]:
         print(line)
@@ -146,7 +150,8 @@ def main() -> None:
     dest.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest / "fp8-ablation.json", json.dumps(
         {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "e4m3_saturates": sat,
-         "captures": CAPTURES, "points": out, "chain": summary["points"], "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
+         "captures": CAPTURES, "points": out, "chain": summary["points"],
+         "elapsed_s": round(time.perf_counter() - t0, 1)}, indent=1))
     print(f"wrote {dest / 'fp8-ablation.json'} ({time.perf_counter() - t0:.1f} s)")
 
 

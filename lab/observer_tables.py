@@ -2,7 +2,7 @@
 """The tables of docs/observer-effect.md, from analysed run directories.
 
     python lab/observer_tables.py traces/samples/h200-llama70b-tp8
-    python lab/observer_tables.py --settings lab/results/observer-settings/nsys-node lab/results/observer-settings/nsys-graph
+    python lab/observer_tables.py --settings lab/results/observer-settings/nsys-{node,graph}
     python lab/observer_tables.py --layer RUN_LAYER                 # writes inside a decoder layer
 
 Reads only each run's summary.json and step_timings.json (what `kvprof analyze` and
@@ -57,7 +57,8 @@ def observer(run: Path) -> None:
         print("| " + " | ".join(cells) + " |")
     for source, st in summary["observer"]["sources"].items():
         print(f"\n{source}: {st['flagged']} of {st['points']} points more than 10 % off; median reading / "
-              f"reference {_x(st['median_ratio_per_write'])}, median slowdown of the run {_x(st['median_pass_slowdown'])}")
+              f"reference {_x(st['median_ratio_per_write'])}, median slowdown of the run "
+              f"{_x(st['median_pass_slowdown'])}")
     head = (summary.get("comparison") or {}).get("headline")
     if head:
         print(f"\nheadline: {head['variant']} at decode bs={head['size']} ({head['source']}): "
@@ -75,7 +76,8 @@ def settings(runs: list[Path]) -> None:
         except (OSError, ValueError) as exc:
             sys.exit(f"observer_tables.py: error: {run}: {exc}")
         cfg = orjson.loads((run / "manifest.json").read_bytes())["config"]
-        label = f"nsys {cfg.get('nsys_graph_trace')}, torch sync events {'on' if cfg.get('torch_sync_events') else 'off'}"
+        sync = "on" if cfg.get("torch_sync_events") else "off"
+        label = f"nsys {cfg.get('nsys_graph_trace')}, torch sync events {sync}"
         by = {(r.pass_, r.variant, r.size): r for r in timings.records if r.phase == "decode"}
         for (p, variant, size), ref in sorted(by.items()):
             if p != "reference":
@@ -106,7 +108,8 @@ def layer(run: Path) -> None:
             g["variant"], str(g["size"]), _us(g["step_ns"], 1), _us(g["step_iqr_ns"], 1), _us(g["cost_per_write_ns"]),
             f"{share * 100:.1f} %" if isinstance(share, (int, float)) else "n/a", _us(g["writes_only_step_ns"], 1),
             "baseline" if g["variant"] == base else ("n/a" if meas is None else
-                                                     f"{meas:.3f} (± {spread:.3f})" if spread is not None else f"{meas:.3f}"),
+                                                     f"{meas:.3f} (± {spread:.3f})" if spread is not None
+                                                     else f"{meas:.3f}"),
             "baseline" if g["variant"] == base else ("n/a" if c.get("projected_saving_per_step_ms") is None
                                                      else f"{c['projected_saving_per_step_ms']:.3f}"),
         ]) + " |")

@@ -4,16 +4,17 @@
 
     cd <repo> && OUT=/tmp/out python lab/tune_layouts.py     # a few minutes; $OUT/tune-layouts.json
 
-Why it exists: ``kvprof/writers/layout_tables.py`` picks a launch shape for the MLA and
-paged fused writers from the token count; this script measures the candidates it is chosen
-from (for MLA with and without streaming stores). Each point is the layout bench's own case (``kvprof.bench.layouts.LayoutCase``: MLA at
-DeepSeek-V3's 512 + 64 latent row as views of one tensor, the paged cache at Llama-3.1-70B
-TP8 with key/value as views of the fused QKV output, scattered slots, W writes per captured
-graph, median of the replays), every candidate first checked bitwise against the layout's
-reference. The fastest few are timed again over ``TUNE_RECHECK`` more graph captures and the
-median decides, because one capture's median can read low. It also times, at each point,
-the writer's current default, the best shape without programmatic dependent launch, and
-SGLang's MLA store where SGLang is installed, so the gain of each part is visible.
+Why it exists: ``kvprof/writers/layout_tables.py`` picks a launch shape for the MLA and paged
+fused writers from the token count; this script measures the candidates it is chosen from (for
+MLA with and without streaming stores). Each point is the layout bench's own case
+(``kvprof.bench.layouts.LayoutCase``: MLA at DeepSeek-V3's 512 + 64 latent row as views of one
+tensor, the paged cache at Llama-3.1-70B TP8 with key/value as views of the fused QKV output,
+scattered slots, W writes per captured graph, median of the replays), every candidate first
+checked bitwise against the layout's reference. The fastest few are timed again over
+``TUNE_RECHECK`` more graph captures and the median decides, because one capture's median can
+read low. It also times, at each point, the writer's current default, the best shape without
+programmatic dependent launch, and SGLang's MLA store where SGLang is installed, so the gain of
+each part is visible.
 
 Environment: ``TUNE_LAYOUTS`` (``mla,paged``), ``TUNE_TOKENS`` (``1,8,64,512,4096,32768``),
 ``TUNE_RECHECK`` (3).

@@ -39,7 +39,7 @@ def test_real_run_fused_verdicts_and_projection():
     g = a.groups.set_index(["variant", "source", "phase"])
     # the two sources agree on the replayed decode write cost within 10 %
     for var in ("index_put", "two_stream", "triton_fused"):
-        k, n = g.loc[(var, "kineto", "decode"), "cost_per_write_ns"], g.loc[(var, "nsys", "decode"), "cost_per_write_ns"]
+        k, n = (g.loc[(var, source, "decode"), "cost_per_write_ns"] for source in ("kineto", "nsys"))
         assert abs(k - n) / n < 0.10
     assert g.loc[("two_stream", "nsys", "decode"), "streams"] == 2
     h = a.summary.to_json()["comparison"]["headline"]
@@ -179,7 +179,8 @@ def test_kvprof_trace_loads_in_hta(tmp_path):
 def test_captured_sample_loads_in_hta_as_is():
     """A trace written by `kvprof capture` (distributedInfo added at capture) needs no fix-up."""
     hta = pytest.importorskip("hta.trace_analysis")
-    path = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8" / "two_stream.pt.trace.json.gz"
+    path = (Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8"
+            / "two_stream.pt.trace.json.gz")
     ta = hta.TraceAnalysis(trace_files={0: str(path)})
     df = ta.t.get_trace(0)
     names = ta.t.symbol_table.get_sym_table()

@@ -32,7 +32,8 @@ def test_bench_cpu_small_grid(tmp_path, capsys):
     assert len(recs) == 2 * 2 * 2 * 3  # shapes x dtypes x tokens x variants, eager only on CPU
     ok = [r for r in recs if r["status"] == "ok"]
     assert len(ok) == 16 and all(r["median_us"] > 0 and r["mode"] == "eager" for r in ok)
-    assert all(r["status"] == "unavailable" and "sgl-kernel" in r["reason"] for r in recs if r["variant"] == "sgl_kernel")
+    assert all(r["status"] == "unavailable" and "sgl-kernel" in r["reason"] for r in recs
+               if r["variant"] == "sgl_kernel")
     assert result["limits"]["copy_rate_gbs"] > 0
     assert result["settings"]["target_fixed_us"] == 1.2 and result["settings"]["target_rate_fraction"] == 0.9
     assert (tmp_path / "bench.csv").read_text().startswith("shape,heads,dim")

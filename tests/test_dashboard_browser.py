@@ -94,7 +94,8 @@ def _settle(pg: object) -> None:
 
 def _charts_drawn(pg: object, n: int) -> int:
     pg.wait_for_function(  # type: ignore[attr-defined]
-        f"() => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.querySelector('.main-svg')).length >= {n}")
+        "() => [...document.querySelectorAll('.js-plotly-plot')]"
+        f".filter(e => e.querySelector('.main-svg')).length >= {n}")
     return int(pg.locator(".js-plotly-plot").count())  # type: ignore[attr-defined]
 
 
@@ -151,7 +152,8 @@ def check_chart(c: dict, where: str) -> dict[str, str]:
         if ax["type"] == "log":
             pos = [v for v in vals if v > 0]
             assert 10 ** lo >= min(pos) / MARGIN * 0.999 and 10 ** hi <= max(pos) * MARGIN * 1.001, (where, c["title"])
-            assert 10 ** lo <= min(pos) * 1.001 or (c["meta"] or {}).get("clipped_above") is not None, (where, c["title"])
+            clipped = (c["meta"] or {}).get("clipped_above") is not None
+            assert 10 ** lo <= min(pos) * 1.001 or clipped, (where, c["title"])
         else:
             dlo, dhi = min(0.0, min(vals)), max(0.0, max(vals))
             span = (dhi - dlo) or 1.0

@@ -69,8 +69,10 @@ def test_overview_numbers_are_analyzes(dash_runs: dict[str, Path]) -> None:
     ref = compare_groups(groups, "two_stream", None, 80)
     assert [r["ratio_cost_per_write_ns"] for r in comp["rows"]] == [r["ratio_cost_per_write_ns"] for r in ref["rows"]]
     table = frames.overview_frame(groups, comp, summary, "two_stream")
-    row = table[(table["variant"] == "triton_fused") & (table["source"] == "nsys") & (table["phase"] == "decode")].iloc[0]
-    g = groups[(groups["variant"] == "triton_fused") & (groups["source"] == "nsys") & (groups["phase"] == "decode")].iloc[0]
+    def nsys_decode(df: pd.DataFrame) -> pd.Series:
+        return df[(df["variant"] == "triton_fused") & (df["source"] == "nsys") & (df["phase"] == "decode")].iloc[0]
+
+    row, g = nsys_decode(table), nsys_decode(groups)
     assert row["GPU µs/write"] == pytest.approx(g["cost_per_write_ns"] / 1e3)
     r = next(r for r in ref["rows"] if (r["variant"], r["source"], r["phase"]) == ("triton_fused", "nsys", "decode"))
     assert row["speed-up vs baseline"] == pytest.approx(1 / r["ratio_cost_per_write_ns"])
@@ -222,8 +224,8 @@ def test_kvprof_dashboard_starts_on_localhost(dash_runs: dict[str, Path], tmp_pa
     """`kvprof dashboard RUN` through the facade's background server: healthy, banner printed, stopped."""
     import kvprof.api as kv
 
-    server = kv.dashboard_server(dash_runs["h200"], env={**os.environ, "KVPROF_DASHBOARD_CACHE": str(tmp_path / "cache")},
-                                 cwd=REPO, log=tmp_path / "server.log")
+    env = {**os.environ, "KVPROF_DASHBOARD_CACHE": str(tmp_path / "cache")}
+    server = kv.dashboard_server(dash_runs["h200"], env=env, cwd=REPO, log=tmp_path / "server.log")
     with server.running(limit_s=60) as url:
         assert server.healthy()
     assert server.process is not None and server.process.returncode is not None  # stopped and reaped

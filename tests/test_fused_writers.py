@@ -101,7 +101,8 @@ def _check_conversion(x: torch.Tensor, dtype: torch.dtype, scale, hw: bool | Non
 @needs_interpreter
 @pytest.mark.parametrize("src", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dst,scale", [pytest.param(dst, scale, id=f"{str(dst).removeprefix('torch.')}-scale{scale}")
-                                       for dst in CACHE_DTYPES for scale in (SCALES_FP8 if dst in FP8 else SCALES_OTHER)])
+                                       for dst in CACHE_DTYPES
+                                       for scale in (SCALES_FP8 if dst in FP8 else SCALES_OTHER)])
 def test_every_16bit_pattern_converts_like_torch(src, dst, scale):
     """One scale per test: all 65536 patterns at five fp8 scales were one test of 5-40 s."""
     _check_conversion(all_16bit(src), dst, scale)
@@ -729,7 +730,8 @@ def test_placement_reason_is_one_rule_for_every_triton_writer(monkeypatch, devic
 
 
 @pytest.mark.skipif(tf.triton is None, reason="triton is not installed")
-@pytest.mark.parametrize(("layout", "name"), [("mha", "triton_fused"), ("mla", "mla_triton"), ("paged", "paged_triton")])
+@pytest.mark.parametrize(("layout", "name"), [("mha", "triton_fused"), ("mla", "mla_triton"),
+                                              ("paged", "paged_triton")])
 def test_triton_writers_refuse_pdl_on_a_cpu_with_the_shared_reason(layout, name):
     from kvprof.layouts import registry
 
@@ -737,4 +739,5 @@ def test_triton_writers_refuse_pdl_on_a_cpu_with_the_shared_reason(layout, name)
     dtype = torch.bfloat16
     reason = writer.unsupported_reason(torch.device("cpu"), dtype)
     assert reason == f"{name}(pdl=True) needs the compiled kernel on a CUDA device" or (
-        not tk.interpreted() and reason is not None and reason.startswith(f"{name} on CPU runs in Triton's interpreter"))
+        not tk.interpreted() and reason is not None
+        and reason.startswith(f"{name} on CPU runs in Triton's interpreter"))

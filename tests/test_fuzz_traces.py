@@ -122,7 +122,8 @@ def _nsys(path: Path) -> None:
     tid = (7 << 24) | 7
     for i in range(3):
         t = 1_000_000 + 10_000 * i
-        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,0,7,?,?,1)", (t + 1000, t + 2000, 100 + i, 7 << 24))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,0,7,?,?,1)",
+                    (t + 1000, t + 2000, 100 + i, 7 << 24))
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,2)", (t + 100, t + 300, tid, 100 + i))
         con.execute("INSERT INTO NVTX_EVENTS VALUES (?,?,59,?,?,0)", (t, t + 500, f"set_kv_buffer[v] L{i}", tid))
     con.commit()
@@ -134,7 +135,8 @@ def _nsys(path: Path) -> None:
 FIGURES = ["cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "step_ns", "writes", "bandwidth_gbs", "overlap_frac",
            "launch_delay_ns", "saving_per_step_ms"]
 any_json = st.one_of(st.none(), st.booleans(), st.integers(-(10**12), 10**12), st.floats(allow_nan=False),
-                     st.text(max_size=5), st.sampled_from(["NaN", "-inf", "1e999"]), st.lists(st.integers(), max_size=2))
+                     st.text(max_size=5), st.sampled_from(["NaN", "-inf", "1e999"]),
+                     st.lists(st.integers(), max_size=2))
 
 
 @_settings(60)
@@ -279,7 +281,8 @@ def test_deep_nesting_is_read_or_refused_in_one_line(where: str, depth: int) -> 
     if isinstance(target, list):
         target.append("<deep>")
     else:
-        target[{"name": "name", "args": "correlation", "grid": "grid", "kvprof": "device", "top": "x"}[where]] = "<deep>"
+        target[{"name": "name", "args": "correlation", "grid": "grid", "kvprof": "device",
+                "top": "x"}[where]] = "<deep>"
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "t.json"
         p.write_bytes(orjson.dumps(doc).replace(b'"<deep>"', deep))

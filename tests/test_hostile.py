@@ -122,7 +122,8 @@ def _nsys_export(path: Path, *, text_in_ints: bool = False, runtime: bool = True
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?)",
                     (start, end, dev, 7, 100 + i, 7 << 24, name_id, name_id))
         if runtime:
-            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,?)", (t + 100, t + 300, gtid, 100 + i, 2))
+            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,?)",
+                        (t + 100, t + 300, gtid, 100 + i, 2))
         con.execute("INSERT INTO NVTX_EVENTS VALUES (?,?,?,?,?,?,?,?,?)",
                     (t, t + 500, 59, f"set_kv_buffer[index_put] L{i}", None, gtid, "dom" if text_in_ints else 0,
                      None, 8))
@@ -306,7 +307,8 @@ def test_fifo_is_refused_within_a_second(tmp_path, command):
 # ---------------------------------------------------------------- 5. size guards
 
 
-@pytest.mark.parametrize("args", [["--batch-sizes", "10000000"], ["--model", "100000x8x128", "--steps", "10", "--layers", "100000"],
+@pytest.mark.parametrize("args", [["--batch-sizes", "10000000"],
+                                  ["--model", "100000x8x128", "--steps", "10", "--layers", "100000"],
                                   ["--prefill-tokens", "100000000"], ["--pool-size", "100000000000"],
                                   ["--steps", "100000000"]])
 def test_capture_refuses_sizes_over_the_limit_before_allocating(tmp_path, capsys, args):

@@ -56,7 +56,8 @@ def hta_warnings() -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cpu")
-    assert main(["capture", "--device", "cpu", *TINY, "--variants", "index_put", "--out", str(out), "--run-id", "r"]) == 0
+    assert main(["capture", "--device", "cpu", *TINY, "--variants", "index_put", "--out", str(out),
+                 "--run-id", "r"]) == 0
     return out / "r"
 
 

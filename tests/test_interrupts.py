@@ -132,7 +132,8 @@ def test_a_signal_during_capture_leaves_no_hidden_run_folder(tmp_path, name):
             proc.kill()
             proc.wait()
     assert proc.returncode == 128 + signum, err.decode()[-2000:]
-    assert err.decode().strip().splitlines()[-1] == f"kvprof capture: terminated ({name}); nothing half-written was kept"
+    last = err.decode().strip().splitlines()[-1]
+    assert last == f"kvprof capture: terminated ({name}); nothing half-written was kept"
     assert b"Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 

@@ -245,7 +245,8 @@ def test_the_trace_shows_pdl_overlap_and_a_second_streams_wait():
     saving = step_savings(StepTimings(context="layer", records=[
         _samples("two_stream", "layer", [12e6] * 5), _samples("two_stream", "writes", [0.9e6] * 5),
         _samples("rope_triton_fused", "layer", [11.9e6] * 5), _samples("rope_triton_fused", "writes", [0.5e6] * 5)]))
-    (note,) = gap_notes([s for s in saving if s.variant == "rope_triton_fused"], [b_fused, b_two], ["reference", "kineto"])
+    (note,) = gap_notes([s for s in saving if s.variant == "rope_triton_fused"], [b_fused, b_two],
+                        ["reference", "kineto"])
     assert "0.100 ms" in note and "0.400 ms projected" in note and "gap -0.300 ms" in note
     assert "programmatic dependent launch" in note and "second stream" in note and "waits 1.10 µs" in note
 

@@ -86,14 +86,16 @@ def _mla_run(name: str, case) -> None:
     if cache in FP8 and inp != cache and writer.unsupported_reason(torch.device("cpu"), cache, inp):
         pytest.skip("conversion not offered")
     size = max(2 * tokens, 16)
-    pools = [MLAPool(size, 1, cache, rank, rope, 2, writer=w) for w in (registry.create_writer("mla", "mla_index_put"), writer)]
+    pools = [MLAPool(size, 1, cache, rank, rope, 2, writer=w)
+             for w in (registry.create_writer("mla", "mla_index_put"), writer)]
     gen = torch.Generator().manual_seed(seed)
     slots = torch.randperm(size + 1, generator=gen)[:tokens]
     if with_zero and tokens:
         slots[tokens // 2] = 0
     loc = slots.to(loc_dtype)
     for p in pools:  # a first write, so skipped rows must keep non-zero contents
-        p.set_kv_buffer(3 - 2, torch.arange(size + 1), _values(torch.Generator().manual_seed(1), (size + 1, 1, rank + rope), inp, 1.0))
+        first = _values(torch.Generator().manual_seed(1), (size + 1, 1, rank + rope), inp, 1.0)
+        p.set_kv_buffer(3 - 2, torch.arange(size + 1), first)
     nope = _strided(_values(gen, (tokens, 1, rank), inp, spread), extra)
     rp = _strided(_values(gen, (tokens, 1, rope), inp, spread), extra)
     row = _strided(_values(gen, (tokens, rank + rope), inp, spread), extra)
@@ -188,7 +190,8 @@ def paged_cases(draw):
     k_scale = draw(st.sampled_from([None, 1.0, 0.37, 3.0, 0.0137, "tensor"]))
     loc_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
     spread = draw(st.sampled_from([1.0, 300.0, 3e4]))
-    return cache, inp, heads, dim, block, phase, tokens, extra, surplus, k_scale, loc_dtype, spread, draw(st.integers(0, 2**16))
+    seed = draw(st.integers(0, 2**16))
+    return cache, inp, heads, dim, block, phase, tokens, extra, surplus, k_scale, loc_dtype, spread, seed
 
 
 def _paged_slots(phase: str, tokens: int, blocks: int, block: int, seed: int) -> np.ndarray:
@@ -234,7 +237,8 @@ def test_paged_writers_match_reference(name: str, case) -> None:
 def test_paged_padding_slots_are_skipped() -> None:
     pool = PagedPool(4, 4, torch.bfloat16, 1, 8, 1, writer=registry.create_writer("paged", "paged_triton"))
     pool.key_cache[0].fill_(3)
-    pool.reshape_and_cache_flash(0, torch.ones(3, 1, 8, dtype=torch.bfloat16), torch.ones(3, 1, 8, dtype=torch.bfloat16),
+    pool.reshape_and_cache_flash(0, torch.ones(3, 1, 8, dtype=torch.bfloat16),
+                                 torch.ones(3, 1, 8, dtype=torch.bfloat16),
                                  torch.tensor([-1, 5, -1]))
     flat = pool.key_cache[0].view(-1, 8)
     assert (flat[5] == 1).all() and (flat[torch.arange(16) != 5] == 3).all()
@@ -243,7 +247,8 @@ def test_paged_padding_slots_are_skipped() -> None:
 def test_paged_fp8_is_vllms_division_and_saturation() -> None:
     """Where dividing differs from multiplying by the reciprocal, and past the fp8 range."""
     pool = PagedPool(2, 4, torch.float8_e4m3fn, 1, 16, 1, writer=registry.create_writer("paged", "paged_triton"))
-    x = torch.tensor([[1000.0, -1e9, float("inf"), 0.1, 3.0, 7.0, 1e-5, 448.0, 464.0, 465.0, 0.0, -0.0, 5.5, 6.5, 9.1, 13.0]])
+    x = torch.tensor([[1000.0, -1e9, float("inf"), 0.1, 3.0, 7.0, 1e-5, 448.0, 464.0, 465.0, 0.0, -0.0,
+                       5.5, 6.5, 9.1, 13.0]])
     pool.reshape_and_cache_flash(0, x.view(1, 1, 16), x.view(1, 1, 16), torch.tensor([2]), 0.3, 0.3)
     got = pool.get_kv_cache(0)[0].view(-1, 16)[2].float()
     want = (x / torch.full((1,), 0.3)).clamp(-448, 448).to(torch.float8_e4m3fn).float()
@@ -275,7 +280,8 @@ MLA_BAD = [
     (lambda p: p.set_kv_buffer(True, torch.tensor([1]), torch.zeros(1, 24)), "not a layer id"),
     (lambda p: p.set_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 24, dtype=torch.int32)), "floating point"),
     (lambda p: p.set_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 24), None, 0.5), "no k_scale"),
-    (lambda p: p.set_mla_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 16), torch.zeros(1, 8, dtype=torch.float16)), "but cache_k_rope"),
+    (lambda p: p.set_mla_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 16), torch.zeros(1, 8, dtype=torch.float16)),
+     "but cache_k_rope"),
     (lambda p: p.set_mla_kv_buffer(0, torch.tensor([1]), torch.zeros(1, 16), torch.zeros(1, 9)), "cache_k_rope rows"),
     (lambda p: p.set_mla_kv_buffer(0, torch.tensor([1]), "x", torch.zeros(1, 8)), "must be a tensor"),
 ]
@@ -388,7 +394,8 @@ def test_layout_bench_runs_and_reads_like_the_mha_bench(tmp_path) -> None:
     result = lb.run(["mla", "paged"], torch.device("cpu"), tokens=[3], replays=1, eager_repeats=1)
     recs = result["records"]
     assert {r["layout"] for r in recs} == {"mla", "paged"}
-    assert all(r["status"] in ("ok", "unavailable") for r in recs), [r for r in recs if r["status"] not in ("ok", "unavailable")]
+    odd = [r for r in recs if r["status"] not in ("ok", "unavailable")]
+    assert not odd, odd
     ok = [r for r in recs if r["status"] == "ok"]
     assert {r["variant"] for r in ok} >= {"mla_cat_copy", "mla_triton", "paged_unfused", "paged_triton"}
     assert all(r["target_us"] > 1.2 and isinstance(r["meets_target"], bool) for r in ok)
@@ -417,7 +424,8 @@ def test_every_tuned_mla_shape_matches_the_reference(fp8: bool) -> None:
     gen = torch.Generator().manual_seed(3)
     for shape in _table_shapes(mla_shape, fp8):
         w = MLATritonWriter(block_t=shape.block_t, num_warps=shape.num_warps, stream=shape.stream)
-        pools = [MLAPool(40, 1, cache, 512, 64, 1, writer=x) for x in (registry.create_writer("mla", "mla_index_put"), w)]
+        pools = [MLAPool(40, 1, cache, 512, 64, 1, writer=x)
+                 for x in (registry.create_writer("mla", "mla_index_put"), w)]
         loc = torch.randperm(41, generator=gen)[:19]
         latent = _values(gen, (19, 1, 576), torch.bfloat16, 300.0)
         for p in pools:
@@ -435,7 +443,8 @@ def test_every_tuned_paged_shape_matches_the_reference(fp8: bool) -> None:
     gen = torch.Generator().manual_seed(4)
     for shape in _table_shapes(paged_shape, fp8):
         w = PagedTritonWriter(block_t=shape.block_t, num_warps=shape.num_warps, split=shape.split)
-        pools = [PagedPool(8, 16, cache, 1, 128, 1, writer=x) for x in (registry.create_writer("paged", "paged_index_put"), w)]
+        pools = [PagedPool(8, 16, cache, 1, 128, 1, writer=x)
+                 for x in (registry.create_writer("paged", "paged_index_put"), w)]
         slots = torch.from_numpy(_paged_slots("padding", 21, 8, 16, 5))
         key = _values(gen, (21, 1, 128), torch.bfloat16, 300.0)
         for p in pools:

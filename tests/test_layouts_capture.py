@@ -22,7 +22,8 @@ def test_mla_capture_writes_manifest_with_layout(tmp_path, capsys) -> None:
     assert rc == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert manifest["config"]["resolved"]["layout"] == "mla"
-    assert manifest["config"]["resolved"]["shape"]["head_dim"] == 576 and manifest["config"]["resolved"]["shape"]["layers"] == 27
+    shape = manifest["config"]["resolved"]["shape"]
+    assert shape["head_dim"] == 576 and shape["layers"] == 27
     assert list(manifest["variants"]) == ["mla_cat_copy"]
     assert (tmp_path / "m" / "mla_cat_copy.pt.trace.json.gz").exists()
 

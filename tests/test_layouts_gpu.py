@@ -100,7 +100,8 @@ def test_paged_fused_converts_every_value(name, cache, inp, scale: float) -> Non
 
 
 @pytest.mark.parametrize("layout,name", [("mla", "mla_triton"), ("mla", "mla_cuda"), ("mla", "mla_cat_copy"),
-                                         ("paged", "paged_triton"), ("paged", "paged_cuda"), ("paged", "paged_unfused")])
+                                         ("paged", "paged_triton"), ("paged", "paged_cuda"),
+                                         ("paged", "paged_unfused")])
 def test_writers_replay_in_cuda_graphs(layout: str, name: str) -> None:
     """Captured once, replayed with new slots and inputs written into the captured tensors."""
     if layout == "mla":

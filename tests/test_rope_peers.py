@@ -175,7 +175,8 @@ ROPE_SIG = {"bf16": ("13__nv_bfloat16", "S3_S3_S3_S3_S3_S3_PfPT5_jjjjmmmmmmmmmmm
             "fp16": ("6__half", "S3_S3_S3_S3_S3_S3_PfPT5_jjjjmmmmmmmmmmmmmmS6_")}
 
 
-def _rope_cubin(path, entries=(("0", 128, 8, 16, "bf16"), ("1", 64, 8, 8, "fp16")), kinds=("Kernel", "HeadParallelismKernel")):
+def _rope_cubin(path, entries=(("0", 128, 8, 16, "bf16"), ("1", 64, 8, 8, "fp16")),
+                kinds=("Kernel", "HeadParallelismKernel")):
     names = []
     for interleave, dim, vec, bdx, dt in entries:
         code, sig = ROPE_SIG[dt]
@@ -195,14 +196,16 @@ def test_rope_cubin_reader_takes_the_fused_instances_with_their_launch_shape(tmp
     assert sorted(cub.kernels, key=str) == [(False, 128, torch.bfloat16), (True, 64, torch.float16)]
     k = cub.kernels[(False, 128, torch.bfloat16)]
     assert (k.vec_size, k.bdx) == (8, 16) == launch_shape(128, 2)
-    assert "ILb1ELb0ELj128" in k.token_parallel and "64BatchQKApplyRotaryPosIdsCosSinCacheEnhancedHeadParallelism" in k.head_parallel
+    assert "ILb1ELb0ELj128" in k.token_parallel
+    assert "64BatchQKApplyRotaryPosIdsCosSinCacheEnhancedHeadParallelism" in k.head_parallel
     assert launch_shape(512, 2) == (16, 32) and launch_shape(128, 4) == (4, 32)
 
 
 @pytest.mark.parametrize("make, match", [
     (lambda p: p.write_bytes(b"not an elf"), "not a cubin"),
     (lambda p: _rope_cubin(p, kinds=("Kernel",)), "lacks sgl-kernel's BatchQKApplyRotaryPosIdsCosSinCacheEnhanced"),
-    (lambda p: _rope_cubin(p, entries=(("0", 128, 4, 32, "bf16"),)), "lacks"),  # a launch shape the host code would not pick
+    # a launch shape the host code would not pick
+    (lambda p: _rope_cubin(p, entries=(("0", 128, 4, 32, "bf16"),)), "lacks"),
     (lambda p: None, "cannot read sgl-kernel rope cubin"),
 ])
 def test_a_bad_rope_cubin_is_one_line(tmp_path, make, match):
@@ -222,7 +225,8 @@ def _rope_args(tokens=5, hq=8, hk=1, dim=128, rope_dim=None, dtype=torch.bfloat1
     return [q, k, v, k_buf, torch.zeros_like(k_buf), loc, pos, cs]
 
 
-@pytest.mark.parametrize("tokens, block, blocks", [(1, (16, 8), 1), (8, (16, 8), 1), (9, (16, 8), 2), (600, (16, 8), 75)])
+@pytest.mark.parametrize("tokens, block, blocks", [(1, (16, 8), 1), (8, (16, 8), 1), (9, (16, 8), 2),
+                                                   (600, (16, 8), 75)])
 def test_rope_launch_decisions_are_the_ops(tmp_path, tokens, block, blocks):
     from kvprof.writers.rope_sgl_cubin import plan_rope_launch, read_rope_cubin
 

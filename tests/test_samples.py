@@ -215,7 +215,8 @@ def test_environments_in_the_committed_exports_hold_only_allowlisted_variables()
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
             blocks = [v for (v,) in con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT%'")]
-            blocks += [v for (v,) in con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name LIKE '%Environment%'")]
+            blocks += [v for (v,) in con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name LIKE "
+                                                 "'%Environment%'")]
             blocks += [v for (v,) in con.execute("SELECT value FROM StringIds WHERE instr(value, char(0)) > 0")]
         finally:
             con.close()

@@ -60,7 +60,8 @@ def test_bench_has_sglang_store_cache_beside_kvprof() -> None:
     points = [v for v in by_point.values() if "sglang_store_cache" in v]
     assert len(points) == 72
     slower = sorted(k for k, v in by_point.items()
-                    if "sglang_store_cache" in v and min(v["triton_fused"], v["store_kv_fused"]) > v["sglang_store_cache"])
+                    if "sglang_store_cache" in v
+                    and min(v["triton_fused"], v["store_kv_fused"]) > v["sglang_store_cache"])
     # docs/sglang.md: kvprof's fused write is slower only for 32 heads x 128 at 4096 and 32768 tokens, 16-bit
     assert slower == [("32x128", "bf16", 4096), ("32x128", "bf16", 32768),
                       ("32x128", "fp16", 4096), ("32x128", "fp16", 32768)]

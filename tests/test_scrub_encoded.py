@@ -115,7 +115,8 @@ def test_secret_cut_across_adjacent_json_strings(tmp_path: Path, capsys: pytest.
     assert "cut across adjacent JSON strings" in capsys.readouterr().err
     assert main(["scrub", str(p)]) == 0, capsys.readouterr().err
     after = orjson.loads(p.read_bytes())
-    assert after["traceEvents"][0]["args"]["argv"][0] == "python" and after["traceEvents"][0]["args"]["argv"][-1] == " run.py"
+    argv = after["traceEvents"][0]["args"]["argv"]
+    assert argv[0] == "python" and argv[-1] == " run.py"
     flat = orjson.dumps(after).decode()
     for part in parts:
         if len(part) > 3:
@@ -142,7 +143,8 @@ def test_symlink_to_a_leaking_file_is_followed_and_reported(tmp_path: Path, caps
 
 
 @pytest.mark.parametrize("kind", ["folder", "broken"])
-def test_symlink_that_cannot_be_read_is_never_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+def test_symlink_that_cannot_be_read_is_never_clean(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str], kind: str) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "ok.log").write_text("fine\n")
@@ -156,7 +158,8 @@ def test_symlink_that_cannot_be_read_is_never_clean(tmp_path: Path, capsys: pyte
     assert "link: NOT CLEAN: 1 files not read" in err
 
 
-def test_nsys_rep_is_never_called_clean_and_the_forms_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_nsys_rep_is_never_called_clean_and_the_forms_are_named(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     rep = tmp_path / "a.nsys-rep"
     rep.write_bytes(b"\x00\x01compressed\x00PATH=/usr/bin\x00LANG=C\x00\xff")
     assert main(["scrub", "--check", str(rep)]) == 0

@@ -57,7 +57,8 @@ def test_reading_commands_do_not_import_torch(args: list[str], tmp_path: Path) -
         # something real to check: analyze's own output, made in this process's way
         made = _run(["analyze", str(RUN), "--out", str(tmp_path), "--quiet"], ROOT)
         assert made.returncode == 0, made.stderr[-2000:]
-    argv = [a.replace("{run}", str(RUN)).replace("{tmp}", str(tmp_path)).replace("{samples}", str(SAMPLES)) for a in args]
+    argv = [a.replace("{run}", str(RUN)).replace("{tmp}", str(tmp_path)).replace("{samples}", str(SAMPLES))
+            for a in args]
     done = _run(argv, ROOT)
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("TORCH_FREE"), done.stderr[-3000:]

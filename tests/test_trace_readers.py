@@ -92,7 +92,8 @@ def test_plain_and_gzip_give_the_same_table(tmp_path):
 @pytest.mark.parametrize("name,data,match", [
     ("trunc.json.gz", (lambda z: z[: len(z) // 2])(gzip.compress(json.dumps(build(TraceSpec())[0]).encode())),
      "truncated or corrupt gzip"),
-    ("corrupt.json.gz", (lambda z: z[:40] + bytes(64) + z[104:])(gzip.compress(json.dumps(build(TraceSpec())[0]).encode())),
+    ("corrupt.json.gz",
+     (lambda z: z[:40] + bytes(64) + z[104:])(gzip.compress(json.dumps(build(TraceSpec())[0]).encode())),
      "truncated or corrupt gzip"),
     ("bad.json", b'{"traceEvents": [{"ph": "X",', "not valid JSON"),
     ("notatrace.json", b'{"hello": 1}', "not a Chrome/Kineto trace"),
@@ -225,7 +226,8 @@ def test_batched_parse_gives_the_same_table(monkeypatch):
     """Kineto's layout parsed in batches (low peak memory) equals the one-shot parse."""
     import kvprof.trace.kineto as kineto
 
-    sample = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8" / "two_stream.pt.trace.json.gz"
+    sample = (Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8"
+              / "two_stream.pt.trace.json.gz")
     whole = kineto.read_kineto(sample)
     monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 0)
     import kvprof.trace.kineto_io as kineto_io
@@ -256,7 +258,8 @@ def test_batched_parse_handles_kinetos_blank_first_line(monkeypatch, tmp_path):
 
     monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 0)
     ev = '  {\n    "ph": "X", "cat": "cpu_op", "name": "aten::x", "pid": 1, "tid": 1, "ts": %d.5, "dur": 1.0\n  }'
-    text = '{\n  "schemaVersion": 1,\n  "traceEvents": [\n    \n' + ",\n".join(ev % i for i in range(5)) + '\n  ],"traceName": "t" }'
+    text = ('{\n  "schemaVersion": 1,\n  "traceEvents": [\n    \n' + ",\n".join(ev % i for i in range(5))
+            + '\n  ],"traceName": "t" }')
     f = tmp_path / "cpu.json"
     f.write_text(text)
     assert kineto.split_events(f.read_bytes(), "cpu.json") is not None

@@ -19,7 +19,8 @@ CPU_TRACE = {**GPU_TRACE, "gpu_events": 0}
 
 
 def group(variant: str, source: str, phase: str, size: int, cost: float | None, **extra: object) -> dict:
-    row = {"variant": variant, "source": source, "phase": phase, "size": size, "layer": "all", "cost_per_write_ns": cost,
+    row = {"variant": variant, "source": source, "phase": phase, "size": size, "layer": "all",
+           "cost_per_write_ns": cost,
            "writes": 20, "steps": 10, "attribution": "wall" if source == "reference" else "correlation",
            "kernels_per_write": None, "gpu_span_ns": None, "host_launch_ns": 30000.0, "launch_delay_ns": None,
            "streams": 0.0, "overlap_frac": None, "bandwidth_gbs": None, "pct_of_peak": None, "step_ns": 1e5,

@@ -57,8 +57,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_installed_kvprof_is_the_wheel_and_finds_its_samples(venv: Path, tmp_path: Path) -> None:
     code = ("import kvprof, kvprof.dashboard.data as d; print(kvprof.__file__); "
-            "print([str(r) for r in d.configured_roots()]); print([e.rel for e in d.discover_runs(d.configured_roots()[0]) "
-            "if e.analysed]); print([str(p) for p in d.discover_bench(d.configured_roots()[0])])")
+            "print([str(r) for r in d.configured_roots()]); print([e.rel for e in "
+            "d.discover_runs(d.configured_roots()[0]) if e.analysed]); print([str(p) for p in "
+            "d.discover_bench(d.configured_roots()[0])])")
     res = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={k: v for k, v in os.environ.items() if not k.startswith(("KVPROF_", "PYTHONPATH"))},
                          timeout=120)

@@ -145,7 +145,8 @@ def test_synthesized_sglang_folder_per_rank_and_step(tmp_path: Path, capsys: pyt
     _kineto(run / "1733412345.5-TP-1.trace.json.gz", r1)
     _kineto(run / "merged-1733412345.5.trace.json.gz", r0 + r1)  # SGLang's merge: must not double count
     (run / "kvprof-sglang.TP-0.pid-11.json").write_text(json.dumps(
-        {"schema": "kvprof.sglang_sidecar/1", "pid": 11, "rank": 0, "tp_rank": 0, "tp_size": 2, "pools": [], "writer": None,
+        {"schema": "kvprof.sglang_sidecar/1", "pid": 11, "rank": 0, "tp_rank": 0, "tp_size": 2,
+         "pools": [], "writer": None,
          "paths": {"sglang:sglang_mha": 5, "sglang:fused_into_rope": 7},
          "write_paths": {"set_kv_buffer": 5, "fused into rope": 7}}))
     loaded = load_dir(run)

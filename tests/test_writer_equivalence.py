@@ -64,7 +64,8 @@ def _check(writer, case) -> None:
         p.set_kv_buffer(1, loc, k, v, scale, scale)
     ref, got = pools
     for a, b in zip(ref.k_buffer + ref.v_buffer, got.k_buffer + got.v_buffer):
-        assert torch.equal(a.view(torch.uint8) if a.dtype != torch.uint8 else a, b.view(torch.uint8) if b.dtype != torch.uint8 else b)
+        assert torch.equal(a.view(torch.uint8) if a.dtype != torch.uint8 else a,
+                           b.view(torch.uint8) if b.dtype != torch.uint8 else b)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -296,7 +296,8 @@ def _check_written(layout: str, name: str, case: dict, snapshot: list[torch.Tens
         else:
             _check_rows(name, snapshot[0], after, slots, _bytes(cast_like_sglang(held[0], cache)))
     else:
-        s = None if scale is None else (scale if isinstance(scale, torch.Tensor) else torch.tensor([scale], device=device))
+        s = None if scale is None else (scale if isinstance(scale, torch.Tensor)
+                                        else torch.tensor([scale], device=device))
         for i, (before, b) in enumerate(zip(snapshot, buffers)):
             _check_rows(name, before, _rows_of(b), slots, _bytes(convert_like_vllm(held[i][:tokens], cache, s)))
 

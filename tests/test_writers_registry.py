@@ -213,7 +213,8 @@ def test_entry_points_are_read_per_layout(monkeypatch):
         def load(self):
             return self.target
 
-    groups = {"kvprof.writers": [EP("old_style", CountingWriter)], "kvprof.writers.mha": [EP("new_style", CountingWriter)],
+    groups = {"kvprof.writers": [EP("old_style", CountingWriter)],
+              "kvprof.writers.mha": [EP("new_style", CountingWriter)],
               "kvprof.writers.mla": [EP("plugin_latent", LatentWriter)]}
     monkeypatch.setattr(metadata, "entry_points", lambda group: groups.get(group, []))
     reg = WriterRegistry()

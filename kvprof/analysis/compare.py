@@ -18,7 +18,8 @@ import pandas as pd
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.timings import WALL
 
-RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns", "kernels_per_write", "step_gpu_ns")
+RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns",
+                 "kernels_per_write", "step_gpu_ns")
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
             row["projected_saving_per_step_ms"] = step_ms
             if row["context"] == "layer" and _finite(getattr(b, "writes_only_step_ns", None),
                                                      getattr(r, "writes_only_step_ns", None)):
-                row["projected_saving_per_step_ms"] = (float(b.writes_only_step_ns) - float(r.writes_only_step_ns)) / 1e6
+                row["projected_saving_per_step_ms"] = (
+                    float(b.writes_only_step_ns) - float(r.writes_only_step_ns)) / 1e6
             row["saving_per_step_ms"] = row["projected_saving_per_step_ms"]
             if row["context"] == "layer" and _finite(b.step_ns, r.step_ns):
                 measured = (float(b.step_ns) - float(r.step_ns)) / 1e6
@@ -127,7 +129,8 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
             "predicted_itl_ms": near["predicted_itl_ms"],
             "measured_itl_ms": bench.itl_after_ms,
             "measured_saving_ms": bench.measured_saving_ms,
-            "explains_fraction": near["saving_per_step_ms"] / bench.measured_saving_ms if bench.measured_saving_ms else None,
+            "explains_fraction": (near["saving_per_step_ms"] / bench.measured_saving_ms
+                                  if bench.measured_saving_ms else None),
         }
     return out
 

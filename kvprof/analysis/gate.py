@@ -132,8 +132,8 @@ class GateResult:
 
 RULE = ("slower than BASE by more than threshold_pct beyond the noise: judged_pct and low_pct, the low end of its "
         "95 % bootstrap interval, above threshold_pct; noise control: the cost per write over the control series "
-        "(each step over the machine's speed timed beside it); noise bootstrap: the median difference per write, also in a "
-        "profiled pass both runs timed (confirm_low_pct); noise iqr: slower by more than threshold_pct and by "
+        "(each step over the machine's speed timed beside it); noise bootstrap: the median difference per write, also "
+        "in a profiled pass both runs timed (confirm_low_pct); noise iqr: slower by more than threshold_pct and by "
         "more than spread_ns (both runs' step IQR per write); rows of unknown noise are not judged")
 
 
@@ -238,7 +238,7 @@ def _show(v: Any) -> str:
 
 def _iqr_per_write(row: Any) -> float | None:
     """The step IQR divided by the writes per step (the spread of a per-write figure)."""
-    iqr, writes, steps = finite_or_none(row.get("step_iqr_ns")), finite_or_none(row.get("writes")), finite_or_none(row.get("steps"))
+    iqr, writes, steps = (finite_or_none(row.get(k)) for k in ("step_iqr_ns", "writes", "steps"))
     if iqr is None or not writes or not steps:
         return None
     return iqr * steps / writes
@@ -405,7 +405,8 @@ def _judge(base: GateRun, new: GateRun, rb: dict[str, Any], rn: dict[str, Any], 
         row.noise, row.low_pct, row.high_pct = "bootstrap", pct(interval[0]), pct(interval[1])
         row.regressed = slower_pct > threshold_pct and row.low_pct > threshold_pct
         for p in ("kineto", "nsys"):  # the same steps timed at another moment of each run
-            conf = _interval(_series(base.timings, p, variant, phase, size), _series(new.timings, p, variant, phase, size))
+            conf = _interval(_series(base.timings, p, variant, phase, size),
+                             _series(new.timings, p, variant, phase, size))
             if conf is not None:
                 row.confirmed_in, row.confirm_low_pct = p, pct(conf[0])
                 row.regressed = row.regressed and row.confirm_low_pct > threshold_pct

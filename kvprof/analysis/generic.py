@@ -59,8 +59,9 @@ def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
             "idle_ns": idle,
             "gaps": n_gaps,
             "streams": [
-                {"device": int(st[0]), "stream": int(st[1]), "activities": int(r["gpu_ops"]), "busy_ns": int(r["gpu_union_ns"]),
-                 "span_ns": int(r["gpu_span_ns"]), "idle_ns": int(r["idle_ns"]), "gaps": int(r["gaps"])}
+                {"device": int(st[0]), "stream": int(st[1]), "activities": int(r["gpu_ops"]),
+                 "busy_ns": int(r["gpu_union_ns"]), "span_ns": int(r["gpu_span_ns"]), "idle_ns": int(r["idle_ns"]),
+                 "gaps": int(r["gaps"])}
                 for st, r in per_stream.iterrows()
             ],
             "kernels_by_name": _by_name(work[work["kind"].astype(str) == "kernel"]),

@@ -106,7 +106,8 @@ def step_savings(timings: StepTimings | None, against: tuple[str, ...] = AGAINST
             continue
         for ref in against:
             base = by.get((ref, phase, size), {})
-            if ref == variant or "layer" not in base or (variant in against and against.index(variant) < against.index(ref)):
+            if ref == variant or "layer" not in base or (variant in against
+                                                         and against.index(variant) < against.index(ref)):
                 continue  # each pair of references once: the later one against the earlier
             b = base["layer"]
             saving = b.median_ns - main.median_ns

@@ -25,9 +25,9 @@ from kvprof.core.vocab import COMPILED, FALLBACK_PREFIX, FUSED, ROPE_FUSED
 
 GROUP_KEYS = ("variant", "source", "phase", "size")
 GROUP_COLUMNS = (
-    *GROUP_KEYS, "layer", "context", "layout", "writes", "steps", "graph", "attribution", "kernels_per_write", "kernels_per_write_min",
-    "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "cost_per_write_ns", "host_launch_ns",
-    "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak",
+    *GROUP_KEYS, "layer", "context", "layout", "writes", "steps", "graph", "attribution", "kernels_per_write",
+    "kernels_per_write_min", "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "cost_per_write_ns",
+    "host_launch_ns", "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak",
     "step_ns", "step_gpu_ns", "step_iqr_ns", "write_share", "writes_only_step_ns", "tokens",
 )
 
@@ -118,7 +118,8 @@ def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None,
     # writes launched with PDL (which start during the previous write and wait) are not charged
     # their wait
     new_or_span = graph or layer
-    row["cost_per_write_ns"] = row["gpu_new_ns"] if new_or_span and np.isfinite(row["gpu_new_ns"]) else row["gpu_span_ns"]
+    use_new = new_or_span and np.isfinite(row["gpu_new_ns"])
+    row["cost_per_write_ns"] = row["gpu_new_ns"] if use_new else row["gpu_span_ns"]
     if steps is not None and len(steps):
         row["step_ns"] = _median(steps["dur_ns"])
         row["step_gpu_ns"] = _median(steps["gpu_span_ns"])

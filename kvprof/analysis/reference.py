@@ -107,9 +107,11 @@ def observer_effect(groups: pd.DataFrame, timings: StepTimings | None,
         flagged = any(x is not None and abs(x - 1) > threshold for x in (ratio_write, ratio_step))
         out["rows"].append({
             "variant": r.variant, "source": r.source, "phase": r.phase, "size": int(r.size), "graph": bool(r.graph),
-            "cost_per_write_ns": finite_or_none(r.cost_per_write_ns), "reference_cost_per_write_ns": finite_or_none(base.cost_per_write_ns),
+            "cost_per_write_ns": finite_or_none(r.cost_per_write_ns),
+            "reference_cost_per_write_ns": finite_or_none(base.cost_per_write_ns),
             "ratio_per_write": ratio_write,
-            "step_ns": finite_or_none(reading), "reference_step_ns": finite_or_none(base.step_ns), "ratio_per_step": ratio_step,
+            "step_ns": finite_or_none(reading), "reference_step_ns": finite_or_none(base.step_ns),
+            "ratio_per_step": ratio_step,
             "pass_step_ns": own.median_ns if own is not None else None, "pass_slowdown": slowdown,
             "reading_over_pass": _ratio(reading, own.median_ns) if own is not None else None,
             "flagged": flagged,

@@ -204,7 +204,8 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
     out.update(
         families=families, kernels=by_name, write_kernels=len(hit),
         writes=sum(f["writes"] for f in families),
-        write_ns=whole["write_ns"], write_kernel_ns=whole["write_kernel_ns"], gpu_busy_ns=whole["gpu_busy_ns"], share=whole["share"],
+        write_ns=whole["write_ns"], write_kernel_ns=whole["write_kernel_ns"], gpu_busy_ns=whole["gpu_busy_ns"],
+        share=whole["share"],
         step_source="ProfilerStep" if steps and steps[0]["step"].startswith("ProfilerStep") else (
             "kvprof.step" if steps else None),
         steps_count=len(steps),

@@ -46,7 +46,8 @@ from kvprof.trace.table import to_frame
 
 WRITE_COLUMNS = (
     "trace", "source", "rank", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
-    "graph", "during_capture", "context", "layout", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac", "host_start_ns", "host_dur_ns",
+    "graph", "during_capture", "context", "layout", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac",
+    "host_start_ns", "host_dur_ns",
     "launch_delay_ns", "graph_launch", "bytes", "bandwidth_gbs", "pct_of_peak", "kernel_names",
 )
 

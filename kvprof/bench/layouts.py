@@ -92,7 +92,8 @@ class LayoutCase:
                          for _ in range(self.writes)]
             qkv = torch.randn((t, (q_heads + 2 * heads) * dim), generator=gen).to(self.inp).to(device)
             q_end = q_heads * dim
-            self.args = (qkv[:, q_end:q_end + heads * dim].view(t, heads, dim), qkv[:, q_end + heads * dim:].view(t, heads, dim))
+            self.args = (qkv[:, q_end:q_end + heads * dim].view(t, heads, dim),
+                         qkv[:, q_end + heads * dim:].view(t, heads, dim))
         self.scale = 0.5 if self.cache in (torch.float8_e4m3fn, torch.float8_e5m2) else None
 
     def pool(self, writer: Any, small: bool = False) -> Any:
@@ -154,7 +155,8 @@ def bench_point(case: LayoutCase, variant: str, writer: Any, replays: int, eager
             t = time_graph(step, case.writes, replays) if mode == "graph" else time_eager(
                 step, case.writes, eager_repeats, case.device)
         except Exception as exc:  # noqa: BLE001
-            out.append({**base, "mode": mode, "status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+            out.append({**base, "mode": mode, "status": "failed",
+                        "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]})
             continue
         rec = {**base, "mode": mode, "status": "ok", "median_us": t.median_us, "iqr_us": t.spread_us,
                "paths": dict(pool.path_counts)}
@@ -216,7 +218,8 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
             "device": device_properties(device), "versions": versions(), "copy_rate_gbs": rate,
             "limits": {"copy_rate_gbs": rate},  # as the MHA bench's, so the dashboard's Sweeps page reads it
             "target": f"{TARGET.fixed_us} us + bytes / ({TARGET.rate_fraction} x copy rate)",
-            "settings": {"replays": replays, "eager_repeats": eager_repeats, "pool_bytes": pool_bytes, "variants": names,
+            "settings": {"replays": replays, "eager_repeats": eager_repeats,
+                         "pool_bytes": pool_bytes, "variants": names,
                          "mla_shape": MLA_SHAPE, "paged_shape": PAGED_SHAPE},
             "records": derive(records, rate)}
 
@@ -259,7 +262,8 @@ def table(result: dict[str, Any]) -> str:
                         f"{r['status']}: {r.get('reason', '')[:80]}")
             continue
         rows.append(f"{r['layout']:6} {r['dtype']:13} {r['tokens']:>6} {r['mode']:5} {r['variant']:15} "
-                    f"{r['median_us']:9.3f} {r['target_us']:8.3f} {r['gbs']:7.0f} {'yes' if r['meets_target'] else 'NO'}")
+                    f"{r['median_us']:9.3f} {r['target_us']:8.3f} {r['gbs']:7.0f} "
+                    f"{'yes' if r['meets_target'] else 'NO'}")
     return "\n".join(rows)
 
 
@@ -288,8 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not tokens or min(tokens) < 1 or args.replays < 1:
             raise UsageError("--tokens and --replays must be positive")
         result = run(layouts, torch.device(args.device), tokens, replays=args.replays,
-                     on_record=lambda r: print(f"  {r['layout']} {r['dtype']} x{r['tokens']} {r['variant']} {r['mode']}: "
-                                               f"{r.get('median_us', r.get('status'))}", flush=True))
+                     on_record=lambda r: print(f"  {r['layout']} {r['dtype']} x{r['tokens']} {r['variant']} "
+                                               f"{r['mode']}: {r.get('median_us', r.get('status'))}", flush=True))
     except (KvprofError, ValueError) as exc:
         print(f"kvprof: {exc}".splitlines()[0], file=sys.stderr)
         return 2

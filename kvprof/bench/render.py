@@ -290,8 +290,8 @@ def verdict_lines(result: BenchResult) -> list[str]:
         for other in ("rope_then_triton_fused", "rope_then_two_stream"):
             c = rv[other]
             if c["compared"]:
-                lines.append(f"{variant}: slower than {other} at {len(c['slower'])}/{c['compared']} {rv['mode']} points "
-                             f"({other}'s time over {variant}'s: median {c['median_ratio']:.2f}, "
+                lines.append(f"{variant}: slower than {other} at {len(c['slower'])}/{c['compared']} {rv['mode']} "
+                             f"points ({other}'s time over {variant}'s: median {c['median_ratio']:.2f}, "
                              f"min {c['min_ratio']:.2f})" + (f": {'; '.join(c['slower'][:6])}" if c["slower"] else ""))
     for variant in KVPROF_FUSED:
         if variant not in result.variants:
@@ -311,12 +311,13 @@ def verdict_lines(result: BenchResult) -> list[str]:
                      if e["basis"] == "writer" else "")
             if e.get("index_put_median_us") is not None:
                 extra += f"; two index_put on this host: median {_fmt(e['index_put_median_us'])} µs"
-            lines.append(f"{variant}: eager host time ({what}) above sgl-kernel's op at {len(e['over'])}/{e['compared']}"
-                         f" points (median {_fmt(e['median_us'])} µs{extra})"
+            lines.append(f"{variant}: eager host time ({what}) above sgl-kernel's op at "
+                         f"{len(e['over'])}/{e['compared']} points (median {_fmt(e['median_us'])} µs{extra})"
                          + (f": {'; '.join(e['over'][:6])}" if e["over"] else ""))
         if f["compared"]:
             lines.append(f"{variant}: fp8<-bf16 slower than bf16 at {len(f['slower'])}/{f['compared']} points"
-                         + (f", {len(f['within_noise'])} of them by less than the replays' spread" if f["slower"] else "")
+                         + (f", {len(f['within_noise'])} of them by less than the replays' spread"
+                            if f["slower"] else "")
                          + (f": {'; '.join(f['slower'][:6])}" if f["slower"] else ""))
     return lines
 

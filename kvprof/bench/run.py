@@ -158,7 +158,10 @@ class BenchCase:
         self.inp = parse_dtype(point.input_dtype)
         self.rows = _pool_rows(point, device, pool_bytes)
         gen = torch.Generator().manual_seed(seed)
-        self.writes = writes_per_graph(point.bytes_moved()) if device.type == "cuda" else max(2, min(20, 2000 // point.tokens))
+        if device.type == "cuda":
+            self.writes = writes_per_graph(point.bytes_moved())
+        else:
+            self.writes = max(2, min(20, 2000 // point.tokens))
         self.locs = [
             (torch.randperm(self.rows - 1, generator=gen)[: point.tokens] + 1).to(device)
             for _ in range(self.writes)
@@ -191,7 +194,8 @@ class BenchCase:
     def check(self, writer: Any) -> str | None:
         """None when ``writer`` leaves a small pool bitwise equal to index_put, else what differs."""
         rows = min(self.rows, 4 * self.point.tokens + 1)
-        loc = (torch.randperm(rows - 1, generator=torch.Generator().manual_seed(1))[: self.point.tokens] + 1).to(self.device)
+        gen = torch.Generator().manual_seed(1)
+        loc = (torch.randperm(rows - 1, generator=gen)[: self.point.tokens] + 1).to(self.device)
         ref = self.pool("index_put", create_writer("index_put"), rows)
         got = self.pool(writer.name, writer, rows)
         for p in (ref, got):
@@ -252,19 +256,23 @@ class RopeBenchCase(BenchCase):
         from kvprof.writers.rope_reference import rope_reference
 
         rows = min(self.rows, 4 * self.point.tokens + 1)
-        loc = (torch.randperm(rows - 1, generator=torch.Generator().manual_seed(1))[: self.point.tokens] + 1).to(self.device)
+        gen = torch.Generator().manual_seed(1)
+        loc = (torch.randperm(rows - 1, generator=gen)[: self.point.tokens] + 1).to(self.device)
         qkv = self.qkv.clone()
         q, k, v = self.views(qkv)
         ref_q, ref_k = rope_reference(q, k, self.cos_sin_cache, self.positions, True)
         pool = self.pool(writer.name, writer, rows)
         pool.set_kv_buffer_with_rope(0, loc, q, k, v, self.positions, self.cos_sin_cache, True, self.scale, self.scale)
-        for name, got, ref, before in (("q", q, ref_q, self.views(self.qkv)[0]), ("k", k, ref_k, self.views(self.qkv)[1])):
+        for name, got, ref, before in (("q", q, ref_q, self.views(self.qkv)[0]),
+                                       ("k", k, ref_k, self.views(self.qkv)[1])):
             off = _beyond_one_ulp(got, ref, before)
             if off:
                 return f"{name} differs from the float32 reference by more than one ulp in {off} tokens"
         store = pool.k_buffer[0].dtype
-        for name, got, want in (("K cache", pool.k_buffer[0][loc], convert_for_cache(k, self.cache, self.scale).view(store)),
-                                ("V cache", pool.v_buffer[0][loc], convert_for_cache(v, self.cache, self.scale).view(store))):
+        for name, got, want in (("K cache", pool.k_buffer[0][loc],
+                                 convert_for_cache(k, self.cache, self.scale).view(store)),
+                                ("V cache", pool.v_buffer[0][loc],
+                                 convert_for_cache(v, self.cache, self.scale).view(store))):
             if not torch.equal(got, want):
                 return f"{name} differs from convert_for_cache in {int((got != want).flatten(1).any(1).sum())} tokens"
         return None
@@ -554,7 +562,8 @@ def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
                  and getattr(r, field) is not None]
     out["eager_host"] = {"compared": host_compared, "over": over, "basis": "writer" if field != "host_us" else "pool",
                          "median_us": _median([getattr(r, field) for r in eager]),
-                         "pool_median_us": _median([r.host_us for r in eager if r.host_us is not None]), "pool_over": len(pool_over),
+                         "pool_median_us": _median([r.host_us for r in eager if r.host_us is not None]),
+                         "pool_over": len(pool_over),
                          "index_put_median_us": _median(index_put)}
 
     bf16 = {(r.shape, r.tokens): r for r in graph if r.dtype == "bf16"}

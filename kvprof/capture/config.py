@@ -198,7 +198,8 @@ class CaptureConfig:
         if layout == "mha":
             return self
         if self.context != "none":
-            raise UsageError(f"--context {self.context} models MHA decoder layers; the {layout} layout captures writes only")
+            raise UsageError(f"--context {self.context} models MHA decoder layers; the {layout} layout captures writes "
+                             "only")
         if layout == "mla" and (self.k_scale is not None or self.v_scale is not None):
             raise UsageError("the mla layout takes no --k-scale/--v-scale (SGLang's MLA cache casts without scaling)")
         if self.variants == list(DEFAULT_VARIANTS):

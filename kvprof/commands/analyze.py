@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     b = Benchmark()
     parser.add_argument("path", help="run directory, trace folder, Chrome trace, nsys .sqlite or .nsys-rep")
-    parser.add_argument("--out", type=output_folder, default=None, help="folder for the outputs (default: next to PATH)")
+    parser.add_argument("--out", type=output_folder, default=None,
+                        help="folder for the outputs (default: next to PATH)")
     parser.add_argument("--baseline", default=None,
                         help="variant to compare the others with (default: two_stream when present)")
     parser.add_argument("--layers", type=positive_int, default=None,
@@ -59,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
     api.check_write_kernel_regex(args.write_kernels)  # a bad REGEX is refused before any trace is read
     loaded = api.open_run(Path(args.path), api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events)
-    result = api.analyze(loaded, baseline=args.baseline, bench=api.benchmark(args.layers, args.itl_before, args.itl_after),
-                         layers=args.layers, write_kernels=True, write_kernel_regex=args.write_kernels)
+    result = api.analyze(loaded, baseline=args.baseline,
+                         bench=api.benchmark(args.layers, args.itl_before, args.itl_after), layers=args.layers,
+                         write_kernels=True, write_kernel_regex=args.write_kernels)
     if args.format == "json":
         print_json(result.summary.to_json())
     elif args.format == "csv":

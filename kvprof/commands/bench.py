@@ -69,8 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=None,
                    help="comma-separated (default: the family's built-ins: every store writer, or the rope writers)")
     p.add_argument("--shapes", type=_shapes, default=None,
-                   help=f"HEADSxDIM list (default: {CUDA_GRID.shapes_text()} on CUDA, {CPU_GRID.shapes_text()} on CPU); "
-                        "--family rope: QHEADSxHEADSxDIM")
+                   help=f"HEADSxDIM list (default: {CUDA_GRID.shapes_text()} on CUDA, {CPU_GRID.shapes_text()} on "
+                        "CPU); --family rope: QHEADSxHEADSxDIM")
     p.add_argument("--dtypes", type=_dtypes, default=None,
                    help=f"CACHE[<-INPUT] list (default: {CUDA_GRID.dtypes_text()} on CUDA, "
                         f"{CPU_GRID.dtypes_text()} on CPU)")
@@ -83,13 +83,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "recorded in bench.json")
     p.add_argument("--replays", type=repeat_count, default=100, help="graph replays per point (default: %(default)s)")
     p.add_argument("--eager-repeats", type=repeat_count, default=20)
-    p.add_argument("--pool-mb", type=memory_mb, default=256, help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
+    p.add_argument("--pool-mb", type=memory_mb, default=256,
+                   help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
     p.add_argument("--max-memory-gb", type=memory_gb, default=None,
                    help="refuse points that would need more (default: 80%% of available host memory, "
                         "90%% of the GPU's free memory)")
     p.add_argument("--out", type=output_folder, default=None,
                    help="folder for bench.json and bench.csv (default: a new folder under ~/.cache/kvprof/bench)")
-    p.add_argument("--seed", type=seed, default=0, help="random seed of the inputs, 0 .. 2**63-1 (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=0,
+                   help="random seed of the inputs, 0 .. 2**63-1 (default: %(default)s)")
     p.add_argument("--target-fixed-us", type=non_negative_float, default=BenchTarget.fixed_us,
                    help="the fused writes' target is this many µs + bytes / (fraction x copy rate) "
                         "(default: %(default)s; recorded in bench.json)")

@@ -54,25 +54,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvprof.core.variants import DEFAULT_CAPTURE_VARIANTS as DEFAULT_VARIANTS
 
     w = p.add_argument_group("workload")
-    w.add_argument("--model", default="llama-3.1-70b", help="preset name or LAYERSxKV_HEADSxHEAD_DIM (default: %(default)s)")
-    w.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel degree; KV heads per rank = ceil(kv_heads/tp) (default: %(default)s)")
-    w.add_argument("--phase", type=_names, default=["decode", "prefill"], help="decode, prefill, serving (comma-separated; default: decode,prefill)")
-    w.add_argument("--batch-sizes", "--decode-sizes", dest="decode_sizes", type=positive_ints, default=[1, 10, 64], help="decode batch sizes (default: 1,10,64)")
-    w.add_argument("--prefill-tokens", "--prefill-sizes", dest="prefill_sizes", type=positive_ints, default=[4096], help="prefill tokens per chunk (default: 4096)")
-    w.add_argument("--steps", type=positive_int, default=10, help="measured steps per phase and size (default: %(default)s)")
+    w.add_argument("--model", default="llama-3.1-70b",
+                   help="preset name or LAYERSxKV_HEADSxHEAD_DIM (default: %(default)s)")
+    w.add_argument("--tp", type=positive_int, default=8,
+                   help="tensor-parallel degree; KV heads per rank = ceil(kv_heads/tp) (default: %(default)s)")
+    w.add_argument("--phase", type=_names, default=["decode", "prefill"],
+                   help="decode, prefill, serving (comma-separated; default: decode,prefill)")
+    w.add_argument("--batch-sizes", "--decode-sizes", dest="decode_sizes", type=positive_ints, default=[1, 10, 64],
+                   help="decode batch sizes (default: 1,10,64)")
+    w.add_argument("--prefill-tokens", "--prefill-sizes", dest="prefill_sizes", type=positive_ints, default=[4096],
+                   help="prefill tokens per chunk (default: 4096)")
+    w.add_argument("--steps", type=positive_int, default=10,
+                   help="measured steps per phase and size (default: %(default)s)")
     w.add_argument("--warmup", type=non_negative_int, default=3, help="unmeasured warm-up steps (default: %(default)s)")
-    w.add_argument("--serving-steps", type=positive_int, default=None, help="decode steps of the serving phase (default: 1024, its output length)")
-    w.add_argument("--chunk", type=positive_int, default=8192, help="chunked-prefill size of the serving phase (default: %(default)s)")
-    w.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True, help="replay decode steps from a captured CUDA graph (default: on, CUDA only)")
-    w.add_argument("--slots", choices=["random", "contiguous", "paged"], default="random", help="slot allocation pattern (default: %(default)s)")
+    w.add_argument("--serving-steps", type=positive_int, default=None,
+                   help="decode steps of the serving phase (default: 1024, its output length)")
+    w.add_argument("--chunk", type=positive_int, default=8192,
+                   help="chunked-prefill size of the serving phase (default: %(default)s)")
+    w.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay decode steps from a captured CUDA graph (default: on, CUDA only)")
+    w.add_argument("--slots", choices=["random", "contiguous", "paged"], default="random",
+                   help="slot allocation pattern (default: %(default)s)")
     w.add_argument("--page-size", type=positive_int, default=1, help="tokens per page (default: %(default)s)")
     w.add_argument("--layout", choices=("mha", "mla", "paged"), default=None,
                    help="cache layout: SGLang's MHA pool, SGLang's MLA latent pool, vLLM's paged cache "
                         "(default: mla for DeepSeek presets, else the --engine's)")
     w.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
-                   help="whose cache a non-MLA model writes: sglang (mha) or vllm (paged; --page-size is the block size, 16 when 1) (default: %(default)s)")
-    w.add_argument("--pool-size", type=positive_int, default=None, help="slots per layer (default: sized to the workload and device memory)")
-    w.add_argument("--seed", type=seed, default=0, help="random seed of slots and inputs, 0 .. 2**63-1 (default: %(default)s)")
+                   help="whose cache a non-MLA model writes: sglang (mha) or vllm (paged; --page-size is the block "
+                        "size, 16 when 1) (default: %(default)s)")
+    w.add_argument("--pool-size", type=positive_int, default=None,
+                   help="slots per layer (default: sized to the workload and device memory)")
+    w.add_argument("--seed", type=seed, default=0,
+                   help="random seed of slots and inputs, 0 .. 2**63-1 (default: %(default)s)")
     w.add_argument("--max-memory-gb", type=memory_gb, default=None,
                    help="refuse a capture whose pool, inputs and profiler records would need more "
                         "(default: 80%% of available host memory, 90%% of the GPU's free memory)")
@@ -81,7 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "model's per-rank shapes (QKV GEMM, rotary, write, attention, output and MLP GEMMs) "
                         "(default: %(default)s)")
     w.add_argument("--context-len", type=positive_int, default=4096,
-                   help="with --context layer: cached tokens per request that decode attention reads (default: %(default)s)")
+                   help="with --context layer: cached tokens per request that decode attention reads (default: "
+                        "%(default)s)")
     w.add_argument("--layers", type=positive_int, default=None, metavar="N",
                    help="how many of the model's layers each step writes (the first N); per-write figures do not "
                         "depend on it, and savings per decode step are still projected to all the model's layers "
@@ -94,34 +108,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "CUDA, the --steps count on CPU)")
 
     d = p.add_argument_group("write")
-    d.add_argument("--variants", type=_names, default=None, help=f"write variants (default: {','.join(DEFAULT_VARIANTS)}, skipping what cannot run here)")
-    d.add_argument("--writer", action="append", default=[], metavar="MODULE:FUNCTION", help="add a third-party writer factory (repeatable)")
-    d.add_argument("--writer-option", action="append", type=_writer_option, default=[], metavar="VARIANT.KEY=VALUE", help="pass an option to a writer, e.g. two_stream.always=true (a boolean option takes "
+    d.add_argument("--variants", type=_names, default=None,
+                   help=f"write variants (default: {','.join(DEFAULT_VARIANTS)}, skipping what cannot run here)")
+    d.add_argument("--writer", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="add a third-party writer factory (repeatable)")
+    d.add_argument("--writer-option", action="append", type=_writer_option, default=[], metavar="VARIANT.KEY=VALUE",
+                   help="pass an option to a writer, e.g. two_stream.always=true (a boolean option takes "
                         "true/false, yes/no, on/off or 1/0; anything else is refused)")
     d.add_argument("--ranks", type=positive_int, default=None, metavar="N",
                    help="tensor-parallel ranks: N processes through torch.distributed (NCCL, one GPU each; Gloo on "
-                        "CPU), each writing its own traces, with the all-reduces of a TP layer (default: 1, one process)")
+                        "CPU), each writing its own traces, with the all-reduces of a TP layer (default: 1, one "
+                        "process)")
     d.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     d.add_argument("--cache-dtype", default="bf16", help="bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 (default: %(default)s)")
-    d.add_argument("--input-dtype", default=None, help="dtype of incoming K/V (default: the cache dtype; bf16 for fp8 caches)")
+    d.add_argument("--input-dtype", default=None,
+                   help="dtype of incoming K/V (default: the cache dtype; bf16 for fp8 caches)")
     d.add_argument("--k-scale", type=kv_scale, default=None)
     d.add_argument("--v-scale", type=kv_scale, default=None)
     d.add_argument("--loc-dtype", choices=["int32", "int64"], default="int64")
 
     o = p.add_argument_group("output")
-    o.add_argument("--profiler", choices=["torch", "nsys", "both"], default="torch", help="torch.profiler, Nsight Systems, or both in separate passes (default: %(default)s)")
+    o.add_argument("--profiler", choices=["torch", "nsys", "both"], default="torch",
+                   help="torch.profiler, Nsight Systems, or both in separate passes (default: %(default)s)")
     o.add_argument("--torch-sync-events", action=argparse.BooleanOptionalAction, default=False,
                    help="record torch.profiler's cuda_sync events (stream waits) (default: off)")
     o.add_argument("--nsys-graph-trace", choices=["node", "graph"], default="node",
                    help="nsys --cuda-graph-trace: node keeps each write's kernels, graph only whole replays "
                         "(default: %(default)s)")
-    o.add_argument("--out", "--output", dest="output", type=output_folder, default="traces", help="root folder of run directories (default: %(default)s)")
+    o.add_argument("--out", "--output", dest="output", type=output_folder, default="traces",
+                   help="root folder of run directories (default: %(default)s)")
     o.add_argument("--run-id", default=None, help="name of the run directory (default: time, model, tp)")
     o.add_argument("--force", action="store_true",
                    help="replace an existing run directory of that name; the old one stays whole until the new "
                         "one is complete, then is swapped out")
-    o.add_argument("--no-scrub", dest="scrub", action="store_false", help="keep environment data in what is written (default: scrub)")
-    o.add_argument("--pass-env", action="append", default=[], metavar="NAME", help="pass this environment variable to profiled child processes too")
+    o.add_argument("--no-scrub", dest="scrub", action="store_false",
+                   help="keep environment data in what is written (default: scrub)")
+    o.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                   help="pass this environment variable to profiled child processes too")
     o.add_argument("--no-summary", dest="summary", action="store_false", help="do not analyse the traces after capture")
     o.add_argument("--no-progress", dest="progress", action="store_false")
 
@@ -143,7 +166,8 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
         input_dtype=args.input_dtype, k_scale=args.k_scale, v_scale=args.v_scale,
         loc_dtype=args.loc_dtype, slots=args.slots, page_size=args.page_size, pool_size=args.pool_size,
         seed=args.seed, profiler=args.profiler, scrub=args.scrub, pass_env=args.pass_env,
-        writer_options=options, run_id=args.run_id, force=args.force, output=str(args.output), max_memory_gb=args.max_memory_gb,
+        writer_options=options, run_id=args.run_id, force=args.force, output=str(args.output),
+        max_memory_gb=args.max_memory_gb,
         context=args.context, context_len=args.context_len, reference_steps=args.reference_steps,
         torch_sync_events=args.torch_sync_events, nsys_graph_trace=args.nsys_graph_trace,
         layout=args.layout, engine=args.engine, ranks=args.ranks, layers=args.layers, threads=args.threads,

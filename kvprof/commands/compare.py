@@ -63,13 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory or trace holding the baseline (and variants); BASE for the gate")
     parser.add_argument("run2", nargs="?", default=None, help="second run, each variant compared with itself in RUN")
     parser.add_argument("--baseline", default="two_stream", help="baseline variant (default two_stream)")
-    parser.add_argument("--layers", type=positive_int, default=None, help=f"layers per decode step (default {b.layers})")
-    parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms, help="baseline inter-token latency, ms")
-    parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms, help="measured inter-token latency after, ms")
+    parser.add_argument("--layers", type=positive_int, default=None,
+                        help=f"layers per decode step (default {b.layers})")
+    parser.add_argument("--itl-before", type=positive_float, default=b.itl_before_ms,
+                        help="baseline inter-token latency, ms")
+    parser.add_argument("--itl-after", type=positive_float, default=b.itl_after_ms,
+                        help="measured inter-token latency after, ms")
     parser.add_argument("--max-events", type=positive_int, default=None,
                         help="refuse traces with more events than this (default 4,000,000; also bounds the JSON "
                              "values parsed at once, and KVPROF_MAX_TRACE_MB the decompressed size)")
-    parser.add_argument("--out", type=output_folder, default=None, help=f"folder for {RunDir.COMPARE} (default: write nothing)")
+    parser.add_argument("--out", type=output_folder, default=None,
+                        help=f"folder for {RunDir.COMPARE} (default: write nothing)")
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
     parser.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                         help="with RUN2: exit 1 when any variant x phase x size of RUN2 is slower than in RUN by "

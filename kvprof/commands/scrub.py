@@ -73,8 +73,8 @@ def tally(reports: list[CheckReport]) -> str:
     which forms were looked for (so a partial read is never taken for a clean one)."""
     partial = sum(1 for r in reports if r.clean and r.partial)
     dirty = sum(1 for r in reports if not r.clean)
-    return (f"kvprof scrub --check: {len(reports)} files: {len(reports) - partial - dirty} clean, {partial} read in part "
-            f"(raw bytes only: nothing found there), {dirty} not clean; secrets looked for as: {COVERED}")
+    return (f"kvprof scrub --check: {len(reports)} files: {len(reports) - partial - dirty} clean, {partial} read in "
+            f"part (raw bytes only: nothing found there), {dirty} not clean; secrets looked for as: {COVERED}")
 
 
 @dataclass

@@ -35,7 +35,8 @@ def require_regular(path: Path, what: str = "input") -> os.stat_result:
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{path}: {file_type(st.st_mode)}, not a regular file; kvprof reads only regular files as {what}")
+        raise UsageError(f"{path}: {file_type(st.st_mode)}, not a regular file; kvprof reads only regular files as "
+                         f"{what}")
     return st
 
 

@@ -157,4 +157,5 @@ def register(reader: Any) -> None:
     REGISTRY.register(reader)
 
 
-__all__ = ["BUILTIN", "builtin_suffixes", "ENTRY_POINT_GROUP", "REGISTRY", "NotThisFormat", "ReaderRegistry", "TraceReader", "register"]
+__all__ = ["BUILTIN", "builtin_suffixes", "ENTRY_POINT_GROUP", "REGISTRY", "NotThisFormat", "ReaderRegistry",
+           "TraceReader", "register"]

@@ -75,7 +75,8 @@ VARIANTS: tuple[VariantInfo, ...] = (
                 claims_fused=True, rope="fused"),
     VariantInfo("sglang_triton_rope_cache", Role.PEER, "#44aa99", "SGLang's Triton fused_qk_rope_reshape_and_cache",
                 claims_fused=True, rope="fused"),
-    VariantInfo("sgl_kernel_rope_cubin", Role.PEER, "#aa4499", "sgl-kernel's rope + set-kv kernels from the wheel's cubin",
+    VariantInfo("sgl_kernel_rope_cubin", Role.PEER, "#aa4499",
+                "sgl-kernel's rope + set-kv kernels from the wheel's cubin",
                 claims_fused=True, rope="fused"),
     # the MLA latent layout (kvprof.layouts.mla): its reference, SGLang's unfused path, peer, fused
     VariantInfo("mla_index_put", Role.REFERENCE, "#bbbbbb", "MLA: cast, index_put of nope and rope"),
@@ -87,7 +88,8 @@ VARIANTS: tuple[VariantInfo, ...] = (
     VariantInfo("paged_index_put", Role.REFERENCE, "#555555", "paged: convert, index_put K then V"),
     VariantInfo("paged_unfused", Role.BASELINE, "#999933", "paged: vLLM's write as separate torch ops"),
     VariantInfo("paged_triton", Role.KVPROF, "#44aa99", "paged: kvprof's fused Triton store", claims_fused=True),
-    VariantInfo("paged_cuda", Role.KVPROF, "#661100", "paged: kvprof's fused CUDA store (compiled op)", claims_fused=True),
+    VariantInfo("paged_cuda", Role.KVPROF, "#661100",
+                "paged: kvprof's fused CUDA store (compiled op)", claims_fused=True),
 )
 BY_NAME: dict[str, VariantInfo] = {v.name: v for v in VARIANTS}
 BASELINE = "two_stream"

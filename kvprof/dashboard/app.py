@@ -221,9 +221,9 @@ def main() -> None:
         if not ctx.root.is_dir():
             st.warning(f"The traces root {md(ctx.root)} does not exist.")
         else:
-            st.warning(f"No runs under {md(ctx.root)}: it holds no run folder ({RunDir.MANIFEST}, traces or {RunDir.SUMMARY}). "
-                       "Capture one with `python -m kvprof capture`, open one with `python -m kvprof dashboard "
-                       "RUN_DIR`, or upload a trace in the sidebar.")
+            st.warning(f"No runs under {md(ctx.root)}: it holds no run folder ({RunDir.MANIFEST}, traces or "
+                       f"{RunDir.SUMMARY}). Capture one with `python -m kvprof capture`, open one with `python -m "
+                       "kvprof dashboard RUN_DIR`, or upload a trace in the sidebar.")
     guarded(page, PAGES[page], ctx)
 
 

@@ -39,6 +39,7 @@ from kvprof.dashboard.frames import HOST_LANE, NOT_IN_WRITE, WRITES_LANE
 
 NEUTRAL = "#9aa0a6"
 PHASE_COLOURS = {"decode": "#4477aa", "prefill": "#ee6677"}
+SYMBOLS = ("circle", "diamond", "square", "x")  # marker per phase and size in the overlap scatter
 HEIGHT = 420
 LIMIT_REACH = 4.0  # a limit line within this factor of the data widens the range to show it
 
@@ -113,7 +114,8 @@ def metric_bars(df: pd.DataFrame, metric: str, title: str | None = None) -> go.F
             g = d[d["variant"] == v]
             fig.add_trace(go.Bar(x=g["phase_size"], y=g["value"], name=v, legendgroup=v, showlegend=v not in shown,
                                  marker_color=colors[v],
-                                 hovertemplate=f"{v}<br>%{{x}}<br>{metric}: %{{y:.4g}}<extra></extra>"), **_kw(phases, j))
+                                 hovertemplate=f"{v}<br>%{{x}}<br>{metric}: %{{y:.4g}}<extra></extra>"),
+                          **_kw(phases, j))
             shown.add(v)
         set_y(fig, d["value"], False, metric if j == 0 else "", **_kw(phases, j))
     fig.update_layout(barmode="group", meta={"chart": "metric_bars"})
@@ -304,7 +306,8 @@ def distribution(df: pd.DataFrame, metric: str, kind: str = "box", title: str | 
             # no log range when no value is positive and finite (all infinite): a linear axis then
             rng = log_range(d["value"]) if scale == "log" and bool((d["value"] > 0).all()) else None
             if rng is not None:
-                fig.update_xaxes(type="log", range=rng, exponentformat="none", title_text=metric, **log_ticks(rng), **kw)
+                fig.update_xaxes(type="log", range=rng, exponentformat="none", title_text=metric,
+                                 **log_ticks(rng), **kw)
             else:
                 fig.update_xaxes(title_text=metric, range=lin_range(d["value"], zero=False), **kw)
             fig.update_yaxes(range=[0, 1.02], title_text="share of writes" if j == 0 else "", tickformat=".0%", **kw)
@@ -415,7 +418,7 @@ def overlap_scatter(df: pd.DataFrame, variant: str) -> go.Figure:
     for ps, d in df.groupby("phase_size", sort=False):
         fig.add_trace(go.Scatter(x=d["order"], y=d["overlap_pct"], mode="markers", name=str(ps),
                                  marker={"color": PHASE_COLOURS.get(str(ps).split()[0], NEUTRAL), "size": 5,
-                                         "symbol": ["circle", "diamond", "square", "x"][list(df["phase_size"].unique()).index(ps) % 4]},
+                                         "symbol": SYMBOLS[list(df["phase_size"].unique()).index(ps) % len(SYMBOLS)]},
                                  customdata=np.stack([d["write_id"], d["layer"], d["step"], d["span_us"]], axis=1),
                                  hovertemplate=("write %{customdata[0]} L%{customdata[1]} step %{customdata[2]}"
                                                 "<br>%{y:.1f} % overlap, span %{customdata[3]:.2f} µs<extra></extra>")))
@@ -430,7 +433,8 @@ def overlap_hist(df: pd.DataFrame, variant: str) -> go.Figure:
         return empty_figure(f"{variant}: no measured writes with GPU work", f"{variant}: overlap distribution")
     fig = go.Figure()
     for ps, d in df.groupby("phase_size", sort=False):
-        fig.add_trace(go.Histogram(x=d["overlap_pct"], name=str(ps), opacity=0.7, xbins={"start": 0, "end": 100, "size": 5},
+        fig.add_trace(go.Histogram(x=d["overlap_pct"], name=str(ps), opacity=0.7,
+                                   xbins={"start": 0, "end": 100, "size": 5},
                                    marker_color=PHASE_COLOURS.get(str(ps).split()[0], NEUTRAL)))
     fig.update_xaxes(range=[-5, 105], title_text="overlap, % of GPU busy union")
     fig.update_yaxes(title_text="writes")
@@ -456,7 +460,8 @@ def before_after(df: pd.DataFrame, title: str = "GPU µs per write: before and a
         for v in ordered_variants(p["variant"]):
             g = p[p["variant"] == v]
             base = v.split(" -> ")[-1]
-            for when, col, pattern, op in (("before", "before µs/write", "/", 0.55), ("after", "after µs/write", "", 1.0)):
+            for when, col, pattern, op in (("before", "before µs/write", "/", 0.55),
+                                           ("after", "after µs/write", "", 1.0)):
                 fig.add_trace(go.Bar(x=g["phase_size"], y=g[col], name=f"{v} · {when}", legendgroup=base,
                                      showlegend=(v, when) not in shown, offsetgroup=f"{v}-{when}",
                                      marker={"color": V.colour(base), "opacity": op, "pattern": {"shape": pattern}},

@@ -406,7 +406,8 @@ def _read_parquet(path: str, columns: list[str] | None = None, filters: Any = No
             columns = [c for c in columns if c in have]
         return pq.read_table(p, columns=columns, filters=filters).to_pandas()
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        raise DashboardError(f"{p.parent.name}/{p.name} is not readable Parquet ({exc}); re-run kvprof analyze") from None
+        raise DashboardError(f"{p.parent.name}/{p.name} is not readable Parquet ({exc}); re-run kvprof "
+                             "analyze") from None
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

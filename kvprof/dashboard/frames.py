@@ -226,7 +226,8 @@ def dist_frame(writes: pd.DataFrame, metric: str, variants: list[str] | None = N
     w = measured_writes(writes, variants, source)
     out = pd.DataFrame({
         "variant": w["variant"].astype(str), "phase": w["phase"].astype(str),
-        "phase_size": [phase_size(p, s) for p, s in zip(w["phase"], w["size"])], "size": _num(w, "size"), "layer": _num(w, "layer"), "step": _num(w, "step"),
+        "phase_size": [phase_size(p, s) for p, s in zip(w["phase"], w["size"])], "size": _num(w, "size"),
+        "layer": _num(w, "layer"), "step": _num(w, "step"),
         "trace": w["trace"].astype(str), "write_id": _num(w, "write_id"), "value": _num(w, col) * scale,
     })
     return out.dropna(subset=["value"]).sort_values(["size", "variant", "layer"]).reset_index(drop=True)
@@ -291,16 +292,19 @@ def lane_rows(kernels: pd.DataFrame, writes: pd.DataFrame, origin_ns: float) -> 
     parts = []
     if len(kernels):
         k = kernels
-        variant = k["variant"].astype(object).where(k["write_id"] >= 0, NOT_IN_WRITE) if "variant" in k else NOT_IN_WRITE
+        in_write = k["write_id"] >= 0
+        variant = k["variant"].astype(object).where(in_write, NOT_IN_WRITE) if "variant" in k else NOT_IN_WRITE
         parts.append(pd.DataFrame({
             "lane": "GPU" + k["device"].astype(str) + " · stream " + k["stream"].astype(str),
             "start_us": (k["start_ns"].to_numpy(dtype=float) - origin_ns) / NS_PER_US,
             "dur_us": k["dur_ns"].to_numpy(dtype=float) / NS_PER_US,
-            "name": k["name"].astype(str), "variant": pd.Series(variant, index=k.index).fillna(NOT_IN_WRITE).astype(str),
+            "name": k["name"].astype(str),
+            "variant": pd.Series(variant, index=k.index).fillna(NOT_IN_WRITE).astype(str),
             "kind": k["kind"].astype(str),
-            "grid": k["grid"].astype(str) if "grid" in k else "", "block": k["block"].astype(str) if "block" in k else "",
+            "grid": k["grid"].astype(str) if "grid" in k else "",
+            "block": k["block"].astype(str) if "block" in k else "",
             "count": 1, "busy_us": k["dur_ns"].to_numpy(dtype=float) / NS_PER_US,
-            "detail": ("write " + k["write_id"].astype(str) + " L" + k["layer"].astype(str)).where(k["write_id"] >= 0, ""),
+            "detail": ("write " + k["write_id"].astype(str) + " L" + k["layer"].astype(str)).where(in_write, ""),
         }))
     if len(writes):
         w = writes
@@ -310,7 +314,8 @@ def lane_rows(kernels: pd.DataFrame, writes: pd.DataFrame, origin_ns: float) -> 
         if len(g):
             parts.append(pd.DataFrame({
                 "lane": WRITES_LANE, "start_us": (_num(g, "gpu_start_ns") - origin_ns) / NS_PER_US,
-                "dur_us": _num(g, "gpu_span_ns") / NS_PER_US, "name": label[g.index], "variant": g["variant"].astype(str),
+                "dur_us": _num(g, "gpu_span_ns") / NS_PER_US, "name": label[g.index],
+                "variant": g["variant"].astype(str),
                 "kind": "write", "grid": "", "block": "", "count": 1, "busy_us": _num(g, "gpu_busy_ns") / NS_PER_US,
                 "detail": g["kernel_names"].astype(str) if "kernel_names" in g else "",
             }))
@@ -318,8 +323,10 @@ def lane_rows(kernels: pd.DataFrame, writes: pd.DataFrame, origin_ns: float) -> 
         if len(h):
             parts.append(pd.DataFrame({
                 "lane": HOST_LANE, "start_us": (_num(h, "host_start_ns") - origin_ns) / NS_PER_US,
-                "dur_us": _num(h, "host_dur_ns") / NS_PER_US, "name": label[h.index], "variant": h["variant"].astype(str),
-                "kind": "write (host)", "grid": "", "block": "", "count": 1, "busy_us": _num(h, "host_dur_ns") / NS_PER_US,
+                "dur_us": _num(h, "host_dur_ns") / NS_PER_US, "name": label[h.index],
+                "variant": h["variant"].astype(str),
+                "kind": "write (host)", "grid": "", "block": "", "count": 1,
+                "busy_us": _num(h, "host_dur_ns") / NS_PER_US,
                 "detail": "",
             }))
     if not parts:

@@ -108,7 +108,8 @@ def spread_needs_writes(groups: pd.DataFrame, source: str) -> bool:
     when none does, the landing view needs summary.json only."""
     g = _landing_rows(groups, source)
     iqr = pd.to_numeric(g["step_iqr_ns"], errors="coerce")
-    ok = np.isfinite(iqr) & (pd.to_numeric(g["writes"], errors="coerce") > 0) & (pd.to_numeric(g["steps"], errors="coerce") > 0)
+    writes, steps = (pd.to_numeric(g[c], errors="coerce") for c in ("writes", "steps"))
+    ok = np.isfinite(iqr) & (writes > 0) & (steps > 0)
     return not bool(ok.all())
 
 

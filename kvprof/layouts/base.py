@@ -110,7 +110,8 @@ def layer_index(layer: Any, layer_id_override: int | None, start_layer: int, lay
         raise ValueError(f"layer {layer_id!r} is not a layer id (an int)")
     idx = layer_id - start_layer
     if not 0 <= idx < layer_num:
-        raise ValueError(f"layer {layer_id!r} is not in this pool (layers {start_layer}..{start_layer + layer_num - 1})")
+        raise ValueError(f"layer {layer_id!r} is not in this pool "
+                         f"(layers {start_layer}..{start_layer + layer_num - 1})")
     return idx
 
 
@@ -128,7 +129,8 @@ def check_scale_value(name: str, scale: Any, device: torch.device) -> None:
         return
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1 or not scale.is_floating_point():
-            raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} {scale.dtype}")
+            raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} "
+                             f"{scale.dtype}")
         if scale.device != device:
             raise ValueError(f"{name} is on {scale.device}, the pool is on {device}")
         return

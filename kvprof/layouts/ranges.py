@@ -30,7 +30,8 @@ class Ranges:
         self.colour = variants.info(variant).argb
         self.start = pool.start_layer
         self.count = pool.layer_num
-        self.names = [WRITE_RANGE_FORMAT.format(variant=variant, layer=pool.start_layer + i) for i in range(pool.layer_num)]
+        self.names = [WRITE_RANGE_FORMAT.format(variant=variant, layer=pool.start_layer + i)
+                      for i in range(pool.layer_num)]
         self.attrs: dict[tuple[int, int], Any] = {}
 
     def run(self, layer: Any, loc: Any, write: Any) -> None:

@@ -253,10 +253,10 @@ def headline_line(h: dict[str, Any], b: dict[str, Any]) -> str:
     extra = ""
     if h.get("measured") and _is_number(h.get("projected_saving_per_step_ms")):
         extra = f"; the writes alone project {h['projected_saving_per_step_ms']:.3f} ms"
-    return (f"{markup(h['variant'])} vs baseline at decode bs={markup(h['size'])} ({source}): saving {h['saving_per_step_ms']:.3f} "
-            f"ms/step, {how}{extra}; ITL {b['itl_before_ms']:.2f} → {h['predicted_itl_ms']:.2f} ms predicted, "
-            f"{b['itl_before_ms']:.2f} → {b['itl_after_ms']:.2f} ms ({h['measured_saving_ms']:.2f} ms) measured by "
-            "the serving benchmark")
+    return (f"{markup(h['variant'])} vs baseline at decode bs={markup(h['size'])} ({source}): saving "
+            f"{h['saving_per_step_ms']:.3f} ms/step, {how}{extra}; ITL {b['itl_before_ms']:.2f} → "
+            f"{h['predicted_itl_ms']:.2f} ms predicted, {b['itl_before_ms']:.2f} → {b['itl_after_ms']:.2f} ms "
+            f"({h['measured_saving_ms']:.2f} ms) measured by the serving benchmark")
 
 
 def _is_number(v: Any) -> TypeGuard[int | float]:
@@ -332,5 +332,6 @@ def _count(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-__all__ = ["SOURCE_NAMES", "comparison_rows", "comparison_table", "comparison_view", "groups_table", "headline_line", "make_console",
-           "observer_table", "reference_table", "render", "run_comparison_table", "saving_reason", "verdict_line"]
+__all__ = ["SOURCE_NAMES", "comparison_rows", "comparison_table", "comparison_view", "groups_table",
+           "headline_line", "make_console", "observer_table", "reference_table", "render", "run_comparison_table",
+           "saving_reason", "verdict_line"]

@@ -79,7 +79,8 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     for g in summary.groups:
         if str(g.get("layer", "all")) == "all":
             by.setdefault((str(g["variant"]), str(g["phase"]), int(g["size"])), {})[str(g["source"])] = g
-    compared = {(str(r["variant"]), str(r["source"]), str(r["phase"]), int(r["size"])): r for r in cmp.get("rows") or []}
+    compared = {(str(r["variant"]), str(r["source"]), str(r["phase"]), int(r["size"])): r
+                for r in cmp.get("rows") or []}
     cpu = cpu_run(summary)
     marked = set(interpreted(manifest))
     rank = {p: i for i, p in enumerate(PHASES)}
@@ -88,7 +89,8 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     used: set[str] = set()
     for variant, phase, size in keys:
         sources = by[(variant, phase, size)]
-        source = next((s for s in order if s in sources and finite_or_none(sources[s].get("cost_per_write_ns")) is not None),
+        source = next((s for s in order if s in sources
+                       and finite_or_none(sources[s].get("cost_per_write_ns")) is not None),
                       None)
         name = variant + (" *" if variant in marked else "")
         head: list[Cell] = [name, _fused_word(summary, variant), phase, str(size)]
@@ -103,7 +105,8 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
             continue
         c = compared.get((variant, source, phase, size))
         if c is None:
-            missing = NA(f"no {baseline} run") if not any(k[0] == baseline for k in by) else NA(f"{baseline} not by {source}")
+            ran = any(k[0] == baseline for k in by)
+            missing = NA(f"{baseline} not by {source}") if ran else NA(f"no {baseline} run")
             rows.append([*head, cost, SHORT_SOURCE.get(source, source), missing, missing])
             continue
         ratio = finite_or_none(c.get("ratio_cost_per_write_ns"))
@@ -254,4 +257,5 @@ def render_first_run(summary: Summary, console: Any, manifest: Manifest | None =
                        f"python -m kvprof analyze {run_dir or 'RUN_DIR'}"))
 
 
-__all__ = ["compact_rows", "grouped_warnings", "interpreted", "render_first_run", "render_verdict", "run_line", "verdict_lines"]
+__all__ = ["compact_rows", "grouped_warnings", "interpreted", "render_first_run", "render_verdict",
+           "run_line", "verdict_lines"]

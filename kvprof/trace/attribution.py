@@ -147,7 +147,8 @@ class _Attributor:
                                 payload=np.where(payload >= 0, payload, named_tokens))
         steps = rng[sm].assign(s_phase=s["phase"].to_numpy()[sm], s_size=s["size"].to_numpy()[sm],
                                s_step=s["step"].to_numpy()[sm])
-        return writes.sort_values(["start_ns", "pid", "tid"], kind="stable"), steps.sort_values("start_ns", kind="stable")
+        return (writes.sort_values(["start_ns", "pid", "tid"], kind="stable"),
+                steps.sort_values("start_ns", kind="stable"))
 
     def count_lookalikes(self, accepted: pd.Index) -> None:
         """Host ranges that mention set_kv_buffer but are not in the accepted name family (or

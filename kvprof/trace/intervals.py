@@ -161,8 +161,10 @@ def grouped_interval_stats(group: np.ndarray, start: np.ndarray, end: np.ndarray
     span = np.diff(times)
     same = gg[1:] == gg[:-1]
     lvl = level[:-1]
-    out["union"] = np.bincount(gg[:-1][same & (lvl >= 1)], weights=span[same & (lvl >= 1)], minlength=groups).astype(np.int64)
-    out["overlap"] = np.bincount(gg[:-1][same & (lvl >= 2)], weights=span[same & (lvl >= 2)], minlength=groups).astype(np.int64)
+    out["union"] = np.bincount(gg[:-1][same & (lvl >= 1)], weights=span[same & (lvl >= 1)],
+                               minlength=groups).astype(np.int64)
+    out["overlap"] = np.bincount(gg[:-1][same & (lvl >= 2)], weights=span[same & (lvl >= 2)],
+                                 minlength=groups).astype(np.int64)
     seg_all, as_, ae = _merge_segments(group, start, end)
     between = seg_all[1:] == seg_all[:-1]
     holes = as_[1:] - ae[:-1]

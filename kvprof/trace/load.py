@@ -195,7 +195,8 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         entries = list(d.iterdir())
     except OSError as exc:
         raise TraceError(f"cannot read the folder {d}: {exc.strerror or exc}") from None
-    files = sorted(p for p in entries if p.is_file() and REGISTRY.is_trace_name(p.name) and p.name not in RunDir.NOT_TRACES)
+    files = sorted(p for p in entries if p.is_file() and REGISTRY.is_trace_name(p.name)
+                   and p.name not in RunDir.NOT_TRACES)
     sidecars = [p for p in files if RunDir.is_sidecar(p.name)]
     files = [p for p in files if p not in sidecars]
     merged = [p for p in files if _SGLANG_MERGED.match(p.name)]

@@ -148,7 +148,8 @@ def _tables(db: sqlite3.Connection) -> set[str]:
     return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
-def _gpu_frame(db: sqlite3.Connection, table: str, kind: str, strings: dict[int, str], enum: dict[int, str]) -> pd.DataFrame:
+def _gpu_frame(db: sqlite3.Connection, table: str, kind: str, strings: dict[int, str],
+               enum: dict[int, str]) -> pd.DataFrame:
     wanted = {
         "start": "NULL", "end": "NULL", "deviceId": "-1", "streamId": "-1", "correlationId": "-1",
         "globalPid": "NULL", "graphNodeId": "NULL",
@@ -169,7 +170,8 @@ def _gpu_frame(db: sqlite3.Connection, table: str, kind: str, strings: dict[int,
         grid = df[["gridX", "gridY", "gridZ"]].round().astype("Int64").astype(str)
         block = df[["blockX", "blockY", "blockZ"]].round().astype("Int64").astype(str)
         df["grid"] = (grid["gridX"] + "," + grid["gridY"] + "," + grid["gridZ"]).where(df["gridX"].notna(), None)
-        df["block"] = (block["blockX"] + "," + block["blockY"] + "," + block["blockZ"]).where(df["blockX"].notna(), None)
+        df["block"] = (block["blockX"] + "," + block["blockY"] + ","
+                       + block["blockZ"]).where(df["blockX"].notna(), None)
     elif kind == "memcpy":
         df["name"] = ["Memcpy " + enum.get(int(k), "?") if pd.notna(k) else "Memcpy" for k in df["copyKind"]]
     elif kind == "memset":
@@ -347,7 +349,8 @@ def _read(db: sqlite3.Connection, p: Path) -> Trace:
             "trace": str(p),
             "source": "nsys",
             "rank": 0,
-            "pid": np.concatenate([np.where(col(gpu, "globalPid").notna().to_numpy(), g_pid, -1) if n_gpu else _unrecorded(0), h_pid]),
+            "pid": np.concatenate([np.where(col(gpu, "globalPid").notna().to_numpy(), g_pid, -1) if n_gpu
+                                   else _unrecorded(0), h_pid]),
             "tid": np.concatenate([_unrecorded(n_gpu), h_tid]),
             "device": np.concatenate([_i64(col(gpu, "deviceId")), _unrecorded(n_host)]),
             "stream": np.concatenate([_i64(col(gpu, "streamId")), _unrecorded(n_host)]),

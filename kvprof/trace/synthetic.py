@@ -65,12 +65,20 @@ class TraceSpec:
     with_sync: bool = True
 
 
-def _x(cat: str, name: str, pid: Any, tid: Any, ts_ns: int, dur_ns: int, args: dict[str, Any] | None = None) -> dict[str, Any]:
+def _x(cat: str, name: str, pid: Any, tid: Any, ts_ns: int, dur_ns: int,
+       args: dict[str, Any] | None = None) -> dict[str, Any]:
     e = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
          "ts": round(T0_US + ts_ns / 1000.0, 3), "dur": round(dur_ns / 1000.0, 3)}
     if args is not None:
         e["args"] = args
     return e
+
+
+def _paths_key(spec: TraceSpec) -> str:
+    """The write path a write of ``spec`` takes, as the pool counts it."""
+    if spec.fused:
+        return "fused"
+    return "two_streams" if len({k.stream for k in spec.write.kernels}) > 1 else "two_copies"
 
 
 def build(spec: TraceSpec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -110,7 +118,7 @@ def build(spec: TraceSpec) -> tuple[dict[str, Any], dict[str, Any]]:
                             "grid": [2, 1, 1], "block": [128, 1, 1]}))
                     expected["writes"].append(_expect(spec, ph, s, layer, gpu_t, "graph_order"))
                     gpu_t += w_span + spec.write_gap_ns
-                    paths_key = "fused" if spec.fused else ("two_streams" if len({k.stream for k in spec.write.kernels}) > 1 else "two_copies")
+                    paths_key = _paths_key(spec)
                     paths[paths_key] = paths.get(paths_key, 0) + 1
                 t += spec.launch_ns + 1_000
                 step_gpu_end = gpu_t - spec.write_gap_ns
@@ -145,7 +153,8 @@ def build(spec: TraceSpec) -> tuple[dict[str, Any], dict[str, Any]]:
                         lt += spec.launch_ns + 200
                     if spec.with_sync and len({k.stream for k in spec.write.kernels}) > 1:
                         ev.append(_x("cuda_sync", "Stream Wait Event", 0, spec.write.kernels[-1].stream,
-                                     gpu_w0, 100, {"cuda_sync_kind": "Stream Wait Event", "stream": spec.write.kernels[-1].stream,
+                                     gpu_w0, 100, {"cuda_sync_kind": "Stream Wait Event",
+                                                   "stream": spec.write.kernels[-1].stream,
                                                    "correlation": corr, "device": 0, "context": 1}))
                     ev.append(_x("gpu_user_annotation", WRITE_RANGE_FORMAT.format(variant=spec.variant, layer=layer),
                                  0, spec.write.kernels[0].stream, gpu_w0, w_span, {"External id": ext}))
@@ -153,7 +162,7 @@ def build(spec: TraceSpec) -> tuple[dict[str, Any], dict[str, Any]]:
                     exp["launch_delay_ns"] = _first_delay(spec, inner, gpu_w0)
                     exp["host_dur_ns"] = spec.host_write_ns
                     expected["writes"].append(exp)
-                    paths_key = "fused" if spec.fused else ("two_streams" if len({k.stream for k in spec.write.kernels}) > 1 else "two_copies")
+                    paths_key = _paths_key(spec)
                     paths[paths_key] = paths.get(paths_key, 0) + 1
                     gpu_t = gpu_w0 + w_span + spec.write_gap_ns
                     t = w_start + spec.host_write_ns + 300

@@ -106,7 +106,8 @@ class CudaFusedWriter(KVWriter):
         _, error = load_extension()
         return error
 
-    def _plan(self, in_dtype: torch.dtype, dtype: torch.dtype, k_scale: Any, v_scale: Any) -> tuple[Any, int, float, float]:
+    def _plan(self, in_dtype: torch.dtype, dtype: torch.dtype, k_scale: Any,
+              v_scale: Any) -> tuple[Any, int, float, float]:
         """The op, its flags and the inverse scales for one (dtypes, scales) combination.
         Cached when the scales are Python numbers or None (a tensor scale may change in place,
         so it is read on every call)."""

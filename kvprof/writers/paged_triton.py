@@ -36,9 +36,9 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["tokens", "num_slots"])
     def _paged_store_kernel(k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots,
-                            k_stride, v_stride, RW: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr, BLOCK_T: tl.constexpr,
-                            FP8: tl.constexpr, E4M3: tl.constexpr, HW: tl.constexpr, WIDE: tl.constexpr,
-                            PDL: tl.constexpr):
+                            k_stride, v_stride, RW: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr,
+                            BLOCK_T: tl.constexpr, FP8: tl.constexpr, E4M3: tl.constexpr, HW: tl.constexpr,
+                            WIDE: tl.constexpr, PDL: tl.constexpr):
         tok, tmask, slot = program_tokens(slots, tokens, BLOCK_T, WIDE, PDL)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         in_mask = tmask[:, None] if FULL else tmask[:, None] & (col[None, :] < RW)
@@ -110,6 +110,7 @@ class PagedTritonWriter(PagedWriter):
             k_scale = v_scale = slots  # never read: FP8 is off
         _paged_store_kernel[(triton.cdiv(tokens, bt), split)](
             k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots, ks, vs,
-            RW=rw, BLOCK=chunk, FULL=block == rw, BLOCK_T=bt, FP8=fp8, E4M3=dtype == torch.float8_e4m3fn, HW=hw, WIDE=wide,
+            RW=rw, BLOCK=chunk, FULL=block == rw, BLOCK_T=bt, FP8=fp8,
+            E4M3=dtype == torch.float8_e4m3fn, HW=hw, WIDE=wide,
             PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
         return FUSED

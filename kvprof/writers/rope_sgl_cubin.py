@@ -317,7 +317,8 @@ class SglKernelRopeCubinWriter(RopeKVWriter):
         if reason:
             return reason
         if input_dtype is not None and dtype != input_dtype:
-            return f"sgl-kernel's fused rope stores k and v as they come ({input_dtype}), not into {dtype} (no fp8, no scale)"
+            return (f"sgl-kernel's fused rope stores k and v as they come ({input_dtype}), not into {dtype} "
+                    "(no fp8, no scale)")
         if self.cubin is not None and not any(key[2] == dtype for key in self.cubin.kernels):
             return f"sgl-kernel's rope cubin has no {dtype} kernels"
         return None

@@ -113,9 +113,11 @@ class SglangRopeStoreWriter(RopeKVWriter):
             return f"SGLang's fused rope needs q and k of one element size, not {q.dtype} and {k.dtype}"
         dim = k.shape[-1]
         if rope_dim != dim or v.shape[-1] != dim:
-            return f"SGLang's fused rope + store needs rope_dim == head_dim == v head_dim, not {rope_dim}/{dim}/{v.shape[-1]}"
+            return (f"SGLang's fused rope + store needs rope_dim == head_dim == v head_dim, not "
+                    f"{rope_dim}/{dim}/{v.shape[-1]}")
         if not q.stride(1) == k.stride(1) == v.stride(1) == dim:
-            return f"SGLang's fused rope + store needs q, k and v rows head_dim apart, not {q.stride(1)}/{k.stride(1)}/{v.stride(1)}"
+            return (f"SGLang's fused rope + store needs q, k and v rows head_dim apart, not "
+                    f"{q.stride(1)}/{k.stride(1)}/{v.stride(1)}")
         if not sglang_fuses(rope_dim, k.element_size()):
             return f"SGLang's fused rope + store has no variant for rope_dim {rope_dim} in {k.dtype}"
         return None
@@ -138,7 +140,8 @@ class SglangRopeStoreWriter(RopeKVWriter):
                       rope_dim=rope_dim)
         from kvprof.validation import check_buffers_inputs
 
-        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's rows, as the pool passes them
+        # the store's rows, as the pool passes them
+        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)
         store_path = self._store_writer().write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
         return f"{FALLBACK_PREFIX} {why}; SGLang's rotary kernel, then store_cache ({store_path})"
 
@@ -158,7 +161,8 @@ def find_sglang_triton_rope() -> tuple[Any, Any, str]:
             spec = importlib.util.find_spec("sglang")
             folders = list(spec.submodule_search_locations or []) if spec else []
             if not folders:
-                return None, None, "SGLang's fused_qk_rope_reshape_and_cache is not importable (SGLang is not installed)"
+                return None, None, ("SGLang's fused_qk_rope_reshape_and_cache is not importable (SGLang is not "
+                                    "installed)")
             path = Path(folders[0], *_TRITON_MODULE.split(".")[1:]).with_suffix(".py")
             name = "kvprof_sglang_" + path.stem
             module = sys.modules.get(name)

@@ -186,7 +186,8 @@ class TritonRope:
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_st, v_sh, loc_st, positions.stride(0),
             cos_sin_cache.stride(0),
             HQ=heads_q, HK=heads_k, D=dim, DV=v_dim, HALF=half, BLOCK_HALF=block_half, BLOCK_P=block_p,
-            BLOCK_DV=block_dv, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, MODE=mode, num_warps=num_warps, enable_fp_fusion=False,
+            BLOCK_DV=block_dv, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, MODE=mode, num_warps=num_warps,
+            enable_fp_fusion=False,
             **extra,
         )
 
@@ -265,7 +266,8 @@ class RopeThenStoreWriter(RopeKVWriter):
     def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
               k_scale=None, v_scale=None) -> str:
         self.rotary.rotate(q, k, positions, cos_sin_cache, is_neox)
-        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)  # the store's inputs, as the pool passes them
+        # the store's inputs, as the pool passes them
+        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)
         return self.store.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
     def info(self) -> WriterInfo:

@@ -126,7 +126,8 @@ def plan_launch(k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Ten
     elif size_bytes % 128 == 0:
         kind, items = "128x2", size_bytes // 128
     else:
-        raise RuntimeError(f"The last dimension size bytes of k and v must be divisible by 128 at least, got: {size_bytes}")
+        raise RuntimeError("The last dimension size bytes of k and v must be divisible by 128 at least, got: "
+                           f"{size_bytes}")
     warps = THREADS // 32
     grid = (num_tokens + warps - 1) // warps
     args = (k_cache.data_ptr(), v_cache.data_ptr(), out_loc.data_ptr(), num_tokens, k.data_ptr(), v.data_ptr(),
@@ -162,7 +163,8 @@ class CudaDriver:
         out = []
         for name in names:
             fn = ctypes.c_void_p()
-            self._check(self._lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name[:40]}...)")
+            self._check(self._lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
+                        f"cuModuleGetFunction({name[:40]}...)")
             if fn.value is None:  # a successful lookup gives a handle
                 raise RuntimeError(f"cuModuleGetFunction({name[:40]}...) gave no function")
             out.append(fn.value)

@@ -28,7 +28,8 @@ def find_store_cache() -> tuple[Any, Any, str]:
         from sglang.kernels.ops.kvcache.kvcache import can_use_store_cache, store_cache
     except Exception as exc:  # noqa: BLE001 - ImportError, or SGLang's own import-time failures
         text = str(exc).strip().splitlines()
-        return None, None, f"SGLang's store_cache is not importable ({type(exc).__name__}: {text[0][:160] if text else ''})"
+        first = text[0][:160] if text else ""
+        return None, None, f"SGLang's store_cache is not importable ({type(exc).__name__}: {first})"
     return store_cache, can_use_store_cache, ""
 
 

@@ -70,7 +70,8 @@ def _bench_sweep(ctx: Context) -> None:
         st.warning("These bench files have no successful measurement.")
     else:
         c1, c2, c3 = st.columns(3)
-        shape = c1.selectbox("row shape (heads x dim; MLA: latent)", sorted(ok["shape"].dropna().unique()), key="sw-shape")
+        shape = c1.selectbox("row shape (heads x dim; MLA: latent)",
+                             sorted(ok["shape"].dropna().unique()), key="sw-shape")
         dtype = c2.selectbox("dtype (cache<-input)", sorted(ok["dtype"].dropna().unique()), key="sw-dtype")
         modes = sorted(ok["mode"].dropna().unique(), key=lambda m: (m != "graph", m))  # graph replays first
         mode = c3.radio("mode", modes, horizontal=True, key="sw-mode")
@@ -87,8 +88,8 @@ def _bench_sweep(ctx: Context) -> None:
             lim = doc.get("limits") or {}
             rate = lim.get("copy_rate_gbs")
             pairs = sel[sel["file"] == lab][["tokens", "bytes"]]
-            floors.append(frames.floor_lines(pairs, {f"measured copy rate {rate:,.0f} GB/s ({Path(lab).parent.name or lab})": rate}
-                                             if rate else {}))
+            name = f"measured copy rate {rate:,.0f} GB/s ({Path(lab).parent.name or lab})" if rate else ""
+            floors.append(frames.floor_lines(pairs, {name: rate} if rate else {}))
             if lim.get("empty_kernel_us"):
                 hlines[f"empty kernel node {lim['empty_kernel_us']:.2f} µs"] = float(lim["empty_kernel_us"])
             if lim.get("empty_pdl_kernel_us"):  # the floor of writes launched with PDL
@@ -100,7 +101,8 @@ def _bench_sweep(ctx: Context) -> None:
         fl = pd.concat([f for f in floors if len(f)], ignore_index=True) if any(len(f) for f in floors) else \
             pd.DataFrame(columns=["line", "tokens", "us"])
         show_figure(charts.sweep(pts, fl, f"bench: µs per write vs tokens · {shape} {dtype} · {mode}",
-                                 hlines=hlines, symbol="file" if len(docs) > 1 else None), f"sweep-bench-{shape}-{mode}")
+                                 hlines=hlines, symbol="file" if len(docs) > 1 else None),
+                    f"sweep-bench-{shape}-{mode}")
     show_table(recs, "bench-records")
 
 

@@ -39,18 +39,21 @@ def render(ctx: Context) -> None:
         return f"{p.rsplit('/', 1)[-1]} · {t.get('source')} · {', '.join(t.get('variants') or []) or '-'} · " \
                f"{t.get('gpu_events', 0):,} GPU events"
 
-    preferred = [p for p in paths if by_path[p].get("gpu_events") and (not ctx.source or by_path[p].get("source") == ctx.source)
+    preferred = [p for p in paths if by_path[p].get("gpu_events")
+                 and (not ctx.source or by_path[p].get("source") == ctx.source)
                  and set(by_path[p].get("variants") or []) & set(ctx.variants)]
     if not preferred:  # the reference pass has no trace: the most trusted profiler's instead
         order = frames.sources_in(pd.DataFrame({"source": [by_path[p].get("source") for p in paths]}), summary)
         preferred = sorted((p for p in paths if by_path[p].get("gpu_events")),
-                           key=lambda p: order.index(by_path[p].get("source")) if by_path[p].get("source") in order else 99)
+                           key=lambda p: (order.index(by_path[p].get("source"))
+                                          if by_path[p].get("source") in order else 99))
     default = paths.index(preferred[0]) if preferred else 0
     trace = st.selectbox("trace", paths, index=default, format_func=label, key=f"tl-trace::{ctx.run.label}")
     t = by_path[trace]
 
     ev_path, w_path = ctx.run.file(RunDir.EVENTS), ctx.run.file(RunDir.WRITES)
-    rows, _origin, end_us = data.timeline_rows(str(ev_path), data.stamp(ev_path), str(w_path), data.stamp(w_path), trace)
+    rows, _origin, end_us = data.timeline_rows(str(ev_path), data.stamp(ev_path), str(w_path),
+                                               data.stamp(w_path), trace)
     if not t.get("gpu_events"):
         st.warning("This trace has no GPU events (a CPU-only capture): no stream lanes; the lane below is the "
                    "kvprof write ranges on the host.")
@@ -76,11 +79,14 @@ def render(ctx: Context) -> None:
                                 help="more than this many activities in the window are merged per lane"))
 
     bars, info = frames.window(rows, start, start + width, max_bars)
-    msg = f"{info['in_window']:,} of {info['total']:,} activities and write ranges in [{start:,.1f}, {start + width:,.1f}] µs"
+    msg = (f"{info['in_window']:,} of {info['total']:,} activities and write ranges in "
+           f"[{start:,.1f}, {start + width:,.1f}] µs")
     if info["binned"]:
-        msg += f"; merged into {info['bars']:,} bars ({info['bin_us']:.3g} µs per bin and lane): narrow the window for single kernels"
+        msg += (f"; merged into {info['bars']:,} bars ({info['bin_us']:.3g} µs per bin and lane): narrow the window "
+                "for single kernels")
     st.caption(msg)
-    show_figure(charts.timeline(bars, f"{trace.rsplit('/', 1)[-1]} · {_fmt_us(width)} window"), f"timeline-{ctx.run.label}")
+    show_figure(charts.timeline(bars, f"{trace.rsplit('/', 1)[-1]} · {_fmt_us(width)} window"),
+                f"timeline-{ctx.run.label}")
 
     ends = rows["start_us"] + rows["dur_us"]
     inside = rows[(ends >= start) & (rows["start_us"] <= start + width)].sort_values("start_us")

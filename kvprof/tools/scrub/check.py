@@ -259,7 +259,10 @@ def _linked(link: Path, base: Path, rules: Rules) -> CheckReport:
         report = check_file(target, rules)
         report.path, report.note = link, where + ("; " + report.note if report.note else "")
         return report
-    why = "a folder, not followed" if target.is_dir() else "nothing there" if not target.exists() else "not a regular file"
+    if target.is_dir():
+        why = "a folder, not followed"
+    else:
+        why = "nothing there" if not target.exists() else "not a regular file"
     report = CheckReport(link, "symlink", note=f"{where}: {why}")
     report.findings.append(("files not read", f"{link.name} -> {target.name}"))
     return report

@@ -265,7 +265,8 @@ class Rules:
     # ------------------------------------------------------------ encoded secrets
 
     def _holds_secret(self, data: bytes) -> bool:
-        return bool(_TOKEN_IN_BYTES.search(data) or (self._values_bytes is not None and self._values_bytes.search(data)))
+        return bool(_TOKEN_IN_BYTES.search(data) or (self._values_bytes is not None
+                                                     and self._values_bytes.search(data)))
 
     def _run_holds_secret(self, run: str, decode: Callable[[str], Iterable[bytes]]) -> bool:
         key = (decode.__name__, run)
@@ -340,7 +341,8 @@ class Rules:
             return entry
         if not envsafe.allowed(m.group(1), value):
             return None
-        if (self._values is not None and self._values.search(value)) or _TOKEN.search(value) or self.encoded_form(value):
+        listed = self._values is not None and self._values.search(value)
+        if listed or _TOKEN.search(value) or self.encoded_form(value):
             return None
         if self._hosts is not None:
             raw = self._hosts.sub(HOST_MARKER, raw)
@@ -401,7 +403,8 @@ class Rules:
             raw = value.encode()
             forms = {raw, value.encode("utf-16-le"), value.encode("utf-16-be"), orjson.dumps(value)[1:-1],
                      raw.hex().encode(), raw.hex().upper().encode()}
-            for quoted in (quote(value, safe=""), re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quote(value, safe=""))):
+            for quoted in (quote(value, safe=""), re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(),
+                                                         quote(value, safe=""))):
                 forms.add(quoted.encode())
             forms.update(base64_forms(raw))
             out[name] = sorted(f for f in forms if f)

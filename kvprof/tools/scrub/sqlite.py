@@ -148,8 +148,8 @@ def _apply(conn: sqlite3.Connection, changes: list[_Change], report: ScrubReport
             report.env_rows += _update_value(conn, ch, serials, path)
             continue
         if ch.reason == "hostrow":  # ``old`` holds the name column here
-            cur = conn.execute(f"UPDATE {t} SET {c} = ? WHERE upper({quote_ident(ch.old)}) LIKE '%HOSTNAME%' AND {c} IS NOT ?",
-                               (HOST_MARKER, HOST_MARKER))
+            cur = conn.execute(f"UPDATE {t} SET {c} = ? WHERE upper({quote_ident(ch.old)}) LIKE '%HOSTNAME%' "
+                               f"AND {c} IS NOT ?", (HOST_MARKER, HOST_MARKER))
             report.hosts += cur.rowcount
             continue
         rows = _update_value(conn, ch, serials, path)
@@ -202,7 +202,8 @@ def scrub_sqlite(path: Path, rules: Rules) -> ScrubReport:
                     f"{path}: the value of {', '.join(still)} is still in the file after scrubbing; original kept"
                 )
     except sqlite3.Error as exc:
-        raise TraceError(f"{path}: cannot scrub the SQLite file: {' '.join(str(exc).split())[:200]}; original kept") from None
+        raise TraceError(f"{path}: cannot scrub the SQLite file: {' '.join(str(exc).split())[:200]}; "
+                         "original kept") from None
     finally:
         src.close()
     for side in files[1:]:
