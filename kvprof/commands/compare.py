@@ -59,10 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvprof import api
-    from kvprof.core.text import markup
-    from kvprof.report.console import comparison_table, run_comparison_table
     from kvprof.report.files import write_json
-    from kvprof.report.terminal import csv_text, note, print_json, print_text, table_console
+    from kvprof.report.renderers import Output, RunComparisonDoc, VariantComparisonDoc, render
+    from kvprof.report.terminal import note, table_console
 
     if args.fail_if_slower is not None and not args.run2:
         raise UsageError("--fail-if-slower needs two runs: kvprof compare BASE NEW --fail-if-slower PCT")
@@ -83,31 +82,11 @@ def run(args: argparse.Namespace) -> int:
         if args.fail_if_slower is not None:
             gate = api.regression_gate(first, second, args.fail_if_slower)
             doc["gate"] = api.clean(gate.to_json())
-        if args.format == "table":
-            if doc["rows"]:
-                con.print(run_comparison_table(doc))
-            for why in _why_blank(doc["rows"]):
-                con.print(f"[yellow]blank:[/yellow] {markup(why)}", soft_wrap=True)
-            for why in runs.empty:
-                con.print(f"[yellow]no row:[/yellow] {markup(why)}", soft_wrap=True)
+        result: RunComparisonDoc | VariantComparisonDoc = RunComparisonDoc(doc)
     else:
         doc = api.compare_variants(first, args.baseline, bench, args.layers)
-        if args.format == "table":
-            if doc["rows"]:
-                con.print(comparison_table(doc))
-            h = doc.get("headline")
-            if h:
-                con.print(f"captured {markup(h['variant'])} ({markup(h['source'])}, decode bs={markup(h['size'])}): "
-                          "saving "
-                          f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {bench.itl_before_ms:.2f} -> "
-                          f"{h['predicted_itl_ms']:.2f} ms; measured {bench.itl_before_ms:.2f} -> "
-                          f"{bench.itl_after_ms:.2f} ms")
-            for w in doc["warnings"]:
-                con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
-    if args.format == "json":
-        print_json(doc)
-    elif args.format == "csv":
-        print_text(csv_text(doc["rows"]))
+        result = VariantComparisonDoc(doc)
+    render(args.format, result, Output(console=con))
     if gate is not None:
         _report_gate(gate, args)
     if args.out is not None and not args.no_files:
@@ -117,37 +96,11 @@ def run(args: argparse.Namespace) -> int:
     return GATE_FAILED_EXIT_CODE if gate is not None and not gate.passed else 0
 
 
-def _why_blank(rows: list[dict[str, Any]]) -> list[str]:
-    """Why run-vs-run rows show no cost, one line per (source, which run): that source saw no
-    GPU time (a CPU capture's profiler traces have none; its reference rows do)."""
-    by: dict[tuple[str, str], list[str]] = {}
-    for r in rows:
-        after, before = r.get("cost_per_write_ns"), r.get("baseline_cost_per_write_ns")
-        if after is None or before is None:
-            side = "either run" if after is None and before is None else "RUN2" if after is None else "RUN"
-            by.setdefault((str(r["source"]), side), []).append(f"{r['variant']} {r['phase']} {r['size']}")
-    return [f"{len(points)} {source} row(s) have no cost per write in {side} ({', '.join(points[:4])}"
-            f"{', ...' if len(points) > 4 else ''}): the {source} traces hold no GPU time for them "
-            "(on a CPU capture only the reference rows have a cost per write)"
-            for (source, side), points in by.items()]
-
-
 def _report_gate(gate: Any, args: argparse.Namespace) -> None:
-    from kvprof.core.atomic import atomic_write_text
-    from kvprof.core.text import markup
-    from kvprof.report.gate import gate_table, junit_xml
-    from kvprof.report.terminal import make_console
+    from kvprof.report.renderers import Output, render
+    from kvprof.report.terminal import table_console
 
-    con = make_console(stderr=args.format != "table")
-    if gate.regressed:
-        con.print(gate_table(gate.regressed, gate.threshold_pct, title="regressed"))
-    verdict = (f"gate: {len(gate.regressed)} of {len(gate.rows)} rows slower than BASE by more than "
-               f"{gate.threshold_pct:g} % and their spread" if gate.regressed else
-               f"gate: passed, none of {len(gate.rows)} rows slower than BASE by more than "
-               f"{gate.threshold_pct:g} % and their spread")
-    con.print(verdict, soft_wrap=True)
-    for why in gate.unjudged:
-        con.print(f"[yellow]not judged:[/yellow] {markup(why)}", soft_wrap=True)
+    out = Output(console=table_console(args.format), path=args.junit)
+    render("table", gate, out)
     if args.junit is not None:
-        atomic_write_text(args.junit, junit_xml(gate, base=str(args.run), new=str(args.run2)))
-        print(f"wrote {args.junit}", file=con.file)
+        render("junit", gate, out, base=str(args.run), new=str(args.run2))
