@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.core.errors import ToolError
-from kvprof.dashboard.background import BackgroundServer, free_port
+from kvprof.tools.background import BackgroundServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ROOT  # the checkout whose dashboard is measured (--code): the samples and this script stay ROOT's

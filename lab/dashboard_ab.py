@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_dashboard as bd  # noqa: E402
 
 from kvprof.core.errors import ToolError  # noqa: E402
-from kvprof.dashboard.background import BackgroundServer  # noqa: E402
+from kvprof.tools.background import BackgroundServer  # noqa: E402
 
 SAMPLES = ROOT / "traces" / "samples"
 RUN = SAMPLES / "h200-llama70b-tp8"
