@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprof.core.errors import ToolError
-from kvprof.dashboard.background import BackgroundServer, free_port
+from kvprof.tools.background import BackgroundServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 Row = tuple[str, str, Any, str]  # data set, measurement, seconds (or a list of them, or a note), target

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from kvprof.analysis.runs import RunComparison
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
-    from kvprof.dashboard.background import BackgroundServer
+    from kvprof.tools.background import BackgroundServer
     from kvprof.trace.load import Loaded
 
 
@@ -267,7 +267,7 @@ def dashboard_server(run_dir: str | os.PathLike[str] | None = None, *, port: int
     the server is stopped when the block ends)."""
     import sys
 
-    from kvprof.dashboard.background import BackgroundServer, free_port
+    from kvprof.tools.background import BackgroundServer, free_port
 
     port = free_port() if port is None else port
     command = [sys.executable, "-m", "kvprof", "dashboard", *([os.fspath(run_dir)] if run_dir is not None else []),

@@ -200,14 +200,6 @@ def _name_limits(path: Path) -> tuple[int, int]:
         return 255, 4096
 
 
-def finite_positive(value: float | None, name: str) -> None:
-    """The same rule for values that arrive through the Python API (raises ValueError)."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-
-
 def _annotation_is_bool(annotation: object) -> bool:
     """``bool`` or ``bool | None`` (also as the string ``from __future__ import annotations`` leaves)."""
     if isinstance(annotation, str):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_dashboard as bd  # noqa: E402
 from kvprof.core.errors import ToolError  # noqa: E402
-from kvprof.dashboard.background import BackgroundServer  # noqa: E402
+from kvprof.tools.background import BackgroundServer  # noqa: E402
 
 SAMPLES = ROOT / "traces" / "samples"
 RUN = SAMPLES / "h200-llama70b-tp8"

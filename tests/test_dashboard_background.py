@@ -12,7 +12,7 @@ import pytest
 
 import kvprof.api as kv
 from kvprof.core.errors import ToolError
-from kvprof.dashboard.background import BackgroundServer, free_port
+from kvprof.tools.background import BackgroundServer, free_port
 
 
 def _static_server(tmp_path: Path, log: Path | None = None) -> BackgroundServer:

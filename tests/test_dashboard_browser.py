@@ -18,7 +18,7 @@ import pytest
 
 from dashboard_support import REPO, dash_runs  # noqa: F401
 from kvprof.core.errors import ToolError
-from kvprof.dashboard.background import BackgroundServer, free_port
+from kvprof.tools.background import BackgroundServer, free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]  # a server and a Chromium for the module
 

@@ -1,7 +1,9 @@
-"""kvprof's layers import one way only (docs/architecture.md), checked on the source.
+"""The architecture rules import-linter's contracts cannot state, checked on the source.
 
-Every ``import`` and ``from ... import`` in a module counts, at the top or inside a
-function: a lazy import still makes the lower layer depend on the upper one.
+Which layer may import which is in pyproject.toml's ``[tool.importlinter]`` contracts (CI runs
+``lint-imports``; docs/architecture.md lists them). Here: no import cycle among kvprof's
+modules, no private name imported across packages, and only the run directory spells a run's
+file names. Every import counts, at the top, inside a function or under TYPE_CHECKING.
 """
 
 from __future__ import annotations
@@ -13,11 +15,6 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "kvprof"
 
-# Modules that import torch (directly or through what they import): the analysis must not use them.
-TORCH_SIDE = ("kvprof.capture", "kvprof.writers", "kvprof.layouts", "kvprof.pool", "kvprof.workload", "kvprof.layer",
-              "kvprof.instrument", "kvprof.dtypes", "kvprof.devinfo", "kvprof.models", "kvprof.bench",
-              "kvprof.integrations", "kvprof.guards")
-
 
 def _module(path: Path) -> str:
     rel = path.relative_to(PKG.parent).with_suffix("")
@@ -25,78 +22,6 @@ def _module(path: Path) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
-
-
-def _imports(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    mod = _module(path)
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: resolved against the importing module's package
-                pkg = mod.split(".")
-                pkg = pkg[: len(pkg) - node.level + (path.name == "__init__.py")]
-                base = ".".join(pkg + ([base] if base else []))
-            out.append((node.lineno, base))
-            out += [(node.lineno, f"{base}.{a.name}") for a in node.names if base == "kvprof"]
-    return out
-
-
-def _within(name: str, prefixes: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-
-def _violations(package: str, forbidden: tuple[str, ...], allowed_kvprof: tuple[str, ...] | None = None) -> list[str]:
-    found = []
-    root = PKG.joinpath(*package.split(".")[1:])
-    files = sorted(root.rglob("*.py")) if root.is_dir() else [root.with_suffix(".py")]
-    for f in files:
-        for line, name in _imports(f):
-            bad = _within(name, forbidden)
-            if allowed_kvprof is not None and _within(name, ("kvprof",)):
-                bad = bad or not _within(name, allowed_kvprof)
-            if bad:
-                found.append(f"{f.relative_to(PKG.parent)}:{line} imports {name}")
-    return found
-
-
-RULES = [
-    # (package, what it must not import, or None; the only kvprof modules it may import, or None)
-    ("kvprof.core", ("torch",), ("kvprof.core",)),
-    ("kvprof.tools", ("torch",), ("kvprof.core", "kvprof.tools")),
-    ("kvprof.trace", ("kvprof.capture", "kvprof.commands", "kvprof.cli", "kvprof.dashboard", "kvprof.api",
-                      "kvprof.analysis", "kvprof.report", "torch", *TORCH_SIDE), None),
-    ("kvprof.analysis", ("kvprof.commands", "kvprof.cli", "kvprof.dashboard", "kvprof.api", "kvprof.report",
-                         "torch", *TORCH_SIDE), None),
-    ("kvprof.report", ("kvprof.commands", "kvprof.cli", "kvprof.dashboard", "kvprof.api", "torch",
-                       *TORCH_SIDE), None),
-    # capture writes a run and analyses nothing (kvprof.api.capture opens and analyses it)
-    ("kvprof.capture", ("kvprof.commands", "kvprof.cli", "kvprof.dashboard", "kvprof.api", "kvprof.analysis",
-                        "kvprof.report"), None),
-]
-
-
-@pytest.mark.parametrize("package,forbidden,allowed", RULES, ids=[r[0] for r in RULES])
-def test_layer_imports_only_downwards(package: str, forbidden: tuple[str, ...],
-                                      allowed: tuple[str, ...] | None) -> None:
-    assert _violations(package, forbidden, allowed) == []
-
-
-def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
-    """The rule engine itself: a planted upward import is reported, lazy or not."""
-    global PKG
-    fake = tmp_path / "kvprof"
-    (fake / "core").mkdir(parents=True)
-    (fake / "core" / "bad.py").write_text("def f():\n    from kvprof.trace.load import load\n    import torch\n")
-    saved, PKG = PKG, fake
-    try:
-        found = _violations("kvprof.core", ("torch",), ("kvprof.core",))
-    finally:
-        PKG = saved
-    assert len(found) == 2 and "kvprof.trace.load" in found[0] and "torch" in found[1]
 
 
 def test_no_private_name_is_imported_from_another_package() -> None:

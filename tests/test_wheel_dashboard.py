@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprof.dashboard.background import BackgroundServer, free_port
+from kvprof.tools.background import BackgroundServer, free_port
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("streamlit")

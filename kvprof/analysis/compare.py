@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvprof.core.numbers import finite_or_none
+from kvprof.core.numbers import finite_or_none, finite_positive
 from kvprof.core.timings import WALL
 
 RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns",
@@ -33,8 +33,6 @@ class Benchmark:
     label: str = "SGLang #9775: Llama-3.1-70B TP8, 10 requests, two_stream -> fused"
 
     def __post_init__(self) -> None:  # 0 divided the projection; NaN passed every "> 0" test
-        from kvprof.argtypes import finite_positive
-
         finite_positive(self.itl_before_ms, "itl_before_ms")
         finite_positive(self.itl_after_ms, "itl_after_ms")
         finite_positive(self.layers, "layers")

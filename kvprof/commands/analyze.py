@@ -53,24 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvprof import api
-    from kvprof.analysis.write_kernels import render_write_kernels
-    from kvprof.report.console import render
-    from kvprof.report.files import frame_csv
-    from kvprof.report.terminal import note, print_json, print_text, table_console
+    from kvprof.report.renderers import Output, render
+    from kvprof.report.terminal import note, table_console
 
     api.check_write_kernel_regex(args.write_kernels)  # a bad REGEX is refused before any trace is read
     loaded = api.open_run(Path(args.path), api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events)
     result = api.analyze(loaded, baseline=args.baseline,
                          bench=api.benchmark(args.layers, args.itl_before, args.itl_after), layers=args.layers,
                          write_kernels=True, write_kernel_regex=args.write_kernels)
-    if args.format == "json":
-        print_json(result.summary.to_json())
-    elif args.format == "csv":
-        print_text(frame_csv(result.groups))  # the same table as summary.csv
-    elif not args.quiet:
-        con = table_console(args.format)
-        render(result.summary, con)
-        render_write_kernels(result.summary.write_kernels, con)
+    if not (args.quiet and args.format == "table"):  # --quiet leaves out the tables, never a document
+        render(args.format, result, Output(console=table_console(args.format)))
     if args.no_files:
         return 0
     for p in api.write_outputs(loaded, result, api.output_dir(args.path, args.out)):

@@ -49,10 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise ToolError("plotly is not installed: pip install 'kvcache-profiler[dashboard]'")
     if args.html.suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"--html {args.html}: the report is HTML; name it *.html")
-    from kvprof.core.atomic import atomic_file
-    from kvprof.dashboard import frames
-    from kvprof.dashboard.html_report import render
+    from kvprof.dashboard import frames, html_report  # noqa: F401 (html_report registers the "html" renderer)
     from kvprof.dashboard.landing import build
+    from kvprof.report.renderers import Output, render
 
     summary, writes = load_run(args.run)
     doc = summary.to_json()  # the landing view reads the summary's tables as rows
@@ -65,8 +64,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--baseline {args.baseline}: this run has {', '.join(sorted(variants))}")
     land = build(args.run.resolve().name, doc, writes, args.source, None, args.baseline)
     land.notes[:0] = summary.invalid
-    text = render(land)
-    with atomic_file(args.html, "w") as fh:
-        fh.write(text)
-    print(f"kvprof report: {args.html} ({len(text.encode()) / 2**20:.1f} MB, source {land.source})")
+    render("html", land, Output(path=args.html))
+    print(f"kvprof report: {args.html} ({args.html.stat().st_size / 2**20:.1f} MB, source {land.source})")
     return 0

@@ -16,4 +16,14 @@ def finite_or_none(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-__all__ = ["finite_or_none"]
+def finite_positive(value: float | None, name: str) -> None:
+    """A value from the Python API that must be a positive finite number, or None (raises ValueError).
+
+    The command line refuses the same values at the argument (``kvprof.argtypes``)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+__all__ = ["finite_or_none", "finite_positive"]

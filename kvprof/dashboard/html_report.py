@@ -11,8 +11,10 @@ import html
 from datetime import datetime, timezone
 
 from kvprof import __version__
+from kvprof.core.atomic import atomic_file
 from kvprof.dashboard.landing import Landing
 from kvprof.dashboard.tables import display, landing_table
+from kvprof.report.renderers import Output, register
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -53,3 +55,12 @@ def render(land: Landing) -> str:
 
 def _table_html(shown) -> str:  # noqa: ANN001
     return shown.to_html(index=False, escape=True, border=0)
+
+
+@register("html", Landing)
+class HtmlReport:
+    """The landing view as one HTML file, written atomically to ``out.path``."""
+
+    def render(self, result: Landing, out: Output) -> None:
+        with atomic_file(out.need_path(), "w") as fh:
+            fh.write(render(result))

@@ -1,5 +1,8 @@
 """A dashboard server in the background of a script: started, healthy, then stopped whatever happens.
 
+A process runner that knows only Streamlit's health endpoint, so it sits below ``kvprof.api``
+(which starts the dashboard with it) rather than inside the dashboard, which sits above the api.
+
 For code that drives the dashboard rather than a person at ``kvprof dashboard``: the
 screenshots, the first-chart benchmark, the tests, a notebook. ``kvprof.api.dashboard_server``
 starts ``kvprof dashboard`` this way; ``BackgroundServer`` takes any command that serves a

@@ -1,0 +1,297 @@
+"""Every output form of a command's result, by name: ``render(name, result, out)``.
+
+A renderer is a small class with ``render(result, out)``, registered under a name (what
+``--format`` or an option calls the form) and the result type it renders: "table" of an
+analysis and "table" of a comparison are two renderers behind one call, and a command says
+which form it wants instead of choosing code by if/elif. Options a form needs
+(the run names in a JUnit report) go to the renderer's constructor, as in pyinstrument.
+
+The tables and documents are built where they were (kvprof.report.console, .files, .gate,
+.write_kernels); the HTML report's renderer is kvprof.dashboard.html_report's, registered
+when that module is imported (the dashboard sits above this layer).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from rich.console import Console
+
+from kvprof.analysis.gate import GateResult
+from kvprof.analysis.summary import Analysis
+from kvprof.core.errors import UsageError
+from kvprof.core.text import markup, printable
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a renderer writes. ``console``: tables and lines for people (stdout with --format
+    table, stderr when stdout holds a document; kvprof.report.terminal.table_console). A
+    document form (json, csv) writes stdout itself; a file form (junit, html) writes ``path``."""
+
+    console: Console | None = None
+    path: Path | None = None
+
+    def need_console(self) -> Console:
+        if self.console is None:
+            raise ValueError("this renderer prints tables: give Output a console")
+        return self.console
+
+    def need_path(self) -> Path:
+        if self.path is None:
+            raise ValueError("this renderer writes a file: give Output a path")
+        return self.path
+
+
+class Renderer(Protocol):
+    """One output form of one result type (``register`` names both)."""
+
+    def render(self, result: Any, out: Output) -> None: ...
+
+
+_REGISTRY: dict[tuple[type, str], type[Renderer]] = {}
+
+RendererT = TypeVar("RendererT", bound=Renderer)
+
+
+def register(name: str, result_type: type) -> Callable[[type[RendererT]], type[RendererT]]:
+    """Class decorator: the class renders ``result_type`` (and its subclasses) as ``name``
+    (table, json, csv, junit, html); one renderer per pair."""
+
+    def add(cls: type[RendererT]) -> type[RendererT]:
+        known = _REGISTRY.get((result_type, name))
+        # the same class again is a module imported anew (a reload), not a second renderer
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"a {name!r} renderer for {result_type.__name__} is already registered")
+        _REGISTRY[(result_type, name)] = cls
+        return cls
+
+    return add
+
+
+def names(result_type: type) -> list[str]:
+    """The forms ``result_type`` can be rendered in (its own and its bases')."""
+    bases = result_type.__mro__
+    return sorted({name for (t, name) in _REGISTRY if t in bases})
+
+
+def get_renderer(name: str, result_type: type, **options: Any) -> Renderer:
+    """The renderer of ``result_type`` (or its nearest base) called ``name``, built with ``options``."""
+    for t in result_type.__mro__:
+        cls = _REGISTRY.get((t, name))
+        if cls is not None:
+            return cls(**options)
+    known = ", ".join(names(result_type)) or "none"
+    raise UsageError(f"no {name!r} output for {result_type.__name__} (one of: {known})")
+
+
+def render(name: str, result: Any, out: Output, **options: Any) -> None:
+    """``result`` in the form ``name``, into ``out``."""
+    get_renderer(name, type(result), **options).render(result, out)
+
+
+# --- results the commands render that have no type of their own -------------------------------------
+
+@dataclass(frozen=True)
+class ComparisonDoc:
+    """compare's result: compare.json's document, JSON-safe (what --format json prints)."""
+
+    doc: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class VariantComparisonDoc(ComparisonDoc):
+    """``compare RUN``: each variant against the baseline (kvprof.analysis.compare.compare_groups)."""
+
+
+@dataclass(frozen=True)
+class RunComparisonDoc(ComparisonDoc):
+    """``compare RUN RUN2``: each variant before -> after (kvprof.analysis.runs.RunComparison's
+    document; the gate's verdict under ``gate`` when one was asked for)."""
+
+
+# --- analyze -----------------------------------------------------------------------------------------
+
+@register("table", Analysis)
+class AnalysisTable:
+    """The console view: one table per source, verdicts, comparison, warnings, write kernels by name."""
+
+    def render(self, result: Analysis, out: Output) -> None:
+        from kvprof.report.console import render as render_summary
+        from kvprof.report.write_kernels import render_write_kernels
+
+        con = out.need_console()
+        render_summary(result.summary, con)
+        render_write_kernels(result.summary.write_kernels, con)
+
+
+@register("json", Analysis)
+class AnalysisJson:
+    """summary.json's document on stdout."""
+
+    def render(self, result: Analysis, out: Output) -> None:
+        from kvprof.report.terminal import print_json
+
+        print_json(result.summary.to_json())
+
+
+@register("csv", Analysis)
+class AnalysisCsv:
+    """summary.csv's table on stdout."""
+
+    def render(self, result: Analysis, out: Output) -> None:
+        from kvprof.report.files import frame_csv
+        from kvprof.report.terminal import print_text
+
+        print_text(frame_csv(result.groups))
+
+
+# --- compare -----------------------------------------------------------------------------------------
+
+@register("json", ComparisonDoc)
+class ComparisonJson:
+    """compare.json's document on stdout."""
+
+    def render(self, result: ComparisonDoc, out: Output) -> None:
+        from kvprof.report.terminal import print_json
+
+        print_json(result.doc)
+
+
+@register("csv", ComparisonDoc)
+class ComparisonCsv:
+    """The comparison's rows as CSV on stdout."""
+
+    def render(self, result: ComparisonDoc, out: Output) -> None:
+        from kvprof.report.terminal import csv_text, print_text
+
+        print_text(csv_text(result.doc["rows"]))
+
+
+@register("table", VariantComparisonDoc)
+class VariantComparisonTable:
+    """The comparison table, the headline against the benchmark, the warnings."""
+
+    def render(self, result: VariantComparisonDoc, out: Output) -> None:
+        from kvprof.report.console import comparison_table
+
+        con, doc = out.need_console(), result.doc
+        if doc["rows"]:
+            con.print(comparison_table(doc))
+        h, b = doc.get("headline"), doc["benchmark"]
+        if h:
+            con.print(f"captured {markup(h['variant'])} ({markup(h['source'])}, decode bs={markup(h['size'])}): "
+                      "saving "
+                      f"{h['saving_per_step_ms']:.3f} ms per step -> ITL {b['itl_before_ms']:.2f} -> "
+                      f"{h['predicted_itl_ms']:.2f} ms; measured {b['itl_before_ms']:.2f} -> "
+                      f"{b['itl_after_ms']:.2f} ms")
+        for w in doc["warnings"]:
+            con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
+
+
+@register("table", RunComparisonDoc)
+class RunComparisonTable:
+    """Run vs run: both runs with their capture times, why they may not compare, the table, the
+    variants with no row."""
+
+    def render(self, result: RunComparisonDoc, out: Output) -> None:
+        from kvprof.report.console import run_comparison_table
+
+        con, doc = out.need_console(), result.doc
+        for line in _runs_lines(doc["runs"]):
+            con.print(line, soft_wrap=True, markup=False, highlight=False)
+        for why in doc.get("not_comparable") or []:
+            con.print(f"[yellow]warning:[/yellow] not comparable: {markup(why)}", soft_wrap=True)
+        if doc["rows"]:
+            con.print(run_comparison_table(doc))
+        for why in doc["empty"]:
+            con.print(f"[yellow]no row:[/yellow] {markup(why)}", soft_wrap=True)
+
+
+def _runs_lines(runs: dict[str, Any]) -> list[str]:
+    """before -> after with both capture times; a note when the order given is not the order captured."""
+    b, a = runs["before"], runs["after"]
+    lines = [f"before: {printable(b['input'])} ({b['captured']}) -> after: {printable(a['input'])} ({a['captured']})"]
+    if b["captured_at"] and a["captured_at"] and b["captured_at"] > a["captured_at"]:
+        lines.append(f"note: the before run ({printable(b['input'])}) was captured after the after run "
+                     f"({printable(a['input'])}); the order given is kept")
+    return lines
+
+
+# --- the regression gate -----------------------------------------------------------------------------
+
+@register("table", GateResult)
+class GateTable:
+    """Why the runs cannot be compared, the regressed rows and the rows over the threshold that
+    stay inside the noise (one line each: a CI log is read as it is), the verdict, the rows that
+    could not be judged or were left out. ``exit_code``: the command's exit code for a gate that
+    judged nothing, named in the verdict."""
+
+    def __init__(self, exit_code: int | None = None) -> None:
+        self.exit_code = exit_code
+
+    def render(self, result: GateResult, out: Output) -> None:
+        from kvprof.report.gate import row_text
+
+        con, gate = out.need_console(), result
+        for why in gate.not_comparable:
+            con.print(f"[red]not comparable:[/red] {markup(why)}", soft_wrap=True)
+        for line in gate.notes:
+            con.print(f"[yellow]note:[/yellow] {markup(line)}", soft_wrap=True)
+        for r in gate.regressed:
+            con.print(f"[red]regressed:[/red] {markup(row_text(r, gate.threshold_pct))}", soft_wrap=True,
+                      highlight=False)
+        for r in gate.rows:  # the table's raw ratio alone would read as a regression: say why it is not one
+            if not r.regressed and r.slower_pct > gate.threshold_pct:
+                con.print(f"not a regression: {markup(row_text(r, gate.threshold_pct))}", soft_wrap=True,
+                          highlight=False)
+        rule = f"slower than BASE by more than {gate.threshold_pct:g} % beyond the noise"
+        exit_text = "" if self.exit_code is None else f"; exit {self.exit_code}"
+        if not gate.comparable:
+            verdict = (f"gate: not judged, the runs cannot be compared ({len(gate.not_comparable)} reason(s) "
+                       f"above){exit_text}")
+        elif not gate.rows:
+            verdict = f"gate: not judged, no row could be judged (see below){exit_text}"
+        elif gate.regressed:
+            verdict = f"gate: {len(gate.regressed)} of {len(gate.rows)} rows {rule}"
+        else:
+            verdict = f"gate: passed, none of {len(gate.rows)} rows {rule}"
+        con.print(verdict, soft_wrap=True)
+        for why in gate.unjudged:
+            con.print(f"[yellow]not judged:[/yellow] {markup(why)}", soft_wrap=True)
+        for why in _grouped(gate.left_out):
+            con.print(f"[yellow]left out:[/yellow] {markup(why)}", soft_wrap=True)
+
+
+def _grouped(lines: list[str]) -> list[str]:
+    """"v phase size: why" lines with the same variant and reason as one line naming the points."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for line in lines:
+        point, _, why = line.partition(": ")
+        variant, _, where = point.partition(" ")
+        by.setdefault((variant, why), []).append(where)
+    return [f"{v} ({', '.join(points)}): {why}" for (v, why), points in by.items()]
+
+
+@register("junit", GateResult)
+class GateJunit:
+    """The JUnit XML report, written atomically to ``out.path`` and named on the console."""
+
+    def __init__(self, base: str, new: str) -> None:
+        self.base, self.new = base, new
+
+    def render(self, result: GateResult, out: Output) -> None:
+        from kvprof.core.atomic import atomic_write_text
+        from kvprof.report.gate import junit_xml
+
+        path = out.need_path()
+        atomic_write_text(path, junit_xml(result, base=self.base, new=self.new))
+        print(f"wrote {path}", file=out.console.file if out.console is not None else sys.stdout)
+
+
+__all__ = ["ComparisonDoc", "Output", "Renderer", "RunComparisonDoc", "VariantComparisonDoc", "get_renderer", "names",
+           "register", "render"]
