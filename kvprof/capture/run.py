@@ -50,6 +50,29 @@ def capture(
         return _capture(config, runtime, progress_factory, log)
 
 
+_OPTION = {"layers": "--layers", "threads": "--threads", "decode_sizes": "--batch-sizes",
+           "context_len": "--context-len", "prefill_sizes": "--prefill-tokens", "reference_steps": "--reference-steps"}
+
+
+def defaults_line(config: CaptureConfig, device_type: str) -> str | None:
+    """On a CPU, the smaller settings the capture chose for the options left out (none on
+    CUDA, where the defaults are the documented ones), so that a first run says what it ran."""
+    if device_type == "cuda" or not config.device_defaults:
+        return None
+    model_layers = config.rank_shape().layers
+    parts = []
+    for key, value in config.device_defaults.items():
+        if key not in _OPTION or (key in ("context_len", "decode_sizes", "prefill_sizes") and config.context != "layer"):
+            continue  # the sizes are the GPU's defaults on a CPU too, but for --context layer
+        if (key == "prefill_sizes" and "prefill" not in config.phases) or (key == "context_len" and "decode" not in config.phases):
+            continue
+        shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        parts.append(f"{_OPTION[key]} {shown}" + (f" (of {model_layers})" if key == "layers" else ""))
+    if not parts:
+        return None
+    return f"on {device_type}: {', '.join(parts)} (defaults on a CPU, to finish in minutes; pass an option to change it)"
+
+
 def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable[[int], Any] | None,
              log: Callable[[str], None]) -> CapturedRun:
     device = runtime.device
@@ -74,6 +97,9 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
             problems.append(err)
     runnable = [p for p in planned if p.reason is None]
     context = make_context(config, device)
+    line = defaults_line(config, device.type)  # once nothing more is refused: a refusal is one line
+    if line:
+        log(line)
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")
