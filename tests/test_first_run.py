@@ -62,6 +62,7 @@ def test_the_console_line_names_each_cpu_default():
                  f"--prefill-tokens {CPU_LAYER_PREFILL_TOKENS}", f"--reference-steps {CPU_LAYER_REFERENCE_STEPS}"):
         assert part in line
     assert defaults_line(CaptureConfig(context="layer").validate().resolved_for("cuda"), "cuda") is None
+    assert defaults_line(CaptureConfig().validate().resolved_for("cpu"), "cpu") is None  # the writes alone
 
 
 # -- the memory guard counts the layers a step builds, and names what fits ------------------

@@ -54,18 +54,22 @@ _OPTION = {"layers": "--layers", "threads": "--threads", "decode_sizes": "--batc
            "context_len": "--context-len", "prefill_sizes": "--prefill-tokens", "reference_steps": "--reference-steps"}
 
 
+_PHASE_OF = {"decode_sizes": "decode", "context_len": "decode", "prefill_sizes": "prefill"}
+
+
 def defaults_line(config: CaptureConfig, device_type: str) -> str | None:
-    """On a CPU, the smaller settings the capture chose for the options left out (none on
-    CUDA, where the defaults are the documented ones), so that a first run says what it ran."""
-    if device_type == "cuda" or not config.device_defaults:
+    """With --context layer on a CPU, the smaller settings the capture chose for the options
+    left out, so that a first run says what it ran (none on CUDA, where the defaults are the
+    documented ones; the writes alone say their layers and threads in the first summary)."""
+    if device_type == "cuda" or config.context != "layer" or not config.device_defaults:
         return None
     model_layers = config.rank_shape().layers
     parts = []
     for key, value in config.device_defaults.items():
-        if key not in _OPTION or (key in ("context_len", "decode_sizes", "prefill_sizes") and config.context != "layer"):
-            continue  # the sizes are the GPU's defaults on a CPU too, but for --context layer
-        if (key == "prefill_sizes" and "prefill" not in config.phases) or (key == "context_len" and "decode" not in config.phases):
+        if key not in _OPTION:
             continue
+        if key in ("decode_sizes", "context_len", "prefill_sizes") and _PHASE_OF[key] not in config.phases:
+            continue  # a size of a phase that does not run
         shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         parts.append(f"{_OPTION[key]} {shown}" + (f" (of {model_layers})" if key == "layers" else ""))
     if not parts:
