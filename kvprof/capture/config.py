@@ -199,15 +199,16 @@ class CaptureConfig:
 
     def resolved_for(self, device_type: str) -> CaptureConfig:
         """A new configuration with the device-dependent defaults (layers, threads, context
-        length, decode batches, prefill tokens, reference steps) fixed, so that the manifest, child processes
-        and ranks all see the values the capture used; ``device_defaults`` names those that
-        were left out and filled in here."""
-        values = {"layers": self.layers_on(device_type), "threads": self.threads_on(device_type),
-                  "context_len": self.context_len_on(device_type), "decode_sizes": self.decode_sizes_on(device_type),
-                  "prefill_sizes": self.prefill_sizes_on(device_type),
-                  "reference_steps": self.reference_steps_on(device_type)}
-        filled = {k: v for k, v in values.items() if getattr(self, k) is None and v is not None}
-        return replace(self, **values, device_defaults={**self.device_defaults, **filled})
+        length, decode batches, prefill tokens, reference steps) fixed, so that the manifest,
+        child processes and ranks all see the values the capture used; ``device_defaults``
+        names those that were left out and filled in here."""
+        resolved = replace(
+            self, layers=self.layers_on(device_type), threads=self.threads_on(device_type),
+            context_len=self.context_len_on(device_type), decode_sizes=self.decode_sizes_on(device_type),
+            prefill_sizes=self.prefill_sizes_on(device_type), reference_steps=self.reference_steps_on(device_type))
+        keys = ("layers", "threads", "context_len", "decode_sizes", "prefill_sizes", "reference_steps")
+        filled = {k: getattr(resolved, k) for k in keys if getattr(self, k) is None and getattr(resolved, k) is not None}
+        return replace(resolved, device_defaults={**self.device_defaults, **filled})
 
     def reference_steps_on(self, device_type: str) -> int:
         if self.reference_steps is not None:
