@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +26,34 @@ DATASHEET_BANDWIDTH_GBS = {
     "NVIDIA A100-SXM4-40GB": 1555.0,
     "NVIDIA B200": 8000.0,
 }
+
+
+# kvprof's modules that decorate Triton kernels (@triton.jit) a capture or bench may run
+TRITON_WRITER_MODULES = ("kvprof.writers.triton_convert", "kvprof.writers.triton_kernel", "kvprof.writers.paged_triton",
+                         "kvprof.writers.mla_triton", "kvprof.writers.fp8_jit")
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "on", "yes")
+
+
+def triton_interpreter(device: torch.device) -> str | None:
+    """Set TRITON_INTERPRET=1 on a CPU when it is unset and no Triton writer is imported yet
+    (Triton reads it when a kernel is decorated, at import), so that kvprof's Triton writers
+    run there on a first try; say where the setting in force came from: "set by kvprof",
+    "from the environment", or None (compiled on CUDA, turned off by the user, or too late).
+    An explicit value, 0 included, is the user's choice and is kept."""
+    value = os.environ.get("TRITON_INTERPRET")
+    if value is not None:
+        return "from the environment" if _truthy(value) else None
+    if device.type == "cuda":
+        return None
+    if any(m in sys.modules for m in TRITON_WRITER_MODULES):
+        # too late for this process (a library user imported a writer first): the writer
+        # itself says why it cannot run, and the variant is reported n/a with that reason
+        return None
+    os.environ["TRITON_INTERPRET"] = "1"
+    return "set by kvprof"
 
 
 def resolve_device(name: str) -> torch.device:

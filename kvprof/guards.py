@@ -153,6 +153,23 @@ def check_memory(estimate: int, limit: MemoryLimit, what: str) -> None:
             "Lower the sizes, or raise the limit with --max-memory-gb (KVPROF_MAX_MEMORY_GB for the API)")
 
 
+def check_layer_weights(per_layer: int, fixed: int, layers: int, limit: MemoryLimit, what: str) -> None:
+    """ResourceError when ``layers`` layers of weights (``per_layer`` bytes each, ``fixed``
+    once) exceed ``limit``, naming the most layers that fit (``--layers``) or, when not even
+    one does, a smaller model or a larger tensor-parallel degree."""
+    need = per_layer * layers + fixed
+    if need <= limit.bytes:
+        return
+    fits = (limit.bytes - fixed) // per_layer if per_layer > 0 else 0
+    head = (f"{what} builds {layers} layer{'s' if layers != 1 else ''} of weights, about {gib(need)}; the limit is "
+            f"{gib(limit.bytes)} ({limit.source})")
+    if fits >= 1:
+        raise ResourceError(f"{head}. --layers {fits} fits ({gib(per_layer * fits + fixed)}); or raise the limit "
+                            "with --max-memory-gb")
+    raise ResourceError(f"{head}, and one layer needs {gib(per_layer + fixed)}. Pick a smaller --model or a "
+                        "larger --tp, or raise the limit with --max-memory-gb")
+
+
 def pool_bytes(rows: int, layers: int, head_num: int, head_dim: int, v_head_dim: int, elem: int) -> int:
     """Bytes of a KVPool's K and V buffers (Python ints: no overflow for absurd sizes)."""
     return int(rows) * int(layers) * int(head_num) * (int(head_dim) + int(v_head_dim)) * int(elem)

@@ -86,13 +86,25 @@ class RopeSpec:
 LLAMA31_ROPE = RopeSpec()
 
 
-def weight_bytes(shape: RankShape, dtype: torch.dtype) -> int:
-    """Bytes of every layer's weights (and the cos/sin cache): the memory estimate a guard
-    checks before allocating."""
-    elem = torch.empty((), dtype=dtype).element_size()
+def layer_weight_bytes(shape: RankShape, dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes of one layer's weights, bytes built once: the cos/sin cache), so that a guard
+    can say how many layers fit as well as whether they do."""
+    elem = torch.empty((), dtype=_layer_dtype(dtype)).element_size()
     h, d, q, kv, i = shape.hidden, shape.head_dim, shape.q_head_num, shape.head_num, shape.intermediate
     per_layer = 2 * h + h * (q + 2 * kv) * d + q * d * h + h * 2 * i + i * h
-    return per_layer * shape.layers * elem + LLAMA31_ROPE.max_position * d * 4
+    return per_layer * elem, LLAMA31_ROPE.max_position * d * 4
+
+
+def weight_bytes(shape: RankShape, dtype: torch.dtype, layers: int | None = None) -> int:
+    """Bytes of the weights a ``DecoderContext`` of ``layers`` layers builds (default: every
+    layer of the model) and of its cos/sin cache: the estimate a guard checks before allocating."""
+    per_layer, fixed = layer_weight_bytes(shape, dtype)
+    return per_layer * (shape.layers if layers is None else layers) + fixed
+
+
+def _layer_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The layer's activations and weights: the input dtype where it is a float one, else bf16."""
+    return dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
 
 
 def _first_line(exc: BaseException) -> str:
@@ -222,11 +234,14 @@ def pick_attention(device: torch.device, choice: str = "auto") -> tuple[str, str
 
 
 class DecoderContext:
-    """One rank's decoder layers; ``step`` runs them all, calling the write where it goes."""
+    """One rank's decoder layers; ``step`` runs them all, calling the write where it goes.
+
+    ``layers``: how many to build (the first N of the model's; default all): a step that
+    writes N layers (``--layers``) needs only their weights."""
 
     def __init__(self, shape: RankShape, dtype: torch.dtype, device: torch.device, context_len: int,
                  seed: int = 0, *, attention: str = "auto", rotary: str = "auto",
-                 k_scale: float | None = None, v_scale: float | None = None) -> None:
+                 k_scale: float | None = None, v_scale: float | None = None, layers: int | None = None) -> None:
         if min(shape.hidden, shape.q_head_num, shape.intermediate) < 1:
             raise UsageError(f"model {shape.model!r} has no layer shapes for --context layer")
         if shape.q_head_num % shape.head_num:
@@ -237,8 +252,11 @@ class DecoderContext:
             raise UsageError(f"--context layer rotates head dims in pairs; {shape.head_dim} is odd")
         if context_len < 1:
             raise UsageError(f"--context-len must be positive, got {context_len}")
+        built = shape.layers if layers is None else layers
+        if not 1 <= built <= shape.layers:
+            raise UsageError(f"--layers must be between 1 and {shape.layers}, got {built}")
         self.shape = shape
-        self.dtype = dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
+        self.dtype = _layer_dtype(dtype)
         self.device = device
         self.context_len = context_len
         self.k_scale, self.v_scale = k_scale, v_scale  # fp8 caches: read back as stored x scale
@@ -256,7 +274,7 @@ class DecoderContext:
                 norm1=torch.ones(h, device=device, dtype=self.dtype), qkv=w(h, (q + 2 * kv) * d), o=w(q * d, h),
                 norm2=torch.ones(h, device=device, dtype=self.dtype), gate_up=w(h, 2 * inter), down=w(inter, h),
             )
-            for _ in range(shape.layers)
+            for _ in range(built)
         ]
         self.rotary = Rotary(d, device, LLAMA31_ROPE, rotary, rows=max(LLAMA31_ROPE.max_position, context_len + 1))
         self.attention_kernel, self.attention_reason, self._sglang = pick_attention(device, attention)
@@ -366,6 +384,8 @@ class DecoderContext:
         ``reduce``: the tensor-parallel all-reduce (in place) of the attention output and of
         the MLP output, where a TP layer has them."""
         s = self.shape
+        if len(layer_ids) > len(self.layers):
+            raise UsageError(f"a step of {len(layer_ids)} layers in a decoder context built for {len(self.layers)}")
         tokens = loc.shape[0]
         x = self.hidden_input(tokens)
         positions = self.positions(tokens, decode)
@@ -410,4 +430,4 @@ class LayerWeights:
 
 __all__ = ["ATTENTION_CHOICES", "CONTEXTS", "DEFAULT_CONTEXT_LEN", "LLAMA31_ROPE", "DecodeMeta", "DecoderContext",
            "LayerKernels", "RopeSpec", "Rotary", "SGLANG_DECODE", "TORCH_ROTARY", "TORCH_SDPA", "TRITON_ROTARY",
-           "pick_attention", "split_qkv", "weight_bytes"]
+           "layer_weight_bytes", "pick_attention", "split_qkv", "weight_bytes"]

@@ -144,7 +144,7 @@ def test_layers_and_threads_reach_the_manifest_and_projections_use_the_model(tmp
         (["--profiler", "nsys"], 5, "nsys"),
         (["--layers", "0"], 2, "argument --layers: expected a positive integer"),
         (["--layers", "81"], 2, "llama-3.1-70b has 80 layers"),
-        (["--context", "layer", "--layers", "2"], 2, "runs all 80 layers"),
+        (["--context", "layer", "--layers", "80", "--max-memory-gb", "1"], 2, "builds 80 layers of weights"),
         (["--threads", "0"], 2, "argument --threads: expected a thread count from 1 to"),
     ],
 )

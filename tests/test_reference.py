@@ -187,7 +187,7 @@ def test_every_capture_records_reference_figures_and_the_observer_effect(tmp_pat
 
 def test_context_layer_runs_on_cpu_and_reports_the_write_share(tmp_path, capsys):
     rc = main(["capture", *TINY, "--variants", "two_stream", "--context", "layer", "--context-len", "8",
-               "--out", str(tmp_path), "--run-id", "l"])
+               "--layers", "3", "--out", str(tmp_path), "--run-id", "l"])  # all 3 (2 on a CPU by default)
     assert rc == 0
     run = tmp_path / "l"
     timings = StepTimings.from_json((run / "step_timings.json").read_bytes())
@@ -212,7 +212,7 @@ def test_context_layer_runs_on_cpu_and_reports_the_write_share(tmp_path, capsys)
     (["--context", "nonsense"], "unknown context 'nonsense'"),
     (["--reference-steps", "0"], "argument --reference-steps: expected a positive integer"),
     (["--context", "layer", "--context-len", "0"], "argument --context-len: expected a positive integer"),
-    (["--context", "layer", "--model", "llama-3.1-405b", "--tp", "1"], "GiB of weights"),
+    (["--context", "layer", "--model", "llama-3.1-405b", "--tp", "1", "--max-memory-gb", "4"], "one layer needs"),
 ])
 def test_bad_context_values_are_one_line_and_leave_nothing(tmp_path, capsys, args, message):
     base = TINY[4:] if "--model" in args else TINY  # the case names its own model and tp

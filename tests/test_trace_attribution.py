@@ -164,3 +164,15 @@ def test_random_traces_give_the_known_answers(tmp_path, ws, layers, graph, steps
     if not graph:
         assert (w["launch_delay_ns"] == exp["launch_delay_ns"]).all()
         assert (w["host_dur_ns"] == exp["host_dur_ns"]).all()
+
+
+def test_writes_without_gpu_work_are_attributed_by_no_method_as_the_trace_says(tmp_path):
+    """A CPU trace: analyze's header said 'attribution none' and its table 'correlation'."""
+    doc, _ = build(TraceSpec(phases=[PhaseSpec("prefill", 16, 2)]))
+    gpu_free = {**doc, "traceEvents": [e for e in doc["traceEvents"]
+                                       if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset")]}
+    t = _load_doc(tmp_path, gpu_free)
+    assert len(t.writes) == 8 and t.attribution["method"] == "none"
+    assert (t.writes["attribution"] == "none").all()
+    t = _load_doc(tmp_path, doc)  # the same writes with their kernels
+    assert t.attribution["method"] == "correlation" and (t.writes["attribution"] == "correlation").all()

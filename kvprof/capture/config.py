@@ -16,7 +16,17 @@ from typing import Any
 import torch
 
 from kvprof.argtypes import SCALE_MAX, SCALE_MIN
-from kvprof.capture.defaults import CPU_DEFAULT_LAYERS, CPU_DEFAULT_THREADS
+from kvprof.capture.defaults import (
+    CPU_DEFAULT_LAYERS,
+    CPU_DEFAULT_THREADS,
+    CPU_LAYER_CONTEXT_LEN,
+    CPU_LAYER_DECODE_SIZES,
+    CPU_LAYER_PREFILL_TOKENS,
+    CPU_LAYER_REFERENCE_STEPS,
+    DEFAULT_CONTEXT_LEN,
+    DEFAULT_DECODE_SIZES,
+    DEFAULT_PREFILL_TOKENS,
+)
 from kvprof.core import variants
 from kvprof.core.errors import UsageError
 from kvprof.dtypes import parse_dtype, short_name
@@ -40,8 +50,10 @@ class CaptureConfig:
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     required_variants: list[str] = field(default_factory=list)  # asked for by name: unrunnable is an error
     phases: list[str] = field(default_factory=lambda: ["decode", "prefill"])
-    decode_sizes: list[int] = field(default_factory=lambda: [1, 10, 64])
-    prefill_sizes: list[int] = field(default_factory=lambda: [4096])
+    # None: DEFAULT_DECODE_SIZES, CPU_LAYER_DECODE_SIZES with --context layer on a CPU
+    decode_sizes: list[int] | None = None
+    # None: DEFAULT_PREFILL_TOKENS, CPU_LAYER_PREFILL_TOKENS with --context layer on a CPU
+    prefill_sizes: list[int] | None = None
     serving_steps: int | None = None
     chunk: int = 8192
     steps: int = 10
@@ -62,9 +74,12 @@ class CaptureConfig:
     pass_env: list[str] = field(default_factory=list)
     writer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     context: str = "none"  # "layer": each write inside a decoder layer (kvprof.layer)
-    context_len: int = 4096  # cached tokens per request that decode attention reads
+    # cached tokens per request that decode attention reads; None: DEFAULT_CONTEXT_LEN,
+    # CPU_LAYER_CONTEXT_LEN with --context layer on a CPU
+    context_len: int | None = None
     # timed unprofiled steps per (phase, size) and mode; None: 100 on CUDA, --steps on CPU,
-    # where each step is wall-clock Python (tens of ms a write under Triton's interpreter)
+    # where each step is wall-clock Python (tens of ms a write under Triton's interpreter),
+    # CPU_LAYER_REFERENCE_STEPS there with --context layer (each step runs the layers' GEMMs)
     reference_steps: int | None = None
     torch_sync_events: bool = False  # torch.profiler's cuda_sync events (stream waits)
     nsys_graph_trace: str = "node"  # nsys --cuda-graph-trace: node (per-write kernels) or graph
@@ -85,6 +100,9 @@ class CaptureConfig:
     # torch's intra-op CPU threads during the capture; None: CPU_DEFAULT_THREADS on a CPU,
     # torch's own choice on CUDA (where the host thread only launches)
     threads: int | None = None
+    # what ``resolved_for`` filled in because the option was left out (the manifest's
+    # config.resolved.device_defaults; the console names them): {} before resolving
+    device_defaults: dict[str, Any] = field(default_factory=dict)
 
     # -- derived -------------------------------------------------------------------------
     def validate(self) -> CaptureConfig:
@@ -104,7 +122,7 @@ class CaptureConfig:
 
         if self.context not in CONTEXTS:
             raise UsageError(f"unknown context {self.context!r}; choose from {', '.join(CONTEXTS)}")
-        if self.context_len < 1:
+        if self.context_len is not None and self.context_len < 1:
             raise UsageError(f"--context-len must be positive, got {self.context_len}")
         if self.reference_steps is not None and self.reference_steps < 1:
             raise UsageError(f"--reference-steps must be at least 1, got {self.reference_steps}")
@@ -145,19 +163,40 @@ class CaptureConfig:
         if not 1 <= self.layers <= model.layers:
             raise UsageError(f"--layers must be between 1 and {model.layers} ({model.model} has {model.layers} "
                              f"layers), got {self.layers}")
-        if self.context != "none" and self.layers != model.layers:
-            raise UsageError(f"--context {self.context} measures whole steps against each other, so it runs all "
-                             f"{model.layers} layers; leave out --layers (or pass --layers {model.layers})")
 
     def layers_on(self, device_type: str) -> int:
-        """Layers each step writes on ``device_type``: --layers, else every layer on CUDA (and
-        with a decoder context), else CPU_DEFAULT_LAYERS."""
+        """Layers each step writes (and, with --context layer, builds) on ``device_type``:
+        --layers, else every layer on CUDA, else CPU_DEFAULT_LAYERS."""
         model = self.rank_shape().layers
         if self.layers is not None:
             return self.layers
-        if device_type == "cuda" or self.context != "none":
+        if device_type == "cuda":
             return model
         return min(CPU_DEFAULT_LAYERS, model)
+
+    def _cpu_layer(self, device_type: str) -> bool:
+        return device_type != "cuda" and self.context == "layer"
+
+    def context_len_on(self, device_type: str) -> int:
+        """Cached tokens per decode request: --context-len, else CPU_LAYER_CONTEXT_LEN with
+        --context layer on a CPU, else DEFAULT_CONTEXT_LEN."""
+        if self.context_len is not None:
+            return self.context_len
+        return CPU_LAYER_CONTEXT_LEN if self._cpu_layer(device_type) else DEFAULT_CONTEXT_LEN
+
+    def decode_sizes_on(self, device_type: str) -> list[int]:
+        """Decode batch sizes: --batch-sizes, else CPU_LAYER_DECODE_SIZES with --context layer
+        on a CPU, else DEFAULT_DECODE_SIZES."""
+        if self.decode_sizes is not None:
+            return list(self.decode_sizes)
+        return list(CPU_LAYER_DECODE_SIZES if self._cpu_layer(device_type) else DEFAULT_DECODE_SIZES)
+
+    def prefill_sizes_on(self, device_type: str) -> list[int]:
+        """Prefill tokens per chunk: --prefill-tokens, else CPU_LAYER_PREFILL_TOKENS with
+        --context layer on a CPU, else DEFAULT_PREFILL_TOKENS."""
+        if self.prefill_sizes is not None:
+            return list(self.prefill_sizes)
+        return [CPU_LAYER_PREFILL_TOKENS if self._cpu_layer(device_type) else DEFAULT_PREFILL_TOKENS]
 
     def threads_on(self, device_type: str) -> int | None:
         """torch's CPU threads for the capture: --threads, else 1 on a CPU, else None (torch's own)."""
@@ -166,14 +205,25 @@ class CaptureConfig:
         return CPU_DEFAULT_THREADS if device_type != "cuda" else None
 
     def resolved_for(self, device_type: str) -> CaptureConfig:
-        """A new configuration with the device-dependent defaults (layers, threads) fixed, so
-        that the manifest, child processes and ranks all see the values the capture used."""
-        return replace(self, layers=self.layers_on(device_type), threads=self.threads_on(device_type))
+        """A new configuration with the device-dependent defaults (layers, threads, context
+        length, decode batches, prefill tokens, reference steps) fixed, so that the manifest,
+        child processes and ranks all see the values the capture used; ``device_defaults``
+        names those that were left out and filled in here."""
+        resolved = replace(
+            self, layers=self.layers_on(device_type), threads=self.threads_on(device_type),
+            context_len=self.context_len_on(device_type), decode_sizes=self.decode_sizes_on(device_type),
+            prefill_sizes=self.prefill_sizes_on(device_type), reference_steps=self.reference_steps_on(device_type))
+        keys = ("layers", "threads", "context_len", "decode_sizes", "prefill_sizes", "reference_steps")
+        filled = {k: getattr(resolved, k) for k in keys
+                  if getattr(self, k) is None and getattr(resolved, k) is not None}
+        return replace(resolved, device_defaults={**self.device_defaults, **filled})
 
     def reference_steps_on(self, device_type: str) -> int:
         if self.reference_steps is not None:
             return self.reference_steps
-        return DEFAULT_REFERENCE_STEPS if device_type == "cuda" else self.steps
+        if device_type == "cuda":
+            return DEFAULT_REFERENCE_STEPS
+        return min(CPU_LAYER_REFERENCE_STEPS, self.steps) if self.context == "layer" else self.steps
 
     def rank_shape(self) -> RankShape:
         from kvprof.layouts.registry import MLA_PRESETS
@@ -219,8 +269,12 @@ class CaptureConfig:
         return torch.int32 if self.loc_dtype == "int32" else torch.int64
 
     def phase_specs(self, graphs_possible: bool = True) -> list[PhaseSpec]:
+        """The phases to run; an unresolved configuration (no ``resolved_for`` yet) runs the
+        GPU's sizes (DEFAULT_DECODE_SIZES, DEFAULT_PREFILL_TOKENS) where they were left out."""
+        decode = self.decode_sizes if self.decode_sizes is not None else list(DEFAULT_DECODE_SIZES)
+        prefill = self.prefill_sizes if self.prefill_sizes is not None else [DEFAULT_PREFILL_TOKENS]
         return build_phases(
-            self.phases, self.decode_sizes, self.prefill_sizes, self.steps,
+            self.phases, decode, prefill, self.steps,
             self.cuda_graph and graphs_possible, self.serving_steps, self.chunk,
         )
 
@@ -233,15 +287,21 @@ class CaptureConfig:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        defaults = d.pop("device_defaults")
         d["resolved"] = {
             "shape": self.rank_shape().as_dict(),
             "cache_dtype": short_name(self.cache_torch_dtype()),
             "input_dtype": short_name(self.input_torch_dtype()),
             "layout": self.layout_name(),
+            "device_defaults": defaults,
         }
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaptureConfig:
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        fields = {k: v for k, v in d.items() if k in known}
+        defaults = (d.get("resolved") or {}).get("device_defaults") if isinstance(d.get("resolved"), dict) else None
+        if isinstance(defaults, dict):
+            fields.setdefault("device_defaults", defaults)
+        return cls(**fields)

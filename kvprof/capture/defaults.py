@@ -11,4 +11,20 @@ CPU_DEFAULT_LAYERS = 2
 # second thread on a shared machine made a 64-token write's time swing by orders of magnitude.
 CPU_DEFAULT_THREADS = 1
 
-__all__ = ["CPU_DEFAULT_LAYERS", "CPU_DEFAULT_THREADS"]
+# What --context layer runs on a GPU unless told: an engine's decode context and prefill chunk.
+DEFAULT_DECODE_SIZES = (1, 10, 64)
+DEFAULT_CONTEXT_LEN = 4096
+DEFAULT_PREFILL_TOKENS = 4096
+# ... and on a CPU, where a 70B rank's layer is ~107 M weights a token pushes through one
+# torch thread (a 4096-token prefill step takes minutes, a batch of 64 half a second for two
+# layers): smaller batches, a short context and prefill, and few reference steps per mode,
+# so that a first run ends within two minutes with the decoder layers still around every
+# write. Each one is a default only: the option sets it.
+CPU_LAYER_DECODE_SIZES = (1, 10)
+CPU_LAYER_CONTEXT_LEN = 256
+CPU_LAYER_PREFILL_TOKENS = 16
+CPU_LAYER_REFERENCE_STEPS = 3
+
+__all__ = ["CPU_DEFAULT_LAYERS", "CPU_DEFAULT_THREADS", "CPU_LAYER_CONTEXT_LEN", "CPU_LAYER_DECODE_SIZES",
+           "CPU_LAYER_PREFILL_TOKENS", "CPU_LAYER_REFERENCE_STEPS", "DEFAULT_CONTEXT_LEN", "DEFAULT_DECODE_SIZES",
+           "DEFAULT_PREFILL_TOKENS"]

@@ -99,7 +99,8 @@ class PagedSession(LayoutSession[PagedPool]):
         blocks = self.pool.num_blocks
         if spec.phase == "decode":
             # contexts that leave every request room in the cache
-            ctx = max(0, min(self.config.context_len, (blocks // max(spec.tokens, 1) - 2) * self.block_size))
+            room = (blocks // max(spec.tokens, 1) - 2) * self.block_size
+            ctx = max(0, min(self.config.context_len_on(self.device.type), room))
             out = np.stack([self.tables.decode(spec.tokens, ctx) for _ in range(spec.steps)])
         else:
             chunk = min(spec.tokens, 2048)

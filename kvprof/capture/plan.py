@@ -9,7 +9,6 @@ analyses it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,11 +21,12 @@ import kvprof
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.runtime import Runtime
 from kvprof.core.atomic import clean_stale
-from kvprof.core.errors import DeviceError, KvprofError, OutputError, UsageError
+from kvprof.core.errors import DeviceError, KvprofError, OutputError
 from kvprof.core.run import Manifest, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.devinfo import device_properties, versions
-from kvprof.layer import DecoderContext, weight_bytes
+from kvprof.guards import check_layer_weights, memory_limit
+from kvprof.layer import DecoderContext, layer_weight_bytes
 from kvprof.layouts.layout import Writer, get_layout
 from kvprof.layouts.registry import create_variant
 from kvprof.writers import KVWriter
@@ -143,30 +143,20 @@ def variant_entry(p: PlannedVariant) -> VariantEntry:
     return entry
 
 
-def _memory_available(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free * 0.8)
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 0.5)
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
 def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext | None:
-    """The decoder layers around the writes (``--context layer``), once per capture; refused
-    before allocating when its weights would not fit."""
+    """The decoder layers around the writes (``--context layer``), once per capture: only the
+    layers a step runs (``config.layers_on``), refused before allocating when their weights
+    would not fit (naming the ``--layers`` that would)."""
     if config.context != "layer":
         return None
     shape = config.rank_shape()
     dtype = config.input_torch_dtype()
-    need, have = weight_bytes(shape, dtype), _memory_available(device)
-    if need > have:
-        raise UsageError(
-            f"--context layer for {shape.model} at tp {shape.tp} needs {need / 2**30:.1f} GiB of weights on "
-            f"{device}, more than the {have / 2**30:.1f} GiB available; pick a smaller --model or a larger --tp")
-    return DecoderContext(shape, dtype, device, config.context_len, seed=config.seed, k_scale=config.k_scale,
-                          v_scale=config.v_scale)
+    layers = config.layers_on(device.type)
+    per_layer, fixed = layer_weight_bytes(shape, dtype)
+    check_layer_weights(per_layer, fixed, layers, memory_limit(device, config.max_memory_gb),
+                        f"--context layer for {shape.model} at tp {shape.tp} on {device}")
+    return DecoderContext(shape, dtype, device, config.context_len_on(device.type), seed=config.seed,
+                          k_scale=config.k_scale, v_scale=config.v_scale, layers=layers)
 
 
 def sweep_stale(folder: Path, log: Callable[[str], None]) -> None:

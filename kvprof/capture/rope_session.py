@@ -48,7 +48,7 @@ class RopeSession(MHASession):
         self.q_heads = self.shape.q_head_num or self.shape.head_num
         # a table that covers every position a phase uses: decode requests at up to
         # --context-len tokens, prefill chunks from position 0
-        self.max_position = max([self.config.context_len, *(p.tokens for p in self.phases)]) + 1
+        self.max_position = max([self.config.context_len_on(device.type), *(p.tokens for p in self.phases)]) + 1
 
     def prepare(self, spec: PhaseSpec, index: int) -> RopePhase:
         slots = self.allocator.steps(spec)  # checked on the host once

@@ -61,6 +61,34 @@ def capture(
         return _capture(config, runtime, progress_factory, log)
 
 
+_OPTION = {"layers": "--layers", "threads": "--threads", "decode_sizes": "--batch-sizes",
+           "context_len": "--context-len", "prefill_sizes": "--prefill-tokens", "reference_steps": "--reference-steps"}
+
+
+_PHASE_OF = {"decode_sizes": "decode", "context_len": "decode", "prefill_sizes": "prefill"}
+
+
+def defaults_line(config: CaptureConfig, device_type: str) -> str | None:
+    """With --context layer on a CPU, the smaller settings the capture chose for the options
+    left out, so that a first run says what it ran (none on CUDA, where the defaults are the
+    documented ones; the writes alone say their layers and threads in the first summary)."""
+    if device_type == "cuda" or config.context != "layer" or not config.device_defaults:
+        return None
+    model_layers = config.rank_shape().layers
+    parts = []
+    for key, value in config.device_defaults.items():
+        if key not in _OPTION:
+            continue
+        if key in ("decode_sizes", "context_len", "prefill_sizes") and _PHASE_OF[key] not in config.phases:
+            continue  # a size of a phase that does not run
+        shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        parts.append(f"{_OPTION[key]} {shown}" + (f" (of {model_layers})" if key == "layers" else ""))
+    if not parts:
+        return None
+    return (f"on {device_type}: {', '.join(parts)} (defaults on a CPU, to finish in minutes; pass an option to "
+            "change it)")
+
+
 def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable[[int], Any] | None,
              log: Callable[[str], None]) -> CapturedRun:
     device = runtime.device
@@ -74,6 +102,9 @@ def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable
     nsys_path = _nsys_or_problem(config, problems)
     runnable = [p for p in planned if p.reason is None]
     context = make_context(config, device)
+    line = defaults_line(config, device.type)  # once nothing more is refused: a refusal is one line
+    if line:
+        log(line)
     for p in planned:
         if p.reason is not None:
             log(f"skipping {p.name}: {p.reason}")

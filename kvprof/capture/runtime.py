@@ -16,18 +16,12 @@ in the capture's first lines.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.devinfo import resolve_device
-
-# kvprof's modules that decorate Triton kernels (@triton.jit) a capture may run
-TRITON_WRITER_MODULES = ("kvprof.writers.triton_convert", "kvprof.writers.triton_kernel", "kvprof.writers.paged_triton",
-                         "kvprof.writers.mla_triton", "kvprof.writers.fp8_jit")
+from kvprof.devinfo import TRITON_WRITER_MODULES, resolve_device, triton_interpreter
 
 
 @dataclass(frozen=True)
@@ -44,26 +38,6 @@ class Runtime:
         return {"threads": self.threads, "triton_interpret": self.triton_interpret}
 
 
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "on", "yes")
-
-
-def triton_interpreter(device: torch.device) -> str | None:
-    """Set TRITON_INTERPRET=1 on a CPU when it is unset and no Triton writer is imported yet;
-    say where the setting in force came from."""
-    value = os.environ.get("TRITON_INTERPRET")
-    if value is not None:
-        return "from the environment" if _truthy(value) else None
-    if device.type == "cuda":
-        return None
-    if any(m in sys.modules for m in TRITON_WRITER_MODULES):
-        # too late for this process (a library user imported a writer first): the writer
-        # itself says why it cannot run, and the variant is reported n/a with that reason
-        return None
-    os.environ["TRITON_INTERPRET"] = "1"
-    return "set by kvprof"
-
-
 def prepare(config: CaptureConfig) -> tuple[CaptureConfig, Runtime]:
     """Validate ``config`` and resolve the device and the device-dependent defaults (a new,
     resolved configuration; ``config`` itself is left as it was), set Triton's interpreter up."""
@@ -75,4 +49,4 @@ def prepare(config: CaptureConfig) -> tuple[CaptureConfig, Runtime]:
     return resolved, Runtime(device=device, threads=threads, triton_interpret=interpret)
 
 
-__all__ = ["Runtime", "prepare", "triton_interpreter"]
+__all__ = ["TRITON_WRITER_MODULES", "Runtime", "prepare", "triton_interpreter"]

@@ -112,6 +112,13 @@ def default_out() -> Path:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kvprof.devinfo import resolve_device, triton_interpreter
+
+    device = resolve_device(args.device)
+    # as capture does: on a CPU kvprof's Triton writers run in Triton's interpreter, which
+    # Triton fixes when their modules are imported (by kvprof.bench.run, below)
+    triton_interpreter(device)
+
     from kvprof.bench.run import (
         BENCH_VARIANTS,
         ROPE_BENCH_VARIANTS,
@@ -121,10 +128,8 @@ def run(args: argparse.Namespace) -> int:
         rope_grid,
     )
     from kvprof.core.errors import UsageError
-    from kvprof.devinfo import resolve_device
     from kvprof.dtypes import parse_dtype
 
-    device = resolve_device(args.device)
     family = getattr(args, "family", "store")
     rope = family == "rope"
     points = default_grid(device, family)

@@ -50,7 +50,17 @@ def _writer_option(text: str) -> tuple[str, str, object]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from kvprof.capture.defaults import CPU_DEFAULT_LAYERS, CPU_DEFAULT_THREADS
+    from kvprof.capture.defaults import (
+        CPU_DEFAULT_LAYERS,
+        CPU_DEFAULT_THREADS,
+        CPU_LAYER_CONTEXT_LEN,
+        CPU_LAYER_DECODE_SIZES,
+        CPU_LAYER_PREFILL_TOKENS,
+        CPU_LAYER_REFERENCE_STEPS,
+        DEFAULT_CONTEXT_LEN,
+        DEFAULT_DECODE_SIZES,
+        DEFAULT_PREFILL_TOKENS,
+    )
     from kvprof.core.variants import DEFAULT_CAPTURE_VARIANTS as DEFAULT_VARIANTS
 
     w = p.add_argument_group("workload")
@@ -60,10 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel degree; KV heads per rank = ceil(kv_heads/tp) (default: %(default)s)")
     w.add_argument("--phase", type=_names, default=["decode", "prefill"],
                    help="decode, prefill, serving (comma-separated; default: decode,prefill)")
-    w.add_argument("--batch-sizes", "--decode-sizes", dest="decode_sizes", type=positive_ints, default=[1, 10, 64],
-                   help="decode batch sizes (default: 1,10,64)")
-    w.add_argument("--prefill-tokens", "--prefill-sizes", dest="prefill_sizes", type=positive_ints, default=[4096],
-                   help="prefill tokens per chunk (default: 4096)")
+    w.add_argument("--batch-sizes", "--decode-sizes", dest="decode_sizes", type=positive_ints, default=None,
+                   help=f"decode batch sizes (default: {','.join(map(str, DEFAULT_DECODE_SIZES))}; "
+                        f"{','.join(map(str, CPU_LAYER_DECODE_SIZES))} with --context layer on a CPU)")
+    w.add_argument("--prefill-tokens", "--prefill-sizes", dest="prefill_sizes", type=positive_ints, default=None,
+                   help=f"prefill tokens per chunk (default: {DEFAULT_PREFILL_TOKENS}; {CPU_LAYER_PREFILL_TOKENS} with "
+                        "--context layer on a CPU)")
     w.add_argument("--steps", type=positive_int, default=10,
                    help="measured steps per phase and size (default: %(default)s)")
     w.add_argument("--warmup", type=non_negative_int, default=3, help="unmeasured warm-up steps (default: %(default)s)")
@@ -93,19 +105,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="none: the writes alone, back to back; layer: each write inside a decoder layer at the "
                         "model's per-rank shapes (QKV GEMM, rotary, write, attention, output and MLP GEMMs) "
                         "(default: %(default)s)")
-    w.add_argument("--context-len", type=positive_int, default=4096,
+    w.add_argument("--context-len", type=positive_int, default=None,
                    help="with --context layer: cached tokens per request that decode attention reads (default: "
-                        "%(default)s)")
+                        f"{DEFAULT_CONTEXT_LEN}; {CPU_LAYER_CONTEXT_LEN} on a CPU)")
     w.add_argument("--layers", type=positive_int, default=None, metavar="N",
                    help="how many of the model's layers each step writes (the first N); per-write figures do not "
                         "depend on it, and savings per decode step are still projected to all the model's layers "
-                        f"(default: all on CUDA, {CPU_DEFAULT_LAYERS} on a CPU, all with --context layer)")
+                        f"(default: all on CUDA, {CPU_DEFAULT_LAYERS} on a CPU; with --context layer each step "
+                        "builds only these layers' weights)")
     w.add_argument("--threads", type=thread_count, default=None, metavar="N",
                    help=f"torch CPU threads during the capture (default: {CPU_DEFAULT_THREADS} on a CPU, where a "
                         "second thread made small writes swing; torch's own on CUDA; at most 4 per CPU)")
     w.add_argument("--reference-steps", type=positive_int, default=None,
                    help="unprofiled steps timed per phase and size for the reference figures (default: 100 on "
-                        "CUDA, the --steps count on CPU)")
+                        f"CUDA, the --steps count on CPU, {CPU_LAYER_REFERENCE_STEPS} there with --context layer)")
 
     d = p.add_argument_group("write")
     d.add_argument("--variants", type=_names, default=None,

@@ -26,23 +26,37 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from kvprof.core.text import markup
+    from kvprof.devinfo import resolve_device, triton_interpreter
+
+    device = resolve_device(args.device)
+    # as capture and bench do: Triton's interpreter on a CPU, decided when the writers import
+    interpret = triton_interpreter(device) or "off"
+
     from kvprof.core.errors import KvprofError
-    from kvprof.devinfo import resolve_device
     from kvprof.dtypes import parse_dtype
     from kvprof.writers import create_writer, writer_names
 
-    device = resolve_device(args.device)
     cache = parse_dtype(args.cache_dtype)
     inp = parse_dtype(args.input_dtype) if args.input_dtype else cache
     table = Table(title=f"write variants on {device}")
     for col in ("variant", "fused", "runs here", "description"):
         table.add_column(col)
-    for name in writer_names():
+    marked = False
+    for name in writer_names():  # every cell escaped: a hint's "[triton]" is text, not a rich tag
         try:
             w = create_writer(name)
             reason = w.unsupported_reason(device, cache, inp)
-            table.add_row(name, _fused_word(w), "yes" if reason is None else f"no: {reason}", w.description)
+            star = reason is None and bool(w.info().extra.get("interpreted"))
+            marked |= star
+            table.add_row(markup(name + (" *" if star else "")), markup(_fused_word(w)),
+                          "yes" if reason is None else markup(f"no: {reason}"), markup(w.description))
         except KvprofError as exc:
-            table.add_row(name, "?", f"no: {exc}", "")
+            table.add_row(markup(name), "?", markup(f"no: {exc}"), "")
+    if marked:
+        table.caption = markup(f"* runs its Triton kernel in Triton's interpreter (TRITON_INTERPRET=1, {interpret}): "
+                               "on the host, in numpy; its times are not a GPU's")
+        table.caption_justify = "left"
     Console().print(table)
     return 0
+

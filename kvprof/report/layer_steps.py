@@ -93,7 +93,9 @@ def saving_lines(raw: dict[str, Any] | None, batch: int = 10) -> list[str]:
         spread = f" ± {s.spread_ns / 1e6:.3f}" if s.spread_ns is not None else ""
         by.setdefault(s.variant, []).append(f"{s.saving_ns / 1e6:+.3f}{spread} vs {s.against}")
     how = "CPU wall clock, not a GPU's" if wall else "reference pass"
-    lines = [f"measured step saving in the layer (ms per decode step at batch {size}, {how}; positive: "
+    layers = sorted({s.layers for s in rows})
+    step = f"decode step of {layers[0]} layers" if len(layers) == 1 else "decode step"
+    lines = [f"measured step saving in the layer (ms per {step} at batch {size}, {how}; positive: "
              "shorter step): " + "; ".join(f"{v} {', '.join(parts)}" for v, parts in by.items())]
     tag = f", decode {size}:"
     lines += [n for n in doc.notes if tag in n]

@@ -27,7 +27,18 @@ from kvprof.report.layer_steps import saving_lines
 SHORT_SOURCE = {"reference": "ref", "kineto": "torch", "nsys": "nsys"}
 SOURCE_WORDS = {"reference": "no profiler", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
 PHASES = ("decode", "prefill", "serving")
-DASHBOARD = "python -m kvprof dashboard (needs the dashboard extra: pip install -e '.[dashboard]')"
+DASHBOARD = "python -m kvprof dashboard"
+DASHBOARD_MODULES = ("streamlit", "plotly")  # what the dashboard extra installs
+
+
+def dashboard_hint() -> str:
+    """How to open the dashboard, with the extra's install line only where it is missing."""
+    import importlib.util
+
+    if all(importlib.util.find_spec(m) is not None for m in DASHBOARD_MODULES):
+        return DASHBOARD
+    return (f"{DASHBOARD} (needs the dashboard extra: pip install 'kvcache-profiler[dashboard]'; from a checkout: "
+            "pip install -e '.[dashboard]')")
 
 
 def _cost(ns: Any) -> str | None:
@@ -218,7 +229,7 @@ def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[st
                          f"({'measured' if h.get('measured') else 'projected'} over the model's layers)")
     bench_batch = (summary.comparison or {}).get("benchmark", {}).get("batch", 10)
     lines += saving_lines(summary.layer_steps, int(bench_batch))  # a --context layer run only
-    lines.append(f"the H200 samples (fused vs two-stream writes, both profilers): {DASHBOARD}")
+    lines.append(f"the H200 samples (fused vs two-stream writes, both profilers): {dashboard_hint()}")
     return lines
 
 

@@ -449,6 +449,10 @@ class _Attributor:
         df["phase"] = pd.Categorical(self.phase)
         df["attribution"] = pd.Categorical(self.how)
         writes = pd.DataFrame(self.write_rows, columns=list(WRITE_INDEX_COLUMNS))
+        work = df["kind"].isin(GPU_WORK_KINDS).to_numpy()
+        if len(writes):  # a write no GPU work was matched to (a CPU trace) was attributed by no method
+            matched = np.unique(self.write_id[work & (self.write_id >= 0)])
+            writes.loc[~writes["write_id"].isin(matched), "attribution"] = "none"
         st = pd.DataFrame({
             "variant": step_var,
             "phase": steps["s_phase"].to_numpy() if len(steps) else [],
@@ -460,7 +464,6 @@ class _Attributor:
             "dur_ns": steps["dur_ns"].to_numpy() if len(steps) else [],
         })
         gpu = df["device"].to_numpy() >= 0
-        work = df["kind"].isin(GPU_WORK_KINDS).to_numpy()
         n_work = int(work.sum())
         in_write = int((work & (self.write_id >= 0)).sum())
         in_step = int((work & (self.step >= 0)).sum())

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvprof.validation import check_buffers_inputs
-from kvprof.writers.base import KVWriter
+from kvprof.writers.base import KVWriter, WriterInfo
 from kvprof.writers.cuda_fused import CudaFusedWriter
 from kvprof.writers.triton_fused import TritonFusedWriter
 
@@ -67,6 +67,15 @@ class StoreKVFusedWriter(KVWriter):
         if captured and device.type == "cuda" and self.triton.unsupported_reason(device, torch.bfloat16) is None:
             return self.triton.name
         return self._eager_writer(device).name
+
+    def info(self) -> WriterInfo:
+        """``extra["interpreted"]`` as triton_fused's, unless the compiled op was picked for
+        the eager writes: where the Triton kernel runs in Triton's interpreter, so does this."""
+        info = super().info()
+        why = self.triton.info().extra.get("interpreted")
+        if why and not any(w is self.cuda for w in self._eager.values()):
+            info.extra["interpreted"] = why
+        return info
 
     def write(
         self,
