@@ -351,3 +351,45 @@ def test_old_bench_files_still_load():
     assert r.writer_host_us is None and result.settings.target == BenchTarget() and result.variants == ["triton_fused"]
     with pytest.raises(ValueError, match="no records"):
         BenchResult.from_json(b'{"kind": "kvprof-bench"}')
+
+
+def test_fused_verdicts_compare_with_sglang_store_cache_in_graphs_and_cold_writes():
+    """SGLang's JIT store_cache is judged per mode: graph replays against graph replays, one write
+    after an L2 flush against the same; a slower point within the larger IQR is said to be so."""
+    def rec(variant, mode, us, iqr=0.001, tokens=1):
+        return {"variant": variant, "mode": mode, "status": "ok", "shape": "32x128", "dtype": "bf16",
+                "tokens": tokens, "cache_dtype": "bf16", "input_dtype": "bf16", "median_us": us, "iqr_us": iqr}
+
+    result = _result([rec("triton_fused", "graph", 0.70), rec("sglang_store_cache", "graph", 0.72),
+                      rec("triton_fused", "graph", 275.0, 0.1, 32768),
+                      rec("sglang_store_cache", "graph", 274.95, 0.2, 32768),
+                      rec("triton_fused", "cold", 0.93), rec("sglang_store_cache", "cold", 0.81)])
+    v = fused_verdicts(result, "triton_fused")["vs_store_cache"]
+    assert v["graph"] == {"compared": 2, "slower": ["32x128 bf16 32768 tok 275.000 > 274.950 µs"],
+                          "within_noise": ["32x128 bf16 32768 tok 275.000 > 274.950 µs"]}
+    assert v["cold"] == {"compared": 1, "slower": ["32x128 bf16 1 tok 0.930 > 0.810 µs"], "within_noise": []}
+    from kvprof.bench.render import verdict_lines
+
+    lines = [x for x in verdict_lines(result) if "store_cache" in x]
+    assert lines == ["triton_fused: slower than SGLang's store_cache at 1/2 graph points, 1 of them by less than the "
+                     "spread: 32x128 bf16 32768 tok 275.000 > 274.950 µs",
+                     "triton_fused: slower than SGLang's store_cache at 1/1 cold single-write points, 0 of them by "
+                     "less than the spread: 32x128 bf16 1 tok 0.930 > 0.810 µs"]
+
+
+def test_cold_and_graph_modes_need_cuda_and_are_refused_in_one_line(tmp_path, capsys):
+    assert main(["bench", "--modes", "cold", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "need a CUDA device" in err[0]
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--modes", "warm", "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2 and "graph, eager and/or cold" in capsys.readouterr().err
+
+
+def test_settings_record_the_modes_and_old_files_read_without_them():
+    from kvprof.core.bench_result import BenchSettings
+
+    s = BenchSettings(modes=["graph", "cold"])
+    assert BenchSettings.from_json(s.to_json()).modes == ["graph", "cold"]
+    assert BenchSettings.from_json({}).modes == []

@@ -91,6 +91,7 @@ def point_rows(result: BenchResult, mode: str, no: str = "NO", field: str = "med
 
 # the console tables: (mode, median field, IQR field, title)
 TABLES = (("graph", "median_us", "iqr_us", "CUDA-graph replay, µs per write: median (IQR)"),
+          ("cold", "median_us", "iqr_us", "one write after an L2 flush (CUDA events), µs: median (IQR)"),
           ("eager", "median_us", "iqr_us", "eager, µs per write, wall clock: median (IQR)"),
           ("eager", "host_us", "host_iqr_us",
            "eager, host µs per write through the pool (launch loop before the sync): median (IQR)"),
@@ -305,6 +306,13 @@ def verdict_lines(result: BenchResult) -> list[str]:
         if s["compared"]:
             lines.append(f"{variant}: slower than sgl-kernel at {len(s['slower'])}/{s['compared']} points "
                          f"[{s['source']}]" + (f": {'; '.join(s['slower'][:6])}" if s["slower"] else ""))
+        for mode, c in v["vs_store_cache"].items():
+            if c["compared"]:
+                what = "graph" if mode == "graph" else "cold single-write"
+                lines.append(f"{variant}: slower than SGLang's store_cache at {len(c['slower'])}/{c['compared']} "
+                             f"{what} points"
+                             + (f", {len(c['within_noise'])} of them by less than the spread" if c["slower"] else "")
+                             + (f": {'; '.join(c['slower'][:6])}" if c["slower"] else ""))
         if e["compared"]:
             what = "writer alone" if e["basis"] == "writer" else "through the pool"
             extra = (f"; through the pool: median {_fmt(e['pool_median_us'])} µs, above at {e['pool_over']}"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from kvprof.bench import grids
-from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_eager, time_graph
+from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_cold, time_eager, time_graph
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
 from kvprof.core.errors import KvprofError, UsageError
@@ -35,6 +35,7 @@ BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
 # sgl-kernel's store_kv_cache, as the op (where it installs) or as its own kernels launched from
 # the wheel's cubin (device time only: that variant's host path is kvprof's ctypes call)
 SGL_PEERS = ("sgl_kernel", "sgl_kernel_cubin")
+STORE_CACHE_PEER = "sglang_store_cache"  # SGLang's current JIT store (PDL), the peer of today's engines
 KVPROF_FUSED = variants.KVPROF_FUSED
 # the rope family: kvprof's one-launch rope + store, and what it is held against (the same
 # rotary kernel, then kvprof's fused store or SGLang's two-stream store)
@@ -306,15 +307,17 @@ FLOOR_BYTES = 4 << 20  # per write: up to 64 tokens at every shape, 512 at the s
 def floor_allocations(point: BenchPoint, variant: str, device: torch.device) -> int:
     if device.type != "cuda" or point.bytes_moved() > FLOOR_BYTES:
         return 1
-    return FLOOR_ALLOCATIONS if variant in KVPROF_FUSED or variant in SGL_PEERS or variant in ROPE_KVPROF_FUSED else 1
+    judged = variant in KVPROF_FUSED or variant in SGL_PEERS or variant in ROPE_KVPROF_FUSED
+    return FLOOR_ALLOCATIONS if judged or variant == STORE_CACHE_PEER else 1
 
 
 def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eager_repeats: int,
-                  extra_cases: Sequence[BenchCase] = ()) -> list[BenchRow]:
+                  extra_cases: Sequence[BenchCase] = (), modes: Sequence[str] | None = None) -> list[BenchRow]:
     """``writer`` is built once per run (compiled writers then compile once, not per point);
-    ``extra_cases``: the same point in other allocations, graph-timed too (see FLOOR_ALLOCATIONS)."""
+    ``extra_cases``: the same point in other allocations, graph-timed too (see FLOOR_ALLOCATIONS);
+    ``modes``: which timings (default :func:`default_modes`; "cold" is one write after an L2 flush)."""
     point = case.point
-    modes = _modes(case.device)
+    modes = tuple(modes or default_modes(case.device))
 
     def row(mode: str, status: str, **kw: Any) -> BenchRow:
         return BenchRow(point.heads, point.dim, point.cache_dtype, point.input_dtype, point.tokens, variant, mode,
@@ -349,10 +352,14 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
     for mode in modes:
         pool.path_counts.clear()
         try:
-            t: Timing = (
-                time_graph(step, case.writes, replays) if mode == "graph"
-                else time_eager(step, case.writes, eager_repeats, case.device)
-            )
+            t: Timing
+            if mode == "graph":
+                t = time_graph(step, case.writes, replays)
+            elif mode == "cold":
+                first = case.locs[0]
+                t = time_cold(lambda: case.write(pool, first), replays, case.device)  # noqa: F821
+            else:
+                t = time_eager(step, case.writes, eager_repeats, case.device)
         except Exception as exc:  # a variant that cannot be captured (e.g. syncs) is a result too  # noqa: BLE001
             out.append(row(mode, "failed",
                            reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
@@ -386,8 +393,23 @@ def _time_other_allocation(case: BenchCase, variant: str, writer: Any, replays: 
         del pool
 
 
-def _modes(device: torch.device) -> tuple[str, ...]:
+MODES = ("graph", "eager", "cold")
+
+
+def default_modes(device: torch.device) -> tuple[str, ...]:
     return ("graph", "eager") if device.type == "cuda" else ("eager",)
+
+
+def check_modes(modes: Sequence[str], device: torch.device) -> tuple[str, ...]:
+    """``modes`` as given, refused in one line where unknown or where the device has no such timing."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise UsageError(f"unknown timing mode(s) {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(MODES)}")
+    if device.type != "cuda" and set(modes) - {"eager"}:
+        raise UsageError(f"--modes {','.join(modes)}: on {device.type} only the eager wall clock exists "
+                         "(graph replays and an L2 flush need a CUDA device)")
+    return tuple(dict.fromkeys(modes))
 
 
 def derive(records: list[BenchRow], limits: dict[str, Any], target: BenchTarget | None = None) -> list[BenchRow]:
@@ -427,6 +449,7 @@ def run_bench(
     on_point: Callable[[BenchPoint], None] | None = None,
     on_partial: Callable[[BenchResult], None] | None = None,
     threads: int | None = None,
+    modes: Sequence[str] | None = None,
 ) -> BenchResult:
     """``target``: what the fused writes are judged against (default :class:`BenchTarget`);
     ``on_partial`` gets the result so far after every point (``complete`` False), so a run
@@ -436,16 +459,17 @@ def run_bench(
         raise UsageError("--replays and --eager-repeats must be positive")
     if threads is not None and threads < 1:
         raise UsageError("--threads must be positive")
+    chosen = check_modes(modes, device) if modes else default_modes(device)
     with torch_threads(threads):
         return _run_bench(list(points), variants, device, replays=replays, eager_repeats=eager_repeats,
                           pool_bytes=pool_bytes, seed=seed, target=target or BenchTarget(), on_point=on_point,
-                          on_partial=on_partial)
+                          on_partial=on_partial, modes=chosen)
 
 
 def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.device, *, replays: int,
                eager_repeats: int, pool_bytes: int, seed: int, target: BenchTarget,
                on_point: Callable[[BenchPoint], None] | None,
-               on_partial: Callable[[BenchResult], None] | None) -> BenchResult:
+               on_partial: Callable[[BenchResult], None] | None, modes: tuple[str, ...]) -> BenchResult:
     limits: dict[str, Any] = {"copy_rate_gbs": copy_rate_gbs(device), **empty_node_us(device)}
     records: list[BenchRow] = []
     unknown = [v for v in variants if ":" not in v and v not in writer_names()]
@@ -462,8 +486,9 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
     settings = BenchSettings(replays=replays, eager_repeats=eager_repeats, pool_bytes=pool_bytes,
                              variants=list(variants), points=len(points), target=target,
                              floor_allocations={"count": FLOOR_ALLOCATIONS, "max_bytes_per_write": FLOOR_BYTES,
-                                                "variants": [*KVPROF_FUSED, *SGL_PEERS, *ROPE_KVPROF_FUSED]},
-                             torch_threads=torch.get_num_threads())
+                                                "variants": [*KVPROF_FUSED, *SGL_PEERS, STORE_CACHE_PEER,
+                                                             *ROPE_KVPROF_FUSED]},
+                             torch_threads=torch.get_num_threads(), modes=list(modes))
 
     def result(complete: bool) -> BenchResult:
         return BenchResult(
@@ -482,7 +507,8 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
             n = floor_allocations(point, variant, device)
             while len(extra) < n - 1:  # built once per point, shared by the variants that use them
                 extra.append(make_case(point, device, pool_bytes, seed + i + 7919 * (len(extra) + 1)))
-            records += bench_variant(case, variant, writers[variant], replays, eager_repeats, extra[: n - 1])
+            records += bench_variant(case, variant, writers[variant], replays, eager_repeats, extra[: n - 1],
+                                     modes)
         del case, extra
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -541,6 +567,7 @@ def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
         if r.median_us is not None and r.median_us > ref_us:
             slower.append(_where(r) + f" {r.median_us:.2f} > {ref_us:.2f} µs")
     out["vs_sgl"] = {"compared": compared, "slower": slower, "source": "; ".join(sorted(sources)) or "none"}
+    out["vs_store_cache"] = {mode: _against(recs, ok, STORE_CACHE_PEER, mode) for mode in ("graph", "cold")}
 
     field = "writer_host_us" if eager and all(r.writer_host_us is not None for r in eager) else "host_us"
 
@@ -580,6 +607,24 @@ def fused_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:
     out["fp8_vs_bf16"] = {"compared": sum((r.shape, r.tokens) in bf16 for r in fp8), "slower": worse,
                           "within_noise": noise}
     return out
+
+
+def _against(mine: list[BenchRow], ok: list[BenchRow], peer: str, mode: str) -> dict[str, Any]:
+    """``mine`` against ``peer`` at the same points in one mode: the points compared, those
+    where ``mine`` is slower, and those of them slower by no more than the larger IQR."""
+    theirs = {r.key: r for r in ok if r.variant == peer and r.mode == mode}
+    compared, slower, noise = 0, [], []
+    for r in mine:
+        p = theirs.get(r.key) if r.mode == mode else None
+        if p is None or p.median_us is None or r.median_us is None:
+            continue
+        compared += 1
+        if r.median_us > p.median_us:
+            line = _where(r) + f" {r.median_us:.3f} > {p.median_us:.3f} µs"
+            slower.append(line)
+            if r.median_us - p.median_us <= max(r.iqr_us or 0.0, p.iqr_us or 0.0):
+                noise.append(line)
+    return {"compared": compared, "slower": slower, "within_noise": noise}
 
 
 def rope_verdicts(result: BenchResult, variant: str) -> dict[str, Any]:

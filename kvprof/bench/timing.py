@@ -88,6 +88,34 @@ def time_eager(fn: Callable[[], object], writes: int, repeats: int, device: torc
     return _summary(samples, host)
 
 
+def time_cold(fn: Callable[[], object], samples: int, device: torch.device, warmup: int = 3) -> Timing:
+    """µs of one call of ``fn`` (one write) with the L2 flushed before it: what a write costs
+    when its inputs, slots and rows come from DRAM, as the first write of a layer after other
+    work does. Each sample zeroes a buffer eight times the L2's size (about 0.1 ms of GPU
+    work on an H200, longer than any writer's eager launch path), then records an event, the
+    write and an event; the flush keeps the GPU busy while the host queues the three, so the
+    events time the write's kernel(s) and not the host's launch path. A write launched with
+    programmatic dependent launch gains nothing here: the flush before it triggers no early
+    launch."""
+    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20))
+    flush = torch.empty(8 * l2, dtype=torch.uint8, device=device)
+    for _ in range(warmup):
+        flush.zero_()
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    out = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+    del flush
+    return _summary(out)
+
+
 def copy_rate_gbs(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float:
     """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
     if device.type != "cuda":

@@ -53,6 +53,14 @@ def _shapes(text: str) -> list[tuple[int, ...]]:
     return out
 
 
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("graph", "eager", "cold")]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"expected graph, eager and/or cold, comma-separated, got {text[:60]!r}")
+    return modes
+
+
 def _dtypes(text: str) -> list[tuple[str, str]]:
     out = []
     for item in text.split(","):
@@ -83,6 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "recorded in bench.json")
     p.add_argument("--replays", type=repeat_count, default=100, help="graph replays per point (default: %(default)s)")
     p.add_argument("--eager-repeats", type=repeat_count, default=20)
+    p.add_argument("--modes", type=_modes, default=None,
+                   help="timings to take, comma-separated: graph (CUDA-graph replays), eager (a loop of writes: "
+                        "wall and host time), cold (one write after an L2 flush, --replays samples) "
+                        "(default: graph,eager on CUDA, eager on a CPU)")
     p.add_argument("--pool-mb", type=memory_mb, default=256,
                    help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")
     p.add_argument("--max-memory-gb", type=memory_gb, default=None,
@@ -185,7 +197,7 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
     threads = args.threads if args.threads is not None else (None if device.type == "cuda" else CPU_THREADS)
     result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
                        pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save,
-                       threads=threads)
+                       threads=threads, modes=getattr(args, "modes", None))
     save(result)
     if args.format == "json":
         print_json(result.to_json())

@@ -50,7 +50,8 @@ class BenchTarget:
 
 @dataclass
 class BenchRow:
-    """One variant at one point in one mode ("graph": CUDA-graph replays, "eager")."""
+    """One variant at one point in one mode ("graph": CUDA-graph replays, "eager", "cold": one
+    write after an L2 flush)."""
 
     heads: int
     dim: int
@@ -139,6 +140,7 @@ class BenchSettings:
     target: BenchTarget = field(default_factory=BenchTarget)
     floor_allocations: dict[str, Any] = field(default_factory=dict)  # count, max_bytes_per_write, variants
     torch_threads: int | None = None
+    modes: list[str] = field(default_factory=list)  # timings taken; empty in files from before it was recorded
 
     def to_json(self) -> dict[str, Any]:
         doc = {"replays": self.replays, "eager_repeats": self.eager_repeats, "pool_bytes": self.pool_bytes,
@@ -147,6 +149,8 @@ class BenchSettings:
                "variants": list(self.variants), "points": self.points}
         if self.torch_threads is not None:
             doc["torch_threads"] = self.torch_threads
+        if self.modes:
+            doc["modes"] = list(self.modes)
         return doc
 
     @classmethod
@@ -159,7 +163,8 @@ class BenchSettings:
                    pool_bytes=int(d.get("pool_bytes", 256 << 20)), variants=[str(v) for v in d.get("variants") or []],
                    points=int(d.get("points", 0)), target=target,
                    floor_allocations=dict(d.get("floor_allocations") or {}),
-                   torch_threads=int(d["torch_threads"]) if d.get("torch_threads") is not None else None)
+                   torch_threads=int(d["torch_threads"]) if d.get("torch_threads") is not None else None,
+                   modes=[str(m) for m in d.get("modes") or []])
 
 
 @dataclass
