@@ -2,7 +2,7 @@
 # Everything kvprof needs a GPU for, in one call on an H200 machine:
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env smoke tests capture settings layer bench rope rope-bench, and
+# Steps (default: env capture bench tests): env smoke tests capture settings layer bench rope rope-bench peers, and
 # the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
@@ -171,6 +171,28 @@ PY
       --variants rope_then_two_stream,rope_then_triton_fused,rope_triton_fused --phase decode,prefill \
       --batch-sizes 1,10,64 --prefill-tokens 4096 --steps 3 --warmup 2 --reference-steps 200 \
       --profiler both --out /tmp/kvprof-rope --run-id h200-llama70b-tp8-rope --no-progress 2>&1 | tee "$OUT/capture-rope.txt"
+    ;;
+  peers)
+    stamp peers
+    # kvprof's fused stores (PDL) against SGLang's JIT store_cache (PDL) at every bench point:
+    # CUDA-graph replays and one write after an L2 flush; then the launch shapes of the
+    # 32x128 bandwidth-bound points timed beside store_cache (lab/tune_fused.py); then the
+    # rotary alone, kvprof's against SGLang's apply_rope_inplace (lab/rope_bench.py).
+    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
+    peers_path=$PWD
+    if [ -d /tmp/site/sglang ]; then
+      peers_path=$peers_path:/tmp/site
+      PYTHONPATH=$peers_path python3 -c "import sgl_kernel" 2>/dev/null || peers_path=$peers_path:$PWD/gpu/sgl_kernel_stub
+    fi
+    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} timeout ${PEERS_BENCH_TIMEOUT:-300} python3 -m kvprof bench \
+      --variants ${PEERS_VARIANTS:-triton_fused,store_kv_fused,cuda_fused,sglang_store_cache} --modes graph,cold \
+      --dtypes ${PEERS_DTYPES:-bf16,fp8_e4m3<-bf16} ${PEERS_ARGS:-} --out "$OUT/bench-peers" 2>&1 | tee "$OUT/bench-peers.txt"
+    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} TUNE_PARTS=tune TUNE_SHAPES=32x128 TUNE_DTYPES=bf16 \
+      TUNE_TOKENS=${PEERS_TUNE_TOKENS:-4096,32768} TUNE_CAPTURES=3 TUNE_PEERS=sglang_store_cache \
+      timeout ${PEERS_TUNE_TIMEOUT:-150} python3 lab/tune_fused.py 2>&1 | tee "$OUT/tune-peers.txt"
+    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} ROPE_VARIANTS=rotary:kvprof,rotary:sglang,rope_triton_fused \
+      ROPE_JSON=rotary-bench.json timeout ${PEERS_ROPE_TIMEOUT:-120} python3 lab/rope_bench.py 2>&1 \
+      | tee "$OUT/rotary-bench.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

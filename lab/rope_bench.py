@@ -14,7 +14,8 @@ range inside a capture, min/max the captures' medians. The eager columns are a l
 writes without a graph: wall and host time per write (the launch path). Every replay rotates
 q and k again (in place, as the write does); a rotation keeps the values' size, so the work
 stays the same. Knobs: ROPE_VARIANTS, ROPE_TOKENS, ROPE_CACHE (bf16 or fp8_e4m3, scale 0.5),
-ROPE_LAYERS, ROPE_CAPTURES, ROPE_REPLAYS, ROPE_JSON (the file name). ``rope_triton_fused@T.H.W`` in
+ROPE_LAYERS, ROPE_CAPTURES, ROPE_REPLAYS, ROPE_JSON (the file name). ``rotary:kvprof`` and
+``rotary:sglang`` time the rotary alone (kvprof's, and the one SGLang runs unfused). ``rope_triton_fused@T.H.W`` in
 ROPE_VARIANTS forces that writer's launch shape (tuning). JSON to $OUT/rope-bench.json.
 """
 
@@ -85,7 +86,15 @@ def factories() -> dict[str, Callable[[], Any]]:
 
         return make
 
+    def rotary(kind: str) -> Callable[[], Any]:
+        def make() -> Any:
+            return RotaryOnly(kind)
+
+        return make
+
     return {
+        "rotary:kvprof": rotary("kvprof"),
+        "rotary:sglang": rotary("sglang"),
         "rope_cuda_fused": cuda(),
         "rope_cuda_fused:nopdl": cuda(pdl=False),
         "rope_triton_fused": triton("fused"),
@@ -97,6 +106,44 @@ def factories() -> dict[str, Callable[[], Any]]:
         "store:cuda_fused": store("cuda_fused"),
         "store:triton_fused": store("triton_fused"),
     }
+
+
+class RotaryOnly:
+    """The rotary embedding alone (q and k in place, nothing stored), timed like the writers:
+    ``kvprof`` is the rotary of the unfused baselines and of ``--context layer`` (kvprof's
+    Triton rope kernel without the store), ``sglang`` the one SGLang 0.5.23 runs on CUDA
+    without a fused store (``apply_rope_inplace``, called by its
+    ``apply_rope_with_cos_sin_cache_inplace``)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._fn: Any = None
+
+    def unsupported_reason(self, device: Any, dtype: Any, input_dtype: Any = None) -> str | None:
+        if self.kind == "kvprof":
+            from kvprof.writers.rope_triton import TritonRope
+
+            rope = TritonRope("rotary")
+            self._fn = rope.rotate
+            return rope.unsupported_reason(device, dtype, input_dtype)
+        try:
+            from sglang.kernels.ops.attention.rope import apply_rope_inplace
+        except Exception as exc:  # noqa: BLE001 - SGLang not installed, or its import fails here
+            return f"SGLang's apply_rope_inplace is not importable ({type(exc).__name__})"
+
+        def run(q: Any, k: Any, positions: Any, cs: Any, is_neox: bool) -> None:
+            apply_rope_inplace(q, k, cs, positions, is_neox=is_neox)
+
+        self._fn = run
+        return None
+
+    def prepare(self, device: Any) -> None:
+        """Nothing to build ahead: both kernels compile at their first call (before capture)."""
+
+    def write(self, q: Any, k: Any, v: Any, k_buf: Any, v_buf: Any, loc: Any, pos: Any, cs: Any, is_neox: bool,
+              *rest: Any) -> str:
+        self._fn(q, k, pos, cs, is_neox)
+        return "rotary only"
 
 
 def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scale: float | None, layers: int,

@@ -21,6 +21,9 @@ the pool, so the cost of each layer is visible; and the op's own parts (the pybi
 with no launch, the launch with and without programmatic dependent launch), once with the
 process free to migrate between cores and once pinned to one core.
 
+``TUNE_PEERS`` (e.g. ``sglang_store_cache``): writers timed at every point beside the
+candidates, in the same case and the same way, so a candidate can be read against them.
+
 Environment: ``TUNE_PARTS`` (default ``host,tune``), ``TUNE_SHAPES`` (``1x128,8x128``),
 ``TUNE_DTYPES`` (``bf16,fp8_e4m3``) and ``TUNE_TOKENS`` (``1,8,64``) run a subset;
 ``TUNE_CAPTURES`` (default 1) times each candidate over that many graph captures and keeps
@@ -78,7 +81,8 @@ CANDIDATES: dict[int, list[tuple[int, list[tuple[int, int, int]]]]] = {
     4096: [
         (8, [(1, 8, 1), (1, 16, 1), (1, 4, 2), (1, 2, 4), (1, 1, 8), (1, 2, 8), (1, 1, 16)]),
         (512, [(1, 8, 1), (1, 16, 1), (1, 4, 1), (1, 4, 2), (1, 2, 4), (2, 8, 1)]),
-        (1 << 62, [(1, 8, 1), (1, 4, 1), (2, 8, 1), (1, 16, 1), (2, 4, 1)]),
+        (1 << 62, [(1, 8, 1), (1, 4, 1), (2, 8, 1), (1, 16, 1), (2, 4, 1), (2, 16, 1), (4, 16, 1), (1, 8, 2),
+                   (1, 16, 2), (4, 8, 1)]),
     ],
 }
 
@@ -105,6 +109,7 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
 
 
+PEERS = _env_list("TUNE_PEERS", [], str)
 CAPTURES = _env_list("TUNE_CAPTURES", [1], int)[0]  # graph captures per candidate, median taken
 if CAPTURES < 1:
     raise SystemExit(f"tune_fused.py: error: TUNE_CAPTURES must be at least 1, got {CAPTURES}")
@@ -158,6 +163,35 @@ def precompile() -> None:
     log(f"compiled ({failed} failed)")
 
 
+def time_peers(case, device) -> dict:
+    """TUNE_PEERS timed in ``case`` the way the candidates are (median over TUNE_CAPTURES graphs)."""
+    from kvprof.bench.timing import time_graph
+    from kvprof.writers import create_writer
+
+    out: dict = {}
+    for peer in PEERS:
+        try:
+            w = create_writer(peer)
+            reason = w.unsupported_reason(device, case.cache, case.inp)
+            if reason:
+                out[peer] = {"error": reason}
+                continue
+            pool = case.pool(peer, w)
+
+            def peer_step(pool=pool, case=case) -> None:
+                for loc in case.locs:
+                    pool.set_kv_buffer(0, loc, case.k, case.v, case.scale, case.scale)
+
+            ts = [time_graph(peer_step, case.writes, 100) for _ in range(CAPTURES)]
+            out[peer] = {"us": round(statistics.median(t.median_us for t in ts), 3),
+                         "iqr": round(statistics.median(t.spread_us for t in ts), 3),
+                         "captures": [round(t.median_us, 3) for t in ts]}
+            del pool
+        except Exception as exc:  # noqa: BLE001  a peer that fails must not lose the run
+            out[peer] = {"error": str(exc).splitlines()[0][:160]}
+    return {"peers": out}
+
+
 def tune(results: list[dict]) -> None:
     import torch
 
@@ -205,13 +239,15 @@ def tune(results: list[dict]) -> None:
                         del pool
                     except Exception as exc:  # noqa: BLE001  one bad candidate must not lose the run
                         rec["candidates"].append({"config": label, "error": str(exc).splitlines()[0][:160]})
+                rec.update(time_peers(case, device) if PEERS else {})
                 timed = [c for c in rec["candidates"] if "us" in c]
                 if timed:
                     best = min(timed, key=lambda c: c["us"])
                     rec["best"] = best
                     rec["meets"] = best["us"] <= target
                 cells = "  ".join(f"{'/'.join(map(str, c['config']))}={c.get('us', 'ERR')}" for c in rec["candidates"])
-                log(f"{point.shape:>6} {point.dtype_label:>15} {tokens:>6} target {target:6.2f} "
+                peers = "  ".join(f"{n}={p.get('us', 'ERR')}" for n, p in rec.get("peers", {}).items())
+                log(f"{point.shape:>6} {point.dtype_label:>15} {tokens:>6} target {target:6.2f} {peers} "
                     f"best {'/'.join(map(str, rec.get('best', {}).get('config', [])))} {rec.get('best', {}).get('us')}"
                     f"{'' if rec.get('meets') else '  MISS'} | {cells}")
                 results.append(rec)
