@@ -63,7 +63,7 @@ DTYPES = _env_list("TUNE_DTYPES", [("bf16", "bf16"), ("fp8_e4m3", "bf16")], lamb
 TOKENS = _env_list("TUNE_TOKENS", [1, 8, 64, 512, 4096, 32768], int)
 PARTS = set(_env_list("TUNE_PARTS", ["host", "tune"], str))
 
-# (row elements, token upper bound) -> candidate (block_t, num_warps, split); hand-picked so
+# (row elements, token upper bound) -> candidate (block_t, num_warps, split[, stream]); hand-picked so
 # each thread holds 4..16 elements per row chunk (8 or 16 bytes of bf16 per access).
 CANDIDATES: dict[int, list[tuple[int, list[tuple[int, int, int]]]]] = {
     128: [
@@ -82,7 +82,8 @@ CANDIDATES: dict[int, list[tuple[int, list[tuple[int, int, int]]]]] = {
         (8, [(1, 8, 1), (1, 16, 1), (1, 4, 2), (1, 2, 4), (1, 1, 8), (1, 2, 8), (1, 1, 16)]),
         (512, [(1, 8, 1), (1, 16, 1), (1, 4, 1), (1, 4, 2), (1, 2, 4), (2, 8, 1)]),
         (1 << 62, [(1, 8, 1), (1, 4, 1), (2, 8, 1), (1, 16, 1), (2, 4, 1), (2, 16, 1), (4, 16, 1), (1, 8, 2),
-                   (1, 16, 2), (4, 8, 1)]),
+                   (1, 16, 2), (4, 8, 1), (1, 4, 4), (1, 8, 4), (1, 8, 2, True), (1, 16, 1, True), (1, 4, 4, True),
+                   (4, 16, 1, True), (1, 8, 4, True)]),
     ],
 }
 
@@ -128,23 +129,23 @@ def candidates(rk: int, tokens: int, fp8: bool = False) -> list[tuple[int, int, 
     return out
 
 
-def _compile_one(job: tuple[int, int, str, str, tuple[int, int, int]]) -> str:
+def _compile_one(job: tuple[int, int, str, str, tuple]) -> str:
     """Worker: one write with one launch shape, which compiles it into Triton's disk cache."""
-    heads, dim, cache, inp, (bt, nw, sp) = job
+    heads, dim, cache, inp, shape = job
     import torch
 
     from kvprof.dtypes import parse_dtype, store_dtype_for
     from kvprof.writers.triton_fused import TritonConfig, TritonFusedWriter
 
     c, i = parse_dtype(cache), parse_dtype(inp)
-    w = TritonFusedWriter(config=TritonConfig(bt, nw, sp))
+    w = TritonFusedWriter(config=TritonConfig(*shape))
     buf = torch.zeros(64, heads, dim, dtype=store_dtype_for(c), device="cuda")
     x = torch.ones(2, heads, dim, dtype=i, device="cuda")
     scale = 0.5 if c != i else None
     for tokens in (2,):  # WIDE (64-bit offsets) is never needed at these sizes
         w.write(buf, buf.clone(), torch.arange(1, tokens + 1, device="cuda"), x, x, c, scale, scale)
     torch.cuda.synchronize()
-    return f"{heads}x{dim} {cache} {bt}/{nw}/{sp}"
+    return f"{heads}x{dim} {cache} {'/'.join(map(str, shape))}"
 
 
 def precompile() -> None:
@@ -215,10 +216,12 @@ def tune(results: list[dict]) -> None:
                 if current not in cands:
                     cands.append(current)
                 rec = {"shape": point.shape, "dtype": point.dtype_label, "tokens": tokens, "writes": case.writes,
-                       "target_us": round(target, 3), "table": [current.block_t, current.num_warps, current.split],
+                       "target_us": round(target, 3),
+                       "table": [current.block_t, current.num_warps, current.split] + (["stream"] if current.stream
+                                                                                       else []),
                        "candidates": []}
                 for cfg in cands:
-                    label = [cfg.block_t, cfg.num_warps, cfg.split]
+                    label = [cfg.block_t, cfg.num_warps, cfg.split] + (["stream"] if cfg.stream else [])
                     w = TritonFusedWriter(config=cfg)
                     try:
                         bad = case.check(w)

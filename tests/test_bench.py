@@ -393,3 +393,19 @@ def test_settings_record_the_modes_and_old_files_read_without_them():
     s = BenchSettings(modes=["graph", "cold"])
     assert BenchSettings.from_json(s.to_json()).modes == ["graph", "cold"]
     assert BenchSettings.from_json({}).modes == []
+
+
+@pytest.mark.gpu
+def test_cold_write_is_timed_as_a_graph_node_on_a_flushed_l2(tmp_path, capsys):
+    """On CUDA: --modes graph,cold gives both rows per point; a cold write reads its rows from
+    DRAM, so it is not cheaper than the same write replayed warm (beyond the spread)."""
+    assert main(["bench", "--variants", "triton_fused", "--shapes", "8x128", "--dtypes", "bf16", "--tokens", "1,4096",
+                 "--modes", "graph,cold", "--replays", "30", "--out", str(tmp_path)]) == 0
+    doc = orjson.loads((tmp_path / "bench.json").read_bytes())
+    rows = {(r["tokens"], r["mode"]): r for r in doc["records"] if r["status"] == "ok"}
+    assert set(rows) == {(1, "graph"), (1, "cold"), (4096, "graph"), (4096, "cold")}
+    assert doc["settings"]["modes"] == ["graph", "cold"]
+    for t in (1, 4096):
+        cold, warm = rows[(t, "cold")], rows[(t, "graph")]
+        assert 0 < cold["median_us"] < 100
+        assert cold["median_us"] >= warm["median_us"] - max(cold["iqr_us"], warm["iqr_us"])

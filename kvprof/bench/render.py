@@ -91,7 +91,8 @@ def point_rows(result: BenchResult, mode: str, no: str = "NO", field: str = "med
 
 # the console tables: (mode, median field, IQR field, title)
 TABLES = (("graph", "median_us", "iqr_us", "CUDA-graph replay, µs per write: median (IQR)"),
-          ("cold", "median_us", "iqr_us", "one write after an L2 flush (CUDA events), µs: median (IQR)"),
+          ("cold", "median_us", "iqr_us",
+           "one write after an L2 flush (graph node, flush subtracted), µs: median (IQR)"),
           ("eager", "median_us", "iqr_us", "eager, µs per write, wall clock: median (IQR)"),
           ("eager", "host_us", "host_iqr_us",
            "eager, host µs per write through the pool (launch loop before the sync): median (IQR)"),

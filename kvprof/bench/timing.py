@@ -88,32 +88,54 @@ def time_eager(fn: Callable[[], object], writes: int, repeats: int, device: torc
     return _summary(samples, host)
 
 
-def time_cold(fn: Callable[[], object], samples: int, device: torch.device, warmup: int = 3) -> Timing:
-    """µs of one call of ``fn`` (one write) with the L2 flushed before it: what a write costs
-    when its inputs, slots and rows come from DRAM, as the first write of a layer after other
-    work does. Each sample zeroes a buffer eight times the L2's size (about 0.1 ms of GPU
-    work on an H200, longer than any writer's eager launch path), then records an event, the
-    write and an event; the flush keeps the GPU busy while the host queues the three, so the
-    events time the write's kernel(s) and not the host's launch path. A write launched with
-    programmatic dependent launch gains nothing here: the flush before it triggers no early
-    launch."""
+def time_cold(fn: Callable[[], object], replays: int, device: torch.device, nodes: int = 20,
+              warmup: int = 5) -> Timing:
+    """µs of one write (``fn``) with the L2 flushed before it: what a write costs when its
+    inputs, slots and rows come from DRAM, as the first write of a layer after other work
+    does. Two graphs are captured: ``nodes`` x (flush, write) and ``nodes`` x (flush), the
+    flush zeroing a buffer twice the L2's size; they are replayed in alternation and each
+    sample is the pair's difference over ``nodes``, so what remains is the write's node in a
+    replayed graph, on a cold cache, and neither the flush nor the host's launch path. The
+    flush before a write triggers no early launch, so programmatic dependent launch hides
+    nothing here."""
     l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20))
-    flush = torch.empty(8 * l2, dtype=torch.uint8, device=device)
+    flush = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+
+    def with_write() -> None:
+        for _ in range(nodes):
+            flush.zero_()
+            fn()
+
+    def flush_only() -> None:
+        for _ in range(nodes):
+            flush.zero_()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm up outside capture (compilation, allocator)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphs = []
+    for body in (with_write, flush_only):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        graphs.append(g)
     for _ in range(warmup):
-        flush.zero_()
-        fn()
+        for g in graphs:
+            g.replay()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
-    for s, e in zip(starts, ends):
-        flush.zero_()
-        s.record()
-        fn()
-        e.record()
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(replays)]
+    for ev in events:
+        for i, g in enumerate(graphs):
+            ev[2 * i].record()
+            g.replay()
+            ev[2 * i + 1].record()
     torch.cuda.synchronize()
-    out = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
-    del flush
-    return _summary(out)
+    samples = [(ev[0].elapsed_time(ev[1]) - ev[2].elapsed_time(ev[3])) * 1000.0 / nodes for ev in events]
+    del graphs
+    return _summary(samples)
 
 
 def copy_rate_gbs(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float:

@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager-repeats", type=repeat_count, default=20)
     p.add_argument("--modes", type=_modes, default=None,
                    help="timings to take, comma-separated: graph (CUDA-graph replays), eager (a loop of writes: "
-                        "wall and host time), cold (one write after an L2 flush, --replays samples) "
+                        "wall and host time), cold (one write after an L2 flush, graph node, --replays samples) "
                         "(default: graph,eager on CUDA, eager on a CPU)")
     p.add_argument("--pool-mb", type=memory_mb, default=256,
                    help="K+V pool size per point on CUDA (default: %(default)s, ~5x an H200's L2)")

@@ -36,6 +36,7 @@ from kvprof.writers.triton_kernel import (
     MODE_K_SCALED,
     MODE_PACKED,
     MODE_POW2,
+    MODE_STREAM,
     MODE_V_SCALED,
     MODE_WIDE,
 )
@@ -167,6 +168,8 @@ class TritonFusedWriter(KVWriter):
             mode |= MODE_FP8_INT
         if rows * max(rk, rv) > _INT32_MAX or (tokens + block_t) * max(k_stride, v_stride, rk, rv) > _INT32_MAX:
             mode |= MODE_WIDE
+        if cfg.stream:
+            mode |= MODE_STREAM
         kernel.store_kv_kernel[(triton.cdiv(tokens, block_t), split)](
             k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride,
             RK=rk, RV=rv, BLOCK_K=bk, BLOCK_V=bv, BLOCK_T=block_t, SPLIT=split, MODE=mode,

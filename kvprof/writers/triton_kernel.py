@@ -55,6 +55,7 @@ MODE_PDL = 1 << 11  # programmatic dependent launch
 MODE_FP8_INT = 1 << 12  # fp8 through the integer routines (see fp8_cast_safe)
 MODE_POW2 = 1 << 13  # the inverse scale is a power of two: no round trip through the input dtype
 MODE_PACKED = 1 << 14  # bf16 -> e4m3fn through bf16_to_e4m3_packed
+MODE_STREAM = 1 << 15  # streaming cache hints (TritonConfig.stream)
 
 
 def mode_bits(in_kind: int, out_kind: int, k_scaled: bool, v_scaled: bool, hw: bool, sat: bool, wide: bool,
@@ -220,6 +221,7 @@ if triton is not None:
         FP8_INT: tl.constexpr = (MODE >> 12) & 1
         POW2: tl.constexpr = (MODE >> 13) & 1
         PACKED: tl.constexpr = (MODE >> 14) & 1
+        STREAM: tl.constexpr = (MODE >> 15) & 1
         CK: tl.constexpr = BLOCK_K // SPLIT  # columns of K and of V per program
         CV: tl.constexpr = BLOCK_V // SPLIT
         tok, tmask, slot = program_tokens(loc, tokens, BLOCK_T, WIDE, PDL)
@@ -236,8 +238,12 @@ if triton is not None:
         else:
             vin_mask = tmask[:, None] & (cv[None, :] < RV)
         # Row loads: independent of the slots, issued while the slot load is in flight.
-        k_raw = tl.load(k_in + tok[:, None] * k_stride + ck[None, :], mask=kin_mask)
-        v_raw = tl.load(v_in + tok[:, None] * v_stride + cv[None, :], mask=vin_mask)
+        if STREAM:
+            k_raw = tl.load(k_in + tok[:, None] * k_stride + ck[None, :], mask=kin_mask, eviction_policy="evict_first")
+            v_raw = tl.load(v_in + tok[:, None] * v_stride + cv[None, :], mask=vin_mask, eviction_policy="evict_first")
+        else:
+            k_raw = tl.load(k_in + tok[:, None] * k_stride + ck[None, :], mask=kin_mask)
+            v_raw = tl.load(v_in + tok[:, None] * v_stride + cv[None, :], mask=vin_mask)
 
         k_raw = as_bits(k_raw, IN)
         v_raw = as_bits(v_raw, IN)
@@ -255,8 +261,14 @@ if triton is not None:
             row = slot.to(tl.int32)
         k_mask = ok[:, None] if RK == BLOCK_K else ok[:, None] & (ck[None, :] < RK)
         v_mask = ok[:, None] if RV == BLOCK_V else ok[:, None] & (cv[None, :] < RV)
-        tl.store(k_out + row[:, None] * RK + ck[None, :],
-                 k_new.to(k_out.dtype.element_ty, bitcast=True), mask=k_mask)
-        tl.store(v_out + row[:, None] * RV + cv[None, :],
-                 v_new.to(v_out.dtype.element_ty, bitcast=True), mask=v_mask)
+        if STREAM:
+            tl.store(k_out + row[:, None] * RK + ck[None, :],
+                     k_new.to(k_out.dtype.element_ty, bitcast=True), mask=k_mask, cache_modifier=".cs")
+            tl.store(v_out + row[:, None] * RV + cv[None, :],
+                     v_new.to(v_out.dtype.element_ty, bitcast=True), mask=v_mask, cache_modifier=".cs")
+        else:
+            tl.store(k_out + row[:, None] * RK + ck[None, :],
+                     k_new.to(k_out.dtype.element_ty, bitcast=True), mask=k_mask)
+            tl.store(v_out + row[:, None] * RV + cv[None, :],
+                     v_new.to(v_out.dtype.element_ty, bitcast=True), mask=v_mask)
 

@@ -20,11 +20,14 @@ class TritonConfig:
 
     ``split`` > 1 cuts every K and V row into that many chunks, one program each (grid
     axis 1): a write of a few tokens with long rows then runs on ``split`` times as many
-    SMs instead of making one SM issue every load, conversion and store of the row."""
+    SMs instead of making one SM issue every load, conversion and store of the row.
+    ``stream``: the inputs are read once and the rows are not read again by this kernel, so
+    a write of hundreds of MB can tell the caches so (``evict_first`` loads, ``.cs`` stores)."""
 
     block_t: int
     num_warps: int
     split: int = 1
+    stream: bool = False  # streaming cache hints: inputs loaded evict-first, rows stored with .cs
 
     def __post_init__(self) -> None:
         if self.block_t < 1 or self.block_t & (self.block_t - 1):
