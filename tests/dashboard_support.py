@@ -1,6 +1,7 @@
 """Run folders for the dashboard tests, built once per session from real and synthetic traces.
 
-Why these: the real H200 fixture (tests/fixtures/real) for every page with real numbers; a
+Why these: the real H200 fixture (tests/fixtures/real) for every page with real numbers; a real
+CPU capture of the decoder-layer context with the rotary variants (tests/fixtures/layer-rope-cpu); a
 copy of it without analyze outputs (the dashboard must run kvprof's pipeline, into its
 cache, not the root); a CPU-only trace (no GPU events); a corrupt run; two synthetic
 two-stream runs whose K/V kernels differ in length (before/after with a known ratio);
@@ -25,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `dashboards` is a folder of the checkout, not an installed package
     sys.path.insert(0, str(REPO))
 FIXTURE = REPO / "tests" / "fixtures" / "real"
+LAYER_ROPE = REPO / "tests" / "fixtures" / "layer-rope-cpu"  # a real CPU capture: --context layer, rotary variants
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "ac2g"}
 
 
@@ -53,6 +55,13 @@ def analyse_in_place(d: Path) -> None:
     analyse_to(d, d)
 
 
+def layer_rope_run(dest: Path) -> Path:
+    """The CPU layer capture with the rotary variants, analysed in ``dest`` (a new folder)."""
+    shutil.copytree(LAYER_ROPE, dest, ignore=shutil.ignore_patterns("README.md"))
+    analyse_in_place(dest)
+    return dest
+
+
 def build_root(root: Path) -> dict[str, Path]:
     root.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Path] = {}
@@ -63,6 +72,7 @@ def build_root(root: Path) -> dict[str, Path]:
     raw = root / "h200-raw"
     shutil.copytree(FIXTURE, raw)
     runs["h200-raw"] = raw
+    runs["layer-rope"] = layer_rope_run(root / "layer-rope")
     cpu = root / "cpu-only"
     cpu.mkdir()
     doc, _ = build(replace(synth_spec(2500, 2500), phases=[PhaseSpec("decode", 8, 2), PhaseSpec("prefill", 256, 2)]))

@@ -63,6 +63,11 @@ def _num(df: pd.DataFrame, col: str) -> pd.Series:
 # ---------------------------------------------------------------------------- summary.json
 
 
+# Group columns that are words, not figures: ``context`` "layer" is what tells the comparison a step
+# measured inside a decoder layer from a projection of the writes alone
+TEXT_GROUP_COLUMNS = ("variant", "source", "phase", "layer", "context", "layout", "attribution", "graph")
+
+
 def groups_frame(summary: dict[str, Any], key: str = "groups") -> pd.DataFrame:
     """summary["groups"] (or "layers") as a frame with every GROUP_COLUMNS column."""
     rows = summary.get(key) or []
@@ -72,7 +77,7 @@ def groups_frame(summary: dict[str, Any], key: str = "groups") -> pd.DataFrame:
             df[c] = np.nan
     df = df[list(GROUP_COLUMNS)]
     for c in GROUP_COLUMNS:
-        if c not in ("variant", "source", "phase", "layer", "attribution", "graph"):
+        if c not in TEXT_GROUP_COLUMNS:
             df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
 
