@@ -16,6 +16,7 @@ import pandas as pd
 
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.metrics import GROUP_COLUMNS, measured
+from kvprof.core.timings import SourceTiming, source_timing
 
 NS_PER_US = 1e3
 WRITES_LANE = "kvprof writes (GPU)"
@@ -96,6 +97,14 @@ def sources_in(groups: pd.DataFrame, summary: dict[str, Any] | None = None) -> l
     src = sorted(groups["source"].dropna().astype(str).unique())
     order = list((summary or {}).get("trusted_sources") or []) + ["reference", "nsys", "kineto"]
     return sorted(src, key=lambda s: (order.index(s) if s in order else len(order), s))
+
+
+def timing_of(summary: dict[str, Any] | None, source: str | None) -> SourceTiming:
+    """How ``source`` of the run timed its figures (its clock from summary.json's reference and traces)."""
+    s = summary or {}
+    traces = s.get("traces")
+    return source_timing(source, s.get("reference") if isinstance(s.get("reference"), dict) else None,
+                         traces if isinstance(traces, list) else None)
 
 
 OBSERVER_COLUMNS = ("variant", "source", "phase", "size", "reading µs/write", "reference µs/write",
