@@ -13,11 +13,9 @@ import pytest
 
 pytest.importorskip("plotly")
 
-from dashboard_support import REPO, layer_rope_run  # noqa: E402
-from kvprof.analysis.layer_step import LayerSteps, WriteBoundary, layer_steps, step_savings  # noqa: E402
-from kvprof.analysis.reference import reference_groups  # noqa: E402
+from dashboard_support import LAYERS, REPO, gpu_layer_summary, layer_rope_run, write_boundary  # noqa: E402
+from kvprof.analysis.layer_step import LayerSteps, step_savings  # noqa: E402
 from kvprof.core import variants as V  # noqa: E402
-from kvprof.core.timings import StepSamples, StepTimings  # noqa: E402
 from kvprof.dashboard import frames, html_report, landing, layer_view  # noqa: E402
 
 
@@ -41,64 +39,10 @@ def test_groups_keep_their_context_and_layout(cpu_summary: dict) -> None:
 
 # ---------------------------------------------------------------------------- a GPU layer run, typed
 
-LAYERS = 80
-# µs one layer's write adds to the step, per variant: the ordering of the H200 layer run
-# (lab/results/h200-2026-12-04/layer-rope.txt), the figures themselves drawn here at random
-ADDS_US = {"two_stream": 3.8, "rope_then_two_stream": 4.6, "rope_then_triton_fused": 2.2, "rope_triton_fused": 1.6,
-           "sglang_rope_store": 1.8}
-POINTS = (("decode", 1), ("decode", 10), ("prefill", 512))
-
-
-def gpu_timings(variants: tuple[str, ...], seed: int = 0) -> StepTimings:
-    """A reference pass of a --context layer run on a GPU: CUDA-event steps with and without the
-    write and of the writes alone, 20 per series."""
-    rng = np.random.default_rng(seed)
-    t = StepTimings(context="layer", context_len=4096)
-    for v in variants:
-        for phase, size in POINTS:
-            bare = 900_000.0 + 2_000.0 * size
-            added = LAYERS * ADDS_US[v] * 1e3
-            for mode, med, n in (("layer", bare + added, LAYERS), ("layer_no_write", bare, 0),
-                                 ("writes", 0.9 * added, LAYERS)):
-                samples = med + rng.normal(0.0, 4_000.0, 20)
-                t.add(StepSamples(v, "reference", phase, size, mode, graph=phase == "decode", writes_per_step=n,
-                                  clock="cuda_events", samples_ns=tuple(float(x) for x in samples)))
-    return t
-
-
-def boundary(variant: str, early: int, overlap_ns: float | None, second: int = 0, wait_ns: float | None = None,
-             size: int = 10, source: str = "kineto") -> WriteBoundary:
-    return WriteBoundary(variant=variant, source=source, phase="decode", size=size, writes=240, critical_ns=2_000.0,
-                         start_after_ns=-overlap_ns if early == 240 and overlap_ns else 500.0, early_starts=early,
-                         early_overlap_ns=overlap_ns, same_stream_early=early, next_after_ns=300.0, early_next=0,
-                         second_stream=second, stream_wait_ns=wait_ns)
-
-
-BOUNDARIES = [boundary("two_stream", 0, None, second=240, wait_ns=540.0),
-              boundary("rope_then_triton_fused", 240, 770.0), boundary("rope_triton_fused", 171, 130.0),
-              boundary("rope_triton_fused", 120, 150.0, size=1)]
-
-
-def gpu_summary(variants: tuple[str, ...] = ("two_stream", "rope_then_triton_fused", "rope_triton_fused",
-                                             "sglang_rope_store"),
-                boundaries: list[WriteBoundary] | None = None) -> tuple[dict, StepTimings]:
-    """summary.json of such a run as analyze lays it out: the reference groups and layer_steps from
-    kvprof.analysis (reference_groups, layer_steps), a kineto trace with GPU events."""
-    timings = gpu_timings(variants)
-    groups = reference_groups(timings, "mha")
-    steps = layer_steps(timings, BOUNDARIES if boundaries is None else boundaries, ["reference", "kineto"])
-    assert steps is not None
-    return {"groups": groups.to_dict("records"), "reference": {"clock": ["cuda_events"], "context": "layer"},
-            "traces": [{"source": "kineto", "path": f"{v}.pt.trace.json.gz", "gpu_events": 5000} for v in variants],
-            "variants": {v: {"available": True, "fused": v != "two_stream"} for v in variants},
-            "trusted_sources": ["reference", "kineto"], "comparison": {"baseline": "two_stream", "layers": LAYERS},
-            "device": {"name": "a GPU"}, "layer_steps": steps.to_json()}, timings
-
-
 def test_rope_saving_is_the_layer_steps_measurement() -> None:
     """The comparison's saving of the rotary-fused write is the analysis' measured layer-step saving
     against the rotary + fused store, its spread the two steps' IQRs in quadrature; none for prefill."""
-    summary, timings = gpu_summary()
+    summary, timings = gpu_layer_summary()
     df = layer_view.rope_frame(summary, layers=LAYERS)
     measured = {(s.variant, s.phase, s.size): s for s in step_savings(timings) if s.against == "rope_then_triton_fused"}
     assert set(df["variant"]) == {"rope_triton_fused", "sglang_rope_store"}
@@ -117,7 +61,7 @@ def test_rope_saving_is_the_layer_steps_measurement() -> None:
 
 
 def test_rope_chart_draws_the_savings_with_their_spread() -> None:
-    summary, _ = gpu_summary()
+    summary, _ = gpu_layer_summary()
     view = layer_view.build(summary, "reference", LAYERS)
     fig = view.figure("rope")
     assert fig is not None and fig.layout.meta["chart"] == "rope_saving"
@@ -140,7 +84,8 @@ def test_rope_chart_draws_the_savings_with_their_spread() -> None:
 
 
 def test_two_separate_rotary_variants_get_a_panel_each() -> None:
-    summary, _ = gpu_summary(("two_stream", "rope_then_two_stream", "rope_then_triton_fused", "rope_triton_fused"))
+    summary, _ = gpu_layer_summary(("two_stream", "rope_then_two_stream", "rope_then_triton_fused",
+                                    "rope_triton_fused"))
     view = layer_view.build(summary, "reference", LAYERS)
     fig = view.figure("rope")
     assert fig is not None
@@ -150,7 +95,7 @@ def test_two_separate_rotary_variants_get_a_panel_each() -> None:
 
 
 def test_pdl_rows_are_the_write_boundaries_in_us() -> None:
-    summary, _ = gpu_summary()
+    summary, _ = gpu_layer_summary()
     view = layer_view.build(summary, "reference", LAYERS)
     df = view.pdl.set_index(["variant", "size"])
     assert df.loc[("rope_then_triton_fused", 10), "overlap_us"] == pytest.approx(0.77)
@@ -166,7 +111,7 @@ def test_pdl_rows_are_the_write_boundaries_in_us() -> None:
 
 
 def test_pdl_chart_draws_only_writes_that_began_early() -> None:
-    summary, _ = gpu_summary()
+    summary, _ = gpu_layer_summary()
     fig = layer_view.build(summary, "kineto", LAYERS).figure("pdl")
     assert fig is not None and fig.layout.meta["chart"] == "pdl_overlap"
     bars = {tr.name: tr for tr in fig.data}
@@ -179,8 +124,8 @@ def test_pdl_chart_draws_only_writes_that_began_early() -> None:
 
 
 def test_no_write_began_early_is_said_not_drawn() -> None:
-    summary, _ = gpu_summary(boundaries=[boundary("two_stream", 0, None, second=240, wait_ns=540.0),
-                                         boundary("rope_triton_fused", 0, None)])
+    summary, _ = gpu_layer_summary(boundaries=[write_boundary("two_stream", 0, None, second=240, wait_ns=540.0),
+                                               write_boundary("rope_triton_fused", 0, None)])
     view = layer_view.build(summary, "reference", LAYERS)
     assert view.figure("pdl") is None and len(view.pdl) == 2
     assert any("no write began before its predecessor ended" in n for n in view.pdl_notes)
@@ -188,13 +133,13 @@ def test_no_write_began_early_is_said_not_drawn() -> None:
 
 def test_the_landing_view_of_a_layer_run_is_measured() -> None:
     """The dashboard's comparison reads the groups' context: the headline is the measured step."""
-    summary, _ = gpu_summary()
+    summary, _ = gpu_layer_summary()
     land = landing.build("gpu-layer", summary, source="reference", baseline="two_stream", layers=LAYERS)
     assert "measured: the baseline's decoder-layer step minus this one's" in land.headline
 
 
 def test_html_report_has_both_layer_sections() -> None:
-    summary, _ = gpu_summary()
+    summary, _ = gpu_layer_summary()
     text = html_report.render(landing.build("gpu-layer", summary, source="reference", layers=LAYERS))
     # the writes alone take 0.9 of what they add in the layer: every saving is off its projection
     assert "id='rope'" in text and "id='pdl'" in text and "id='gaps'" in text
@@ -236,7 +181,7 @@ def test_a_run_without_rotary_or_layer_has_neither_section() -> None:
 
 
 def test_one_side_of_the_rotary_comparison_alone_says_what_is_missing() -> None:
-    summary, _ = gpu_summary(("two_stream", "rope_triton_fused"))
+    summary, _ = gpu_layer_summary(("two_stream", "rope_triton_fused"))
     view = layer_view.build(summary, "reference", LAYERS)
     assert view.rope.empty and view.figure("rope") is None
     assert view.rope_notes == ["only variants fused into the rotary ran (rope_triton_fused): the comparison needs one "

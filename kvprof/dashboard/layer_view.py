@@ -166,9 +166,10 @@ PDL_TABLE = {"variant": "variant", "source": "source", "phase_size": "phase · s
              "second_stream": "with a second stream", "wait_us": "next kernel waits µs"}
 
 
-def pdl_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The write boundaries as text; a median over no writes says so."""
-    out = tables.display(df[list(PDL_TABLE)].rename(columns=PDL_TABLE), digits=3)
+def pdl_table(df: pd.DataFrame, summary: dict[str, Any] | None = None) -> pd.DataFrame:
+    """The write boundaries as text, each source in words; a median over no writes says so."""
+    shown = df.assign(source=[frames.timing_of(summary, s).words for s in df["source"].astype(str)])
+    out = tables.display(shown[list(PDL_TABLE)].rename(columns=PDL_TABLE), digits=3)
     out[PDL_TABLE["overlap_us"]] = [f"{tables.MISSING} (none began early)" if n == 0 else v
                                     for v, n in zip(out[PDL_TABLE["overlap_us"]], df["early"])]
     out[PDL_TABLE["wait_us"]] = [f"{tables.MISSING} (one stream)" if n == 0 else v
@@ -286,7 +287,7 @@ def build(summary: dict[str, Any], source: str | None = None, layers: int = 80, 
     steps = LayerSteps.from_json(summary.get("layer_steps"))
     rope = rope_frame(summary, groups, layers, names, writes, bench)
     pdl = pdl_frame(steps, names)
-    view = LayerView(rope=rope, pdl=pdl, rope_text=rope_table(rope, summary), pdl_text=pdl_table(pdl),
+    view = LayerView(rope=rope, pdl=pdl, rope_text=rope_table(rope, summary), pdl_text=pdl_table(pdl, summary),
                      rope_variants=rope_variants(names), has_layer=steps is not None,
                      gap_notes=list(steps.notes) if steps is not None else [])
     _rope_view(view, summary, source)

@@ -34,7 +34,7 @@ def render(ctx: Context) -> None:
     for n in view.rope_notes:
         (st.caption if rope is not None else st.info)(md(n))
     if len(view.rope_text):
-        show_table(view.rope_text, f"rope-{label}", caption="per source: each one's clock is in its name")
+        show_table(view.rope_text, f"rope-{label}", caption="per source, each named with its clock")
 
     st.markdown("#### In the decoder layer: what PDL hides")
     st.caption(PDL_INTRO)
