@@ -23,7 +23,7 @@ from dashboard_support import FIXTURE, REPO, dash_env, dash_runs, empty_root_env
 from kvprof.trace.synthetic import build, dumps  # noqa: E402
 
 APP = str(REPO / "kvprof" / "dashboard" / "app.py")
-PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
+PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Layer", "Compare runs")
 
 
 def start(page: str | None = None, **query: str) -> AppTest:
@@ -269,6 +269,37 @@ def test_overlap_per_write_and_one_write(dash_env: dict[str, Path]) -> None:
     assert len(lanes) == 2  # K and V on their two streams
 
 
+def test_layer_page_of_a_cpu_layer_capture_with_rotary_variants(dash_env: dict[str, Path],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real CPU capture of --context layer: the rotary comparison's µs per write in the wall clock,
+    no saving (n/a with capture's reason) and no chart, no write boundaries, each said in the page."""
+    monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(dash_env["layer-rope"]))
+    at = goto(ok(start()), "Layer")
+    assert not at.error
+    no_none(at)
+    headings = texts(at.markdown)
+    assert "Rotary fused into the write" in headings and "In the decoder layer: what PDL hides" in headings
+    rope = table_with(at, "rotary fused into the write", "saves ms/step")
+    assert set(zip(rope["rotary fused into the write"], rope["vs rotary, then the write"])) == {
+        ("rope_triton_fused", "rope_then_triton_fused")}
+    assert set(rope["saves ms/step"]) == {"n/a (CPU)", "n/a (prefill)"}
+    assert "fused: µs/write (wall clock)" in rope.columns
+    assert all(num(x) > 0 for x in rope["fused: µs/write (wall clock)"])
+    infos = texts(at.info)
+    assert "a CPU's wall clock says nothing of a GPU's decode step" in infos
+    assert "this run's traces have no GPU events" in infos
+    assert charts(at) == []  # nothing to draw: said instead
+    ok(at.sidebar.multiselect(key="nav_variants::layer-rope").set_value(["two_stream", "rope_triton_fused"]).run())
+    assert "only variants fused into the rotary ran (rope_triton_fused)" in texts(at.info)
+
+
+def test_layer_page_of_a_run_without_rotary_or_layer(dash_env: dict[str, Path]) -> None:
+    at = goto(ok(start()), "Layer")
+    assert not at.error and charts(at) == []
+    infos = texts(at.info)
+    assert "no rotary variant in this run" in infos and "no decoder-layer context in this run" in infos
+
+
 def test_compare_runs_ratios(dash_env: dict[str, Path]) -> None:
     at = on_kineto(ok(start("compare")))
     ok(at.selectbox(key="cmp-before").set_value("synth-before").run())
@@ -415,7 +446,7 @@ def test_paths_outside_the_root_are_not_opened(dash_env: dict[str, Path], monkey
 @pytest.mark.slow  # every page of every run in the test root
 def test_every_page_for_every_kind_of_run(dash_env: dict[str, Path]) -> None:
     at = ok(start())
-    for run in ("h200", "cpu-only", "synth-after", "corrupt", "h200-raw"):
+    for run in ("h200", "cpu-only", "synth-after", "corrupt", "h200-raw", "layer-rope"):
         ok(at.sidebar.selectbox(key="nav_run").set_value(run).run())
         for page in PAGES:
             goto(at, page)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard_support import REPO, dash_runs  # noqa: F401
+from dashboard_support import LAYERS, REPO, dash_runs, gpu_layer_summary  # noqa: F401
 from kvprof.core.errors import ToolError
 from kvprof.tools.background import BackgroundServer, free_port
 
@@ -33,6 +33,7 @@ PAGES = {
     "Distributions": ("Distributions · h200", 2),
     "Sweeps": ("Sweeps", 2),
     "Overlap": ("Overlap · h200", 3),
+    "Layer": ("Layer · h200", 0),
     "Compare runs": ("Compare runs", 1),
 }
 
@@ -263,3 +264,49 @@ def test_a_cpu_capture_is_labelled_wall_clock_in_the_browser(page: object, tmp_p
     assert "no chart of ms saved per decode step: a CPU's wall clock says nothing of a GPU's decode step" in text
     assert "n/a (CPU)" in text
     check_chart(charts[0], "cpu-report")
+
+
+def test_layer_views_in_the_browser(page: object, app_url: str, dash_runs: dict[str, Path], tmp_path: Path) -> None:
+    """The rotary-fusion and PDL views drawn by Chromium: the real CPU layer capture's Layer page and
+    HTML report (wall clock, n/a with its reason, no empty chart), and a GPU layer run's report
+    (built from typed inputs: no GPU here) whose four charts pass check_chart."""
+    from kvprof.cli import main
+    from kvprof.dashboard import html_report, landing
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg = page
+    pg.goto(f"{app_url}/?page=layer&run=layer-rope")  # type: ignore[attr-defined]
+    pg.locator('[data-testid="stMain"] h3').filter(has_text="Layer · layer-rope").first.wait_for()  # type: ignore[attr-defined]
+    pg.get_by_text("In the decoder layer: what PDL hides").first.wait_for()  # type: ignore[attr-defined]
+    _settle(pg)
+    assert pg.locator('[data-testid="stException"]').count() == 0  # type: ignore[attr-defined]
+    pg.locator('[data-testid="kvprof-table"] td').first.wait_for()  # type: ignore[attr-defined]
+    main_text = pg.inner_text('[data-testid="stMain"]')  # type: ignore[attr-defined]
+    assert "Rotary fused into the write" in main_text and "In the decoder layer: what PDL hides" in main_text
+    assert "a CPU's wall clock says nothing of a GPU's decode step" in main_text
+    cells = {c.strip() for c in pg.locator('[data-testid="kvprof-table"] td').all_inner_texts()}  # type: ignore[attr-defined]
+    assert {"n/a (CPU)", "n/a (prefill)", "rope_triton_fused"} <= cells and not cells & {"None", "nan", "NaN"}
+    assert pg.locator(".js-plotly-plot").count() == 0  # type: ignore[attr-defined]
+    pg.screenshot(path=str(ARTIFACTS / "layer-rope-layer.png"), full_page=True)  # type: ignore[attr-defined]
+
+    cpu_report = tmp_path / "layer-rope.html"
+    assert main(["report", str(dash_runs["layer-rope"]), "--html", str(cpu_report)]) == 0
+    pg.goto(cpu_report.as_uri())  # type: ignore[attr-defined]
+    pg.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1")  # type: ignore[attr-defined]
+    text = pg.inner_text("body")  # type: ignore[attr-defined]
+    assert "Rotary fused into the write" in text and "fused: µs/write (wall clock)" in text
+    assert "no write boundaries: this run's traces have no GPU events" in text
+    assert [c["meta"]["chart"] for c in pg.evaluate(CHART_FACTS)] == ["landing_cost"]  # type: ignore[attr-defined]
+    pg.screenshot(path=str(ARTIFACTS / "layer-rope-report.png"), full_page=True)  # type: ignore[attr-defined]
+
+    summary, _ = gpu_layer_summary()
+    gpu_report = tmp_path / "gpu-layer.html"
+    gpu_report.write_text(html_report.render(landing.build("gpu-layer", summary, source="reference", layers=LAYERS)))
+    pg.goto(gpu_report.as_uri())  # type: ignore[attr-defined]
+    pg.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4")  # type: ignore[attr-defined]
+    charts = pg.evaluate(CHART_FACTS)  # type: ignore[attr-defined]
+    assert [c["meta"]["chart"] for c in charts] == ["landing_cost", "landing_saving", "rope_saving", "pdl_overlap"]
+    for c in charts:
+        check_chart(c, "gpu-layer-report")
+    assert pg.locator("#pdl ~ div .js-plotly-plot .bartext").count() >= 3  # type: ignore[attr-defined]
+    pg.screenshot(path=str(ARTIFACTS / "gpu-layer-report.png"), full_page=True)  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@ Start with ``python -m kvprof dashboard [RUN_DIR]`` (binds 127.0.0.1) or
 ``streamlit run dashboards/app.py [-- --root DIR [--root DIR2] [--run RUN_DIR]]`` from a checkout.
 The sidebar picks a traces root (only those configured: KVPROF_DASHBOARD_ROOTS, default
 traces/samples and traces), a run under it, the variants and the trace source, and takes
-uploads. Pages: Overview, Timeline, Distributions, Sweeps, Overlap, Compare runs.
+uploads. Pages: Overview, Timeline, Distributions, Sweeps, Overlap, Layer, Compare runs.
 A page that fails shows one readable error; the sidebar and the other pages keep working.
 """
 
@@ -30,7 +30,7 @@ from kvprof.core.rundir import RunDir  # noqa: E402
 from kvprof.dashboard import data, frames  # noqa: E402
 from kvprof.dashboard.state import UPLOAD_PREFIX, Context  # noqa: E402
 from kvprof.dashboard.ui import md  # noqa: E402
-from kvprof.dashboard.views import compare, distributions, overlap, overview, sweeps, timeline  # noqa: E402
+from kvprof.dashboard.views import compare, distributions, layer, overlap, overview, sweeps, timeline  # noqa: E402
 
 PAGES: dict[str, Callable[[Context], None]] = {
     "Overview": overview.render,
@@ -38,6 +38,7 @@ PAGES: dict[str, Callable[[Context], None]] = {
     "Distributions": distributions.render,
     "Sweeps": sweeps.render,
     "Overlap": overlap.render,
+    "Layer": layer.render,
     "Compare runs": compare.render,
 }
 SLUGS = {name.split()[0].lower(): name for name in PAGES}  # ?page=timeline

@@ -194,6 +194,82 @@ def landing_saving(df: pd.DataFrame, title: str) -> go.Figure:
     return _layout(fig, title, height=360)
 
 
+# ---------------------------------------------------------------------------- the decoder layer
+
+
+def _size_label(phase: str, size: int) -> str:
+    return f"{'bs' if phase == 'decode' else 'tokens'}={int(size)}"
+
+
+def rope_saving(df: pd.DataFrame, title: str) -> go.Figure:
+    """ms saved per decode step by each rotary-fused variant against each separate-rotary one, per
+    batch size, whiskers the spread (kvprof.dashboard.layer_view.rope_frame rows of one source);
+    one panel per separate variant it is measured against."""
+    d = df[df["phase"] == "decode"].dropna(subset=["saving_ms"])
+    if d.empty:
+        return empty_figure("no decode saving of a rotary-fused variant against a separate rotary", title)
+    against = ordered_variants(d["against"])
+    fig = make_subplots(rows=1, cols=len(against), subplot_titles=[f"vs {a}" for a in against],
+                        horizontal_spacing=0.08) if len(against) > 1 else go.Figure()
+    order = [_size_label("decode", s) for s in sorted(d["size"].unique())]
+    shown: set[str] = set()
+    vals: list[float] = []
+    for j, a in enumerate(against):
+        kw: _Cell = {"row": 1, "col": j + 1} if len(against) > 1 else {}
+        p = d[d["against"] == a]
+        for v in ordered_variants(p["variant"]):
+            g = p[p["variant"] == v].sort_values("size")
+            err = g["saving_spread_ms"].fillna(0.0)
+            fig.add_trace(go.Bar(x=[_size_label("decode", s) for s in g["size"]], y=g["saving_ms"], name=v,
+                                 legendgroup=v, showlegend=v not in shown, marker_color=V.colour(v),
+                                 error_y={"type": "data", "array": err, "thickness": 1.2, "width": 3},
+                                 customdata=np.stack([g["how"].astype(str), err], axis=1),
+                                 hovertemplate=(f"{v} vs {a}<br>%{{x}}<br>saves %{{y:.3f}} ± %{{customdata[1]:.3f}} "
+                                                "ms per step<br>%{customdata[0]}<extra></extra>")), **kw)
+            shown.add(v)
+            vals += [*(g["saving_ms"] + err), *(g["saving_ms"] - err)]
+        fig.update_xaxes(categoryorder="array", categoryarray=order, **kw)
+    for j in range(len(against)):
+        kw = {"row": 1, "col": j + 1} if len(against) > 1 else {}
+        set_y(fig, vals, False, "ms saved per decode step" if j == 0 else "", **kw)
+        if min(vals) < 0:
+            limit_line(fig, 0.0, "no saving", log=False, **kw)
+    fig.update_layout(barmode="group", meta={"chart": "rope_saving"})
+    return _layout(fig, title, height=380)
+
+
+def pdl_overlap(df: pd.DataFrame, title: str) -> go.Figure:
+    """µs by which writes began before their predecessor ended (median over those writes), per
+    variant and size, one panel per phase; each bar labelled with how many writes did, of those
+    traced (kvprof.dashboard.layer_view.pdl_frame rows of one source)."""
+    d = df[(df["early"] > 0)].dropna(subset=["overlap_us"])
+    if d.empty:
+        return empty_figure("no write began before its predecessor ended", title)
+    phases = _phases(d)
+    fig = _phase_panels(phases, [max(1, d[d["phase"] == p]["size"].nunique()) for p in phases])
+    shown: set[str] = set()
+    for j, ph in enumerate(phases):
+        p = d[d["phase"] == ph]
+        order = [_size_label(ph, s) for s in sorted(p["size"].unique())]
+        for v in ordered_variants(p["variant"]):
+            g = p[p["variant"] == v].sort_values("size")
+            fig.add_trace(go.Bar(
+                x=[_size_label(ph, s) for s in g["size"]], y=g["overlap_us"], name=v, legendgroup=v,
+                showlegend=v not in shown, marker_color=V.colour(v),
+                text=[f"{e}/{n}" for e, n in zip(g["early"], g["writes"])], textposition="outside",
+                customdata=np.stack([g["early"], g["writes"], g["same_stream"]], axis=1),
+                hovertemplate=(f"{v}<br>{ph} %{{x}}<br>began %{{y:.2f}} µs before its predecessor ended (median)"
+                               "<br>in %{customdata[0]} of %{customdata[1]} writes, %{customdata[2]} on its stream "
+                               "(PDL)<extra></extra>")), **_kw(phases, j))
+            shown.add(v)
+        fig.update_xaxes(categoryorder="array", categoryarray=order, **_kw(phases, j))
+        # room above the tallest bar for its label
+        set_y(fig, [*p["overlap_us"], float(p["overlap_us"].max()) * 1.15], False,
+              "µs before the predecessor ended" if j == 0 else "", **_kw(phases, j))
+    fig.update_layout(barmode="group", meta={"chart": "pdl_overlap"})
+    return _layout(fig, title, height=380)
+
+
 # ---------------------------------------------------------------------------- timeline
 
 

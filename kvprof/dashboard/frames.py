@@ -16,6 +16,7 @@ import pandas as pd
 
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.metrics import GROUP_COLUMNS, measured
+from kvprof.core.timings import SourceTiming, source_timing
 
 NS_PER_US = 1e3
 WRITES_LANE = "kvprof writes (GPU)"
@@ -63,6 +64,11 @@ def _num(df: pd.DataFrame, col: str) -> pd.Series:
 # ---------------------------------------------------------------------------- summary.json
 
 
+# Group columns that are words, not figures: ``context`` "layer" is what tells the comparison a step
+# measured inside a decoder layer from a projection of the writes alone
+TEXT_GROUP_COLUMNS = ("variant", "source", "phase", "layer", "context", "layout", "attribution", "graph")
+
+
 def groups_frame(summary: dict[str, Any], key: str = "groups") -> pd.DataFrame:
     """summary["groups"] (or "layers") as a frame with every GROUP_COLUMNS column."""
     rows = summary.get(key) or []
@@ -72,7 +78,7 @@ def groups_frame(summary: dict[str, Any], key: str = "groups") -> pd.DataFrame:
             df[c] = np.nan
     df = df[list(GROUP_COLUMNS)]
     for c in GROUP_COLUMNS:
-        if c not in ("variant", "source", "phase", "layer", "attribution", "graph"):
+        if c not in TEXT_GROUP_COLUMNS:
             df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
 
@@ -91,6 +97,14 @@ def sources_in(groups: pd.DataFrame, summary: dict[str, Any] | None = None) -> l
     src = sorted(groups["source"].dropna().astype(str).unique())
     order = list((summary or {}).get("trusted_sources") or []) + ["reference", "nsys", "kineto"]
     return sorted(src, key=lambda s: (order.index(s) if s in order else len(order), s))
+
+
+def timing_of(summary: dict[str, Any] | None, source: str | None) -> SourceTiming:
+    """How ``source`` of the run timed its figures (its clock from summary.json's reference and traces)."""
+    s = summary or {}
+    traces = s.get("traces")
+    return source_timing(source, s.get("reference") if isinstance(s.get("reference"), dict) else None,
+                         traces if isinstance(traces, list) else None)
 
 
 OBSERVER_COLUMNS = ("variant", "source", "phase", "size", "reading µs/write", "reference µs/write",

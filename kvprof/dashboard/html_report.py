@@ -1,4 +1,5 @@
-"""The landing view of a run as one self-contained HTML file (``kvprof report RUN --html OUT``).
+"""The landing view of a run as one self-contained HTML file (``kvprof report RUN --html OUT``),
+followed by the run's decoder-layer views where it has rotary variants or the layer context.
 
 Plotly's JavaScript is inlined once (about 4.5 MB), so the file opens offline, from an
 e-mail attachment or a CI artefact, with the charts interactive; each chart's camera
@@ -8,11 +9,15 @@ button saves a PNG. No torch, no Streamlit: only pandas and Plotly.
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from datetime import datetime, timezone
+
+import plotly.graph_objects as go
 
 from kvprof import __version__
 from kvprof.core.atomic import atomic_file
 from kvprof.dashboard.landing import Landing
+from kvprof.dashboard.layer_view import GAP_INTRO, PDL_INTRO, ROPE_INTRO, LayerView
 from kvprof.dashboard.tables import display, landing_table
 from kvprof.report.renderers import Output, register
 
@@ -31,8 +36,33 @@ def _table(df) -> str:  # noqa: ANN001
     return display(df).to_html(index=False, escape=True, border=0)
 
 
+def _layer_sections(view: LayerView, figure: Callable[[go.Figure], str]) -> list[str]:
+    """The rotary-fusion and PDL sections of a run that has either: chart or why, notes, table."""
+    e = html.escape
+    parts = []
+    if view.has_rope:
+        parts.append(f"<h2 id='rope'>Rotary fused into the write</h2><p class='note'>{e(ROPE_INTRO)}</p>")
+        rope = view.figure("rope")
+        parts += [figure(rope)] if rope is not None else []
+        parts += [f"<p class='note'>{e(n)}</p>" for n in view.rope_notes]
+        if len(view.rope_text):
+            parts.append(_table_html(view.rope_text))
+    if view.has_layer:
+        parts.append(f"<h2 id='pdl'>In the decoder layer: what PDL hides</h2><p class='note'>{e(PDL_INTRO)}</p>")
+        pdl = view.figure("pdl")
+        parts += [figure(pdl)] if pdl is not None else []
+        parts += [f"<p class='note'>{e(n)}</p>" for n in view.pdl_notes]
+        if len(view.pdl_text):
+            parts.append(_table_html(view.pdl_text))
+        if view.gap_notes:
+            parts.append(f"<h2 id='gaps'>Measured in the layer, projected from the writes alone</h2>"
+                         f"<p class='note'>{e(GAP_INTRO)}</p>")
+            parts += [f"<p class='note'>{e(n)}</p>" for n in view.gap_notes]
+    return parts
+
+
 def render(land: Landing) -> str:
-    """The HTML document for one landing view."""
+    """The HTML document for one landing view, then the run's decoder-layer views where it has them."""
     e = html.escape
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>kvprof report · {e(land.run)}"
              f"</title><style>{CSS}</style></head><body>",
@@ -41,14 +71,19 @@ def render(land: Landing) -> str:
              f"{e(str(land.baseline))} · kvprof {e(__version__)} · "
              f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>",
              f"<p class='head'>{e(land.headline)}</p>"]
-    first = True
-    for _name, fig in land.figures:
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=True if first else False,
-                                 config={"displaylogo": False}))
-        first = False
+    drawn: list[go.Figure] = []
+
+    def figure(fig: go.Figure) -> str:
+        """plotly.js inlined once, with the first chart."""
+        drawn.append(fig)
+        return fig.to_html(full_html=False, include_plotlyjs=len(drawn) == 1, config={"displaylogo": False})
+
+    parts += [figure(fig) for _name, fig in land.figures]
     parts += [f"<p class='note'>{e(n)}</p>" for n in land.notes]
     parts.append("<h2>Per variant and phase</h2>" + _table_html(landing_table(land.frame, land.timing)))
     parts.append("<h2>Fused or fell back</h2>" + _table(land.verdicts))
+    if land.layer is not None and not land.layer.empty:
+        parts += _layer_sections(land.layer, figure)
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -7,7 +7,8 @@ per decode step against the baseline with its spread, and the writes' share of t
 Every label says how the source timed its figures (kvprof.core.timings.SourceTiming: CUDA
 events, a profiler's GPU timestamps, or a CPU's wall clock); where that is no GPU time
 there is no saving per step and no share of the inter-token latency, and the page says
-why instead of drawing an empty chart.
+why instead of drawing an empty chart. The report also carries the run's decoder-layer
+views (the rotary fused into the write, what PDL hides: kvprof.dashboard.layer_view).
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvprof.analysis.compare import Benchmark
-from kvprof.core.timings import SourceTiming, source_timing
-from kvprof.dashboard import charts, frames, tables
+from kvprof.core.timings import SourceTiming
+from kvprof.dashboard import charts, frames, layer_view, tables
+from kvprof.dashboard.layer_view import LayerView
 
 
 def timing(summary: dict[str, Any] | None, source: str | None) -> SourceTiming:
     """How ``source`` of the run timed its figures (its clock from summary.json)."""
-    s = summary or {}
-    traces = s.get("traces")
-    return source_timing(source, s.get("reference") if isinstance(s.get("reference"), dict) else None,
-                         traces if isinstance(traces, list) else None)
+    return frames.timing_of(summary, source)
 
 
 def source_words(source: str | None, summary: dict[str, Any] | None = None) -> str:
@@ -66,6 +65,7 @@ class Landing:
     figures: list[tuple[str, go.Figure]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     timing: SourceTiming = SourceTiming(None, None)
+    layer: LayerView | None = None  # the rotary-fusion and PDL views (kvprof.dashboard.layer_view)
 
 
 def headline_text(comp: dict[str, Any], source: str | None, layers: int, summary: dict[str, Any] | None = None) -> str:
@@ -137,4 +137,5 @@ def build(label: str, summary: dict[str, Any], writes: pd.DataFrame | None = Non
                           f"{bench.itl_before_ms:.2f} ms ({bench.label}).")
     elif source is not None:
         land.notes.append(f"share of ITL: n/a ({t.no_step_why[0]}): {t.no_step_why[1]}.")
+    land.layer = layer_view.build(summary, source, layers, chosen, writes, bench, groups)
     return land

@@ -18,8 +18,9 @@ import streamlit as st
 
 from kvprof.analysis.compare import Benchmark
 from kvprof.core.rundir import RunDir
-from kvprof.dashboard import charts, data, frames, landing, tables
+from kvprof.dashboard import charts, data, frames, landing, layer_view, tables
 from kvprof.dashboard.landing import Landing
+from kvprof.dashboard.layer_view import LayerView
 
 
 @dataclass(frozen=True)
@@ -132,3 +133,23 @@ def metric_for(run: data.RunOutputs, s: Settings, metric: str, cpu_only: bool) -
     f = RunFiles.of(run)
     return metric_figure(f.summary, f.summary_stamp, s.source, s.variants, metric, cpu_only)
 
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def layer_views(summary: str, summary_stamp: int, writes: str | None, writes_stamp: int, source: str | None,
+                variants: tuple[str, ...], layers: int) -> LayerView:
+    """The Layer page's rotary-fusion and PDL views (layer_view.build); writes.parquet is read only
+    when a projected saving's spread needs it."""
+    doc = data.read_summary(summary, summary_stamp)
+    groups = data.read_groups(summary, summary_stamp)
+    w = None
+    rope = [v for v in variants if v in layer_view.ROPE_VARIANTS]
+    if writes is not None and rope and any(tables.spread_needs_writes(groups[groups["variant"].isin(rope)], s)
+                                           for s in frames.sources_in(groups, doc)):
+        w = data.read_writes(writes, writes_stamp)
+    return layer_view.build(doc, source, layers, list(variants), w, groups=groups)
+
+
+def layer_for(run: data.RunOutputs, source: str | None, variants: tuple[str, ...], layers: int) -> LayerView:
+    f = RunFiles.of(run)
+    return layer_views(f.summary, f.summary_stamp, f.writes, f.writes_stamp, source, variants, layers)
