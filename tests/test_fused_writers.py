@@ -224,11 +224,11 @@ def test_triton_fused_matches_index_put(case):
 @pytest.mark.slow  # 30 kernel launches under the interpreter, a new compile for most shapes
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=write_cases(max_tokens=24), block_t=st.sampled_from([1, 2, 4, 16]),
-       num_warps=st.sampled_from([1, 2, 4]), split=st.sampled_from([1, 2, 4, 8, 64]))
-def test_triton_fused_launch_shapes_match_index_put(case, block_t, num_warps, split):
+       num_warps=st.sampled_from([1, 2, 4]), split=st.sampled_from([1, 2, 4, 8, 64]), stream=st.booleans())
+def test_triton_fused_launch_shapes_match_index_put(case, block_t, num_warps, split, stream):
     """Every launch shape writes the same bits: tokens per program, warps and column chunks
-    (split larger than the row's block is clamped to it)."""
-    config = tf.TritonConfig(block_t, num_warps, split)
+    (split larger than the row's block is clamped to it), with or without streaming hints."""
+    config = tf.TritonConfig(block_t, num_warps, split, stream)
     run_case(case, create_writer("triton_fused", config=config))
 
 
@@ -502,7 +502,9 @@ def test_gpu_fused_matches_index_put(name, options, case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,options", GPU_WRITERS)
+@pytest.mark.parametrize("name,options", [*GPU_WRITERS,
+                                          ("triton_fused", {"config": {"block_t": 1, "num_warps": 8, "split": 4,
+                                                                       "stream": True}})])
 @pytest.mark.parametrize("heads,dim,tokens", [(1, 128, 32768), (8, 128, 4096), (32, 128, 257), (5, 96, 999)])
 @pytest.mark.parametrize("cache,inp", [(torch.bfloat16, torch.bfloat16), (torch.float8_e4m3fn, torch.bfloat16)])
 def test_gpu_fused_large_writes(name, options, heads, dim, tokens, cache, inp):

@@ -56,7 +56,8 @@ TRITON_TABLE: Table = [
     (_ANY, 1, TritonConfig(1, 8, 4)),
     (_ANY, 8, TritonConfig(1, 4, 2)),
     (_ANY, 64, TritonConfig(1, 2, 4)),
-    (_ANY, _ANY, TritonConfig(1, 16)),
+    (_ANY, 512, TritonConfig(1, 16)),
+    (_ANY, _ANY, TritonConfig(1, 8, 4)),  # 16 KB rows from 4096 tokens: quarter rows, 8 warps each
 ]
 # fp8 caches (the conversion runs in the kernel): at a few tokens, more warps or more column
 # chunks so that each thread converts 4 elements per row chunk.
