@@ -163,9 +163,10 @@ def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: boo
         a, b = x[..., : rope_dim // 2], x[..., rope_dim // 2 : rope_dim]
     else:
         a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
-    fa, fb = a.float(), b.float()
-    a.copy_(fa * cos - fb * sin)
-    b.copy_(fa * sin + fb * cos)
+    fa, fb = a.float(), b.float()  # float32 x: the views themselves, so both results before either copy
+    ra, rb = fa * cos - fb * sin, fa * sin + fb * cos
+    a.copy_(ra)
+    b.copy_(rb)
 
 
 def split_qkv(qkv: torch.Tensor, q_heads: int, kv_heads: int,

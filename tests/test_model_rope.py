@@ -57,9 +57,10 @@ def test_the_frequencies_follow_the_rope_type():
         RopeSpec(rope_type="yarn")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_partial_rotary_and_gptj_style_rotate_what_the_config_says(dtype):
-    """Against kvprof.writers.rope_reference."""
+    """Against kvprof.writers.rope_reference; float32 q and k too (the torch rotary once
+    overwrote the first half before the second half read it)."""
     spec = RopeSpec(theta=10000.0, partial_rotary=0.5, is_neox=False, max_position=64)
     assert spec.rotary_dim(128) == 64
     rotary = Rotary(128, CPU, spec, "torch")
