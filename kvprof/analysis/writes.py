@@ -26,11 +26,11 @@ Pure function of an attributed Trace. Columns (WRITE_COLUMNS):
 | overlap_ns, overlap_frac | time with >= 2 streams busy, and its share of gpu_union_ns       |
 | idle_ns, gaps    | idle time and number of holes inside the span                            |
 | gap_before_ns    | GPU idle before the write: first start - latest end of any earlier work, |
-|                  | clipped at 0 (a write that began before that work ended has no gap, never |
-|                  | a negative one)                                                          |
+|                  | clipped at 0 (a write that began before that work ended has no gap,      |
+|                  | never a negative one)                                                    |
 | same_stream_early_ns | how long before the end of the work before it on its own stream the  |
-|                  | write's first activity began (0: after it ended; NaN: nothing before it   |
-|                  | on that stream). > 0 is programmatic dependent launch (PDL) overlap:      |
+|                  | write's first activity began (0: after it ended; NaN: nothing before it  |
+|                  | on that stream). > 0 is programmatic dependent launch (PDL) overlap:     |
 |                  | kvprof.analysis.early_start                                              |
 | host_start_ns, host_dur_ns | the write range on the host (eager writes; NaN for replays)    |
 | launch_delay_ns  | eager: first activity start - start of the call that launched it         |
