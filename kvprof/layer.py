@@ -9,10 +9,11 @@ weights per layer, so weights stream from memory as in a real step. Tensor-paral
 all-reduces are not modelled (one rank, one process).
 
 As SGLang builds it: q, k and v are views of the QKV GEMM's output; the rotary embedding
-(Llama-3.1's: rope_theta 500000, llama3 frequency scaling, GPT-NeoX halves) rotates q and
-k in place in one launch, so the store receives K and V as two strided views of one
-tensor. A write that absorbs the rotary (a ``RopeKVWriter``) replaces both: the layer hands
-it the q, k and v views, the positions and the cos/sin cache.
+(the model's own, ``kvprof.models.RopeSpec``: Llama-3.1's rope_theta 500000 with llama3
+frequency scaling, Qwen2.5's 1e6 unscaled, ...) rotates q and k in place in one launch,
+so the store receives K and V as two strided views of one tensor. A write that absorbs the
+rotary (a ``RopeKVWriter``) replaces both: the layer hands it the q, k and v views, the
+positions and the cos/sin cache.
 
 Decode attention reads the pool as an engine's decode kernel does: SGLang's Triton
 ``decode_attention_fwd`` over a ``kv_indptr``/``kv_indices`` layout, where request ``r``'s
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 from kvprof.core.errors import UsageError
 from kvprof.core.layer_kernels import SGLANG_DECODE, TORCH_ROTARY, TORCH_SDPA, TRITON_ROTARY, LayerKernels
-from kvprof.models import RankShape
+from kvprof.models import LLAMA31_ROPE, RankShape, RopeSpec
 
 CONTEXTS = ("none", "layer")
 DEFAULT_CONTEXT_LEN = 4096
@@ -49,41 +50,27 @@ RopeWriteFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
                        None]
 
 
-@dataclass(frozen=True)
-class RopeSpec:
-    """A rotary embedding's frequencies; the default is Llama-3.1's (config.json rope_theta
-    and rope_scaling, rope_type llama3)."""
-
-    theta: float = 500000.0
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
-    max_position: int = 131072  # max_position_embeddings: the cos/sin cache's rows
-    is_neox: bool = True
-
-    def inv_freq(self, rope_dim: int) -> torch.Tensor:
-        """Llama-3's scaled inverse frequencies (SGLang's Llama3RotaryEmbedding)."""
-        inv = 1.0 / (self.theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
-        low_wavelen = self.original_max_position / self.low_freq_factor
-        high_wavelen = self.original_max_position / self.high_freq_factor
-        wavelen = 2 * math.pi / inv
-        smooth = ((self.original_max_position / wavelen - self.low_freq_factor)
-                  / (self.high_freq_factor - self.low_freq_factor))
-        mid = (1 - smooth) * inv / self.factor + smooth * inv
-        return torch.where(wavelen < high_wavelen, inv, torch.where(wavelen > low_wavelen, inv / self.factor, mid))
-
-    def cos_sin_cache(self, rope_dim: int, rows: int | None = None) -> torch.Tensor:
-        """``[rows, rope_dim]`` float32, cosines then sines, as SGLang's ``cos_sin_cache``."""
-        t = torch.arange(rows or self.max_position, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq(rope_dim))
-        return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"rope_type": "llama3", **asdict(self)}
+def inv_freq(spec: RopeSpec, rope_dim: int) -> torch.Tensor:
+    """``spec``'s inverse frequencies over ``rope_dim`` rotated dims: ``theta``'s plain ones, or
+    Llama-3's scaled ones (SGLang's Llama3RotaryEmbedding) for ``rope_type`` llama3."""
+    inv = 1.0 / (spec.theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
+    if spec.rope_type == "default":
+        return inv
+    low_wavelen = spec.original_max_position / spec.low_freq_factor
+    high_wavelen = spec.original_max_position / spec.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    smooth = ((spec.original_max_position / wavelen - spec.low_freq_factor)
+              / (spec.high_freq_factor - spec.low_freq_factor))
+    mid = (1 - smooth) * inv / spec.factor + smooth * inv
+    return torch.where(wavelen < high_wavelen, inv, torch.where(wavelen > low_wavelen, inv / spec.factor, mid))
 
 
-LLAMA31_ROPE = RopeSpec()
+def cos_sin_cache(spec: RopeSpec, rope_dim: int, rows: int | None = None) -> torch.Tensor:
+    """``[rows, rope_dim]`` float32 (default ``spec.max_position`` rows), cosines then sines, as
+    SGLang's ``cos_sin_cache``."""
+    t = torch.arange(rows or spec.max_position, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq(spec, rope_dim))
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
 
 
 def layer_weight_bytes(shape: RankShape, dtype: torch.dtype) -> tuple[int, int]:
@@ -92,7 +79,7 @@ def layer_weight_bytes(shape: RankShape, dtype: torch.dtype) -> tuple[int, int]:
     elem = torch.empty((), dtype=_layer_dtype(dtype)).element_size()
     h, d, q, kv, i = shape.hidden, shape.head_dim, shape.q_head_num, shape.head_num, shape.intermediate
     per_layer = 2 * h + h * (q + 2 * kv) * d + q * d * h + h * 2 * i + i * h
-    return per_layer * elem, LLAMA31_ROPE.max_position * d * 4
+    return per_layer * elem, shape.rope.max_position * shape.rope.rotary_dim(d) * 4
 
 
 def weight_bytes(shape: RankShape, dtype: torch.dtype, layers: int | None = None) -> int:
@@ -127,7 +114,7 @@ class Rotary:
             raise UsageError(f"unknown rotary kernel {kernel!r}; choose from {', '.join(ROTARY_CHOICES)}")
         self.spec = spec
         self.is_neox = spec.is_neox
-        self.cos_sin_cache = spec.cos_sin_cache(head_dim, rows).to(device)
+        self.cos_sin_cache = cos_sin_cache(spec, spec.rotary_dim(head_dim), rows).to(device)
         self._triton: Any = None
         self.kernel, self.reason = TORCH_ROTARY, None
         if kernel == "torch":
@@ -176,9 +163,10 @@ def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: boo
         a, b = x[..., : rope_dim // 2], x[..., rope_dim // 2 : rope_dim]
     else:
         a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
-    fa, fb = a.float(), b.float()
-    a.copy_(fa * cos - fb * sin)
-    b.copy_(fa * sin + fb * cos)
+    fa, fb = a.float(), b.float()  # float32 x: the views themselves, so both results before either copy
+    ra, rb = fa * cos - fb * sin, fa * sin + fb * cos
+    a.copy_(ra)
+    b.copy_(rb)
 
 
 def split_qkv(qkv: torch.Tensor, q_heads: int, kv_heads: int,
@@ -276,12 +264,13 @@ class DecoderContext:
             )
             for _ in range(built)
         ]
-        self.rotary = Rotary(d, device, LLAMA31_ROPE, rotary, rows=max(LLAMA31_ROPE.max_position, context_len + 1))
+        rope = shape.rope  # the model's own (config.json's rope_theta, rope_scaling, partial rotary, style)
+        self.rotary = Rotary(d, device, rope, rotary, rows=max(rope.max_position, context_len + 1))
         self.attention_kernel, self.attention_reason, self._sglang = pick_attention(device, attention)
         # SGLang's backend launches it with programmatic dependent launch on sm_90+
         self._attention_pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
         self.kernels = LayerKernels(self.attention_kernel, self.attention_reason, self.rotary.kernel,
-                                    self.rotary.reason, rope=LLAMA31_ROPE.as_dict())
+                                    self.rotary.reason, rope=rope.as_dict())
         self._hidden: dict[int, torch.Tensor] = {}
         self._positions: dict[tuple[int, bool], torch.Tensor] = {}
         self._decode: dict[int, DecodeMeta] = {}
@@ -430,4 +419,4 @@ class LayerWeights:
 
 __all__ = ["ATTENTION_CHOICES", "CONTEXTS", "DEFAULT_CONTEXT_LEN", "LLAMA31_ROPE", "DecodeMeta", "DecoderContext",
            "LayerKernels", "RopeSpec", "Rotary", "SGLANG_DECODE", "TORCH_ROTARY", "TORCH_SDPA", "TRITON_ROTARY",
-           "layer_weight_bytes", "pick_attention", "split_qkv", "weight_bytes"]
+           "cos_sin_cache", "inv_freq", "layer_weight_bytes", "pick_attention", "split_qkv", "weight_bytes"]

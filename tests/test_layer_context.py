@@ -22,7 +22,7 @@ from kvprof.capture.layout_session import session_for
 from kvprof.cli import main
 from kvprof.core.layer_kernels import SGLANG_DECODE, TORCH_ROTARY, TORCH_SDPA
 from kvprof.core.timings import StepSamples, StepTimings
-from kvprof.layer import LLAMA31_ROPE, DecoderContext, Rotary, split_qkv
+from kvprof.layer import LLAMA31_ROPE, DecoderContext, Rotary, cos_sin_cache, inv_freq, split_qkv
 from kvprof.trace.attribution import attribute
 from kvprof.trace.kineto import read_kineto
 from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build
@@ -106,7 +106,7 @@ def test_the_layer_rotary_is_llama31_rope_in_place():
     # float32 arithmetic as the reference, one rounding to bf16: the same bits
     assert torch.equal(q, rq.to(torch.bfloat16)) and torch.equal(k, rk.to(torch.bfloat16))
     assert torch.equal(v, split_qkv(before, 4, 2, 128)[2])  # v untouched
-    inv = LLAMA31_ROPE.inv_freq(128)  # llama3 scaling: low frequencies / 8, high ones kept
+    inv = inv_freq(LLAMA31_ROPE, 128)  # llama3 scaling: low frequencies / 8, high ones kept
     base = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128))
     assert inv[0] == base[0] and inv[-1] == pytest.approx(base[-1] / 8)
 
@@ -120,7 +120,7 @@ def test_the_cos_sin_cache_is_sglangs_llama3_rope():
     theirs.__dict__.update(rotary_dim=128, max_position_embeddings=1024, base=500000, position_start=0,
                            _force_native=False, scaling_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                            orig_max_position=8192)
-    assert torch.equal(LLAMA31_ROPE.cos_sin_cache(128, 1024), theirs._compute_cos_sin_cache().float())
+    assert torch.equal(cos_sin_cache(LLAMA31_ROPE, 128, 1024), theirs._compute_cos_sin_cache().float())
 
 
 def test_rope_writers_in_the_layer_give_the_store_variants_output():

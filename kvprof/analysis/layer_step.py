@@ -14,7 +14,7 @@ Pure functions; no torch.
 - ``write_boundaries``: from a profiled trace of the layer, where each write sits on the
   GPU timeline: what it adds to the critical path (``gpu_new_ns``), how far it starts after
   the end of the work before it (negative: it began before its predecessor ended, which on
-  one stream is programmatic dependent launch), how far the next kernel starts after it
+  one stream is programmatic dependent launch: ``kvprof.analysis.early_start``), how far the next kernel starts after it
   (negative: that kernel began before the write ended), and for a write with work on a
   second stream, how long the next kernel's stream sat idle waiting for it.
 - ``gap_notes``: one sentence per saving whose gap exceeds its spread, accounting for it
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvprof.analysis.early_start import latest_end_before, predecessors
 from kvprof.analysis.gpu_groups import stream_lanes
 from kvprof.core.timings import StepSamples, StepTimings
 
@@ -138,7 +139,7 @@ class WriteBoundary:
     start_after_ns: float | None  # write start - end of the work before it (< 0: began before it ended)
     early_starts: int  # writes that began before their predecessor ended
     early_overlap_ns: float | None  # how long before, over those writes
-    same_stream_early: int  # of those, with the predecessor on the write's stream: programmatic dependent launch
+    same_stream_early: int  # of those, begun before the work before them on their own stream ended: PDL overlap
     next_after_ns: float | None  # next kernel's start - write end (< 0: it began before the write ended)
     early_next: int  # writes whose next kernel began before they ended
     second_stream: int  # writes with work on a stream other than the next kernel's
@@ -155,19 +156,6 @@ class WriteBoundary:
 def _median(x: np.ndarray) -> float | None:
     x = x[np.isfinite(x)]
     return float(np.median(x)) if len(x) else None
-
-
-def _latest_before(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each ``at``: the latest end among activities starting strictly before it and that
-    activity's index (NaN and -1 where none). ``starts`` sorted ascending."""
-    latest, which = np.full(len(at), np.nan), np.full(len(at), -1)
-    if len(ends):
-        cm = np.maximum.accumulate(ends)
-        arg = np.maximum.accumulate(np.where(ends == cm, np.arange(len(ends)), 0))
-        i = np.searchsorted(starts, at, side="left") - 1
-        ok = i >= 0
-        latest[ok], which[ok] = cm[i[ok]], arg[i[ok]]
-    return latest, which
 
 
 def write_boundaries(work: pd.DataFrame, writes: pd.DataFrame) -> list[WriteBoundary]:
@@ -188,14 +176,11 @@ def write_boundaries(work: pd.DataFrame, writes: pd.DataFrame) -> list[WriteBoun
     s_sorted, e_sorted, lane_sorted = s_all[order], e_all[order], lanes[order]
     first = w["gpu_start_ns"].to_numpy(dtype=float)
     last = w["gpu_end_ns"].to_numpy(dtype=float)
-    pred_end, pred_idx = _latest_before(s_sorted, e_sorted, first.astype(np.int64))
-    # the write's own first activity (its stream) and its streams
-    mine = pd.DataFrame({"write_id": wid, "start": s_all, "lane": lanes})[wid >= 0]
-    firsts = mine.sort_values("start", kind="stable").groupby("write_id")["lane"].first()
-    lane_sets = mine.groupby("write_id")["lane"].agg(lambda x: frozenset(x.tolist()))
     ids = w["write_id"].to_numpy(dtype=np.int64)
-    first_lane = firsts.reindex(ids).to_numpy()
-    pred_lane = np.where(pred_idx >= 0, lane_sorted[np.clip(pred_idx, 0, None)], -1)
+    pred = predecessors(work, ids, first)
+    # the write's streams
+    mine = pd.DataFrame({"write_id": wid, "lane": lanes})[wid >= 0]
+    lane_sets = mine.groupby("write_id")["lane"].agg(lambda x: frozenset(x.tolist()))
     # the next kernel: the first activity of no write that starts after the write's first one
     other = wid[order] < 0
     o_start, o_lane = s_sorted[other], lane_sorted[other]
@@ -208,15 +193,15 @@ def write_boundaries(work: pd.DataFrame, writes: pd.DataFrame) -> list[WriteBoun
     for lane in np.unique(next_lane[has_next]):
         on = lane_sorted == lane
         sel = has_next & (next_lane == lane)
-        latest, _ = _latest_before(s_sorted[on], e_sorted[on], next_start[sel].astype(np.int64))
+        latest, _ = latest_end_before(s_sorted[on], e_sorted[on], next_start[sel].astype(np.int64))
         stream_idle[sel] = next_start[sel] - latest
     second = np.array([bool(ls - {nl}) if isinstance(ls, frozenset) and hn else False
                        for ls, nl, hn in zip(lane_sets.reindex(ids).to_numpy(), next_lane, has_next)])
     frame = pd.DataFrame({
         "variant": w["variant"].astype(str).to_numpy(), "source": w["source"].astype(str).to_numpy(),
         "phase": w["phase"].astype(str).to_numpy(), "size": w["size"].astype(int).to_numpy(),
-        "critical": w["gpu_new_ns"].to_numpy(dtype=float), "before": first - pred_end,
-        "same": pred_lane == first_lane, "after": next_start - last, "second": second,
+        "critical": w["gpu_new_ns"].to_numpy(dtype=float), "before": pred.start_after_ns,
+        "same": pred.began_early, "after": next_start - last, "second": second,
         "idle": np.where(second, stream_idle, np.nan),
     })
     out = []
@@ -227,7 +212,7 @@ def write_boundaries(work: pd.DataFrame, writes: pd.DataFrame) -> list[WriteBoun
             variant=str(variant), source=str(source), phase=str(phase), size=int(size), writes=len(g),
             critical_ns=_median(g["critical"].to_numpy()), start_after_ns=_median(before),
             early_starts=int(early.sum()), early_overlap_ns=_median(-before[early]),
-            same_stream_early=int((early & g["same"].to_numpy()).sum()), next_after_ns=_median(after),
+            same_stream_early=int(g["same"].sum()), next_after_ns=_median(after),
             early_next=int((after < 0).sum()), second_stream=int(g["second"].sum()),
             stream_wait_ns=_median(g["idle"].to_numpy()),
         ))

@@ -27,8 +27,9 @@ GROUP_KEYS = ("variant", "source", "phase", "size")
 GROUP_COLUMNS = (
     *GROUP_KEYS, "layer", "context", "layout", "writes", "steps", "graph", "attribution", "kernels_per_write",
     "kernels_per_write_min", "kernels_per_write_max", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "cost_per_write_ns",
-    "host_launch_ns", "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak",
-    "step_ns", "step_gpu_ns", "step_iqr_ns", "write_share", "writes_only_step_ns", "tokens",
+    "host_launch_ns", "launch_delay_ns", "streams", "overlap_frac", "idle_ns", "gaps", "gap_before_ns",
+    "same_stream_early", "same_stream_early_ns", "same_stream_early_max_ns", "pdl_launch", "bandwidth_gbs",
+    "pct_of_peak", "step_ns", "step_gpu_ns", "step_iqr_ns", "write_share", "writes_only_step_ns", "tokens",
 )
 
 
@@ -50,14 +51,16 @@ def _iqr(s: pd.Series) -> float:
 
 
 MEDIAN_COLUMNS = ("gpu_ops", "gpu_busy_ns", "gpu_span_ns", "gpu_new_ns", "host_dur_ns", "launch_delay_ns",
-                  "overlap_frac", "idle_ns", "gaps", "bandwidth_gbs", "pct_of_peak", "tokens")
+                  "overlap_frac", "idle_ns", "gaps", "gap_before_ns", "bandwidth_gbs", "pct_of_peak", "tokens")
+# per write, not a median: the group counts the writes where it is > 0 and takes the median and max over those
+EARLY_COLUMN = "same_stream_early_ns"
 
 
 def _numeric(writes: pd.DataFrame) -> dict[str, np.ndarray]:
     """The median columns as float arrays (NaN for missing or non-numeric; tokens < 0: NaN),
     converted once for all groups: per-group pandas calls cost more than the medians."""
     out = {}
-    for c in MEDIAN_COLUMNS:
+    for c in (*MEDIAN_COLUMNS, EARLY_COLUMN):
         if c in writes:
             a = pd.to_numeric(writes[c], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
         else:
@@ -70,6 +73,16 @@ def _numeric(writes: pd.DataFrame) -> dict[str, np.ndarray]:
 def _nanmedian(a: np.ndarray) -> float:
     a = a[~np.isnan(a)]
     return float(np.median(a)) if len(a) else float("nan")
+
+
+def _early_starts(early_ns: np.ndarray) -> dict[str, Any]:
+    """The writes that began before the work before them on their own stream ended
+    (``kvprof.analysis.early_start``: PDL overlap where the writer launches with PDL), and how
+    early, median and max over those writes; ``gap_before_ns`` counts them as 0, never negative."""
+    early = early_ns[early_ns > 0]  # NaN > 0 is False
+    return {"same_stream_early": int(len(early)),
+            "same_stream_early_ns": float(np.median(early)) if len(early) else float("nan"),
+            "same_stream_early_max_ns": float(early.max()) if len(early) else float("nan")}
 
 
 def _one_value(s: pd.Series) -> str | None:
@@ -103,6 +116,9 @@ def _aggregate(w: pd.DataFrame, steps: pd.DataFrame | None,
         "overlap_frac": med["overlap_frac"],
         "idle_ns": med["idle_ns"],
         "gaps": med["gaps"],
+        "gap_before_ns": med["gap_before_ns"],
+        **_early_starts(cols[EARLY_COLUMN]),
+        "pdl_launch": None,  # the writer's record (kvprof.analysis.summary fills it in)
         "bandwidth_gbs": med["bandwidth_gbs"],
         "pct_of_peak": med["pct_of_peak"],
         "tokens": med["tokens"],
@@ -196,6 +212,16 @@ def rope_kind(meta: TraceMeta | None, manifest_entry: VariantEntry | None) -> st
     return None
 
 
+def pdl_launch(meta: TraceMeta | None, manifest_entry: VariantEntry | None) -> bool | None:
+    """Whether the variant's writes launch with programmatic dependent launch, as the capture
+    recorded the writer (``Writer.launches_pdl``): the run's manifest first, then the trace's
+    own metadata; None where neither says (a library's kernel, a run from before the record)."""
+    if manifest_entry is not None and manifest_entry.pdl_launch is not None:
+        return manifest_entry.pdl_launch
+    v = (meta.extra if meta else {}).get("pdl_launch")
+    return v if isinstance(v, bool) else None
+
+
 def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: VariantEntry | None,
                        writes: pd.DataFrame) -> tuple[VariantVerdict, list[str]]:
     """Did the variant run fused, or fall back? Both witnesses, whether they agree, and warnings."""
@@ -221,4 +247,4 @@ def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: Var
         available=True, fused_claim=claim, paths=dict(paths), fused_by_paths=by_paths,
         fused_by_kernels=by_kernels, agree=agree, fused=fused,
         fell_back=bool(reasons) or (bool(claim) and fused is False), fallback_reasons=reasons,
-        kernel_counts=detail, rope=rope), warnings
+        kernel_counts=detail, rope=rope, pdl_launch=pdl_launch(meta, manifest_entry)), warnings

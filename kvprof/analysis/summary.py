@@ -9,10 +9,11 @@ import pandas as pd
 
 from kvprof import __version__
 from kvprof.analysis.compare import Benchmark, compare_groups
+from kvprof.analysis.early_start import early_start_notes
 from kvprof.analysis.generic import generic_summary
 from kvprof.analysis.jsonsafe import clean
 from kvprof.analysis.layer_step import WriteBoundary, layer_steps, write_boundaries
-from kvprof.analysis.metrics import fused_or_fell_back, group_metrics
+from kvprof.analysis.metrics import fused_or_fell_back, group_metrics, measured
 from kvprof.analysis.ranks import analyze_ranks, collective_per_step
 from kvprof.analysis.reference import observer_effect, observer_notes, reference_groups, trusted_sources
 from kvprof.analysis.writes import (
@@ -176,6 +177,11 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     sources = trusted_sources(sorted(set(groups["source"].dropna().astype(str))) if len(groups) else [], observer)
     layer_groups = group_metrics(writes, steps, by_layer=True)
     variants = _verdicts(loaded, writes, warnings)
+    pdl = {name: v.pdl_launch for name, v in variants.items()}
+    for table in (groups, layer_groups):
+        if len(table):
+            table["pdl_launch"] = [pdl.get(str(v)) for v in table["variant"]]
+    warnings.extend(early_start_notes(measured(writes), pdl))
     comparison = _comparison(groups, variants, baseline, bench, layers, sources, warnings)
     summary = Summary(
         schema=SUMMARY_SCHEMA, kvprof_version=__version__, input=str(loaded.input), input_kind=loaded.kind,

@@ -25,6 +25,13 @@ Pure function of an attributed Trace. Columns (WRITE_COLUMNS):
 | gpu_union_ns     | time with at least one activity running                                  |
 | overlap_ns, overlap_frac | time with >= 2 streams busy, and its share of gpu_union_ns       |
 | idle_ns, gaps    | idle time and number of holes inside the span                            |
+| gap_before_ns    | GPU idle before the write: first start - latest end of any earlier work, |
+|                  | clipped at 0 (a write that began before that work ended has no gap,      |
+|                  | never a negative one)                                                    |
+| same_stream_early_ns | how long before the end of the work before it on its own stream the  |
+|                  | write's first activity began (0: after it ended; NaN: nothing before it  |
+|                  | on that stream). > 0 is programmatic dependent launch (PDL) overlap:     |
+|                  | kvprof.analysis.early_start                                              |
 | host_start_ns, host_dur_ns | the write range on the host (eager writes; NaN for replays)    |
 | launch_delay_ns  | eager: first activity start - start of the call that launched it         |
 | graph_launch     | correlation of the cudaGraphLaunch that replayed it (-1: eager)          |
@@ -39,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvprof.analysis.early_start import predecessors
 from kvprof.analysis.gpu_groups import GROUP_STAT_COLUMNS, group_gpu_stats, short_kernel_name
 from kvprof.core.schema import GPU_WORK_KINDS, LAUNCH_KINDS
 from kvprof.trace.model import Trace
@@ -47,7 +55,7 @@ from kvprof.trace.table import to_frame
 WRITE_COLUMNS = (
     "trace", "source", "rank", "write_id", "variant", "phase", "size", "step", "layer", "tokens", "attribution",
     "graph", "during_capture", "context", "layout", *GROUP_STAT_COLUMNS, "gpu_new_ns", "overlap_frac",
-    "host_start_ns", "host_dur_ns",
+    "gap_before_ns", "same_stream_early_ns", "host_start_ns", "host_dur_ns",
     "launch_delay_ns", "graph_launch", "bytes", "bandwidth_gbs", "pct_of_peak", "kernel_names",
 )
 
@@ -123,6 +131,9 @@ def per_write_table(trace: Trace, events: pd.DataFrame | None = None,
         out["gpu_new_ns"] = new_time_after_any_work(out["gpu_start_ns"], out["gpu_end_ns"], out["gpu_ops"], work)
     else:
         out["gpu_new_ns"] = new_gpu_time(out["gpu_start_ns"], out["gpu_end_ns"])
+    pred = predecessors(work, out.index.to_numpy(), out["gpu_start_ns"].to_numpy(dtype=float))
+    out["gap_before_ns"] = pred.gap_before_ns
+    out["same_stream_early_ns"] = pred.same_stream_early_ns
     out["trace"] = trace.path
     out["source"] = trace.source
     out["rank"] = trace_rank(ev)

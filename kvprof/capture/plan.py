@@ -47,6 +47,8 @@ class PlannedVariant:
     name: str
     writer: Writer
     reason: str | None  # None: runnable here
+    # the writer's word on programmatic dependent launch here (Writer.launches_pdl); None: not said
+    pdl_launch: bool | None = None
 
 
 def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVariant]:
@@ -68,7 +70,8 @@ def plan_variants(config: CaptureConfig, device: torch.device) -> list[PlannedVa
             raise DeviceError(f"variant {name} cannot run on {device}: {reason}")
         if reason is None and name not in config.required_variants:
             reason = _repeats(writer, device, planned)
-        planned.append(PlannedVariant(writer.name, writer, reason))
+        pdl = writer.launches_pdl(device) if reason is None else None
+        planned.append(PlannedVariant(writer.name, writer, reason, pdl))
     if not any(p.reason is None for p in planned):
         why = "; ".join(f"{p.name}: {p.reason}" for p in planned)
         raise DeviceError(f"none of the variants can run on {device} ({why})")
@@ -140,7 +143,17 @@ def variant_entry(p: PlannedVariant) -> VariantEntry:
         entry.extra["interpreted"] = True
     if info.extra.get("rope"):  # a rope + store writer: "fused" (one launch) or "separate"
         entry.extra["rope"] = info.extra["rope"]
+    entry.pdl_launch = p.pdl_launch
     return entry
+
+
+def trace_extra(entry: VariantEntry) -> dict[str, Any]:
+    """What a variant's trace carries of its manifest entry beyond TraceMeta's own fields (its
+    ``rope``, ``pdl_launch``), so that the trace alone is analysed as the run would be."""
+    out: dict[str, Any] = {"rope": entry.extra["rope"]} if "rope" in entry.extra else {}
+    if entry.pdl_launch is not None:
+        out["pdl_launch"] = entry.pdl_launch
+    return out
 
 
 def make_context(config: CaptureConfig, device: torch.device) -> DecoderContext | None:
@@ -196,4 +209,4 @@ def scrub_files(folder: Path) -> list[str]:
 
 
 __all__ = ["CapturedRun", "PlannedVariant", "base_manifest", "check_replaceable", "make_context", "plan_variants",
-           "scrub_files", "scrub_manifest", "variant_entry"]
+           "scrub_files", "scrub_manifest", "trace_extra", "variant_entry"]

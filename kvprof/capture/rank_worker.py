@@ -74,7 +74,7 @@ class RankSession(MHASession):
 
 def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: torch.device) -> dict[str, Any]:
     """Every runnable variant on this rank; returns this rank's part of the manifest."""
-    from kvprof.capture.plan import make_context, plan_variants
+    from kvprof.capture.plan import make_context, plan_variants, trace_extra, variant_entry
     from kvprof.capture.torch_pass import run_torch_pass
     from kvprof.devinfo import device_properties
     from kvprof.dtypes import short_name
@@ -91,7 +91,8 @@ def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: to
         meta = TraceMeta(variant=p.name, fused=info.fused, run_id=config.run_id, layout=config.layout_name(),
                          cache_dtype=short_name(config.cache_torch_dtype()),
                          input_dtype=short_name(config.input_torch_dtype()), device=props,
-                         model=config.rank_shape().as_dict(), extra={"rank": rank, "world_size": world})
+                         model=config.rank_shape().as_dict(),
+                         extra={"rank": rank, "world_size": world, **trace_extra(variant_entry(p))})
         session = RankSession(config, p.writer, device, context=context)
         try:
             res = run_torch_pass(session, out, meta, sync_events=config.torch_sync_events, rank=rank,

@@ -5,8 +5,9 @@ The workload is the MHA session's (pool, slots, phases, warm-up, graphs, ranges)
 rotary embedding reads: q, k and v as views of one projection output ``[tokens, (Hq + 2 Hk) *
 D]`` (the strides an engine passes), a float32 cos/sin table of ``max_position`` rows and
 the tokens' positions -- consecutive for a prefill chunk, one per request for decode. The
-rotation is NeoX-style over the whole head (Llama's), and each write rotates q and k in place
-again, as every layer of a model rotates its own q and k. Writes only: with ``--context
+rotation is the model's (``kvprof.models.RopeSpec``: its rope_theta, scaling, rotated share
+of the head and NeoX or GPT-J style), and each write rotates q and k in place again, as
+every layer of a model rotates its own q and k. Writes only: with ``--context
 layer`` the rope writers run in the MHA session's decoder layers instead of the layer's
 rotary and store (``kvprof.capture.session.MHASession``).
 """
@@ -20,12 +21,9 @@ import torch
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.session import MHASession, PreparedPhase
 from kvprof.core.errors import UsageError
-from kvprof.layer import DecoderContext
+from kvprof.layer import DecoderContext, cos_sin_cache
 from kvprof.layouts.layout import Writer
 from kvprof.workload import PhaseSpec
-from kvprof.writers.rope_reference import cos_sin_table
-
-IS_NEOX = True  # Llama's rotary embedding: NeoX halves over the whole head
 
 
 @dataclass
@@ -66,8 +64,9 @@ class RopeSession(MHASession):
             positions = torch.randint(0, self.max_position, (tokens,), generator=gen)
         else:
             positions = torch.arange(tokens)
-        return RopePhase(spec, locs, k, v, q=q, positions=positions.to(self.device),
-                         cos_sin_cache=cos_sin_table(self.max_position, dim).to(self.device))
+        rope = self.shape.rope
+        table = cos_sin_cache(rope, rope.rotary_dim(dim), self.max_position).to(self.device)
+        return RopePhase(spec, locs, k, v, q=q, positions=positions.to(self.device), cos_sin_cache=table)
 
     def step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
         if (mode or self.mode) != "writes":
@@ -77,11 +76,11 @@ class RopeSession(MHASession):
         q, k, v, positions, table = prepared.q, prepared.k, prepared.v, prepared.positions, prepared.cos_sin_cache
         assert q is not None and positions is not None and table is not None  # RopeSession.prepare sets them
         for layer in self.layers:
-            write(layer, loc, q, k, v, positions, table, IS_NEOX, self.k_scale, self.v_scale)
+            write(layer, loc, q, k, v, positions, table, self.shape.rope.is_neox, self.k_scale, self.v_scale)
 
     def bytes_per_token(self) -> int:
         """q and k read and written back, v read, the K and V rows written."""
         return self.pool.rope_bytes_per_write(1, self.q_heads, self.input_dtype)
 
 
-__all__ = ["IS_NEOX", "RopePhase", "RopeSession"]
+__all__ = ["RopePhase", "RopeSession"]

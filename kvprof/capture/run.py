@@ -27,6 +27,7 @@ from kvprof.capture.plan import (
     scrub_files,
     scrub_manifest,
     sweep_stale,
+    trace_extra,
     variant_entry,
 )
 from kvprof.capture.reference import run_reference_pass
@@ -171,7 +172,7 @@ def _torch_pass(config: CaptureConfig, p: PlannedVariant, manifest: Manifest, ru
         cache_dtype=short_name(config.cache_torch_dtype()),
         input_dtype=short_name(config.input_torch_dtype()),
         device=manifest.device, model=config.rank_shape().as_dict(),
-        extra={"rope": entry.extra["rope"]} if "rope" in entry.extra else {},
+        extra=trace_extra(entry),
     )
     with session_for(config, p.writer, runtime.device, context=context) as session:
         out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,

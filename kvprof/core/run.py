@@ -124,6 +124,7 @@ _ENTRY_TYPES: dict[str, Callable[[Any], bool]] = {
     "reference_error": _opt_str,
     "nsys_paths": _str_map(lambda x: _is_int(x) and x >= 0),
     "nsys_error": _opt_str,
+    "pdl_launch": lambda v: v is None or isinstance(v, bool),
 }
 
 
@@ -143,6 +144,10 @@ class VariantEntry:
     reference_error: str | None = None  # the unprofiled pass failed: why
     nsys_paths: dict[str, int] | None = None  # paths the writer reported in the nsys pass
     nsys_error: str | None = None  # the nsys pass failed: why (the torch results are kept)
+    # the writer launches its kernels with programmatic dependent launch on the capture's device
+    # (a kernel may begin before the one before it on its stream ends); None: the writer does not
+    # say (a library's kernel that decides for itself), or a run from before kvprof recorded it
+    pdl_launch: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -161,7 +166,7 @@ class VariantEntry:
             d["bytes_per_token"] = self.bytes_per_token
         if self.fused is not None:
             d["fused"] = self.fused.to_json()
-        for key in ("reference_error", "nsys_paths", "nsys_error"):
+        for key in ("reference_error", "nsys_paths", "nsys_error", "pdl_launch"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return {**self.extra, **d}
@@ -186,7 +191,7 @@ class VariantEntry:
                    bytes_per_token=float(d["bytes_per_token"]) if "bytes_per_token" in d else None,
                    fused=PathReport.from_json(d["fused"]) if "fused" in d else None,
                    reference_error=d.get("reference_error"), nsys_paths=d.get("nsys_paths"),
-                   nsys_error=d.get("nsys_error"), extra=extra)
+                   nsys_error=d.get("nsys_error"), pdl_launch=d.get("pdl_launch"), extra=extra)
 
 
 MANIFEST_SCHEMA = "kvprof.manifest/1"  # docs/formats.md; bumped when a key changes meaning

@@ -76,6 +76,10 @@ class VariantVerdict:
     # a rope + store variant: "fused" (one launch rotates q and k and writes K and V) or
     # "separate" (a rotary kernel, then the store, which ``fused`` is about); None: store only
     rope: str | None = None
+    # launched with programmatic dependent launch, as the capture recorded the writer (True/False);
+    # None: not recorded. A variant that is not and whose writes still begin before the work
+    # before them on their stream ended is a trace anomaly, not PDL overlap
+    pdl_launch: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         if not self.available:

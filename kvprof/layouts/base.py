@@ -44,6 +44,10 @@ class LayoutWriter(abc.ABC):  # noqa: B024 (a base with hooks; each layout adds 
     def prepare(self, device: torch.device) -> None:
         """Per-device set-up before any write or graph capture."""
 
+    def launches_pdl(self, device: torch.device) -> bool | None:
+        """As ``KVWriter.launches_pdl``: PDL on the write's first kernel; None: not said."""
+        return None
+
 
 def check_positive(**values: Any) -> None:
     for name, value in values.items():

@@ -51,6 +51,8 @@ class Writer(Protocol):
 
     def prepare(self, device: torch.device) -> None: ...
 
+    def launches_pdl(self, device: torch.device) -> bool | None: ...
+
 
 class WritePool(Protocol):
     """What every layout's pool offers a workload beside its own write call."""

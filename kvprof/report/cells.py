@@ -95,7 +95,7 @@ def ns_or_why(row: dict[str, Any], key: str, gpu: bool, summary: Summary, digits
 
 
 GPU_KEYS = ("kernels_per_write", "gpu_span_ns", "gpu_busy_ns", "cost_per_write_ns", "launch_delay_ns", "streams",
-            "overlap_frac", "bandwidth_gbs", "pct_of_peak", "step_gpu_ns")
+            "overlap_frac", "gap_before_ns", "same_stream_early", "bandwidth_gbs", "pct_of_peak", "step_gpu_ns")
 
 
 GRAPH = NA("graph", "a CUDA-graph replay submits a whole step at once: no launch per write")

@@ -45,8 +45,12 @@ WRITE_COLS = (
 STEP_COLS = (
     Col("variant", justify="left"), Col("phase", justify="left"), Col("size"),
     Col("attribution", "how writes were matched to GPU work", "left"), Col("streams", "CUDA streams used"),
-    Col("overlap %", "of the span on two streams at once"), Col("step µs", "one measured step, host"),
-    Col("step GPU µs", "one measured step, GPU"),
+    Col("overlap %", "of the span on two streams at once"),
+    Col("gap µs", "GPU idle before a write; 0, never negative, where it began before the work before it ended"),
+    Col("PDL", "the writer launches with programmatic dependent launch"),
+    Col("PDL overlap", "writes that began before the work before them on their stream ended, and how early "
+                       "(median, max µs); 'anomaly' where the writer does not launch with PDL"),
+    Col("step µs", "one measured step, host"), Col("step GPU µs", "one measured step, GPU"),
 )
 
 
@@ -75,11 +79,36 @@ def groups_table(rows: list[dict[str, Any]], source: str, summary: Summary | Non
         steps.append([
             *head, str(r["attribution"]), num(r["streams"] if has_gpu else None, why("streams"), "{:.0f}"),
             num(overlap * 100 if overlap is not None else None, why("overlap_frac")),
+            us(r.get("gap_before_ns"), why("gap_before_ns")), pdl_cell(r.get("pdl_launch")),
+            pdl_overlap_cell(r, why("same_stream_early") if not has_gpu else None),
             us(r["step_ns"], why("step_ns"), 1), us(r["step_gpu_ns"], why("step_gpu_ns"), 1),
         ])
     name = SOURCE_NAMES.get(source, source)
     return [table(f"per write, median ({source}: {name})", WRITE_COLS, writes, width=width),
             table(f"per step, median ({source}: {name})", STEP_COLS, steps, width=width)]
+
+
+PDL_NOT_RECORDED = NA("not recorded", "the run does not record whether the writer launches with programmatic "
+                                     "dependent launch (a library's kernel, or a run from before kvprof recorded it)")
+
+
+def pdl_cell(pdl: Any) -> Cell:
+    """Whether the variant launches with programmatic dependent launch, as the capture recorded it."""
+    return "yes" if pdl is True else "no" if pdl is False else PDL_NOT_RECORDED
+
+
+def pdl_overlap_cell(r: dict[str, Any], missing: NA | None) -> Cell:
+    """``n/writes`` that began before the work before them on their stream ended, with the
+    median and max early start; 'anomaly' where the variant does not launch with PDL."""
+    if missing is not None:
+        return missing
+    n = int(finite_or_none(r.get("same_stream_early")) or 0)
+    head = f"{n}/{r.get('writes')}"
+    if not n:
+        return head
+    median, most = us(r.get("same_stream_early_ns"), NOT_MEASURED), us(r.get("same_stream_early_max_ns"), NOT_MEASURED)
+    cell = f"{head}, {median}, max {most}"
+    return f"{cell}, anomaly" if r.get("pdl_launch") is False else cell
 
 
 def reference_table(rows: list[dict[str, Any]], width: int | None = None) -> tuple[Table, list[str]]:

@@ -97,6 +97,18 @@ def _graph_roots(nodes: pd.DataFrame) -> dict[int, tuple[int, int, int]]:
     return roots
 
 
+def _overlap_across_streams(starts: np.ndarray, ends: np.ndarray, streams: np.ndarray, devices: np.ndarray) -> bool:
+    """Whether a write (row) began before an activity of the write before it ended on
+    another stream: then two streams ran at once and their starts may interleave, so cutting
+    the replay by start order can mix layers. On one stream the starts keep launch order even
+    where a kernel begins before its predecessor ends (programmatic dependent launch: the
+    analysis reports that as PDL overlap, ``kvprof.analysis.early_start``), so that overlap
+    cannot mix layers."""
+    other = (streams[1:, :, None] != streams[:-1, None, :]) | (devices[1:, :, None] != devices[:-1, None, :])
+    early = starts[1:, :, None] < ends[:-1, None, :]
+    return bool((other & early).any())
+
+
 class _Attributor:
     def __init__(self, trace: Trace, fallback_meta: TraceMeta | None) -> None:
         self.trace = trace
@@ -111,6 +123,8 @@ class _Attributor:
         self.a_tid = self.df["tid"].to_numpy()
         self.a_node = self.df["graph_node"].to_numpy()
         self.a_kind = self.df["kind"].astype(str).to_numpy()
+        self.a_stream = self.df["stream"].to_numpy()
+        self.a_device = self.df["device"].to_numpy()
         self.warnings: list[str] = []
         self.counts: dict[str, int] = {}
         n = len(self.df)
@@ -391,10 +405,12 @@ class _Attributor:
         chunk_rows = chunk_rows[order]
         starts = self.a_start[chunk_rows].reshape(len(layers), k)
         ends = self.a_end[chunk_rows].reshape(len(layers), k)
-        if len(layers) > 1 and (starts[1:].min(axis=1) < ends[:-1].max(axis=1)).any():
+        streams = self.a_stream[chunk_rows].reshape(len(layers), k)
+        devices = self.a_device[chunk_rows].reshape(len(layers), k)
+        if len(layers) > 1 and _overlap_across_streams(starts, ends, streams, devices):
             self.warnings.append(
-                f"graph replay of {phase} {size} (launch correlation {corr}): consecutive writes overlap on the GPU, "
-                "so grouping by order may mix layers")
+                f"graph replay of {phase} {size} (launch correlation {corr}): consecutive writes overlap on the GPU "
+                "on different streams, so grouping by order may mix layers")
         tok = _tokens_of(phase, size)
         variant = str(meta.variant or self.variant[grp[0]] or "")
         extra = np.setdiff1d(grp, chunk_rows)  # memcpy/memset when only kernels were counted

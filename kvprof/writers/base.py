@@ -69,6 +69,14 @@ class KVWriter(abc.ABC):
     def prepare(self, device: torch.device) -> None:
         """Set up per-device state (streams, compiled code) before any write or graph capture."""
 
+    def launches_pdl(self, device: torch.device) -> bool | None:
+        """Whether the write's first kernel launches with programmatic dependent launch (PDL)
+        on ``device``: it may then begin before the kernel before it on its stream ends, which
+        the analysis reports as PDL overlap (a writer that says False and still begins early
+        is a trace anomaly). None: the writer does not say (a library's kernel that decides
+        for itself)."""
+        return None
+
     @abc.abstractmethod
     def write(
         self,

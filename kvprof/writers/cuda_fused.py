@@ -31,6 +31,7 @@ import torch
 from kvprof.validation import check_buffers_inputs
 from kvprof.writers.base import FUSED, KVWriter
 from kvprof.writers.cuda_build import CudaOp
+from kvprof.writers.fp8_jit import uses_pdl
 from kvprof.writers.triton_convert import KINDS, cached_inverse
 
 CSRC = Path(__file__).with_name("csrc")
@@ -96,6 +97,10 @@ class CudaFusedWriter(KVWriter):
         self.hw_fp8 = bool(hw_fp8)
         self.config = config
         self._plans: dict[tuple[Any, ...], tuple[Any, int, float, float]] = {}
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the device has it (sm_90+: the op's own choice with ``pdl=None``), or as forced."""
+        return uses_pdl(self.pdl, device)
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         if device.type != "cuda":

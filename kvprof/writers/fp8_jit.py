@@ -16,7 +16,8 @@ vLLM's saturating e5m2 is the MHA writer's, so both paths come from
 :mod:`kvprof.writers.triton_convert`; that one rule is written here.
 
 Beside it, what every Triton writer asks about where its kernel runs: ``interpreted``,
-``pdl_capable`` and ``placement_reason`` (the one-line reason a writer cannot run here).
+``pdl_capable``, ``uses_pdl`` and ``placement_reason`` (the one-line reason a writer cannot
+run here).
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ def pdl_capable(device: object) -> bool:
     if found is None:
         found = _PDL_BY_DEVICE[index] = torch.cuda.get_device_capability(index)[0] >= 9
     return found
+
+
+def uses_pdl(pdl: bool | None, device: object, compiled: bool = True) -> bool:
+    """Whether a kvprof kernel launched with option ``pdl`` (None: where the device has it)
+    uses programmatic dependent launch on ``device``: only compiled, on a CUDA device, and
+    there sm_90+ unless forced (``pdl=True`` elsewhere is refused by ``placement_reason``)."""
+    if getattr(device, "type", str(device)) != "cuda" or not compiled:
+        return False
+    return pdl_capable(device) if pdl is None else bool(pdl)
 
 
 def hw_cast_safe(cols: int, token_stride: int, elems_per_program: int, num_warps: int) -> bool:

@@ -15,6 +15,10 @@ class IndexPutWriter(KVWriter):
     fused = False
     devices = ("cpu", "cuda")
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        """torch's own kernels, launched without programmatic dependent launch."""
+        return False
+
     def write(
         self,
         k_buf: torch.Tensor,

@@ -52,6 +52,10 @@ class MLACudaWriter(MLAWriter):
     fused = True
     devices = ("cuda",)
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        """kvprof's layout op launches without programmatic dependent launch."""
+        return False
+
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         return _reason(self.name, device, dtype, input_dtype)
 
@@ -73,6 +77,10 @@ class PagedCudaWriter(PagedWriter):
     description = "kvprof's fused paged store as a compiled CUDA op (eager launch path)"
     fused = True
     devices = ("cuda",)
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """kvprof's layout op launches without programmatic dependent launch."""
+        return False
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         return _reason(self.name, device, dtype, input_dtype)

@@ -24,6 +24,10 @@ class MLAIndexPutWriter(MLAWriter):
     name = "mla_index_put"
     description = "the reference: cast, then index_put of the nope and rope column ranges"
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        """torch's own kernels, launched without programmatic dependent launch."""
+        return False
+
     def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
         r = nope.shape[-1]
         nope = cast_like_sglang(nope, dtype)
@@ -39,6 +43,10 @@ class MLAIndexPutWriter(MLAWriter):
 class MLACatCopyWriter(MLAWriter):
     name = "mla_cat_copy"
     description = "SGLang's unfused path: torch.cat of nope and rope, cast, index_put of whole rows"
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """torch's own kernels, launched without programmatic dependent launch."""
+        return False
 
     def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
         row = cast_like_sglang(torch.cat([nope, rope], dim=-1), dtype)

@@ -25,6 +25,7 @@ from kvprof.writers.fp8_jit import (
     tl,
     torch_e4m3_saturates,
     triton,
+    uses_pdl,
 )
 from kvprof.writers.layout_tables import mla_shape
 
@@ -87,6 +88,10 @@ class MLATritonWriter(MLAWriter):
         ``pdl``: programmatic dependent launch; None turns it on where it exists (compiled
         kernel, sm_90+), as kvprof's MHA writer does."""
         self.block_t, self.num_warps, self.pdl, self.stream = block_t, num_warps, pdl, stream
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
+        return triton is not None and uses_pdl(self.pdl, device, compiled=not interpreted(_mla_store_kernel))
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         reason = super().unsupported_reason(device, dtype, input_dtype)

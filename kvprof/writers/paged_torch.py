@@ -25,6 +25,10 @@ class PagedIndexPutWriter(PagedWriter):
     name = "paged_index_put"
     description = "the reference: convert, drop -1 slots, index_put into K then V"
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        """torch's own kernels, launched without programmatic dependent launch."""
+        return False
+
     def write(self, k_cache, v_cache, slots, key, value, dtype, k_scale, v_scale):  # type: ignore[override]
         n = slots.shape[0]
         keep = slots >= 0
@@ -38,6 +42,10 @@ class PagedIndexPutWriter(PagedWriter):
 class PagedUnfusedWriter(PagedWriter):
     name = "paged_unfused"
     description = "vLLM's write as torch ops: convert K, convert V, index_copy_ each (padding redirected)"
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """torch's own kernels, launched without programmatic dependent launch."""
+        return False
 
     def write(self, k_cache, v_cache, slots, key, value, dtype, k_scale, v_scale):  # type: ignore[override]
         n = slots.shape[0]

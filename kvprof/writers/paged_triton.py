@@ -24,6 +24,7 @@ from kvprof.writers.fp8_jit import (
     placement_reason,
     tl,
     triton,
+    uses_pdl,
 )
 from kvprof.writers.layout_tables import paged_shape
 
@@ -71,6 +72,10 @@ class PagedTritonWriter(PagedWriter):
         """``block_t``/``num_warps``/``split`` force one launch shape (tuning); ``pdl``:
         programmatic dependent launch, None: on where it exists (compiled kernel, sm_90+)."""
         self.block_t, self.num_warps, self.split, self.pdl = block_t, num_warps, split, pdl
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
+        return triton is not None and uses_pdl(self.pdl, device, compiled=not interpreted(_paged_store_kernel))
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         reason = super().unsupported_reason(device, dtype, input_dtype)

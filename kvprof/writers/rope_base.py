@@ -52,6 +52,10 @@ class RopeKVWriter(abc.ABC):
     def prepare(self, device: torch.device) -> None:
         """Set up per-device state (streams, compiled code) before any write or graph capture."""
 
+    def launches_pdl(self, device: torch.device) -> bool | None:
+        """As ``KVWriter.launches_pdl``: PDL on the write's first kernel; None: not said."""
+        return None
+
     @abc.abstractmethod
     def write(
         self,

@@ -26,6 +26,7 @@ import torch
 from kvprof.core.vocab import ROPE_FUSED
 from kvprof.writers.cuda_build import CudaOp
 from kvprof.writers.cuda_fused import CudaConfig
+from kvprof.writers.fp8_jit import uses_pdl
 from kvprof.writers.rope_base import RopeKVWriter
 from kvprof.writers.triton_convert import KINDS, cached_inverse
 
@@ -79,6 +80,10 @@ class RopeCudaWriter(RopeKVWriter):
         self.pdl = pdl
         self.config = config
         self._plans: dict[tuple[Any, ...], tuple[Any, int, float, float]] = {}
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the device has it (sm_90+: the op's own choice with ``pdl=None``), or as forced."""
+        return uses_pdl(self.pdl, device)
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         if device.type != "cuda":

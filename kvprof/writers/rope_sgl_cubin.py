@@ -257,6 +257,11 @@ class CubinRopeOp:
     def prepare(self, device: torch.device) -> None:
         self._for_device(device.index if device.index is not None else torch.cuda.current_device())
 
+    def launches_pdl(self, index: int) -> bool:
+        """Whether ``__call__`` on device ``index`` launches with PDL: sm_90+ with ``pdl=None``, else as forced."""
+        self._for_device(index)
+        return self._sms[index][1] if self.pdl is None else bool(self.pdl)
+
     def __call__(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin, is_neox: bool) -> None:
         plan = plan_rope_launch(self.cubin, q, k, v, k_buf, v_buf, loc, positions, cos_sin, is_neox)
         if plan.blocks_x == 0:
@@ -309,6 +314,12 @@ class SglKernelRopeCubinWriter(RopeKVWriter):
         except (ValueError, RuntimeError) as exc:
             self._missing = f"sgl-kernel rope cubin unusable: {exc}"
             self._op = None
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """kvprof launches the kernels with PDL as sgl-kernel does: on sm_90+ (``pdl=None``), or as forced."""
+        if self._op is None or device.type != "cuda":
+            return False
+        return self._op.launches_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         if self._op is None:

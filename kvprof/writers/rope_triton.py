@@ -28,7 +28,7 @@ from kvprof.core.vocab import ROPE_FUSED
 from kvprof.validation import check_buffers_inputs
 from kvprof.writers import rope_triton_kernel as kernel
 from kvprof.writers.base import KVWriter, WriterInfo
-from kvprof.writers.fp8_jit import hw_cast_safe, placement_reason
+from kvprof.writers.fp8_jit import hw_cast_safe, placement_reason, uses_pdl
 from kvprof.writers.rope_base import ROPE_INPUTS, RopeKVWriter
 from kvprof.writers.rope_tables import RopeConfig, RopeTable, interpreted_rope_config, pick_rope_config
 from kvprof.writers.triton_convert import (
@@ -70,6 +70,10 @@ class TritonRope:
         self.convert = convert
         self.pdl = pdl
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
+        return triton is not None and uses_pdl(self.pdl, device, compiled=not kernel.interpreted())
 
     def unsupported_reason(self, device: torch.device, dtype: torch.dtype | None,
                            input_dtype: torch.dtype | None = None) -> str | None:
@@ -211,6 +215,9 @@ class RopeTritonFusedWriter(RopeKVWriter):
         """Options as :class:`TritonRope`: ``config`` (one launch shape), ``convert``, ``pdl``."""
         self.kernel = TritonRope(self.name, config, convert, pdl)
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        return self.kernel.launches_pdl(device)
+
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         return (super().unsupported_reason(device, dtype, input_dtype)
                 or self.kernel.unsupported_reason(device, dtype, input_dtype))
@@ -254,6 +261,10 @@ class RopeThenStoreWriter(RopeKVWriter):
         self.fused = self.store.fused
         self.devices = tuple(d for d in self.store.devices if d in ("cpu", "cuda"))
         self.rotary = TritonRope(self.name, rope_config, "auto", rope_pdl)
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """The write's first kernel is the rotary (``rope_pdl``); the store's PDL is the store's."""
+        return self.rotary.launches_pdl(device)
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         return (super().unsupported_reason(device, dtype, input_dtype)

@@ -221,6 +221,10 @@ class SglKernelCubinWriter(SglKernelWriter):
     fused = True
     devices = ("cuda",)
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        """kvprof launches the cubin's kernels with ``cuLaunchKernel``: no launch attributes, no PDL."""
+        return False
+
     def __init__(self, cubin: str | None = None, op: Any = None, devices: tuple[str, ...] | None = None) -> None:
         """``cubin``: the extracted cubin (default ``$KVPROF_SGL_CUBIN``); ``op``/``devices``:
         a stand-in op for tests, as for ``sgl_kernel``."""

@@ -42,6 +42,11 @@ class StoreKVFusedWriter(KVWriter):
         self.cuda = CudaFusedWriter()
         self._eager: dict[int, KVWriter] = {}  # by device index (-1: CPU), set by prepare
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        """Its two kernels (the CUDA op eagerly, the Triton kernel in graphs) both launch with
+        PDL where the device has it."""
+        return bool(self.triton.launches_pdl(device) or self.cuda.launches_pdl(device))
+
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         triton_reason = self.triton.unsupported_reason(device, dtype, input_dtype)
         if triton_reason is None or device.type != "cuda":

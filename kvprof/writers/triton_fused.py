@@ -21,7 +21,7 @@ import torch
 
 from kvprof.writers import triton_kernel as kernel
 from kvprof.writers.base import FUSED, KVWriter, WriterInfo
-from kvprof.writers.fp8_jit import placement_reason
+from kvprof.writers.fp8_jit import placement_reason, uses_pdl
 from kvprof.writers.triton_convert import (
     FP8_DTYPES,
     KINDS,
@@ -82,6 +82,10 @@ class TritonFusedWriter(KVWriter):
         self.pdl = pdl
         self.packed_fp8 = bool(packed_fp8)
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
+        return triton is not None and uses_pdl(self.pdl, device, compiled=not kernel.interpreted())
 
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         reason = super().unsupported_reason(device, dtype, input_dtype)

@@ -23,6 +23,10 @@ class TwoStreamWriter(KVWriter):
         self.always = bool(always)
         self._alt: dict[int, torch.cuda.Stream] = {}
 
+    def launches_pdl(self, device: torch.device) -> bool:
+        """torch's own kernels, launched without programmatic dependent launch."""
+        return False
+
     def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
         if self.always and device.type != "cuda":
             return "two_stream(always=True) needs CUDA streams"
