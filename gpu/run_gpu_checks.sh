@@ -190,7 +190,7 @@ PY
     PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} TUNE_PARTS=tune TUNE_SHAPES=32x128 TUNE_DTYPES=bf16 \
       TUNE_TOKENS=${PEERS_TUNE_TOKENS:-4096,32768} TUNE_CAPTURES=3 TUNE_PEERS=sglang_store_cache \
       timeout ${PEERS_TUNE_TIMEOUT:-150} python3 lab/tune_fused.py 2>&1 | tee "$OUT/tune-peers.txt"
-    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} ROPE_VARIANTS=${PEERS_ROPE_VARIANTS:-floor:qk_inplace,rotary:kvprof,rotary:sglang,rope_triton_fused} \
+    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} ROPE_VARIANTS=${PEERS_ROPE_VARIANTS:-rotary:kvprof,rotary:sglang,rope_triton_fused} \
       ROPE_JSON=rotary-bench.json timeout ${PEERS_ROPE_TIMEOUT:-120} python3 lab/rope_bench.py 2>&1 \
       | tee "$OUT/rotary-bench.txt"
     ;;

@@ -15,8 +15,7 @@ writes without a graph: wall and host time per write (the launch path). Every re
 q and k again (in place, as the write does); a rotation keeps the values' size, so the work
 stays the same. Knobs: ROPE_VARIANTS, ROPE_TOKENS, ROPE_CACHE (bf16 or fp8_e4m3, scale 0.5),
 ROPE_LAYERS, ROPE_CAPTURES, ROPE_REPLAYS, ROPE_JSON (the file name). ``rotary:kvprof`` and
-``rotary:sglang`` time the rotary alone (kvprof's, and the one SGLang runs unfused);
-``floor:qk_inplace`` the same q and k bytes read and written back by one torch kernel. ``rope_triton_fused@T.H.W`` in
+``rotary:sglang`` time the rotary alone (kvprof's, and the one SGLang runs unfused). ``rope_triton_fused@T.H.W`` in
 ROPE_VARIANTS forces that writer's launch shape (tuning). JSON to $OUT/rope-bench.json.
 """
 
@@ -94,7 +93,6 @@ def factories() -> dict[str, Callable[[], Any]]:
         return make
 
     return {
-        "floor:qk_inplace": QKInPlace,
         "rotary:kvprof": rotary("kvprof"),
         "rotary:sglang": rotary("sglang"),
         "rope_cuda_fused": cuda(),
@@ -146,26 +144,6 @@ class RotaryOnly:
               *rest: Any) -> str:
         self._fn(q, k, pos, cs, is_neox)
         return "rotary only"
-
-
-class QKInPlace:
-    """A floor for the rotary's memory traffic: q and k of every token multiplied by 1 in place
-    (one torch elementwise kernel over the q and k columns of the qkv row, strided by the
-    row like the rotary's): the bytes a rotary reads and writes, with no arithmetic, no cos/sin
-    reads and no store. A rotary cannot move those bytes faster than this kernel does."""
-
-    def unsupported_reason(self, device: Any, dtype: Any, input_dtype: Any = None) -> str | None:
-        return None
-
-    def prepare(self, device: Any) -> None:
-        """Nothing to build."""
-
-    def write(self, q: Any, k: Any, *rest: Any) -> str:
-        import torch
-
-        qk = torch.as_strided(q, (q.shape[0], q.shape[1] * q.shape[2] + k.shape[1] * k.shape[2]), (q.stride(0), 1))
-        qk.mul_(1.0)
-        return "q and k in place"
 
 
 def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scale: float | None, layers: int,
