@@ -15,7 +15,7 @@ import orjson
 import pytest
 import torch
 
-from kvprof.analysis.layer_step import LayerSteps, gap_notes, step_savings, write_boundaries
+from kvprof.analysis.layer_step import LayerSteps, WriteBoundary, gap_notes, step_savings, write_boundaries
 from kvprof.analysis.writes import gpu_work_rows, per_write_table
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
@@ -331,3 +331,31 @@ def test_gpu_sglang_decode_attention_matches_sdpa_over_the_same_rows():
         outs.append(context._decode_attention(q, kb, vb, context.decode_meta(10)).float())
     assert _gpu_context(config).kernels.attention == SGLANG_DECODE  # auto picks it where it imports
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)  # bf16 inputs, fp32 accumulation in both
+
+
+def test_the_account_names_other_kernels_that_ran_longer_beside_a_write():
+    """A write can slow the work around it: the MLP GEMM after it runs 2 µs longer in one
+    variant's layer. The note says so, per layer, with the kernel; a rotary that is part of one
+    variant's write (rope_then_*) is not counted among the other kernels."""
+    attn = KernelSpec(7, 4000, 2000, "attention")
+    with tempfile.TemporaryDirectory() as tmp:
+        slow = _layer_trace("rope_then_triton_fused", [
+            KernelSpec(7, 0, 3000, "gemm"), KernelSpec(7, 3000, 500, "rotary"), KernelSpec(7, 3500, 400, "store"),
+            attn, KernelSpec(7, 6000, 5000, "mlp_gemm")], [1, 2], Path(tmp))
+        fast = _layer_trace("sgl_kernel_cubin", [
+            KernelSpec(7, 0, 3000, "gemm"), KernelSpec(7, 3000, 600, "rotary"), KernelSpec(7, 3600, 300, "store"),
+            attn, KernelSpec(7, 6000, 3000, "mlp_gemm")], [2], Path(tmp))
+    (b_slow,) = write_boundaries(*slow)
+    (b_fast,) = write_boundaries(*fast)
+    assert b_slow.write_kernels == ["rotary", "store"] and b_fast.write_kernels == ["store"]
+    assert b_slow.other_kernels["mlp_gemm"] == pytest.approx(5000) and "rotary" not in b_slow.other_kernels
+    assert b_fast.other_kernels["rotary"] == pytest.approx(600)
+    assert WriteBoundary.from_json(orjson.loads(orjson.dumps(b_fast.to_json()))) == b_fast
+    saving = step_savings(StepTimings(context="layer", records=[
+        _samples("rope_then_triton_fused", "layer", [12e6] * 5),
+        _samples("rope_then_triton_fused", "writes", [1e6] * 5),
+        _samples("sgl_kernel_cubin", "layer", [11.8e6] * 5), _samples("sgl_kernel_cubin", "writes", [1e6] * 5)]),
+        against=("rope_then_triton_fused",))
+    (note,) = gap_notes(saving, [b_slow, b_fast], ["reference", "kineto"])
+    assert ("the layer's other kernels ran 2.00 µs shorter per layer beside sgl_kernel_cubin's write than beside "
+            "rope_then_triton_fused's (most: mlp_gemm -2.00 µs)") in note

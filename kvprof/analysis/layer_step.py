@@ -52,7 +52,12 @@ def _typed(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     for f in fields(cls):
         v = d.get(f.name)
         x = _finite(v)
-        if f.type == "str":
+        if f.type.startswith("list"):
+            out[f.name] = [str(x) for x in v] if isinstance(v, list) else []
+        elif f.type.startswith("dict"):
+            items = v.items() if isinstance(v, dict) else ()
+            out[f.name] = {str(k): y for k, x in items if (y := _finite(x)) is not None}
+        elif f.type == "str":
             out[f.name] = "" if v is None else str(v)
         elif f.type == "int":
             out[f.name] = int(x) if x is not None else 0
@@ -144,6 +149,14 @@ class WriteBoundary:
     early_next: int  # writes whose next kernel began before they ended
     second_stream: int  # writes with work on a stream other than the next kernel's
     stream_wait_ns: float | None  # over those: the next kernel's stream idle before it (waiting for the write)
+    # the layer's other kernels (no write's), GPU time per layer by kernel name: a write can make
+    # the work around it slower or faster, which its own critical-path time does not show
+    other_kernels: dict[str, float] = field(default_factory=dict)
+    write_kernels: list[str] = field(default_factory=list)  # the names of the write's own kernels
+
+    @property
+    def other_ns(self) -> float | None:
+        return sum(self.other_kernels.values()) if self.other_kernels else None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -197,6 +210,8 @@ def write_boundaries(work: pd.DataFrame, writes: pd.DataFrame) -> list[WriteBoun
         stream_idle[sel] = next_start[sel] - latest
     second = np.array([bool(ls - {nl}) if isinstance(ls, frozenset) and hn else False
                        for ls, nl, hn in zip(lane_sets.reindex(ids).to_numpy(), next_lane, has_next)])
+    others = _other_kernels(work, wid, s_all, e_all, first, w)
+    own = _write_kernels(work, wid, w)
     frame = pd.DataFrame({
         "variant": w["variant"].astype(str).to_numpy(), "source": w["source"].astype(str).to_numpy(),
         "phase": w["phase"].astype(str).to_numpy(), "size": w["size"].astype(int).to_numpy(),
@@ -215,8 +230,81 @@ def write_boundaries(work: pd.DataFrame, writes: pd.DataFrame) -> list[WriteBoun
             same_stream_early=int(g["same"].sum()), next_after_ns=_median(after),
             early_next=int((after < 0).sum()), second_stream=int(g["second"].sum()),
             stream_wait_ns=_median(g["idle"].to_numpy()),
+            other_kernels=others.get((str(variant), str(source), str(phase), int(size)), {}),
+            write_kernels=own.get((str(variant), str(source), str(phase), int(size)), []),
         ))
     return out
+
+
+def _other_kernels(work: pd.DataFrame, wid: np.ndarray, start: np.ndarray, end: np.ndarray, first: np.ndarray,
+                   w: pd.DataFrame) -> dict[tuple[str, str, str, int], dict[str, float]]:
+    """GPU time per layer of the kernels that belong to no write, by name, per (variant,
+    source, phase, size): each kernel counts toward the group of the write nearest to it in
+    time (a step's kernels before its first write and after its last stay in its group),
+    divided by that group's writes (one per layer per step)."""
+    if "name" not in work:
+        return {}
+    other = wid < 0
+    if not other.any() or not len(first):
+        return {}
+    by_start = np.argsort(first, kind="stable")
+    starts = first[by_start]
+    at = start[other].astype(float)
+    prev = np.clip(np.searchsorted(starts, at, side="right") - 1, 0, len(starts) - 1)
+    nxt = np.clip(prev + 1, 0, len(starts) - 1)
+    nearest = np.where(np.abs(starts[nxt] - at) < np.abs(at - starts[prev]), nxt, prev)
+    keep = np.ones(len(at), dtype=bool)
+    rows = by_start[nearest]
+    keys = pd.DataFrame({"variant": w["variant"].astype(str).to_numpy()[rows],
+                         "source": w["source"].astype(str).to_numpy()[rows],
+                         "phase": w["phase"].astype(str).to_numpy()[rows],
+                         "size": w["size"].astype(int).to_numpy()[rows],
+                         "name": work["name"].astype(str).to_numpy()[other][keep],
+                         "dur": (end - start)[other][keep].astype(float)})
+    counts = w.groupby([w["variant"].astype(str), w["source"].astype(str), w["phase"].astype(str),
+                        w["size"].astype(int)]).size()
+    out: dict[tuple[str, str, str, int], dict[str, float]] = {}
+    for (variant, source, phase, size, name), dur in keys.groupby(["variant", "source", "phase", "size", "name"],
+                                                                   sort=True)["dur"].sum().items():
+        group = (str(variant), str(source), str(phase), int(size))
+        out.setdefault(group, {})[str(name)] = float(dur) / int(counts[group])
+    return out
+
+
+def _write_kernels(work: pd.DataFrame, wid: np.ndarray, w: pd.DataFrame) -> dict[tuple[str, str, str, int], list[str]]:
+    """The kernel names of each group's writes (a rotary that is part of a rope_then_* write is
+    one of them; beside another variant's write it is one of the layer's other kernels)."""
+    if "name" not in work:
+        return {}
+    mine = pd.DataFrame({"write_id": wid, "name": work["name"].astype(str).to_numpy()})[wid >= 0]
+    keys = w[["write_id", "variant", "source", "phase", "size"]].astype(
+        {"variant": str, "source": str, "phase": str, "size": int})
+    j = mine.merge(keys, on="write_id", how="inner")
+    return {(str(v), str(src), str(ph), int(sz)): sorted(set(g["name"]))
+            for (v, src, ph, sz), g in j.groupby(["variant", "source", "phase", "size"], sort=True)}
+
+
+def _other_account(mine: WriteBoundary, theirs: WriteBoundary) -> str | None:
+    """How much longer (or shorter) the layer's other kernels ran beside ``mine``'s write than
+    beside ``theirs``, per layer, with the kernel that moved most; kernels that are part of
+    either write (a rope_then_* write's rotary) are left out. None where it is within 0.1 µs
+    or either trace has no such kernels."""
+    if not mine.other_kernels or not theirs.other_kernels:
+        return None
+    names = (set(mine.other_kernels) | set(theirs.other_kernels)) - set(mine.write_kernels) - set(theirs.write_kernels)
+    moved = {n: mine.other_kernels.get(n, 0.0) - theirs.other_kernels.get(n, 0.0) for n in names}
+    diff = sum(moved.values())
+    if not moved or abs(diff) < 100.0:
+        return None
+    top = max(moved, key=lambda n: abs(moved[n]))
+    more = "longer" if diff > 0 else "shorter"
+    return (f"the layer's other kernels ran {abs(diff) / 1e3:.2f} µs {more} per layer beside {mine.variant}'s write "
+            f"than beside {theirs.variant}'s (most: {_short(top)} {moved[top] / 1e3:+.2f} µs): a cost or saving of "
+            "the step that is not in either write's own time")
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def _us(ns: float | None) -> str:
@@ -270,6 +358,9 @@ def gap_notes(savings: list[StepSaving], boundaries: list[WriteBoundary], source
             account[0] += (f": {s.layers} layers x the difference = "
                            f"{_ms((theirs.critical_ns - mine.critical_ns) * s.layers)} per step")
         account += _where(mine) + _where(theirs)
+        other = _other_account(mine, theirs)
+        if other:
+            account.append(other)
         notes.append(f"{head}; " + "; ".join(account))
     return notes
 
