@@ -63,3 +63,38 @@ def test_reading_commands_do_not_import_torch(args: list[str], tmp_path: Path) -
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("TORCH_FREE"), done.stderr[-3000:]
     assert last.split()[1] in ("0", "None"), done.stderr[-3000:]
+
+
+HEAVY = ("pandas", "pyarrow", "numpy")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["analyze", "--help"], ["compare", "--help"], ["report", "--help"]],
+                         ids=" ".join)
+def test_help_imports_no_pandas(args: list[str]) -> None:
+    """Building the parser shows the benchmark's defaults (kvprof.core.benchmark) without
+    importing the analysis: pandas alone cost 0.4 s of every command's start."""
+    probe = PROBE.replace('"TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_FREE"',
+                          f'",".join(m for m in {HEAVY!r} if m in sys.modules) or "LIGHT"')
+    proc = subprocess.Popen([sys.executable, "-c", probe, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert err.strip().splitlines()[-1] == "LIGHT 0", err[-3000:]
+
+
+def test_a_command_builds_only_its_own_parser() -> None:
+    """``kvprof analyze ...`` imports no other command's module (50 ms of every start)."""
+    probe = PROBE.replace('"TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_FREE"',
+                          '",".join(sorted(m for m in sys.modules if m.startswith("kvprof.commands.")))')
+    proc = subprocess.Popen([sys.executable, "-c", probe, "analyze", "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "usage: kvprof analyze" in out
+    assert err.strip().splitlines()[-1] == "kvprof.commands.analyze 0", err[-3000:]

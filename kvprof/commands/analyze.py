@@ -26,7 +26,7 @@ from kvprof.report.terminal import add_format_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvprof.analysis.compare import Benchmark
+    from kvprof.core.benchmark import Benchmark
 
     b = Benchmark()
     parser.add_argument("path", help="run directory, trace folder, Chrome trace, nsys .sqlite or .nsys-rep")
@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
                          bench=api.benchmark(args.layers, args.itl_before, args.itl_after), layers=args.layers,
                          write_kernels=True, write_kernel_regex=args.write_kernels)
     if not (args.quiet and args.format == "table"):  # --quiet leaves out the tables, never a document
-        render(args.format, result, Output(console=table_console(args.format)))
+        # rich is imported only where a table is printed
+        console = table_console(args.format) if args.format == "table" else None
+        render(args.format, result, Output(console=console))
     if args.no_files:
         return 0
     for p in api.write_outputs(loaded, result, api.output_dir(args.path, args.out)):
