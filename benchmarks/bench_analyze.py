@@ -20,9 +20,10 @@ run from compiled bytecode, as installed packages do: PYTHONDONTWRITEBYTECODE is
 from the children's environment and one untimed run of each side goes first (a checkout's
 kvprof would otherwise be compiled anew on every run while HTA's installed modules are
 not). Runs alternate (kvprof, HTA, kvprof, ...) so that a busy moment of a shared machine
-hits both sides. Printed: median, quartiles, min and max per side, the ratio of the
-medians, and the machine's load average before and after (a run on a busy machine is
-slower on both sides; compare the ratio, not the seconds).
+hits both sides. Printed: the wall clock's median, quartiles, min and max per side, the CPU
+time's (user + system, children included) median and quartiles, the ratios of the medians,
+and the machine's load average before and after: on a busy machine both sides are slower,
+and the CPU time moves less than the wall clock.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import gzip
 import os
 import platform
+import resource
 import shlex
 import statistics
 import subprocess
@@ -59,7 +61,9 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def timed(argv: list[str]) -> float:
+def timed(argv: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system of the process and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(), text=True)
     try:
@@ -67,9 +71,11 @@ def timed(argv: list[str]) -> float:
     finally:
         proc.kill()
         proc.wait()
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} failed: {(err.strip().splitlines() or ['?'])[-1]}")
-    return time.perf_counter() - t
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def describe(path: Path) -> str:
@@ -128,19 +134,26 @@ def main() -> int:
             timed(argv)
         load_before = os.getloadavg()
         times: dict[str, list[float]] = {k: [] for k in sides}
+        cpu: dict[str, list[float]] = {k: [] for k in sides}
         for _ in range(args.repeat):
             for name, argv in sides.items():
-                times[name].append(timed(argv))
+                wall, used = timed(argv)
+                times[name].append(wall)
+                cpu[name].append(used)
         load_after = os.getloadavg()
     lines.append(f"trace: {what}; {args.repeat} runs of each side, alternating; load average "
                  f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    lines.append(f"{'':32} {'median s':>9} {'q1 s':>6} {'q3 s':>6} {'min s':>6} {'max s':>6}")
+    lines.append(f"{'wall clock, s':32} {'median':>7} {'q1':>6} {'q3':>6} {'min':>6} {'max':>6} | "
+                 f"{'CPU s median':>12} {'q1':>6} {'q3':>6}")
     for name, ts in times.items():
         q1, q3 = quartiles(ts)
-        lines.append(f"{name:32} {statistics.median(ts):9.2f} {q1:6.2f} {q3:6.2f} {min(ts):6.2f} {max(ts):6.2f}")
+        c1, c3 = quartiles(cpu[name])
+        lines.append(f"{name:32} {statistics.median(ts):7.2f} {q1:6.2f} {q3:6.2f} {min(ts):6.2f} {max(ts):6.2f} | "
+                     f"{statistics.median(cpu[name]):12.2f} {c1:6.2f} {c3:6.2f}")
     k, h = (statistics.median(t) for t in times.values())
-    lines.append(f"kvprof's whole command is {h / k:.1f}x faster than HTA's load (median over median); "
-                 f"target >= {TARGET:g}x: {'met' if h / k >= TARGET else 'NOT met'}")
+    kc, hc = (statistics.median(t) for t in cpu.values())
+    lines.append(f"kvprof's whole command is {h / k:.1f}x faster than HTA's load (wall, median over median; "
+                 f"target >= {TARGET:g}x: {'met' if h / k >= TARGET else 'NOT met'}); {hc / kc:.1f}x in CPU time")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out:

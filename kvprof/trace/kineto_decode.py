@@ -308,11 +308,12 @@ def _chunks(data: bytes | bytearray, lb: int, rb: int, indent: bytes) -> Iterato
     newline, and anywhere but between two events the cut leaves invalid JSON (refused).
     """
     sep = b"}," + indent + b"{"
+    view = memoryview(data)
     pos = lb + 1
     while True:
         cut = data.find(sep, pos + _CHUNK, rb) if pos + _CHUNK < rb else -1
         end = rb if cut < 0 else cut + 1
-        yield _EVENTS.decode(b"[" + data[pos:end] + b"]")
+        yield _EVENTS.decode(b"".join((b"[", view[pos:end], b"]")))  # one copy of the chunk
         if cut < 0:
             return
         pos = cut + 2
