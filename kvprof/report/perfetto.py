@@ -6,8 +6,9 @@ extra events: tracks are named and grouped (one group per trace of the run, kvpr
 first, then one track per GPU stream), a kernel's long name is stored once (interned), the
 file is a fraction of the JSON's size, and the ``perfetto`` package (PyPI, extra
 ``perfetto``) ships the protos and their Python classes: the file is written with them, and
-a reader checks it with the same classes, offline (tests/test_perfetto_export.py, which
-says what that does not check). It is the format ui.perfetto.dev and trace_processor read.
+a reader checks it with the same classes, offline; tests/test_perfetto_export.py also loads
+it with Perfetto's trace processor (the WebAssembly build ui.perfetto.dev runs) through the
+package's TraceProcessor and queries its slices.
 
 The layout (docs/formats.md, "Perfetto export"): per trace, a track group named
 ``<variant> · <source> · <file>`` holding
