@@ -104,6 +104,25 @@ def write_outputs(loaded: Loaded, result: Analysis, out: str | os.PathLike[str],
     return write_analysis(loaded, result, Path(out), rules)
 
 
+def check_perfetto_output(path: str | os.PathLike[str]) -> None:
+    """UsageError for a --perfetto path whose folder does not exist, ToolError without the package."""
+    from kvprof.core.errors import UsageError
+    from kvprof.report.perfetto import require_perfetto
+
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UsageError(f"--perfetto {path}: no such folder {folder}")
+    require_perfetto()
+
+
+def write_perfetto(loaded: Loaded, result: Analysis, path: str | os.PathLike[str]) -> Path:
+    """The run as a Perfetto trace (its GPU work, kvprof's writes, verdicts, steps and reference
+    timings as tracks; docs/formats.md), written atomically; needs the ``perfetto`` package."""
+    from kvprof.report.perfetto import write_perfetto as _write
+
+    return _write(loaded, result, path)
+
+
 def output_dir(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
     """Where a command writes for ``path``: ``out``, else the folder, else the file's folder."""
     if out is not None:

@@ -63,3 +63,50 @@ def test_reading_commands_do_not_import_torch(args: list[str], tmp_path: Path) -
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("TORCH_FREE"), done.stderr[-3000:]
     assert last.split()[1] in ("0", "None"), done.stderr[-3000:]
+
+
+HEAVY = ("pandas", "pyarrow", "numpy", "rich", "torch")
+
+
+def _heavy_imported(args: list[str], heavy: tuple[str, ...]) -> str:
+    """The command's last stderr line: the modules of ``heavy`` it imported (or LIGHT) and its exit code."""
+    probe = PROBE.replace('"TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_FREE"',
+                          f'",".join(m for m in {heavy!r} if m in sys.modules) or "LIGHT"')
+    proc = subprocess.Popen([sys.executable, "-c", probe, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    return err.strip().splitlines()[-1] if err.strip() else err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["analyze", "--help"], ["compare", "--help"], ["report", "--help"]],
+                         ids=" ".join)
+def test_help_imports_nothing_heavy(args: list[str]) -> None:
+    """Building the parser shows the benchmark's defaults (kvprof.core.benchmark) without
+    importing the analysis (pandas alone cost 0.4 s of every command's start), rich or torch."""
+    assert _heavy_imported(args, HEAVY) == "LIGHT 0"
+
+
+@pytest.mark.parametrize("args", [["--format", "json"], ["--format", "csv"], ["--quiet"]], ids=" ".join)
+def test_analyze_without_a_table_imports_no_rich(args: list[str]) -> None:
+    """rich draws tables; an analyze that prints a document, or only the paths it wrote, never
+    imports it (kvprof.report.renderers names its Console for type checking only)."""
+    assert _heavy_imported(["analyze", str(RUN), "--no-files", *args], ("rich", "torch")) == "LIGHT 0"
+
+
+def test_a_command_builds_only_its_own_parser() -> None:
+    """``kvprof analyze ...`` imports no other command's module (50 ms of every start)."""
+    probe = PROBE.replace('"TORCH_IMPORTED" if "torch" in sys.modules else "TORCH_FREE"',
+                          '",".join(sorted(m for m in sys.modules if m.startswith("kvprof.commands.")))')
+    proc = subprocess.Popen([sys.executable, "-c", probe, "analyze", "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "usage: kvprof analyze" in out
+    assert err.strip().splitlines()[-1] == "kvprof.commands.analyze 0", err[-3000:]

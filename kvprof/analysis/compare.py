@@ -9,37 +9,18 @@ inter-token latency -- so the capture can be held against that benchmark.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvprof.core.numbers import finite_or_none, finite_positive
+from kvprof.core.benchmark import Benchmark as Benchmark  # re-exported: analysis code imports it from here
+from kvprof.core.numbers import finite_or_none
 from kvprof.core.timings import WALL
 
 RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns",
                  "kernels_per_write", "step_gpu_ns")
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    """The serving benchmark the projection is compared with."""
-
-    itl_before_ms: float = 12.05
-    itl_after_ms: float = 11.87
-    layers: int = 80
-    batch: int = 10
-    label: str = "SGLang #9775: Llama-3.1-70B TP8, 10 requests, two_stream -> fused"
-
-    def __post_init__(self) -> None:  # 0 divided the projection; NaN passed every "> 0" test
-        finite_positive(self.itl_before_ms, "itl_before_ms")
-        finite_positive(self.itl_after_ms, "itl_after_ms")
-        finite_positive(self.layers, "layers")
-
-    @property
-    def measured_saving_ms(self) -> float:
-        return self.itl_before_ms - self.itl_after_ms
 
 
 def _ratio(a: float, b: float) -> float | None:

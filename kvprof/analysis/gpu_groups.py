@@ -29,7 +29,7 @@ def group_gpu_stats(rows: pd.DataFrame, key: str | list[str]) -> pd.DataFrame:
     keys = [key] if isinstance(key, str) else list(key)
     if rows.empty:
         return pd.DataFrame(columns=[*keys, *GROUP_STAT_COLUMNS]).set_index(keys)
-    r = rows.assign(end_ns=rows["start_ns"] + rows["dur_ns"], is_kernel=(rows["kind"].astype(str) == "kernel"),
+    r = rows.assign(end_ns=rows["start_ns"] + rows["dur_ns"], is_kernel=(rows["kind"] == "kernel").to_numpy(bool),
                     _lane=stream_lanes(rows))
     g = r.groupby(keys, sort=True, observed=True)
     out = pd.DataFrame({

@@ -109,10 +109,17 @@ def classify(names: pd.Series, patterns: list[WritePattern], budget_s: float | N
     within ``budget_s`` seconds in all (default: match_budget_s)."""
     budget = match_budget_s() if budget_s is None else budget_s
     compiled = [(p, p.compiled()) for p in patterns]
-    strs = names.astype(str)
+    if isinstance(names.dtype, pd.CategoricalDtype) and not (names.cat.codes < 0).any():
+        # the event table's names: each distinct one present is made text once, not every row
+        used, row_used = np.unique(names.cat.codes.to_numpy(), return_inverse=True)
+        distinct = [str(names.cat.categories[c]) for c in used]
+        strs = None
+    else:
+        strs = names.astype(str)
+        distinct = list(pd.unique(strs))
     deadline = time.monotonic() + budget
     table: dict[str, str | None] = {}
-    for n in pd.unique(strs):
+    for n in distinct:
         table[n] = None
         for p, rx in compiled:
             try:
@@ -126,13 +133,15 @@ def classify(names: pd.Series, patterns: list[WritePattern], budget_s: float | N
             if hit:
                 table[n] = p.name
                 break
+    if strs is None:
+        return pd.Series(np.asarray([table[n] for n in distinct], dtype=object)[row_used], index=names.index,
+                         dtype=object)
     return pd.Series([table[n] for n in strs], index=names.index, dtype=object)
 
 
 def _steps(ev: pd.DataFrame) -> list[tuple[str, int, int]]:
     """GPU-side step windows (label, start, end): ProfilerStep#N or kvprof steps; [] if none."""
-    kind = ev["kind"].astype(str)
-    ann = ev[kind.isin(["gpu_annotation"])]
+    ann = ev[ev["kind"] == "gpu_annotation"]
     if ann.empty:
         return []
     names = ann["name"].astype(str)
@@ -166,9 +175,8 @@ def _window(work: pd.DataFrame, matched: pd.Series, start: int, end: int) -> dic
 
 def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[str, Any]:
     """One trace's KV-write kernels by family, and their share of GPU time per step."""
-    kinds = ev["kind"].astype(str)
-    work = ev[kinds.isin(["kernel", "memcpy", "memset"])]
-    kernels = work[work["kind"].astype(str) == "kernel"]
+    work = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])]  # a categorical: compared without a text copy
+    kernels = work[work["kind"] == "kernel"]
     ranks = sorted({int(r) for r in ev["rank"].unique()}) if len(ev) else [0]
     out: dict[str, Any] = {"rank": ranks[0] if len(ranks) == 1 else ranks, "gpu": bool(len(work))}
     if kernels.empty:

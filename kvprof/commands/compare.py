@@ -49,7 +49,7 @@ NOT_COMPARABLE_EXIT_CODE = 7  # the gate judged nothing: the runs differ in what
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvprof.analysis.compare import Benchmark
+    from kvprof.core.benchmark import Benchmark
 
     b = Benchmark()
     parser.add_argument("run", help="run directory or trace holding the baseline (and variants); BASE for the gate")

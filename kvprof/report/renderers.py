@@ -17,14 +17,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kvprof.analysis.gate import GateResult
 from kvprof.analysis.summary import Analysis
 from kvprof.core.errors import UsageError
 from kvprof.core.text import markup, printable
+
+if TYPE_CHECKING:  # rich is imported when a table is printed, not for a json or csv document
+    from rich.console import Console
 
 
 @dataclass(frozen=True)

@@ -16,29 +16,38 @@ import io
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:  # rich is imported when a table is printed, not by the parser or a --json run
+    from rich.console import Console
 
 FORMATS = ("table", "json", "csv")
 PIPE_WIDTH = 120  # wide enough for most tables, narrow enough for a CI log viewer
 
 
-class PipeConsole(Console):
-    """rich's Console, except that a closed pipe raises BrokenPipeError for kvprof.cli to
-    end quietly (rich's own handler exits with status 1)."""
+@cache
+def _pipe_console() -> type[Console]:
+    from rich.console import Console
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
+    class PipeConsole(Console):
+        """rich's Console, except that a closed pipe raises BrokenPipeError for kvprof.cli to
+        end quietly (rich's own handler exits with status 1)."""
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return PipeConsole
 
 
 def make_console(stderr: bool = False) -> Console:
     """A console at the terminal's width; piped, ``COLUMNS`` when set, else PIPE_WIDTH."""
-    con = PipeConsole(stderr=stderr)
+    pipe_console = _pipe_console()
+    con = pipe_console(stderr=stderr)
     if con.is_terminal or (os.environ.get("COLUMNS") or "").isdigit():
         return con
-    return PipeConsole(stderr=stderr, width=PIPE_WIDTH)
+    return pipe_console(stderr=stderr, width=PIPE_WIDTH)
 
 
 def add_format_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,5 +96,5 @@ def print_text(text: str) -> None:
     sys.stdout.flush()
 
 
-__all__ = ["FORMATS", "PIPE_WIDTH", "PipeConsole", "add_format_arguments", "csv_text", "make_console", "note",
+__all__ = ["FORMATS", "PIPE_WIDTH", "add_format_arguments", "csv_text", "make_console", "note",
            "print_json", "print_text", "table_console"]

@@ -1,10 +1,10 @@
 """Read a torch.profiler (Kineto) Chrome trace, plain or gzipped, into the event table.
 
 Why it looks the way it does:
-- Speed and memory: the document is parsed once with orjson, then one pass copies the
-  few fields kvprof needs into plain lists and interns names (each distinct kernel name
-  is stored once); the parsed document is dropped right after. No per-event Python
-  object outlives the pass.
+- Speed and memory: the events are decoded with msgspec into typed objects that hold only
+  the fields kvprof reads (kvprof.trace.kineto_decode); a trace with a value of another
+  type is parsed with orjson and one pass copies those fields into plain lists. Names are
+  interned (each distinct kernel name is stored once); no per-event object outlives the read.
 - Size guard: the decompressed bytes are read in chunks while counting events, so a
   trace too large to parse on this machine is refused (its size, ``max_events``, the
   JSON values one parse would create: kvprof.trace.kineto_io) before it is parsed,
@@ -29,6 +29,18 @@ import orjson
 from kvprof.core.errors import TraceError
 from kvprof.core.run import TraceMeta
 from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
+from kvprof.trace.kineto_decode import decode_events
+from kvprof.trace.kineto_fields import (  # what both readers of the events read, and how
+    ARG_CODES as _ARG_CODES,
+    CODE_OF_CAT as _CODE_OF_CAT,
+    GPU_CODES as _GPU_CODES,
+    MAX_US as _MAX_US,
+    MEMCPY as _MEMCPY,
+    MEMSET as _MEMSET,
+    OTHER as _OTHER,
+    SKIPPED_CATS,
+    id_or_unknown as _int,
+)
 from kvprof.trace.kineto_io import (
     I64_MAX,
     SPLIT_MIN_BYTES,
@@ -41,44 +53,8 @@ from kvprof.trace.model import Trace
 from kvprof.trace.sanitize import reader_warnings
 from kvprof.trace.table import build_table
 
-# Kineto "cat" -> kvprof kind (see the table in kvprof.core.schema).
-KIND_OF_CAT = {
-    "kernel": "kernel",
-    "gpu_memcpy": "memcpy",
-    "gpu_memset": "memset",
-    "cuda_runtime": "runtime",
-    "cuda_driver": "driver",
-    "cpu_op": "cpu_op",
-    "user_annotation": "cpu_annotation",
-    "gpu_user_annotation": "gpu_annotation",
-    "cuda_sync": "sync",
-}
-# Complete events that are not rows: the profiler's own span, and Python stacks
-# (with_stack=True makes them the majority of a trace and kvprof never reads them).
-SKIPPED_CATS = frozenset({"Trace", "python_function"})
-_GPU_CODES = frozenset(KINDS.index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync"))
-_ARG_CODES = _GPU_CODES | {KINDS.index("runtime"), KINDS.index("driver")}
-_KERNEL, _MEMCPY, _MEMSET = KINDS.index("kernel"), KINDS.index("memcpy"), KINDS.index("memset")
-_OTHER = KINDS.index("other")
-# keyed by str | None: an event without a "cat" is looked up as None (and misses)
-_CODE_OF_CAT: dict[str | None, int] = {cat: KINDS.index(kind) for cat, kind in KIND_OF_CAT.items()}
 # Plausible wall-clock range for epoch nanoseconds (2015 .. 2100).
 _EPOCH_MIN_NS, _EPOCH_MAX_NS = 1.42e18, 4.1e18
-
-
-# |ts| and dur in microseconds past which ns sums could overflow int64 (3e15 µs: ~95 years)
-_MAX_US = 3.0e15
-
-
-def _int(v: Any) -> int:
-    """An id as int64, -1 when it is missing, not a number, or does not fit (ids >= 2**63)."""
-    if v.__class__ is int:
-        return v if -I64_MAX <= v <= I64_MAX else -1
-    try:
-        i = int(v)
-    except (TypeError, ValueError, OverflowError):
-        return -1
-    return i if -I64_MAX <= i <= I64_MAX else -1
 
 
 def _i64_array(values: list[Any]) -> np.ndarray:
@@ -317,9 +293,14 @@ def read_kineto(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVEN
 def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
     p = Path(path)
     data = read_bytes(p, max_events)
-    split = split_events(data, p.name, max_events) if len(data) > SPLIT_MIN_BYTES else None
+    decoded = decode_events(data, max_events)  # None: a value it does not type; read below
+    split = split_events(data, p.name, max_events) if decoded is None and len(data) > SPLIT_MIN_BYTES else None
     cols = None
-    if split is not None:
+    if decoded is not None:
+        doc, cols, n, stats, total = decoded
+        if total == 0:
+            raise TraceError(f"{p.name}: empty trace (traceEvents is empty)")
+    elif split is not None:
         doc, starts, _, rb = split
         total = len(starts)
         if total == 0:

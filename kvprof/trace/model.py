@@ -45,5 +45,5 @@ class Trace:
     def variants(self) -> list[str]:
         if self.kvprof and self.kvprof.variant:
             return [self.kvprof.variant]
-        col = self.events.column("variant")
-        return sorted({v for v in col.to_pylist() if v}) if self.events.num_rows else []
+        col = self.events.column("variant")  # distinct values first: a row-by-row list took 50 ms per 75k rows
+        return sorted({v for v in col.unique().to_pylist() if v}) if self.events.num_rows else []
