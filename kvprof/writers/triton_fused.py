@@ -64,7 +64,7 @@ class TritonFusedWriter(KVWriter):
     fused = True
     devices = ("cpu", "cuda")
 
-    def __init__(self, config: TritonConfig | dict[str, int] | None = None, convert: str = "auto",
+    def __init__(self, config: TritonConfig | dict[str, int | bool] | None = None, convert: str = "auto",
                  pdl: bool | None = None, packed_fp8: bool = True) -> None:
         """``config`` forces one launch shape (tuning); ``convert`` is 'auto', 'hw' or 'int'
         (the integer emulation of torch's rounding also runs on a GPU, for comparison);
