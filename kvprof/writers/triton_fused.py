@@ -74,7 +74,8 @@ class TritonFusedWriter(KVWriter):
         before its first load, so it never reads what the previous kernel is still writing. ``packed_fp8=False``
         keeps Triton's own per-element fp8 fix-up instead of the packed one (to compare)."""
         if isinstance(config, dict):
-            config = TritonConfig(**config)
+            config = TritonConfig(int(config["block_t"]), int(config["num_warps"]), int(config.get("split", 1)),
+                                  bool(config.get("stream", False)))
         if convert not in ("auto", "hw", "int"):
             raise ValueError(f"convert must be 'auto', 'hw' or 'int', got {convert!r}")
         self.config = config
