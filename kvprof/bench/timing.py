@@ -42,14 +42,20 @@ def _median_iqr(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), q[2] - q[0]
 
 
-def time_graph(fn: Callable[[], object], writes: int, replays: int, warmup: int = 10) -> Timing:
-    """µs per write: ``fn`` issues ``writes`` writes; it is captured once and replayed."""
+def _warm_outside_capture(fn: Callable[[], object]) -> None:
+    """Run ``fn`` once on a side stream first: compilation and the allocator's first requests
+    must not happen while a graph is captured."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()  # warm up outside capture (compilation, allocator)
+        fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+
+
+def time_graph(fn: Callable[[], object], writes: int, replays: int, warmup: int = 10) -> Timing:
+    """µs per write: ``fn`` issues ``writes`` writes; it is captured once and replayed."""
+    _warm_outside_capture(fn)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
@@ -110,12 +116,7 @@ def time_cold(fn: Callable[[], object], replays: int, device: torch.device, node
         for _ in range(nodes):
             flush.zero_()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm up outside capture (compilation, allocator)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    _warm_outside_capture(fn)
     graphs = []
     for body in (with_write, flush_only):
         g = torch.cuda.CUDAGraph()
