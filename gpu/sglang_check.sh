@@ -2,7 +2,7 @@
 # kvprof inside SGLang's real package on one H200, in one call of at most 10 minutes:
 #   on a machine with network, once:   bash gpu/fetch_sglang_wheels.sh   (fills .whl/, ~34 MB; see that script)
 #   on the GPU machine, with .whl beside the checkout (and .gpu from gpu/prepare_carry.sh for nsys):
-#     bash gpu/sglang_check.sh [steps...]     steps (default all): install pool rope nsys bench
+#     bash gpu/sglang_check.sh [steps...]     steps (default all): install pool live rope nsys bench
 # Results under $OUT: sglang-check.txt (the log), sglang-results.tgz (traces, sidecars,
 # kvprof analyze outputs, bench.json/csv). Each step is time-boxed so a slow one still
 # leaves the others' results.
@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 LOG="$OUT/sglang-check.txt"
 WORK=/tmp/kvprof-sglang-work
 mkdir -p "$WORK"
-steps=${*:-install pool rope nsys bench}
+steps=${*:-install pool live rope nsys bench}
 stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
 [ -f .gpu/env.sh ] && source .gpu/env.sh
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -47,6 +47,17 @@ PY
       ( [ "$w" = sglang ] || export KVPROF_SGLANG_WRITER=$w
         timeout 150 python3 gpu/sglang_pool.py --out "$d" --profiler torch ) 2>&1 | tee -a "$LOG"
       timeout 60 python3 -m kvprof analyze "$d" --out "$d/analysis" 2>&1 | tee -a "$LOG"
+    done
+    ;;
+  live)
+    stamp "live: the plugin's device record (peak and its source) and its CUDA-graph record, graph-replayed writes tied to writes by analyze (gpu/sglang_live_check.py)"
+    for w in sglang triton_fused; do
+      d="$WORK/live-$w"; rm -rf "$d"; mkdir -p "$d"
+      ( [ "$w" = sglang ] || export KVPROF_SGLANG_WRITER=$w
+        timeout 150 python3 gpu/sglang_pool.py --out "$d" --profiler torch ) 2>&1 | tee -a "$LOG"
+      timeout 60 python3 -m kvprof analyze "$d" --out "$d/analysis" 2>&1 | tee -a "$LOG"
+      timeout 60 python3 gpu/sglang_live_check.py "$d" 2>&1 | tee -a "$LOG"
+      echo "live ($w) check exit: ${PIPESTATUS[0]}" | tee -a "$LOG"
     done
     ;;
   rope)

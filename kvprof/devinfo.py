@@ -13,20 +13,8 @@ from typing import Any
 import torch
 
 import kvprof
+from kvprof.core.devices import DEVICE_PROPERTIES, SPEC_TABLE, computed_peak_gbs, spec_peak_gbs
 from kvprof.core.errors import DeviceError, UsageError
-
-# HBM bandwidth from the vendors' datasheets (GB/s), by the name torch reports: only a check
-# on the figure computed from the device's own attributes (memory clock x bus width).
-# Neither is a measurement: `kvprof bench` measures the device-to-device copy rate itself.
-DATASHEET_BANDWIDTH_GBS = {
-    "NVIDIA H200": 4800.0,
-    "NVIDIA H100 80GB HBM3": 3350.0,
-    "NVIDIA H100": 3350.0,
-    "NVIDIA A100-SXM4-80GB": 2039.0,
-    "NVIDIA A100-SXM4-40GB": 1555.0,
-    "NVIDIA B200": 8000.0,
-}
-
 
 # kvprof's modules that decorate Triton kernels (@triton.jit) a capture or bench may run
 TRITON_WRITER_MODULES = ("kvprof.writers.triton_convert", "kvprof.writers.triton_kernel", "kvprof.writers.paged_triton",
@@ -114,8 +102,18 @@ def device_properties(device: torch.device) -> dict[str, Any]:
         "l2_cache_bytes": getattr(p, "L2_cache_size", None),
         "driver": _driver_version(),
     }
-    info.update(peak_bandwidth(p.name, _memory_attributes(device.index if device.index is not None else 0)))
+    memory = _property_memory(p) or _memory_attributes(device.index if device.index is not None else 0)
+    info.update(peak_bandwidth(p.name, memory))
     return info
+
+
+def _property_memory(props: Any) -> tuple[int, int] | None:
+    """(memory clock kHz, bus width bits) from torch's device properties, where this torch has
+    them (``memory_clock_rate``, ``memory_bus_width``; CUDA 13 builds may report 0); else None."""
+    clock, width = getattr(props, "memory_clock_rate", None), getattr(props, "memory_bus_width", None)
+    if isinstance(clock, int) and isinstance(width, int) and clock > 0 and width > 0:
+        return clock, width
+    return None
 
 
 # cuDeviceGetAttribute's CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE (kHz) and _GLOBAL_MEMORY_BUS_WIDTH (bits)
@@ -142,20 +140,23 @@ def _memory_attributes(index: int) -> tuple[int, int] | None:
 
 
 def peak_bandwidth(name: str, memory: tuple[int, int] | None) -> dict[str, Any]:
-    """Theoretical DRAM bandwidth: 2 transfers per memory clock x bus width, the datasheet beside it.
+    """Peak DRAM bandwidth and where it came from: the spec table (NVIDIA's datasheets,
+    ``kvprof.core.devices``) for a device it lists, else 2 transfers per memory clock x bus
+    width from the device's properties (``memory``: clock kHz, bus bits), else None.
 
-    The device's attributes work for any GPU; the datasheet figure (a few GPUs) is recorded as
-    a check and used only when the driver does not report the attributes.
+    The figure computed from the properties is recorded beside the table's, as a check.
     """
-    datasheet = DATASHEET_BANDWIDTH_GBS.get(name)
-    out: dict[str, Any] = {"peak_bandwidth_datasheet_gbs": datasheet}
-    if memory and memory[0] > 0 and memory[1] > 0:
-        clock_khz, bus_bits = memory
-        out.update(memory_clock_khz=clock_khz, memory_bus_width_bits=bus_bits,
-                   peak_bandwidth_gbs=round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e9, 1),
-                   peak_bandwidth_source="device attributes (2 x memory clock x bus width)")
+    spec = spec_peak_gbs(name)
+    out: dict[str, Any] = {"peak_bandwidth_datasheet_gbs": spec}
+    computed = computed_peak_gbs(*memory) if memory else None
+    if computed is not None and memory:
+        out.update(memory_clock_khz=memory[0], memory_bus_width_bits=memory[1], peak_bandwidth_computed_gbs=computed)
+    if spec is not None:
+        out.update(peak_bandwidth_gbs=spec, peak_bandwidth_source=SPEC_TABLE)
+    elif computed is not None:
+        out.update(peak_bandwidth_gbs=computed, peak_bandwidth_source=DEVICE_PROPERTIES)
     else:
-        out.update(peak_bandwidth_gbs=datasheet, peak_bandwidth_source="datasheet" if datasheet else None)
+        out.update(peak_bandwidth_gbs=None, peak_bandwidth_source=None)
     return out
 
 

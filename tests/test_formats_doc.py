@@ -78,3 +78,14 @@ def test_bench_keys_are_documented(tmp_path, capsys):
     assert missing({k for r in result["records"] for k in r}) == []
     assert missing(result["settings"]) == [] and missing(result["settings"]["floor_allocations"]) == []
     assert result["settings"]["torch_threads"] == 1
+
+
+def test_every_sidecar_key_is_documented():
+    """The SGLang plugin's sidecar: every key of the document and of its pools, device and graphs."""
+    import msgspec
+
+    from kvprof.core.sidecar import CapturedGraph, GraphWrite, Sidecar, SidecarDevice, SidecarPool
+
+    for struct in (Sidecar, SidecarPool, SidecarDevice, CapturedGraph, GraphWrite):
+        assert missing(f.encode_name for f in msgspec.structs.fields(struct)) == [], struct.__name__
+    assert "`kvprof.sglang_sidecar/1`" in DOC.read_text()

@@ -190,6 +190,50 @@ json.dump({"hooked": hooked and bound, "same": same, "same_qk": same_qk, "writte
 '''
 
 
+# SGLang's real pool written inside CUDA graph captures, as its graph runners capture decode:
+# torch.cuda.CUDAGraph's own Python methods run (the plugin hooks them); what cannot run on a CPU
+# is the C graph class under them, replaced by no-ops below (capture and replay record nothing).
+GRAPH_SCENARIO = r'''
+import json, os, sys, torch
+out = sys.argv[1]
+import torch.cuda.graphs as torch_graphs
+cuda_part = torch_graphs.CUDAGraph.__mro__[1]  # torch's C graph class (a stand-in on CPU builds)
+cuda_part.__new__ = lambda cls, *a, **k: object.__new__(cls)
+cuda_part.__init__ = lambda self, *a, **k: None
+for name in ("capture_begin", "capture_end", "replay"):
+    setattr(cuda_part, name, lambda self, *a, **k: None)
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.plugins import load_plugins
+load_plugins()
+hooked = getattr(torch.cuda.CUDAGraph.capture_begin, "_kvprof_graph_hook", False)
+
+class Layer:
+    def __init__(self, i): self.layer_id = i
+
+pool = MHATokenToKVPool(size=96, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64, layer_num=3,
+                        device="cpu", enable_memory_saver=False)
+g = torch.Generator().manual_seed(0)
+def step(tokens):
+    loc = torch.randperm(95, generator=g)[:tokens] + 1
+    for layer in range(3):
+        k = torch.randn(tokens, 2, 64, generator=g).bfloat16()
+        pool.set_kv_buffer(Layer(layer), loc, k, k * 2, None, None)
+step(4)  # eager, as SGLang's warm-up runs before it captures
+graphs = {}
+for bs in (8, 16):
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin()
+    step(bs)
+    graph.capture_end()
+    graphs[bs] = graph
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for bs in (8, 16, 8):
+        graphs[bs].replay()
+prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
+json.dump({"hooked": hooked}, open(os.path.join(out, "result.txt"), "w"))
+'''
+
 def _scenario(tmp_path: Path, writer: str | None, code: str = SCENARIO) -> tuple[dict, Path]:
     prof = tmp_path / "sglang_profile"
     prof.mkdir()
@@ -312,3 +356,26 @@ def test_plugin_off_without_the_variable(tmp_path: Path):
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_graph_captures_recorded_in_sglang_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """The writes captured into each graph, in order, with SGLang's path and its kernel (index_put
+    on a CPU: two kernels per write), and each replay inside a kvprof.graph_replay[<graph>] range;
+    the sidecar names the CPU as the device (no peak) and analyze reads the folder."""
+    result, prof = _scenario(tmp_path, None, GRAPH_SCENARIO)
+    assert result["hooked"], "load_plugins() did not hook torch.cuda.CUDAGraph"
+    (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
+    side = json.loads(sidecar.read_text())
+    assert side["graph_hook"] == "torch.cuda.graphs.CUDAGraph.{capture_begin,capture_end,replay}"
+    assert [(g["graph"], [(w["layer"], w["tokens"], w["path"], w["kernel"], w["kernels"]) for w in g["writes"]])
+            for g in side["graphs"]] == [
+        (n, [(layer, bs, "sglang:sglang_mha", "index_put", 2) for layer in range(3)]) for n, bs in ((0, 8), (1, 16))]
+    assert side["paths"] == {"sglang:sglang_mha": 9} and side["graphs_without_writes"] == 0
+    assert side["device"]["type"] == "cpu" and side["device"]["peak_bandwidth_gbs"] is None
+    with gzip.open(prof / "1790857026.5-TP-0.trace.json.gz", "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert [e["name"] for e in events if str(e.get("name", "")).startswith("kvprof.graph_replay")] == [
+        "kvprof.graph_replay[0]", "kvprof.graph_replay[1]", "kvprof.graph_replay[0]"]
+    assert main(["analyze", str(prof), "--no-files"]) == 0
+    printed = capsys.readouterr().out
+    assert "sglang_mha: not fused · paths say not fused (two_copies x9, from the SGLang plugin)" in printed

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvprof.core import variants
 from kvprof.core.run import TraceMeta, VariantEntry
+from kvprof.core.sidecar import PLUGIN_SOURCE, PluginPaths
 from kvprof.core.summary import VariantVerdict
 from kvprof.core.vocab import COMPILED, FALLBACK_PREFIX, FUSED, ROPE_FUSED
 
@@ -185,11 +187,17 @@ def paths_verdict(paths: dict[str, int] | None) -> tuple[bool | None, list[str]]
     return None, []  # COMPILED alone: the kernel count decides
 
 
-def kernels_verdict(writes: pd.DataFrame, rope_kernels: int = 0) -> tuple[bool | None, dict[str, Any]]:
+def kernels_verdict(writes: pd.DataFrame, rope_kernels: int = 0,
+                    stepless: bool = False) -> tuple[bool | None, dict[str, Any]]:
     """(fused?, detail) from GPU activities per measured write: fused means exactly one each,
     besides ``rope_kernels`` launches of a rotary kernel before the store (a rope + store
-    variant that runs them separately: its store is judged, the rotation is not a copy)."""
-    w = measured(writes)
+    variant that runs them separately: its store is judged, the rotation is not a copy).
+    ``stepless``: every write that is not a graph-capture template counts (an engine's
+    writes, which no kvprof step encloses)."""
+    if stepless and len(writes):
+        w = writes[~writes["during_capture"].astype(bool)]
+    else:
+        w = measured(writes)
     w = w[w["gpu_ops"] > 0] if len(w) else w
     if w.empty:
         return None, {"writes_with_gpu_work": 0}
@@ -223,14 +231,25 @@ def pdl_launch(meta: TraceMeta | None, manifest_entry: VariantEntry | None) -> b
 
 
 def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: VariantEntry | None,
-                       writes: pd.DataFrame) -> tuple[VariantVerdict, list[str]]:
-    """Did the variant run fused, or fall back? Both witnesses, whether they agree, and warnings."""
+                       writes: pd.DataFrame,
+                       plugin: PluginPaths | None = None) -> tuple[VariantVerdict, list[str]]:
+    """Did the variant run fused, or fall back? Both witnesses, whether they agree, and warnings.
+
+    ``plugin``: the variant's paths as the SGLang plugin counted them (its sidecars), the
+    paths witness of an engine's writes where no kvprof capture recorded any."""
     paths = (meta.paths if meta else {}) or (manifest_entry.paths if manifest_entry else {}) or {}
     claim = meta.fused if meta is not None and meta.fused is not None else (
         manifest_entry.fused_claim if manifest_entry else None)
     rope = rope_kind(meta, manifest_entry)
+    source = None
+    if not paths and plugin is not None and meta is None and manifest_entry is None:
+        paths, source = dict(plugin.paths), PLUGIN_SOURCE
+        info = variants.info(variant)
+        claim = True if info.claims_fused else None
+        rope = info.rope or ("fused" if ROPE_FUSED in paths else None)
     by_paths, reasons = paths_verdict(paths)
-    by_kernels, detail = kernels_verdict(writes, rope_kernels=1 if rope == "separate" else 0)
+    by_kernels, detail = kernels_verdict(writes, rope_kernels=1 if rope == "separate" else 0,
+                                         stepless=source is not None)
     warnings: list[str] = []
     agree: bool | None = None
     if by_paths is not None and by_kernels is not None:
@@ -238,8 +257,8 @@ def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: Var
         if not agree:
             per = ", ".join(f"{n} per write x{c}" for n, c in detail["gpu_ops_per_write"].items())
             warnings.append(
-                f"{variant}: the writer reported {'fused' if by_paths else 'not fused'} paths {paths} but the "
-                f"trace shows {per} GPU activities")
+                f"{variant}: {'the SGLang plugin counted' if source else 'the writer reported'} "
+                f"{'fused' if by_paths else 'not fused'} paths {paths} but the trace shows {per} GPU activities")
     if claim and by_kernels is False and by_paths is None:
         warnings.append(f"{variant}: claims to be fused but its writes launch more than one GPU activity")
     fused = by_kernels if by_kernels is not None else by_paths
@@ -247,4 +266,5 @@ def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: Var
         available=True, fused_claim=claim, paths=dict(paths), fused_by_paths=by_paths,
         fused_by_kernels=by_kernels, agree=agree, fused=fused,
         fell_back=bool(reasons) or (bool(claim) and fused is False), fallback_reasons=reasons,
-        kernel_counts=detail, rope=rope, pdl_launch=pdl_launch(meta, manifest_entry)), warnings
+        kernel_counts=detail, rope=rope, pdl_launch=pdl_launch(meta, manifest_entry),
+        paths_source=source), warnings

@@ -24,7 +24,9 @@ from kvprof.analysis.writes import (
     per_write_table,
     trace_rank,
 )
+from kvprof.core.devices import CAPTURE_METADATA, SPEC_TABLE, spec_peak_gbs
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.sidecar import plugin_paths
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
 from kvprof.core.timings import CONTROL
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
@@ -43,17 +45,30 @@ class Analysis:
 
 
 def _device(loaded: Loaded) -> dict[str, Any]:
-    """The device's name and rates, from the first source that has each: a name is text, a
-    rate a positive finite number (a trace's metadata can hold anything)."""
-    dev: dict[str, Any] = {"name": None, "peak_bandwidth_gbs": None, "copy_rate_gbs": None}
+    """The device's name and rates, from the first source that has each (capture metadata, the
+    traces' device info, the manifest, the SGLang plugin's sidecars): a name is text, a rate a
+    positive finite number (a trace's metadata can hold anything). The peak comes with where it
+    came from (``peak_bandwidth_source``); without one, the spec table by the device's name."""
+    dev: dict[str, Any] = {"name": None, "peak_bandwidth_gbs": None, "peak_bandwidth_source": None,
+                           "copy_rate_gbs": None}
     mdev = loaded.manifest.device if loaded.manifest else {}
     sources = [d for t in loaded.traces for d in [t.kvprof.device if t.kvprof else {}, *t.devices]] + [mdev]
+    sources += [sc.device.to_dict() for sc in loaded.sidecars if sc.device is not None]
     for d in sources:
-        for k in dev:
-            v = d.get(k) if isinstance(d, dict) else None
+        if not isinstance(d, dict):
+            continue
+        for k in ("name", "peak_bandwidth_gbs", "copy_rate_gbs"):
+            v = d.get(k)
             ok = isinstance(v, str) if k == "name" else (finite_or_none(v) or 0) > 0 and not isinstance(v, bool)
             if dev[k] is None and ok:
                 dev[k] = v
+                if k == "peak_bandwidth_gbs":
+                    src = d.get("peak_bandwidth_source")
+                    dev["peak_bandwidth_source"] = src if isinstance(src, str) and src else CAPTURE_METADATA
+    if dev["peak_bandwidth_gbs"] is None:
+        spec = spec_peak_gbs(dev["name"])
+        if spec is not None:
+            dev.update(peak_bandwidth_gbs=spec, peak_bandwidth_source=SPEC_TABLE)
     return dev
 
 
@@ -124,9 +139,12 @@ def _stacked(frames: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:
 
 
 def _verdicts(loaded: Loaded, writes: pd.DataFrame, warnings: list[str]) -> dict[str, VariantVerdict]:
-    """Fused or fell back, per variant: the recorded ones first, then any only the traces name."""
+    """Fused or fell back, per variant: the recorded ones first, then any only the traces (or
+    the SGLang plugin's sidecars) name; an engine's variants are judged by the plugin's counts."""
     variants: dict[str, VariantVerdict] = {}
-    names = list(loaded.variants) + sorted(set(writes["variant"].dropna().astype(str)) - set(loaded.variants))
+    plugin = plugin_paths(loaded.sidecars)
+    named = set(writes["variant"].dropna().astype(str)) | {n for n, p in plugin.items() if p.paths}
+    names = list(loaded.variants) + sorted(named - set(loaded.variants))
     for name in names:
         recorded = loaded.variants.get(name)
         if recorded is not None and not recorded.available:
@@ -134,7 +152,7 @@ def _verdicts(loaded: Loaded, writes: pd.DataFrame, warnings: list[str]) -> dict
             continue
         meta = next((t.kvprof for t in loaded.traces if t.kvprof and t.kvprof.variant == name), None)
         vw = writes[writes["variant"] == name]
-        verdict, verdict_warnings = fused_or_fell_back(name, meta, recorded, vw)
+        verdict, verdict_warnings = fused_or_fell_back(name, meta, recorded, vw, plugin.get(name))
         warnings.extend(verdict_warnings)
         verdict.sources = [str(x) for x in sorted(vw["source"].dropna().astype(str).unique())]
         variants[name] = verdict

@@ -263,7 +263,7 @@ def write_kernel_summary(loaded: Any, user_regex: str | None = None,
         doc["kvprof_writes"] = int((t.attribution or {}).get("writes", 0) or 0)
         doc["is_kvprof_capture"] = t.is_kvprof
         traces.append(doc)
-    sidecars = getattr(loaded, "sidecars", None) or []
+    sidecars = [sc.to_json() for sc in getattr(loaded, "sidecars", None) or []]
     ranks = {t["path"]: t["rank"] for t in traces}
     # a kvprof capture's writes outside its steps are warm-ups and graph-capture templates
     foreign = {t.path for t in loaded.traces if not t.is_kvprof}

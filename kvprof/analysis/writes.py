@@ -48,6 +48,7 @@ import pandas as pd
 
 from kvprof.analysis.early_start import predecessors
 from kvprof.analysis.gpu_groups import GROUP_STAT_COLUMNS, group_gpu_stats, short_kernel_name
+from kvprof.core.devices import spec_peak_gbs
 from kvprof.core.schema import GPU_WORK_KINDS, LAUNCH_KINDS
 from kvprof.trace.model import Trace
 from kvprof.trace.table import to_frame
@@ -61,13 +62,18 @@ WRITE_COLUMNS = (
 
 
 def peak_bandwidth_gbs(trace: Trace) -> float | None:
-    """The device's peak: capture metadata first (measured/declared), then the source's device info."""
+    """The device's peak: capture metadata first (measured/declared), then the source's device
+    info, then the spec table by the device's name (kvprof.core.devices)."""
     dev = trace.kvprof.device if trace.kvprof else {}
     if dev.get("peak_bandwidth_gbs"):
         return float(dev["peak_bandwidth_gbs"])
     for d in trace.devices:
         if d.get("peak_bandwidth_gbs"):
             return float(d["peak_bandwidth_gbs"])
+    for d in [dev, *trace.devices]:
+        spec = spec_peak_gbs(d.get("name"))
+        if spec is not None:
+            return spec
     return None
 
 

@@ -2,7 +2,8 @@
 
 Top-level keys (``SUMMARY_SCHEMA``):
 - schema, kvprof_version, input, input_kind
-- device: name, peak_bandwidth_gbs, copy_rate_gbs (capture metadata, else the source's)
+- device: name, peak_bandwidth_gbs and peak_bandwidth_source (kvprof.core.devices), copy_rate_gbs
+  (capture metadata, else the source's, else the spec table by name)
 - traces: per file -- path, source, variants, is_kvprof, events, gpu_events, clock,
   attribution (method counts, see kvprof.trace.attribution), stats, generic (see
   kvprof.analysis.generic: kernels by name, streams, overlap, gaps, launches)
@@ -80,6 +81,34 @@ class VariantVerdict:
     # None: not recorded. A variant that is not and whose writes still begin before the work
     # before them on their stream ended is a trace anomaly, not PDL overlap
     pdl_launch: bool | None = None
+    # where ``paths`` came from when not from kvprof's own capture: "the SGLang plugin" (its
+    # sidecars' counts, kvprof.core.sidecar.plugin_paths); None: the capture's writer reported them
+    paths_source: str | None = None
+
+    def paths_word(self) -> str:
+        """What the paths say: "fused", "fused into rope", "not fused", or "?" (nothing decisive)."""
+        if self.fused_by_paths is None:
+            return "?"
+        if not self.fused_by_paths:
+            return "not fused"
+        return "fused into rope" if self.rope == "fused" else "fused"
+
+    def paths_said(self) -> str:
+        """``paths_word`` with the counts and where they came from, for paths that did not come
+        from kvprof's capture: "fused (fused x80, from the SGLang plugin)"."""
+        word = self.paths_word()
+        if not self.paths_source:
+            return word
+        counts = ", ".join(f"{p} x{n}" for p, n in self.paths.items()) or "no path it judges"
+        return f"{word} ({counts}, from {self.paths_source})"
+
+    def verdict_word(self) -> str:
+        """The variant's verdict: "fused into rope", "fused", "not fused" or "unknown"."""
+        if self.fused is None:
+            return "unknown"
+        if not self.fused:
+            return "not fused"
+        return "fused into rope" if self.rope == "fused" else "fused"
 
     def to_json(self) -> dict[str, Any]:
         if not self.available:

@@ -50,3 +50,8 @@ STEP_RANGE_PATTERN = (
 )
 PHASE_RANGE_FORMAT = "kvprof.phase[{phase} {size_key}={size}]"
 PHASE_RANGE_PATTERN = r"^kvprof\.phase\[(?P<phase>\w+) (?P<size_key>bs|tokens)=(?P<size>\d+)\]$"
+# A CUDA graph's replay, as the SGLang plugin marks it (host range around CUDAGraph.replay): the
+# number is the graph's in the plugin's sidecar (``kvprof.core.sidecar.CapturedGraph``), so the
+# reader knows which recorded write order the replay's kernels follow.
+GRAPH_REPLAY_RANGE_FORMAT = "kvprof.graph_replay[{graph}]"
+GRAPH_REPLAY_RANGE_PATTERN = r"^kvprof\.graph_replay\[(?P<graph>\d+)\]$"

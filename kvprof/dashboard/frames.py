@@ -16,6 +16,7 @@ import pandas as pd
 
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.metrics import GROUP_COLUMNS, measured
+from kvprof.core.summary import VariantVerdict
 from kvprof.core.timings import SourceTiming, source_timing
 
 NS_PER_US = 1e3
@@ -135,7 +136,15 @@ def verdict_text(v: dict[str, Any]) -> str:
         reasons = "; ".join(v.get("fallback_reasons") or [])
         return "fell back" + (f" ({reasons})" if reasons else "")
     fused = v.get("fused")
+    if fused and v.get("rope") == "fused":
+        return "fused into rope"
     return "fused" if fused else ("not fused" if fused is False else "unknown (no GPU work)")
+
+
+def _paths_said(v: dict[str, Any]) -> str:
+    """The console's "paths say" words (VariantVerdict.paths_said), "-" where they say nothing."""
+    said = VariantVerdict.from_json(v).paths_said()
+    return "-" if said == "?" else said
 
 
 def verdicts_frame(summary: dict[str, Any]) -> pd.DataFrame:
@@ -150,7 +159,7 @@ def verdicts_frame(summary: dict[str, Any]) -> pd.DataFrame:
             "fused": v.get("fused"),
             "fell_back": v.get("fell_back"),
             "claims fused": v.get("fused_claim"),
-            "paths say": {True: "fused", False: "not fused"}.get(v.get("fused_by_paths"), "-"),
+            "paths say": _paths_said(v),
             "kernels say": {True: "fused", False: "not fused"}.get(v.get("fused_by_kernels"), "-"),
             "witnesses agree": v.get("agree"),
             "GPU ops per write": ", ".join(f"{k} x{n}" for k, n in counts.items()) or "-",

@@ -53,12 +53,24 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kvprof.core.vocab import ROPE_FUSED
+from kvprof.core.sidecar import (
+    NATIVE_INDEX_PUT,
+    NATIVE_STORE_CACHE,
+    NATIVE_TWO_STREAMS,
+    ROPE_VARIANT,
+    SIDECAR_SCHEMA,
+    CapturedGraph,
+    GraphWrite,
+    Sidecar,
+    SidecarDevice,
+    SidecarPool,
+    encode_sidecar,
+)
+from kvprof.core.vocab import GRAPH_REPLAY_RANGE_FORMAT, ROPE_FUSED
 
 ENV_ON = "KVPROF_SGLANG"
 ENV_WRITER = "KVPROF_SGLANG_WRITER"
 ENV_DIR = "KVPROF_SGLANG_DIR"
-SIDECAR_SCHEMA = "kvprof.sglang_sidecar/1"
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
 # (class in sglang.srt.mem_cache.memory_pool, method, variant named in the ranges). Only
@@ -88,8 +100,19 @@ ROUTABLE = ("MHATokenToKVPool", "set_kv_buffer")  # the one write a kvprof write
 ROPE_MODULE = "sglang.kernels.ops.attention.rope"
 ROPE_FUNCTION = "apply_rope_with_cos_sin_cache_inplace"
 ROPE_ARG = "fused_args"
-ROPE_VARIANT = "sglang_fused_rope"  # the range variant of SGLang's own fused rope + store
 POOL_INIT = ("MHATokenToKVPool", "__init__")  # where the plugin first sees a pool and its K buffers
+
+# The kernel (a substring of its name, as traces show it) and the launches of one write on each of
+# SGLang's own paths: what the sidecar's graph record says a replayed write's kernels are
+NATIVE_KERNELS: dict[str, tuple[str, int]] = {
+    NATIVE_STORE_CACHE: ("store_kvcache_kernel", 1),  # SGLang's JIT kernel (kvcache.cuh)
+    NATIVE_INDEX_PUT: ("index_put", 2),  # K, then V: torch's index_put_kernel_impl
+    NATIVE_TWO_STREAMS: ("index_put", 2),  # the same, V on SGLang's alt stream under capture
+    ROPE_FUSED: ("fused_rope_store_kernel", 1),  # SGLang's JIT rope + store (rope.cuh)
+}
+# torch's CUDA graph class: its captures note the writes recorded into each graph, its replays
+# carry a range naming the graph (kvprof.core.vocab.GRAPH_REPLAY_RANGE_FORMAT)
+GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
 
 # What the sidecar's write_paths count: which entry point wrote, or that a named writer fell back
 WRITE_SET_KV_BUFFER = "set_kv_buffer"
@@ -149,6 +172,7 @@ def plugin() -> None:
     if hooked:
         log.info("kvprof: KV-write ranges on %s%s", ", ".join(hooked),
                  f"; writer {state.writer_name}" if state.writer_name else "")
+        GRAPHS.hook = hook_graphs()
         atexit.register(state.write_sidecar)
 
 
@@ -262,6 +286,7 @@ class _Ranges:
         finally:
             self.domain.pop_range()
             local.depth = 0
+            local.write = None
 
 
 def _make_hook(cls_name: str, method: str, variant: str) -> Any:
@@ -307,9 +332,11 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
             else:
                 name, attr = ranges.of(route.writer.name, layer_id, tokens)
                 state.seen(pool, hooked, variant)
+                local.write = (route.writer.name, layer_id, tokens, *_writer_kernel(route.writer))
                 return ranges.run(name, attr, route.write, pool, prepared)
         name, attr = ranges.of(variant, layer_id, tokens)
         state.seen(pool, hooked, variant)
+        local.write = (variant, layer_id, tokens, *_native_kernel(state.pools[id(pool)].get("native_path")))
         return ranges.run(name, attr, _native, original, args, kwargs, state, native_path,
                           WRITE_FALLBACK if fell_back else WRITE_SET_KV_BUFFER)
 
@@ -365,8 +392,10 @@ def _make_rope_hook() -> Any:
                     fell_back = True
                 else:
                     name, attr = ranges.of(route.writer.name, layer_id, tokens)
+                    local.write = (route.writer.name, layer_id, tokens, *_writer_kernel(route.writer))
                     return ranges.run(name, attr, route.write, prepared)
         name, attr = ranges.of(ROPE_VARIANT, layer_id, tokens)
+        local.write = (ROPE_VARIANT, layer_id, tokens, *NATIVE_KERNELS[ROPE_FUSED])
         return ranges.run(name, attr, _native, original, args, kwargs, state, native_path,
                           WRITE_FALLBACK if fell_back else WRITE_FUSED_INTO_ROPE)
 
@@ -380,6 +409,172 @@ def _pool_init_hook(original: Any, *args: Any, **kwargs: Any) -> Any:
     if args:
         LAYERS.add(args[0])
     return out
+
+
+def _native_kernel(native: Any) -> tuple[str | None, int]:
+    """(kernel name substring, kernels per write) of one of SGLang's own paths, or (None, 1)."""
+    return NATIVE_KERNELS.get(native, (None, 1)) if isinstance(native, str) else (None, 1)
+
+
+def _writer_kernel(writer: Any) -> tuple[str | None, int]:
+    """(a substring of the writer's kernel name, kernels per write) where the writer says it
+    (``kernel_name``), else (None, 1): its graph-replayed writes are then counted by name only."""
+    name = getattr(writer, "kernel_name", None)
+    return (name if isinstance(name, str) and name else None), 1
+
+
+class _Graphs:
+    """The writes each CUDA graph captured, in capture order (``CapturedGraph``), and the
+    number each graph gets; SGLang captures its graphs on the thread that runs the model."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.next_id = 0
+        self.graphs: list[CapturedGraph] = []
+        self.empty = 0  # graphs captured without a KV write
+        self.ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.with_writes: set[int] = set()
+        self.hook: str | None = None
+
+    def begin(self, graph: Any) -> None:
+        with self.lock:
+            gid = self.next_id
+            self.next_id += 1
+        try:
+            self.ids[graph] = gid
+        except TypeError:  # not weakly referable: its replays get no range
+            pass
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        stack.append((gid, []))
+
+    def end(self) -> bool:
+        """The innermost capture on this thread ended; True when it recorded writes."""
+        stack = getattr(self.local, "stack", None)
+        if not stack:
+            return False
+        gid, writes = stack.pop()
+        with self.lock:
+            if writes:
+                self.graphs.append(CapturedGraph(graph=gid, writes=writes))
+                self.with_writes.add(gid)
+            else:
+                self.empty += 1
+        return bool(writes)
+
+    def note(self, path: str) -> None:
+        """A write counted as ``path``: recorded into the graph being captured on this thread, if any."""
+        stack = getattr(self.local, "stack", None)
+        if not stack:
+            return
+        what = getattr(_LOCAL, "write", None)
+        if what is None:
+            return
+        variant, layer_id, tokens, kernel, kernels = what
+        stack[-1][1].append(GraphWrite(layer=layer_id if type(layer_id) is int else -1, variant=variant, path=path,
+                                       tokens=int(tokens), kernel=kernel, kernels=int(kernels)))
+
+    def replay_range(self, graph: Any) -> str | None:
+        """The range name a replay of ``graph`` runs in, or None for a graph without writes."""
+        try:
+            gid = self.ids.get(graph)
+        except TypeError:
+            return None
+        return GRAPH_REPLAY_RANGE_FORMAT.format(graph=gid) if gid in self.with_writes else None
+
+
+GRAPHS = _Graphs()
+
+
+def hook_graphs(cls: Any = None) -> str:
+    """Wrap ``torch.cuda.CUDAGraph``'s capture_begin, capture_end and replay (SGLang's graph
+    backends capture through them): where it was hooked, or why not (then graph-replayed writes
+    are counted by kernel name only). Never raises."""
+    if cls is None:
+        try:
+            import torch
+
+            cls = getattr(torch.cuda, "CUDAGraph", None)
+        except Exception as exc:  # noqa: BLE001 - a torch without CUDA graphs
+            return f"not hooked: torch.cuda does not import ({_line(exc)})"
+    if not isinstance(cls, type):
+        return "not hooked: this torch has no torch.cuda.CUDAGraph"
+    missing = [m for m in GRAPH_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        return f"not hooked: torch.cuda.CUDAGraph has no {', '.join(missing)}"
+    where = f"{cls.__module__}.{cls.__qualname__}.{{{','.join(GRAPH_METHODS)}}}"
+    if getattr(getattr(cls, "capture_begin"), "_kvprof_graph_hook", False):  # noqa: B009 - a type's attribute
+        return where
+    begin, end, replay = (getattr(cls, m) for m in GRAPH_METHODS)
+    graphs, state = GRAPHS, STATE
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        graphs.begin(self)
+        try:
+            return begin(self, *args, **kwargs)
+        except BaseException:
+            graphs.end()
+            raise
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return end(self, *args, **kwargs)
+        finally:
+            if graphs.end():
+                state.write_sidecar()
+
+    def replay_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = graphs.replay_range(self)
+        if name is None:
+            return replay(self, *args, **kwargs)
+        return _replay_ranges().run(name, replay, self, *args, **kwargs)
+
+    for m, fn in zip(GRAPH_METHODS, (capture_begin, capture_end, replay_hooked)):
+        fn.__name__ = f"kvprof_{m}"
+        fn.__wrapped__ = getattr(cls, m)  # type: ignore[attr-defined]
+        fn._kvprof_graph_hook = True  # type: ignore[attr-defined]
+        setattr(cls, m, fn)
+    log.info("kvprof: CUDA graph captures noted through %s", where)
+    return where
+
+
+class _ReplayRanges:
+    """A range around a graph replay: NVTX, and record_function while a profiler records."""
+
+    def __init__(self) -> None:
+        import nvtx
+        import torch
+
+        from kvprof.core.vocab import NVTX_DOMAIN
+
+        self.domain = nvtx.get_domain(NVTX_DOMAIN)
+        self.profiler_enabled = torch._C._autograd._profiler_enabled
+        self.record_function = torch.profiler.record_function
+        self.attrs: dict[str, Any] = {}
+
+    def run(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        attr = self.attrs.get(name)
+        if attr is None:
+            attr = self.attrs[name] = self.domain.get_event_attributes(message=name)
+        self.domain.push_range(attr)
+        try:
+            if self.profiler_enabled():
+                with self.record_function(name):
+                    return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
+        finally:
+            self.domain.pop_range()
+
+
+_REPLAY_RANGES: list[_ReplayRanges] = []
+
+
+def _replay_ranges() -> _ReplayRanges:
+    if not _REPLAY_RANGES:
+        _REPLAY_RANGES.append(_ReplayRanges())
+    return _REPLAY_RANGES[0]
 
 
 def _native(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any], state: _State, path: str,
@@ -627,6 +822,7 @@ class _State:
         self.write_paths: dict[str, int] = {}
         self.fallbacks: dict[str, int] = {}
         self.unattributed: dict[str, int] = {}
+        self.device: SidecarDevice | None = None
         self.lock = threading.Lock()
 
     def count(self, path: str, write_path: str) -> None:
@@ -634,6 +830,7 @@ class _State:
         point wrote it (set_kv_buffer, fused into rope) or that the named writer fell back."""
         self.paths[path] = self.paths.get(path, 0) + 1
         self.write_paths[write_path] = self.write_paths.get(write_path, 0) + 1
+        GRAPHS.note(path)
 
     def note(self, reason: str) -> None:
         """A write counted and ranged without its layer (logged once per reason)."""
@@ -734,20 +931,28 @@ class _State:
             return
         info = self.pool_info(pool)
         info.update(describe_pool(pool, hooked, variant))
+        if self.device is None:
+            self.device = describe_device(pool)
         LAYERS.add(pool)
         self.write_sidecar()
 
-    def sidecar(self) -> dict[str, Any]:
+    def sidecar(self) -> Sidecar:
+        import msgspec
+
         from kvprof import __version__
 
         rank, tp_rank, tp_size = _ranks()
-        return {
-            "schema": SIDECAR_SCHEMA, "kvprof_version": __version__, "sglang_version": sglang_version(),
-            "pid": os.getpid(), "rank": rank, "tp_rank": tp_rank, "tp_size": tp_size,
-            "hooked": self.hooked, "writer": self.writer_name, "writer_error": self.writer_error,
-            "pools": list(self.pools.values()), "paths": dict(self.paths), "write_paths": dict(self.write_paths),
-            "fallbacks": dict(self.fallbacks), "unattributed": dict(self.unattributed),
-        }
+        with GRAPHS.lock:
+            graphs, empty = list(GRAPHS.graphs), GRAPHS.empty
+        return Sidecar(
+            schema=SIDECAR_SCHEMA, kvprof_version=__version__, sglang_version=sglang_version(),
+            pid=os.getpid(), rank=rank, tp_rank=tp_rank, tp_size=tp_size,
+            hooked=list(self.hooked), writer=self.writer_name, writer_error=self.writer_error,
+            pools=[msgspec.convert(p, SidecarPool) for p in list(self.pools.values())],
+            paths=dict(self.paths), write_paths=dict(self.write_paths),
+            fallbacks=dict(self.fallbacks), unattributed=dict(self.unattributed), device=self.device,
+            graphs=graphs, graphs_without_writes=empty, graph_hook=GRAPHS.hook,
+        )
 
     def write_sidecar(self) -> Path | None:
         """Write (or rewrite) this process's sidecar; a failure is logged, never raised."""
@@ -755,14 +960,12 @@ class _State:
             return None
         with self.lock:
             try:
-                import orjson
-
                 from kvprof.core.atomic import atomic_write_bytes
                 from kvprof.core.rundir import RunDir
 
                 doc = self.sidecar()
-                path = sidecar_dir() / RunDir.sidecar_name(doc["tp_rank"], doc["pid"])
-                atomic_write_bytes(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+                path = sidecar_dir() / RunDir.sidecar_name(doc.tp_rank, doc.pid)
+                atomic_write_bytes(path, encode_sidecar(doc))
                 return path
             except Exception as exc:  # noqa: BLE001 - a sidecar must never take the server down
                 log.warning("kvprof: cannot write the SGLang sidecar (%s)", _line(exc))
@@ -820,15 +1023,36 @@ def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
     out: dict[str, Any] = {"class": type(pool).__name__, "hooked": hooked, "variant": variant,
                            "native_path": ROPE_FUSED if hooked == ROPE_FUNCTION else native_path(pool)}
     for key in ("size", "page_size", "head_num", "head_dim", "v_head_dim", "layer_num", "start_layer",
-                "kv_lora_rank", "qk_rope_head_dim", "kv_cache_layout"):
+                "kv_lora_rank", "qk_rope_head_dim"):
         value = getattr(pool, key, None)
-        if isinstance(value, (int, str)):
+        if type(value) is int:
             out[key] = value
+    layout = getattr(pool, "kv_cache_layout", None)
+    if isinstance(layout, str):
+        out["kv_cache_layout"] = layout
     out["dtype"] = dt(getattr(pool, "dtype", None))
     out["store_dtype"] = dt(getattr(pool, "store_dtype", None))
     out["device"] = str(getattr(pool, "device", None))
     out["quantized"] = bool(getattr(pool, "is_quantized_kv_cache", False))
     return out
+
+
+def describe_device(pool: Any) -> SidecarDevice | None:
+    """The pool's device as kvprof's manifest describes one (name, peak bandwidth and its source);
+    None where it cannot be read (never raises: the sidecar goes without it)."""
+    try:
+        import msgspec
+        import torch
+
+        from kvprof.devinfo import device_properties
+
+        dev = torch.device(pool.device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return msgspec.convert(device_properties(dev), SidecarDevice)
+    except Exception as exc:  # noqa: BLE001 - a description only
+        log.warning("kvprof: cannot describe the pool's device (%s)", _line(exc))
+        return None
 
 
 def native_path(pool: Any) -> str:
@@ -849,10 +1073,10 @@ def native_path(pool: Any) -> str:
         size = pool.store_dtype.itemsize
         if (getattr(mod, "_is_cuda", False) or getattr(mod, "_is_hip", False)) and \
                 mod.can_use_store_cache(row_dim * size, v_row_dim * size):
-            return "store_cache"
+            return NATIVE_STORE_CACHE
         if getattr(pool, "alt_stream", None) is not None:
-            return "index_put (two streams under graph capture)"
-        return "index_put"
+            return NATIVE_TWO_STREAMS
+        return NATIVE_INDEX_PUT
     except Exception as exc:  # noqa: BLE001 - a prediction only: never fail the write for it
         return f"unknown ({_line(exc)})"
 

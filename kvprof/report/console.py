@@ -164,9 +164,8 @@ def verdict_line(name: str, v: VariantVerdict) -> str:
     name = markup(name)
     if not v.available:
         return f"[dim]{name}: not run ({markup(v.reason)})[/dim]"
-    word = "fused" if v.fused else ("not fused" if v.fused is False else "unknown")
-    parts = [f"{name}: {word}"]
-    parts.append(f"paths say {'fused' if v.fused_by_paths else 'not fused' if v.fused_by_paths is False else '?'}")
+    parts = [f"{name}: {v.verdict_word()}"]
+    parts.append(f"paths say {markup(v.paths_said())}")
     counts = v.kernel_counts.get("gpu_ops_per_write") or {}
     if counts and isinstance(counts, dict):
         parts.append("GPU ops/write " + ", ".join(f"{markup(k)} x{markup(c)}" for k, c in counts.items()))
@@ -319,12 +318,20 @@ def _generic(summary: Summary, con: Console) -> None:
             con.print(f"  {markup(tr['path'])}: {markup(g.get('note', 'no GPU activity'))}")
 
 
+def peak_words(dev: dict[str, Any]) -> str:
+    """"peak 4,800 GB/s (spec table)": the device's peak and where it came from; n/a with why."""
+    peak = finite_or_none(dev.get("peak_bandwidth_gbs"))
+    if peak is None:
+        return "peak n/a (not recorded, not in the spec table)"
+    src = dev.get("peak_bandwidth_source")
+    return f"peak {peak:,.0f} GB/s" + (f" ({markup(src)})" if isinstance(src, str) and src else "")
+
+
 def render(summary: Summary, console: Console | None = None) -> None:
     con = console or make_console()
     dev = summary.device
-    peak = num(dev.get("peak_bandwidth_gbs"), NA("unknown"), "{:.0f}")
     con.print(f"[bold]kvprof analyze[/bold] {markup(summary.input)}  ({markup(summary.input_kind)}; device: "
-              f"{markup(dev.get('name') or '?')}, peak {peak} GB/s)")
+              f"{markup(dev.get('name') or '?')}, {peak_words(dev)})")
     for tr in summary.traces:
         att = tr.get("attribution") or {}
         con.print(f"  {markup(tr['source'])}: {markup(tr['path'])} — {markup(_count(tr.get('events')))} events, "

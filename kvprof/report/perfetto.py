@@ -212,7 +212,7 @@ def verdict_text(name: str, v: VariantVerdict | None) -> str:
     parts = [f"{name}: {word}"]
     if v.rope:
         parts.append(f"rope {v.rope}")
-    paths = "fused" if v.fused_by_paths else "not fused" if v.fused_by_paths is False else "?"
+    paths = v.paths_said()
     kernels = "fused" if v.fused_by_kernels else "not fused" if v.fused_by_kernels is False else "?"
     parts.append(f"paths say {paths}, kernel count says {kernels}")
     if v.fell_back:

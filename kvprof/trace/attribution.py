@@ -15,6 +15,11 @@ Three ways, tried in this order, each recorded per row (``attribution``) and cou
   inside a replay, so the replay's activities sorted by start are cut into groups of
   that size, one per layer in order. When the count does not divide that way the
   replay's activities stay unattributed and a warning says so: never a silent guess.
+- an engine's graph replays (``graph_order`` too; SGLang with kvprof's plugin): the
+  plugin's sidecar lists, per captured graph, the writes captured into it in order, each
+  with its kernel's name; a replay's kernels of those names, sorted by start, are the
+  writes in that order (``kvprof.trace.plugin_graphs``). The replay's other kernels (the
+  model's) are not writes and stay unattributed.
 
 Each replay of each layer is a write of its own (new write_id) with the step of the
 cudaGraphLaunch call that replayed it.
@@ -29,6 +34,7 @@ import pandas as pd
 
 from kvprof.core.run import TraceMeta
 from kvprof.core.schema import GPU_WORK_KINDS, GRAPH_LAUNCH_NAMES, LAUNCH_KINDS
+from kvprof.core.sidecar import Sidecar
 from kvprof.core.vocab import (
     NVTX_DOMAIN,
     STEP_RANGE_PATTERN,
@@ -39,6 +45,7 @@ from kvprof.core.vocab import (
 from kvprof.trace.attribution_parts import dedupe, dominant_method, during_capture, per_write_template
 from kvprof.trace.intervals import enclosing
 from kvprof.trace.model import Trace
+from kvprof.trace.plugin_graphs import PluginGraphs
 from kvprof.trace.table import from_frame, to_frame
 
 WRITE_INDEX_COLUMNS = (
@@ -110,8 +117,10 @@ def _overlap_across_streams(starts: np.ndarray, ends: np.ndarray, streams: np.nd
 
 
 class _Attributor:
-    def __init__(self, trace: Trace, fallback_meta: TraceMeta | None) -> None:
+    def __init__(self, trace: Trace, fallback_meta: TraceMeta | None,
+                 sidecars: list[Sidecar] | None = None) -> None:
         self.trace = trace
+        self.sidecars = [] if trace.is_kvprof else list(sidecars or [])
         self.meta = trace.kvprof or fallback_meta
         self.df = to_frame(trace.events)
         self.df["end_ns"] = self.df["start_ns"] + self.df["dur_ns"]
@@ -195,12 +204,17 @@ class _Attributor:
                 f"{outside:,} writes lie outside kvprof step ranges (kvprof.step[...]): they have no phase or size, "
                 "so the per-phase tables leave them out")
         work = (self.graph_launch >= 0) & self.df["kind"].isin(GPU_WORK_KINDS).to_numpy() & (self.step < 0)
-        replays = int(len(np.unique(self.graph_launch[work])))
+        launches = np.unique(self.graph_launch[work])
+        replays = int(len(launches))
         if replays:
             self.counts["replays_outside_steps"] = replays
-            self.warnings.append(
-                f"{replays:,} graph replays lie outside kvprof step ranges: their GPU activities are not tied to "
-                "writes (the generic numbers still count them)")
+            # an engine's replays whose writes the plugin's graph record tied to their kernels
+            tied = np.unique(self.graph_launch[work & (self.write_id >= 0)])
+            left = replays - int(len(tied))
+            if left:
+                self.warnings.append(
+                    f"{left:,} graph replays lie outside kvprof step ranges: their GPU activities are not tied to "
+                    "writes (the generic numbers still count them)")
 
     def step_variant(self, steps: pd.DataFrame, writes: pd.DataFrame) -> list[str | None]:
         default = self.meta.variant if self.meta else None
@@ -228,6 +242,8 @@ class _Attributor:
         self.eager(writes, host)
         self.gpu_by_correlation()
         self.replays(writes, steps)
+        if any(sc.graphs for sc in self.sidecars):
+            self.plugin_replays()
         self.count_outside_steps()
         self.counts["writes"] = len(self.write_rows)
         if self.trace.is_kvprof or len(writes) or len(steps):
@@ -320,6 +336,32 @@ class _Attributor:
         self.counts["replays"] = len(launches)
         if bad:
             self.counts["replays_unattributed"] = bad
+
+    def plugin_replays(self) -> None:
+        """An engine's graph replays outside kvprof steps, tied to writes by the plugin's record
+        of each captured graph (``PluginGraphs``): one write per recorded write, in order."""
+        work = (self.graph_launch >= 0) & self.df["kind"].isin(GPU_WORK_KINDS).to_numpy() & (self.step < 0) \
+            & (self.write_id < 0)
+        if not work.any():
+            return
+        rows = np.flatnonzero(work)
+        launches = pd.Series(rows).groupby(self.graph_launch[rows]).apply(list)
+        graphs = PluginGraphs(self.df, self.sidecars)
+        next_id = len(self.write_rows)
+        tied = 0
+        for corr, grp in launches.items():
+            grp = np.asarray(grp)
+            lrow = self.launch_rows.get(corr)
+            found = graphs.writes_of(grp, lrow, int(corr), self.a_start, self.a_end)
+            if found is None:
+                continue
+            for rows_i, w in found:
+                self._new_write(rows_i, lrow, w.variant, w.layer, w.tokens, "graph_order", next_id)
+                next_id += 1
+            tied += 1
+        self.warnings.extend(graphs.warnings)
+        if tied:
+            self.counts["plugin_replays"] = tied
 
     def _new_write(self, rows: np.ndarray, lrow: int | None, variant: str, layer: int, tokens: int,
                    method: str, wid: int) -> None:
@@ -496,6 +538,7 @@ class _Attributor:
             "graph_replays": int(self.counts.get("replays", 0)),
             "graph_replays_unattributed": int(self.counts.get("replays_unattributed", 0)),
             "graph_replays_outside_steps": int(self.counts.get("replays_outside_steps", 0)),
+            "graph_replays_by_plugin_record": int(self.counts.get("plugin_replays", 0)),
             "writes_outside_steps": int(self.counts.get("writes_outside_steps", 0)),
             "write_ranges_unrecognised": int(self.counts.get("write_ranges_unrecognised", 0)),
             "gpu_rows": int(gpu.sum()),
@@ -507,10 +550,11 @@ class _Attributor:
         )
 
 
-def attribute(trace: Trace, fallback_meta: TraceMeta | None = None) -> Trace:
+def attribute(trace: Trace, fallback_meta: TraceMeta | None = None, sidecars: list[Sidecar] | None = None) -> Trace:
     """A copy of ``trace`` with write/step columns filled, ``writes``/``steps`` tables and a summary.
 
     ``fallback_meta``: kvprof metadata to use when the trace has none (an nsys export of
-    a variant whose Kineto trace carries it).
+    a variant whose Kineto trace carries it). ``sidecars``: the SGLang plugin's, beside an
+    engine's trace: their graph records tie replayed kernels to writes.
     """
-    return _Attributor(trace, fallback_meta).run()
+    return _Attributor(trace, fallback_meta, sidecars).run()

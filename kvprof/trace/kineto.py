@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from kvprof.core.devices import CAPTURE_METADATA
 from kvprof.core.errors import TraceError
 from kvprof.core.run import TraceMeta
 from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
@@ -250,13 +251,22 @@ def devices_of(doc: dict[str, Any], meta: TraceMeta | None) -> list[dict[str, An
             "sms": _count(d.get("numSms")),
             "memory_bytes": _count(d.get("totalGlobalMem")),
             "peak_bandwidth_gbs": kv_dev.get("peak_bandwidth_gbs"),
+            "peak_bandwidth_source": _peak_source(kv_dev),
             "copy_rate_gbs": kv_dev.get("copy_rate_gbs"),
         })
     if not out and kv_dev:
         out.append({"id": 0, "name": kv_dev.get("name"), "sms": None, "memory_bytes": None,
                     "peak_bandwidth_gbs": kv_dev.get("peak_bandwidth_gbs"),
-                    "copy_rate_gbs": kv_dev.get("copy_rate_gbs")})
+                    "peak_bandwidth_source": _peak_source(kv_dev), "copy_rate_gbs": kv_dev.get("copy_rate_gbs")})
     return out
+
+
+def _peak_source(kv_dev: dict[str, Any]) -> str | None:
+    """Where the capture's peak came from, as it recorded it (runs from before it did: capture metadata)."""
+    if not kv_dev.get("peak_bandwidth_gbs"):
+        return None
+    src = kv_dev.get("peak_bandwidth_source")
+    return src if isinstance(src, str) and src else CAPTURE_METADATA
 
 
 def _count(v: Any) -> int | None:

@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from kvprof.core.errors import TraceError, UsageError
 from kvprof.core.files import open_regular, require_regular
 from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat, TraceReader
 from kvprof.core.run import Manifest, TraceMeta, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
+from kvprof.core.sidecar import Sidecar, read_sidecar
 from kvprof.core.timings import StepTimings
 from kvprof.trace.attribution import attribute
 from kvprof.trace.model import Trace
@@ -39,7 +38,7 @@ class Loaded:
     variants: dict[str, VariantEntry] = field(default_factory=dict)  # manifest entries by name
     warnings: list[str] = field(default_factory=list)
     timings: StepTimings | None = None  # step_timings.json of a run: the reference pass and in-pass times
-    sidecars: list[dict[str, Any]] = field(default_factory=list)  # kvprof's SGLang plugin, one per process
+    sidecars: list[Sidecar] = field(default_factory=list)  # kvprof's SGLang plugin, one per process
 
 
 # SGLang's profiler output: [prefix-]<profile id>-TP-<rank>[-DP-..][-PP-..][-EP-..][-<stage>].trace.json.gz,
@@ -73,17 +72,6 @@ def _any_nonzero(col: Any) -> bool:
     return bool(pc.any(pc.not_equal(col, 0)).as_py())
 
 
-def _read_sidecar(path: Path) -> dict[str, Any] | str:
-    """A sidecar's document, or why it was skipped."""
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        return f"skipped {path.name}: unreadable kvprof SGLang sidecar ({exc})"
-    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("kvprof.sglang_sidecar/"):
-        return f"skipped {path.name}: not a kvprof SGLang sidecar"
-    return {**doc, "file": path.name}
-
-
 def reader_for(path: Path) -> TraceReader:
     """The registered reader whose format the file's first bytes are (its name only for .nsys-rep)."""
     try:
@@ -105,7 +93,7 @@ def sniff(path: Path) -> str:
 
 
 def load_file(path: Path, max_events: int = DEFAULT_MAX_EVENTS, fallback_meta: TraceMeta | None = None,
-              export_dir: Path | None = None) -> Trace:
+              export_dir: Path | None = None, sidecars: list[Sidecar] | None = None) -> Trace:
     """Read and attribute one file.
 
     A malformed value the readers did not foresee still ends as a one-line TraceError
@@ -115,7 +103,7 @@ def load_file(path: Path, max_events: int = DEFAULT_MAX_EVENTS, fallback_meta: T
     reader = reader_for(path)
     try:
         trace = reader.read(path, max_events, export_dir)
-        return attribute(trace, fallback_meta)
+        return attribute(trace, fallback_meta, sidecars)
     except MALFORMED as exc:
         raise TraceError(f"{path.name}: malformed trace ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:200]})") from exc
@@ -208,15 +196,11 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     for p in merged:
         if p not in files:
             loaded.warnings.append(f"skipped {p.name}: SGLang's merge of the per-rank traces read here")
-    for p in sidecars:
-        doc = _read_sidecar(p)
-        if isinstance(doc, str):
-            loaded.warnings.append(doc)
-        else:
-            loaded.sidecars.append(doc)
+    loaded.sidecars = [read_sidecar(p) for p in sidecars]  # a malformed one: a one-line TraceError
     for p in files:
         try:
-            loaded.traces.append(_with_file_rank(load_file(p, max_events, export_dir=d), p))
+            loaded.traces.append(_with_file_rank(load_file(p, max_events, export_dir=d, sidecars=loaded.sidecars),
+                                                 p))
         except NotThisFormat:
             loaded.warnings.append(f"skipped {p.name}: not a trace")
     if not loaded.traces:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvprof.core.devices import NSYS_DEVICE_INFO
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
@@ -248,7 +249,8 @@ def _devices(db: sqlite3.Connection, tables: set[str]) -> list[dict[str, Any]]:
         out.append({"id": int(r.id) if pd.notna(r.id) else 0, "name": r.name if isinstance(r.name, str) else None,
                     "sms": int(r.smCount) if pd.notna(r.smCount) else None,
                     "memory_bytes": int(r.totalMemory) if pd.notna(r.totalMemory) else None,
-                    "peak_bandwidth_gbs": bw, "copy_rate_gbs": None})
+                    "peak_bandwidth_gbs": bw, "peak_bandwidth_source": NSYS_DEVICE_INFO if bw else None,
+                    "copy_rate_gbs": None})
     return out
 
 

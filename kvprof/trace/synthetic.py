@@ -229,3 +229,66 @@ def _expect(spec: TraceSpec, ph: PhaseSpec, step: int, layer: int, gpu0: int, ho
 def dumps(doc: dict[str, Any]) -> bytes:
     """Kineto-like text (``"key": value`` with spaces, as HTA's rank regex expects)."""
     return json.dumps(doc).encode()
+
+
+SGLANG_STORE_KERNEL = ("void sglang::store_kvcache_kernel<256l, 256l, 32u, true, long>"
+                       "(sglang::StoreKVCacheParams)")
+ENGINE_GEMM = "nvjet_hsh_128x64_64x5_1x2_h_bz_coopA_NTN"
+ENGINE_ATTENTION = "void flashinfer::BatchDecodeWithPagedKVCacheKernel<128u>(...)"
+
+
+@dataclass
+class EngineReplaySpec:
+    """An engine's decode: replays of CUDA graphs captured by the engine, no kvprof steps.
+
+    Each replay is one ``cudaGraphLaunch`` whose kernels (correlated to it) are, per layer,
+    a GEMM, the layer's write kernel(s), the attention; ``graphs`` maps a graph number to its
+    batch size, ``replays`` lists the graph each replay runs; with ``replay_ranges`` each
+    launch sits in the SGLang plugin's ``kvprof.graph_replay[<graph>]`` host range.
+    """
+
+    layers: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
+    graphs: dict[int, int] = field(default_factory=lambda: {0: 8, 1: 16})
+    replays: list[int] = field(default_factory=lambda: [0, 1, 0])
+    write_kernel: str = SGLANG_STORE_KERNEL
+    write_ns: int = 900
+    replay_ranges: bool = True
+    pid: int = 1584
+    # per replay, layers whose write kernel is left out (a replay that does not follow the record)
+    drop: dict[int, list[int]] = field(default_factory=dict)
+
+
+def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trace document, expected writes: one per replayed layer, in order, with its kernel's start)."""
+    from kvprof.core.vocab import GRAPH_REPLAY_RANGE_FORMAT
+
+    ev: list[dict[str, Any]] = []
+    pid, corr, t, gpu_t = spec.pid, 5000, 10_000, 40_000
+    writes: list[dict[str, Any]] = []
+    for i, g in enumerate(spec.replays):
+        corr += 1
+        if spec.replay_ranges:
+            ev.append(_x("user_annotation", GRAPH_REPLAY_RANGE_FORMAT.format(graph=g), pid, pid, t - 500, 8_000))
+        ev.append(_x("cuda_runtime", "cudaGraphLaunch", pid, pid, t, 5_000, {"cbid": 311, "correlation": corr}))
+        gpu_t = max(gpu_t, t + 12_000)
+        for layer in spec.layers:
+            kernels = [(ENGINE_GEMM, 4_000)]
+            if layer not in spec.drop.get(i, []):
+                kernels.append((spec.write_kernel, spec.write_ns))
+                writes.append({"replay": i, "graph": g, "layer": layer, "tokens": spec.graphs[g],
+                               "start_ns": gpu_t + 4_200})
+            kernels.append((ENGINE_ATTENTION, 3_000))
+            for name, dur in kernels:
+                ev.append(_x("kernel", name, 0, 7, gpu_t, dur, {
+                    "queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": corr,
+                    "registers per thread": 32, "shared memory": 0, "grid": [2, 1, 1], "block": [128, 1, 1]}))
+                gpu_t += dur + 200
+        t += 200_000
+    ev.append({"name": "process_name", "ph": "M", "ts": T0_US, "pid": pid, "tid": 0, "args": {"name": "python"}})
+    doc = {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150109880320, "computeMajor": 9,
+                              "computeMinor": 0, "numSms": 132}],
+        "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS, "traceEvents": ev, "traceName": "synthetic-engine",
+    }
+    return doc, {"writes": writes}

@@ -54,6 +54,10 @@ class KVWriter(abc.ABC):
     # takes what it copies (a strided ``loc``), so the pool skips its Python checks on the hot
     # path and runs them only to word an error.
     validates_inputs: bool = False
+    # a substring of its kernel's name as traces show it (one kernel per write), where known: the
+    # SGLang plugin records it with each write captured into a CUDA graph, so a trace's replayed
+    # kernels can be tied to those writes (kvprof.core.sidecar.GraphWrite)
+    kernel_name: str | None = None
 
     def info(self) -> WriterInfo:
         return WriterInfo(self.name, self.description, self.fused, self.devices)

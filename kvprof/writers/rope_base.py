@@ -33,6 +33,7 @@ class RopeKVWriter(abc.ABC):
     fused: bool = False  # the store is one launch for K and V (as KVWriter.fused)
     rope_fused: bool = False  # rope and the store in ONE launch
     devices: tuple[str, ...] = ("cpu", "cuda")
+    kernel_name: str | None = None  # as KVWriter.kernel_name
 
     def info(self) -> WriterInfo:
         """``extra["rope"]``: "fused" (one launch) or "separate" (a rotary kernel, then a store)."""

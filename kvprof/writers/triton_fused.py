@@ -60,6 +60,7 @@ class TritonFusedWriter(KVWriter):
     """One Triton launch writes K and V rows at ``loc``, converting dtype in the kernel."""
 
     name = "triton_fused"
+    kernel_name = "_store_kv_kernel"  # its Triton kernel in the H200 traces (traces/samples/h200-sglang)
     description = "kvprof's fused Triton store: one launch for K and V, dtype conversion in-kernel"
     fused = True
     devices = ("cpu", "cuda")

@@ -28,7 +28,8 @@ def device_line(summary: dict[str, Any]) -> str:
     for key, label in (("peak_bandwidth_gbs", "peak"), ("copy_rate_gbs", "measured copy rate")):
         v = dev.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v > 0:
-            parts.append(f"{label} {v:,.0f} GB/s")
+            src = dev.get("peak_bandwidth_source") if key == "peak_bandwidth_gbs" else None
+            parts.append(f"{label} {v:,.0f} GB/s" + (f" ({md(src)})" if isinstance(src, str) and src else ""))
     return " · ".join(parts)
 
 

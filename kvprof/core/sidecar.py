@@ -1,0 +1,267 @@
+"""The SGLang plugin's sidecar (``kvprof-sglang.TP-<r>.pid-<p>.json``): typed, read in one place.
+
+The plugin (``kvprof.integrations.sglang``) writes one per SGLang process that writes KV rows;
+``kvprof analyze`` reads them beside SGLang's traces. ``Sidecar`` is the document; ``read_sidecar``
+refuses a file that is not one, or is malformed, in one line (``TraceError``). Keys a newer plugin
+adds are ignored by an older reader; keys an older plugin did not write read as their defaults
+(``write_paths`` and ``graphs``: None, "not recorded").
+
+``plugin_paths`` turns the plugin's counts into kvprof's write paths per variant
+(``kvprof.core.vocab``), which is what the analysis judges a variant by:
+
+- ``writer:<name>:<path>``: the named kvprof writer wrote, and reported ``<path>`` itself;
+- ``sglang:fused_into_rope``: SGLang's rotary embedding stored K and V in its launch
+  (variant ``sglang_fused_rope``), ``fused_into_rope``;
+- ``sglang:<variant>``: SGLang's own ``set_kv_buffer`` path, as the plugin predicted it for
+  the variant's pools (``native_path``): ``store_cache`` is one launch (``fused``),
+  ``index_put`` two copies, its two-stream form two streams; anything else is not judged;
+- ``sglang:fallback``: a call the named writer left to SGLang, one per reason in
+  ``fallbacks``: the writer's ``fallback: <reason>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from kvprof.core.errors import TraceError
+from kvprof.core.files import open_regular
+from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS
+
+SIDECAR_SCHEMA = "kvprof.sglang_sidecar/1"
+SIDECAR_SCHEMA_PREFIX = "kvprof.sglang_sidecar/"
+MAX_SIDECAR_BYTES = 64 << 20  # a process's pools, counts and graphs: kilobytes; more is not a sidecar
+
+# The plugin's words, shared with the analysis that reads them back
+ROPE_VARIANT = "sglang_fused_rope"  # the range variant of SGLang's own fused rope + store
+PLUGIN_FALLBACK = "sglang:fallback"
+NATIVE_STORE_CACHE = "store_cache"
+NATIVE_INDEX_PUT = "index_put"
+NATIVE_TWO_STREAMS = "index_put (two streams under graph capture)"
+# SGLang's own paths, as the plugin names them, in kvprof's words (one launch or not)
+NATIVE_PATHS = {NATIVE_STORE_CACHE: FUSED, NATIVE_INDEX_PUT: TWO_COPIES, NATIVE_TWO_STREAMS: TWO_STREAMS,
+                ROPE_FUSED: ROPE_FUSED}
+PLUGIN_SOURCE = "the SGLang plugin"
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SidecarPool(msgspec.Struct, kw_only=True):
+    """One SGLang KV pool the plugin saw write: class, how it is hooked, its predicted path, shapes."""
+
+    cls: str | None = msgspec.field(default=None, name="class")
+    hooked: str | None = None
+    variant: str | None = None
+    native_path: str | None = None  # NATIVE_PATHS' keys, or quantized / layout:<x> / unknown (...)
+    route: str | None = None  # "writer:<name>" or "sglang" once a writer is named
+    route_reason: str | None = None
+    rope_route: str | None = None
+    rope_route_reason: str | None = None
+    size: int | None = None
+    page_size: int | None = None
+    head_num: int | None = None
+    head_dim: int | None = None
+    v_head_dim: int | None = None
+    layer_num: int | None = None
+    start_layer: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    kv_cache_layout: str | None = None
+    dtype: str | None = None
+    store_dtype: str | None = None
+    device: str | None = None
+    quantized: bool | None = None
+
+
+class SidecarDevice(msgspec.Struct, kw_only=True):
+    """The process's CUDA device (``kvprof.devinfo.device_properties``), its peak and where that came from."""
+
+    type: str | None = None
+    index: int | None = None
+    name: str | None = None
+    capability: str | None = None
+    sm_count: int | None = None
+    total_memory_bytes: int | None = None
+    peak_bandwidth_gbs: float | None = None
+    peak_bandwidth_source: str | None = None  # kvprof.core.devices: "spec table", "device properties"
+    peak_bandwidth_datasheet_gbs: float | None = None
+    peak_bandwidth_computed_gbs: float | None = None
+    memory_clock_khz: int | None = None
+    memory_bus_width_bits: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return msgspec.structs.asdict(self)
+
+
+class GraphWrite(msgspec.Struct, kw_only=True):
+    """One write recorded into a CUDA graph while it was captured, in capture order."""
+
+    layer: int  # -1: a write whose layer could not be named
+    variant: str  # the range variant its eager twin gets
+    path: str  # the plugin's path key (sglang:<variant>, writer:<name>:<path>, ...)
+    tokens: int
+    kernel: str | None = None  # a substring of its kernel's name, where the plugin knows it
+    kernels: Count = 1  # kernels one such write launches (SGLang's index_put path: 2)
+
+
+class CapturedGraph(msgspec.Struct, kw_only=True):
+    """A CUDA graph captured while the plugin was on, and the writes captured into it.
+
+    ``graph`` is the number the plugin gave it; each replay of it runs inside a host range
+    ``kvprof.graph_replay[<graph>]`` (``kvprof.core.vocab.GRAPH_REPLAY_RANGE_FORMAT``)."""
+
+    graph: int
+    writes: list[GraphWrite] = []
+
+
+class Sidecar(msgspec.Struct, kw_only=True):
+    """One SGLang process's record of its KV writes (see docs/sglang.md, "The sidecar")."""
+
+    schema: str
+    kvprof_version: str | None = None
+    sglang_version: str | None = None
+    pid: int | None = None
+    rank: int | None = None
+    tp_rank: int | None = None
+    tp_size: int | None = None
+    hooked: list[str] = []
+    writer: str | None = None
+    writer_error: str | None = None
+    pools: list[SidecarPool] = []
+    paths: dict[str, Count] = {}
+    write_paths: dict[str, Count] | None = None  # None: a sidecar from before the plugin counted them
+    fallbacks: dict[str, Count] = {}
+    unattributed: dict[str, Count] = {}
+    device: SidecarDevice | None = None
+    graphs: list[CapturedGraph] | None = None  # None: a plugin that did not record graph captures
+    graphs_without_writes: Count = 0
+    graph_hook: str | None = None  # where the plugin noted graph captures, or why it could not
+    file: str | None = None  # the file's name, set by read_sidecar (not written by the plugin)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = msgspec.to_builtins(self)
+        return out
+
+
+def encode_sidecar(sidecar: Sidecar) -> bytes:
+    """The sidecar as the plugin writes it (indented JSON, without ``file``)."""
+    doc = sidecar.to_json()
+    doc.pop("file", None)
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2)
+
+
+def decode_sidecar(raw: bytes, name: str) -> Sidecar:
+    """``raw`` as a sidecar, or a one-line TraceError naming ``name`` and what is wrong."""
+    try:
+        doc = msgspec.json.decode(raw, type=Sidecar)
+    except msgspec.ValidationError as exc:
+        schema = _schema_of(raw)
+        if schema is not None and not schema.startswith(SIDECAR_SCHEMA_PREFIX):
+            raise TraceError(f"{name}: not a kvprof SGLang sidecar (schema {schema[:80]!r})") from None
+        raise TraceError(f"{name}: malformed kvprof SGLang sidecar ({_one_line(exc)})") from None
+    except msgspec.DecodeError as exc:
+        raise TraceError(f"{name}: not a kvprof SGLang sidecar (not JSON: {_one_line(exc)})") from None
+    if not doc.schema.startswith(SIDECAR_SCHEMA_PREFIX):
+        raise TraceError(f"{name}: not a kvprof SGLang sidecar (schema {doc.schema[:80]!r}, expected "
+                         f"{SIDECAR_SCHEMA_PREFIX}...)")
+    return msgspec.structs.replace(doc, file=name)
+
+
+def read_sidecar(path: Path) -> Sidecar:
+    """The sidecar at ``path``; a file that cannot be read, is not one or is malformed: a one-line TraceError."""
+    try:
+        with open_regular(path) as f:
+            raw = f.read(MAX_SIDECAR_BYTES + 1)
+    except OSError as exc:
+        raise TraceError(f"{path.name}: cannot read the kvprof SGLang sidecar ({exc.strerror or exc})") from None
+    if len(raw) > MAX_SIDECAR_BYTES:
+        raise TraceError(f"{path.name}: not a kvprof SGLang sidecar (larger than {MAX_SIDECAR_BYTES >> 20} MiB)")
+    return decode_sidecar(raw, path.name)
+
+
+def _schema_of(raw: bytes) -> str | None:
+    class _Head(msgspec.Struct):
+        schema: object = None
+
+    try:
+        head = msgspec.json.decode(raw, type=_Head)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return head.schema if isinstance(head.schema, str) else None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+@dataclass
+class PluginPaths:
+    """One variant's writes as the plugin counted them, in kvprof's path words."""
+
+    paths: dict[str, int] = field(default_factory=dict)  # kvprof.core.vocab paths -> writes
+    counted: dict[str, int] = field(default_factory=dict)  # the plugin's own keys -> writes
+    undecided: list[str] = field(default_factory=list)  # counts the paths could not be judged by, and why
+    files: list[str] = field(default_factory=list)  # the sidecars they came from
+
+    def add(self, path: str, n: int) -> None:
+        self.paths[path] = self.paths.get(path, 0) + n
+
+
+def native_variant_path(sidecar: Sidecar, variant: str) -> tuple[str | None, str | None]:
+    """(kvprof's path for SGLang's own writes of ``variant`` in this process, None) or (None, why not)."""
+    natives: list[str] = sorted({p.native_path or "unknown" for p in sidecar.pools
+                                 if p.variant == variant and p.native_path != ROPE_FUSED})
+    if not natives:
+        return None, f"no pool of {variant} described"
+    if len(natives) > 1:
+        return None, f"its pools take different paths ({', '.join(natives)})"
+    path = NATIVE_PATHS.get(natives[0])
+    return (path, None) if path else (None, f"SGLang's path {natives[0]!r} is not one kvprof judges")
+
+
+def plugin_paths(sidecars: list[Sidecar]) -> dict[str, PluginPaths]:
+    """Per variant, the paths its writes took as the plugin counted them (see the module's doc)."""
+    out: dict[str, PluginPaths] = {}
+
+    def of(variant: str, sidecar: Sidecar) -> PluginPaths:
+        pp = out.setdefault(variant, PluginPaths())
+        if sidecar.file and sidecar.file not in pp.files:
+            pp.files.append(sidecar.file)
+        return pp
+
+    for sc in sidecars:
+        for key, n in sc.paths.items():
+            if not n:
+                continue
+            if key.startswith("writer:"):
+                _, name, path = (key.split(":", 2) + ["", ""])[:3]
+                if name and path:
+                    pp = of(name, sc)
+                    pp.add(path, n)
+                    pp.counted[key] = pp.counted.get(key, 0) + n
+                continue
+            if key == PLUGIN_FALLBACK:
+                if sc.writer:
+                    pp = of(sc.writer, sc)
+                    pp.counted[key] = pp.counted.get(key, 0) + n
+                    for reason, m in (sc.fallbacks or {"unknown reason": n}).items():
+                        pp.add(f"{FALLBACK_PREFIX} {reason}", m)
+                continue
+            if not key.startswith("sglang:"):
+                continue
+            native = key[len("sglang:"):]
+            if native == ROPE_FUSED:
+                pp = of(ROPE_VARIANT, sc)
+                pp.add(ROPE_FUSED, n)
+            else:
+                pp = of(native, sc)
+                judged, why = native_variant_path(sc, native)
+                if judged is not None:
+                    pp.add(judged, n)
+                else:
+                    pp.undecided.append(f"{key} x{n}: {why}")
+            pp.counted[key] = pp.counted.get(key, 0) + n
+    return out
