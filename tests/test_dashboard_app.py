@@ -349,6 +349,29 @@ def test_empty_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "No bench.json" in texts(at.info)
 
 
+def test_sweeps_finds_bench_results_where_kvprof_bench_writes_them(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kvprof bench` without --out writes into $XDG_CACHE_HOME/kvprof/bench/<UTC time>/ (commands/bench.py's
+    default_out); the Sweeps page reads them there, the newest first, beside the traces root's."""
+    from dashboard_support import cpu_bench
+    from kvprof.commands.bench import default_out
+    from kvprof.core.bench_result import bench_cache_root
+
+    empty_root_env(tmp_path, monkeypatch)
+    assert default_out().parent == bench_cache_root() == tmp_path / "xdg" / "kvprof" / "bench"
+    doc = json.dumps(cpu_bench())
+    for stamp in ("20261201T000000Z", "20261205T081500Z"):
+        (bench_cache_root() / stamp).mkdir(parents=True)
+        (bench_cache_root() / stamp / "bench.json").write_text(doc)
+    at = ok(start("Sweeps"))
+    files = at.multiselect(key="sw-bench-files")
+    assert files.options == [f"{tmp_path}/xdg/kvprof/bench/20261205T081500Z/bench.json",
+                             f"{tmp_path}/xdg/kvprof/bench/20261201T000000Z/bench.json"]
+    assert files.value == files.options[:1]  # the run just made
+    assert [c["layout"]["meta"]["chart"] for c in charts(at)] == ["sweep"]
+    assert not at.error
+
+
 def test_missing_root_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", os.pathsep.join([str(tmp_path / "gone"), str(tmp_path)]))
     monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))

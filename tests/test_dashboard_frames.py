@@ -421,3 +421,13 @@ def test_the_sidebar_shows_a_root_short(tmp_path: Path) -> None:
     assert root_label(tmp_path / "elsewhere", cwd=cwd, home=home) == str(tmp_path / "elsewhere")
     assert root_label("/data/traces", cwd=Path("/"), home=home) == "/data/traces"
 
+
+def test_the_default_roots_offer_traces_of_the_working_folder(tmp_path: Path) -> None:
+    """Where `kvprof capture` writes by default (./traces): offered after the samples once it exists,
+    never the working folder itself."""
+    assert tmp_path / "traces" not in data.configured_roots({}, cwd=tmp_path)
+    (tmp_path / "traces").mkdir()
+    roots = data.configured_roots({}, cwd=tmp_path)
+    assert roots[0] == data.DEFAULT_ROOT.resolve() and roots[-1] == (tmp_path / "traces").resolve()
+    assert tmp_path.resolve() not in roots
+    assert data.configured_roots({data.ENV_ROOTS: str(tmp_path)}, cwd=tmp_path) == [tmp_path.resolve()]  # as given
