@@ -76,7 +76,11 @@ def benchmark(layers: int | None = None, itl_before_ms: float | None = None,
 
 
 def check_write_kernel_regex(regex: str | None) -> None:
-    """UsageError for a --write-kernels pattern that does not compile."""
+    """UsageError for a --write-kernels pattern that does not compile (none given: nothing to check,
+    and nothing imported: the analysis module brings pandas, which analyze imports while its trace
+    is read ahead)."""
+    if regex is None:
+        return
     from kvprof.analysis.write_kernels import patterns_with
 
     patterns_with(regex)
