@@ -46,6 +46,15 @@ def open_run(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS)
 load = open_run
 
 
+def prefetch_trace(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> bool:
+    """Start reading a Kineto trace file in a background thread, for a later ``open_run`` of it
+    (kvprof.trace.kineto_io.prefetch): the read overlaps the imports that come before it.
+    Folders and other formats are not read ahead. True when a read was started."""
+    from kvprof.trace.kineto_io import prefetch
+
+    return prefetch(path, max_events)
+
+
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
     return RunDir(Path(run_dir)).read_manifest()
 
@@ -67,7 +76,11 @@ def benchmark(layers: int | None = None, itl_before_ms: float | None = None,
 
 
 def check_write_kernel_regex(regex: str | None) -> None:
-    """UsageError for a --write-kernels pattern that does not compile."""
+    """UsageError for a --write-kernels pattern that does not compile (none given: nothing to check,
+    and nothing imported: the analysis module brings pandas, which analyze imports while its trace
+    is read ahead)."""
+    if regex is None:
+        return
     from kvprof.analysis.write_kernels import patterns_with
 
     patterns_with(regex)
@@ -296,5 +309,6 @@ def dashboard_server(run_dir: str | os.PathLike[str] | None = None, *, port: int
 
 __all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmark", "capture",
            "check_write_kernel_regex", "clean", "comparability", "compare_runs", "compare_variants",
-           "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "read_manifest", "read_summary",
+           "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "prefetch_trace", "read_manifest",
+           "read_summary",
            "regression_gate", "render_capture", "write_outputs"]

@@ -205,6 +205,7 @@ def dash_env(dash_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(dash_runs["h200"]))
     monkeypatch.delenv("KVPROF_DASHBOARD_MAX_UPLOAD_MB", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # no kvprof bench results of this machine's user
     return {**dash_runs, "root": root, "cache": tmp_path / "cache"}
 
 
@@ -215,4 +216,5 @@ def empty_root_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(empty))
     monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("KVPROF_DASHBOARD_RUN", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # no kvprof bench results of this machine's user
     return empty

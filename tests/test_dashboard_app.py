@@ -155,7 +155,8 @@ def test_overview_verdicts_table_charts_and_widgets(dash_env: dict[str, Path]) -
     # the headline is the page's source, named
     assert any("saves" in m and "torch.profiler" in m for m in texts(at.markdown).split(" | "))
     figs = charts(at)
-    assert len(figs) == 4 and all(t["type"] == "bar" for f in figs for t in f["data"])
+    # bars, and the limit lines' legend entries (a line with no points: the label is not over the bars)
+    assert len(figs) == 4 and all(t["type"] == "bar" for f in figs for t in f["data"] if t.get("meta") != "limit")
     assert all("torch.profiler" in f["layout"]["title"]["text"] for f in figs)
     assert downloads(at).count("Download chart as HTML") == 4
     assert "Download this view as an HTML report" in downloads(at)
@@ -346,6 +347,29 @@ def test_empty_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert not at.error
     goto(at, "Sweeps")
     assert "No bench.json" in texts(at.info)
+
+
+def test_sweeps_finds_bench_results_where_kvprof_bench_writes_them(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kvprof bench` without --out writes into $XDG_CACHE_HOME/kvprof/bench/<UTC time>/ (commands/bench.py's
+    default_out); the Sweeps page reads them there, the newest first, beside the traces root's."""
+    from dashboard_support import cpu_bench
+    from kvprof.commands.bench import default_out
+    from kvprof.core.bench_result import bench_cache_root
+
+    empty_root_env(tmp_path, monkeypatch)
+    assert default_out().parent == bench_cache_root() == tmp_path / "xdg" / "kvprof" / "bench"
+    doc = json.dumps(cpu_bench())
+    for stamp in ("20261201T000000Z", "20261205T081500Z"):
+        (bench_cache_root() / stamp).mkdir(parents=True)
+        (bench_cache_root() / stamp / "bench.json").write_text(doc)
+    at = ok(start("Sweeps"))
+    files = at.multiselect(key="sw-bench-files")
+    assert files.options == [f"{tmp_path}/xdg/kvprof/bench/20261205T081500Z/bench.json",
+                             f"{tmp_path}/xdg/kvprof/bench/20261201T000000Z/bench.json"]
+    assert files.value == files.options[:1]  # the run just made
+    assert [c["layout"]["meta"]["chart"] for c in charts(at)] == ["sweep"]
+    assert not at.error
 
 
 def test_missing_root_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -245,37 +245,94 @@ def test_stale_summary_is_noticed(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- chart correctness
 
 
-def _label_at(fig, name: str) -> tuple[float, float]:  # noqa: ANN001
-    """(the line's value, where its label sits in data units) for one limit line."""
+def _label_at(fig, name: str) -> tuple[float, str]:  # noqa: ANN001
+    """(the line's value, its label) for one limit line: the label is a legend entry in the
+    line's colour and dash, never an annotation over the plot, where it covered bars and lines."""
     shape = next(s for s in fig.layout.shapes if s.name == name)
-    ann = next(a for a in fig.layout.annotations if a.name == name)
-    log = fig.layout.yaxis.type == "log"
-    return float(shape.y0), 10 ** float(ann.y) if log else float(ann.y)
+    (entry,) = [t for t in fig.data if t.legendgroup == name]
+    assert entry.meta == "limit" and entry.showlegend and list(entry.y) == [None]
+    assert (entry.line.color, entry.line.dash) == (shape.line.color, shape.line.dash)
+    assert not [a for a in fig.layout.annotations if a.name == name]
+    return float(shape.y0), str(entry.name)
 
 
-def test_baseline_label_sits_on_the_1x_line_of_a_log_axis() -> None:
+def test_baseline_line_is_at_1x_on_a_log_axis_and_named_in_the_legend() -> None:
     df = pd.DataFrame({"variant": ["two_stream", "triton_fused", "two_stream", "triton_fused"], "source": "nsys",
                        "phase": ["decode", "decode", "prefill", "prefill"], "size": [8, 8, 512, 512],
                        "speed-up vs baseline": [1.0, 4.0, 1.0, 0.5]})
     fig = charts.speedup_bars(df, "two_stream")
     value, label = _label_at(fig, "limit:two_stream = 1x")
-    assert value == 1.0 and label == pytest.approx(1.0)
+    assert value == 1.0 and label == "two_stream = 1x"
     lo, hi = (10 ** r for r in fig.layout.yaxis.range)
     assert 0.5 / charts.MARGIN == pytest.approx(lo) and 4.0 * charts.MARGIN == pytest.approx(hi)
 
 
-def test_sweep_range_is_the_data_and_limits_are_labelled_at_their_value() -> None:
+def test_sweep_range_is_the_data_and_limits_are_named_in_the_legend() -> None:
     pts = pd.DataFrame({"variant": ["triton_fused"] * 3, "tokens": [1, 64, 4096], "us": [2.0, 3.0, 40.0]})
     floors = pd.DataFrame({"line": "floor at peak", "tokens": [1, 64, 4096], "us": [1e-4, 6e-3, 0.4]})
     fig = charts.sweep(pts, floors, "t", hlines={"empty kernel node 0.60 µs": 0.6, "empty PDL node 0.65 µs": 0.65})
     lo, hi = (10 ** r for r in fig.layout.yaxis.range)
     assert lo == pytest.approx(0.6 / charts.MARGIN) and hi == pytest.approx(40 * charts.MARGIN)  # not 1e-4
-    for name in ("limit:empty kernel node 0.60 µs", "limit:empty PDL node 0.65 µs"):
+    styles = set()
+    for name, at in (("limit:empty kernel node 0.60 µs", 0.6), ("limit:empty PDL node 0.65 µs", 0.65)):
         value, label = _label_at(fig, name)
-        assert label == pytest.approx(value)
-    sides = {a.xanchor for a in fig.layout.annotations if a.name and a.name.startswith("limit:")}
-    assert sides == {"left", "right"}  # neighbouring labels on opposite ends: no overlap
+        assert value == at and label == name.removeprefix("limit:")
+        styles.add(next(s.line.dash for s in fig.layout.shapes if s.name == name))
+    assert len(styles) == 2  # neighbouring lines drawn differently
+    assert not fig.layout.annotations  # no text inside the plot
     assert all("e" not in t and "M" not in t for t in fig.layout.yaxis.ticktext)  # 0.5, 1, 2, 5 ... not 2 5 2 5
+
+
+def test_no_saving_line_has_no_label_over_the_bars() -> None:
+    df = pd.DataFrame({"variant": ["index_put", "triton_fused", "store_kv_fused"], "phase": "decode",
+                       "phase_size": "decode bs=64", "saving_ms": [-0.2, 0.19, 0.19],
+                       "saving_spread_ms": [0.002, 0.002, 0.002], "share_pct": [1.0, 1.0, 1.0]})
+    fig = charts.landing_saving(df, "t")
+    value, label = _label_at(fig, "limit:no saving")
+    assert value == 0.0 and label == "no saving"
+
+
+def test_bars_of_one_panel_a_hundredfold_apart_get_a_log_axis() -> None:
+    """A CPU run: index_put and two_stream (11 µs) beside the interpreted triton_fused (4,476 µs) were flat
+    lines at 0 on a linear axis."""
+    rows = []
+    for v, cost in (("index_put", 11.1), ("two_stream", 11.5), ("triton_fused", 4476.0)):
+        for ph, size, k in (("decode", 1, 1.0), ("prefill", 4096, 90.0)):
+            rows.append({"variant": v, "phase": ph, "size": size, "phase_size": f"{ph} {size}",
+                         "cost_us": cost * k, "cost_lo_us": cost * k * 0.9, "cost_hi_us": cost * k * 1.1})
+    fig = charts.landing_cost(pd.DataFrame(rows), "t", axis="µs per write (wall clock)")
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"
+    assert fig.layout.yaxis.title.text == "µs per write (wall clock) (log)"
+    lo, hi = (10 ** r for r in fig.layout.yaxis.range)
+    assert lo <= 11.1 * 0.9 and hi >= 4476 * 1.1  # every bar and whisker inside
+    close = pd.DataFrame(rows).assign(cost_us=lambda d: d["cost_us"].where(d["variant"] != "triton_fused", 20.0))
+    assert charts.landing_cost(close, "t").layout.yaxis.type == "linear"  # within 20x: linear, from 0
+    cmp = pd.DataFrame({"variant": ["index_put", "triton_fused"], "phase": "decode", "size": 1,
+                        "before µs/write": [11.0, 4400.0], "after µs/write": [12.0, 4500.0]})
+    assert charts.before_after(cmp).layout.yaxis.type == "log"
+    bars = pd.DataFrame({"variant": ["index_put", "triton_fused"], "phase": "decode", "phase_size": "decode bs=1",
+                         "size": 1, "value": [11.0, 4400.0]})
+    assert charts.metric_bars(bars, "µs").layout.yaxis.type == "log"
+
+
+def test_lines_that_lie_on_one_another_differ_in_dash_and_marker() -> None:
+    pts = pd.DataFrame({"variant": ["triton_fused"] * 3 + ["store_kv_fused"] * 3, "tokens": [1, 64, 4096] * 2,
+                        "us": [0.69, 0.70, 7.2] * 2})
+    for fig in (charts.sweep(pts, pd.DataFrame(columns=["line", "tokens", "us"]), "t"),
+                charts.per_layer(pd.DataFrame({"variant": ["triton_fused", "store_kv_fused"] * 4,
+                                               "layer": [0, 0, 1, 1, 2, 2, 3, 3], "value": [0.69] * 8}), "µs")):
+        a, b = [t for t in fig.data if t.legendgroup in ("triton_fused", "store_kv_fused")]
+        assert a.line.color != b.line.color
+        assert a.line.dash != b.line.dash and a.marker.symbol != b.marker.symbol
+
+
+def test_each_size_of_the_overlap_charts_has_its_own_colour() -> None:
+    df = pd.DataFrame({"phase_size": ["decode bs=1", "decode bs=10", "decode bs=64", "prefill tokens=4096"] * 2,
+                       "order": range(8), "overlap_pct": [70.0, 85, 86, 0] * 2, "write_id": range(8), "layer": 0,
+                       "step": 0, "span_us": 1.0})
+    for fig in (charts.overlap_scatter(df, "two_stream"), charts.overlap_hist(df, "two_stream")):
+        colours = [t.marker.color for t in fig.data]
+        assert len(colours) == 4 and len(set(colours)) == 4
 
 
 def test_one_colour_per_variant_from_the_variant_table() -> None:
@@ -363,3 +420,14 @@ def test_the_sidebar_shows_a_root_short(tmp_path: Path) -> None:
     assert root_label(home / "runs", cwd=cwd, home=home) == "~/runs"
     assert root_label(tmp_path / "elsewhere", cwd=cwd, home=home) == str(tmp_path / "elsewhere")
     assert root_label("/data/traces", cwd=Path("/"), home=home) == "/data/traces"
+
+
+def test_the_default_roots_offer_traces_of_the_working_folder(tmp_path: Path) -> None:
+    """Where `kvprof capture` writes by default (./traces): offered after the samples once it exists,
+    never the working folder itself."""
+    assert tmp_path / "traces" not in data.configured_roots({}, cwd=tmp_path)
+    (tmp_path / "traces").mkdir()
+    roots = data.configured_roots({}, cwd=tmp_path)
+    assert roots[0] == data.DEFAULT_ROOT.resolve() and roots[-1] == (tmp_path / "traces").resolve()
+    assert tmp_path.resolve() not in roots
+    assert data.configured_roots({data.ENV_ROOTS: str(tmp_path)}, cwd=tmp_path) == [tmp_path.resolve()]  # as given

@@ -1,5 +1,6 @@
 """The wheel: built, installed into a fresh venv, ``kvprof dashboard`` started from an empty folder
-serves the bundled samples (and nothing of the current folder)."""
+serves the bundled samples (and nothing of the current folder); ./traces, where capture writes,
+is offered beside them once it exists."""
 
 from __future__ import annotations
 
@@ -69,6 +70,13 @@ def test_installed_kvprof_is_the_wheel_and_finds_its_samples(venv: Path, tmp_pat
     assert roots == repr([str(Path(where).parent / "samples")])  # one root: the package's, not the cwd
     assert runs == "['h200-llama70b-tp8']"
     assert "h200-bench/bench.json" in bench
+    # where `kvprof capture` writes (./traces): offered beside the samples once it exists
+    (tmp_path / "traces").mkdir()
+    res = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if not k.startswith(("KVPROF_", "PYTHONPATH"))},
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[1] == repr([str(Path(where).parent / "samples"), str(tmp_path / "traces")])
 
 
 def test_kvprof_dashboard_from_an_empty_folder_serves_the_samples(venv: Path, tmp_path: Path) -> None:

@@ -114,11 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def default_out() -> Path:
     """A fresh per-user folder: ``$XDG_CACHE_HOME/kvprof/bench/<UTC time>`` (~/.cache without it)."""
-    import os
     import time
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "kvprof" / "bench" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    from kvprof.core.bench_result import bench_cache_root
+
+    return bench_cache_root() / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
 def run(args: argparse.Namespace) -> int:

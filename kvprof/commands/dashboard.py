@@ -2,8 +2,9 @@
 
 RUN_DIR (optional) is a run folder to open first; its parent becomes the traces root
 unless --root is given. Without it the dashboard opens the real H200 samples: those
-bundled in the package (in a checkout, traces/samples, and traces/ where capture
-writes); never the current folder. Only files under the
+bundled in the package (in a checkout, traces/samples), and offers traces/ where capture
+writes (./traces of the current folder when it exists, and a checkout's); never the
+current folder itself. Only files under the
 traces roots are read; uploads are analysed from a temporary file outside them. Binds
 127.0.0.1 unless --address says otherwise. Needs the dashboard extra:
 pip install -e '.[dashboard]'. Ctrl-C stops it.
@@ -28,7 +29,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", nargs="?", default=None, help="run folder to open first (default: the samples)")
     parser.add_argument("--root", action="append", type=Path, default=None,
-                        help="traces root the sidebar offers (repeatable; default: traces/samples and traces)")
+                        help="traces root the sidebar offers (repeatable; default: the H200 samples, ./traces "
+                             "when it exists and a checkout's traces/)")
     parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, help="port (default: %(default)s)")
     parser.add_argument("--address", default="127.0.0.1",
                         help="address to bind (default: %(default)s, this machine only)")
@@ -99,7 +101,7 @@ def streamlit_command(args: argparse.Namespace, app: Path | None = None) -> tupl
 
 
 def _default_roots() -> str:
-    """What the app opens without --root: the bundled samples (and traces/ in a checkout)."""
+    """What the app opens without --root: the samples, then ./traces and a checkout's traces/."""
     from kvprof.dashboard.data import configured_roots
 
     return ", ".join(str(r) for r in configured_roots({}))

@@ -13,7 +13,10 @@ Torch-free: the dashboard and the renderers read results without importing the w
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,6 +24,14 @@ import orjson
 BENCH_KIND = "kvprof-bench"
 BENCH_SCHEMA = "kvprof.bench/1"  # bench.json's "schema" (docs/formats.md)
 MODES = ("graph", "eager")
+
+
+def bench_cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """Where ``kvprof bench`` writes without --out, one folder per run:
+    ``$XDG_CACHE_HOME/kvprof/bench`` (``~/.cache/kvprof/bench`` without it). The dashboard's
+    Sweeps page reads the bench results there too."""
+    env = os.environ if env is None else env
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvprof" / "bench"
 
 
 @dataclass(frozen=True)

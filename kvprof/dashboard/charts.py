@@ -6,10 +6,13 @@ Rules every chart follows (the browser test checks them):
 - a variant's colour is ``kvprof.core.variants.colour`` on every chart, and every trace of
   a variant carries ``legendgroup=variant`` so the colour can be checked per variant;
 - axis ranges are set from the measured values (a small margin around them); reference
-  limits are lines inside that range, labelled at their value: the line is a shape
-  and its label an annotation of the same ``name`` placed in data coordinates (on a log
-  axis an annotation's y is log10 of the value, a shape's is the value itself);
-- decode and prefill are never on one linear axis (one panel per phase);
+  limits are lines inside that range: the line is a shape and its label a legend entry of
+  the same ``name`` in the line's colour and dash, never text over the bars and lines;
+- decode and prefill are never on one linear axis (one panel per phase); a panel whose
+  values span more than SPREAD_LOG (20x) is drawn on a log axis, so that small bars
+  beside large ones stay visible (a CPU run's copies beside the Triton interpreter);
+- several variants' lines differ in dash and marker as well as colour (two that measure
+  the same lie on one another); sizes in the overlap charts each have a colour;
 - legends sit right of the plot, never over the title; log axes get 1-2-5 ticks.
 """
 
@@ -34,12 +37,20 @@ from kvprof.dashboard.axes import (  # noqa: F401 (MARGIN: tests)
     log_range,
     log_ticks,
     set_y,
+    wide_spread,
 )
 from kvprof.dashboard.frames import HOST_LANE, NOT_IN_WRITE, WRITES_LANE
 
 NEUTRAL = "#9aa0a6"
-PHASE_COLOURS = {"decode": "#4477aa", "prefill": "#ee6677"}
 SYMBOLS = ("circle", "diamond", "square", "x")  # marker per phase and size in the overlap scatter
+# one colour per phase and size in the overlap charts (Paul Tol's bright scheme): decode batch 1,
+# 10 and 64 were one blue, indistinguishable in the scatter and stacked alike in the histogram
+SIZE_COLOURS = ("#4477aa", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#ee6677", "#bbbbbb")
+# lines of several variants (sweeps, by layer): each its own dash and open marker, so a line drawn
+# exactly over another (triton_fused and store_kv_fused run one kernel) still shows both
+LINE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+LINE_MARKERS = ("circle", "diamond-open", "square-open", "triangle-up-open", "x-thin-open", "star-open",
+                "hexagon-open", "cross-thin-open")
 HEIGHT = 420
 LIMIT_REACH = 4.0  # a limit line within this factor of the data widens the range to show it
 
@@ -53,6 +64,20 @@ def variant_colors(names: Iterable[object]) -> dict[str, str]:
 
 def ordered_variants(names: Iterable[object]) -> list[str]:
     return V.ordered([str(n) for n in names])
+
+
+def line_style(i: int, dash: bool = True) -> tuple[dict[str, object], dict[str, object]]:
+    """(line, marker) keywords of the i-th variant on a chart of lines: its dash and marker."""
+    marker = {"symbol": LINE_MARKERS[i % len(LINE_MARKERS)], "size": 6 + 2 * (i % 3), "line": {"width": 1.5}}
+    return ({"dash": LINE_DASHES[i % len(LINE_DASHES)]} if dash else {}), marker
+
+
+def size_colours(labels: Iterable[object]) -> dict[str, str]:
+    """A distinct colour per phase·size label, in the order given."""
+    out: dict[str, str] = {}
+    for lab in labels:
+        out.setdefault(str(lab), SIZE_COLOURS[len(out) % len(SIZE_COLOURS)])
+    return out
 
 
 def empty_figure(message: str, title: str | None = None) -> go.Figure:
@@ -117,7 +142,8 @@ def metric_bars(df: pd.DataFrame, metric: str, title: str | None = None) -> go.F
                                  hovertemplate=f"{v}<br>%{{x}}<br>{metric}: %{{y:.4g}}<extra></extra>"),
                           **_kw(phases, j))
             shown.add(v)
-        set_y(fig, d["value"], False, metric if j == 0 else "", **_kw(phases, j))
+        log = wide_spread(d["value"]) and bool((d["value"] > 0).all())
+        set_y(fig, d["value"], log, (metric + (" (log)" if log else "")) if j == 0 or log else "", **_kw(phases, j))
     fig.update_layout(barmode="group", meta={"chart": "metric_bars"})
     return _layout(fig, title or metric)
 
@@ -166,7 +192,10 @@ def landing_cost(df: pd.DataFrame, title: str, axis: str = "GPU µs per write") 
                          "arrayminus": (g["cost_us"] - g["cost_lo_us"]).clip(lower=0), "thickness": 1.2, "width": 3},
                 hovertemplate=f"{v}<br>%{{x}}<br>%{{y:.3f}} µs per write<extra></extra>"), **_kw(phases, j))
             shown.add(v)
-        set_y(fig, [*p["cost_us"], *p["cost_hi_us"]], False, axis if j == 0 else "", **_kw(phases, j))
+        # a CPU run's interpreted Triton writes cost 100x the copies: a log axis keeps both visible
+        log = wide_spread(p["cost_us"]) and bool((p["cost_us"] > 0).all())
+        vals = [*p["cost_us"], *p["cost_hi_us"], *(p["cost_lo_us"] if log else [])]
+        set_y(fig, vals, log, (axis + (" (log)" if log else "")) if j == 0 or log else "", **_kw(phases, j))
     fig.update_layout(barmode="group", meta={"chart": "landing_cost"})
     return _layout(fig, title)
 
@@ -421,10 +450,11 @@ def per_layer(df: pd.DataFrame, metric: str, title: str | None = None, log: bool
     q = q.reset_index()
     log = log and bool((q["p25"] > 0).all())
     fig = go.Figure()
-    for v in ordered_variants(q["variant"]):
+    for i, v in enumerate(ordered_variants(q["variant"])):
         g = q[q["variant"] == v].sort_values("layer")
+        line, marker = line_style(i)
         fig.add_trace(go.Scatter(x=g["layer"], y=g["p50"], mode="lines+markers", name=v, legendgroup=v,
-                                 line={"color": V.colour(v), "width": 1.5}, marker={"size": 5},
+                                 line={"color": V.colour(v), "width": 1.5, **line}, marker=marker,
                                  error_y={"type": "data", "symmetric": False, "array": g["p75"] - g["p50"],
                                           "arrayminus": g["p50"] - g["p25"], "thickness": 1, "width": 0},
                                  hovertemplate=f"{v}<br>layer %{{x}}<br>median %{{y:.4g}}<extra></extra>"))
@@ -451,14 +481,16 @@ def sweep(points: pd.DataFrame, floors: pd.DataFrame, title: str, y_label: str =
     fig = go.Figure()
     dashes = ["solid", "dot", "dash", "longdash", "dashdot"]
     sym_values = sorted(points[symbol].astype(str).unique()) if symbol else []
-    for v in ordered_variants(points["variant"]):
+    for i, v in enumerate(ordered_variants(points["variant"])):
+        style, marker = line_style(i)
         for key, d in points[points["variant"].astype(str) == v].sort_values("tokens").groupby(
                 [symbol] if symbol else (lambda _: ""), sort=True):
             key = str(key[0] if isinstance(key, tuple) else key)
             name = v if not symbol else f"{v} · {key}"
-            dash = dashes[sym_values.index(key) % len(dashes)] if symbol else "solid"
+            # several files: the dash tells the file, the marker the variant
+            dash = dashes[sym_values.index(key) % len(dashes)] if symbol else style["dash"]
             fig.add_trace(go.Scatter(x=d["tokens"], y=d["us"], mode="lines+markers", name=name, legendgroup=v,
-                                     line={"color": V.colour(v), "dash": dash},
+                                     line={"color": V.colour(v), "dash": dash}, marker=marker,
                                      hovertemplate=f"{name}<br>%{{x}} tokens<br>%{{y:.3f}} µs<extra></extra>"))
     data_lo, data_hi = float(points["us"][points["us"] > 0].min()), float(points["us"].max())
     shown = [y for y in (hlines or {}).values() if y and np.isfinite(y)]
@@ -491,9 +523,10 @@ def overlap_scatter(df: pd.DataFrame, variant: str) -> go.Figure:
     if df.empty:
         return empty_figure(f"{variant}: no measured writes with GPU work", f"{variant}: overlap per write")
     fig = go.Figure()
+    colours = size_colours(df["phase_size"].unique())
     for ps, d in df.groupby("phase_size", sort=False):
         fig.add_trace(go.Scatter(x=d["order"], y=d["overlap_pct"], mode="markers", name=str(ps),
-                                 marker={"color": PHASE_COLOURS.get(str(ps).split()[0], NEUTRAL), "size": 5,
+                                 marker={"color": colours[str(ps)], "size": 5,
                                          "symbol": SYMBOLS[list(df["phase_size"].unique()).index(ps) % len(SYMBOLS)]},
                                  customdata=np.stack([d["write_id"], d["layer"], d["step"], d["span_us"]], axis=1),
                                  hovertemplate=("write %{customdata[0]} L%{customdata[1]} step %{customdata[2]}"
@@ -508,10 +541,10 @@ def overlap_hist(df: pd.DataFrame, variant: str) -> go.Figure:
     if df.empty:
         return empty_figure(f"{variant}: no measured writes with GPU work", f"{variant}: overlap distribution")
     fig = go.Figure()
+    colours = size_colours(df["phase_size"].unique())
     for ps, d in df.groupby("phase_size", sort=False):
-        fig.add_trace(go.Histogram(x=d["overlap_pct"], name=str(ps), opacity=0.7,
-                                   xbins={"start": 0, "end": 100, "size": 5},
-                                   marker_color=PHASE_COLOURS.get(str(ps).split()[0], NEUTRAL)))
+        fig.add_trace(go.Histogram(x=d["overlap_pct"], name=str(ps), opacity=0.6,
+                                   xbins={"start": 0, "end": 100, "size": 5}, marker_color=colours[str(ps)]))
     fig.update_xaxes(range=[-5, 105], title_text="overlap, % of GPU busy union")
     fig.update_yaxes(title_text="writes")
     fig.update_layout(barmode="overlay", meta={"chart": "overlap_hist", "bounded": "percent"})
@@ -544,7 +577,9 @@ def before_after(df: pd.DataFrame, title: str = "GPU µs per write: before and a
                                      hovertemplate=f"{v} {when}<br>%{{x}}<br>%{{y:.3f}} µs<extra></extra>"),
                               **_kw(phases, j))
                 shown.add((v, when))
-        set_y(fig, [*p["before µs/write"], *p["after µs/write"]], False, "µs per write" if j == 0 else "",
+        vals = [*p["before µs/write"], *p["after µs/write"]]
+        log = wide_spread(vals) and all(x > 0 for x in vals if x == x)
+        set_y(fig, vals, log, ("µs per write" + (" (log)" if log else "")) if j == 0 or log else "",
               **_kw(phases, j))
     fig.update_layout(barmode="group", meta={"chart": "before_after"})
     return _layout(fig, title)

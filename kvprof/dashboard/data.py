@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import streamlit as st
 
+from kvprof.core.bench_result import bench_cache_root
 from kvprof.core.errors import KvprofError
 from kvprof.core.readers import REGISTRY as READERS
 from kvprof.core.rundir import RunDir, parse_summary
@@ -78,12 +79,16 @@ class PathError(DashboardError):
 # ---------------------------------------------------------------------------- configuration
 
 
-def configured_roots(env: Mapping[str, str] | None = None) -> list[Path]:
-    """The traces roots the sidebar offers; nothing outside them is read. Default: the samples (and, in a
-    checkout, traces/ where capture writes)."""
+def configured_roots(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> list[Path]:
+    """The traces roots the sidebar offers; nothing outside them is read. Default: the samples, then
+    traces/ where ``kvprof capture`` writes: the checkout's, and ./traces of the working folder when
+    there is one (a wheel's users capture there). Never the working folder itself."""
     env = os.environ if env is None else env
     raw = env.get(ENV_ROOTS, "")
     defaults = [DEFAULT_ROOT, REPO / "traces"] if CHECKOUT else [DEFAULT_ROOT]
+    here = (cwd or Path.cwd()) / "traces"
+    if here.is_dir():
+        defaults.append(here)
     roots = [Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()] or defaults
     out: list[Path] = []
     for r in roots:
@@ -230,6 +235,19 @@ def discover_runs(root: Path, max_depth: int = 2) -> list[RunEntry]:
 
     visit(root_r, 0)
     return sorted(out, key=lambda e: e.rel)
+
+
+def bench_roots(root: Path | None, env: Mapping[str, str] | None = None) -> list[Path]:
+    """Where the Sweeps page looks for bench results: the traces root, then the folder
+    ``kvprof bench`` writes into without --out (kvprof.core.bench_result.bench_cache_root)
+    when it exists and is not under the root already."""
+    out = [root.resolve()] if root is not None else []
+    cache = bench_cache_root(env).expanduser()
+    if cache.is_dir():
+        cache = cache.resolve()
+        if not any(cache == r or cache.is_relative_to(r) for r in out):
+            out.append(cache)
+    return out
 
 
 def discover_bench(root: Path, max_depth: int = 4) -> list[Path]:

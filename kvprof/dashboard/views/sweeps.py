@@ -43,21 +43,35 @@ def _run_sweep(ctx: Context) -> None:
     show_table(p, f"sweep-run-{ctx.run.label}-{phase}")
 
 
+def _bench_files(ctx: Context) -> dict[str, tuple[Path, Path]]:
+    """label -> (folder it was found under, file): the traces root's bench results first, then
+    those `kvprof bench` wrote without --out (~/.cache/kvprof/bench), labelled with that folder."""
+    out: dict[str, tuple[Path, Path]] = {}
+    for i, where in enumerate(data.bench_roots(ctx.root)):
+        for f in data.discover_bench(where):
+            rel = f.relative_to(where).as_posix()
+            out[rel if i == 0 and ctx.root is not None else f"{data.root_label(where)}/{rel}"] = (where, f)
+    return out
+
+
 def _bench_sweep(ctx: Context) -> None:
-    st.markdown("#### From kvprof bench results (bench.json under the root)")
-    if ctx.root is None:
+    st.markdown("#### From kvprof bench results (bench.json under the root and in kvprof bench's own folder)")
+    found = _bench_files(ctx)
+    if not found:
+        where = f"under {md(ctx.root)} or " if ctx.root is not None else ""
+        st.info(f"No bench.json {where}in {md(data.root_label(data.bench_cache_root()))}, where "
+                "`python -m kvprof bench` writes its results (or under this root with `--out ROOT/bench-NAME`).")
         return
-    files = data.discover_bench(ctx.root)
-    if not files:
-        st.info(f"No bench.json under {md(ctx.root)}. `python -m kvprof bench --out ROOT/bench-NAME` "
-                "writes one (ROOT: this folder).")
-        return
-    labels = {f.relative_to(ctx.root).as_posix(): f for f in files}
-    chosen = st.multiselect("bench files", list(labels), default=list(labels)[:1], key="sw-bench-files")
+    labels = {lab: f for lab, (_, f) in found.items()}
+    root_r = ctx.root.resolve() if ctx.root is not None else None
+    # the root's files, then kvprof bench's own folders newest first (named by UTC time)
+    order = [lab for lab, (w, _) in found.items() if w == root_r]
+    order += sorted((lab for lab, (w, _) in found.items() if w != root_r), reverse=True)
+    chosen = st.multiselect("bench files", order, default=order[:1], key="sw-bench-files")
     docs: dict[str, dict] = {}
     for lab in chosen:
         try:
-            f = data.contained(ctx.root, labels[lab])
+            f = data.contained(found[lab][0], labels[lab])
             docs[lab] = data.read_bench(str(f), data.stamp(f))
         except data.DashboardError as exc:
             st.error(f"{md(lab)}: {md(exc)}")
