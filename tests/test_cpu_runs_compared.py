@@ -107,6 +107,23 @@ def test_run_vs_run_columns_are_before_and_after(runs, capsys):
     assert not [c for c in header if c.startswith("baseline_")]
     ref = [r for r in rows if r["source"] == "reference"]
     assert ref and all(r["before_cost_per_write_ns"] and r["after_cost_per_write_ns"] for r in ref)
+    # every row names its clock, and a CPU run's is never GPU time
+    assert {r["source"]: r["clock"] for r in rows} == {"reference": "wall clock",
+                                                       "kineto": "host trace (no GPU activity)"}
+
+
+def test_compare_json_of_a_cpu_run_names_the_wall_clock(runs, capsys):
+    assert main(["compare", str(runs["base"]), "--baseline", "index_put", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and {r["clock"] for r in rows if r["source"] == "reference"} == {"wall clock"}
+    assert not [r for r in rows if "GPU" in r["clock"] and "no GPU" not in r["clock"]]
+
+
+def test_compare_of_the_h200_sample_names_its_gpu_clocks(capsys):
+    run = Path(__file__).resolve().parents[1] / "traces" / "samples" / "h200-llama70b-tp8"
+    assert main(["compare", str(run), "--baseline", "two_stream", "--format", "json"]) == 0
+    clocks = {(r["source"], r["clock"]) for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert clocks == {("reference", "CUDA events"), ("kineto", "GPU trace"), ("nsys", "GPU trace")}
 
 
 def test_rows_with_no_cost_are_one_line_and_rows_of_one_run_are_listed(runs, capsys, monkeypatch):

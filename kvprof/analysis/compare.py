@@ -17,10 +17,19 @@ import pandas as pd
 
 from kvprof.core.benchmark import Benchmark as Benchmark  # re-exported: analysis code imports it from here
 from kvprof.core.numbers import finite_or_none
-from kvprof.core.timings import WALL
+from kvprof.core.timings import CLOCK_WORDS, CUDA_EVENTS, WALL
 
 RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns",
                  "kernels_per_write", "step_gpu_ns")
+
+
+def row_clock(source: str, attribution: str) -> str:
+    """What clock a row's times come from, in words: a CPU run's are never GPU time."""
+    if attribution in (WALL, CUDA_EVENTS):
+        return CLOCK_WORDS[attribution]  # the reference pass: the workload's own timer
+    if not attribution or attribution == "none":
+        return "host trace (no GPU activity)"  # a profiler's trace of a CPU run: host-side times only
+    return "GPU trace"  # kernels' own timestamps in the profiler's trace
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -71,6 +80,7 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
         diff = b_cost - r_cost if b_cost is not None and r_cost is not None else None
         row["saving_per_write_ns"] = diff
         row["context"] = str(getattr(r, "context", "none") or "none")
+        row["clock"] = row_clock(str(r.source), str(getattr(r, "attribution", "") or ""))
         # a CPU wall clock says nothing about a GPU serving step: no ITL projection from it
         gpu_time = getattr(r, "attribution", "") != WALL
         if r.phase == "decode" and diff is not None and gpu_time:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvprof.analysis.compare import RATIO_METRICS, Benchmark, compare_groups
+from kvprof.analysis.compare import RATIO_METRICS, Benchmark, compare_groups, row_clock
 from kvprof.core import variants as variant_table
 from kvprof.core.numbers import finite_or_none
 
@@ -74,10 +74,11 @@ def _one_side(r: Any, side: str) -> dict[str, Any]:
         row[f"{side}_{m}"] = finite_or_none(getattr(r, m, None))
         row[f"{other}_{m}"] = None
         row[f"ratio_{m}"] = None
-    row.update(saving_per_write_ns=None, context=str(getattr(r, "context", "none") or "none"), only_in=side)
+    row.update(saving_per_write_ns=None, context=str(getattr(r, "context", "none") or "none"),
+               clock=row_clock(str(r.source), str(getattr(r, "attribution", "") or "")), only_in=side)
     return {k: row[k] for k in ["source", "phase", "size",
                                 *(f"{s}_{m}" for m in RATIO_METRICS for s in ("before", "after", "ratio")),
-                                "saving_per_write_ns", "context", "only_in"]}
+                                "saving_per_write_ns", "context", "clock", "only_in"]}
 
 
 def compare_runs(before: pd.DataFrame, after: pd.DataFrame, pairs: list[tuple[str, str]] | None = None,
