@@ -409,3 +409,31 @@ def test_cold_write_is_timed_as_a_graph_node_on_a_flushed_l2(tmp_path, capsys):
         cold, warm = rows[(t, "cold")], rows[(t, "graph")]
         assert 0 < cold["median_us"] < 100
         assert cold["median_us"] >= warm["median_us"] - max(cold["iqr_us"], warm["iqr_us"])
+
+
+def test_a_cpu_bench_marks_interpreted_writers_and_judges_no_gpu_target(capsys, monkeypatch):
+    """On a CPU the Triton writers run in Triton's interpreter: their columns carry `*` with the
+    reason once, and the GPU target (graph replays) is neither printed as missed nor counted."""
+    from rich.console import Console
+
+    from kvprof.bench.render import render_table, verdict_lines
+    from kvprof.bench.run import _runs_interpreted
+    from kvprof.writers import create_writer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert _runs_interpreted(create_writer("triton_fused")) and not _runs_interpreted(create_writer("index_put"))
+    point = {"heads": 1, "dim": 128, "cache_dtype": "bf16", "input_dtype": "bf16", "tokens": 1, "mode": "eager",
+             "status": "ok", "bytes": 1024, "gbs": 0.2, "pct_copy_rate": 1.0, "target_us": 1.25,
+             "meets_target": False}
+    doc = {"device": {"name": "x86_64", "type": "cpu"},
+           "settings": {"variants": ["index_put", "triton_fused"], "interpreted": ["triton_fused"]},
+           "records": [{**point, "variant": "index_put", "median_us": 8.0, "iqr_us": 0.1},
+                       {**point, "variant": "triton_fused", "median_us": 4400.0, "iqr_us": 60.0}]}
+    result = BenchResult.from_json(doc)
+    assert result.settings.interpreted == ["triton_fused"]
+    assert result.settings.to_json()["interpreted"] == ["triton_fused"]
+    render_table(result, Console(width=200, file=None))
+    out = capsys.readouterr().out
+    assert "triton_fused *" in out and "* ran under Triton's interpreter" in out
+    assert "not shown, n/a (a GPU target): target, ok" in out and " NO " not in out
+    assert not [line for line in verdict_lines(result) if "target met" in line]

@@ -396,6 +396,17 @@ def _time_other_allocation(case: BenchCase, variant: str, writer: Any, replays: 
 MODES = ("graph", "eager", "cold")
 
 
+def _runs_interpreted(writer: object) -> bool:
+    """Whether ``writer``'s kernel runs under Triton's interpreter here (its info says so)."""
+    info = getattr(writer, "info", None)
+    if not callable(info):
+        return False
+    try:
+        return bool(info().extra.get("interpreted"))
+    except KvprofError:  # a writer that cannot say here (what it needs is missing): it does not run
+        return False
+
+
 def default_modes(device: torch.device) -> tuple[str, ...]:
     return ("graph", "eager") if device.type == "cuda" else ("eager",)
 
@@ -483,12 +494,13 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
             writers[variant] = exc
     sources = {name: src for name, w in writers.items()
                if callable(getattr(w, "source", None)) and (src := w.source())}
+    interpreted = [name for name, w in writers.items() if _runs_interpreted(w)]
     settings = BenchSettings(replays=replays, eager_repeats=eager_repeats, pool_bytes=pool_bytes,
                              variants=list(variants), points=len(points), target=target,
                              floor_allocations={"count": FLOOR_ALLOCATIONS, "max_bytes_per_write": FLOOR_BYTES,
                                                 "variants": [*KVPROF_FUSED, *SGL_PEERS, STORE_CACHE_PEER,
                                                              *ROPE_KVPROF_FUSED]},
-                             torch_threads=torch.get_num_threads(), modes=list(modes))
+                             torch_threads=torch.get_num_threads(), modes=list(modes), interpreted=interpreted)
 
     def result(complete: bool) -> BenchResult:
         return BenchResult(

@@ -152,6 +152,9 @@ class BenchSettings:
     floor_allocations: dict[str, Any] = field(default_factory=dict)  # count, max_bytes_per_write, variants
     torch_threads: int | None = None
     modes: list[str] = field(default_factory=list)  # timings taken; empty in files from before it was recorded
+    # variants whose Triton kernel ran under Triton's interpreter (numpy on the host): their
+    # times are the interpreter's, not a kernel's; empty on a GPU and in files from before
+    interpreted: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         doc = {"replays": self.replays, "eager_repeats": self.eager_repeats, "pool_bytes": self.pool_bytes,
@@ -162,6 +165,8 @@ class BenchSettings:
             doc["torch_threads"] = self.torch_threads
         if self.modes:
             doc["modes"] = list(self.modes)
+        if self.interpreted:
+            doc["interpreted"] = list(self.interpreted)
         return doc
 
     @classmethod
@@ -175,7 +180,8 @@ class BenchSettings:
                    points=int(d.get("points", 0)), target=target,
                    floor_allocations=dict(d.get("floor_allocations") or {}),
                    torch_threads=int(d["torch_threads"]) if d.get("torch_threads") is not None else None,
-                   modes=[str(m) for m in d.get("modes") or []])
+                   modes=[str(m) for m in d.get("modes") or []],
+                   interpreted=[str(v) for v in d.get("interpreted") or []])
 
 
 @dataclass
