@@ -6,7 +6,7 @@ host code (no graphs, no launch queue), a point costs milliseconds to seconds, a
 torch.compile compiles once per new shape: two row shapes (70B at TP8, 8B at TP1), the
 bf16 cache and the fp8 one written from bf16 (the cast is the costly part on a CPU), and
 one, 64 and 512 tokens (per-call cost, then copy-bound) say what differs between the
-writers in well under a minute.
+writers in a few minutes (most of it torch.compile's compiles and Triton's interpreter).
 """
 
 from __future__ import annotations
