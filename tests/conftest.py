@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from collections.abc import Iterator
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
@@ -23,3 +25,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _recursion_limit() -> Iterator[None]:
+    """Each test leaves the recursion limit as it found it. torch.compile's inductor
+    raises it to 2000 for good (torch/_inductor/compile_fx.py), and the nesting a trace reader
+    accepts before RecursionError follows it: without this, the deep-nesting tests passed or
+    failed by whether a torch_compile test had run earlier in the same process."""
+    limit = sys.getrecursionlimit()
+    yield
+    sys.setrecursionlimit(limit)

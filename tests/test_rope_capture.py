@@ -115,7 +115,7 @@ def test_cpu_capture_of_rope_variants_says_fused_into_rope(tmp_path, capsys):
             "--steps", "2", "--warmup", "1", "--no-progress", "--variants", "rope_triton_fused,rope_then_two_stream",
             "--out", str(tmp_path), "--run-id", "r"]
     assert main(args) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # as wrapped at any terminal width
     assert "fused into rope (one launch rotates q and k and writes K and V): rope_triton_fused" in out
     run = tmp_path / "r"
     manifest = orjson.loads((run / "manifest.json").read_bytes())

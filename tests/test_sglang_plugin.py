@@ -2,10 +2,13 @@
 through SGLang's own ``load_plugins()``; and its rotary embedding with the KV store fused in
 (``ROPE_SCENARIO``, see its test for what is real there).
 
-Each scenario runs in a fresh process (SGLang loads plugins once per process and patches its
-classes for good): pool A writes before the plugin loads, pool B the same writes after, under
-torch.profiler; the test compares the buffers bit for bit, finds kvprof's ranges in the trace,
-reads the sidecar, and runs ``kvprof analyze`` on the SGLang-named trace folder.
+Each scenario runs in a process of its own (SGLang loads plugins once per process and patches
+its classes for good), forked from one server process that has imported torch and SGLang's
+modules, and never kvprof's plugin nor ``load_plugins()``: importing SGLang takes about 7 s of
+the 10 s a fresh interpreter took per scenario. Pool A writes before the plugin loads, pool B
+the same writes after, under torch.profiler; the test compares the buffers bit for bit, finds
+kvprof's ranges in the trace, reads the sidecar, and runs ``kvprof analyze`` on the
+SGLang-named trace folder.
 
 Needs SGLang (scripts/install_sglang_cpu.sh); skipped without it, except where
 KVPROF_REQUIRE_SGLANG=1 (CI) makes its absence a failure.
@@ -234,25 +237,91 @@ prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
 json.dump({"hooked": hooked}, open(os.path.join(out, "result.txt"), "w"))
 '''
 
-def _scenario(tmp_path: Path, writer: str | None, code: str = SCENARIO) -> tuple[dict, Path]:
+# The fork server: imports what the scenarios import of SGLang (never kvprof's plugin, never
+# load_plugins()), then for each request line {"script", "args", "env", "log"} forks a child that
+# takes that environment and argv, sends stdout and stderr to the log and runs the script as
+# __main__; the server answers each request with the child's exit code. The child's environment
+# is the request's alone, so what kvprof's plugin reads at load_plugins() is what a fresh process
+# would see; only what the server itself was started with (TRITON_INTERPRET, PYTHONWARNINGS,
+# read at import and at start-up) is shared, and every scenario sets those the same.
+FORK_SERVER = r'''
+import json, os, runpy, sys
+import torch
+import sglang.srt.mem_cache.memory_pool, sglang.srt.plugins
+import sglang.kernels.ops.attention.rope
+import sglang.srt.layers.rotary_embedding.factory, sglang.srt.model_executor.forward_context
+import sglang.srt.models.utils
+assert not any(m == "kvprof" or m.startswith("kvprof.") for m in sys.modules), "the server imported kvprof"
+print("ready", flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the child ends as a script does: exit code, threads joined, atexit handlers run
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.argv = [req["script"], *req["args"]]
+        runpy.run_path(req["script"], run_name="__main__")
+        raise SystemExit(0)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+'''
+SERVER_ENV = {"TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+
+
+class ForkServer:
+    def __init__(self, folder: Path) -> None:
+        script = folder / "fork_server.py"
+        script.write_text(FORK_SERVER)
+        self.proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, **SERVER_ENV},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready", \
+            "the fork server did not start"
+
+    def run(self, script: Path, args: list[str], env: dict[str, str], log: Path) -> tuple[int, str]:
+        """Run ``script`` in a child forked from the server; its exit code and its output."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert all(env.get(k) == v for k, v in SERVER_ENV.items()), "a scenario's environment differs from the server's"
+        self.proc.stdin.write(json.dumps({"script": str(script), "args": args, "env": env, "log": str(log)}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, "the fork server died"
+        return int(answer), log.read_text() if log.exists() else ""
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    forks = ForkServer(tmp_path_factory.mktemp("fork_server"))
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
+def _scenario(server: ForkServer, tmp_path: Path, writer: str | None, code: str = SCENARIO) -> tuple[dict, Path]:
     prof = tmp_path / "sglang_profile"
     prof.mkdir()
     script = tmp_path / "scenario.py"
     script.write_text(code)
     env = {**os.environ, "KVPROF_SGLANG": "1", "SGLANG_PLUGINS": "kvprof", "KVPROF_SGLANG_DIR": str(prof),
-           "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+           **SERVER_ENV}
     env.pop("KVPROF_SGLANG_WRITER", None)
     if writer:
         env["KVPROF_SGLANG_WRITER"] = writer
-    proc = subprocess.Popen([sys.executable, str(script), str(prof)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output[-4000:]
+    returncode, output = server.run(script, [str(prof)], env, tmp_path / "scenario.log")
+    assert returncode == 0, output[-4000:]
     result = json.loads((prof / "result.txt").read_text())
     (prof / "result.txt").unlink()
     return result, prof
@@ -265,8 +334,9 @@ def _range_names(trace: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("writer", [None, "triton_fused"])
-def test_plugin_in_sglang_pool(tmp_path: Path, writer: str | None, capsys: pytest.CaptureFixture[str]):
-    result, prof = _scenario(tmp_path, writer)
+def test_plugin_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str | None,
+                               capsys: pytest.CaptureFixture[str]):
+    result, prof = _scenario(server, tmp_path, writer)
     assert result["hooked"], "load_plugins() did not apply kvprof's hook"
     assert result["written"], "the writes did not land"
     assert result["same"], "the plugin changed what landed in the cache"
@@ -309,13 +379,13 @@ def test_plugin_in_sglang_pool(tmp_path: Path, writer: str | None, capsys: pytes
 
 
 @pytest.mark.parametrize("writer", [None, "rope_triton_fused"])
-def test_fused_rope_writes_counted_ranged_and_routed(tmp_path: Path, writer: str | None,
+def test_fused_rope_writes_counted_ranged_and_routed(server: ForkServer, tmp_path: Path, writer: str | None,
                                                      capsys: pytest.CaptureFixture[str]):
     """A fused-rope model's writes never call set_kv_buffer: the rope hook counts and ranges
     them per layer, and KVPROF_SGLANG_WRITER=rope_triton_fused (Triton's interpreter here)
     writes what SGLang's path writes: the pool and the rotated q/k bit for bit against the
     stand-in, kvprof's float32 reference rounded once to bf16."""
-    result, prof = _scenario(tmp_path, writer, ROPE_SCENARIO)
+    result, prof = _scenario(server, tmp_path, writer, ROPE_SCENARIO)
     assert result["hooked"], "load_plugins() did not hook SGLang's rope + store function"
     assert result["written"], "the writes did not land"
     assert result["same"] and result["same_qk"], "the plugin changed what landed or how q/k were rotated"
@@ -344,25 +414,23 @@ def test_fused_rope_writes_counted_ranged_and_routed(tmp_path: Path, writer: str
     assert (row["variant"], row["writes"], row["layers"], row["rank"]) == (variant, layers * steps, layers, 0)
 
 
-def test_plugin_off_without_the_variable(tmp_path: Path):
+def test_plugin_off_without_the_variable(server: ForkServer, tmp_path: Path):
     """Installed but not asked for: SGLang's classes stay untouched."""
-    code = ("import os; os.environ.pop('KVPROF_SGLANG', None)\n"
-            "from sglang.srt.plugins import load_plugins\n"
-            "from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool\n"
-            "load_plugins(); print(hasattr(MHATokenToKVPool.set_kv_buffer, '__wrapped__'))")
-    env = {k: v for k, v in os.environ.items() if k != "KVPROF_SGLANG"}
-    env["PYTHONWARNINGS"] = "ignore"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "False"
+    script = tmp_path / "off.py"
+    script.write_text("from sglang.srt.plugins import load_plugins\n"
+                      "from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool\n"
+                      "load_plugins(); print(hasattr(MHATokenToKVPool.set_kv_buffer, '__wrapped__'))\n")
+    env = {**{k: v for k, v in os.environ.items() if k != "KVPROF_SGLANG"}, **SERVER_ENV}
+    returncode, output = server.run(script, [], env, tmp_path / "off.log")
+    assert returncode == 0, output[-2000:]
+    assert output.strip().splitlines()[-1] == "False"
 
 
-def test_graph_captures_recorded_in_sglang_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_graph_captures_recorded_in_sglang_pool(server: ForkServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """The writes captured into each graph, in order, with SGLang's path and its kernel (index_put
     on a CPU: two kernels per write), and each replay inside a kvprof.graph_replay[<graph>] range;
     the sidecar names the CPU as the device (no peak) and analyze reads the folder."""
-    result, prof = _scenario(tmp_path, None, GRAPH_SCENARIO)
+    result, prof = _scenario(server, tmp_path, None, GRAPH_SCENARIO)
     assert result["hooked"], "load_plugins() did not hook torch.cuda.CUDAGraph"
     (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
     side = json.loads(sidecar.read_text())
