@@ -5,8 +5,8 @@ pool several times larger than L2 with random slots, and eagerly (host launch pa
 beside the device-to-device copy rate and the cost of an empty kernel node. On CPU: a
 small grid (the defaults of --shapes, --dtypes and --tokens), wall clock, one torch
 thread; a few minutes (torch.compile compiles each point, the Triton writers run in Triton's
-interpreter; --variants index_put,two_stream takes seconds). Prints a table that fits the terminal (median and interquartile
-range per cell) and writes bench.json / bench.csv into --out,
+interpreter; --variants index_put,two_stream takes seconds). Prints a table that fits the
+terminal (median and interquartile range per cell) and writes bench.json / bench.csv into --out,
 by default a new folder under the per-user cache ($XDG_CACHE_HOME/kvprof/bench/<UTC
 time>, ~/.cache/kvprof/bench/... without it; never the current folder), named when done.
 --format json prints bench.json's document on stdout, --format csv bench.csv; the table
