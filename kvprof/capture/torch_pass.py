@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from kvprof.capture.session import PreparedPhase, StepTimer, VariantSession
+from kvprof.core.interrupts import signals_deferred
 from kvprof.core.run import TraceMeta
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepSamples
@@ -167,7 +168,10 @@ def run_torch_pass(
                            schedule=lambda step: ProfilerAction.RECORD)) as prof:
 
         def stepped() -> None:
-            prof.step()
+            # step() makes the next ProfilerStep#N range, then enters it: an interrupt between the
+            # two left a range the profiler's stop could not close (a SIGSEGV, not exit 130)
+            with signals_deferred():
+                prof.step()
             if on_step is not None:
                 on_step()
 
