@@ -364,7 +364,7 @@ def test_plugin_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str |
 
     out = tmp_path / "analysis"
     assert main(["analyze", str(prof), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = " ".join(capsys.readouterr().out.split())  # as wrapped at any width
     assert "kvprof write ranges outside kvprof steps" in printed
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["variant"]: r for r in summary["write_kernels"]["stepless_writes"]}
@@ -407,7 +407,7 @@ def test_fused_rope_writes_counted_ranged_and_routed(server: ForkServer, tmp_pat
 
     out = tmp_path / "analysis"
     assert main(["analyze", str(prof), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = " ".join(capsys.readouterr().out.split())  # as wrapped at any width
     assert "fused into rope" in printed
     summary = json.loads((out / "summary.json").read_text())
     (row,) = summary["write_kernels"]["stepless_writes"]
@@ -445,5 +445,5 @@ def test_graph_captures_recorded_in_sglang_pool(server: ForkServer, tmp_path: Pa
     assert [e["name"] for e in events if str(e.get("name", "")).startswith("kvprof.graph_replay")] == [
         "kvprof.graph_replay[0]", "kvprof.graph_replay[1]", "kvprof.graph_replay[0]"]
     assert main(["analyze", str(prof), "--no-files"]) == 0
-    printed = capsys.readouterr().out
+    printed = " ".join(capsys.readouterr().out.split())  # as wrapped at any width
     assert "sglang_mha: not fused · paths say not fused (two_copies x9, from the SGLang plugin)" in printed
