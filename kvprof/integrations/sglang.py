@@ -237,8 +237,8 @@ class _Args:
         return None
 
 
-class _Ranges:
-    """kvprof's write ranges (NVTX and record_function), names and attributes made once each."""
+class _RangeMaker:
+    """kvprof's NVTX domain and torch's record_function, looked up once for the hooks' ranges."""
 
     def __init__(self) -> None:
         import nvtx
@@ -249,6 +249,13 @@ class _Ranges:
         self.domain = nvtx.get_domain(NVTX_DOMAIN)
         self.profiler_enabled = torch._C._autograd._profiler_enabled
         self.record_function = torch.profiler.record_function
+
+
+class _Ranges(_RangeMaker):
+    """kvprof's write ranges (NVTX and record_function), names and attributes made once each."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.names: dict[tuple[str, int | None], str] = {}
         self.attrs: dict[tuple[str, int | None, int], Any] = {}
 
@@ -540,18 +547,11 @@ def hook_graphs(cls: Any = None) -> str:
     return where
 
 
-class _ReplayRanges:
+class _ReplayRanges(_RangeMaker):
     """A range around a graph replay: NVTX, and record_function while a profiler records."""
 
     def __init__(self) -> None:
-        import nvtx
-        import torch
-
-        from kvprof.core.vocab import NVTX_DOMAIN
-
-        self.domain = nvtx.get_domain(NVTX_DOMAIN)
-        self.profiler_enabled = torch._C._autograd._profiler_enabled
-        self.record_function = torch.profiler.record_function
+        super().__init__()
         self.attrs: dict[str, Any] = {}
 
     def run(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
