@@ -25,7 +25,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from kernel_convert import convert_with_kernel
 from kvprof.dtypes import convert_for_cache, store_dtype_for
 from kvprof.pool import KVPool
-from kvprof.writers import FUSED, create_writer, cuda_fused as cf, triton_fused as tf, triton_kernel as tk
+from kvprof.writers import (
+    FUSED,
+    create_writer,
+    cuda_fused as cf,
+    triton_convert,
+    triton_fused as tf,
+    triton_kernel as tk,
+)
 from kvprof.writers.triton_convert import cached_inverse, pow2_exact
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -315,7 +322,7 @@ def test_triton_fused_reasons(monkeypatch):
     assert "interpreter" in w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
     assert "no conversion" in w.unsupported_reason(torch.device("cpu"), torch.int8)
     monkeypatch.setattr(tf, "triton", None)
-    monkeypatch.setattr(tf, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    monkeypatch.setattr(triton_convert, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
     assert w.unsupported_reason(torch.device("cpu"), torch.bfloat16).startswith("triton is not importable")
 
 
@@ -364,7 +371,7 @@ def test_interpreter_shape_and_gpu_table_shape_write_the_same_bits(tokens, monke
 
 def test_triton_missing_is_n_a_with_an_install_hint(monkeypatch):
     monkeypatch.setattr(tf, "triton", None)
-    monkeypatch.setattr(tf, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    monkeypatch.setattr(triton_convert, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
     reason = tf.TritonFusedWriter().unsupported_reason(torch.device("cpu"), torch.bfloat16)
     assert reason and "No module named 'triton'" in reason and "pip install -e '.[triton]'" in reason
 
@@ -419,7 +426,7 @@ def test_store_kv_fused_reason_names_both_paths(monkeypatch):
     """Unsupported only when neither kernel can run, and then the reason names both."""
     w = create_writer("store_kv_fused")
     monkeypatch.setattr(tf, "triton", None)
-    monkeypatch.setattr(tf, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    monkeypatch.setattr(triton_convert, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
     monkeypatch.setattr(cf, "load_extension", lambda: (None, "no CUDA compiler (nvcc) found"))
     reason = w.unsupported_reason(torch.device("cuda"), torch.bfloat16)
     assert reason == (f"triton is not importable (ModuleNotFoundError: No module named 'triton'): {tf.INSTALL_HINT}; "
@@ -758,3 +765,18 @@ def test_triton_writers_refuse_pdl_on_a_cpu_with_the_shared_reason(layout, name)
     assert reason == f"{name}(pdl=True) needs the compiled kernel on a CUDA device" or (
         not tk.interpreted() and reason is not None
         and reason.startswith(f"{name} on CPU runs in Triton's interpreter"))
+
+
+@pytest.mark.parametrize("layout, name, module", [("mha", "triton_fused", "triton_fused"),
+                                                  ("mha", "rope_triton_fused", "rope_triton"),
+                                                  ("mla", "mla_triton", "mla_triton"),
+                                                  ("paged", "paged_triton", "paged_triton")])
+def test_every_triton_writer_names_the_install_without_triton(monkeypatch, layout, name, module):
+    """Without triton each layout's Triton writer gives the same reason: the import error and the extra to install."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(f"kvprof.writers.{module}"), "triton", None)
+    monkeypatch.setattr(triton_convert, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
+    reason = create_writer(name, layout=layout).unsupported_reason(torch.device("cpu"), torch.bfloat16)
+    hint = triton_convert.INSTALL_HINT
+    assert reason == f"triton is not importable (ModuleNotFoundError: No module named 'triton'): {hint}"

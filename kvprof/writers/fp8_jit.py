@@ -24,18 +24,7 @@ from __future__ import annotations
 
 import os
 
-from kvprof.writers.triton_convert import e4m3_saturates
-
-try:
-    import triton
-    import triton.language as tl
-
-    TRITON_ERROR: str | None = None
-except Exception as exc:  # ImportError, or a triton that fails to initialise
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
-    TRITON_ERROR = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
-
+from kvprof.writers.triton_convert import e4m3_saturates, tl, triton  # triton is None where it does not import
 
 # the torch overflow rule the fused kernels follow: the MHA writer's probe, shared
 torch_e4m3_saturates = e4m3_saturates

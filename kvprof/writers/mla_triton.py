@@ -16,7 +16,6 @@ import torch
 
 from kvprof.layouts.mla import MLAWriter
 from kvprof.writers.fp8_jit import (
-    TRITON_ERROR,
     fp8_bits,
     hw_cast_safe,
     interpreted,
@@ -28,6 +27,7 @@ from kvprof.writers.fp8_jit import (
     uses_pdl,
 )
 from kvprof.writers.layout_tables import mla_shape
+from kvprof.writers.triton_convert import triton_missing
 
 FUSED = "fused"
 _SAME, _TO_E4M3, _TO_E5M2 = 0, 1, 2
@@ -98,7 +98,7 @@ class MLATritonWriter(MLAWriter):
         if reason:
             return reason
         if triton is None:
-            return f"triton is not importable ({TRITON_ERROR})"
+            return triton_missing()
         placement = placement_reason("mla_triton", __name__, interpreted(_mla_store_kernel), device, self.pdl)
         if placement:
             return placement

@@ -16,7 +16,6 @@ import torch
 
 from kvprof.layouts.paged import PagedWriter
 from kvprof.writers.fp8_jit import (
-    TRITON_ERROR,
     fp8_bits,
     hw_cast_safe,
     interpreted,
@@ -27,6 +26,7 @@ from kvprof.writers.fp8_jit import (
     uses_pdl,
 )
 from kvprof.writers.layout_tables import paged_shape
+from kvprof.writers.triton_convert import triton_missing
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -82,7 +82,7 @@ class PagedTritonWriter(PagedWriter):
         if reason:
             return reason
         if triton is None:
-            return f"triton is not importable ({TRITON_ERROR})"
+            return triton_missing()
         placement = placement_reason("paged_triton", __name__, interpreted(_paged_store_kernel), device, self.pdl)
         if placement:
             return placement

@@ -33,20 +33,16 @@ from kvprof.writers.rope_base import ROPE_INPUTS, RopeKVWriter
 from kvprof.writers.rope_tables import RopeConfig, RopeTable, interpreted_rope_config, pick_rope_config
 from kvprof.writers.triton_convert import (
     FP8_DTYPES,
+    INSTALL_HINT,
+    INT32_MAX,
     KINDS,
-    TRITON_ERROR,
     cached_inverse,
     e4m3_saturates,
+    next_pow2,
     pow2_exact,
     triton,
+    triton_missing,
 )
-
-_INT32_MAX = 2**31 - 1
-INSTALL_HINT = "pip install 'kvcache-profiler[triton]' (from a checkout: pip install -e '.[triton]')"
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 class TritonRope:
@@ -78,7 +74,7 @@ class TritonRope:
     def unsupported_reason(self, device: torch.device, dtype: torch.dtype | None,
                            input_dtype: torch.dtype | None = None) -> str | None:
         if triton is None:
-            return f"triton is not importable ({TRITON_ERROR}): {INSTALL_HINT}"
+            return triton_missing()
         placement = placement_reason(self.name, kernel.__name__, kernel.interpreted(), device, self.pdl)
         if placement:
             return placement
@@ -107,9 +103,9 @@ class TritonRope:
                                 neox=is_neox, store=store, pdl=bool(pdl))
         same = not store or dtype == k.dtype
         half = rope_dim // 2
-        block_half = _pow2(half)
-        block_p = _pow2(dim - rope_dim) if dim > rope_dim else 0
-        block_dv = _pow2(v_dim)
+        block_half = next_pow2(half)
+        block_p = next_pow2(dim - rope_dim) if dim > rope_dim else 0
+        block_dv = next_pow2(v_dim)
         fp8_out = store and dtype in FP8_DTYPES
         # The fp8 hardware cast only where every tile has the layout known to compile right
         # (fp8_jit.hw_cast_safe, per launch shape), else the exact integer encode. GPT-J's k
@@ -177,12 +173,12 @@ class TritonRope:
         cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim,
                                 max(2 * block_half + block_p, block_dv), interpreted)
         block_t, num_warps = cfg.block_t, cfg.num_warps
-        block_hq, block_hk = min(cfg.block_h, _pow2(heads_q)), min(cfg.block_h, _pow2(heads_k))
+        block_hq, block_hk = min(cfg.block_h, next_pow2(heads_q)), min(cfg.block_h, next_pow2(heads_k))
         if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_hk * c, num_warps)
                                                      for c, w in zip(cols, widths) if w)):
             mode |= kernel.MODE_FP8_INT
         reach = (tokens + block_t) * max(abs(q.stride(0)), abs(k.stride(0)), abs(v_st), 1)
-        if rows * heads_k * max(dim, v_dim) > _INT32_MAX or reach > _INT32_MAX or cos_sin_cache.numel() > _INT32_MAX:
+        if rows * heads_k * max(dim, v_dim) > INT32_MAX or reach > INT32_MAX or cos_sin_cache.numel() > INT32_MAX:
             mode |= kernel.MODE_WIDE
         grid = (triton.cdiv(tokens, block_t), triton.cdiv(heads_q, block_hq) + triton.cdiv(heads_k, block_hk))
         kernel.rope_kv_kernel[grid](

@@ -34,6 +34,19 @@ except Exception as exc:  # ImportError, or a triton that fails to initialise
     tl = None  # type: ignore[assignment]
     TRITON_ERROR = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
 
+INSTALL_HINT = "pip install 'kvcache-profiler[triton]' (from a checkout: pip install -e '.[triton]')"
+INT32_MAX = 2**31 - 1  # the kernels' offsets are int32: a launch that would pass it is refused
+
+
+def triton_missing() -> str:
+    """Every Triton writer's reason when triton does not import: the error and how to install it."""
+    return f"triton is not importable ({TRITON_ERROR}): {INSTALL_HINT}"
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton's block sizes."""
+    return 1 << max(0, n - 1).bit_length()
+
 # Element kinds; the order is shared with the CUDA op (csrc/store_kv.cu).
 KINDS: dict[torch.dtype, int] = {
     torch.float32: 0,

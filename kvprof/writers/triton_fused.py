@@ -24,12 +24,15 @@ from kvprof.writers.base import FUSED, KVWriter, WriterInfo
 from kvprof.writers.fp8_jit import placement_reason, uses_pdl
 from kvprof.writers.triton_convert import (
     FP8_DTYPES,
+    INSTALL_HINT,
+    INT32_MAX,
     KINDS,
-    TRITON_ERROR,
     cached_inverse,
     e4m3_saturates,
+    next_pow2,
     pow2_exact,
     triton,
+    triton_missing,
 )
 from kvprof.writers.triton_kernel import (
     MODE_FP8_INT,
@@ -47,13 +50,6 @@ from kvprof.writers.triton_tables import (
     interpreted_config,
     pick_config,
 )
-
-_INT32_MAX = 2**31 - 1
-INSTALL_HINT = "pip install 'kvcache-profiler[triton]' (from a checkout: pip install -e '.[triton]')"
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 class TritonFusedWriter(KVWriter):
@@ -94,7 +90,7 @@ class TritonFusedWriter(KVWriter):
         if reason:
             return reason
         if triton is None:
-            return f"triton is not importable ({TRITON_ERROR}): {INSTALL_HINT}"
+            return triton_missing()
         placement = placement_reason("triton_fused", __name__, kernel.interpreted(), device, self.pdl)
         if placement:
             return placement
@@ -130,7 +126,7 @@ class TritonFusedWriter(KVWriter):
         if self.packed_fp8 and kernel.packed_e4m3(hw, in_dtype, dtype):
             base |= MODE_PACKED  # ignored where a launch takes FP8_INT
         pow2_ok = not same and in_dtype in (torch.bfloat16, torch.float32) and dtype in FP8_DTYPES
-        plan = (rows, rk, rv, _pow2(rk), _pow2(rv), (rk + rv) * in_size, base, same,
+        plan = (rows, rk, rv, next_pow2(rk), next_pow2(rv), (rk + rv) * in_size, base, same,
                 {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok, dtype in FP8_DTYPES, interpreted)
         self._plans[key] = plan
         return plan
@@ -172,7 +168,7 @@ class TritonFusedWriter(KVWriter):
         if fp8_hw and not kernel.fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split,
                                                bv // split):
             mode |= MODE_FP8_INT
-        if rows * max(rk, rv) > _INT32_MAX or (tokens + block_t) * max(k_stride, v_stride, rk, rv) > _INT32_MAX:
+        if rows * max(rk, rv) > INT32_MAX or (tokens + block_t) * max(k_stride, v_stride, rk, rv) > INT32_MAX:
             mode |= MODE_WIDE
         if cfg.stream:
             mode |= MODE_STREAM
