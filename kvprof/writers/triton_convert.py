@@ -35,7 +35,7 @@ except Exception as exc:  # ImportError, or a triton that fails to initialise
     TRITON_ERROR = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
 
 INSTALL_HINT = "pip install 'kvcache-profiler[triton]' (from a checkout: pip install -e '.[triton]')"
-INT32_MAX = 2**31 - 1  # the kernels' offsets are int32: a launch that would pass it is refused
+INT32_MAX = 2**31 - 1  # past it a launch computes its offsets in 64 bits (the kernels' MODE_WIDE)
 
 
 def triton_missing() -> str:
@@ -46,6 +46,7 @@ def triton_missing() -> str:
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1): Triton's block sizes."""
     return 1 << max(0, n - 1).bit_length()
+
 
 # Element kinds; the order is shared with the CUDA op (csrc/store_kv.cu).
 KINDS: dict[torch.dtype, int] = {
