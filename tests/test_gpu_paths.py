@@ -84,5 +84,10 @@ def test_sgl_kernel_says_whether_it_is_installed():
         import sgl_kernel  # noqa: F401
     except Exception:  # noqa: BLE001
         assert reason and "not installed" in reason
+        return
+    try:  # an sgl-kernel without the op (or a stand-in package) imports but cannot run
+        op = torch.ops.sgl_kernel.store_kv_cache
+    except (AttributeError, RuntimeError):
+        assert reason == "sgl-kernel is installed but has no store_kv_cache op"
     else:
-        assert reason is None
+        assert op is not None and reason is None
