@@ -78,6 +78,23 @@ def test_builtin_patterns_pick_the_write_kernels_only():
                    "sglang_set_mla_kv_buffer", "sglang_fused_rope_store", None]  # rope alone writes nothing
 
 
+def test_kvprof_own_write_kernels_are_found_by_the_names_its_traces_show():
+    """triton_fused's Triton kernel (its function's name, as Kineto and nsys show it) and the
+    CUDA writers' kernel are kvprof writes; the plugin's graph record names the Triton one, and
+    that name is not a substring of the CUDA kernel's (a replay would take the wrong kernels)."""
+    import pandas as pd
+
+    from kvprof.writers import create_writer, triton_kernel
+
+    assert create_writer("triton_fused").kernel_name == triton_kernel.KERNEL_NAME == "_store_kv_kernel"
+    if triton_kernel.triton is not None:
+        assert triton_kernel.store_kv_kernel.__name__ == triton_kernel.KERNEL_NAME
+    cuda = "void kvprof::store_kv_kernel<kvprof::CopyOp<uint4> >(kvprof::Params)"  # as in the H200 samples
+    assert triton_kernel.KERNEL_NAME not in cuda
+    got = list(classify(pd.Series([triton_kernel.KERNEL_NAME, cuda]), list(BUILTIN_PATTERNS)))
+    assert got == ["kvprof_fused", "kvprof_fused"]
+
+
 def test_bad_regex_is_a_usage_error():
     with pytest.raises(UsageError, match="--write-kernels"):
         patterns_with("store_(")

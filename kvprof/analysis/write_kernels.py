@@ -66,8 +66,10 @@ BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
     WritePattern("index_put", r"index_put_kernel_impl|index_put_with_sort", 2, "two index_put copies"),
     # vLLM's cache kernels (also SGLang's HND layout path)
     WritePattern("vllm_reshape_and_cache", r"\breshape_and_cache\w*", 1, "vLLM reshape_and_cache"),
-    # kvprof's own fused writers
-    WritePattern("kvprof_fused", r"\b_store_kv_kernel\b|\bkvprof_store_kv\w*", 1, "kvprof fused write"),
+    # kvprof's own fused writers: triton_fused's Triton kernel, cuda_fused's and store_kv_fused's
+    # CUDA kernel (kvprof::store_kv_kernel<op>)
+    WritePattern("kvprof_fused", r"\b_store_kv_kernel\b|\bkvprof::store_kv_kernel\b|\bkvprof_store_kv\w*", 1,
+                 "kvprof fused write"),
 )
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$|^kvprof\.step\[")

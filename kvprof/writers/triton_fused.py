@@ -35,6 +35,7 @@ from kvprof.writers.triton_convert import (
     triton_missing,
 )
 from kvprof.writers.triton_kernel import (
+    KERNEL_NAME,
     MODE_FP8_INT,
     MODE_K_SCALED,
     MODE_PACKED,
@@ -56,7 +57,7 @@ class TritonFusedWriter(KVWriter):
     """One Triton launch writes K and V rows at ``loc``, converting dtype in the kernel."""
 
     name = "triton_fused"
-    kernel_name = "_store_kv_kernel"  # its Triton kernel in the H200 traces (traces/samples/h200-sglang)
+    kernel_name = KERNEL_NAME
     description = "kvprof's fused Triton store: one launch for K and V, dtype conversion in-kernel"
     fused = True
     devices = ("cpu", "cuda")
