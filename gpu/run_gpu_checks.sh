@@ -2,8 +2,8 @@
 # Everything kvprof needs a GPU for, in one call on an H200 machine:
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
-# Steps (default: env capture bench tests): env smoke tests capture settings layer bench rope rope-bench peers, and
-# the lab probes (lab/README.md) tune floor ablation facts.
+# Steps (default: env capture bench tests): env smoke tests capture settings layer layer-order bench rope
+# rope-bench peers, and the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -134,6 +134,30 @@ print("layer kernels:", orjson.loads((run / "manifest.json").read_bytes())["conf
 render_layer_steps(orjson.loads((run / "summary.json").read_bytes()).get("layer_steps"), make_console())
 PY
     ( cd /tmp/kvprof-layer && tar czf "$OUT/layer.tgz" h200-llama70b-tp8-layer )
+    ;;
+  layer-order)
+    stamp layer-order
+    # is what a write adds to the batch-1 layer step a property of the write or of when its variant
+    # ran? The same --context layer capture at batch 1, its variants in one order and then in the
+    # reverse order, each run in its own process (LAYER_ORDER_VARIANTS sets the first order)
+    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
+    layer_path=$PWD
+    if [ -d /tmp/site/sglang ]; then
+      layer_path=$layer_path:/tmp/site
+      PYTHONPATH=$layer_path python3 -c "import sgl_kernel" 2>/dev/null || layer_path=$layer_path:$PWD/gpu/sgl_kernel_stub
+    fi
+    forward=${LAYER_ORDER_VARIANTS:-two_stream,sgl_kernel_cubin,triton_fused,store_kv_fused,rope_then_triton_fused,rope_triton_fused}
+    reverse=$(echo "$forward" | tr , '\n' | tac | paste -sd, -)
+    rm -rf /tmp/kvprof-layer-order
+    for order in forward reverse; do
+      [ $order = forward ] && variants=$forward || variants=$reverse
+      echo "order $order: $variants" | tee -a "$OUT/layer-order.txt"
+      PYTHONPATH=$layer_path${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${LAYER_ORDER_TIMEOUT:-200} \
+        python3 -m kvprof capture --model llama-3.1-70b --tp 8 --context layer --context-len 4096 \
+        --variants "$variants" --phase decode --batch-sizes 1 --steps 5 --warmup 2 --reference-steps 60 \
+        --profiler torch --out /tmp/kvprof-layer-order --run-id "$order" --no-progress 2>&1 | tee -a "$OUT/layer-order.txt"
+    done
+    ( cd /tmp/kvprof-layer-order && tar czf "$OUT/layer-order.tgz" */manifest.json */summary.json */step_timings.json )
     ;;
   bench)
     stamp bench
