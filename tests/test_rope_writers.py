@@ -341,3 +341,15 @@ def test_gpu_writers(name, is_neox, cache_dtype, shape):
     scales = (0.7, 1.3) if cache_dtype != torch.bfloat16 else (None, None)
     run_and_check(WRITERS[name](), "cuda", cache_dtype=cache_dtype, is_neox=is_neox, k_scale=scales[0],
                   v_scale=scales[1], **{"rows": 256, **shape})
+
+
+def test_rope_triton_fused_names_its_kernel_as_traces_show_it():
+    """The SGLang plugin records ``kernel_name`` with each rope + store write captured into a
+    CUDA graph; a replay's kernels are tied to those writes by that name."""
+    from kvprof.integrations.sglang import _writer_kernel
+
+    w = rt.RopeTritonFusedWriter()
+    assert w.kernel_name == rk.KERNEL_NAME == "rope_kv_kernel"
+    if rk.triton is not None:
+        assert rk.rope_kv_kernel.__name__ == rk.KERNEL_NAME
+    assert _writer_kernel(w) == (rk.KERNEL_NAME, 1)

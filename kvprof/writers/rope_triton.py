@@ -201,6 +201,7 @@ class RopeTritonFusedWriter(RopeKVWriter):
     """One Triton launch: rope on q and k in place, the rotated k and v stored at ``loc``."""
 
     name = "rope_triton_fused"
+    kernel_name = kernel.KERNEL_NAME
     description = "kvprof's Triton rope + K/V store: one launch rotates q and k, stores k and v (fp8 in-kernel)"
     fused = True
     rope_fused = True

@@ -33,6 +33,13 @@ if triton is not None:
     from kvprof.writers.triton_convert import F32, as_bits, hw_narrow, hw_widen, int_narrow, int_widen, to_storage
     from kvprof.writers.triton_kernel import convert_bits
 
+# The kernel's name in every trace (the Triton function's own). The same kernel rotates alone
+# (STORE off) for the unfused variants, so the name alone does not say "write"; the SGLang plugin
+# records it with each rope + store write it routes to kvprof (only where SGLang's rotary writes
+# the cache), and a replayed graph with more kernels of this name than recorded writes is left
+# unattributed with a warning (kvprof.trace.plugin_graphs).
+KERNEL_NAME = "rope_kv_kernel"
+
 # MODE bits: q kind (0-2), k/v kind (3-5), cache kind (6-8), then one flag each
 MODE_K_SCALED = 1 << 9
 MODE_V_SCALED = 1 << 10
