@@ -12,7 +12,7 @@ version stores every K and V twice -- twice the writer's own work per call; what
 costs the step rises by about 1.5-1.7x here, since the pool's own work per call is not
 doubled. That test times 60 reference steps, not the CPU default of 10: under a burst of
 load the machine ran the control 48-71 % slower in NEW, and over 10 steps the twice-writer's
-+47 % had an interval of +7 .. +99 %; 60 steps narrow it about 3x.
++47 % had an interval of +7 .. +99 %; 60 steps narrow it about 4x (lab/gate_steps.py).
 """
 
 from __future__ import annotations

@@ -32,3 +32,15 @@ def test_dashboard_ab_refuses_a_folder_that_is_not_a_checkout(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "is not NAME=CHECKOUT" in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--steps", "ten"], "cannot read --steps"),
+    (["--steps", "2"], "--steps each >= 4"),
+    (["--pairs", "0"], "--pairs >= 1"),
+])
+def test_gate_steps_refuses_a_bad_setting_in_one_line(args, words):
+    r = subprocess.run([sys.executable, str(LAB / "gate_steps.py"), *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
