@@ -19,6 +19,16 @@ if [ -z "${KVPROF_SGL_CUBIN:-}" ] && [ -f .gpu/sgl/store_kv_cache.sm_90.cubin ];
   export KVPROF_SGL_CUBIN=$PWD/.gpu/sgl/store_kv_cache.sm_90.cubin
 fi
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+# SGLANG_PATH: the checkout, then SGLang's wheel installed from .whl into /tmp/site (gpu/sglang_check.sh
+# install, once), then gpu/sgl_kernel_stub where sgl-kernel does not import; the checkout alone without .whl
+sglang_path() {
+  if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
+  SGLANG_PATH=$PWD
+  if [ -d /tmp/site/sglang ]; then
+    SGLANG_PATH=$SGLANG_PATH:/tmp/site
+    PYTHONPATH=$SGLANG_PATH python3 -c "import sgl_kernel" 2>/dev/null || SGLANG_PATH=$SGLANG_PATH:$PWD/gpu/sgl_kernel_stub
+  fi
+}
 
 for step in $steps; do
   case $step in
@@ -107,14 +117,9 @@ PY
     # variants replace the rotary and the store. SGLang's attention needs SGLang: installed from
     # .whl into /tmp/site as the rope step does (checkout first on the path); without it the
     # capture says so and runs torch SDPA (the manifest's config.resolved.layer says which ran).
-    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
-    layer_path=$PWD
-    if [ -d /tmp/site/sglang ]; then
-      layer_path=$layer_path:/tmp/site
-      PYTHONPATH=$layer_path python3 -c "import sgl_kernel" 2>/dev/null || layer_path=$layer_path:$PWD/gpu/sgl_kernel_stub
-    fi
+    sglang_path
     rm -rf /tmp/kvprof-layer
-    PYTHONPATH=$layer_path${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${LAYER_TIMEOUT:-480} \
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${LAYER_TIMEOUT:-480} \
       python3 -m kvprof capture --model llama-3.1-70b --tp 8 --context layer --context-len 4096 \
       --variants ${LAYER_VARIANTS:-two_stream,triton_fused,sgl_kernel_cubin,rope_then_triton_fused,rope_triton_fused} \
       --phase decode --batch-sizes 1,10,64 --steps 5 --warmup 2 --reference-steps 60 --profiler both \
@@ -140,19 +145,14 @@ PY
     # is what a write adds to the batch-1 layer step a property of the write or of when its variant
     # ran? The same --context layer capture at batch 1, its variants in one order and then in the
     # reverse order, each run in its own process (LAYER_ORDER_VARIANTS sets the first order)
-    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
-    layer_path=$PWD
-    if [ -d /tmp/site/sglang ]; then
-      layer_path=$layer_path:/tmp/site
-      PYTHONPATH=$layer_path python3 -c "import sgl_kernel" 2>/dev/null || layer_path=$layer_path:$PWD/gpu/sgl_kernel_stub
-    fi
+    sglang_path
     forward=${LAYER_ORDER_VARIANTS:-two_stream,sgl_kernel_cubin,triton_fused,store_kv_fused,rope_then_triton_fused,rope_triton_fused}
     reverse=$(echo "$forward" | tr , '\n' | tac | paste -sd, -)
     rm -rf /tmp/kvprof-layer-order
     for order in forward reverse; do
       [ $order = forward ] && variants=$forward || variants=$reverse
       echo "order $order: $variants" | tee -a "$OUT/layer-order.txt"
-      PYTHONPATH=$layer_path${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${LAYER_ORDER_TIMEOUT:-200} \
+      PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${LAYER_ORDER_TIMEOUT:-200} \
         python3 -m kvprof capture --model llama-3.1-70b --tp 8 --context layer --context-len 4096 \
         --variants "$variants" --phase decode --batch-sizes 1 --steps 5 --warmup 2 --reference-steps 60 \
         --profiler torch --out /tmp/kvprof-layer-order --run-id "$order" --no-progress 2>&1 | tee -a "$OUT/layer-order.txt"
@@ -170,16 +170,11 @@ PY
     # TP8 from CUDA graphs (lab/rope_bench.py). SGLang's peers need SGLang: installed from .whl
     # (gpu/fetch_sglang_wheels.sh) into /tmp/site as gpu/sglang_check.sh does, after the checkout
     # on the path; without it they are skipped with their reason.
-    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
-    rope_path=$PWD
-    if [ -d /tmp/site/sglang ]; then
-      rope_path=$rope_path:/tmp/site
-      PYTHONPATH=$rope_path python3 -c "import sgl_kernel" 2>/dev/null || rope_path=$rope_path:$PWD/gpu/sgl_kernel_stub
-    fi
-    PYTHONPATH=$rope_path${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${ROPE_TESTS_TIMEOUT:-330} \
+    sglang_path
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${ROPE_TESTS_TIMEOUT:-330} \
       python3 -m pytest tests/test_rope_gpu.py tests/test_rope_writers.py -m gpu -q -p no:cacheprovider -rs ${ROPE_TESTS_ARGS:-} 2>&1 \
       | tee "$OUT/rope-tests.txt"
-    PYTHONPATH=$rope_path${PYTHONPATH:+:$PYTHONPATH} timeout ${ROPE_BENCH_TIMEOUT:-200} python3 lab/rope_bench.py 2>&1 \
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} timeout ${ROPE_BENCH_TIMEOUT:-200} python3 lab/rope_bench.py 2>&1 \
       | tee "$OUT/rope-bench.txt"
     ;;
   rope-bench)
@@ -202,19 +197,14 @@ PY
     # CUDA-graph replays and one write after an L2 flush; then the launch shapes of the
     # 32x128 bandwidth-bound points timed beside store_cache (lab/tune_fused.py); then the
     # rotary alone, kvprof's against SGLang's apply_rope_inplace (lab/rope_bench.py).
-    if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
-    peers_path=$PWD
-    if [ -d /tmp/site/sglang ]; then
-      peers_path=$peers_path:/tmp/site
-      PYTHONPATH=$peers_path python3 -c "import sgl_kernel" 2>/dev/null || peers_path=$peers_path:$PWD/gpu/sgl_kernel_stub
-    fi
-    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} timeout ${PEERS_BENCH_TIMEOUT:-300} python3 -m kvprof bench \
+    sglang_path
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} timeout ${PEERS_BENCH_TIMEOUT:-300} python3 -m kvprof bench \
       --variants ${PEERS_VARIANTS:-triton_fused,store_kv_fused,cuda_fused,sglang_store_cache} --modes graph,cold \
       --dtypes ${PEERS_DTYPES:-bf16,fp8_e4m3<-bf16} ${PEERS_ARGS:-} --out "$OUT/bench-peers" 2>&1 | tee "$OUT/bench-peers.txt"
-    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} TUNE_PARTS=tune TUNE_SHAPES=32x128 TUNE_DTYPES=bf16 \
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TUNE_PARTS=tune TUNE_SHAPES=32x128 TUNE_DTYPES=bf16 \
       TUNE_TOKENS=${PEERS_TUNE_TOKENS:-4096,32768} TUNE_CAPTURES=3 TUNE_PEERS=sglang_store_cache \
       timeout ${PEERS_TUNE_TIMEOUT:-150} python3 lab/tune_fused.py 2>&1 | tee "$OUT/tune-peers.txt"
-    PYTHONPATH=$peers_path${PYTHONPATH:+:$PYTHONPATH} ROPE_VARIANTS=${PEERS_ROPE_VARIANTS:-rotary:kvprof,rotary:sglang,rope_triton_fused} \
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} ROPE_VARIANTS=${PEERS_ROPE_VARIANTS:-rotary:kvprof,rotary:sglang,rope_triton_fused} \
       ROPE_JSON=rotary-bench.json timeout ${PEERS_ROPE_TIMEOUT:-120} python3 lab/rope_bench.py 2>&1 \
       | tee "$OUT/rotary-bench.txt"
     ;;
