@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvprof.analysis.runs import RunComparison
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
+    from kvprof.core.verify import VerifyResult
     from kvprof.tools.background import BackgroundServer
     from kvprof.trace.load import Loaded
 
@@ -255,6 +256,23 @@ def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | N
     if render:
         render_capture(result)
     return result
+
+
+def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *, device: str = "auto",
+           budget_s: float = 40.0, cases: int = 200, seed: int = 0, case: int | None = None) -> VerifyResult:
+    """Differential testing of writers against their layout's reference (``kvprof.verify``):
+    ``variants`` registered names or ``module:function`` specs (None: every registered writer
+    that runs on ``device``), at most ``cases`` each, until ``budget_s`` seconds have passed;
+    ``case``: only that case of each. On a CPU the Triton writers run in Triton's interpreter
+    (set here when the environment does not say, before any writer is imported)."""
+    from kvprof.devinfo import resolve_device, triton_interpreter
+
+    dev = resolve_device(device)
+    interpreted = dev.type == "cpu" and triton_interpreter(dev) is not None
+    from kvprof.verify import verify as _verify
+
+    return _verify(variants, layouts, device=dev, budget_s=budget_s, cases=cases, seed=seed, case=case,
+                   interpreted=interpreted)
 
 
 def _scrub_check(run_dir: Path) -> list[KvprofError]:

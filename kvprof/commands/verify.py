@@ -1,0 +1,72 @@
+"""Check that writers write the right bytes: each against its layout's reference, over random cases.
+
+Differential testing: every case is one write, drawn at random from --seed (dtypes, fp8
+with scales included; row shapes; token counts; slot patterns: random, a strided loc view,
+duplicate slots, padding slots, the first and last slot, a run of slots, no tokens; inputs
+dense, flat or token-strided; the rope contract's rotation). The writer and the layout's
+reference write two pools that start from the same random bytes, and every byte of every
+buffer is compared (docs/verify.md says what that proves and what it does not). A writer may
+refuse a call if it changes nothing.
+
+Default: every registered writer of every layout that can run on the device, least time
+spent first, until each has run --cases cases or --budget seconds have passed (on a CPU the
+Triton writers run in Triton's interpreter). Prints a table per writer and, for each wrong
+case, the wrong rows and bytes and one command that reruns exactly that case (--case N).
+
+Exit 0: every case right or refused with nothing changed; 7: a case wrote a wrong byte, or a
+writer raised something other than a refusal; 1: the budget ran out before a writer ran any
+case; 2: a bad argument or unknown writer; 4: a writer named cannot run on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from kvprof.argtypes import non_negative_int, positive_float, positive_int, seed
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text[:60]!r}")
+    return names
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    # the defaults are here as numbers, not imported: --help must not import torch
+    p.add_argument("--variants", type=_names, default=None, metavar="NAME,...",
+                   help="registered writers or module:function specs, comma-separated (default: every registered "
+                        "writer that can run on the device)")
+    p.add_argument("--layout", type=_names, default=None, metavar="LAYOUT,...",
+                   help="mha, mla and/or paged (default: all; a module:function spec is tried in each)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    p.add_argument("--budget", type=positive_float, default=40.0, metavar="SECONDS",
+                   help="stop starting cases after this long, writer builds included (default: %(default)s)")
+    p.add_argument("--cases", type=positive_int, default=200, metavar="N",
+                   help="cases per writer at most (default: %(default)s)")
+    p.add_argument("--seed", type=seed, default=0, help="the cases drawn (default: %(default)s)")
+    p.add_argument("--case", type=non_negative_int, default=None, metavar="INDEX",
+                   help="run only case INDEX of each writer (what a failing case's rerun line gives)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table (default), or the result as one JSON document on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvprof import api
+    from kvprof.core.errors import KvprofError, WrongWriteError
+    from kvprof.report.renderers import Output, render
+    from kvprof.report.terminal import table_console
+    from kvprof.report.verify import verdict_line
+
+    result = api.verify(args.variants, args.layout, device=args.device, budget_s=args.budget, cases=args.cases,
+                        seed=args.seed, case=args.case)
+    console = table_console(args.format)
+    render(args.format, result, Output(console=console if args.format == "table" else None))
+    if args.format != "table":  # the verdict for people, beside the document
+        console.print(verdict_line(result), soft_wrap=True, highlight=False, markup=False)
+    if not result.passed:
+        raise WrongWriteError(f"{result.failed} of {result.cases_run} cases failed; rerun one with the line under it")
+    if result.untested:
+        raise KvprofError(f"the budget of {args.budget:g} s ran out before {len(result.untested)} writers ran a case "
+                          f"({', '.join(w.writer for w in result.untested)}); raise --budget")
+    return 0
