@@ -108,7 +108,10 @@ def draw_case(layout: str, contract: str, writer_key: str, index: int, seed: int
               pairs: Sequence[tuple[torch.dtype, torch.dtype]]) -> Case:
     rng = random.Random(f"{seed}/{layout}/{contract}/{writer_key}/{index}")
     cache, inp = pairs[rng.randrange(len(pairs))]
-    pattern = PATTERNS[index % len(PATTERNS)] if index < 2 * len(PATTERNS) else rng.choice(PATTERNS)
+    # the first two rounds: every pattern once with the pool's slot checks, once without (a
+    # writer that checks its own inputs then gets the caller's strided loc as it is)
+    first_rounds = index // len(PATTERNS)
+    pattern = PATTERNS[index % len(PATTERNS)] if first_rounds < 2 else rng.choice(PATTERNS)
     if pattern == "empty":
         tokens = 0
     elif rng.random() < 0.8:
@@ -132,7 +135,8 @@ def draw_case(layout: str, contract: str, writer_key: str, index: int, seed: int
     forms = ["dense", "flat", "strided"] + (["padded"] if layout == "paged" else [])
     case = Case(layout=layout, contract=contract, index=index, cache=cache, inp=inp, tokens=tokens,
                 pattern=pattern, loc_dtype=rng.choice((torch.int32, torch.int64)), form=rng.choice(forms),
-                check_slots=rng.random() < 0.5, layer=rng.randint(0, 1), start_layer=rng.randint(0, 3),
+                check_slots=first_rounds % 2 == 0 if first_rounds < 2 else rng.random() < 0.5,
+                layer=rng.randint(0, 1), start_layer=rng.randint(0, 3),
                 scale=scale, seed=rng.randrange(2**31), is_neox=rng.random() < 0.5)
     if contract == "rope":
         # mostly as models have them (GQA: q heads a multiple of k heads, full rotary, V as wide as K)

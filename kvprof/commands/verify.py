@@ -67,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
     if not result.passed:
         raise WrongWriteError(f"{result.failed} of {result.cases_run} cases failed; rerun one with the line under it")
     if result.untested:
-        raise KvprofError(f"the budget of {args.budget:g} s ran out before {len(result.untested)} writers ran a case "
+        raise KvprofError(f"the budget of {args.budget:g} s ran out before {len(result.untested)} writer(s) ran a case "
                           f"({', '.join(w.writer for w in result.untested)}); raise --budget")
     return 0

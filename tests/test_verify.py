@@ -1,0 +1,238 @@
+"""``kvprof verify``: planted wrong writers are caught, right ones pass, refusals count as refused
+when nothing changed, the budget stops the run, and every bad argument is one line with its
+exit code (tests/verify_plants.py holds the plants)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pytest
+import torch
+
+from cli_support import run_cli
+from kvprof.core.errors import DeviceError, KvprofError, UsageError, WrongWriteError
+from kvprof.core.verify import OK, WRONG
+from kvprof.verify import PATTERNS, draw_case, dtype_pairs, verify
+
+CPU = torch.device("cpu")
+CASES = 2 * len(PATTERNS)  # the first two rounds: every slot pattern, with and without the pool's slot checks
+EMPTY = 2  # of those, the two cases with no tokens
+SEEDS = (0, 1, 2)
+
+
+def plant(name: str) -> str:
+    return f"verify_plants:{name}"
+
+
+def run(name: str, seed: int = 0, cases: int = CASES, budget: float = 300.0, **kw):
+    return verify([plant(name) if name in PLANTS else name], device=CPU, budget_s=budget, cases=cases, seed=seed, **kw)
+
+
+PLANTS = {"off_by_one", "one_wrong_byte", "contiguous_loc", "strided_storage", "neighbour_slot", "skips_v",
+          "refuses_after_writing", "refuses_cleanly", "paged_contiguous_loc", "mla_writes_skipped", "torch_rope",
+          "stale_k_rope", "first_token_wins"}
+
+
+# --- planted writers ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", ["off_by_one", "neighbour_slot", "skips_v"])
+def test_row_plants_are_wrong_in_every_case_with_tokens(name, seed):
+    """Off by one row, a neighbour's row written too, V skipped: every case that writes a token is wrong."""
+    result = run(name, seed)
+    (tally,) = result.writers
+    assert (tally.cases, tally.wrong, tally.ok, tally.errors) == (CASES, CASES - EMPTY, EMPTY, 0)
+    assert all(f.outcome == WRONG and f.wrong_rows > 0 and f.wrong_bytes > 0 for f in result.failures)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_one_wrong_byte_is_wrong_in_every_case(seed):
+    """Every case, except where the byte lands in a slot several tokens write and the flipped
+    element happens to be another of those tokens' (each element may be any of theirs): one
+    fp8 value in 256 per other token. Seed 1 has one such case (31 tokens, a third padding)."""
+    result = run("one_wrong_byte", seed)
+    assert result.writers[0].wrong >= CASES - 1
+    pairs = dtype_pairs("mha", "store")
+    caught = {f.index for f in result.failures}
+    for i in set(range(CASES)) - caught:
+        assert draw_case("mha", "store", plant("one_wrong_byte"), i, seed, pairs).pattern in ("duplicate", "padding")
+    # the byte flipped in a written row is found as one row; with no tokens, row 0 changed unasked
+    assert all(f.wrong_rows == 1 and 1 <= f.wrong_bytes <= 4 for f in result.failures)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", ["contiguous_loc", "strided_storage", "paged_contiguous_loc", "mla_writes_skipped"])
+def test_slot_plants_are_caught_in_every_run(name, seed):
+    """The strided-loc bug (slots as a run from the first; loc's memory read as contiguous), vLLM's
+    slots as a run, MLA's skipped slot 0 written: caught by every run of the first two rounds."""
+    result = run(name, seed)
+    assert not result.passed and result.writers[0].errors == 0
+    assert any("rows" in f.detail for f in result.failures)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_strided_storage_is_caught_where_the_caller_s_view_reaches_it(seed):
+    """A writer that checks its own inputs gets the caller's strided loc (slot checks off): the
+    strided patterns without the pool's checks are exactly where the memory-as-contiguous bug shows."""
+    result = run("strided_storage", seed)
+    for f in result.failures:
+        assert "slots=strided" in f.case and "check_slots=off" in f.case
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_stale_rope_k_is_caught(seed):
+    result = run("stale_k_rope", seed)
+    assert result.writers[0].contract == "rope"
+    assert result.writers[0].wrong >= CASES - EMPTY - 2  # a token at position 0 is not rotated at all
+
+
+def test_refusal_that_changed_nothing_is_refused_and_one_that_wrote_is_wrong():
+    clean = run("refuses_cleanly")
+    assert clean.passed and clean.writers[0].refused == CASES
+    late = run("refuses_after_writing")
+    assert late.writers[0].wrong == CASES - EMPTY  # no tokens: nothing written before the refusal
+    assert all("refused (ValueError: too late" in f.detail for f in late.failures)
+
+
+# --- right writers -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["index_put", "two_stream", "mla_index_put", "mla_cat_copy", "paged_index_put",
+                                  "paged_unfused", plant("torch_rope"), plant("first_token_wins")])
+def test_right_writers_pass(name):
+    """The torch writers of every layout, a right rope writer, and one that leaves the first of
+    several tokens in a shared slot (no order is promised) all pass."""
+    result = run(name)
+    assert result.passed, result.failures[:1]
+    (tally,) = result.writers
+    assert tally.cases == CASES and tally.ok + tally.refused == CASES and tally.ok >= CASES - 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["triton_fused", "store_kv_fused", "mla_triton", "paged_triton",
+                                  "rope_triton_fused"])
+def test_triton_writers_pass_in_the_interpreter(name):
+    result = verify([name], device=CPU, budget_s=300, cases=len(PATTERNS), seed=5)
+    assert result.passed, result.failures[:1]
+    assert result.writers[0].ok >= len(PATTERNS) - 2
+
+
+# --- cases ----------------------------------------------------------------------------------------------
+
+def test_a_case_is_decided_by_seed_layout_writer_and_index():
+    pairs = dtype_pairs("mha", "store")
+    a = draw_case("mha", "store", "w", 21, 3, pairs)
+    assert a.text() == draw_case("mha", "store", "w", 21, 3, pairs).text()
+    others = {draw_case("mha", "store", "w", 21, s, pairs).text() for s in range(8)}
+    assert len(others) > 1
+    firsts = [draw_case("paged", "store", "w", i, 0, dtype_pairs("paged", "store")) for i in range(CASES)]
+    assert [c.pattern for c in firsts] == list(PATTERNS) * 2
+    assert [c.check_slots for c in firsts] == [True] * len(PATTERNS) + [False] * len(PATTERNS)
+    fp8 = {c.cache for i in range(60) for c in [draw_case("mha", "store", "w", i, 0, pairs)]}
+    assert torch.float8_e4m3fn in fp8 and torch.float8_e5m2 in fp8
+
+
+def test_budget_stops_the_run_between_cases():
+    ticks = iter(range(10**6))
+    result = verify(["index_put", "two_stream"], device=CPU, budget_s=7, cases=1000, clock=lambda: float(next(ticks)))
+    assert result.budget_hit and 0 < result.cases_run < 10
+    assert all(w.cases for w in result.writers)  # least time first: each writer ran before any ran twice
+
+
+def test_only_case_runs_that_case():
+    result = run("off_by_one", seed=4, case=9)
+    assert result.cases_run == 1 and result.only_case is not None and result.only_case.index == 9
+    assert result.only_case.case == draw_case("mha", "store", plant("off_by_one"), 9, 4,
+                                              dtype_pairs("mha", "store")).text()
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+def test_cli_reports_wrong_cases_with_a_rerun_line_that_reruns_exactly_them(capsys):
+    res = run_cli(capsys, "verify", "--device", "cpu", "--variants", plant("contiguous_loc"), "--cases", str(CASES))
+    assert res.rc == WrongWriteError.exit_code
+    assert res.err.strip().count("\n") == 0 and "cases failed" in res.err
+    cases = [line.split("case: ", 1)[1] for line in res.out.splitlines() if line.startswith("  case: ")]
+    reruns = [line.split("rerun: ", 1)[1] for line in res.out.splitlines() if line.startswith("  rerun: ")]
+    assert reruns and len(reruns) == len(cases)
+    words = shlex.split(reruns[-1])
+    assert words[:3] == ["python", "-m", "kvprof"]
+    again = run_cli(capsys, *words[3:])
+    assert again.rc == WrongWriteError.exit_code
+    assert f"  case: {cases[-1]}" in again.out.splitlines()
+    assert "verify: 1 cases of 1 writers" in again.out
+
+
+def test_cli_passes_right_writers_and_prints_json(capsys):
+    res = run_cli(capsys, "verify", "--device", "cpu", "--variants", "index_put,paged_index_put", "--cases", "4",
+                  "--format", "json")
+    assert res.rc == 0
+    doc = json.loads(res.out)
+    assert doc["passed"] and doc["cases_run"] == 8 and doc["failures"] == []
+    assert {w["writer"] for w in doc["writers"]} == {"index_put", "paged_index_put"}
+    assert "passed" in res.err
+
+
+def test_cli_refused_cases_pass(capsys):
+    res = run_cli(capsys, "verify", "--device", "cpu", "--variants", plant("refuses_cleanly"), "--cases", "3")
+    assert res.rc == 0 and "passed" in res.out
+
+
+def test_cli_budget_is_honoured(capsys):
+    began = time.monotonic()
+    res = run_cli(capsys, "verify", "--device", "cpu", "--variants", "two_stream", "--budget", "1.5",
+                  "--cases", "100000")
+    took = time.monotonic() - began
+    assert res.rc == 0 and "the budget of 1.5 s ran out" in res.out
+    assert took < 1.5 + 5  # one case past the budget at most (a case takes milliseconds here)
+
+
+def test_cli_budget_too_small_for_any_case_is_not_a_pass(capsys):
+    res = run_cli(capsys, "verify", "--device", "cpu", "--variants", "index_put", "--budget", "1e-9")
+    assert res.rc == KvprofError.exit_code
+    assert "ran out before 1 writer(s) ran a case (index_put)" in res.err and res.err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("args", "code", "words"), [
+    (["--variants", "nope"], UsageError.exit_code, "unknown variant 'nope'"),
+    (["--layout", "ring"], UsageError.exit_code, "unknown layout 'ring'"),
+    (["--variants", "no_such_module_x:f"], UsageError.exit_code, "cannot import writer module"),
+    (["--variants", "verify_plants:nothing"], UsageError.exit_code, "has no writer factory"),
+    (["--variants", "cuda_fused"], DeviceError.exit_code, "cuda_fused cannot run on cpu"),
+    (["--variants", "two_stream", "--layout", "paged"], UsageError.exit_code, "not a writer of the paged layout"),
+    (["--budget", "0"], 2, "--budget"),
+    (["--budget", "nan"], 2, "--budget"),
+    (["--cases", "0"], 2, "--cases"),
+    (["--case", "-1"], 2, "--case"),
+    (["--variants", ","], 2, "--variants"),
+    (["--seed", "x"], 2, "--seed"),
+])
+def test_cli_bad_arguments_are_one_line(capsys, args, code, words):
+    res = run_cli(capsys, "verify", "--device", "cpu", *args)
+    assert res.rc == code
+    assert words in res.err and res.err.count("\n") == 1, res.err
+    assert res.out == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a GPU on a machine without one")
+def test_cli_cuda_without_a_gpu_is_one_line(capsys):
+    res = run_cli(capsys, "verify", "--device", "cuda", "--variants", "index_put")
+    assert res.rc == DeviceError.exit_code and res.err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_default_run_covers_every_writer_that_runs_here():
+    """No --variants: every registered writer of every layout, each run or named with why not."""
+    from kvprof.writers import REGISTRY
+
+    ticks = iter(range(10**6))
+    result = verify(None, device=CPU, budget_s=0.5, cases=1, clock=lambda: float(next(ticks)) * 1e-9)
+    names = {(w.layout, w.writer) for w in result.writers}
+    assert names == {(layout, n) for layout in ("mha", "mla", "paged") for n in REGISTRY.names(layout)}
+    for w in result.writers:
+        assert (w.skipped is None) == (w.cases == 1), w
+    assert {w.writer for w in result.writers if w.skipped} >= {"cuda_fused", "paged_cuda", "mla_cuda"}
+    assert result.passed and not result.untested
+    assert all(w.ok + w.refused == w.cases for w in result.writers)
+    assert OK == "ok"
