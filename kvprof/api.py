@@ -259,11 +259,13 @@ def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | N
 
 
 def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *, device: str = "auto",
-           budget_s: float = 40.0, cases: int = 200, seed: int = 0, case: int | None = None) -> VerifyResult:
+           budget_s: float = 40.0, cases: int = 200, seed: int = 0, case: int | None = None,
+           started: float | None = None) -> VerifyResult:
     """Differential testing of writers against their layout's reference (``kvprof.verify``):
     ``variants`` registered names or ``module:function`` specs (None: every registered writer
     that runs on ``device``), at most ``cases`` each, until ``budget_s`` seconds have passed;
-    ``case``: only that case of each. On a CPU the Triton writers run in Triton's interpreter
+    ``case``: only that case of each; ``started``: the ``time.perf_counter()`` the budget counts
+    from (default: now). On a CPU the Triton writers run in Triton's interpreter
     (set here when the environment does not say, before any writer is imported)."""
     from kvprof.devinfo import resolve_device, triton_interpreter
 
@@ -272,7 +274,7 @@ def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None 
     from kvprof.verify import verify as _verify
 
     return _verify(variants, layouts, device=dev, budget_s=budget_s, cases=cases, seed=seed, case=case,
-                   interpreted=interpreted)
+                   interpreted=interpreted, started=started)
 
 
 def _scrub_check(run_dir: Path) -> list[KvprofError]:

@@ -47,7 +47,7 @@ from kvprof.core.verify import ERROR, OK, REFUSED, WRONG, CaseReport, VerifyResu
 from kvprof.dtypes import FP8_DTYPES, short_name
 from kvprof.layouts.layout import LAYOUTS, Layout, Writer, get_layout
 
-DEFAULT_BUDGET_S = 45.0
+DEFAULT_BUDGET_S = 40.0
 DEFAULT_CASES = 200
 PATTERNS = ("random", "strided", "strided_run", "duplicate", "padding", "first_last", "run", "empty")
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -521,6 +521,7 @@ class Target:
     pairs: list[tuple[torch.dtype, torch.dtype]]
     writer: Writer
     tally: WriterTally
+    build_s: float = 0.0  # how long building it took (an import of a library, a compiler's start)
     next_index: int = 0
 
 
@@ -579,6 +580,7 @@ def targets(variants: Sequence[str] | None, layouts: Sequence[str] | None,
     skipped: list[WriterTally] = []
     for layout_name, spec, named in _specs(variants, _layouts(layouts)):
         layout = get_layout(layout_name)
+        began = time.perf_counter()
         try:
             writer = REGISTRY.create(spec, layout=layout_name)
         except UsageError as exc:
@@ -602,7 +604,7 @@ def targets(variants: Sequence[str] | None, layouts: Sequence[str] | None,
             continue
         writer.prepare(device)
         tally = WriterTally(layout_name, spec, contract)
-        runnable.append(Target(layout_name, spec, contract, pairs, writer, tally))
+        runnable.append(Target(layout_name, spec, contract, pairs, writer, tally, time.perf_counter() - began))
     return runnable, skipped
 
 
@@ -613,12 +615,13 @@ def reproduce_command(device: torch.device, layout: str, spec: str, seed: int, i
 
 def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *,
            device: torch.device, budget_s: float = DEFAULT_BUDGET_S, cases: int = DEFAULT_CASES, seed: int = 0,
-           case: int | None = None, interpreted: bool = False,
+           case: int | None = None, interpreted: bool = False, started: float | None = None,
            clock: Callable[[], float] = time.perf_counter) -> VerifyResult:
-    """Run cases of every writer asked for (least time spent first, so each gets its first case
-    before any gets a second) until each ran ``cases`` or ``budget_s`` has passed since the
-    start (writer builds included); ``case``: run only that case of each writer."""
-    start = clock()
+    """Run cases of every writer asked for (each its first case before any its second, the
+    quickest-built first; then least time spent first) until each ran ``cases`` or ``budget_s`` has passed since the
+    start (writer builds included; ``started``: a ``clock()`` value to count from instead of now);
+    ``case``: run only that case of each writer."""
+    start = clock() if started is None else started
     result = VerifyResult(device=str(device), seed=seed, budget_s=budget_s, cases_per_writer=cases,
                           interpreted=interpreted)
     runnable, skipped = targets(variants, layouts, device)
@@ -635,7 +638,9 @@ def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None 
         if clock() - start >= budget_s:
             result.budget_hit = True
             break
-        t = min(left, key=lambda t: (t.tally.cases > 0, t.tally.seconds))
+        # first cases first, quickest-built writer first (a slow build, e.g. a compiler's, tends
+        # to mean a slow first case); then the writer with the least time spent
+        t = min(left, key=lambda t: (t.tally.cases > 0, t.tally.seconds if t.tally.cases else t.build_s))
         began = clock()
         ref = references.get((t.layout, t.contract))
         if ref is None:

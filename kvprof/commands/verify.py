@@ -21,6 +21,7 @@ case; 2: a bad argument or unknown writer; 4: a writer named cannot run on the d
 from __future__ import annotations
 
 import argparse
+import time
 
 from kvprof.argtypes import non_negative_int, positive_float, positive_int, seed
 
@@ -33,6 +34,9 @@ def _names(text: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    # the budget counts from here (the command's parser is built first thing): torch's import and
+    # the writers' builds are inside it
+    p.set_defaults(started=time.perf_counter())
     # the defaults are here as numbers, not imported: --help must not import torch
     p.add_argument("--variants", type=_names, default=None, metavar="NAME,...",
                    help="registered writers or module:function specs, comma-separated (default: every registered "
@@ -41,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="mha, mla and/or paged (default: all; a module:function spec is tried in each)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--budget", type=positive_float, default=40.0, metavar="SECONDS",
-                   help="stop starting cases after this long, writer builds included (default: %(default)s)")
+                   help="start no case after this many seconds from the command's start (torch's import and the "
+                        "writers' builds included; a case under way finishes) (default: %(default)s)")
     p.add_argument("--cases", type=positive_int, default=200, metavar="N",
                    help="cases per writer at most (default: %(default)s)")
     p.add_argument("--seed", type=seed, default=0, help="the cases drawn (default: %(default)s)")
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from kvprof.report.verify import verdict_line
 
     result = api.verify(args.variants, args.layout, device=args.device, budget_s=args.budget, cases=args.cases,
-                        seed=args.seed, case=args.case)
+                        seed=args.seed, case=args.case, started=args.started)
     console = table_console(args.format)
     render(args.format, result, Output(console=console if args.format == "table" else None))
     if args.format != "table":  # the verdict for people, beside the document

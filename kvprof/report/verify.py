@@ -34,8 +34,8 @@ def case_lines(c: CaseReport) -> list[str]:
 
 @register("table", VerifyResult)
 class VerifyTable:
-    """One row per writer (cases, ok, refused, wrong, errors, seconds, or why it was skipped),
-    then each failing case in three lines (what, the case, the command that reruns it), then
+    """One row per writer run (cases, ok, refused, wrong, errors, seconds), a line per writer
+    that cannot run here (why), then each failing case in three lines (what, the case, the command that reruns it), then
     the verdict."""
 
     def render(self, result: VerifyResult, out: Output) -> None:
@@ -48,14 +48,16 @@ class VerifyTable:
                              else "left")
         for w in result.writers:
             if w.skipped is not None:
-                table.add_row(w.layout, markup(w.writer), w.contract, "-", "", "", "", "",
-                              markup(f"not run: {w.skipped}"))
                 continue
             wrong = f"[red]{w.wrong}[/red]" if w.wrong else "0"
             errors = f"[red]{w.errors}[/red]" if w.errors else "0"
             table.add_row(w.layout, markup(w.writer), w.contract, str(w.cases), str(w.ok), str(w.refused), wrong,
                           errors, f"{w.seconds:.1f}")
         con.print(table)
+        for w in result.writers:
+            if w.skipped is not None:
+                con.print(markup(f"not run here: {w.layout}/{w.writer}: {w.skipped}"), soft_wrap=True,
+                          highlight=False)
         shown = result.failures
         if result.only_case is not None and result.only_case.outcome not in FAILING:
             shown = [result.only_case]
