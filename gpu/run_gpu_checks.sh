@@ -220,6 +220,15 @@ PY
     PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout 120 python3 -m kvprof verify \
       --device cuda --budget 60 --cases 16 --seed 1 --format json > "$OUT/verify-seed1.json" 2> "$OUT/verify-seed1.txt"
     echo "verify seed 1: exit $?" | tee -a "$OUT/verify-seed1.txt"
+    # PDL visibility: after each write of every writer that launches with PDL (or whose library
+    # decides: SGLang's store_cache and apply_rope_inplace_with_kvcache, through SGLang's API), a
+    # kernel launched with PDL reads the rows just written after its griddepcontrol.wait; stale
+    # reads counted over 256 writes at each of 1, 7, 64, 512, 4096 tokens (>= 1.2e6 reads a writer)
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${VERIFY_PDL_TIMEOUT:-420} \
+      python3 -m kvprof verify --pdl --device cuda --trials ${VERIFY_PDL_TRIALS:-256} --format json \
+      > "$OUT/verify-pdl.json" 2> "$OUT/verify-pdl.txt"
+    echo "verify --pdl: exit $?" | tee -a "$OUT/verify-pdl.txt"
+    cat "$OUT/verify-pdl.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

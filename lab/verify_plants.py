@@ -22,7 +22,7 @@ from kvprof.verify import verify  # noqa: E402
 PLANTS = ("off_by_one", "one_wrong_byte", "contiguous_loc", "strided_storage", "neighbour_slot", "skips_v",
           "refuses_after_writing", "paged_contiguous_loc", "mla_writes_skipped", "stale_k_rope",
           # right ones, for contrast
-          "refuses_cleanly", "torch_rope", "first_token_wins")
+          "refuses_cleanly", "torch_rope", "first_token_wins", "skips_dummy_slot")
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ def run(name: str, seed: int = 0, cases: int = CASES, budget: float = 300.0, **k
 
 PLANTS = {"off_by_one", "one_wrong_byte", "contiguous_loc", "strided_storage", "neighbour_slot", "skips_v",
           "refuses_after_writing", "refuses_cleanly", "paged_contiguous_loc", "mla_writes_skipped", "torch_rope",
-          "stale_k_rope", "first_token_wins"}
+          "stale_k_rope", "first_token_wins", "skips_dummy_slot"}
 
 
 # --- planted writers ---------------------------------------------------------------------------------
@@ -99,10 +99,12 @@ def test_refusal_that_changed_nothing_is_refused_and_one_that_wrote_is_wrong():
 # --- right writers -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["index_put", "two_stream", "mla_index_put", "mla_cat_copy", "paged_index_put",
-                                  "paged_unfused", plant("torch_rope"), plant("first_token_wins")])
+                                  "paged_unfused", plant("torch_rope"), plant("first_token_wins"),
+                                  plant("skips_dummy_slot")])
 def test_right_writers_pass(name):
-    """The torch writers of every layout, a right rope writer, and one that leaves the first of
-    several tokens in a shared slot (no order is promised) all pass."""
+    """The torch writers of every layout, a right rope writer, one that leaves the first of
+    several tokens in a shared slot (no order is promised) and one that leaves SGLang's dummy
+    slot 0 alone (as store_cache does) all pass."""
     result = run(name)
     assert result.passed, result.failures[:1]
     (tally,) = result.writers
@@ -236,3 +238,66 @@ def test_default_run_covers_every_writer_that_runs_here():
     assert result.passed and not result.untested
     assert all(w.ok + w.refused == w.cases for w in result.writers)
     assert OK == "ok"
+
+
+# --- --pdl ------------------------------------------------------------------------------------------------
+
+def test_cli_pdl_on_a_cpu_is_a_one_line_device_error(capsys):
+    res = run_cli(capsys, "verify", "--pdl", "--device", "cpu")
+    assert res.rc == DeviceError.exit_code
+    assert "needs a CUDA GPU with programmatic dependent launch" in res.err and res.err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("args", "words"), [(["--case", "3"], "--pdl has none"), (["--tokens", "0"], "--tokens"),
+                                             (["--trials", "0"], "--trials")])
+def test_cli_pdl_bad_arguments_are_one_line(capsys, args, words):
+    res = run_cli(capsys, "verify", "--pdl", "--device", "cpu", *args)
+    assert res.rc == UsageError.exit_code and words in res.err and res.err.count("\n") == 1
+
+
+def test_pdl_reader_counts_each_row_that_differs():
+    """The dependent kernel's counting, in Triton's interpreter (there without its
+    griddepcontrol.wait, which only a GPU has): one stale read per row with any byte off."""
+    from kvprof.writers import triton_kernel
+
+    if not triton_kernel.interpreted():
+        pytest.skip("the reader on a CPU needs TRITON_INTERPRET=1 at import")
+    from kvprof.verify_pdl import _reader
+
+    gen = torch.Generator().manual_seed(0)
+    k_rows = torch.randint(0, 256, (20, 40), dtype=torch.uint8, generator=gen)
+    v_rows = torch.randint(0, 256, (20, 24), dtype=torch.uint8, generator=gen)
+    loc = torch.tensor([3, 7, 11])
+    want_k, want_v = k_rows[loc].clone(), v_rows[loc].clone()
+    stale = torch.zeros(1, dtype=torch.int64)
+    _reader()[(3, 2)](k_rows, v_rows, want_k, want_v, loc, stale, 40, 24, BLOCK=16, PDL=False)
+    assert int(stale) == 0
+    want_k[1, 39] ^= 1  # the last byte of a row past the first block
+    want_v[2, 0] ^= 2
+    want_v[2, 5] ^= 2  # two bytes of one row: one stale read
+    _reader()[(3, 2)](k_rows, v_rows, want_k, want_v, loc, stale, 40, 24, BLOCK=16, PDL=False)
+    assert int(stale) == 2
+
+
+@pytest.mark.gpu
+def test_pdl_kvprof_writers_read_no_stale_row():
+    """A short run of the check on kvprof's PDL writers of each layout (the full one:
+    gpu/run_gpu_checks.sh verify)."""
+    from kvprof.verify_pdl import verify_pdl
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    result = verify_pdl(["triton_fused", "mla_triton", "paged_triton", "rope_triton_fused"], device=dev, trials=8,
+                        tokens=(1, 64))
+    ran = [w for w in result.writers if w.skipped is None]
+    assert {w.writer for w in ran} == {"triton_fused", "mla_triton", "paged_triton", "rope_triton_fused"}
+    for w in ran:
+        assert w.reads == 8 * 65 * (1 if w.layout == "mla" else 2) and w.stale == 0, w
+
+
+@pytest.mark.gpu
+def test_verify_passes_kvprof_gpu_writers():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    result = verify(["triton_fused", "cuda_fused", "mla_cuda", "paged_cuda", "rope_cuda_fused"], device=dev,
+                    budget_s=120, cases=CASES)
+    assert result.passed, result.failures[:2]
+    assert all(w.cases == CASES for w in result.writers if w.skipped is None)

@@ -114,6 +114,16 @@ class FirstTokenWins(_Store):
         return "planted"
 
 
+class SkipsDummySlot(_Store):
+    """Right: as SGLang's store_cache, tokens padded to the dummy slot 0 are not written."""
+
+    name = "skips_dummy_slot"
+
+    def write(self, k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale=None, v_scale=None):  # type: ignore[override]
+        keep = loc != 0
+        return super().write(k_buf, v_buf, loc[keep], cache_k[keep], cache_v[keep], dtype, k_scale, v_scale)
+
+
 class RefusesCleanly(KVWriter):
     name = "refuses_cleanly"
 
@@ -203,6 +213,10 @@ def refuses_after_writing() -> KVWriter:
 
 def first_token_wins() -> KVWriter:
     return FirstTokenWins()
+
+
+def skips_dummy_slot() -> KVWriter:
+    return SkipsDummySlot()
 
 
 def refuses_cleanly() -> KVWriter:

@@ -13,6 +13,9 @@ spent first, until each has run --cases cases or --budget seconds have passed (o
 Triton writers run in Triton's interpreter). Prints a table per writer and, for each wrong
 case, the wrong rows and bytes and one command that reruns exactly that case (--case N).
 
+--pdl checks instead what a kernel launched right after each write with programmatic
+dependent launch reads after its griddepcontrol.wait (CUDA, sm_90+): stale rows per writer.
+
 Exit 0: every case right or refused with nothing changed; 7: a case wrote a wrong byte, or a
 writer raised something other than a refusal; 1: the budget ran out before a writer ran any
 case; 2: a bad argument or unknown writer; 4: a writer named cannot run on the device.
@@ -23,7 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from kvprof.argtypes import non_negative_int, positive_float, positive_int, seed
+from kvprof.argtypes import non_negative_int, positive_float, positive_int, positive_ints, seed
 
 
 def _names(text: str) -> list[str]:
@@ -52,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed, default=0, help="the cases drawn (default: %(default)s)")
     p.add_argument("--case", type=non_negative_int, default=None, metavar="INDEX",
                    help="run only case INDEX of each writer (what a failing case's rerun line gives)")
+    p.add_argument("--pdl", action="store_true",
+                   help="instead: PDL visibility (CUDA sm_90+): after each write a kernel launched with PDL reads the "
+                        "rows just written after its griddepcontrol.wait; counts stale reads per writer that launches "
+                        "with PDL or whose library decides (SGLang's kernels)")
+    p.add_argument("--trials", type=positive_int, default=256, metavar="N",
+                   help="--pdl: writes per token count (default: %(default)s)")
+    p.add_argument("--tokens", type=positive_ints, default=[1, 7, 64, 512, 4096], metavar="N,...",
+                   help="--pdl: token counts, the grid sizes (default: 1,7,64,512,4096)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table (default), or the result as one JSON document on stdout")
 
@@ -63,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from kvprof.report.terminal import table_console
     from kvprof.report.verify import verdict_line
 
+    if args.pdl:
+        return _run_pdl(args)
     result = api.verify(args.variants, args.layout, device=args.device, budget_s=args.budget, cases=args.cases,
                         seed=args.seed, case=args.case, started=args.started)
     console = table_console(args.format)
@@ -74,4 +87,24 @@ def run(args: argparse.Namespace) -> int:
     if result.untested:
         raise KvprofError(f"the budget of {args.budget:g} s ran out before {len(result.untested)} writer(s) ran a case "
                           f"({', '.join(w.writer for w in result.untested)}); raise --budget")
+    return 0
+
+
+def _run_pdl(args: argparse.Namespace) -> int:
+    from kvprof import api
+    from kvprof.core.errors import UsageError, WrongWriteError
+    from kvprof.report.renderers import Output, render
+    from kvprof.report.terminal import table_console
+    from kvprof.report.verify import pdl_verdict
+
+    if args.case is not None:
+        raise UsageError("--case reruns a case of the differential run; --pdl has none")
+    result = api.verify_pdl(args.variants, args.layout, device=args.device, trials=args.trials, tokens=args.tokens,
+                            seed=args.seed)
+    console = table_console(args.format)
+    render(args.format, result, Output(console=console if args.format == "table" else None))
+    if args.format != "table":
+        console.print(pdl_verdict(result), soft_wrap=True, highlight=False, markup=False)
+    if not result.passed:
+        raise WrongWriteError(f"{result.stale} stale reads after griddepcontrol.wait")
     return 0

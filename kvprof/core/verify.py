@@ -108,3 +108,43 @@ class VerifyResult:
                 "writers": [asdict(w) | {"seconds": round(w.seconds, 3)} for w in self.writers],
                 "failures": [asdict(c) for c in self.failures],
                 "only_case": asdict(self.only_case) if self.only_case is not None else None}
+
+
+@dataclass
+class PdlTally:
+    """``verify --pdl``: one writer's dependent reads and how many saw a stale row."""
+
+    layout: str
+    writer: str
+    contract: str = ""
+    pdl: str = ""  # "yes" (the writer launches with PDL), "library" (its library decides)
+    tokens: list[int] = field(default_factory=list)  # the grid sizes: tokens per write
+    trials: int = 0  # writes per grid size
+    reads: int = 0  # rows read by the dependent kernel after its griddepcontrol.wait
+    stale: int = 0  # of those, rows that were not the ones just written
+    seconds: float = 0.0
+    skipped: str | None = None
+
+
+@dataclass
+class PdlResult:
+    """``verify --pdl``: per writer, stale rows among the dependent kernel's reads."""
+
+    device: str
+    trials: int
+    tokens: list[int]
+    writers: list[PdlTally] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def stale(self) -> int:
+        return sum(w.stale for w in self.writers)
+
+    @property
+    def passed(self) -> bool:
+        return self.stale == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": VERIFY_SCHEMA, "mode": "pdl", "device": self.device, "trials": self.trials,
+                "tokens": self.tokens, "elapsed_s": round(self.elapsed_s, 3), "stale": self.stale,
+                "passed": self.passed, "writers": [asdict(w) | {"seconds": round(w.seconds, 3)} for w in self.writers]}

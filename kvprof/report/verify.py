@@ -4,7 +4,7 @@ its reproduction) or as one JSON document; registered with ``kvprof.report.rende
 from __future__ import annotations
 
 from kvprof.core.text import markup
-from kvprof.core.verify import FAILING, CaseReport, VerifyResult
+from kvprof.core.verify import FAILING, CaseReport, PdlResult, VerifyResult
 from kvprof.report.renderers import Output, register
 
 
@@ -72,6 +72,48 @@ class VerifyJson:
     """The result's document (``VerifyResult.to_json``) on stdout."""
 
     def render(self, result: VerifyResult, out: Output) -> None:
+        from kvprof.report.terminal import print_json
+
+        print_json(result.to_json())
+
+
+def pdl_verdict(result: PdlResult) -> str:
+    ran = [w for w in result.writers if w.skipped is None]
+    reads = sum(w.reads for w in ran)
+    head = (f"verify --pdl: {reads:,} dependent reads after griddepcontrol.wait, {len(ran)} writers on "
+            f"{result.device}, "
+            f"{result.trials} writes per token count {','.join(map(str, result.tokens))}, {result.elapsed_s:.1f} s")
+    if not result.passed:
+        bad = ", ".join(f"{w.writer} {w.stale:,}" for w in ran if w.stale)
+        return f"{head}; FAILED: {result.stale:,} stale reads ({bad})"
+    return f"{head}; 0 stale reads"
+
+
+@register("table", PdlResult)
+class PdlTable:
+    """One row per writer: its PDL (its own, or its library's choice), reads, stale reads, seconds."""
+
+    def render(self, result: PdlResult, out: Output) -> None:
+        from rich.table import Table
+
+        con = out.need_console()
+        table = Table(title=f"PDL visibility on {result.device}")
+        for col in ("layout", "writer", "contract", "pdl", "reads", "stale", "s"):
+            table.add_column(col, justify="right" if col in ("reads", "stale", "s") else "left")
+        for w in result.writers:
+            if w.skipped is None:
+                stale = f"[red]{w.stale:,}[/red]" if w.stale else "0"
+                table.add_row(w.layout, markup(w.writer), w.contract, w.pdl, f"{w.reads:,}", stale, f"{w.seconds:.1f}")
+        con.print(table)
+        for w in result.writers:
+            if w.skipped is not None:
+                con.print(markup(f"not run: {w.layout}/{w.writer}: {w.skipped}"), soft_wrap=True, highlight=False)
+        con.print(markup(pdl_verdict(result)), soft_wrap=True, highlight=False)
+
+
+@register("json", PdlResult)
+class PdlJson:
+    def render(self, result: PdlResult, out: Output) -> None:
         from kvprof.report.terminal import print_json
 
         print_json(result.to_json())
