@@ -32,19 +32,24 @@ def run(name: str, seed: int = 0, cases: int = CASES, budget: float = 300.0, **k
 
 PLANTS = {"off_by_one", "one_wrong_byte", "contiguous_loc", "strided_storage", "neighbour_slot", "skips_v",
           "refuses_after_writing", "refuses_cleanly", "paged_contiguous_loc", "mla_writes_skipped", "torch_rope",
-          "stale_k_rope", "first_token_wins", "skips_dummy_slot"}
+          "stale_k_rope", "first_token_wins", "skips_dummy_slot", "scales_in_place"}
 
 
 # --- planted writers ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", ["off_by_one", "neighbour_slot", "skips_v"])
+@pytest.mark.parametrize("name", ["off_by_one", "neighbour_slot", "skips_v", "scales_in_place"])
 def test_row_plants_are_wrong_in_every_case_with_tokens(name, seed):
-    """Off by one row, a neighbour's row written too, V skipped: every case that writes a token is wrong."""
+    """Off by one row, a neighbour's row written too, V skipped, the caller's K changed in place:
+    every case that writes a token is wrong."""
     result = run(name, seed)
     (tally,) = result.writers
     assert (tally.cases, tally.wrong, tally.ok, tally.errors) == (CASES, CASES - EMPTY, EMPTY, 0)
-    assert all(f.outcome == WRONG and f.wrong_rows > 0 and f.wrong_bytes > 0 for f in result.failures)
+    assert all(f.outcome == WRONG and f.wrong_rows > 0 for f in result.failures)
+    if name == "scales_in_place":  # the cache is right: only the input is named
+        assert all(f.wrong_bytes == 0 and "changed its input k" in f.detail for f in result.failures)
+    else:
+        assert all(f.wrong_bytes > 0 for f in result.failures)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -124,6 +124,19 @@ class SkipsDummySlot(_Store):
         return super().write(k_buf, v_buf, loc[keep], cache_k[keep], cache_v[keep], dtype, k_scale, v_scale)
 
 
+class ScalesInPlace(_Store):
+    """Writes the right rows, then changes the caller's K rows in place (as SGLang's ``div_``
+    would): the cache is right, the input is not the caller's any more."""
+
+    name = "scales_in_place"
+
+    def write(self, k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale=None, v_scale=None):  # type: ignore[override]
+        path = super().write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
+        if cache_k.numel():
+            cache_k.zero_()
+        return path
+
+
 class RefusesCleanly(KVWriter):
     name = "refuses_cleanly"
 
@@ -217,6 +230,10 @@ def first_token_wins() -> KVWriter:
 
 def skips_dummy_slot() -> KVWriter:
     return SkipsDummySlot()
+
+
+def scales_in_place() -> KVWriter:
+    return ScalesInPlace()
 
 
 def refuses_cleanly() -> KVWriter:
