@@ -123,13 +123,9 @@ def draw_case(layout: str, contract: str, writer_key: str, index: int, seed: int
     if pattern == "first_last" and tokens < 2:
         tokens = 2
     scale: float | str | None = None
-    if inp != cache and (layout == "mha" or layout == "paged"):
-        kind = rng.random()
-        value = rng.choice(SCALES)
-        if layout == "paged" or kind < 0.8:
-            scale = value if kind < 0.5 or layout == "mha" else f"tensor:{value}"
-        if layout == "mha" and kind >= 0.8:
-            scale = None
+    if inp != cache and (layout == "mha" or layout == "paged"):  # MLA's cast takes no scale
+        kind, value = rng.random(), rng.choice(SCALES)
+        scale = value if kind < 0.4 else f"tensor:{value}" if kind < 0.8 else None
     if layout == "paged" and cache in FP8_DTYPES and scale is None and rng.random() < 0.5:
         scale = rng.choice(SCALES)
     forms = ["dense", "flat", "strided"] + (["padded"] if layout == "paged" else [])
@@ -384,8 +380,8 @@ def run_case(case: Case, writer: Writer, reference: Writer, device: torch.device
         else:
             write(layout, case, ref_pool, want)
     except REFUSALS as exc:
-        changed = sum(int((b != b0).any(dim=1).sum()) for (_, b), b0 in zip(buffers(test_pool), initial))
-        return Outcome(WRONG, changed, 0, f"wrote a call the reference refuses ({_one_line(exc)})")
+        written = sum(int((b != b0).any(dim=1).sum()) for (_, b), b0 in zip(buffers(test_pool), initial))
+        return Outcome(WRONG, written, 0, f"wrote a call the reference refuses ({_one_line(exc)})")
     dup = _duplicate_slots(x.loc)
     candidates = _candidates(layout, case, reference, x, stored_k if case.contract == "rope" else None, slots,
                              device) if dup else None
