@@ -306,3 +306,13 @@ def test_verify_passes_kvprof_gpu_writers():
                     budget_s=600, cases=CASES)
     assert result.passed, result.failures[:2]
     assert all(w.cases == CASES for w in result.writers if w.skipped is None)
+
+
+def test_cli_json_of_a_failing_run_is_one_document_and_exit_7(capsys):
+    res = run_cli(capsys, "verify", "--device", "cpu", "--variants", plant("skips_v"), "--cases", "3", "--format",
+                  "json")
+    assert res.rc == WrongWriteError.exit_code
+    doc = json.loads(res.out)
+    assert not doc["passed"] and doc["failed"] == 3 and len(doc["failures"]) == 3
+    assert all(f["reproduce"].startswith("python -m kvprof verify ") and f["wrong_rows"] for f in doc["failures"])
+    assert "FAILED" in res.err and res.err.strip().splitlines()[-1].startswith("kvprof verify: error:")
