@@ -3,7 +3,7 @@
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
 # Steps (default: env capture bench tests): env smoke tests capture settings layer layer-order bench rope
-# rope-bench peers, and the lab probes (lab/README.md) tune floor ablation facts.
+# rope-bench peers verify, and the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -207,6 +207,28 @@ PY
     PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} ROPE_VARIANTS=${PEERS_ROPE_VARIANTS:-rotary:kvprof,rotary:sglang,rope_triton_fused} \
       ROPE_JSON=rotary-bench.json timeout ${PEERS_ROPE_TIMEOUT:-120} python3 lab/rope_bench.py 2>&1 \
       | tee "$OUT/rotary-bench.txt"
+    ;;
+  verify)
+    stamp verify
+    # kvprof verify (docs/verify.md): every registered writer that runs on the GPU against its
+    # layout's reference, compiled kernels (Triton, CUDA, SGLang's JIT and sgl-kernel's where
+    # they install), a budget of 5 minutes; the JSON document beside the table
+    sglang_path
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${VERIFY_TIMEOUT:-420} \
+      python3 -m kvprof verify --device cuda --budget ${VERIFY_BUDGET:-300} --seed ${VERIFY_SEED:-0} ${VERIFY_ARGS:-} \
+      2>&1 | tee "$OUT/verify.txt"
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout 120 python3 -m kvprof verify \
+      --device cuda --budget 60 --cases 16 --seed 1 --format json > "$OUT/verify-seed1.json" 2> "$OUT/verify-seed1.txt"
+    echo "verify seed 1: exit $?" | tee -a "$OUT/verify-seed1.txt"
+    # PDL visibility: after each write of every writer that launches with PDL (or whose library
+    # decides: SGLang's store_cache and apply_rope_inplace_with_kvcache, through SGLang's API), a
+    # kernel launched with PDL reads the rows just written after its griddepcontrol.wait; stale
+    # reads counted over 256 writes at each of 1, 7, 64, 512, 4096 tokens (>= 1.2e6 reads a writer)
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${VERIFY_PDL_TIMEOUT:-420} \
+      python3 -m kvprof verify --pdl --device cuda --trials ${VERIFY_PDL_TRIALS:-256} --format json \
+      > "$OUT/verify-pdl.json" 2> "$OUT/verify-pdl.txt"
+    echo "verify --pdl: exit $?" | tee -a "$OUT/verify-pdl.txt"
+    cat "$OUT/verify-pdl.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.core.errors import KvprofError
+from kvprof.core.errors import DeviceError, KvprofError
 from kvprof.core.run import Manifest
 from kvprof.core.rundir import RunDir, read_summary as _read_summary
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvprof.analysis.runs import RunComparison
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
+    from kvprof.core.verify import PdlResult, VerifyResult
     from kvprof.tools.background import BackgroundServer
     from kvprof.trace.load import Loaded
 
@@ -255,6 +256,44 @@ def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | N
     if render:
         render_capture(result)
     return result
+
+
+def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *, device: str = "auto",
+           budget_s: float = 40.0, cases: int = 200, seed: int = 0, case: int | None = None,
+           started: float | None = None) -> VerifyResult:
+    """Differential testing of writers against their layout's reference (``kvprof.verify``):
+    ``variants`` registered names or ``module:function`` specs (None: every registered writer
+    that runs on ``device``), at most ``cases`` each, until ``budget_s`` seconds have passed;
+    ``case``: only that case of each; ``started``: the ``time.perf_counter()`` the budget counts
+    from (default: now). On a CPU the Triton writers run in Triton's interpreter
+    (set here when the environment does not say, before any writer is imported)."""
+    from kvprof.devinfo import resolve_device, triton_interpreter
+
+    dev = resolve_device(device)
+    interpreted = dev.type == "cpu" and triton_interpreter(dev) is not None
+    from kvprof.verify import verify as _verify
+
+    return _verify(variants, layouts, device=dev, budget_s=budget_s, cases=cases, seed=seed, case=case,
+                   interpreted=interpreted, started=started)
+
+
+def verify_pdl(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *,
+               device: str = "auto", trials: int = 256, tokens: Sequence[int] = (1, 7, 64, 512, 4096),
+               seed: int = 0) -> PdlResult:
+    """PDL visibility (``kvprof.verify_pdl``): stale rows read by a kernel launched with PDL
+    right after each write, past its ``griddepcontrol.wait``; CUDA sm_90+ only (a one-line
+    ``DeviceError`` elsewhere)."""
+    from kvprof.devinfo import resolve_device
+
+    dev = resolve_device(device)
+    from kvprof.verify_pdl import pdl_refusal
+
+    why = pdl_refusal(dev)
+    if why is not None:
+        raise DeviceError(why)
+    from kvprof.verify_pdl import verify_pdl as _verify_pdl
+
+    return _verify_pdl(variants, layouts, device=dev, trials=trials, tokens=tokens, seed=seed)
 
 
 def _scrub_check(run_dir: Path) -> list[KvprofError]:

@@ -29,7 +29,7 @@ from kvprof.core.errors import INTERRUPTED_EXIT_CODE, KvprofError, OutputError, 
 from kvprof.core.interrupts import Terminated, ctrl_c_raises_interrupted
 from kvprof.core.text import printable
 
-COMMANDS = ("capture", "analyze", "compare", "report", "bench", "dashboard", "scrub", "nsys", "variants")
+COMMANDS = ("capture", "analyze", "compare", "report", "bench", "dashboard", "scrub", "nsys", "variants", "verify")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -46,5 +46,12 @@ class OutputError(KvprofError):
     exit_code = 6
 
 
+class WrongWriteError(KvprofError):
+    """``verify`` found a write that left wrong bytes in a cache (or refused a call and still
+    changed it): a writer's bug, not the user's input."""
+
+    exit_code = 7
+
+
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (SIGINT)
 TERMINATED_EXIT_CODE = 143  # SIGTERM
