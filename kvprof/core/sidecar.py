@@ -44,7 +44,10 @@ NATIVE_INDEX_PUT = "index_put"
 NATIVE_TWO_STREAMS = "index_put (two streams under graph capture)"
 # SGLang's own paths, as the plugin names them, in kvprof's words (one launch or not)
 NATIVE_PATHS = {NATIVE_STORE_CACHE: FUSED, NATIVE_INDEX_PUT: TWO_COPIES, NATIVE_TWO_STREAMS: TWO_STREAMS,
-                ROPE_FUSED: ROPE_FUSED}
+                ROPE_FUSED: ROPE_FUSED,
+                # vLLM's ops (kvprof.integrations.vllm): each writes K and V in one launch
+                "reshape_and_cache_flash": FUSED, "cpu_attn_reshape_and_cache": FUSED, "concat_and_cache_mla": FUSED,
+                "rope_and_cache": ROPE_FUSED}
 PLUGIN_SOURCE = "the SGLang plugin"
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}  # how an engine's name is written; others as given
 

@@ -76,6 +76,10 @@ class Engine:
     package: str  # the distribution whose version the sidecar records
     ranks: Callable[[], tuple[int, int, int]]
     default_dir: Callable[[], str | None] = lambda: None
+    version: Callable[[], str | None] | None = None  # default: the version of ``package``
+
+    def engine_version(self) -> str | None:
+        return self.version() if self.version is not None else package_version(self.package)
 
     @property
     def env_on(self) -> str:
@@ -193,6 +197,7 @@ class Graphs:
         self.ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.with_writes: set[int] = set()
         self.hook: str | None = None
+        self.replays = 0  # replays of graphs with writes (a step that replays one wrote inside it)
 
     def begin(self, graph: Any) -> None:
         with self.lock:
@@ -321,6 +326,7 @@ def hook_graphs(cls: Any, graphs: Callable[[], Graphs], on_capture: Callable[[],
         name = record.replay_range(self)
         if name is None:
             return replay(self, *args, **kwargs)
+        record.replays += 1
         return replay_ranges().run(name, replay, self, *args, **kwargs)
 
     for m, fn in zip(GRAPH_METHODS, (capture_begin, capture_end, replay_hooked)):
@@ -371,13 +377,24 @@ class Ledger:
             for layer in layers:
                 self.expected[layer] = self.expected.get(layer, 0) + tokens
 
+    def step_by_layer(self, tokens: dict[int, int], graph: bool = False) -> None:
+        """A step whose layers were asked for different token counts (layer -> tokens)."""
+        with self.lock:
+            self.steps += 1
+            if graph:
+                self.graph_steps += 1
+                return
+            for layer, n in tokens.items():
+                self.expected[layer] = self.expected.get(layer, 0) + n
+
     def saw(self, layer: int | None, tokens: int) -> None:
         key = layer if type(layer) is int else -1
         with self.lock:
             self.seen[key] = self.seen.get(key, 0) + tokens
 
     def bypass(self, reason: str, n: int = 1) -> None:
-        """A write that took a path no range covers, named (the model's own fused kernel ...)."""
+        """A path the engine took around the hooked writes, named (a model's ``save_kv_cache=False``
+        ...), with its tokens: what analyze names where writes went unseen."""
         with self.lock:
             self.unseen[reason] = self.unseen.get(reason, 0) + n
 
@@ -416,6 +433,12 @@ class PluginState:
 
     def ranks(self) -> tuple[int, int, int]:
         return self.engine.ranks()
+
+    def saw(self, layer: int | None, tokens: int) -> None:
+        """A hooked write of ``tokens`` rows in the ledger; one being captured into a CUDA graph is
+        not (the capture is no step; the graph's replays are counted as graph steps)."""
+        if not self.graphs().capturing():
+            self.ledger.saw(layer, tokens)
 
     def count(self, path: str, write_path: str) -> None:
         """One write: ``path`` in detail (whose kernel, which path), ``write_path`` which entry
@@ -465,7 +488,7 @@ class PluginState:
         rank, tp_rank, tp_size = self.ranks()
         record = self.graphs()
         graphs, empty = record.snapshot()
-        version = package_version(self.engine.package)
+        version = self.engine.engine_version()
         return Sidecar(
             schema=SIDECAR_SCHEMA, engine=self.engine.name, engine_version=version, kvprof_version=__version__,
             sglang_version=version if self.engine.name == "sglang" else None,
