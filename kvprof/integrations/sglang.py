@@ -119,6 +119,30 @@ NATIVE_KERNELS: dict[str, tuple[str, int]] = {
     NATIVE_TWO_STREAMS: ("index_put", 2),  # the same, V on SGLang's alt stream under capture
     ROPE_FUSED: ("fused_rope_store_kernel", 1),  # SGLang's JIT rope + store (rope.cuh)
 }
+# Paths that write K/V around set_kv_buffer (a model passes save_kv_cache=False to its attention
+# and writes itself): each its own variant, ranged and counted like the others. The function's
+# module attribute is what SGLang's callers import at call time (both import it inside the
+# function that calls it), so replacing the attribute reaches every call.
+class Bypass:
+    def __init__(self, module: str, function: str, variant: str, k_cache: str, loc: str, write_path: str,
+                 native: str) -> None:
+        self.module, self.function, self.variant = module, function, variant
+        self.k_cache, self.loc, self.write_path, self.native = k_cache, loc, write_path, native
+
+
+BYPASSES: tuple[Bypass, ...] = (
+    # RotaryEmbedding.try_bf16_rope_store (MiMo-V2): NeoX rope on packed bf16 QKV, K and scaled V stored
+    Bypass("sglang.kernels.ops.attention.rope", "bf16_rope_scale_store", "sglang_bf16_rope_store",
+           "key_cache", "locations", "fused into rope", "bf16_rope_scale_store"),
+    # the trtllm_mha backend's fp8 path: K/V (and q) quantized and stored in one kernel, no set_kv_buffer
+    Bypass("sglang.kernels.ops.kvcache.fused_fp8_qkv_kv_cache", "fused_fp8_qkv_kv_cache",
+           "sglang_trtllm_fp8_qkv", "k_cache", "cache_loc", "fused fp8 qkv", "fused_fp8_qkv_kv_cache"),
+)
+# The write ledger's two points: each forward step (its batch's out_cache_loc), and each attention
+# call that passes save_kv_cache=False (the model writes K/V itself: named where writes go unseen)
+STEP_TARGET = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
+ATTENTION_TARGET = ("sglang.srt.layers.radix_attention", "RadixAttention", "forward")
+
 # What the sidecar's write_paths count: which entry point wrote, or that a named writer fell back
 WRITE_SET_KV_BUFFER = "set_kv_buffer"
 WRITE_FUSED_INTO_ROPE = "fused into rope"
@@ -166,6 +190,18 @@ def plugin() -> None:
         if hook is not None:
             HookRegistry.register(f"{ROPE_MODULE}.{ROPE_FUNCTION}", hook, HookType.AROUND)
             hooked.append(ROPE_FUNCTION)
+    for bypass in BYPASSES:
+        where = _hook_function(HookRegistry, HookType, bypass.module, bypass.function, _make_bypass_hook(bypass))
+        if where:
+            hooked.append(bypass.function)
+    for target, make in ((STEP_TARGET, _make_step_hook), (ATTENTION_TARGET, _make_attention_hook)):
+        mod_name, cls_name, method = target
+        reason = _method_problem(mod_name, cls_name, method)
+        if reason:
+            log.warning("kvprof: not hooking %s.%s.%s (write ledger): %s", mod_name, cls_name, method, reason)
+            continue
+        HookRegistry.register(f"{mod_name}.{cls_name}.{method}", make(), HookType.AROUND)
+        hooked.append(f"{cls_name}.{method}")
     state.hooked = hooked
     if hooked:
         log.info("kvprof: KV-write ranges on %s%s", ", ".join(hooked),
@@ -263,6 +299,7 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
         if type(layer_id) is not int or not tokens or len(tokens) != 1:
             return original(*args, **kwargs)  # a call SGLang itself will judge: no range
         tokens = int(tokens[0])
+        state.saw(layer_id, tokens)
         route = state.route_for(pool) if routable and state.writer_name else None
         fell_back = False
         if route is not None:
@@ -282,6 +319,139 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
                           WRITE_FALLBACK if fell_back else WRITE_SET_KV_BUFFER)
 
     hook.__name__ = f"kvprof_{cls_name}_{method}"
+    return hook
+
+
+def _method_problem(mod_name: str, cls_name: str, method: str) -> str | None:
+    """Why ``mod_name.cls_name.method`` cannot be hooked here (None: it can)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as exc:  # noqa: BLE001 - its import errors vary with what is installed
+        return f"{mod_name} does not import ({_line(exc)})"
+    cls = getattr(mod, cls_name, None)
+    if not isinstance(cls, type) or not callable(cls.__dict__.get(method)):
+        return f"this SGLang has no {cls_name}.{method} of its own"
+    return None
+
+
+def _hook_function(registry: Any, hook_type: Any, mod_name: str, function: str, hook: Any) -> str | None:
+    """An AROUND hook on ``mod_name.function``: its path, or None (why logged) where it is not here."""
+    import importlib
+
+    try:
+        fn = getattr(importlib.import_module(mod_name), function, None)
+    except Exception as exc:  # noqa: BLE001 - its import errors vary with what is installed
+        log.warning("kvprof: not hooking %s.%s: %s does not import (%s)", mod_name, function, mod_name, _line(exc))
+        return None
+    if not callable(fn):
+        log.warning("kvprof: not hooking %s.%s: this SGLang has no %s", mod_name, function, function)
+        return None
+    registry.register(f"{mod_name}.{function}", hook, hook_type.AROUND)
+    return f"{mod_name}.{function}"
+
+
+def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
+    """The AROUND hook on one bypass path: its write ranged (layer from its K cache's address),
+    counted as ``sglang:<variant>`` and seen by the ledger. ``params``: the function's parameter
+    names (read from SGLang's function when not given)."""
+    if params is None:
+        import importlib
+
+        params = list(inspect.signature(getattr(importlib.import_module(bypass.module), bypass.function)).parameters)
+    k_pos = params.index(bypass.k_cache) if bypass.k_cache in params else None
+    loc_pos = params.index(bypass.loc) if bypass.loc in params else None
+    ranges = _Ranges()
+    local = _LOCAL
+    native_key = SGLANG.native_key(bypass.variant)
+
+    def arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, pos: int | None) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        return args[pos] if pos is not None and pos < len(args) else None
+
+    def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+        state = STATE
+        k_cache = arg(args, kwargs, bypass.k_cache, k_pos)
+        loc = arg(args, kwargs, bypass.loc, loc_pos)
+        shape = getattr(loc, "shape", None)
+        if getattr(local, "depth", 0) or not shape or len(shape) != 1 or not hasattr(k_cache, "data_ptr"):
+            return original(*args, **kwargs)  # a call SGLang itself will judge: no range
+        tokens = int(shape[0])
+        found = LAYERS.find(k_cache)
+        if found is None:
+            state.note(f"{bypass.function}: K cache of no pool kvprof has seen (range without a layer)")
+            layer_id = None
+        else:
+            pool, _, layer_id = found
+            state.seen(pool, bypass.function, bypass.variant)
+        state.saw(layer_id, tokens)
+        name, attr = ranges.of(bypass.variant, layer_id, tokens)
+        local.write = (bypass.variant, layer_id, tokens, None, 1)
+        return ranges.run(name, attr, _native, original, args, kwargs, state, native_key, bypass.write_path)
+
+    hook.__name__ = f"kvprof_{bypass.function}"
+    return hook
+
+
+def _make_step_hook() -> Any:
+    """ModelRunner.forward: one ledger step, the batch's tokens (out_cache_loc) times each layer of
+    the runner's pool; a step that replayed a CUDA graph with writes is counted apart."""
+
+    def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+        state = STATE
+        graphs = GRAPHS
+        before = graphs.replays
+        out = original(*args, **kwargs)
+        try:
+            batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
+            loc = getattr(batch, "out_cache_loc", None)
+            tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
+            layers = pool_layers(getattr(args[0], "token_to_kv_pool", None)) if args else []
+            if tokens and layers:
+                state.ledger.step_by_layer(dict.fromkeys(layers, tokens), graph=graphs.replays != before)
+        except Exception as exc:  # noqa: BLE001 - the ledger must never stop a step
+            log.debug("kvprof: ledger step not noted (%s)", _line(exc))
+        return out
+
+    hook.__name__ = "kvprof_ModelRunner_forward"
+    return hook
+
+
+def pool_layers(pool: Any) -> list[int]:
+    """The layer ids a KV pool keeps a cache for: ``model_layer_ids`` where a hybrid pool has them,
+    else ``start_layer`` .. ``start_layer + layer_num``; a hybrid pool's full-attention pool's."""
+    inner = getattr(pool, "full_kv_pool", None)
+    if inner is not None:
+        pool = inner
+    ids = getattr(pool, "model_layer_ids", None)
+    if isinstance(ids, (list, tuple)) and ids:
+        return [int(i) for i in ids]
+    num = getattr(pool, "layer_num", None)
+    start = getattr(pool, "start_layer", 0) or 0
+    return list(range(start, start + num)) if type(num) is int else []
+
+
+def _make_attention_hook() -> Any:
+    """RadixAttention.forward: a call with save_kv_cache=False is a model writing K/V itself,
+    noted (per layer) as the path where the ledger's unseen writes went."""
+
+    def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+        save = kwargs.get("save_kv_cache", args[5] if len(args) > 5 else True)
+        if save is False and args:
+            try:
+                batch = kwargs.get("forward_batch", args[4] if len(args) > 4 else None)
+                loc = getattr(batch, "out_cache_loc", None)
+                tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
+                layer = getattr(args[0], "layer_id", None)
+                if tokens and not GRAPHS.capturing():
+                    STATE.ledger.bypass(f"save_kv_cache=False L{layer}: the model writes K/V itself", tokens)
+            except Exception as exc:  # noqa: BLE001 - a note only
+                log.debug("kvprof: save_kv_cache=False not noted (%s)", _line(exc))
+        return original(*args, **kwargs)
+
+    hook.__name__ = "kvprof_RadixAttention_forward"
     return hook
 
 
@@ -321,6 +491,7 @@ def _make_rope_hook() -> Any:
         else:
             pool, index, layer_id = found
             state.seen(pool, ROPE_FUNCTION, ROPE_VARIANT)
+        state.saw(layer_id, tokens)
         fell_back = False
         if state.writer_name:
             if found is None:
@@ -726,7 +897,8 @@ def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
             return str(x) if x is not None else None
 
     out: dict[str, Any] = {"class": type(pool).__name__, "hooked": hooked, "variant": variant,
-                           "native_path": ROPE_FUSED if hooked == ROPE_FUNCTION else native_path(pool)}
+                           "native_path": ROPE_FUSED if hooked == ROPE_FUNCTION else
+                           next((b.native for b in BYPASSES if b.function == hooked), None) or native_path(pool)}
     for key in ("size", "page_size", "head_num", "head_dim", "v_head_dim", "layer_num", "start_layer",
                 "kv_lora_rank", "qk_rope_head_dim"):
         value = getattr(pool, key, None)
