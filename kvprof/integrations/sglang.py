@@ -406,7 +406,7 @@ def _make_step_hook() -> Any:
         out = original(*args, **kwargs)
         try:
             batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
-            loc = getattr(batch, "out_cache_loc", None)
+            loc: Any = getattr(batch, "out_cache_loc", None)
             tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
             layers = pool_layers(getattr(args[0], "token_to_kv_pool", None)) if args else []
             if tokens and layers:
@@ -442,7 +442,7 @@ def _make_attention_hook() -> Any:
         if save is False and args:
             try:
                 batch = kwargs.get("forward_batch", args[4] if len(args) > 4 else None)
-                loc = getattr(batch, "out_cache_loc", None)
+                loc: Any = getattr(batch, "out_cache_loc", None)
                 tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
                 layer = getattr(args[0], "layer_id", None)
                 if tokens and not GRAPHS.capturing():

@@ -321,7 +321,7 @@ def _layer_name_of(kv_cache: Any) -> str | None:
         return None
     names = STATE.layer_names
     for name, layer in list(layers.items()):
-        cache = getattr(layer, "kv_cache", None)
+        cache: Any = getattr(layer, "kv_cache", None)
         if hasattr(cache, "data_ptr") and cache.numel():
             names.setdefault(cache.data_ptr(), name)
     return names.get(kv_cache.data_ptr())
@@ -352,7 +352,7 @@ def _hook_forward_context() -> str | None:
         return ctx
 
     create_forward_context._kvprof_vllm_hook = True  # type: ignore[attr-defined]
-    mod.create_forward_context = create_forward_context
+    setattr(mod, "create_forward_context", create_forward_context)  # noqa: B010 - vLLM's module, patched
     return f"{FORWARD_CONTEXT}.create_forward_context"
 
 
@@ -371,7 +371,7 @@ def note_step(state: _State, ctx: Any) -> None:
         layer = layers.get(name)
         if layer is not None and getattr(layer, "kv_sharing_target_layer_name", None):
             continue  # reads another layer's cache: writes none
-        cache = getattr(layer, "kv_cache", None)
+        cache: Any = getattr(layer, "kv_cache", None)
         if layer is not None and hasattr(cache, "numel") and not cache.numel():
             continue  # no cache yet (vLLM's memory-profiling run): its write returns at once
         n = layer_number(name)

@@ -57,7 +57,6 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
 
 
 SIDECAR_WRITE_PATHS = ("set_kv_buffer", "fused into rope", "fallback")  # the plugin's write_paths keys
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
 
 
 def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
@@ -67,6 +66,8 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
     if not rows:
         return
     from rich.table import Table
+
+    from kvprof.core.sidecar import ENGINE_NAMES
 
     engines = sorted({ENGINE_NAMES.get(str(s.get("engine") or "sglang"), str(s.get("engine"))) for s in rows})
     t = Table(title=f"{' and '.join(engines)} plugin: KV writes by path (counted in Python; graph replays are not)",
