@@ -38,6 +38,14 @@ params = SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False, tempera
 
 from kvprof.integrations import vllm as plugin  # noqa: E402  (the module vLLM loaded: one per process)
 
+if not plugin.STATE.hooked:
+    from importlib import metadata
+
+    eps = [e.value for e in metadata.entry_points(group="vllm.general_plugins")]
+    sys.exit(f"vLLM did not load kvprof's plugin (KVPROF_VLLM={os.environ.get('KVPROF_VLLM')!r}, "
+             f"VLLM_PLUGINS={os.environ.get('VLLM_PLUGINS')!r}, vllm.general_plugins: {eps}): "
+             "pip install -e . into vLLM's venv")
+
 result: dict = {"hooked": list(plugin.STATE.hooked), "paths_before": dict(plugin.STATE.paths)}
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     tokens = llm.generate(prompt, params)[0].outputs[0].token_ids
