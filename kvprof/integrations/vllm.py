@@ -37,7 +37,7 @@ write; the sidecar's ``ledger`` sets it against the writes the hooks saw. CUDA g
 graph hook as in SGLang.
 
 Every process that writes leaves a sidecar ``kvprof-vllm.TP-<rank>.pid-<pid>.json`` in
-``KVPROF_VLLM_DIR`` (default: ``VLLM_TORCH_PROFILER_DIR``, else ``/tmp``).
+``KVPROF_VLLM_DIR`` (default: vLLM's ``--profiler-config.torch_profiler_dir``, else ``/tmp``).
 """
 
 from __future__ import annotations
@@ -90,8 +90,29 @@ def _ranks() -> tuple[int, int, int]:
     return rank, tp_rank, tp_size
 
 
-VLLM = core.Engine(name="vllm", package="vllm", ranks=lambda: _ranks(),
-                   default_dir=lambda: os.environ.get("VLLM_TORCH_PROFILER_DIR"), version=_vllm_version)
+_PROFILER_DIR: list[str | None] = []  # read once, while vLLM builds its first attention layer
+
+
+def _profiler_dir() -> str | None:
+    """vLLM's torch profiler folder (``--profiler-config.torch_profiler_dir``), where its traces go:
+    read from vLLM's current config while it builds its layers (set then), None before."""
+    return _PROFILER_DIR[0] if _PROFILER_DIR else None
+
+
+def _note_profiler_dir() -> None:
+    if _PROFILER_DIR:
+        return
+    try:
+        from vllm.config import get_current_vllm_config
+
+        _PROFILER_DIR.append(get_current_vllm_config().profiler_config.torch_profiler_dir or None)
+    except Exception as exc:  # noqa: BLE001 - another vLLM
+        log.debug("kvprof: no vLLM profiler folder (%s)", core.line(exc))
+        _PROFILER_DIR.append(None)
+
+
+VLLM = core.Engine(name="vllm", package="vllm", ranks=lambda: _ranks(), default_dir=_profiler_dir,
+                   version=_vllm_version)
 ENV_ON = VLLM.env_on
 ENV_WRITER = VLLM.env_writer
 ENV_DIR = VLLM.env_dir
@@ -183,6 +204,7 @@ def _wrap_init(cls: type) -> bool:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
+        _note_profiler_dir()
         impl = getattr(self, "impl", None)
         if impl is not None:
             hook_impl(type(impl))
