@@ -47,7 +47,7 @@ NATIVE_PATHS = {NATIVE_STORE_CACHE: FUSED, NATIVE_INDEX_PUT: TWO_COPIES, NATIVE_
                 ROPE_FUSED: ROPE_FUSED,
                 # vLLM's ops (kvprof.integrations.vllm): each writes K and V in one launch
                 "reshape_and_cache_flash": FUSED, "cpu_attn_reshape_and_cache": FUSED, "concat_and_cache_mla": FUSED,
-                "rope_and_cache": ROPE_FUSED,
+                "rope_and_cache": ROPE_FUSED, "concat_and_cache_mla_rope_fused": ROPE_FUSED,
                 # SGLang's bypass paths (kvprof.integrations.sglang.BYPASSES): one launch each
                 "bf16_rope_scale_store": ROPE_FUSED, "fused_fp8_qkv_kv_cache": FUSED}
 PLUGIN_SOURCE = "the SGLang plugin"

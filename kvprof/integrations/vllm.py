@@ -65,6 +65,13 @@ BASE_MODULE = "vllm.v1.attention.backend"  # AttentionImpl's module: its write m
 # the ops each implementation's write calls (what the sidecar names as the engine's own path)
 NATIVE_OPS = {"mha": "reshape_and_cache_flash", "mha_cpu": "cpu_attn_reshape_and_cache",
               "mla": "concat_and_cache_mla", "rope": "rope_and_cache"}
+# vLLM's fused ops called outside the implementations' write methods, through their module's
+# attribute at call time (so replacing the attribute reaches every call): (module, function,
+# variant, K/V cache argument, slots argument). concat_and_cache_mla_rope_fused: the MLA rope +
+# cache fusion pass's op (compilation/passes/fusion/mla_rope_kvcache_cat_fusion.py).
+FUSED_OPS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("vllm._custom_ops", "concat_and_cache_mla_rope_fused", "vllm_mla_fused_rope", "kv_cache", "slot_mapping"),
+)
 WRITE_KV_UPDATE = "do_kv_cache_update"
 WRITE_ROPE = "do_rope_and_kv_cache_update"
 WRITE_FALLBACK = "fallback"
@@ -190,6 +197,17 @@ def plugin() -> None:
     ledger = _hook_forward_context()
     if ledger:
         state.hooked.append(ledger)
+    for mod_name, function, variant, cache_arg, slots_arg in FUSED_OPS:
+        try:
+            mod = importlib.import_module(mod_name)
+            fn = getattr(mod, function)
+        except Exception as exc:  # noqa: BLE001 - another vLLM, or a build without the op
+            log.info("kvprof: not hooking %s.%s (%s)", mod_name, function, core.line(exc))
+            continue
+        hook = make_op_hook(fn, function, variant, cache_arg, slots_arg)
+        if hook is not None:
+            setattr(mod, function, hook)
+            state.hooked.append(f"{mod_name}.{function}")
     log.info("kvprof: KV-write ranges on every attention implementation vLLM builds%s",
              f"; writer {state.writer_name}" if state.writer_name else "")
     core.GRAPHS.hook = core.hook_graphs(None, lambda: core.GRAPHS, state.write_sidecar)
@@ -324,6 +342,51 @@ def _make_hook(owner: type, method: str, fn: Any) -> Any:
                           WRITE_FALLBACK if fell_back else write_path)
 
     hook.__name__ = f"kvprof_{owner.__name__}_{method}"
+    hook.__wrapped__ = fn  # type: ignore[attr-defined]
+    hook._kvprof_vllm_hook = True  # type: ignore[attr-defined]
+    return hook
+
+
+def make_op_hook(fn: Any, function: str, variant: str, cache_arg: str, slots_arg: str) -> Any:
+    """A fused op of vLLM's, ranged and counted as ``variant`` (its layer found by its cache's
+    address); None where its signature lacks the cache or slots argument."""
+    if getattr(fn, "_kvprof_vllm_hook", False):
+        return None
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError) as exc:
+        log.warning("kvprof: not hooking %s: cannot read its signature (%s)", function, core.line(exc))
+        return None
+    if cache_arg not in params or slots_arg not in params:
+        log.warning("kvprof: not hooking %s: no %s or %s argument", function, cache_arg, slots_arg)
+        return None
+    cache_pos, slots_pos = params.index(cache_arg), params.index(slots_arg)
+    ranges = core.Ranges()
+    local = core.LOCAL
+    native_key = VLLM.native_key(variant)
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        state = STATE
+        cache = kwargs.get(cache_arg, args[cache_pos] if cache_pos < len(args) else None)
+        slots = kwargs.get(slots_arg, args[slots_pos] if slots_pos < len(args) else None)
+        if getattr(local, "depth", 0) or not hasattr(cache, "data_ptr") or not hasattr(slots, "numel"):
+            return fn(*args, **kwargs)
+        tokens = int(slots.numel())
+        name = state.layer_names.get(cache.data_ptr()) or _layer_name_of(cache)
+        layer_id = layer_number(name)
+        if layer_id is None:
+            state.note(f"{function}: its cache is no layer's kvprof knows")
+        state.saw(layer_id, tokens)
+        info = state.pools.setdefault(id(hook), {})
+        if not info:
+            info.update({"class": function, "hooked": function, "variant": variant, "native_path": function,
+                         "device": str(getattr(cache, "device", None))})
+            state.write_sidecar()
+        rname, attr = ranges.of(variant, layer_id, tokens)
+        local.write = (variant, layer_id, tokens, function, 1)
+        return ranges.run(rname, attr, core.native, fn, args, kwargs, state, native_key, WRITE_ROPE)
+
+    hook.__name__ = f"kvprof_{function}"
     hook.__wrapped__ = fn  # type: ignore[attr-defined]
     hook._kvprof_vllm_hook = True  # type: ignore[attr-defined]
     return hook
