@@ -367,8 +367,8 @@ def make_op_hook(fn: Any, function: str, variant: str, cache_arg: str, slots_arg
 
     def hook(*args: Any, **kwargs: Any) -> Any:
         state = STATE
-        cache = kwargs.get(cache_arg, args[cache_pos] if cache_pos < len(args) else None)
-        slots = kwargs.get(slots_arg, args[slots_pos] if slots_pos < len(args) else None)
+        cache: Any = kwargs.get(cache_arg, args[cache_pos] if cache_pos < len(args) else None)
+        slots: Any = kwargs.get(slots_arg, args[slots_pos] if slots_pos < len(args) else None)
         if getattr(local, "depth", 0) or not hasattr(cache, "data_ptr") or not hasattr(slots, "numel"):
             return fn(*args, **kwargs)
         tokens = int(slots.numel())
