@@ -130,3 +130,53 @@ def test_forward_step_ledger(state: Any) -> None:
         core.GRAPHS.end()
     state.saw(0, 7)
     assert state.ledger.seen == {0: 7}
+
+
+def test_plugin_from_its_variables(state: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """plugin() as vLLM calls it: off without KVPROF_VLLM; with it, KVPROF_VLLM_WRITER names the
+    writer, a layer's construction hooks its implementation class once, and that class's writes
+    are ranged, routed and described in the sidecar (in KVPROF_VLLM_DIR). The layer class is a
+    stand-in module's (vLLM is not imported here); torch's CUDA graph class is left alone."""
+    import sys
+
+    class TritonAttentionImpl:  # the CUDA backends' attributes the hook and route read
+        head_size, kv_cache_dtype, attn_type = 16, "auto", "decoder"
+
+        def do_kv_cache_update(self, layer: Any, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
+            raise AssertionError("vLLM's own write ran: the route should have taken it")
+
+    class Attention:
+        def __init__(self, name: str) -> None:
+            self.layer_name, self.impl = name, TritonAttentionImpl()
+
+    stand_in = SimpleNamespace(Attention=Attention)
+    monkeypatch.setitem(sys.modules, "kvprof_test_vllm_layers", stand_in)  # type: ignore[arg-type]
+    monkeypatch.setattr(plugin_mod, "LAYER_CLASSES", (("kvprof_test_vllm_layers", "Attention"),))
+    monkeypatch.setattr(plugin_mod, "FUSED_OPS", ())
+    monkeypatch.setattr(plugin_mod, "_hook_forward_context", lambda: None)
+    monkeypatch.setattr(plugin_mod.core, "hook_graphs", lambda *a: "not hooked: a test")
+    monkeypatch.setattr(plugin_mod.atexit, "register", lambda fn: None)
+    monkeypatch.delenv("KVPROF_VLLM", raising=False)
+    monkeypatch.setenv("KVPROF_VLLM_WRITER", "paged_index_put")
+    plugin_mod.plugin()
+    assert state.hooked == [] and state.writer_name is None  # off
+
+    monkeypatch.setenv("KVPROF_VLLM", "1")
+    plugin_mod.plugin()
+    assert state.writer_name == "paged_index_put" and state.hooked == ["Attention.__init__"]
+    layers = [Attention(f"model.layers.{i}.self_attn.attn") for i in range(2)]
+    assert state.hooked == ["Attention.__init__", "TritonAttentionImpl.do_kv_cache_update"]  # hooked once
+    cache = torch.zeros(3, 2, 4, 32)
+    key, value = torch.ones(2, 2, 16), torch.full((2, 2, 16), 2.0)
+    for layer in layers:
+        layer.impl.do_kv_cache_update(layer, key, value, cache, torch.tensor([5, -1]))
+    assert torch.equal(cache[1, :, 1, :16], key[0]) and torch.equal(cache[1, :, 1, 16:], value[0])
+    assert int((cache != 0).any(-1).sum()) == 2  # one token of two heads; the -1 slot skipped
+    assert state.paths == {"writer:paged_index_put:two_index_puts": 2}
+    assert state.ledger.seen == {0: 2, 1: 2}
+    (side,) = tmp_path.glob("kvprof-vllm.TP-0.pid-*.json")
+    pool = json.loads(side.read_text())["pools"][0]
+    assert (pool["class"], pool["variant"], pool["route"], pool["head_num"]) == (
+        "TritonAttentionImpl", "vllm_mha", "writer:paged_index_put", 2)
+    monkeypatch.setattr(TritonAttentionImpl, "do_kv_cache_update",
+                        TritonAttentionImpl.do_kv_cache_update.__wrapped__)  # as it was

@@ -322,20 +322,19 @@ def _make_hook(owner: type, method: str, fn: Any) -> Any:
         if layer_id is None:
             state.note(f"{hooked}: layer name {name!r} has no one layer number")
         state.saw(layer_id, tokens)
-        state.seen(self, hooked, variant, kv_cache, native_op)
+        route = state.route_for(self, layer, kv_cache) if routable and state.writer_name else None
+        state.seen(self, hooked, variant, kv_cache, native_op)  # after the route: the sidecar names it
         fell_back = False
-        if routable and state.writer_name:
-            route = state.route_for(self, layer, kv_cache)
-            if route is not None:
-                prepared = route.prepare(self, layer, arg(args, kwargs, "key"), arg(args, kwargs, "value"),
-                                         kv_cache, slots)
-                if isinstance(prepared, str):
-                    state.fallback(prepared)
-                    fell_back = True
-                else:
-                    rname, attr = ranges.of(route.writer.name, layer_id, tokens)
-                    local.write = (route.writer.name, layer_id, tokens, *core.writer_kernel(route.writer))
-                    return ranges.run(rname, attr, route.write, prepared)
+        if route is not None:
+            prepared = route.prepare(self, layer, arg(args, kwargs, "key"), arg(args, kwargs, "value"), kv_cache,
+                                     slots)
+            if isinstance(prepared, str):
+                state.fallback(prepared)
+                fell_back = True
+            else:
+                rname, attr = ranges.of(route.writer.name, layer_id, tokens)
+                local.write = (route.writer.name, layer_id, tokens, *core.writer_kernel(route.writer))
+                return ranges.run(rname, attr, route.write, prepared)
         rname, attr = ranges.of(variant, layer_id, tokens)
         local.write = (variant, layer_id, tokens, native_op, 1)
         return ranges.run(rname, attr, core.native, fn, (self, *args), kwargs, state, native_key,
