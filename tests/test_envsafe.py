@@ -90,7 +90,8 @@ def test_kvprof_prefix_is_not_blanket_allowed() -> None:
     assert env == {"KVPROF_NSYS": "/x/nsys"}
     assert set(envsafe.KVPROF_VARIABLES) == {"KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
                                              "KVPROF_SGL_CUBIN", "KVPROF_SGLANG", "KVPROF_SGLANG_WRITER",
-                                             "KVPROF_SGLANG_DIR"}
+                                             "KVPROF_SGLANG_DIR", "KVPROF_VLLM", "KVPROF_VLLM_WRITER",
+                                             "KVPROF_VLLM_DIR"}
 
 
 def test_multicast_switches_always_pass_when_set() -> None:

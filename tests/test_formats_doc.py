@@ -84,8 +84,8 @@ def test_every_sidecar_key_is_documented():
     """The SGLang plugin's sidecar: every key of the document and of its pools, device and graphs."""
     import msgspec
 
-    from kvprof.core.sidecar import CapturedGraph, GraphWrite, Sidecar, SidecarDevice, SidecarPool
+    from kvprof.core.sidecar import CapturedGraph, GraphWrite, Sidecar, SidecarDevice, SidecarLedger, SidecarPool
 
-    for struct in (Sidecar, SidecarPool, SidecarDevice, CapturedGraph, GraphWrite):
+    for struct in (Sidecar, SidecarPool, SidecarDevice, CapturedGraph, GraphWrite, SidecarLedger):
         assert missing(f.encode_name for f in msgspec.structs.fields(struct)) == [], struct.__name__
-    assert "`kvprof.sglang_sidecar/1`" in DOC.read_text()
+    assert "`kvprof.engine_sidecar/1`" in DOC.read_text() and "`kvprof.sglang_sidecar/1`" in DOC.read_text()

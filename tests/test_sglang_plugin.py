@@ -352,6 +352,10 @@ def test_plugin_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str |
     assert len(sidecars) == 1
     side = json.loads(sidecars[0].read_text())
     assert side["sglang_version"] and side["tp_rank"] == 0 and side["writer"] == writer
+    # SGLang 0.5.23's bypass paths and the attention call that names them are hooked on its real
+    # package (ModelRunner.forward, the ledger's step, needs SGLang's server dependencies: not here)
+    assert {"bf16_rope_scale_store", "fused_fp8_qkv_kv_cache", "RadixAttention.forward"} <= set(side["hooked"])
+    assert side["engine"] == "sglang" and side["schema"] == "kvprof.engine_sidecar/1"
     assert {p["dtype"] for p in side["pools"]} == {"bf16", "fp8_e4m3"}
     assert all(p["class"] == "MHATokenToKVPool" and p["native_path"] == "index_put" for p in side["pools"])
     if writer:

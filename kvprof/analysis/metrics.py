@@ -21,7 +21,7 @@ import pandas as pd
 
 from kvprof.core import variants
 from kvprof.core.run import TraceMeta, VariantEntry
-from kvprof.core.sidecar import PLUGIN_SOURCE, PluginPaths
+from kvprof.core.sidecar import PluginPaths
 from kvprof.core.summary import VariantVerdict
 from kvprof.core.vocab import COMPILED, FALLBACK_PREFIX, FUSED, ROPE_FUSED
 
@@ -243,7 +243,7 @@ def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: Var
     rope = rope_kind(meta, manifest_entry)
     source = None
     if not paths and plugin is not None and meta is None and manifest_entry is None:
-        paths, source = dict(plugin.paths), PLUGIN_SOURCE
+        paths, source = dict(plugin.paths), plugin.source
         info = variants.info(variant)
         claim = True if info.claims_fused else None
         rope = info.rope or ("fused" if ROPE_FUSED in paths else None)
@@ -257,7 +257,7 @@ def fused_or_fell_back(variant: str, meta: TraceMeta | None, manifest_entry: Var
         if not agree:
             per = ", ".join(f"{n} per write x{c}" for n, c in detail["gpu_ops_per_write"].items())
             warnings.append(
-                f"{variant}: {'the SGLang plugin counted' if source else 'the writer reported'} "
+                f"{variant}: {source + ' counted' if source else 'the writer reported'} "
                 f"{'fused' if by_paths else 'not fused'} paths {paths} but the trace shows {per} GPU activities")
     if claim and by_kernels is False and by_paths is None:
         warnings.append(f"{variant}: claims to be fused but its writes launch more than one GPU activity")

@@ -14,7 +14,7 @@ through its readers for manifest.json and summary.json (so each is parsed one wa
     <run>/summary.json, summary.csv,    analyze's outputs, replaced as one set, summary.json
           events.parquet, writes.parquet  (the marker that the set is whole) last
     <run>/hta/<variant>/                each variant's traces alone, as HolisticTraceAnalysis reads them
-    <dir>/kvprof-sglang.TP-<r>.pid-<p>.json   the SGLang plugin's sidecar, beside SGLang's traces
+    <dir>/kvprof-<engine>.TP-<r>.pid-<p>.json an engine plugin's sidecar (sglang, vllm), beside its traces
 
 While a capture runs, its temporary folder also holds the rank launcher's and the nsys
 child's hidden hand-over files (``.rank<r>.json`` ...); none is left in a finished run.
@@ -23,6 +23,7 @@ child's hidden hand-over files (``.rank<r>.json`` ...); none is left in a finish
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,8 @@ class RunDir:
     NOT_TRACES: ClassVar[tuple[str, ...]] = (MANIFEST, SUMMARY, BENCH, COMPARE)
     TORCH_TRACE_SUFFIX: ClassVar[str] = ".pt.trace.json.gz"
     NSYS_SQLITE_SUFFIX: ClassVar[str] = ".sqlite"
-    SIDECAR_PREFIX: ClassVar[str] = "kvprof-sglang."
+    SIDECAR_PREFIX: ClassVar[str] = "kvprof-sglang."  # the SGLang plugin's; any engine's: kvprof-<engine>.
+    SIDECAR_RE: ClassVar[re.Pattern[str]] = re.compile(r"^kvprof-[a-z][a-z0-9_]*\.TP-[^/]+\.pid-\d+\.json$")
     # the rank launcher's hand-over files in the capture's temporary folder
     RANKS_CONFIG: ClassVar[str] = ".ranks-config.json"
     RANKS_STORE: ClassVar[str] = ".ranks-store"
@@ -79,13 +81,14 @@ class RunDir:
         return f"{cls.TIMINGS_KEY}.rank{rank}.json"
 
     @classmethod
-    def sidecar_name(cls, tp_rank: object, pid: object) -> str:
-        """The SGLang plugin's sidecar of one process."""
-        return f"{cls.SIDECAR_PREFIX}TP-{tp_rank}.pid-{pid}.json"
+    def sidecar_name(cls, tp_rank: object, pid: object, engine: str = "sglang") -> str:
+        """An engine plugin's sidecar of one process (``kvprof-<engine>.TP-<r>.pid-<p>.json``)."""
+        return f"kvprof-{engine}.TP-{tp_rank}.pid-{pid}.json"
 
     @classmethod
     def is_sidecar(cls, name: str) -> bool:
-        return name.startswith(cls.SIDECAR_PREFIX) and name.endswith(".json")
+        """Any engine plugin's sidecar (and any ``kvprof-sglang.*.json``, as read before engines)."""
+        return (name.startswith(cls.SIDECAR_PREFIX) and name.endswith(".json")) or bool(cls.SIDECAR_RE.match(name))
 
     @staticmethod
     def is_launcher_file(name: str) -> bool:

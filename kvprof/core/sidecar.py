@@ -31,8 +31,9 @@ from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS
 
-SIDECAR_SCHEMA = "kvprof.sglang_sidecar/1"
-SIDECAR_SCHEMA_PREFIX = "kvprof.sglang_sidecar/"
+SIDECAR_SCHEMA = "kvprof.engine_sidecar/1"  # any engine's plugin (``engine`` names it)
+SIDECAR_SCHEMA_PREFIX = "kvprof.engine_sidecar/"
+SIDECAR_SCHEMA_PREFIXES = (SIDECAR_SCHEMA_PREFIX, "kvprof.sglang_sidecar/")  # and the SGLang plugin's before it
 MAX_SIDECAR_BYTES = 64 << 20  # a process's pools, counts and graphs: kilobytes; more is not a sidecar
 
 # The plugin's words, shared with the analysis that reads them back
@@ -43,8 +44,20 @@ NATIVE_INDEX_PUT = "index_put"
 NATIVE_TWO_STREAMS = "index_put (two streams under graph capture)"
 # SGLang's own paths, as the plugin names them, in kvprof's words (one launch or not)
 NATIVE_PATHS = {NATIVE_STORE_CACHE: FUSED, NATIVE_INDEX_PUT: TWO_COPIES, NATIVE_TWO_STREAMS: TWO_STREAMS,
-                ROPE_FUSED: ROPE_FUSED}
+                ROPE_FUSED: ROPE_FUSED,
+                # vLLM's ops (kvprof.integrations.vllm): each writes K and V in one launch
+                "reshape_and_cache_flash": FUSED, "cpu_attn_reshape_and_cache": FUSED, "concat_and_cache_mla": FUSED,
+                "rope_and_cache": ROPE_FUSED, "concat_and_cache_mla_rope_fused": ROPE_FUSED,
+                # SGLang's bypass paths (kvprof.integrations.sglang.BYPASSES): one launch each
+                "bf16_rope_scale_store": ROPE_FUSED, "fused_fp8_qkv_kv_cache": FUSED}
 PLUGIN_SOURCE = "the SGLang plugin"
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}  # how an engine's name is written; others as given
+
+
+def plugin_source(engines: list[str] | tuple[str, ...]) -> str:
+    """"the SGLang plugin", "the vLLM plugin", "the SGLang and vLLM plugins": who counted the paths."""
+    names = [ENGINE_NAMES.get(e, e) for e in engines] or ["SGLang"]
+    return f"the {names[0]} plugin" if len(names) == 1 else f"the {' and '.join(names)} plugins"
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -117,10 +130,27 @@ class CapturedGraph(msgspec.Struct, kw_only=True):
     writes: list[GraphWrite] = []
 
 
+class SidecarLedger(msgspec.Struct, kw_only=True):
+    """The write ledger: over ``steps`` forward steps, the tokens the engine was asked to write per
+    layer (the batch's tokens times each layer that keeps a cache) against the tokens a hooked
+    write carried; layers are keys as text (JSON), -1 a write without a layer. ``graph_steps``:
+    steps replayed from a CUDA graph (their writes run inside the replay, no hook is called:
+    not expected of the hooks). ``unseen_paths``: writes the plugin knows took a path without a
+    range, by the path's name."""
+
+    steps: Count = 0
+    graph_steps: Count = 0
+    expected: dict[str, Count] = {}
+    seen: dict[str, Count] = {}
+    unseen_paths: dict[str, Count] = {}
+
+
 class Sidecar(msgspec.Struct, kw_only=True):
-    """One SGLang process's record of its KV writes (see docs/sglang.md, "The sidecar")."""
+    """One engine process's record of its KV writes (see docs/engines.md, "The sidecar")."""
 
     schema: str
+    engine: str = "sglang"  # sglang, vllm; a sidecar from before engines were named: SGLang's
+    engine_version: str | None = None
     kvprof_version: str | None = None
     sglang_version: str | None = None
     pid: int | None = None
@@ -139,6 +169,7 @@ class Sidecar(msgspec.Struct, kw_only=True):
     graphs: list[CapturedGraph] | None = None  # None: a plugin that did not record graph captures
     graphs_without_writes: Count = 0
     graph_hook: str | None = None  # where the plugin noted graph captures, or why it could not
+    ledger: SidecarLedger | None = None  # None: a plugin that kept no ledger
     file: str | None = None  # the file's name, set by read_sidecar (not written by the plugin)
 
     def to_json(self) -> dict[str, object]:
@@ -159,12 +190,12 @@ def decode_sidecar(raw: bytes, name: str) -> Sidecar:
         doc = msgspec.json.decode(raw, type=Sidecar)
     except msgspec.ValidationError as exc:
         schema = _schema_of(raw)
-        if schema is not None and not schema.startswith(SIDECAR_SCHEMA_PREFIX):
+        if schema is not None and not schema.startswith(SIDECAR_SCHEMA_PREFIXES):
             raise TraceError(f"{name}: not a kvprof SGLang sidecar (schema {schema[:80]!r})") from None
         raise TraceError(f"{name}: malformed kvprof SGLang sidecar ({_one_line(exc)})") from None
     except msgspec.DecodeError as exc:
         raise TraceError(f"{name}: not a kvprof SGLang sidecar (not JSON: {_one_line(exc)})") from None
-    if not doc.schema.startswith(SIDECAR_SCHEMA_PREFIX):
+    if not doc.schema.startswith(SIDECAR_SCHEMA_PREFIXES):
         raise TraceError(f"{name}: not a kvprof SGLang sidecar (schema {doc.schema[:80]!r}, expected "
                          f"{SIDECAR_SCHEMA_PREFIX}...)")
     return msgspec.structs.replace(doc, file=name)
@@ -205,6 +236,11 @@ class PluginPaths:
     counted: dict[str, int] = field(default_factory=dict)  # the plugin's own keys -> writes
     undecided: list[str] = field(default_factory=list)  # counts the paths could not be judged by, and why
     files: list[str] = field(default_factory=list)  # the sidecars they came from
+    engines: list[str] = field(default_factory=list)  # the engines whose plugins counted them
+
+    @property
+    def source(self) -> str:
+        return plugin_source(self.engines)
 
     def add(self, path: str, n: int) -> None:
         self.paths[path] = self.paths.get(path, 0) + n
@@ -230,9 +266,12 @@ def plugin_paths(sidecars: list[Sidecar]) -> dict[str, PluginPaths]:
         pp = out.setdefault(variant, PluginPaths())
         if sidecar.file and sidecar.file not in pp.files:
             pp.files.append(sidecar.file)
+        if sidecar.engine not in pp.engines:
+            pp.engines.append(sidecar.engine)
         return pp
 
     for sc in sidecars:
+        engine = f"{sc.engine}:"
         for key, n in sc.paths.items():
             if not n:
                 continue
@@ -243,16 +282,16 @@ def plugin_paths(sidecars: list[Sidecar]) -> dict[str, PluginPaths]:
                     pp.add(path, n)
                     pp.counted[key] = pp.counted.get(key, 0) + n
                 continue
-            if key == PLUGIN_FALLBACK:
+            if key == f"{engine}fallback":
                 if sc.writer:
                     pp = of(sc.writer, sc)
                     pp.counted[key] = pp.counted.get(key, 0) + n
                     for reason, m in (sc.fallbacks or {"unknown reason": n}).items():
                         pp.add(f"{FALLBACK_PREFIX} {reason}", m)
                 continue
-            if not key.startswith("sglang:"):
+            if not key.startswith(engine):
                 continue
-            native = key[len("sglang:"):]
+            native = key[len(engine):]
             if native == ROPE_FUSED:
                 pp = of(ROPE_VARIANT, sc)
                 pp.add(ROPE_FUSED, n)

@@ -49,7 +49,6 @@ import logging
 import os
 import threading
 import weakref
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -58,19 +57,29 @@ from kvprof.core.sidecar import (
     NATIVE_STORE_CACHE,
     NATIVE_TWO_STREAMS,
     ROPE_VARIANT,
-    SIDECAR_SCHEMA,
-    CapturedGraph,
-    GraphWrite,
-    Sidecar,
     SidecarDevice,
-    SidecarPool,
-    encode_sidecar,
 )
-from kvprof.core.vocab import GRAPH_REPLAY_RANGE_FORMAT, ROPE_FUSED
+from kvprof.core.vocab import ROPE_FUSED
+from kvprof.integrations import core
 
-ENV_ON = "KVPROF_SGLANG"
-ENV_WRITER = "KVPROF_SGLANG_WRITER"
-ENV_DIR = "KVPROF_SGLANG_DIR"
+# The engine-neutral parts this adapter uses, under the names it has always had
+GRAPH_METHODS = core.GRAPH_METHODS
+_LOCAL = core.LOCAL
+_Graphs = core.Graphs
+_Ranges = core.Ranges
+_ReplayRanges = core.ReplayRanges
+_line = core.line
+_native = core.native
+_truthy = core.truthy
+_writer_kernel = core.writer_kernel
+
+# The adapter's engine: its switches (KVPROF_SGLANG, ..._WRITER, ..._DIR), its package, the
+# sidecar's folder (SGLang's profiler folder when KVPROF_SGLANG_DIR is unset) and its ranks
+SGLANG = core.Engine(name="sglang", package="sglang", ranks=lambda: _ranks(),
+                     default_dir=lambda: os.environ.get("SGLANG_TORCH_PROFILER_DIR"))
+ENV_ON = SGLANG.env_on
+ENV_WRITER = SGLANG.env_writer
+ENV_DIR = SGLANG.env_dir
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
 # (class in sglang.srt.mem_cache.memory_pool, method, variant named in the ranges). Only
@@ -110,9 +119,29 @@ NATIVE_KERNELS: dict[str, tuple[str, int]] = {
     NATIVE_TWO_STREAMS: ("index_put", 2),  # the same, V on SGLang's alt stream under capture
     ROPE_FUSED: ("fused_rope_store_kernel", 1),  # SGLang's JIT rope + store (rope.cuh)
 }
-# torch's CUDA graph class: its captures note the writes recorded into each graph, its replays
-# carry a range naming the graph (kvprof.core.vocab.GRAPH_REPLAY_RANGE_FORMAT)
-GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
+# Paths that write K/V around set_kv_buffer (a model passes save_kv_cache=False to its attention
+# and writes itself): each its own variant, ranged and counted like the others. The function's
+# module attribute is what SGLang's callers import at call time (both import it inside the
+# function that calls it), so replacing the attribute reaches every call.
+class Bypass:
+    def __init__(self, module: str, function: str, variant: str, k_cache: str, loc: str, write_path: str,
+                 native: str) -> None:
+        self.module, self.function, self.variant = module, function, variant
+        self.k_cache, self.loc, self.write_path, self.native = k_cache, loc, write_path, native
+
+
+BYPASSES: tuple[Bypass, ...] = (
+    # RotaryEmbedding.try_bf16_rope_store (MiMo-V2): NeoX rope on packed bf16 QKV, K and scaled V stored
+    Bypass("sglang.kernels.ops.attention.rope", "bf16_rope_scale_store", "sglang_bf16_rope_store",
+           "key_cache", "locations", "fused into rope", "bf16_rope_scale_store"),
+    # the trtllm_mha backend's fp8 path: K/V (and q) quantized and stored in one kernel, no set_kv_buffer
+    Bypass("sglang.kernels.ops.kvcache.fused_fp8_qkv_kv_cache", "fused_fp8_qkv_kv_cache",
+           "sglang_trtllm_fp8_qkv", "k_cache", "cache_loc", "fused fp8 qkv", "fused_fp8_qkv_kv_cache"),
+)
+# The write ledger's two points: each forward step (its batch's out_cache_loc), and each attention
+# call that passes save_kv_cache=False (the model writes K/V itself: named where writes go unseen)
+STEP_TARGET = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
+ATTENTION_TARGET = ("sglang.srt.layers.radix_attention", "RadixAttention", "forward")
 
 # What the sidecar's write_paths count: which entry point wrote, or that a named writer fell back
 WRITE_SET_KV_BUFFER = "set_kv_buffer"
@@ -122,15 +151,8 @@ WRITE_FALLBACK = "fallback"
 log = logging.getLogger("kvprof.sglang")
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def sglang_version() -> str | None:
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
+    return core.package_version("sglang")
 
 
 def plugin() -> None:
@@ -168,17 +190,24 @@ def plugin() -> None:
         if hook is not None:
             HookRegistry.register(f"{ROPE_MODULE}.{ROPE_FUNCTION}", hook, HookType.AROUND)
             hooked.append(ROPE_FUNCTION)
+    for bypass in BYPASSES:
+        where = _hook_function(HookRegistry, HookType, bypass.module, bypass.function, _make_bypass_hook(bypass))
+        if where:
+            hooked.append(bypass.function)
+    for target, make in ((STEP_TARGET, _make_step_hook), (ATTENTION_TARGET, _make_attention_hook)):
+        mod_name, cls_name, method = target
+        reason = _method_problem(mod_name, cls_name, method)
+        if reason:
+            log.warning("kvprof: not hooking %s.%s.%s (write ledger): %s", mod_name, cls_name, method, reason)
+            continue
+        HookRegistry.register(f"{mod_name}.{cls_name}.{method}", make(), HookType.AROUND)
+        hooked.append(f"{cls_name}.{method}")
     state.hooked = hooked
     if hooked:
         log.info("kvprof: KV-write ranges on %s%s", ", ".join(hooked),
                  f"; writer {state.writer_name}" if state.writer_name else "")
         GRAPHS.hook = hook_graphs()
         atexit.register(state.write_sidecar)
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def _target_problem(cls_name: str, method: str) -> str | None:
@@ -237,65 +266,6 @@ class _Args:
         return None
 
 
-class _RangeMaker:
-    """kvprof's NVTX domain and torch's record_function, looked up once for the hooks' ranges."""
-
-    def __init__(self) -> None:
-        import nvtx
-        import torch
-
-        from kvprof.core.vocab import NVTX_DOMAIN
-
-        self.domain = nvtx.get_domain(NVTX_DOMAIN)
-        self.profiler_enabled = torch._C._autograd._profiler_enabled
-        self.record_function = torch.profiler.record_function
-
-
-class _Ranges(_RangeMaker):
-    """kvprof's write ranges (NVTX and record_function), names and attributes made once each."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: dict[tuple[str, int | None], str] = {}
-        self.attrs: dict[tuple[str, int | None, int], Any] = {}
-
-    def of(self, variant: str, layer_id: int | None, tokens: int) -> tuple[str, Any]:
-        """(range name, NVTX attributes); without a layer id the name has no ``L<layer>``
-        (a form the analysis reads as layer -1)."""
-        from kvprof.core.vocab import WRITE_RANGE_FORMAT
-
-        key = (variant, layer_id)
-        name = self.names.get(key)
-        if name is None:
-            name = WRITE_RANGE_FORMAT.format(variant=variant, layer=layer_id)
-            if layer_id is None:
-                name = name.rsplit(" L", 1)[0]
-            self.names[key] = name
-        akey = (variant, layer_id, tokens)
-        attr = self.attrs.get(akey)
-        if attr is None:
-            from kvprof.instrument import variant_color
-
-            attr = self.attrs[akey] = self.domain.get_event_attributes(
-                message=name, color=variant_color(variant), category=variant, payload=tokens)
-        return name, attr
-
-    def run(self, name: str, attr: Any, write: Any, *args: Any) -> Any:
-        """``write(*args)`` inside the range (and a record_function range while a profiler records)."""
-        local = _LOCAL
-        local.depth = 1
-        self.domain.push_range(attr)
-        try:
-            if self.profiler_enabled():
-                with self.record_function(name):
-                    return write(*args)
-            return write(*args)
-        finally:
-            self.domain.pop_range()
-            local.depth = 0
-            local.write = None
-
-
 def _make_hook(cls_name: str, method: str, variant: str) -> Any:
     import importlib
 
@@ -329,6 +299,7 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
         if type(layer_id) is not int or not tokens or len(tokens) != 1:
             return original(*args, **kwargs)  # a call SGLang itself will judge: no range
         tokens = int(tokens[0])
+        state.saw(layer_id, tokens)
         route = state.route_for(pool) if routable and state.writer_name else None
         fell_back = False
         if route is not None:
@@ -348,6 +319,139 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
                           WRITE_FALLBACK if fell_back else WRITE_SET_KV_BUFFER)
 
     hook.__name__ = f"kvprof_{cls_name}_{method}"
+    return hook
+
+
+def _method_problem(mod_name: str, cls_name: str, method: str) -> str | None:
+    """Why ``mod_name.cls_name.method`` cannot be hooked here (None: it can)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as exc:  # noqa: BLE001 - its import errors vary with what is installed
+        return f"{mod_name} does not import ({_line(exc)})"
+    cls = getattr(mod, cls_name, None)
+    if not isinstance(cls, type) or not callable(cls.__dict__.get(method)):
+        return f"this SGLang has no {cls_name}.{method} of its own"
+    return None
+
+
+def _hook_function(registry: Any, hook_type: Any, mod_name: str, function: str, hook: Any) -> str | None:
+    """An AROUND hook on ``mod_name.function``: its path, or None (why logged) where it is not here."""
+    import importlib
+
+    try:
+        fn = getattr(importlib.import_module(mod_name), function, None)
+    except Exception as exc:  # noqa: BLE001 - its import errors vary with what is installed
+        log.warning("kvprof: not hooking %s.%s: %s does not import (%s)", mod_name, function, mod_name, _line(exc))
+        return None
+    if not callable(fn):
+        log.warning("kvprof: not hooking %s.%s: this SGLang has no %s", mod_name, function, function)
+        return None
+    registry.register(f"{mod_name}.{function}", hook, hook_type.AROUND)
+    return f"{mod_name}.{function}"
+
+
+def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
+    """The AROUND hook on one bypass path: its write ranged (layer from its K cache's address),
+    counted as ``sglang:<variant>`` and seen by the ledger. ``params``: the function's parameter
+    names (read from SGLang's function when not given)."""
+    if params is None:
+        import importlib
+
+        params = list(inspect.signature(getattr(importlib.import_module(bypass.module), bypass.function)).parameters)
+    k_pos = params.index(bypass.k_cache) if bypass.k_cache in params else None
+    loc_pos = params.index(bypass.loc) if bypass.loc in params else None
+    ranges = _Ranges()
+    local = _LOCAL
+    native_key = SGLANG.native_key(bypass.variant)
+
+    def arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, pos: int | None) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        return args[pos] if pos is not None and pos < len(args) else None
+
+    def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+        state = STATE
+        k_cache = arg(args, kwargs, bypass.k_cache, k_pos)
+        loc = arg(args, kwargs, bypass.loc, loc_pos)
+        shape = getattr(loc, "shape", None)
+        if getattr(local, "depth", 0) or not shape or len(shape) != 1 or not hasattr(k_cache, "data_ptr"):
+            return original(*args, **kwargs)  # a call SGLang itself will judge: no range
+        tokens = int(shape[0])
+        found = LAYERS.find(k_cache)
+        if found is None:
+            state.note(f"{bypass.function}: K cache of no pool kvprof has seen (range without a layer)")
+            layer_id = None
+        else:
+            pool, _, layer_id = found
+            state.seen(pool, bypass.function, bypass.variant)
+        state.saw(layer_id, tokens)
+        name, attr = ranges.of(bypass.variant, layer_id, tokens)
+        local.write = (bypass.variant, layer_id, tokens, None, 1)
+        return ranges.run(name, attr, _native, original, args, kwargs, state, native_key, bypass.write_path)
+
+    hook.__name__ = f"kvprof_{bypass.function}"
+    return hook
+
+
+def _make_step_hook() -> Any:
+    """ModelRunner.forward: one ledger step, the batch's tokens (out_cache_loc) times each layer of
+    the runner's pool; a step that replayed a CUDA graph with writes is counted apart."""
+
+    def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+        state = STATE
+        graphs = GRAPHS
+        before = graphs.replays
+        out = original(*args, **kwargs)
+        try:
+            batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
+            loc: Any = getattr(batch, "out_cache_loc", None)
+            tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
+            layers = pool_layers(getattr(args[0], "token_to_kv_pool", None)) if args else []
+            if tokens and layers:
+                state.ledger.step_by_layer(dict.fromkeys(layers, tokens), graph=graphs.replays != before)
+        except Exception as exc:  # noqa: BLE001 - the ledger must never stop a step
+            log.debug("kvprof: ledger step not noted (%s)", _line(exc))
+        return out
+
+    hook.__name__ = "kvprof_ModelRunner_forward"
+    return hook
+
+
+def pool_layers(pool: Any) -> list[int]:
+    """The layer ids a KV pool keeps a cache for: ``model_layer_ids`` where a hybrid pool has them,
+    else ``start_layer`` .. ``start_layer + layer_num``; a hybrid pool's full-attention pool's."""
+    inner = getattr(pool, "full_kv_pool", None)
+    if inner is not None:
+        pool = inner
+    ids = getattr(pool, "model_layer_ids", None)
+    if isinstance(ids, (list, tuple)) and ids:
+        return [int(i) for i in ids]
+    num = getattr(pool, "layer_num", None)
+    start = getattr(pool, "start_layer", 0) or 0
+    return list(range(start, start + num)) if type(num) is int else []
+
+
+def _make_attention_hook() -> Any:
+    """RadixAttention.forward: a call with save_kv_cache=False is a model writing K/V itself,
+    noted (per layer) as the path where the ledger's unseen writes went."""
+
+    def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
+        save = kwargs.get("save_kv_cache", args[5] if len(args) > 5 else True)
+        if save is False and args:
+            try:
+                batch = kwargs.get("forward_batch", args[4] if len(args) > 4 else None)
+                loc: Any = getattr(batch, "out_cache_loc", None)
+                tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
+                layer = getattr(args[0], "layer_id", None)
+                if tokens and not GRAPHS.capturing():
+                    STATE.ledger.bypass(f"save_kv_cache=False L{layer}: the model writes K/V itself", tokens)
+            except Exception as exc:  # noqa: BLE001 - a note only
+                log.debug("kvprof: save_kv_cache=False not noted (%s)", _line(exc))
+        return original(*args, **kwargs)
+
+    hook.__name__ = "kvprof_RadixAttention_forward"
     return hook
 
 
@@ -387,6 +491,7 @@ def _make_rope_hook() -> Any:
         else:
             pool, index, layer_id = found
             state.seen(pool, ROPE_FUNCTION, ROPE_VARIANT)
+        state.saw(layer_id, tokens)
         fell_back = False
         if state.writer_name:
             if found is None:
@@ -423,167 +528,15 @@ def _native_kernel(native: Any) -> tuple[str | None, int]:
     return NATIVE_KERNELS.get(native, (None, 1)) if isinstance(native, str) else (None, 1)
 
 
-def _writer_kernel(writer: Any) -> tuple[str | None, int]:
-    """(a substring of the writer's kernel name, kernels per write) where the writer says it
-    (``kernel_name``), else (None, 1): its graph-replayed writes are then counted by name only."""
-    name = getattr(writer, "kernel_name", None)
-    return (name if isinstance(name, str) and name else None), 1
-
-
-class _Graphs:
-    """The writes each CUDA graph captured, in capture order (``CapturedGraph``), and the
-    number each graph gets; SGLang captures its graphs on the thread that runs the model."""
-
-    def __init__(self) -> None:
-        self.local = threading.local()
-        self.lock = threading.Lock()
-        self.next_id = 0
-        self.graphs: list[CapturedGraph] = []
-        self.empty = 0  # graphs captured without a KV write
-        self.ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self.with_writes: set[int] = set()
-        self.hook: str | None = None
-
-    def begin(self, graph: Any) -> None:
-        with self.lock:
-            gid = self.next_id
-            self.next_id += 1
-        try:
-            self.ids[graph] = gid
-        except TypeError:  # not weakly referable: its replays get no range
-            pass
-        stack = getattr(self.local, "stack", None)
-        if stack is None:
-            stack = self.local.stack = []
-        stack.append((gid, []))
-
-    def end(self) -> bool:
-        """The innermost capture on this thread ended; True when it recorded writes."""
-        stack = getattr(self.local, "stack", None)
-        if not stack:
-            return False
-        gid, writes = stack.pop()
-        with self.lock:
-            if writes:
-                self.graphs.append(CapturedGraph(graph=gid, writes=writes))
-                self.with_writes.add(gid)
-            else:
-                self.empty += 1
-        return bool(writes)
-
-    def note(self, path: str) -> None:
-        """A write counted as ``path``: recorded into the graph being captured on this thread, if any."""
-        stack = getattr(self.local, "stack", None)
-        if not stack:
-            return
-        what = getattr(_LOCAL, "write", None)
-        if what is None:
-            return
-        variant, layer_id, tokens, kernel, kernels = what
-        stack[-1][1].append(GraphWrite(layer=layer_id if type(layer_id) is int else -1, variant=variant, path=path,
-                                       tokens=int(tokens), kernel=kernel, kernels=int(kernels)))
-
-    def replay_range(self, graph: Any) -> str | None:
-        """The range name a replay of ``graph`` runs in, or None for a graph without writes."""
-        try:
-            gid = self.ids.get(graph)
-        except TypeError:
-            return None
-        return GRAPH_REPLAY_RANGE_FORMAT.format(graph=gid) if gid in self.with_writes else None
-
-
-GRAPHS = _Graphs()
+GRAPHS = core.GRAPHS
 
 
 def hook_graphs(cls: Any = None) -> str:
     """Wrap ``torch.cuda.CUDAGraph``'s capture_begin, capture_end and replay (SGLang's graph
     backends capture through them): where it was hooked, or why not (then graph-replayed writes
-    are counted by kernel name only). Never raises."""
-    if cls is None:
-        try:
-            import torch
-
-            cls = getattr(torch.cuda, "CUDAGraph", None)
-        except Exception as exc:  # noqa: BLE001 - a torch without CUDA graphs
-            return f"not hooked: torch.cuda does not import ({_line(exc)})"
-    if not isinstance(cls, type):
-        return "not hooked: this torch has no torch.cuda.CUDAGraph"
-    missing = [m for m in GRAPH_METHODS if not callable(getattr(cls, m, None))]
-    if missing:
-        return f"not hooked: torch.cuda.CUDAGraph has no {', '.join(missing)}"
-    where = f"{cls.__module__}.{cls.__qualname__}.{{{','.join(GRAPH_METHODS)}}}"
-    if getattr(getattr(cls, "capture_begin"), "_kvprof_graph_hook", False):  # noqa: B009 - a type's attribute
-        return where
-    begin, end, replay = (getattr(cls, m) for m in GRAPH_METHODS)
-    graphs, state = GRAPHS, STATE
-
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        graphs.begin(self)
-        try:
-            return begin(self, *args, **kwargs)
-        except BaseException:
-            graphs.end()
-            raise
-
-    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return end(self, *args, **kwargs)
-        finally:
-            if graphs.end():
-                state.write_sidecar()
-
-    def replay_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        name = graphs.replay_range(self)
-        if name is None:
-            return replay(self, *args, **kwargs)
-        return _replay_ranges().run(name, replay, self, *args, **kwargs)
-
-    for m, fn in zip(GRAPH_METHODS, (capture_begin, capture_end, replay_hooked)):
-        fn.__name__ = f"kvprof_{m}"
-        fn.__wrapped__ = getattr(cls, m)  # type: ignore[attr-defined]
-        fn._kvprof_graph_hook = True  # type: ignore[attr-defined]
-        setattr(cls, m, fn)
-    log.info("kvprof: CUDA graph captures noted through %s", where)
-    return where
-
-
-class _ReplayRanges(_RangeMaker):
-    """A range around a graph replay: NVTX, and record_function while a profiler records."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.attrs: dict[str, Any] = {}
-
-    def run(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        attr = self.attrs.get(name)
-        if attr is None:
-            attr = self.attrs[name] = self.domain.get_event_attributes(message=name)
-        self.domain.push_range(attr)
-        try:
-            if self.profiler_enabled():
-                with self.record_function(name):
-                    return fn(*args, **kwargs)
-            return fn(*args, **kwargs)
-        finally:
-            self.domain.pop_range()
-
-
-_REPLAY_RANGES: list[_ReplayRanges] = []
-
-
-def _replay_ranges() -> _ReplayRanges:
-    if not _REPLAY_RANGES:
-        _REPLAY_RANGES.append(_ReplayRanges())
-    return _REPLAY_RANGES[0]
-
-
-def _native(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any], state: _State, path: str,
-            write_path: str) -> Any:
-    state.count(path, write_path)
-    return original(*args, **kwargs)
-
-
-_LOCAL = threading.local()
+    are counted by kernel name only). Never raises (``kvprof.integrations.core.hook_graphs``)."""
+    state = STATE
+    return core.hook_graphs(cls, lambda: GRAPHS, state.write_sidecar)
 
 
 class _Route:
@@ -807,59 +760,20 @@ def _current_pool() -> Any:
 LAYERS = _LayerMap()
 
 
-class _State:
-    """What this process did, for the sidecar; the writer and each pool's route."""
+class _State(core.PluginState):
+    """What this process did, for the sidecar (``kvprof.integrations.core.PluginState``); the
+    writer and each pool's route."""
 
     def __init__(self) -> None:
-        self.writer_name: str | None = None
-        self.writer: Any = None
-        self.writer_error: str | None = None
-        self.hooked: list[str] = []
-        self.pools: dict[int, dict[str, Any]] = {}
+        super().__init__(SGLANG)
         self.routes: dict[int, _Route | None] = {}
         self.rope_routes: dict[int, tuple[Any, _RopeRoute | None]] = {}
-        self.paths: dict[str, int] = {}
-        self.write_paths: dict[str, int] = {}
-        self.fallbacks: dict[str, int] = {}
-        self.unattributed: dict[str, int] = {}
-        self.device: SidecarDevice | None = None
-        self.lock = threading.Lock()
 
-    def count(self, path: str, write_path: str) -> None:
-        """One write: ``path`` in detail (whose kernel, which path), ``write_path`` which entry
-        point wrote it (set_kv_buffer, fused into rope) or that the named writer fell back."""
-        self.paths[path] = self.paths.get(path, 0) + 1
-        self.write_paths[write_path] = self.write_paths.get(write_path, 0) + 1
-        GRAPHS.note(path)
+    def graphs(self) -> core.Graphs:
+        return GRAPHS
 
-    def note(self, reason: str) -> None:
-        """A write counted and ranged without its layer (logged once per reason)."""
-        n = self.unattributed.get(reason, 0)
-        if not n:
-            log.warning("kvprof: a KV write with no layer: %s", reason)
-        self.unattributed[reason] = n + 1
-
-    def fallback(self, reason: str) -> None:
-        n = self.fallbacks.get(reason, 0)
-        if not n:
-            log.warning("kvprof: %s: SGLang's own write for %s", self.writer_name, reason)
-        self.fallbacks[reason] = n + 1
-        self.paths["sglang:fallback"] = self.paths.get("sglang:fallback", 0) + 1
-
-    def _writer(self) -> Any:
-        if self.writer is None and self.writer_error is None:
-            if self.writer_name is None:  # the hooks ask only once a writer is named
-                self.writer_error = "no writer named"
-                return None
-            try:
-                from kvprof.writers import create_writer
-
-                self.writer = create_writer(self.writer_name)
-            except Exception as exc:  # noqa: BLE001 - an unknown name or a writer that fails to build
-                self.writer_error = _line(exc)
-                log.warning("kvprof: writer %s unavailable (%s): SGLang's own writes", self.writer_name,
-                            self.writer_error)
-        return self.writer
+    def ranks(self) -> tuple[int, int, int]:
+        return _ranks()
 
     def route_for(self, pool: Any) -> _Route | None:
         """This pool's route (built once); None: the pool is SGLang's to write, reason logged once."""
@@ -921,9 +835,6 @@ class _State:
         writer.prepare(dev)
         return _RopeRoute(writer, pool, dev, self), None
 
-    def pool_info(self, pool: Any) -> dict[str, Any]:
-        return self.pools.setdefault(id(pool), {})
-
     def seen(self, pool: Any, hooked: str, variant: str) -> None:
         """A pool's first write: described in the sidecar, and its K buffers known by address."""
         info = self.pools.get(id(pool))
@@ -935,41 +846,6 @@ class _State:
             self.device = describe_device(pool)
         LAYERS.add(pool)
         self.write_sidecar()
-
-    def sidecar(self) -> Sidecar:
-        import msgspec
-
-        from kvprof import __version__
-
-        rank, tp_rank, tp_size = _ranks()
-        with GRAPHS.lock:
-            graphs, empty = list(GRAPHS.graphs), GRAPHS.empty
-        return Sidecar(
-            schema=SIDECAR_SCHEMA, kvprof_version=__version__, sglang_version=sglang_version(),
-            pid=os.getpid(), rank=rank, tp_rank=tp_rank, tp_size=tp_size,
-            hooked=list(self.hooked), writer=self.writer_name, writer_error=self.writer_error,
-            pools=[msgspec.convert(p, SidecarPool) for p in list(self.pools.values())],
-            paths=dict(self.paths), write_paths=dict(self.write_paths),
-            fallbacks=dict(self.fallbacks), unattributed=dict(self.unattributed), device=self.device,
-            graphs=graphs, graphs_without_writes=empty, graph_hook=GRAPHS.hook,
-        )
-
-    def write_sidecar(self) -> Path | None:
-        """Write (or rewrite) this process's sidecar; a failure is logged, never raised."""
-        if not self.pools:
-            return None
-        with self.lock:
-            try:
-                from kvprof.core.atomic import atomic_write_bytes
-                from kvprof.core.rundir import RunDir
-
-                doc = self.sidecar()
-                path = sidecar_dir() / RunDir.sidecar_name(doc.tp_rank, doc.pid)
-                atomic_write_bytes(path, encode_sidecar(doc))
-                return path
-            except Exception as exc:  # noqa: BLE001 - a sidecar must never take the server down
-                log.warning("kvprof: cannot write the SGLang sidecar (%s)", _line(exc))
-                return None
 
 
 STATE = _State()
@@ -1006,7 +882,7 @@ def _pool_device(pool: Any, writer: Any) -> tuple[Any, str | None]:
 
 
 def sidecar_dir() -> Path:
-    return Path(os.environ.get(ENV_DIR) or os.environ.get("SGLANG_TORCH_PROFILER_DIR") or "/tmp")
+    return SGLANG.sidecar_dir()
 
 
 def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
@@ -1021,7 +897,8 @@ def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
             return str(x) if x is not None else None
 
     out: dict[str, Any] = {"class": type(pool).__name__, "hooked": hooked, "variant": variant,
-                           "native_path": ROPE_FUSED if hooked == ROPE_FUNCTION else native_path(pool)}
+                           "native_path": ROPE_FUSED if hooked == ROPE_FUNCTION else
+                           next((b.native for b in BYPASSES if b.function == hooked), None) or native_path(pool)}
     for key in ("size", "page_size", "head_num", "head_dim", "v_head_dim", "layer_num", "start_layer",
                 "kv_lora_rank", "qk_rope_head_dim"):
         value = getattr(pool, key, None)
@@ -1040,19 +917,7 @@ def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
 def describe_device(pool: Any) -> SidecarDevice | None:
     """The pool's device as kvprof's manifest describes one (name, peak bandwidth and its source);
     None where it cannot be read (never raises: the sidecar goes without it)."""
-    try:
-        import msgspec
-        import torch
-
-        from kvprof.devinfo import device_properties
-
-        dev = torch.device(pool.device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        return msgspec.convert(device_properties(dev), SidecarDevice)
-    except Exception as exc:  # noqa: BLE001 - a description only
-        log.warning("kvprof: cannot describe the pool's device (%s)", _line(exc))
-        return None
+    return core.describe_device(getattr(pool, "device", None))
 
 
 def native_path(pool: Any) -> str:
@@ -1100,3 +965,4 @@ def _ranks() -> tuple[int, int, int]:
     except Exception as exc:  # noqa: BLE001 - not initialised (a bare pool) or another SGLang
         log.debug("kvprof: no SGLang parallel context (%s)", _line(exc))
     return rank, (tp_rank if tp_rank is not None else rank), (tp_size if tp_size is not None else 1)
+

@@ -29,6 +29,7 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                       _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
         console.print(t)
     render_sidecar_paths(section.get("sidecars") or [], console)
+    render_ledgers(section.get("sidecars") or [], console)
     # kvprof's own captures have their writes' numbers above; the name classifier is for the others
     rows = [t for t in section.get("traces") or [] if t.get("write_kernels") and not t.get("is_kvprof_capture")]
     if not rows:
@@ -66,7 +67,10 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
         return
     from rich.table import Table
 
-    t = Table(title="SGLang plugin: KV writes by path (counted in Python; graph replays are not)",
+    from kvprof.core.sidecar import ENGINE_NAMES
+
+    engines = sorted({ENGINE_NAMES.get(str(s.get("engine") or "sglang"), str(s.get("engine"))) for s in rows})
+    t = Table(title=f"{' and '.join(engines)} plugin: KV writes by path (counted in Python; graph replays are not)",
               title_justify="left")
     for col in ("TP rank", "pid", "writer", *SIDECAR_WRITE_PATHS, "paths"):
         t.add_column(col, justify="left" if col in ("writer", "paths") else "right", no_wrap=col != "paths")
@@ -76,6 +80,60 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
                   *(str(counts.get(k, 0)) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
                   ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items()))
     console.print(t)
+
+
+def ledger_lines(sidecar: dict[str, Any]) -> tuple[list[tuple[str, int, int, int]], list[str]]:
+    """One sidecar's write ledger: rows (layer, tokens asked, tokens seen, unseen) for the layers
+    that differ, and the lines to print (every write seen, or where the unseen ones went)."""
+    ledger = sidecar.get("ledger") or {}
+    who = f"{sidecar.get('engine') or 'sglang'} TP {sidecar.get('tp_rank')} pid {sidecar.get('pid')}"
+    expected = {str(k): int(v) for k, v in (ledger.get("expected") or {}).items()}
+    seen = {str(k): int(v) for k, v in (ledger.get("seen") or {}).items()}
+    steps, graph_steps = int(ledger.get("steps") or 0), int(ledger.get("graph_steps") or 0)
+    layers = sorted(set(expected) | set(seen), key=lambda k: (len(k), k))
+    rows = [(k, expected.get(k, 0), seen.get(k, 0), expected.get(k, 0) - seen.get(k, 0)) for k in layers
+            if expected.get(k, 0) != seen.get(k, 0)]
+    lines = []
+    asked = sum(expected.values())
+    graphs = (f"; {graph_steps} of them replayed CUDA graphs (their writes are the graph record's, not "
+              "counted here)") if graph_steps else ""
+    if not rows:
+        lines.append(f"write ledger ({who}): every write was seen: {asked:,} tokens asked of {len(expected)} "
+                     f"layers over {steps} steps{graphs}")
+        return rows, lines
+    unseen = sum(r[3] for r in rows if r[3] > 0)
+    lines.append(f"write ledger ({who}): {unseen:,} of {asked:,} tokens asked were written where no hook saw "
+                 f"them, over {steps} steps{graphs}")
+    paths = ledger.get("unseen_paths") or {}
+    if paths:
+        lines.append("  the engine took these paths around the hooked writes: " +
+                     "; ".join(f"{k} ({v:,} tokens)" for k, v in sorted(paths.items())))
+    else:
+        lines.append("  no hook named their path (a kernel kvprof does not hook wrote them)")
+    if any(r[3] < 0 for r in rows):
+        lines.append("  layers with more tokens seen than asked: writes outside the engine's steps "
+                     "(a warm-up, or a caller of the pool's own)")
+    return rows, lines
+
+
+def render_ledgers(sidecars: list[dict[str, Any]], console: Any) -> None:
+    """Per engine process with a ledger: every write seen, or the layers whose writes no hook saw."""
+    from rich.table import Table
+
+    for s in sorted(sidecars, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
+        if not s.get("ledger"):
+            continue
+        rows, lines = ledger_lines(s)
+        if rows:
+            t = Table(title="write ledger: tokens asked of each layer against tokens its hooks saw",
+                      title_justify="left")
+            for col in ("layer", "asked", "seen", "unseen"):
+                t.add_column(col, justify="right", no_wrap=True)
+            for layer, asked, seen, unseen in rows:
+                t.add_row("no layer" if layer == "-1" else layer, f"{asked:,}", f"{seen:,}", f"{unseen:,}")
+            console.print(t)
+        for line in lines:
+            console.print(line, markup=False, highlight=False)
 
 
 def _fmt(v: Any, scale: float = 1000.0) -> str:

@@ -47,8 +47,9 @@ log = logging.getLogger("kvprof")
 # kvprof's own variables: the only KVPROF_* names a child receives.
 KVPROF_VARIABLES: tuple[str, ...] = ("KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
                                      "KVPROF_SGL_CUBIN",  # where sgl_kernel_cubin's kernels are
-                                     # the SGLang plugin's switches (kvprof.integrations.sglang)
-                                     "KVPROF_SGLANG", "KVPROF_SGLANG_WRITER", "KVPROF_SGLANG_DIR")
+                                     # the engine plugins' switches (kvprof.integrations.sglang, .vllm)
+                                     "KVPROF_SGLANG", "KVPROF_SGLANG_WRITER", "KVPROF_SGLANG_DIR",
+                                     "KVPROF_VLLM", "KVPROF_VLLM_WRITER", "KVPROF_VLLM_DIR")
 
 EXACT_NAMES: tuple[str, ...] = (
     "PATH",

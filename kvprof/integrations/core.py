@@ -1,0 +1,539 @@
+"""The engine-neutral half of kvprof's engine plugins: what every adapter shares.
+
+An adapter (``kvprof.integrations.sglang``, ``kvprof.integrations.vllm``) finds the engine's KV
+write entry points and wraps them; everything around the wrapped call is here:
+
+- ``Engine``: the adapter's name and switches (``KVPROF_<ENGINE>``, ``..._WRITER``, ``..._DIR``),
+  its version, where its sidecar goes and the process's ranks;
+- ``Ranges`` / ``ReplayRanges``: kvprof's write ranges (NVTX domain ``kvprof``, message
+  ``set_kv_buffer[<variant>] L<layer>``, payload = tokens) and, while a torch profiler records,
+  a ``record_function`` range of the same name; a CUDA graph replay's range;
+- ``LOCAL``: the write now running on this thread (so a hooked write inside a hooked write gets
+  one range, and a graph capture can record it);
+- ``Graphs`` / ``hook_graphs``: the writes each CUDA graph captured, and a range per replay;
+- ``PluginState``: what the process did, for the sidecar: paths counted (``<engine>:<variant>``,
+  ``writer:<name>:<path>``, ``<engine>:fallback``), entry points (``write_paths``), fallbacks,
+  writes without a layer, the device, the write ledger (``Ledger``), the named writer built once;
+  ``write_sidecar`` writes ``kvprof-<engine>.TP-<r>.pid-<p>.json`` atomically, never raising.
+
+What an adapter provides is listed in docs/architecture.md ("Engine plugins").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from kvprof.core.sidecar import (
+    SIDECAR_SCHEMA,
+    CapturedGraph,
+    GraphWrite,
+    Sidecar,
+    SidecarDevice,
+    SidecarLedger,
+    SidecarPool,
+    encode_sidecar,
+)
+from kvprof.core.vocab import GRAPH_REPLAY_RANGE_FORMAT
+
+# torch's CUDA graph class: its captures note the writes recorded into each graph, its replays
+# carry a range naming the graph (kvprof.core.vocab.GRAPH_REPLAY_RANGE_FORMAT)
+GRAPH_METHODS = ("capture_begin", "capture_end", "replay")
+
+log = logging.getLogger("kvprof.engines")
+
+
+def truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def line(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine as its adapter describes it. ``ranks`` returns (global rank, TP rank, TP size);
+    ``default_dir`` the sidecar folder when ``<env_dir>`` is unset."""
+
+    name: str  # sglang, vllm: the sidecar's engine and the prefix of its native path keys
+    package: str  # the distribution whose version the sidecar records
+    ranks: Callable[[], tuple[int, int, int]]
+    default_dir: Callable[[], str | None] = lambda: None
+    version: Callable[[], str | None] | None = None  # default: the version of ``package``
+
+    def engine_version(self) -> str | None:
+        return self.version() if self.version is not None else package_version(self.package)
+
+    @property
+    def env_on(self) -> str:
+        return f"KVPROF_{self.name.upper()}"
+
+    @property
+    def env_writer(self) -> str:
+        return f"KVPROF_{self.name.upper()}_WRITER"
+
+    @property
+    def env_dir(self) -> str:
+        return f"KVPROF_{self.name.upper()}_DIR"
+
+    @property
+    def fallback_key(self) -> str:
+        """The paths key of a call the named writer left to the engine."""
+        return f"{self.name}:fallback"
+
+    def native_key(self, variant: str) -> str:
+        """The paths key of the engine's own write of ``variant``."""
+        return f"{self.name}:{variant}"
+
+    def sidecar_dir(self) -> Path:
+        return Path(os.environ.get(self.env_dir) or self.default_dir() or "/tmp")
+
+    def writer_name(self) -> str | None:
+        return (os.environ.get(self.env_writer) or "").strip() or None
+
+
+def torch_ranks() -> tuple[int, int, int]:
+    """(global rank, TP rank, TP size) from torch.distributed, else 0/0/1."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+            return rank, rank, dist.get_world_size()
+    except (RuntimeError, ValueError) as exc:
+        log.debug("kvprof: no torch.distributed rank (%s)", line(exc))
+    return 0, 0, 1
+
+
+class RangeMaker:
+    """kvprof's NVTX domain and torch's record_function, looked up once for the hooks' ranges."""
+
+    def __init__(self) -> None:
+        import nvtx
+        import torch
+
+        from kvprof.core.vocab import NVTX_DOMAIN
+
+        self.domain = nvtx.get_domain(NVTX_DOMAIN)
+        self.profiler_enabled = torch._C._autograd._profiler_enabled
+        self.record_function = torch.profiler.record_function
+
+
+LOCAL = threading.local()
+
+
+class Ranges(RangeMaker):
+    """kvprof's write ranges (NVTX and record_function), names and attributes made once each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[tuple[str, int | None], str] = {}
+        self.attrs: dict[tuple[str, int | None, int], Any] = {}
+
+    def of(self, variant: str, layer_id: int | None, tokens: int) -> tuple[str, Any]:
+        """(range name, NVTX attributes); without a layer id the name has no ``L<layer>``
+        (a form the analysis reads as layer -1)."""
+        from kvprof.core.vocab import WRITE_RANGE_FORMAT
+
+        key = (variant, layer_id)
+        name = self.names.get(key)
+        if name is None:
+            name = WRITE_RANGE_FORMAT.format(variant=variant, layer=layer_id)
+            if layer_id is None:
+                name = name.rsplit(" L", 1)[0]
+            self.names[key] = name
+        akey = (variant, layer_id, tokens)
+        attr = self.attrs.get(akey)
+        if attr is None:
+            from kvprof.instrument import variant_color
+
+            attr = self.attrs[akey] = self.domain.get_event_attributes(
+                message=name, color=variant_color(variant), category=variant, payload=tokens)
+        return name, attr
+
+    def run(self, name: str, attr: Any, write: Any, *args: Any) -> Any:
+        """``write(*args)`` inside the range (and a record_function range while a profiler records)."""
+        local = LOCAL
+        local.depth = 1
+        self.domain.push_range(attr)
+        try:
+            if self.profiler_enabled():
+                with self.record_function(name):
+                    return write(*args)
+            return write(*args)
+        finally:
+            self.domain.pop_range()
+            local.depth = 0
+            local.write = None
+
+
+class Graphs:
+    """The writes each CUDA graph captured, in capture order (``CapturedGraph``), and the
+    number each graph gets; engines capture their graphs on the thread that runs the model."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.next_id = 0
+        self.graphs: list[CapturedGraph] = []
+        self.empty = 0  # graphs captured without a KV write
+        self.ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.with_writes: set[int] = set()
+        self.hook: str | None = None
+        self.replays = 0  # replays of graphs with writes (a step that replays one wrote inside it)
+
+    def begin(self, graph: Any) -> None:
+        with self.lock:
+            gid = self.next_id
+            self.next_id += 1
+        try:
+            self.ids[graph] = gid
+        except TypeError:  # not weakly referable: its replays get no range
+            pass
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        stack.append((gid, []))
+
+    def end(self) -> bool:
+        """The innermost capture on this thread ended; True when it recorded writes."""
+        stack = getattr(self.local, "stack", None)
+        if not stack:
+            return False
+        gid, writes = stack.pop()
+        with self.lock:
+            if writes:
+                self.graphs.append(CapturedGraph(graph=gid, writes=writes))
+                self.with_writes.add(gid)
+            else:
+                self.empty += 1
+        return bool(writes)
+
+    def capturing(self) -> bool:
+        return bool(getattr(self.local, "stack", None))
+
+    def note(self, path: str) -> None:
+        """A write counted as ``path``: recorded into the graph being captured on this thread, if any."""
+        stack = getattr(self.local, "stack", None)
+        if not stack:
+            return
+        what = getattr(LOCAL, "write", None)
+        if what is None:
+            return
+        variant, layer_id, tokens, kernel, kernels = what
+        stack[-1][1].append(GraphWrite(layer=layer_id if type(layer_id) is int else -1, variant=variant, path=path,
+                                       tokens=int(tokens), kernel=kernel, kernels=int(kernels)))
+
+    def replay_range(self, graph: Any) -> str | None:
+        """The range name a replay of ``graph`` runs in, or None for a graph without writes."""
+        try:
+            gid = self.ids.get(graph)
+        except TypeError:
+            return None
+        return GRAPH_REPLAY_RANGE_FORMAT.format(graph=gid) if gid in self.with_writes else None
+
+    def snapshot(self) -> tuple[list[CapturedGraph], int]:
+        with self.lock:
+            return list(self.graphs), self.empty
+
+
+class ReplayRanges(RangeMaker):
+    """A range around a graph replay: NVTX, and record_function while a profiler records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attrs: dict[str, Any] = {}
+
+    def run(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        attr = self.attrs.get(name)
+        if attr is None:
+            attr = self.attrs[name] = self.domain.get_event_attributes(message=name)
+        self.domain.push_range(attr)
+        try:
+            if self.profiler_enabled():
+                with self.record_function(name):
+                    return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
+        finally:
+            self.domain.pop_range()
+
+
+_REPLAY_RANGES: list[ReplayRanges] = []
+
+
+def replay_ranges() -> ReplayRanges:
+    if not _REPLAY_RANGES:
+        _REPLAY_RANGES.append(ReplayRanges())
+    return _REPLAY_RANGES[0]
+
+
+def hook_graphs(cls: Any, graphs: Callable[[], Graphs], on_capture: Callable[[], Any]) -> str:
+    """Wrap ``cls``'s (default ``torch.cuda.CUDAGraph``) capture_begin, capture_end and replay:
+    where it was hooked, or why not (then graph-replayed writes are counted by kernel name only).
+    ``graphs()`` is the record the wrappers use (looked up at each call); ``on_capture()`` runs
+    after a capture that recorded writes (the adapter rewrites its sidecar). Never raises."""
+    if cls is None:
+        try:
+            import torch
+
+            cls = getattr(torch.cuda, "CUDAGraph", None)
+        except Exception as exc:  # noqa: BLE001 - a torch without CUDA graphs
+            return f"not hooked: torch.cuda does not import ({line(exc)})"
+    if not isinstance(cls, type):
+        return "not hooked: this torch has no torch.cuda.CUDAGraph"
+    missing = [m for m in GRAPH_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        return f"not hooked: torch.cuda.CUDAGraph has no {', '.join(missing)}"
+    where = f"{cls.__module__}.{cls.__qualname__}.{{{','.join(GRAPH_METHODS)}}}"
+    if getattr(getattr(cls, "capture_begin"), "_kvprof_graph_hook", False):  # noqa: B009 - a type's attribute
+        return where
+    begin, end, replay = (getattr(cls, m) for m in GRAPH_METHODS)
+    record = graphs()
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        record.begin(self)
+        try:
+            return begin(self, *args, **kwargs)
+        except BaseException:
+            record.end()
+            raise
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return end(self, *args, **kwargs)
+        finally:
+            if record.end():
+                on_capture()
+
+    def replay_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = record.replay_range(self)
+        if name is None:
+            return replay(self, *args, **kwargs)
+        record.replays += 1
+        return replay_ranges().run(name, replay, self, *args, **kwargs)
+
+    for m, fn in zip(GRAPH_METHODS, (capture_begin, capture_end, replay_hooked)):
+        fn.__name__ = f"kvprof_{m}"
+        fn.__wrapped__ = getattr(cls, m)  # type: ignore[attr-defined]
+        fn._kvprof_graph_hook = True  # type: ignore[attr-defined]
+        setattr(cls, m, fn)
+    log.info("kvprof: CUDA graph captures noted through %s", where)
+    return where
+
+
+def native(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any], state: PluginState, path: str,
+           write_path: str) -> Any:
+    """The engine's own write, counted as ``path`` (and ``write_path``)."""
+    state.count(path, write_path)
+    return original(*args, **kwargs)
+
+
+def writer_kernel(writer: Any) -> tuple[str | None, int]:
+    """(a substring of the writer's kernel name, kernels per write) where the writer says it
+    (``kernel_name``), else (None, 1): its graph-replayed writes are then counted by name only."""
+    name = getattr(writer, "kernel_name", None)
+    return (name if isinstance(name, str) and name else None), 1
+
+
+class Ledger:
+    """Per forward step, the writes the engine was asked to make (the batch's tokens times the
+    layers that keep a cache) against the writes a hook saw, by layer; and the paths that wrote
+    without a hook's range (``unseen``: a reason -> writes), where an adapter can name them.
+
+    ``step(tokens, layers)`` opens a step; ``saw(layer, tokens)`` counts a hooked write. A step
+    is closed by the next ``step`` or by ``close``; its expected and seen tokens add up per layer."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.steps = 0
+        self.expected: dict[int, int] = {}
+        self.seen: dict[int, int] = {}
+        self.unseen: dict[str, int] = {}
+        self.graph_steps = 0  # steps replayed from a CUDA graph: their writes ran inside the replay
+
+    def step(self, tokens: int, layers: list[int] | tuple[int, ...], graph: bool = False) -> None:
+        with self.lock:
+            self.steps += 1
+            if graph:  # the graph's replay writes without calling any hook: not expected of them
+                self.graph_steps += 1
+                return
+            for layer in layers:
+                self.expected[layer] = self.expected.get(layer, 0) + tokens
+
+    def step_by_layer(self, tokens: dict[int, int], graph: bool = False) -> None:
+        """A step whose layers were asked for different token counts (layer -> tokens)."""
+        with self.lock:
+            self.steps += 1
+            if graph:
+                self.graph_steps += 1
+                return
+            for layer, n in tokens.items():
+                self.expected[layer] = self.expected.get(layer, 0) + n
+
+    def saw(self, layer: int | None, tokens: int) -> None:
+        key = layer if type(layer) is int else -1
+        with self.lock:
+            self.seen[key] = self.seen.get(key, 0) + tokens
+
+    def bypass(self, reason: str, n: int = 1) -> None:
+        """A path the engine took around the hooked writes, named (a model's ``save_kv_cache=False``
+        ...), with its tokens: what analyze names where writes went unseen."""
+        with self.lock:
+            self.unseen[reason] = self.unseen.get(reason, 0) + n
+
+    def record(self) -> SidecarLedger | None:
+        with self.lock:
+            if not self.steps:
+                return None
+            return SidecarLedger(steps=self.steps, graph_steps=self.graph_steps,
+                                 expected={str(k): v for k, v in sorted(self.expected.items())},
+                                 seen={str(k): v for k, v in sorted(self.seen.items())},
+                                 unseen_paths=dict(self.unseen))
+
+
+class PluginState:
+    """What this process did, for the sidecar; the named writer, built once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.writer_name: str | None = None
+        self.writer: Any = None
+        self.writer_error: str | None = None
+        self.writer_layout = "mha"
+        self.hooked: list[str] = []
+        self.pools: dict[int, dict[str, Any]] = {}
+        self.paths: dict[str, int] = {}
+        self.write_paths: dict[str, int] = {}
+        self.fallbacks: dict[str, int] = {}
+        self.unattributed: dict[str, int] = {}
+        self.device: SidecarDevice | None = None
+        self.ledger = Ledger()
+        self.lock = threading.Lock()
+
+    # the record the counts go to, and the ranks: the adapter may look them up elsewhere
+    def graphs(self) -> Graphs:
+        return GRAPHS
+
+    def ranks(self) -> tuple[int, int, int]:
+        return self.engine.ranks()
+
+    def saw(self, layer: int | None, tokens: int) -> None:
+        """A hooked write of ``tokens`` rows in the ledger; one being captured into a CUDA graph is
+        not (the capture is no step; the graph's replays are counted as graph steps)."""
+        if not self.graphs().capturing():
+            self.ledger.saw(layer, tokens)
+
+    def count(self, path: str, write_path: str) -> None:
+        """One write: ``path`` in detail (whose kernel, which path), ``write_path`` which entry
+        point wrote it or that the named writer fell back."""
+        self.paths[path] = self.paths.get(path, 0) + 1
+        self.write_paths[write_path] = self.write_paths.get(write_path, 0) + 1
+        self.graphs().note(path)
+
+    def note(self, reason: str) -> None:
+        """A write counted and ranged without its layer (logged once per reason)."""
+        n = self.unattributed.get(reason, 0)
+        if not n:
+            log.warning("kvprof: a KV write with no layer: %s", reason)
+        self.unattributed[reason] = n + 1
+
+    def fallback(self, reason: str) -> None:
+        n = self.fallbacks.get(reason, 0)
+        if not n:
+            log.warning("kvprof: %s: %s's own write for %s", self.writer_name, self.engine.name, reason)
+        self.fallbacks[reason] = n + 1
+        key = self.engine.fallback_key
+        self.paths[key] = self.paths.get(key, 0) + 1
+
+    def _writer(self) -> Any:
+        if self.writer is None and self.writer_error is None:
+            if self.writer_name is None:  # the hooks ask only once a writer is named
+                self.writer_error = "no writer named"
+                return None
+            try:
+                from kvprof.writers import create_writer
+
+                self.writer = create_writer(self.writer_name, layout=self.writer_layout)
+            except Exception as exc:  # noqa: BLE001 - an unknown name or a writer that fails to build
+                self.writer_error = line(exc)
+                log.warning("kvprof: writer %s unavailable (%s): %s's own writes", self.writer_name,
+                            self.writer_error, self.engine.name)
+        return self.writer
+
+    def pool_info(self, pool: Any) -> dict[str, Any]:
+        return self.pools.setdefault(id(pool), {})
+
+    def sidecar(self) -> Sidecar:
+        import msgspec
+
+        from kvprof import __version__
+
+        rank, tp_rank, tp_size = self.ranks()
+        record = self.graphs()
+        graphs, empty = record.snapshot()
+        version = self.engine.engine_version()
+        return Sidecar(
+            schema=SIDECAR_SCHEMA, engine=self.engine.name, engine_version=version, kvprof_version=__version__,
+            sglang_version=version if self.engine.name == "sglang" else None,
+            pid=os.getpid(), rank=rank, tp_rank=tp_rank, tp_size=tp_size,
+            hooked=list(self.hooked), writer=self.writer_name, writer_error=self.writer_error,
+            pools=[msgspec.convert(p, SidecarPool) for p in list(self.pools.values())],
+            paths=dict(self.paths), write_paths=dict(self.write_paths),
+            fallbacks=dict(self.fallbacks), unattributed=dict(self.unattributed), device=self.device,
+            graphs=graphs, graphs_without_writes=empty, graph_hook=record.hook, ledger=self.ledger.record(),
+        )
+
+    def write_sidecar(self) -> Path | None:
+        """Write (or rewrite) this process's sidecar; a failure is logged, never raised."""
+        if not self.pools:
+            return None
+        with self.lock:
+            try:
+                from kvprof.core.atomic import atomic_write_bytes
+                from kvprof.core.rundir import RunDir
+
+                doc = self.sidecar()
+                path = self.engine.sidecar_dir() / RunDir.sidecar_name(doc.tp_rank, doc.pid, self.engine.name)
+                atomic_write_bytes(path, encode_sidecar(doc))
+                return path
+            except Exception as exc:  # noqa: BLE001 - a sidecar must never take the server down
+                log.warning("kvprof: cannot write the %s sidecar (%s)", self.engine.name, line(exc))
+                return None
+
+
+GRAPHS = Graphs()
+
+
+def describe_device(device: Any) -> SidecarDevice | None:
+    """``device`` as kvprof's manifest describes one (name, peak bandwidth and its source);
+    None where it cannot be read (never raises: the sidecar goes without it)."""
+    try:
+        import msgspec
+        import torch
+
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        from kvprof.devinfo import device_properties
+
+        return msgspec.convert(device_properties(dev), SidecarDevice)
+    except Exception as exc:  # noqa: BLE001 - a description only
+        log.warning("kvprof: cannot describe the KV cache's device (%s)", line(exc))
+        return None

@@ -1,0 +1,191 @@
+"""The write ledger: per forward step, the writes the engine was asked to make against the writes
+a hook saw, and what analyze prints from it.
+
+SGLang's side runs the plugin's hooks as SGLang's HookRegistry would call them (an AROUND hook
+gets the original first) over stand-in pools with SGLang's attribute names: ``ModelRunner.forward``
+(a step: its batch's ``out_cache_loc`` times the pool's layers), ``RadixAttention.forward`` (a
+``save_kv_cache=False`` call names the path) and the bypass paths, whose parameter names are read
+from SGLang 0.5.23's real functions where its package imports (``bf16_rope_scale_store``,
+``fused_fp8_qkv_kv_cache``); their CUDA kernels are stand-ins that store the rows. The vLLM side
+runs in vLLM itself (tests/test_vllm_plugin.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from kvprof.cli import main
+from kvprof.core.sidecar import SIDECAR_SCHEMA, Sidecar, SidecarLedger, encode_sidecar
+from kvprof.integrations import core, sglang as plugin_mod
+from kvprof.report.write_kernels import ledger_lines
+
+HK, D, SIZE, LAYERS = 2, 64, 31, 3
+
+
+class Pool:
+    """The attributes of SGLang's MHATokenToKVPool that the plugin reads."""
+
+    def __init__(self) -> None:
+        self.size, self.page_size, self.dtype, self.store_dtype = SIZE, 1, torch.bfloat16, torch.bfloat16
+        self.head_num, self.head_dim, self.v_head_dim = HK, D, D
+        self.layer_num, self.start_layer, self.device = LAYERS, 0, "cpu"
+        self.kv_cache_layout, self.is_quantized_kv_cache = "nhd", False
+        self.k_buffer = [torch.zeros(SIZE + 1, HK, D, dtype=torch.bfloat16) for _ in range(LAYERS)]
+        self.v_buffer = [torch.zeros(SIZE + 1, HK, D, dtype=torch.bfloat16) for _ in range(LAYERS)]
+
+
+@pytest.fixture
+def plugin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    monkeypatch.setenv("KVPROF_SGLANG_DIR", str(tmp_path))
+    monkeypatch.setattr(plugin_mod, "STATE", plugin_mod._State())
+    monkeypatch.setattr(plugin_mod, "LAYERS", plugin_mod._LayerMap(current=lambda: None))
+    monkeypatch.setattr(plugin_mod, "GRAPHS", core.Graphs())
+    monkeypatch.setattr(plugin_mod, "_ranks", lambda: (0, 0, 1))
+    return plugin_mod
+
+
+def _params(bypass: plugin_mod.Bypass) -> list[str]:
+    """The real function's parameter names where SGLang imports here, else the 0.5.23 ones."""
+    import importlib
+    import inspect
+
+    try:
+        return list(inspect.signature(getattr(importlib.import_module(bypass.module), bypass.function)).parameters)
+    except Exception:  # noqa: BLE001 - SGLang not installed: its signatures as of 0.5.23
+        return {"bf16_rope_scale_store": ["qkv", "query", "key_cache", "value_cache", "cos_sin", "positions",
+                                          "locations", "value_scale"],
+                "fused_fp8_qkv_kv_cache": ["q", "k", "v", "k_cache", "v_cache", "cache_loc", "k_scale",
+                                           "v_scale"]}[bypass.function]
+
+
+def store(**kw: Any) -> None:
+    """The bypass kernels' stand-in: the rows stored at their slots."""
+    k_cache = kw.get("key_cache", kw.get("k_cache"))
+    loc = kw.get("locations", kw.get("cache_loc"))
+    k_cache[loc] = 1
+
+
+def test_sglang_0_5_23_bypass_signatures_are_what_the_hooks_read() -> None:
+    """Where SGLang imports, its bypass functions take the K cache and slots the hooks read."""
+    pytest.importorskip("sglang")
+    for bypass in plugin_mod.BYPASSES:
+        params = _params(bypass)
+        assert bypass.k_cache in params and bypass.loc in params, (bypass.function, params)
+
+
+def _step(plugin: Any, pool: Pool, tokens: int, write: Any) -> None:
+    """One ModelRunner.forward through the step hook; ``write(layer)`` is the model's write."""
+    runner = SimpleNamespace(token_to_kv_pool=pool)
+    batch = SimpleNamespace(out_cache_loc=torch.arange(1, tokens + 1))
+    attention = plugin._make_attention_hook()
+
+    def forward(runner: Any, forward_batch: Any) -> str:
+        for layer in range(LAYERS):
+            layer_obj = SimpleNamespace(layer_id=layer)
+            save = write(layer, forward_batch.out_cache_loc)
+            attention(lambda *a, **k: None, layer_obj, None, None, None, forward_batch, save)
+        return "out"
+
+    assert plugin._make_step_hook()(forward, runner, batch) == "out"
+
+
+def test_every_write_through_a_bypass_is_seen(plugin: Any) -> None:
+    """A model that passes save_kv_cache=False and writes through bf16_rope_scale_store: each
+    write ranged as its own variant, counted, and the ledger says every write was seen."""
+    pool = Pool()
+    plugin.LAYERS.add(pool)
+    bypass = plugin.BYPASSES[0]
+    hook = plugin._make_bypass_hook(bypass, _params(bypass))
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        hook(store, qkv=None, query=None, key_cache=pool.k_buffer[layer], value_cache=pool.v_buffer[layer],
+             cos_sin=None, positions=None, locations=loc, value_scale=1.0)
+        return False  # the model's attention call: save_kv_cache=False
+
+    for tokens in (5, 1, 1):
+        _step(plugin, pool, tokens, write)
+    state = plugin.STATE
+    assert state.paths == {"sglang:sglang_bf16_rope_store": 3 * LAYERS}
+    assert state.write_paths == {"fused into rope": 3 * LAYERS}
+    assert all((pool.k_buffer[i][1:6] == 1).all() for i in range(LAYERS))
+    ledger = state.ledger.record()
+    assert ledger is not None and ledger.steps == 3
+    assert ledger.expected == ledger.seen == {str(i): 7 for i in range(LAYERS)}
+    rows, lines = ledger_lines(json.loads(encode_sidecar(state.sidecar())))
+    assert rows == [] and "every write was seen: 21 tokens asked of 3 layers over 3 steps" in lines[0]
+    (pool_info,) = state.pools.values()
+    assert pool_info["native_path"] == "bf16_rope_scale_store" and pool_info["variant"] == "sglang_bf16_rope_store"
+
+
+def test_writes_no_hook_saw_are_named(plugin: Any) -> None:
+    """Layer 1 writes through a kernel kvprof does not hook, after save_kv_cache=False: the ledger
+    counts its tokens unseen and names the path; the hooked layers are seen."""
+    pool = Pool()
+    plugin.LAYERS.add(pool)
+    bypass = plugin.BYPASSES[1]
+    hook = plugin._make_bypass_hook(bypass, _params(bypass))
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        if layer == 1:
+            pool.k_buffer[1][loc] = 2  # the model's own kernel: no hook
+            return False
+        hook(store, q=None, k=None, v=None, k_cache=pool.k_buffer[layer], v_cache=pool.v_buffer[layer],
+             cache_loc=loc)
+        return True
+
+    _step(plugin, pool, 4, write)
+    doc = json.loads(encode_sidecar(plugin.STATE.sidecar()))
+    rows, lines = ledger_lines(doc)
+    assert rows == [("1", 4, 0, 4)]
+    assert "4 of 12 tokens asked were written where no hook saw them, over 1 steps" in lines[0]
+    assert "save_kv_cache=False L1: the model writes K/V itself (4 tokens)" in lines[1]
+
+
+def test_graph_replay_steps_and_captured_writes_are_kept_apart(plugin: Any) -> None:
+    """Writes captured into a CUDA graph are no step's; a step that replays a graph is counted apart."""
+    pool = Pool()
+    plugin.LAYERS.add(pool)
+    bypass = plugin.BYPASSES[1]
+    hook = plugin._make_bypass_hook(bypass, _params(bypass))
+    graphs = plugin.GRAPHS
+    graphs.begin(object())
+    hook(store, q=None, k=None, v=None, k_cache=pool.k_buffer[0], v_cache=pool.v_buffer[0],
+         cache_loc=torch.arange(1, 3))
+    graphs.end()
+
+    def replayed(layer: int, loc: torch.Tensor) -> bool:
+        graphs.replays += layer == 0
+        return True
+
+    _step(plugin, pool, 2, replayed)
+    ledger = plugin.STATE.ledger.record()
+    assert ledger is not None and (ledger.steps, ledger.graph_steps) == (1, 1)
+    assert ledger.expected == {} and ledger.seen == {}
+    _, lines = ledger_lines(json.loads(encode_sidecar(plugin.STATE.sidecar())))
+    assert "1 of them replayed CUDA graphs" in lines[0]
+
+
+def test_analyze_prints_the_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """analyze on an engine's folder: the ledger's verdict per process, from the sidecars."""
+    from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build, dumps
+
+    folder = tmp_path / "engine"
+    folder.mkdir()
+    doc, _ = build(TraceSpec(variant="vllm_mha", layers=[0, 1], phases=[PhaseSpec("decode", 8, 2)],
+                             write=WriteSpec([KernelSpec(7, 0, 1000, name="reshape_and_cache_flash_kernel")])))
+    del doc["kvprof"]  # the engine's own trace: no kvprof capture metadata
+    (folder / "engine.pt.trace.json").write_bytes(dumps(doc))
+    for pid, seen in ((11, {"0": 8, "1": 8}), (12, {"0": 8})):
+        side = Sidecar(schema=SIDECAR_SCHEMA, engine="vllm", pid=pid, tp_rank=0, tp_size=1,
+                       ledger=SidecarLedger(steps=4, expected={"0": 8, "1": 8}, seen=seen))
+        (folder / f"kvprof-vllm.TP-0.pid-{pid}.json").write_bytes(encode_sidecar(side))
+    assert main(["analyze", str(folder), "--no-files"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "write ledger (vllm TP 0 pid 11): every write was seen: 16 tokens asked of 2 layers over 4 steps" in printed
+    assert "write ledger (vllm TP 0 pid 12): 8 of 16 tokens asked were written where no hook saw them" in printed
+    assert "no hook named their path" in printed
