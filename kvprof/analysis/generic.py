@@ -44,8 +44,24 @@ def _name_key(name: pd.Series, short: bool) -> Any:
     return pd.Categorical.from_codes(used_label[row_used], categories=pd.Index(uniq, dtype=object))
 
 
-def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
-    """Generic GPU and host statistics of one trace's event frame."""
+NO_GPU = "no GPU activity in this trace: CPU-side numbers only"
+
+
+def no_gpu_note(stats: dict[str, Any] | None) -> str:
+    """Why a trace shows no GPU work: none was there, or its events are in categories kvprof does not
+    read (another vendor's, a schema it does not know): then those are named, never "no GPU activity"."""
+    other = (stats or {}).get("other_categories") or {}
+    if not isinstance(other, dict) or not other:
+        return NO_GPU
+    version = (stats or {}).get("schema_version")
+    named = ", ".join(f"{k!r} ({v:,})" for k, v in other.items())
+    return (f"no GPU activity kvprof can read: {sum(other.values()):,} events are in categories it does not know "
+            f"({named}; schemaVersion {version if version is not None else 'not given'}); CPU-side numbers only")
+
+
+def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generic GPU and host statistics of one trace's event frame (``stats``: the reader's counters,
+    which name the categories it did not read)."""
     kind = events["kind"].astype(str)
     work = events[kind.isin(GPU_WORK_KINDS)]
     out: dict[str, Any] = {
@@ -54,7 +70,7 @@ def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
         "gpu": bool(len(work)),
     }
     if work.empty:
-        out["note"] = "no GPU activity in this trace: CPU-side numbers only"
+        out["note"] = no_gpu_note(stats)
     else:
         end = work["start_ns"] + work["dur_ns"]
         s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), stream_lanes(work)

@@ -292,3 +292,39 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
         "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS, "traceEvents": ev, "traceName": "synthetic-engine",
     }
     return doc, {"writes": writes}
+
+
+# Today's Kineto category -> the name libkineto's ChromeTraceLogger wrote in 2020-2021 (torch 1.8-1.9)
+LEGACY_CATEGORIES = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset", "cuda_runtime": "Runtime",
+                     "cpu_op": "Operator"}
+
+
+@dataclass(frozen=True)
+class Vintage:
+    """How an older Kineto wrote the same trace: each option one difference of its format."""
+
+    categories: bool = True  # "Kernel", "Runtime", "Operator", "Memcpy", "Memset"
+    flow_cat: str = "ac2g"  # the launch -> GPU flows' "cat": "async_gpu" (2022), "async" (2020)
+    stream_tids: bool = False  # GPU rows on tid "stream <n>" (2020-2021) rather than the stream number
+    bare_list: bool = False  # the file is the event list alone, no document around it (2020)
+
+
+def vintage(doc: dict[str, Any], v: Vintage) -> Any:
+    """A copy of ``doc`` (from build or build_engine) as a trace of that vintage writes it."""
+    events = []
+    for e in doc["traceEvents"]:
+        e = dict(e)
+        cat = e.get("cat")
+        if v.categories and cat in LEGACY_CATEGORIES:
+            e["cat"] = LEGACY_CATEGORIES[cat]
+        if cat == "ac2g":
+            e["cat"] = v.flow_cat
+        on_device = isinstance(e.get("pid"), int) and 0 <= e["pid"] < 64  # Kineto's GPU rows: pid = device
+        if v.stream_tids and on_device and isinstance(e.get("tid"), int):
+            e["tid"] = f"stream {e['tid']}"
+        events.append(e)
+    if v.bare_list:
+        return events
+    out = {k: val for k, val in doc.items() if k != "traceEvents"}
+    out["traceEvents"] = events
+    return out
