@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import regex
 
+from kvprof.analysis.engine_steps import GPU_STEPS, find_steps, step_layer_table
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core.errors import UsageError
 from kvprof.trace.intervals import busy_and_overlap
@@ -208,19 +209,42 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
                             "mean_ns": float(g["dur_ns"].mean())})
         by_name.sort(key=lambda r: -r["total_ns"])
     whole = _window(work, matched, int(work["start_ns"].min()), int((work["start_ns"] + work["dur_ns"]).max()) + 1)
-    steps = [{"step": label, **_window(work, matched, s, e)} for label, s, e in _steps(ev)]
-    shares = [s["share"] for s in steps if s["share"] is not None]
+    gpu_steps = _steps(ev)
+    found = find_steps(ev, work, hit, {p.name: p.kernels_per_write for p in patterns}, gpu_steps)
+    steps = []
+    for i, st in enumerate(found.steps):
+        mine = found.step_of == i if found.step_of is not None else pd.Series(False, index=hit.index)
+        w = hit[mine.to_numpy()]
+        if found.method != GPU_STEPS and w.empty:
+            continue  # an engine range that launched no write (a scheduling step, a graph without the writes)
+        replays = {int(c) for c in found.replay_of[mine.to_numpy()]} if found.replay_of is not None else set()
+        row = {"step": st["label"], "start_ns": st["start_ns"], "end_ns": st["end_ns"],
+               # the replay its writes ran in (one), how many (several), or None: launched eagerly
+               "graph_launch": st["graph_launch"] if st["graph_launch"] is not None else (
+                   None if replays in (set(), {-1}) else next(iter(replays)) if len(replays) == 1
+                   else f"{len(replays - {-1})} replays"),
+               "writes": sum(len(g) // per[str(f)].kernels_per_write for f, g in w.groupby("family", sort=False)),
+               "layers": int(found.layer_of[mine.to_numpy()].pipe(lambda s: s[s >= 0]).nunique())
+               if found.layer_of is not None else 0}
+        if st["start_ns"] is not None and st["end_ns"] is not None:
+            row.update(_window(work, matched, int(st["start_ns"]), int(st["end_ns"]) + 1))
+        steps.append(row)
+    shares = [s["share"] for s in steps if s.get("share") is not None]
+    tied = int(((found.step_of >= 0) & (found.layer_of >= 0)).sum()) if found.step_of is not None else 0
     out.update(
         families=families, kernels=by_name, write_kernels=len(hit),
         writes=sum(f["writes"] for f in families),
         write_ns=whole["write_ns"], write_kernel_ns=whole["write_kernel_ns"], gpu_busy_ns=whole["gpu_busy_ns"],
         share=whole["share"],
-        step_source="ProfilerStep" if steps and steps[0]["step"].startswith("ProfilerStep") else (
-            "kvprof.step" if steps else None),
+        step_source=(("ProfilerStep" if gpu_steps[0][0].startswith("ProfilerStep") else "kvprof.step")
+                     if found.method == GPU_STEPS else found.method),
+        step_method=found.method, no_steps_reason=found.reason,
         steps_count=len(steps),
         step_share_median=float(np.median(shares)) if shares else None,
         step_share_max=float(np.max(shares)) if shares else None,
         steps=steps[:MAX_STEPS_LISTED],
+        tied_step_and_layer=tied, unassigned=[{"reason": r, "kernels": n} for r, n in found.unassigned.items()],
+        graph=found.graph, step_layer=step_layer_table(hit, found),
     )
     return out
 

@@ -318,6 +318,18 @@ def _generic(summary: Summary, con: Console) -> None:
             con.print(f"  {markup(tr['path'])}: {markup(g.get('note', 'no GPU activity'))}")
 
 
+def _writes_words(att: dict[str, Any], named: dict[str, Any] | None) -> str:
+    """"writes 40, attribution graph_order"; for a trace without kvprof's ranges whose KV-write kernels
+    were found by name, those kernels and how many are tied to a step and a layer (never "writes 0" alone)."""
+    n = att.get("writes", 0)
+    kernels = (named or {}).get("write_kernels") or 0
+    if n or not kernels:
+        return f"writes {markup(n)}, attribution {markup(att.get('method', 'none'))}"
+    return (f"no kvprof write ranges; {markup(_count(kernels))} KV-write kernels by name, "
+            f"{markup(_count(named.get('tied_step_and_layer') or 0))} tied to a step and a layer "
+            f"(steps: {markup(named.get('step_method') or 'none found')})")
+
+
 def peak_words(dev: dict[str, Any]) -> str:
     """"peak 4,800 GB/s (spec table)": the device's peak and where it came from; n/a with why."""
     peak = finite_or_none(dev.get("peak_bandwidth_gbs"))
@@ -332,11 +344,11 @@ def render(summary: Summary, console: Console | None = None) -> None:
     dev = summary.device
     con.print(f"[bold]kvprof analyze[/bold] {markup(summary.input)}  ({markup(summary.input_kind)}; device: "
               f"{markup(dev.get('name') or '?')}, {peak_words(dev)})")
+    by_name = {t.get("path"): t for t in (summary.write_kernels or {}).get("traces") or []}
     for tr in summary.traces:
         att = tr.get("attribution") or {}
         con.print(f"  {markup(tr['source'])}: {markup(tr['path'])} — {markup(_count(tr.get('events')))} events, "
-                  f"{markup(_count(tr.get('gpu_events')))} on GPU, writes {markup(att.get('writes', 0))}, "
-                  f"attribution {markup(att.get('method', 'none'))}")
+                  f"{markup(_count(tr.get('gpu_events')))} on GPU, {_writes_words(att, by_name.get(tr['path']))}")
     groups = summary.groups
     ref_rows = [g for g in groups if g["source"] == "reference"]
     if ref_rows:

@@ -256,6 +256,10 @@ class EngineReplaySpec:
     pid: int = 1584
     # per replay, layers whose write kernel is left out (a replay that does not follow the record)
     drop: dict[int, list[int]] = field(default_factory=dict)
+    # the engine's own step annotation around each forward: "sglang" (step[DECODE bs=<n>]), "vllm"
+    # (gpu_model_runner: forward), or None
+    step_ranges: str | None = None
+    eager: bool = False  # each kernel launched by its own cudaLaunchKernel (no CUDA graph)
 
 
 def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -265,12 +269,19 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
     ev: list[dict[str, Any]] = []
     pid, corr, t, gpu_t = spec.pid, 5000, 10_000, 40_000
     writes: list[dict[str, Any]] = []
+    step_name = {"sglang": "step[DECODE bs={bs}]", "vllm": "gpu_model_runner: forward", None: None}[spec.step_ranges]
+    launch_ns = 5_000 if not spec.eager else 1_000 * 3 * len(spec.layers) + 1_000
     for i, g in enumerate(spec.replays):
         corr += 1
         if spec.replay_ranges:
             ev.append(_x("user_annotation", GRAPH_REPLAY_RANGE_FORMAT.format(graph=g), pid, pid, t - 500, 8_000))
-        ev.append(_x("cuda_runtime", "cudaGraphLaunch", pid, pid, t, 5_000, {"cbid": 311, "correlation": corr}))
+        if step_name is not None:
+            ev.append(_x("user_annotation", step_name.format(bs=spec.graphs[g]), pid, pid, t - 1_000,
+                         launch_ns + 2_000))
+        if not spec.eager:
+            ev.append(_x("cuda_runtime", "cudaGraphLaunch", pid, pid, t, 5_000, {"cbid": 311, "correlation": corr}))
         gpu_t = max(gpu_t, t + 12_000)
+        host_t = t
         for layer in spec.layers:
             kernels = [(ENGINE_GEMM, 4_000)]
             if layer not in spec.drop.get(i, []):
@@ -279,6 +290,11 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
                                "start_ns": gpu_t + 4_200})
             kernels.append((ENGINE_ATTENTION, 3_000))
             for name, dur in kernels:
+                if spec.eager:
+                    corr += 1
+                    ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, pid, host_t, 800,
+                                 {"cbid": 211, "correlation": corr}))
+                    host_t += 1_000
                 ev.append(_x("kernel", name, 0, 7, gpu_t, dur, {
                     "queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": corr,
                     "registers per thread": 32, "shared memory": 0, "grid": [2, 1, 1], "block": [128, 1, 1]}))

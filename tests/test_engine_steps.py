@@ -1,0 +1,108 @@
+"""An engine's own trace: each KV-write kernel tied to a forward step and a layer, by the method the
+trace allows (step annotations, CUDA graph replays, the writes' periodic gaps), named in the output;
+where no step is found, one line says why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvprof.analysis.engine_steps import ENGINE_STEP_RANGES, GRAPH_STEPS, PERIODIC_STEPS, find_steps
+from kvprof.analysis.write_kernels import BUILTIN_PATTERNS, classify, trace_write_kernels, write_kernel_summary
+from kvprof.trace.load import load
+from kvprof.trace.synthetic import EngineReplaySpec, Vintage, build_engine, dumps, vintage
+from kvprof.trace.table import to_frame
+
+SGLANG, VLLM = ENGINE_STEP_RANGES[0][0], ENGINE_STEP_RANGES[1][0]
+MODES = {  # (step annotations, eager launches) -> the method that must be named
+    "graph": (None, False, GRAPH_STEPS),
+    "sglang+graph": ("sglang", False, SGLANG),
+    "vllm+eager": ("vllm", True, VLLM),
+    "eager": (None, True, PERIODIC_STEPS),
+}
+
+
+def _load(tmp: Path, spec: EngineReplaySpec, v: Vintage | None = None) -> tuple[pd.DataFrame, dict, list]:
+    doc, expected = build_engine(spec)
+    p = tmp / "engine.json"
+    p.write_bytes(dumps(vintage(doc, v) if v is not None else doc))
+    ev = to_frame(load(p).traces[0].events)
+    return ev, expected, list(BUILTIN_PATTERNS)
+
+
+def _tied(ev: pd.DataFrame) -> tuple[pd.DataFrame, object]:
+    work = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])]
+    kernels = work[work["kind"] == "kernel"]
+    fam = classify(kernels["name"], list(BUILTIN_PATTERNS))
+    hit = kernels[fam.notna()].assign(family=fam[fam.notna()])
+    found = find_steps(ev, work, hit, {p.name: p.kernels_per_write for p in BUILTIN_PATTERNS}, [])
+    return hit, found
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_write_kernel_tied_to_its_step_and_layer(tmp_path: Path, mode: str) -> None:
+    ranges, eager, method = MODES[mode]
+    spec = EngineReplaySpec(layers=list(range(6)), replays=[0, 1, 0, 1], replay_ranges=False, step_ranges=ranges,
+                            eager=eager)
+    ev, expected, _ = _load(tmp_path, spec)
+    hit, found = _tied(ev)
+    assert found.method == method and found.reason is None
+    assert len(hit) == len(expected["writes"]) == 24
+    order = hit.sort_values("start_ns")
+    got = [(int(found.step_of[i]), int(found.layer_of[i])) for i in order.index]
+    assert got == [(w["replay"], w["layer"]) for w in expected["writes"]]
+    assert found.unassigned == {}
+    if not eager:  # the replayed kernels share their cudaGraphLaunch's correlation
+        assert found.graph == {"launches": 4, "replayed_kernels": 72, "replayed_write_kernels": 24,
+                               "replays_with_writes": 4}
+
+
+def test_a_step_with_a_missing_write_is_listed_with_its_reason(tmp_path: Path) -> None:
+    spec = EngineReplaySpec(layers=list(range(4)), replays=[0, 0, 0], replay_ranges=False, drop={1: [2]})
+    ev, _, _ = _load(tmp_path, spec)
+    hit, found = _tied(ev)
+    assert int((found.layer_of >= 0).sum()) == 8  # replays 0 and 2
+    (why, n), = found.unassigned.items()
+    assert n == 3 and "another number of write kernels than most steps (4)" in why
+
+
+def test_no_steps_says_why_in_one_line(tmp_path: Path) -> None:
+    spec = EngineReplaySpec(layers=list(range(3)), replays=[0], replay_ranges=False, eager=True)
+    ev, _, patterns = _load(tmp_path, spec)
+    doc = trace_write_kernels(ev, patterns)
+    assert doc["write_kernels"] == 3 and doc["steps_count"] == 0
+    assert doc["no_steps_reason"].startswith("no forward steps found:") and "\n" not in doc["no_steps_reason"]
+    assert doc["unassigned"] == [{"reason": doc["no_steps_reason"], "kernels": 3}]
+
+
+def test_summary_carries_the_step_layer_table(tmp_path: Path) -> None:
+    spec = EngineReplaySpec(layers=list(range(3)), replays=[0, 1], replay_ranges=False, step_ranges="sglang")
+    doc, _ = build_engine(spec)
+    p = tmp_path / "e.json"
+    p.write_bytes(dumps(doc))
+    t = write_kernel_summary(load(p))["traces"][0]
+    assert t["step_method"] == SGLANG and t["tied_step_and_layer"] == 6 and t["steps_count"] == 2
+    assert [s["step"] for s in t["steps"]] == ["step[DECODE bs=8]", "step[DECODE bs=16]"]
+    assert all(s["writes"] == 3 and s["layers"] == 3 and s["share"] > 0 for s in t["steps"])
+    assert t["step_layer"]["layers"] == [0, 1, 2]
+    assert [r["ns"] for r in t["step_layer"]["rows"]] == [[900, 900, 900]] * 2
+
+
+@settings(max_examples=10, deadline=None, database=None, derandomize=True)
+@given(mode=st.sampled_from(sorted(MODES)), layers=st.integers(2, 5), replays=st.integers(2, 4),
+       v=st.builds(Vintage, categories=st.booleans(), flow_cat=st.sampled_from(["ac2g", "async_gpu"]),
+                   stream_tids=st.booleans()))
+def test_any_vintage_ties_the_same(tmp_path_factory: pytest.TempPathFactory, mode: str, layers: int, replays: int,
+                                   v: Vintage) -> None:
+    ranges, eager, method = MODES[mode]
+    spec = EngineReplaySpec(layers=list(range(layers)), replays=[0] * replays, replay_ranges=False,
+                            step_ranges=ranges, eager=eager)
+    ev, expected, _ = _load(tmp_path_factory.mktemp("v"), spec, v)
+    hit, found = _tied(ev)
+    assert found.method == method
+    order = hit.sort_values("start_ns")
+    assert [(int(found.step_of[i]), int(found.layer_of[i])) for i in order.index] == [
+        (w["replay"], w["layer"]) for w in expected["writes"]]
