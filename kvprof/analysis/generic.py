@@ -59,9 +59,27 @@ def no_gpu_note(stats: dict[str, Any] | None) -> str:
             f"({named}; schemaVersion {version if version is not None else 'not given'}); CPU-side numbers only")
 
 
-def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+def per_device(work: pd.DataFrame, names: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Per GPU: busy time (any of its streams), overlap (two or more of ITS streams at once), its
+    streams, kernels and copies, and its name where the trace's device tables give one."""
+    names = names or {}
+    only = next(iter(set(names.values()))) if len(set(names.values())) == 1 else None  # one model of GPU
+    out = []
+    for dev, g in work.groupby("device", sort=True):
+        s = g["start_ns"].to_numpy()
+        e = s + g["dur_ns"].to_numpy()
+        busy, overlap = busy_and_overlap(s, e, g["stream"].to_numpy())
+        out.append({"device": int(dev), "name": names.get(int(dev), only), "busy_ns": int(busy),
+                    "overlap_ns": int(overlap), "overlap_frac": overlap / busy if busy else None,
+                    "window_ns": int(e.max() - s.min()), "streams": int(g["stream"].nunique()),
+                    "kernels": int((g["kind"] == "kernel").sum()), "activities": int(len(g))})
+    return out
+
+
+def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None,
+                    device_names: dict[int, str] | None = None) -> dict[str, Any]:
     """Generic GPU and host statistics of one trace's event frame (``stats``: the reader's counters,
-    which name the categories it did not read)."""
+    which name the categories it did not read; ``device_names``: device id -> name, from the trace)."""
     kind = events["kind"].astype(str)
     work = events[kind.isin(GPU_WORK_KINDS)]
     out: dict[str, Any] = {
@@ -74,7 +92,11 @@ def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None) -
     else:
         end = work["start_ns"] + work["dur_ns"]
         s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), stream_lanes(work)
-        busy, overlap = busy_and_overlap(s, e, ln)
+        busy, _ = busy_and_overlap(s, e, ln)
+        devices = per_device(work, device_names)
+        # overlap is streams of ONE device running at once: two GPUs busy together are not overlap
+        overlap = sum(d["overlap_ns"] for d in devices)
+        device_busy = sum(d["busy_ns"] for d in devices)
         n_gaps, idle = gaps(s, e)
         window = int(e.max() - s.min())
         per_stream = group_gpu_stats(work, ["device", "stream"])
@@ -83,7 +105,8 @@ def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None) -
             "gpu_busy_ns": busy,
             "gpu_utilization": busy / window if window else None,
             "overlap_ns": overlap,
-            "overlap_frac": overlap / busy if busy else None,
+            "overlap_frac": overlap / device_busy if device_busy else None,
+            "devices": devices,
             "idle_ns": idle,
             "gaps": n_gaps,
             "streams": [

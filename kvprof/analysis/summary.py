@@ -119,7 +119,8 @@ def _read_traces(loaded: Loaded, bpt: dict[str, float], multi_rank: bool) -> _Tr
         if multi_rank:
             rank = trace_rank(ev)
             out.rank_inputs.append((t.path, rank, collective_per_step(ev, rank)))
-        gen = generic_summary(ev, t.stats)
+        gen = generic_summary(ev, t.stats, {int(d["id"]): d["name"] for d in t.devices
+                                            if isinstance(d.get("id"), int) and isinstance(d.get("name"), str)})
         if not gen["gpu"]:
             out.warnings.append(f"{t.path}: " + ("no GPU events (CPU-only trace): only CPU-side numbers are reported"
                                                  if gen["note"] == NO_GPU else gen["note"]))

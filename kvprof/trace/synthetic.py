@@ -344,3 +344,73 @@ def vintage(doc: dict[str, Any], v: Vintage) -> Any:
     out = {k: val for k, val in doc.items() if k != "traceEvents"}
     out["traceEvents"] = events
     return out
+
+
+@dataclass(frozen=True)
+class NsysSpec:
+    """An nsys SQLite export of a multi-GPU run, in one of the schemas nsys has written.
+
+    Every device runs the same ``kernels`` kernels of ``dur_ns`` at the same times (the GPUs
+    busy together); on one device, with ``streams`` > 1 and ``overlap_within``, kernel i of
+    stream 1 starts ``dur_ns / 2`` after kernel i of stream 0 (half of each overlaps), else the
+    streams take turns. ``device_table`` (None: no device table) holds each GPU's name under
+    ``name_column`` (None: the table has no name column).
+    """
+
+    devices: int = 2
+    streams: int = 2
+    kernels: int = 4
+    dur_ns: int = 1_000
+    overlap_within: bool = False
+    device_table: str | None = "TARGET_INFO_GPU"
+    name_column: str | None = "name"
+    device_name: str = "NVIDIA H100 80GB HBM3"
+
+
+def build_nsys(path: Any, spec: NsysSpec) -> dict[str, Any]:
+    """Write the export to ``path``; return the expected per-device figures."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    try:
+        con.executescript("""
+            CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+            CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER,
+                streamId INTEGER, correlationId INTEGER, globalPid INTEGER, shortName INTEGER, demangledName INTEGER);
+            CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, globalTid INTEGER,
+                correlationId INTEGER, nameId INTEGER);
+            INSERT INTO StringIds VALUES (1, 'gemm_kernel'), (2, 'cudaLaunchKernel');
+        """)
+        if spec.device_table is not None:
+            name = f", [{spec.name_column}] TEXT" if spec.name_column else ""
+            con.execute(f"CREATE TABLE [{spec.device_table}] (id INTEGER NOT NULL{name}, smCount INTEGER)")
+            for d in range(spec.devices):
+                values = (d, spec.device_name, 132) if spec.name_column else (d, 132)
+                con.execute(f"INSERT INTO [{spec.device_table}] VALUES ({', '.join('?' * len(values))})", values)
+        corr = 0
+        expected: dict[str, Any] = {"devices": []}
+        for d in range(spec.devices):
+            pid = 100 + d  # one process per GPU, as a tensor-parallel engine runs
+            gtid = (pid << 24) | pid
+            for i in range(spec.kernels):
+                for s in range(spec.streams):
+                    corr += 1
+                    if spec.overlap_within:
+                        start = 1_000_000 + i * 4 * spec.dur_ns + s * (spec.dur_ns // 2)
+                    else:
+                        start = 1_000_000 + (i * spec.streams + s) * 2 * spec.dur_ns
+                    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,1,1)",
+                                (start, start + spec.dur_ns, d, 7 + s, corr, pid << 24))
+                    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,2)",
+                                (start - 5_000, start - 4_000, gtid, corr))
+            per_i = (spec.dur_ns + (spec.streams - 1) * (spec.dur_ns // 2)) if spec.overlap_within else 0
+            overlap = spec.kernels * (spec.dur_ns - spec.dur_ns // 2) if spec.overlap_within and spec.streams > 1 else 0
+            busy = spec.kernels * per_i if spec.overlap_within else spec.kernels * spec.streams * spec.dur_ns
+            expected["devices"].append({
+                "device": d, "kernels": spec.kernels * spec.streams, "streams": spec.streams, "busy_ns": busy,
+                "overlap_ns": overlap,
+                "name": spec.device_name if spec.device_table is not None and spec.name_column else None})
+        con.commit()
+    finally:
+        con.close()
+    return expected
