@@ -124,8 +124,9 @@ def _by_host_ranges(ev: pd.DataFrame, work: pd.DataFrame, host: pd.DataFrame
     if ann.empty:
         return None
     names = ann["name"].astype(str)
+    distinct = pd.unique(names)
     for method, rx in ENGINE_STEP_RANGES:
-        m = names.map(lambda n, rx=rx: bool(rx.match(n))).to_numpy(dtype=bool)
+        m = names.isin([n for n in distinct if rx.match(n)]).to_numpy(dtype=bool)  # each distinct name once
         if not m.any():
             continue
         r = ann[m].sort_values("start_ns", kind="stable")
@@ -159,8 +160,9 @@ def _by_replays(work: pd.DataFrame, host: pd.DataFrame, is_write: np.ndarray
     replays = pd.DataFrame({"pid": pid[with_writes], "corr": corr[with_writes],
                             "t": host["host_ns"].to_numpy()[with_writes]}).groupby(["pid", "corr"])["t"].min()
     replays = replays.sort_values(kind="stable")
-    number = {k: i for i, k in enumerate(replays.index)}
-    key = np.asarray([number.get((p, c), -1) if g else -1 for p, c, g in zip(pid, corr, graph)], dtype=np.int64)
+    number = pd.Series(np.arange(len(replays)), index=replays.index)
+    at = pd.MultiIndex.from_arrays([pid, corr])
+    key = np.where(graph, number.reindex(at).fillna(-1).to_numpy(dtype=np.int64), -1)
     steps = [{"label": f"replay {i} (cudaGraphLaunch correlation {int(c)})", "start_ns": None, "end_ns": None,
               "graph_launch": int(c)} for i, (_, c) in enumerate(replays.index)]
     return steps, key
