@@ -97,7 +97,7 @@ def _windows(ev: pd.DataFrame, rows: pd.DataFrame, key: np.ndarray) -> dict[int,
     e = s + rows["dur_ns"].to_numpy()[ok]
     k = key[ok]
     frame = pd.DataFrame({"k": k, "s": s, "e": e}).groupby("k").agg(s=("s", "min"), e=("e", "max"))
-    return {int(i): (int(r.s), int(r.e)) for i, r in frame.iterrows()}
+    return dict(zip(frame.index.tolist(), zip(frame["s"].tolist(), frame["e"].tolist())))
 
 
 def _in_ranges(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -142,9 +142,9 @@ def _by_host_ranges(ev: pd.DataFrame, work: pd.DataFrame, host: pd.DataFrame
             mine = (wpid == pid) | (len(np.unique(rpid)) == 1)
             idx = _in_ranges(t, starts, ends)
             key = np.where(mine & (idx >= 0), np.where(idx >= 0, sel[np.maximum(idx, 0)], -1), key)
-        steps = [{"label": labels[i], "start_ns": int(r["start_ns"].iloc[i]),
-                  "end_ns": int(r["start_ns"].iloc[i] + r["dur_ns"].iloc[i]), "graph_launch": None}
-                 for i in range(len(r))]
+        rs, rd = r["start_ns"].tolist(), r["dur_ns"].tolist()
+        steps = [{"label": label, "start_ns": s0, "end_ns": s0 + d, "graph_launch": None}
+                 for label, s0, d in zip(labels, rs, rd)]
         return method, steps, key
     return None
 

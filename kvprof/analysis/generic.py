@@ -80,11 +80,11 @@ def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None,
                     device_names: dict[int, str] | None = None) -> dict[str, Any]:
     """Generic GPU and host statistics of one trace's event frame (``stats``: the reader's counters,
     which name the categories it did not read; ``device_names``: device id -> name, from the trace)."""
-    kind = events["kind"].astype(str)
+    kind = events["kind"]  # compared as it is: a categorical needs no text copy (0.2 s per 100k rows)
     work = events[kind.isin(GPU_WORK_KINDS)]
     out: dict[str, Any] = {
         "events": int(len(events)),
-        "events_by_kind": {k: int(v) for k, v in kind.value_counts().items() if v},
+        "events_by_kind": {str(k): int(v) for k, v in kind.value_counts().items() if v},
         "gpu": bool(len(work)),
     }
     if work.empty:
@@ -92,8 +92,9 @@ def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None,
     else:
         end = work["start_ns"] + work["dur_ns"]
         s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), stream_lanes(work)
-        busy, _ = busy_and_overlap(s, e, ln)
         devices = per_device(work, device_names)
+        # any GPU busy: one device's own figure, else the union over the devices' lanes
+        busy = devices[0]["busy_ns"] if len(devices) == 1 else busy_and_overlap(s, e, ln)[0]
         # overlap is streams of ONE device running at once: two GPUs busy together are not overlap
         overlap = sum(d["overlap_ns"] for d in devices)
         device_busy = sum(d["busy_ns"] for d in devices)

@@ -339,7 +339,8 @@ def _writes_words(att: dict[str, Any], named: dict[str, Any] | None) -> str:
     """"writes 40, attribution graph_order"; for a trace without kvprof's ranges whose KV-write kernels
     were found by name, those kernels and how many are tied to a step and a layer (never "writes 0" alone)."""
     n = att.get("writes", 0)
-    kernels = (named or {}).get("write_kernels") or 0
+    named = named or {}
+    kernels = named.get("write_kernels") or 0
     if n or not kernels:
         return f"writes {markup(n)}, attribution {markup(att.get('method', 'none'))}"
     return (f"no kvprof write ranges; {markup(_count(kernels))} KV-write kernels by name, "

@@ -338,12 +338,13 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
         raise TraceError(f"{p.name}: no complete events among {total:,} trace events: nothing was profiled")
     stats["events_in_file"] = total
     stats["flow_correlations"] = _resolve_flow_correlations(cols)
-    if cols["_other_cats"]:  # named where a trace shows no GPU work (kvprof.analysis.generic)
-        stats["other_categories"] = dict(sorted(cols["_other_cats"].items(), key=lambda kv: -kv[1])
-                                         [:OTHER_CATS_LISTED])
+    schema: dict[str, Any] = {}  # what names a trace whose events kvprof cannot read (kvprof.analysis.generic)
+    if cols["_other_cats"]:
+        schema["other_categories"] = dict(sorted(cols["_other_cats"].items(), key=lambda kv: -kv[1])
+                                          [:OTHER_CATS_LISTED])
     version = doc.get("schemaVersion")
     if version.__class__ in (int, str):
-        stats["schema_version"] = version
+        schema["schema_version"] = version
     start_ns, _ = _to_ns(cols["ts_us"])
     dur_ns = np.rint(cols["dur_us"] * 1000.0).astype(np.int64)
     warnings = reader_warnings(stats, int((dur_ns < 0).sum()), start_ns, dur_ns)
@@ -382,7 +383,7 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
         kvprof=meta,
         devices=devices_of(doc, meta),
         clock=clock,
-        stats=stats,
+        stats={**stats, **schema},
         warnings=warnings,
     )
     _fill_gpu_pids(trace)
