@@ -106,3 +106,20 @@ def test_any_vintage_ties_the_same(tmp_path_factory: pytest.TempPathFactory, mod
     order = hit.sort_values("start_ns")
     assert [(int(found.step_of[i]), int(found.layer_of[i])) for i in order.index] == [
         (w["replay"], w["layer"]) for w in expected["writes"]]
+
+
+@settings(max_examples=40, deadline=None, database=None, derandomize=True)
+@given(iv=st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 300), st.integers(0, 1)), min_size=0, max_size=30),
+       one_stream=st.booleans())
+def test_window_busy_is_the_union(iv: list[tuple[int, int, int]], one_stream: bool) -> None:
+    """The per-step busy time's one-stream shortcut agrees with busy_and_overlap's union."""
+    import numpy as np
+
+    from kvprof.analysis.write_kernels import StepWindows
+    from kvprof.trace.intervals import busy_and_overlap
+
+    iv = sorted(iv)
+    s = np.asarray([a for a, _, _ in iv], dtype=np.int64)
+    e = s + np.asarray([d for _, d, _ in iv], dtype=np.int64)
+    ln = np.zeros(len(iv), dtype=np.int64) if one_stream else np.asarray([k for _, _, k in iv], dtype=np.int64)
+    assert StepWindows.busy(s, e, ln) == (busy_and_overlap(s, e, ln)[0] if len(iv) else 0)

@@ -176,7 +176,7 @@ def _window(work: pd.DataFrame, matched: pd.Series, start: int, end: int) -> dic
             "write_kernels": len(wr), "share": write_busy / busy if busy else None}
 
 
-class _Windows:
+class StepWindows:
     """_window for many windows: the GPU work sorted by start once, each window a slice of it."""
 
     def __init__(self, work: pd.DataFrame, matched: pd.Series) -> None:
@@ -187,16 +187,29 @@ class _Windows:
         self.stream = work["stream"].to_numpy()[order]
         self.write = matched.notna().to_numpy()[order]
 
+    @staticmethod
+    def busy(s: np.ndarray, e: np.ndarray, ln: np.ndarray) -> int:
+        """Union of the intervals (starts sorted); one stream's without busy_and_overlap's per-lane work."""
+        if not len(s):
+            return 0
+        if (ln == ln[0]).all():
+            reach = np.maximum.accumulate(e)
+            new = np.concatenate([[True], s[1:] > reach[:-1]])  # a start past everything before: a new run
+            run_end = np.maximum.reduceat(e, np.flatnonzero(new))
+            return int((run_end - s[new]).sum())
+        return int(busy_and_overlap(s, e, ln)[0])
+
     def __call__(self, start: int, end: int) -> dict[str, Any]:
         lo, hi = np.searchsorted(self.start, [start, end], side="left")
         s, e, ln, w = self.start[lo:hi], self.end[lo:hi], self.stream[lo:hi], self.write[lo:hi]
-        busy = int(busy_and_overlap(s, e, ln)[0]) if hi > lo else 0
-        write_busy = int(busy_and_overlap(s[w], e[w], ln[w])[0]) if w.any() else 0
+        busy = self.busy(s, e, ln)
+        write_busy = self.busy(s[w], e[w], ln[w])
         return {"gpu_busy_ns": busy, "write_ns": write_busy, "write_kernel_ns": int(self.dur[lo:hi][w].sum()),
                 "write_kernels": int(w.sum()), "share": write_busy / busy if busy else None}
 
 
-def _step_rows(found: Any, hit: pd.DataFrame, per: dict[str, WritePattern], window: _Windows) -> list[dict[str, Any]]:
+def _step_rows(found: Any, hit: pd.DataFrame, per: dict[str, WritePattern],
+               window: StepWindows) -> list[dict[str, Any]]:
     """One row per step that holds a write (every GPU step range): its writes, layers, replay, window figures."""
     step = found.step_of.to_numpy() if found.step_of is not None else np.full(len(hit), -1)
     layer = found.layer_of.to_numpy() if found.layer_of is not None else np.full(len(hit), -1)
@@ -261,7 +274,7 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
     whole = _window(work, matched, int(work["start_ns"].min()), int((work["start_ns"] + work["dur_ns"]).max()) + 1)
     gpu_steps = _steps(ev)
     found = find_steps(ev, work, hit, {p.name: p.kernels_per_write for p in patterns}, gpu_steps)
-    steps = _step_rows(found, hit, per, _Windows(work, matched))
+    steps = _step_rows(found, hit, per, StepWindows(work, matched))
     shares = [s["share"] for s in steps if s.get("share") is not None]
     tied = (int(((found.step_of >= 0) & (found.layer_of >= 0)).sum())
             if found.step_of is not None and found.layer_of is not None else 0)
