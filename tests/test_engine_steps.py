@@ -123,3 +123,21 @@ def test_window_busy_is_the_union(iv: list[tuple[int, int, int]], one_stream: bo
     e = s + np.asarray([d for _, d, _ in iv], dtype=np.int64)
     ln = np.zeros(len(iv), dtype=np.int64) if one_stream else np.asarray([k for _, _, k in iv], dtype=np.int64)
     assert StepWindows.busy(s, e, ln) == (busy_and_overlap(s, e, ln)[0] if len(iv) else 0)
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples" / "h200-sglang"
+
+
+@pytest.mark.parametrize(("trace", "method", "tied", "kernels", "outside"), [
+    # SGLang's own profiler (torch), H200: 5 profiled decode steps of 8 layers replayed from CUDA graphs;
+    # the 40 eager writes before them (warm-up, graph capture) lie outside every ProfilerStep
+    ("torch-sglang/1796307500-TP-0.trace.json.gz", "ProfilerStep", 40, 80, 40),
+    # nsys export of an SGLang server, H200: 6 graph replays of 8 layers, the eager writes outside them
+    ("nsys-sglang/sglang-pool-TP-0.sqlite", "CUDA graph replays", 48, 144, 96),
+])
+def test_real_sglang_traces(trace: str, method: str, tied: int, kernels: int, outside: int) -> None:
+    t = write_kernel_summary(load(SAMPLES / trace))["traces"][0]
+    assert t["step_method"].startswith(method)
+    assert (t["tied_step_and_layer"], t["write_kernels"]) == (tied, kernels)
+    assert sum(u["kernels"] for u in t["unassigned"]) == outside
+    assert all(s["layers"] == 8 for s in t["steps"])
