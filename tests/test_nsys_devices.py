@@ -56,3 +56,13 @@ def test_analyze_names_the_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     text = " ".join(capsys.readouterr().out.split())
     assert "device: NVIDIA H100 80GB HBM3" in text
     assert "device 0 (NVIDIA H100 80GB HBM3): busy" in text and "device 1 (NVIDIA H100 80GB HBM3)" in text
+
+
+def test_stream_lanes_one_per_device_and_stream() -> None:
+    """Stream 7 of GPU 0 and stream 7 of GPU 1 are two lanes; the same pair is one lane wherever it recurs."""
+    import pandas as pd
+
+    from kvprof.analysis.gpu_groups import stream_lanes
+
+    lanes = stream_lanes(pd.DataFrame({"device": [0, 0, 1, 1, 0, -1], "stream": [7, 8, 7, 8, 7, -1]}))
+    assert lanes.tolist() == [0, 1, 2, 3, 0, 4]

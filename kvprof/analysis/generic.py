@@ -91,10 +91,10 @@ def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None,
         out["note"] = no_gpu_note(stats)
     else:
         end = work["start_ns"] + work["dur_ns"]
-        s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), stream_lanes(work)
+        s, e = work["start_ns"].to_numpy(), end.to_numpy()
         devices = per_device(work, device_names)
         # any GPU busy: one device's own figure, else the union over the devices' lanes
-        busy = devices[0]["busy_ns"] if len(devices) == 1 else busy_and_overlap(s, e, ln)[0]
+        busy = devices[0]["busy_ns"] if len(devices) == 1 else busy_and_overlap(s, e, stream_lanes(work))[0]
         # overlap is streams of ONE device running at once: two GPUs busy together are not overlap
         overlap = sum(d["overlap_ns"] for d in devices)
         device_busy = sum(d["busy_ns"] for d in devices)
