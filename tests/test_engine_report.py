@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kvprof.analysis.write_kernels import write_kernel_summary
 from kvprof.dashboard.engine_view import engine_views
 from kvprof.dashboard.html_report import engine_sections
@@ -40,3 +42,29 @@ def test_engine_view_says_why_there_are_no_steps(tmp_path: Path) -> None:
     assert v.reason and v.reason.startswith("no forward steps found")
     assert v.steps.empty and v.figure() is None
     assert v.reason in "\n".join(engine_sections([v], lambda fig: ""))
+
+
+@pytest.mark.slow
+def test_dashboard_overview_shows_an_engine_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Streamlit overview of a folder holding an engine's trace: its steps and step x layer tables and
+    heat map, the sources of its figures, and no exception although the run has no kvprof variant."""
+    from streamlit.testing.v1 import AppTest
+
+    from kvprof.cli import main
+
+    run = tmp_path / "root" / "engine"
+    run.mkdir(parents=True)
+    doc, _ = build_engine(EngineReplaySpec(layers=[0, 1, 2], replays=[0, 1], replay_ranges=False,
+                                           step_ranges="sglang"))
+    (run / "engine-TP-0.trace.json").write_bytes(dumps(doc))
+    assert main(["analyze", str(run), "--quiet"]) in (0, None)
+    monkeypatch.setenv("KVPROF_DASHBOARD_ROOTS", str(run.parent))
+    monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KVPROF_DASHBOARD_RUN", str(run))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "kvprof" / "dashboard" / "app.py"),
+                           default_timeout=90).run()
+    assert not at.exception, [e.value for e in at.exception]
+    text = (" ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)).replace("\\", "")
+    assert "Engine trace engine-TP-0.trace.json" in text and "SGLang step ranges" in text
+    assert len(at.get("plotly_chart")) >= 1
