@@ -141,3 +141,21 @@ def test_real_sglang_traces(trace: str, method: str, tied: int, kernels: int, ou
     assert (t["tied_step_and_layer"], t["write_kernels"]) == (tied, kernels)
     assert sum(u["kernels"] for u in t["unassigned"]) == outside
     assert all(s["layers"] == 8 for s in t["steps"])
+
+
+def test_graph_replays_and_eager_forwards_in_one_trace(tmp_path: Path) -> None:
+    """Decode replayed from graphs, other forwards launched kernel by kernel (vLLM's piecewise prefill):
+    the replays are steps by their correlation, the eager writes by their periodic gaps; all tied."""
+    spec = EngineReplaySpec(layers=list(range(5)), replays=[0] * 6, replay_ranges=False, eager_replays=[1, 3, 4])
+    ev, expected, patterns = _load(tmp_path, spec)
+    hit, found = _tied(ev)
+    assert found.method.startswith(GRAPH_STEPS) and "periodic" in found.method
+    assert found.unassigned == {} and int((found.layer_of >= 0).sum()) == 30
+    order = hit.sort_values("start_ns")
+    layers = [int(found.layer_of[i]) for i in order.index]
+    assert layers == [w["layer"] for w in expected["writes"]]
+    # each forward one step, whichever way it was launched
+    steps = [int(found.step_of[i]) for i in order.index]
+    assert len(set(steps)) == 6 and all(len(set(steps[k:k + 5])) == 1 for k in range(0, 30, 5))
+    doc = trace_write_kernels(ev, patterns)
+    assert all(0 < s["share"] < 1 for s in doc["steps"])  # each step's window holds the GEMMs and attention too

@@ -11,7 +11,8 @@ this module ties each of them to a forward step and a layer, and says by which m
    that launched it (joined by correlation id, so a graph-replayed kernel goes with its
    ``cudaGraphLaunch``);
 3. CUDA graph replays: kernels replayed from a graph share the ``cudaGraphLaunch``'s correlation
-   id; each replay that holds write kernels is one step;
+   id; each replay that holds write kernels is one step; write kernels launched eagerly beside
+   them (a piecewise prefill's attention writes) form steps by method 4;
 4. the periodic structure of the writes themselves: one write per layer, close together,
    then the longer gap between two forwards (sampling, scheduling). Gaps longer than
    PERIOD_GAP_FACTOR x the median gap cut the writes into groups; accepted when most groups
@@ -143,7 +144,7 @@ def _by_host_ranges(ev: pd.DataFrame, work: pd.DataFrame, host: pd.DataFrame
             idx = _in_ranges(t, starts, ends)
             key = np.where(mine & (idx >= 0), np.where(idx >= 0, sel[np.maximum(idx, 0)], -1), key)
         rs, rd = r["start_ns"].tolist(), r["dur_ns"].tolist()
-        steps = [{"label": label, "start_ns": s0, "end_ns": s0 + d, "graph_launch": None}
+        steps = [{"label": label, "start_ns": s0, "end_ns": s0 + d, "graph_launch": None, "from_work": True}
                  for label, s0, d in zip(labels, rs, rd)]
         return method, steps, key
     return None
@@ -164,7 +165,7 @@ def _by_replays(work: pd.DataFrame, host: pd.DataFrame, is_write: np.ndarray
     at = pd.MultiIndex.from_arrays([pid, corr])
     key = np.where(graph, number.reindex(at).fillna(-1).to_numpy(dtype=np.int64), -1)
     steps = [{"label": f"replay {i} (cudaGraphLaunch correlation {int(c)})", "start_ns": None, "end_ns": None,
-              "graph_launch": int(c)} for i, (_, c) in enumerate(replays.index)]
+              "graph_launch": int(c), "from_work": True} for i, (_, c) in enumerate(replays.index)]
     return steps, key
 
 
@@ -227,6 +228,14 @@ def find_steps(ev: pd.DataFrame, work: pd.DataFrame, hit: pd.DataFrame, kernels_
         if by_replay is not None:
             found.method = GRAPH_STEPS
             found.steps, key = by_replay
+            # writes launched eagerly beside the replays (a prefill outside the graphs): their own forwards
+            eager = is_write & (key < 0)
+            by_period = _by_period(work, eager) if eager.sum() >= MIN_PERIODIC_WRITES else None
+            if by_period is not None and not isinstance(by_period, str):
+                more, pkey = by_period
+                key = np.where(pkey >= 0, pkey + len(found.steps), key)
+                found.steps += more
+                found.method = f"{GRAPH_STEPS}; the eager writes by {PERIODIC_STEPS.split(' (')[0]}"
     if key is None:
         by_period = _by_period(work, is_write)
         if isinstance(by_period, str):
@@ -240,7 +249,7 @@ def find_steps(ev: pd.DataFrame, work: pd.DataFrame, hit: pd.DataFrame, kernels_
     assert key is not None
     win = _windows(ev, work, key)
     for i, st in enumerate(found.steps):
-        if i in win and found.method != GPU_STEPS:  # the GPU work the step holds (a host range: its launches')
+        if st.pop("from_work", False) and i in win:  # the GPU work the step holds (a host range: its launches')
             st["start_ns"], st["end_ns"] = win[i]
     step_of = pd.Series(key, index=work.index).loc[hit.index]
     found.step_of = step_of
@@ -255,7 +264,7 @@ def _layers(hit: pd.DataFrame, step_of: pd.Series, kpw: dict[str, int], method: 
     reasons: dict[str, int] = {}
     outside = int((step_of < 0).sum())
     if outside:
-        why = ("launched outside every step range" if method != GRAPH_STEPS
+        why = ("launched outside every step range" if not method.startswith(GRAPH_STEPS)
                else "launched eagerly, not from a CUDA graph replay, and no step annotation holds it")
         reasons[why] = outside
     inside = hit[(step_of >= 0).to_numpy()].assign(step=step_of[step_of >= 0])

@@ -260,6 +260,7 @@ class EngineReplaySpec:
     # (gpu_model_runner: forward), or None
     step_ranges: str | None = None
     eager: bool = False  # each kernel launched by its own cudaLaunchKernel (no CUDA graph)
+    eager_replays: list[int] = field(default_factory=list)  # these forwards (by index) launched eagerly
 
 
 def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -270,15 +271,16 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
     pid, corr, t, gpu_t = spec.pid, 5000, 10_000, 40_000
     writes: list[dict[str, Any]] = []
     step_name = {"sglang": "step[DECODE bs={bs}]", "vllm": "gpu_model_runner: forward", None: None}[spec.step_ranges]
-    launch_ns = 5_000 if not spec.eager else 1_000 * 3 * len(spec.layers) + 1_000
     for i, g in enumerate(spec.replays):
+        eager = spec.eager or i in spec.eager_replays
+        launch_ns = 5_000 if not eager else 1_000 * 3 * len(spec.layers) + 1_000
         corr += 1
         if spec.replay_ranges:
             ev.append(_x("user_annotation", GRAPH_REPLAY_RANGE_FORMAT.format(graph=g), pid, pid, t - 500, 8_000))
         if step_name is not None:
             ev.append(_x("user_annotation", step_name.format(bs=spec.graphs[g]), pid, pid, t - 1_000,
                          launch_ns + 2_000))
-        if not spec.eager:
+        if not eager:
             ev.append(_x("cuda_runtime", "cudaGraphLaunch", pid, pid, t, 5_000, {"cbid": 311, "correlation": corr}))
         gpu_t = max(gpu_t, t + 12_000)
         host_t = t
@@ -290,7 +292,7 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
                                "start_ns": gpu_t + 4_200})
             kernels.append((ENGINE_ATTENTION, 3_000))
             for name, dur in kernels:
-                if spec.eager:
+                if eager:
                     corr += 1
                     ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, pid, host_t, 800,
                                  {"cbid": 211, "correlation": corr}))
