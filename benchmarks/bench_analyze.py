@@ -1,7 +1,7 @@
 """The whole ``python -m kvprof analyze`` command vs HolisticTraceAnalysis loading the same trace.
 
     python benchmarks/bench_analyze.py TRACE [--repeat 7] [--out FILE]
-    python benchmarks/bench_analyze.py --synthetic [--mb 35] [--repeat 7]
+    python benchmarks/bench_analyze.py --synthetic [--engine] [--mb 35] [--repeat 7]
 
 TRACE is a real torch.profiler trace somebody else wrote. HolisticTraceAnalysis' own test
 data (MIT) has several, gzipped, at
@@ -10,7 +10,9 @@ https://github.com/facebookresearch/HolisticTraceAnalysis/tree/main/tests/data, 
 training step) and ``df_index_resolver/df_index_resolver.json.gz`` (3.0 MB, 54 MB, 216k
 events, V100); download one and pass its path. Nothing is fetched here. ``--synthetic``
 measures a kvprof-shaped trace of at least --mb MB made by kvprof.trace.synthetic instead
-(benchmarks/bench_load.py), and the table says so.
+(benchmarks/bench_load.py), and the table says so; with ``--engine`` an engine's own trace
+(no kvprof ranges: the KV-write kernels found by name and tied to steps and layers, the path
+analyze takes for a trace vLLM's or SGLang's profiler wrote).
 
 Both sides are timed as a user runs them: a fresh interpreter per run, wall clock from
 process start to exit, imports included. kvprof runs its full command (read, attribute,
@@ -101,6 +103,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", nargs="?", type=Path, help="a torch.profiler trace (.json or .json.gz)")
     ap.add_argument("--synthetic", action="store_true", help="a kvprof-shaped trace made here instead of TRACE")
+    ap.add_argument("--engine", action="store_true",
+                    help="with --synthetic: an engine's own trace (no kvprof ranges; CUDA graph replays, SGLang's "
+                         "step ranges, eager forwards) whose KV-write kernels analyze ties to steps and layers")
     ap.add_argument("--mb", type=int, default=35, help="size of the synthetic trace's JSON, MB (default 35)")
     ap.add_argument("--repeat", type=int, default=7, help="timed runs of each side (default 7)")
     ap.add_argument("--out", type=Path, help="also write the table to this file")
@@ -115,11 +120,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.synthetic:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from bench_load import synthesize  # the benchmarks folder is not a package
+            from bench_load import synthesize, synthesize_engine  # the benchmarks folder is not a package
 
             path = Path(tmp) / "synthetic.pt.trace.json.gz"
-            info = synthesize(path, args.mb)
-            what = (f"SYNTHESIZED kvprof-shaped Kineto trace (kvprof.trace.synthetic): {info['events']:,} events, "
+            info = (synthesize_engine if args.engine else synthesize)(path, args.mb)
+            shape = "engine-shaped (SGLang step ranges, graph replays, 80 layers)" if args.engine else "kvprof-shaped"
+            what = (f"SYNTHESIZED {shape} Kineto trace (kvprof.trace.synthetic): {info['events']:,} events, "
                     f"{info['uncompressed_mb']:.0f} MB JSON, {info['gzipped_mb']:.1f} MB gzipped")
         else:
             path = args.trace

@@ -72,6 +72,37 @@ def synthesize(path: Path, mb: int) -> dict:
             "gzipped_mb": path.stat().st_size / 2**20}
 
 
+def synthesize_engine(path: Path, mb: int) -> dict:
+    """An engine's own trace (kvprof.trace.synthetic.build_engine): no kvprof ranges, 80 layers of
+    GEMM + KV write (SGLang's store_kvcache) + attention per forward, decode forwards replayed from
+    CUDA graphs inside SGLang's step[DECODE bs=<n>] ranges, every fourth forward launched eagerly
+    kernel by kernel; gzipped, of at least ``mb`` MB of indented JSON."""
+    sys.path.insert(0, str(ROOT))
+    from kvprof.trace.synthetic import EngineReplaySpec, build_engine
+
+    forwards = 8
+    while True:
+        docs = [build_engine(EngineReplaySpec(layers=list(range(80)), replays=[0, 1] * (forwards // 2),
+                                              replay_ranges=False, step_ranges="sglang", eager=eager))[0]
+                for eager in (False, True)]
+        doc = docs[0]
+        eager = docs[1]["traceEvents"]
+        shift = max(e["ts"] for e in doc["traceEvents"] if "ts" in e) - min(e["ts"] for e in eager if "ts" in e) + 1000
+        for e in eager[: len(eager) // 4]:  # after the replays, with correlation ids of their own
+            e = {**e, "ts": round(e["ts"] + shift, 3)} if "ts" in e else e
+            if isinstance(e.get("args"), dict) and "correlation" in e["args"]:
+                e["args"] = {**e["args"], "correlation": e["args"]["correlation"] + 10_000_000}
+            doc["traceEvents"].append(e)
+        raw = json.dumps(doc, indent=1).encode()
+        if len(raw) >= mb << 20:
+            break
+        forwards = int(forwards * (mb << 20) / len(raw) * 1.05) + 2
+    with gzip.open(path, "wb", compresslevel=6) as f:
+        f.write(raw)
+    return {"events": len(doc["traceEvents"]), "uncompressed_mb": len(raw) / 2**20,
+            "gzipped_mb": path.stat().st_size / 2**20}
+
+
 def measure(which: str, path: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", CHILD, which, str(path)], capture_output=True, text=True, env=env,

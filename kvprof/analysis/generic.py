@@ -44,21 +44,60 @@ def _name_key(name: pd.Series, short: bool) -> Any:
     return pd.Categorical.from_codes(used_label[row_used], categories=pd.Index(uniq, dtype=object))
 
 
-def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
-    """Generic GPU and host statistics of one trace's event frame."""
-    kind = events["kind"].astype(str)
+NO_GPU = "no GPU activity in this trace: CPU-side numbers only"
+
+
+def no_gpu_note(stats: dict[str, Any] | None) -> str:
+    """Why a trace shows no GPU work: none was there, or its events are in categories kvprof does not
+    read (another vendor's, a schema it does not know): then those are named, never "no GPU activity"."""
+    other = (stats or {}).get("other_categories") or {}
+    if not isinstance(other, dict) or not other:
+        return NO_GPU
+    version = (stats or {}).get("schema_version")
+    named = ", ".join(f"{k!r} ({v:,})" for k, v in other.items())
+    return (f"no GPU activity kvprof can read: {sum(other.values()):,} events are in categories it does not know "
+            f"({named}; schemaVersion {version if version is not None else 'not given'}); CPU-side numbers only")
+
+
+def per_device(work: pd.DataFrame, names: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Per GPU: busy time (any of its streams), overlap (two or more of ITS streams at once), its
+    streams, kernels and copies, and its name where the trace's device tables give one."""
+    names = names or {}
+    only = next(iter(set(names.values()))) if len(set(names.values())) == 1 else None  # one model of GPU
+    out = []
+    for dev, g in work.groupby("device", sort=True):
+        s = g["start_ns"].to_numpy()
+        e = s + g["dur_ns"].to_numpy()
+        busy, overlap = busy_and_overlap(s, e, g["stream"].to_numpy())
+        out.append({"device": int(dev), "name": names.get(int(dev), only), "busy_ns": int(busy),
+                    "overlap_ns": int(overlap), "overlap_frac": overlap / busy if busy else None,
+                    "window_ns": int(e.max() - s.min()), "streams": int(g["stream"].nunique()),
+                    "kernels": int((g["kind"] == "kernel").sum()), "activities": int(len(g))})
+    return out
+
+
+def generic_summary(events: pd.DataFrame, stats: dict[str, Any] | None = None,
+                    device_names: dict[int, str] | None = None) -> dict[str, Any]:
+    """Generic GPU and host statistics of one trace's event frame (``stats``: the reader's counters,
+    which name the categories it did not read; ``device_names``: device id -> name, from the trace)."""
+    kind = events["kind"]  # compared as it is: a categorical needs no text copy (0.2 s per 100k rows)
     work = events[kind.isin(GPU_WORK_KINDS)]
     out: dict[str, Any] = {
         "events": int(len(events)),
-        "events_by_kind": {k: int(v) for k, v in kind.value_counts().items() if v},
+        "events_by_kind": {str(k): int(v) for k, v in kind.value_counts().items() if v},
         "gpu": bool(len(work)),
     }
     if work.empty:
-        out["note"] = "no GPU activity in this trace: CPU-side numbers only"
+        out["note"] = no_gpu_note(stats)
     else:
         end = work["start_ns"] + work["dur_ns"]
-        s, e, ln = work["start_ns"].to_numpy(), end.to_numpy(), stream_lanes(work)
-        busy, overlap = busy_and_overlap(s, e, ln)
+        s, e = work["start_ns"].to_numpy(), end.to_numpy()
+        devices = per_device(work, device_names)
+        # any GPU busy: one device's own figure, else the union over the devices' lanes
+        busy = devices[0]["busy_ns"] if len(devices) == 1 else busy_and_overlap(s, e, stream_lanes(work))[0]
+        # overlap is streams of ONE device running at once: two GPUs busy together are not overlap
+        overlap = sum(d["overlap_ns"] for d in devices)
+        device_busy = sum(d["busy_ns"] for d in devices)
         n_gaps, idle = gaps(s, e)
         window = int(e.max() - s.min())
         per_stream = group_gpu_stats(work, ["device", "stream"])
@@ -67,7 +106,8 @@ def generic_summary(events: pd.DataFrame) -> dict[str, Any]:
             "gpu_busy_ns": busy,
             "gpu_utilization": busy / window if window else None,
             "overlap_ns": overlap,
-            "overlap_frac": overlap / busy if busy else None,
+            "overlap_frac": overlap / device_busy if device_busy else None,
+            "devices": devices,
             "idle_ns": idle,
             "gaps": n_gaps,
             "streams": [

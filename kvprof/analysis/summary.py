@@ -10,7 +10,7 @@ import pandas as pd
 from kvprof import __version__
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.early_start import early_start_notes
-from kvprof.analysis.generic import generic_summary
+from kvprof.analysis.generic import NO_GPU, generic_summary
 from kvprof.analysis.jsonsafe import clean
 from kvprof.analysis.layer_step import WriteBoundary, layer_steps, write_boundaries
 from kvprof.analysis.metrics import fused_or_fell_back, group_metrics, measured
@@ -119,9 +119,11 @@ def _read_traces(loaded: Loaded, bpt: dict[str, float], multi_rank: bool) -> _Tr
         if multi_rank:
             rank = trace_rank(ev)
             out.rank_inputs.append((t.path, rank, collective_per_step(ev, rank)))
-        gen = generic_summary(ev)
+        gen = generic_summary(ev, t.stats, {int(d["id"]): d["name"] for d in t.devices
+                                            if isinstance(d.get("id"), int) and isinstance(d.get("name"), str)})
         if not gen["gpu"]:
-            out.warnings.append(f"{t.path}: no GPU events (CPU-only trace): only CPU-side numbers are reported")
+            out.warnings.append(f"{t.path}: " + ("no GPU events (CPU-only trace): only CPU-side numbers are reported"
+                                                 if gen["note"] == NO_GPU else gen["note"]))
         out.warnings.extend(f"{t.path}: {m}" for m in t.warnings)
         out.docs.append({
             "path": t.path, "source": t.source, "variants": t.variants, "is_kvprof": t.is_kvprof,

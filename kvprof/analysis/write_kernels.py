@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import regex
 
+from kvprof.analysis.engine_steps import GPU_STEPS, find_steps, step_layer_table
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core.errors import UsageError
 from kvprof.trace.intervals import busy_and_overlap
@@ -175,6 +176,68 @@ def _window(work: pd.DataFrame, matched: pd.Series, start: int, end: int) -> dic
             "write_kernels": len(wr), "share": write_busy / busy if busy else None}
 
 
+class StepWindows:
+    """_window for many windows: the GPU work sorted by start once, each window a slice of it."""
+
+    def __init__(self, work: pd.DataFrame, matched: pd.Series) -> None:
+        order = np.argsort(work["start_ns"].to_numpy(), kind="stable")
+        self.start = work["start_ns"].to_numpy()[order]
+        self.end = self.start + work["dur_ns"].to_numpy()[order]
+        self.dur = work["dur_ns"].to_numpy()[order]
+        self.stream = work["stream"].to_numpy()[order]
+        self.write = matched.notna().to_numpy()[order]
+
+    @staticmethod
+    def busy(s: np.ndarray, e: np.ndarray, ln: np.ndarray) -> int:
+        """Union of the intervals (starts sorted); one stream's without busy_and_overlap's per-lane work."""
+        if not len(s):
+            return 0
+        if (ln == ln[0]).all():
+            reach = np.maximum.accumulate(e)
+            new = np.concatenate([[True], s[1:] > reach[:-1]])  # a start past everything before: a new run
+            run_end = np.maximum.reduceat(e, np.flatnonzero(new))
+            return int((run_end - s[new]).sum())
+        return int(busy_and_overlap(s, e, ln)[0])
+
+    def __call__(self, start: int, end: int) -> dict[str, Any]:
+        lo, hi = np.searchsorted(self.start, [start, end], side="left")
+        s, e, ln, w = self.start[lo:hi], self.end[lo:hi], self.stream[lo:hi], self.write[lo:hi]
+        busy = self.busy(s, e, ln)
+        write_busy = self.busy(s[w], e[w], ln[w])
+        return {"gpu_busy_ns": busy, "write_ns": write_busy, "write_kernel_ns": int(self.dur[lo:hi][w].sum()),
+                "write_kernels": int(w.sum()), "share": write_busy / busy if busy else None}
+
+
+def _step_rows(found: Any, hit: pd.DataFrame, per: dict[str, WritePattern],
+               window: StepWindows) -> list[dict[str, Any]]:
+    """One row per step that holds a write (every GPU step range): its writes, layers, replay, window figures."""
+    step = found.step_of.to_numpy() if found.step_of is not None else np.full(len(hit), -1)
+    layer = found.layer_of.to_numpy() if found.layer_of is not None else np.full(len(hit), -1)
+    replay = found.replay_of.to_numpy() if found.replay_of is not None else np.full(len(hit), -1)
+    fams = hit["family"].astype(str)
+    kpw = fams.map({f: per[f].kernels_per_write for f in pd.unique(fams)}).to_numpy()
+    t = pd.DataFrame({"step": step, "family": hit["family"].astype(str).to_numpy(), "kpw": kpw,
+                      "layer": np.where(layer >= 0, layer, np.nan), "replay": replay})
+    t = t[t["step"] >= 0]
+    fam = t.groupby(["step", "family"]).agg(n=("kpw", "size"), kpw=("kpw", "first"))
+    writes = (fam["n"] // fam["kpw"]).groupby(level="step").sum()
+    layers = t.groupby("step")["layer"].nunique()
+    replays = t.groupby("step")["replay"].agg(lambda r: sorted(set(int(x) for x in r)))
+    rows = []
+    for i, st in enumerate(found.steps):
+        if found.method != GPU_STEPS and i not in writes.index:
+            continue  # an engine range that launched no write (a scheduling step, a graph without the writes)
+        rs = [r for r in replays.get(i, []) if r >= 0]
+        graph = st["graph_launch"] if st["graph_launch"] is not None else (
+            None if not rs else rs[0] if len(rs) == 1 else f"{len(rs)} replays")
+        row = {"step": st["label"], "start_ns": st["start_ns"], "end_ns": st["end_ns"], "graph_launch": graph,
+               "writes": int(writes.get(i, 0)), "layers": int(layers.get(i, 0))}
+        if st["start_ns"] is not None and st["end_ns"] is not None:
+            row.update(window(int(st["start_ns"]), int(st["end_ns"]) + 1))
+        rows.append(row)
+    return rows
+
+
 def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[str, Any]:
     """One trace's KV-write kernels by family, and their share of GPU time per step."""
     work = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])]  # a categorical: compared without a text copy
@@ -202,25 +265,33 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
     families.sort(key=lambda f: -f["total_ns"])
     by_name = []
     if len(hit):
-        short = hit["name"].astype(str).map(short_kernel_name)
+        names = hit["name"].astype(str)
+        short = names.map({n: short_kernel_name(n) for n in pd.unique(names)})  # each distinct name once
         for (fname, kname), g in hit.assign(short=short).groupby(["family", "short"], sort=False):
             by_name.append({"family": fname, "name": kname, "count": len(g), "total_ns": int(g["dur_ns"].sum()),
                             "mean_ns": float(g["dur_ns"].mean())})
         by_name.sort(key=lambda r: -r["total_ns"])
     whole = _window(work, matched, int(work["start_ns"].min()), int((work["start_ns"] + work["dur_ns"]).max()) + 1)
-    steps = [{"step": label, **_window(work, matched, s, e)} for label, s, e in _steps(ev)]
-    shares = [s["share"] for s in steps if s["share"] is not None]
+    gpu_steps = _steps(ev)
+    found = find_steps(ev, work, hit, {p.name: p.kernels_per_write for p in patterns}, gpu_steps)
+    steps = _step_rows(found, hit, per, StepWindows(work, matched))
+    shares = [s["share"] for s in steps if s.get("share") is not None]
+    tied = (int(((found.step_of >= 0) & (found.layer_of >= 0)).sum())
+            if found.step_of is not None and found.layer_of is not None else 0)
     out.update(
         families=families, kernels=by_name, write_kernels=len(hit),
         writes=sum(f["writes"] for f in families),
         write_ns=whole["write_ns"], write_kernel_ns=whole["write_kernel_ns"], gpu_busy_ns=whole["gpu_busy_ns"],
         share=whole["share"],
-        step_source="ProfilerStep" if steps and steps[0]["step"].startswith("ProfilerStep") else (
-            "kvprof.step" if steps else None),
+        step_source=(("ProfilerStep" if gpu_steps[0][0].startswith("ProfilerStep") else "kvprof.step")
+                     if found.method == GPU_STEPS else found.method),
+        step_method=found.method, no_steps_reason=found.reason,
         steps_count=len(steps),
         step_share_median=float(np.median(shares)) if shares else None,
         step_share_max=float(np.max(shares)) if shares else None,
         steps=steps[:MAX_STEPS_LISTED],
+        tied_step_and_layer=tied, unassigned=[{"reason": r, "kernels": n} for r, n in found.unassigned.items()],
+        graph=found.graph, step_layer=step_layer_table(hit, found),
     )
     return out
 

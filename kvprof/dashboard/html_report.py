@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from kvprof import __version__
 from kvprof.core.atomic import atomic_file
+from kvprof.dashboard.engine_view import EngineView
 from kvprof.dashboard.landing import Landing
 from kvprof.dashboard.layer_view import GAP_INTRO, PDL_INTRO, ROPE_INTRO, LayerView
 from kvprof.dashboard.tables import display, landing_table
@@ -61,6 +62,25 @@ def _layer_sections(view: LayerView, figure: Callable[[go.Figure], str]) -> list
     return parts
 
 
+def engine_sections(views: list[EngineView], figure: Callable[[go.Figure], str]) -> list[str]:
+    """Per engine trace: its steps (or why none), where each figure comes from, the write time per step and layer."""
+    e = html.escape
+    parts = []
+    for v in views:
+        parts.append(f"<h2 id='engine-{e(v.trace)}'>Engine trace {e(v.trace)} (rank {e(str(v.rank))}): KV writes "
+                     "per step and layer</h2>")
+        if v.reason:
+            parts.append(f"<p class='note'>{e(v.reason)}</p>")
+        parts += [f"<p class='note'>{e(n)}</p>" for n in v.notes]
+        fig = v.figure()
+        parts += [figure(fig)] if fig is not None else []
+        if len(v.steps):
+            parts.append("<h3>Steps</h3>" + _table_html(v.steps))
+        if len(v.step_layer):
+            parts.append("<h3>Write µs per step and layer</h3>" + _table_html(v.step_layer))
+    return parts
+
+
 def render(land: Landing) -> str:
     """The HTML document for one landing view, then the run's decoder-layer views where it has them."""
     e = html.escape
@@ -84,6 +104,7 @@ def render(land: Landing) -> str:
     parts.append("<h2>Fused or fell back</h2>" + _table(land.verdicts))
     if land.layer is not None and not land.layer.empty:
         parts += _layer_sections(land.layer, figure)
+    parts += engine_sections(land.engine, figure)
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from kvprof.analysis.compare import Benchmark
 from kvprof.core.timings import SourceTiming
 from kvprof.dashboard import charts, frames, layer_view, tables
+from kvprof.dashboard.engine_view import EngineView, engine_views
 from kvprof.dashboard.layer_view import LayerView
 
 
@@ -66,6 +67,7 @@ class Landing:
     notes: list[str] = field(default_factory=list)
     timing: SourceTiming = SourceTiming(None, None)
     layer: LayerView | None = None  # the rotary-fusion and PDL views (kvprof.dashboard.layer_view)
+    engine: list[EngineView] = field(default_factory=list)  # engine traces' write kernels per step and layer
 
 
 def headline_text(comp: dict[str, Any], source: str | None, layers: int, summary: dict[str, Any] | None = None) -> str:
@@ -113,7 +115,7 @@ def build(label: str, summary: dict[str, Any], writes: pd.DataFrame | None = Non
     src = t.words
     land = Landing(label, device, source, baseline, headline_text(comp, source, layers, summary), df,
                    verdicts[["variant", "verdict", "claims fused", "paths say", "kernels say", "GPU ops per write"]],
-                   timing=t)
+                   timing=t, engine=engine_views(summary))
     land.figures = [("cost", charts.landing_cost(df, f"{t.per_write} (bars: median, whiskers: IQR) · {src}",
                                                  t.per_write))]
     saving_title = f"ms saved per decode step vs {baseline} ({layers} layers) · {src}"

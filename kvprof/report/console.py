@@ -309,13 +309,43 @@ def _generic(summary: Summary, con: Console) -> None:
         if g.get("gpu"):
             busy, window = us(g.get("gpu_busy_ns"), NOT_MEASURED, 1), us(g.get("gpu_window_ns"), NOT_MEASURED, 1)
             overlap = num((g.get("overlap_frac") or 0) * 100, NOT_MEASURED)
+            devices = g.get("devices") or []
             con.print(f"  {markup(tr['path'])}: GPU busy {busy} µs of {window} µs, overlap {overlap} %, "
-                      f"{len(g.get('streams') or [])} streams")
+                      f"{len(g.get('streams') or [])} streams" + (
+                          f" on {len(devices)} devices (overlap: streams of one device at once)"
+                          if len(devices) > 1 else ""))
+            for d in devices if len(devices) > 1 else []:
+                con.print(f"    device {markup(d['device'])} ({markup(d.get('name') or 'name not in the trace')}): "
+                          f"busy {us(d.get('busy_ns'), NOT_MEASURED, 1)} µs, overlap "
+                          f"{num((d.get('overlap_frac') or 0) * 100, NOT_MEASURED)} % across its "
+                          f"{markup(d['streams'])} streams, {markup(d['kernels'])} kernels")
             for k in (g.get("kernels_by_name") or [])[:5]:
                 con.print(f"    {markup(k['count']):>6} x {markup(str(k['name'])[:70])}  "
                           f"total {us(k['total_ns'], NOT_MEASURED, 1)} µs")
         else:
             con.print(f"  {markup(tr['path'])}: {markup(g.get('note', 'no GPU activity'))}")
+
+
+def _devices_named(summary: Summary) -> str | None:
+    """"2 x NVIDIA H100": the devices the traces' generic numbers name, where the summary's device has none."""
+    names = [d.get("name") for tr in summary.traces for d in (tr.get("generic") or {}).get("devices") or []]
+    named = sorted({n for n in names if isinstance(n, str)})
+    if not named:
+        return None
+    return ", ".join(f"{names.count(n)} x {n}" if names.count(n) > 1 else n for n in named)
+
+
+def _writes_words(att: dict[str, Any], named: dict[str, Any] | None) -> str:
+    """"writes 40, attribution graph_order"; for a trace without kvprof's ranges whose KV-write kernels
+    were found by name, those kernels and how many are tied to a step and a layer (never "writes 0" alone)."""
+    n = att.get("writes", 0)
+    named = named or {}
+    kernels = named.get("write_kernels") or 0
+    if n or not kernels:
+        return f"writes {markup(n)}, attribution {markup(att.get('method', 'none'))}"
+    return (f"no kvprof write ranges; {markup(_count(kernels))} KV-write kernels by name, "
+            f"{markup(_count(named.get('tied_step_and_layer') or 0))} tied to a step and a layer "
+            f"(steps: {markup(named.get('step_method') or 'none found')})")
 
 
 def peak_words(dev: dict[str, Any]) -> str:
@@ -331,12 +361,12 @@ def render(summary: Summary, console: Console | None = None) -> None:
     con = console or make_console()
     dev = summary.device
     con.print(f"[bold]kvprof analyze[/bold] {markup(summary.input)}  ({markup(summary.input_kind)}; device: "
-              f"{markup(dev.get('name') or '?')}, {peak_words(dev)})")
+              f"{markup(dev.get('name') or _devices_named(summary) or '?')}, {peak_words(dev)})")
+    by_name = {t.get("path"): t for t in (summary.write_kernels or {}).get("traces") or []}
     for tr in summary.traces:
         att = tr.get("attribution") or {}
         con.print(f"  {markup(tr['source'])}: {markup(tr['path'])} — {markup(_count(tr.get('events')))} events, "
-                  f"{markup(_count(tr.get('gpu_events')))} on GPU, writes {markup(att.get('writes', 0))}, "
-                  f"attribution {markup(att.get('method', 'none'))}")
+                  f"{markup(_count(tr.get('gpu_events')))} on GPU, {_writes_words(att, by_name.get(tr['path']))}")
     groups = summary.groups
     ref_rows = [g for g in groups if g["source"] == "reference"]
     if ref_rows:

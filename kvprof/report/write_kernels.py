@@ -38,22 +38,28 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                           + (f" (--write-kernels {markup(repr(section['user_regex']))})"
                              if section.get("user_regex") else ""))
         return
-    table = Table(title="KV-write kernels by name (per rank)", title_justify="left")
+    table = Table(title="KV-write kernels by name (per rank; tied: to a step and a layer; replayed: write kernels "
+                        "in CUDA graph replays)", title_justify="left")
     for col in ("rank", "family", "kernels", "writes", "GPU µs", "µs/write", "share of GPU", "steps",
-                "step share (median)", "trace"):
+                "step share (median)", "tied", "replayed", "trace"):
         table.add_column(col, justify="left" if col in ("family", "trace") else "right", no_wrap=True)
     for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
+        graph = t.get("graph") or {}
         for f in t["families"]:
             table.add_row(
                 markup(t.get("rank")), markup(f["family"]), markup(f["kernels"]), markup(f["writes"]),
                 f"{f['total_ns'] / 1000:.1f}", f"{f['per_write_ns'] / 1000:.2f}",
                 f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "n/a (no GPU time)",
-                markup(t.get("steps_count") or "n/a (no steps)"),
+                markup(t.get("steps_count") or "n/a (none found)"),
                 f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None
-                else "n/a (no steps)",
+                else "n/a (none found)",
+                f"{markup(t.get('tied_step_and_layer', 'n/a'))} of {markup(t.get('write_kernels'))}",
+                f"{markup(graph.get('replayed_write_kernels', 'n/a'))} of {markup(graph.get('launches', 0))} replays",
                 markup(str(t["path"]).rsplit("/", 1)[-1][:60]),
             )
     console.print(table)
+    for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
+        render_engine_steps(t, console)
 
 
 SIDECAR_WRITE_PATHS = ("set_kv_buffer", "fused into rope", "fallback")  # the plugin's write_paths keys
@@ -139,3 +145,35 @@ def render_ledgers(sidecars: list[dict[str, Any]], console: Any) -> None:
 def _fmt(v: Any, scale: float = 1000.0) -> str:
     """A figure, or n/a with why as every console table says it (kvprof.report.cells)."""
     return "n/a (not measured)" if v is None else (f"{v:g}" if scale == 1 else f"{v / scale:.2f}")
+
+
+STEPS_PRINTED = 12
+
+
+def render_engine_steps(t: dict[str, Any], console: Any) -> None:
+    """One trace's steps: the method that found them (or why none was found), the kernels not tied
+    and why, and the first steps with their writes and share of the GPU's busy time."""
+    from rich.table import Table
+
+    name = markup(str(t["path"]).rsplit("/", 1)[-1][:60])
+    if t.get("no_steps_reason"):
+        console.print(f"{name}: {markup(t['no_steps_reason'])}")
+        return
+    if not t.get("step_method"):
+        return
+    console.print(f"{name}: steps from {markup(t['step_method'])}")
+    for u in t.get("unassigned") or []:
+        console.print(f"  {markup(u['kernels'])} write kernels not tied to a layer: {markup(u['reason'])}")
+    steps = t.get("steps") or []
+    if not steps:
+        return
+    table = Table(title=f"steps of {name} (first {min(len(steps), STEPS_PRINTED)} of {t.get('steps_count')})",
+                  title_justify="left")
+    for col in ("step", "writes", "layers", "write µs", "GPU busy µs", "share", "graph launch"):
+        table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+    for s in steps[:STEPS_PRINTED]:
+        table.add_row(markup(str(s["step"])[:48]), markup(s.get("writes")), markup(s.get("layers")),
+                      _fmt(s.get("write_ns")), _fmt(s.get("gpu_busy_ns")),
+                      f"{s['share'] * 100:.2f} %" if s.get("share") is not None else "n/a (no GPU time)",
+                      markup(s["graph_launch"]) if s.get("graph_launch") is not None else "eager")
+    console.print(table)

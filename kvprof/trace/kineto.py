@@ -34,13 +34,16 @@ from kvprof.trace.kineto_decode import decode_events
 from kvprof.trace.kineto_fields import (  # what both readers of the events read, and how
     ARG_CODES as _ARG_CODES,
     CODE_OF_CAT as _CODE_OF_CAT,
+    FLOW_CATS as _FLOW_CATS,
     GPU_CODES as _GPU_CODES,
     MAX_US as _MAX_US,
     MEMCPY as _MEMCPY,
     MEMSET as _MEMSET,
     OTHER as _OTHER,
+    OTHER_CATS_LISTED,
     SKIPPED_CATS,
     id_or_unknown as _int,
+    stream_of_tid as _stream_of_tid,
 )
 from kvprof.trace.kineto_io import (
     I64_MAX,
@@ -116,6 +119,7 @@ def events_from_document(  # noqa: C901 (the per-event loop stays in one frame: 
     block_l: list[int] = []
     bytes_l: list[int] = []
     flows: dict[tuple[int, int, float], int] = {}
+    other_cats: dict[str, int] = {}
     stats = {"skipped": 0, "non_complete": 0, "malformed": 0, "not_a_number": 0, "out_of_range": 0}
     code_of_cat = _CODE_OF_CAT
     arg_codes = _ARG_CODES
@@ -134,7 +138,7 @@ def events_from_document(  # noqa: C901 (the per-event loop stays in one frame: 
                 continue
             ph = e.get("ph")
             if ph != "X":
-                if ph == "f" and e.get("cat") == "ac2g":
+                if ph == "f" and (fcat := e.get("cat")).__class__ is str and fcat in _FLOW_CATS:
                     fts = e.get("ts")
                     if fts.__class__ in (int, float):
                         flows[(_int(e.get("pid")), _int(e.get("tid")), fts)] = _int(e.get("id"))
@@ -152,6 +156,7 @@ def events_from_document(  # noqa: C901 (the per-event loop stays in one frame: 
                     stats["skipped"] += 1
                     continue
                 code = _OTHER
+                other_cats[str(cat)] = other_cats.get(str(cat), 0) + 1
             ts = e.get("ts")
             dur = e.get("dur")
             # text, true/false, null or a missing value is no time: never read as 0 (bool is
@@ -180,7 +185,7 @@ def events_from_document(  # noqa: C901 (the per-event loop stays in one frame: 
                 corr_l.append(_int(args.get("correlation", -1)))
                 if code in gpu_codes:
                     dev_l.append(_int(args.get("device", pid)))
-                    stream_l.append(_int(args.get("stream", tid)))
+                    stream_l.append(_int(args["stream"] if "stream" in args else _stream_of_tid(tid)))
                     node_l.append(_int(args.get("graph node id", args.get("graphNodeId", -1))))
                     g = _dims(args.get("grid"))
                     b = _dims(args.get("block"))
@@ -214,6 +219,7 @@ def events_from_document(  # noqa: C901 (the per-event loop stays in one frame: 
         "_names": list(names),
         "_dims": list(dims),
         "_flows": flows,
+        "_other_cats": other_cats,
     }
     return cols, n, stats
 
@@ -332,6 +338,13 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
         raise TraceError(f"{p.name}: no complete events among {total:,} trace events: nothing was profiled")
     stats["events_in_file"] = total
     stats["flow_correlations"] = _resolve_flow_correlations(cols)
+    schema: dict[str, Any] = {}  # what names a trace whose events kvprof cannot read (kvprof.analysis.generic)
+    if cols["_other_cats"]:
+        schema["other_categories"] = dict(sorted(cols["_other_cats"].items(), key=lambda kv: -kv[1])
+                                          [:OTHER_CATS_LISTED])
+    version = doc.get("schemaVersion")
+    if version.__class__ in (int, str):
+        schema["schema_version"] = version
     start_ns, _ = _to_ns(cols["ts_us"])
     dur_ns = np.rint(cols["dur_us"] * 1000.0).astype(np.int64)
     warnings = reader_warnings(stats, int((dur_ns < 0).sum()), start_ns, dur_ns)
@@ -370,7 +383,7 @@ def _read_kineto(path: str | os.PathLike[str], max_events: int) -> Trace:
         kvprof=meta,
         devices=devices_of(doc, meta),
         clock=clock,
-        stats=stats,
+        stats={**stats, **schema},
         warnings=warnings,
     )
     _fill_gpu_pids(trace)

@@ -42,6 +42,7 @@ from kvprof.core.schema import JSON_VALUES_PER_EVENT
 from kvprof.trace.kineto_fields import (
     ARG_CODES,
     CODE_OF_CAT,
+    FLOW_CATS,
     GPU_CODES,
     MAX_US,
     MEMCPY,
@@ -49,6 +50,7 @@ from kvprof.trace.kineto_fields import (
     OTHER,
     SKIPPED_CATS,
     id_or_unknown,
+    stream_of_tid,
 )
 from kvprof.trace.kineto_io import json_values
 
@@ -91,6 +93,7 @@ class _Document(msgspec.Struct, gc=False):
     distributedInfo: msgspec.Raw | msgspec.UnsetType = _UNSET
     kvprof: msgspec.Raw | msgspec.UnsetType = _UNSET
     baseTimeNanoseconds: msgspec.Raw | msgspec.UnsetType = _UNSET
+    schemaVersion: msgspec.Raw | msgspec.UnsetType = _UNSET
 
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
@@ -126,6 +129,7 @@ class _Counts:
     stats: dict[str, int] = field(default_factory=lambda: {
         "skipped": 0, "non_complete": 0, "malformed": 0, "not_a_number": 0, "out_of_range": 0})
     flows: dict[tuple[int, int, float], int] = field(default_factory=dict)
+    other_cats: dict[str, int] = field(default_factory=dict)  # complete events of categories kvprof does not know
     wide: set[str] = field(default_factory=set)  # "pid"/"tid" when one was past int64
 
 
@@ -182,8 +186,11 @@ def _dims(values: list[list[int] | None]) -> list[str | None]:
 def _part(events: list[_Event], counts: _Counts) -> _Part:
     """One chunk's rows and counts, by kineto.events_from_document's rules."""
     xs = [e for e in events if e.ph == "X"]
-    flows = [e for e in events if e.ph == "f" and e.cat == "ac2g"]
+    flows = [e for e in events if e.ph == "f" and e.cat in FLOW_CATS]
     code = np.fromiter((_CAT_CODE.get(e.cat, OTHER) for e in xs), dtype=np.int64, count=len(xs))
+    for i in np.flatnonzero(code == OTHER).tolist():
+        cat = str(xs[i].cat)
+        counts.other_cats[cat] = counts.other_cats.get(cat, 0) + 1
     ts, ts_ok = _times([e.ts for e in xs])
     dur, dur_ok = _times([e.dur for e in xs])
     skip = code == _SKIP
@@ -213,7 +220,8 @@ def _part(events: list[_Event], counts: _Counts) -> _Part:
         gpu_rows = list(itertools.compress(arg_rows, on_gpu.tolist()))
         gargs = list(itertools.compress(args, on_gpu.tolist()))
         part.device[gpu] = _ids([e.pid if a.device is _UNSET else a.device for a, e in zip(gargs, gpu_rows)])
-        part.stream[gpu] = _ids([e.tid if a.stream is _UNSET else a.stream for a, e in zip(gargs, gpu_rows)])
+        part.stream[gpu] = _ids([stream_of_tid(e.tid) if a.stream is _UNSET else a.stream
+                                 for a, e in zip(gargs, gpu_rows)])
         part.graph_node[gpu] = _ids([a.graphNodeId if a.graph_node_id is _UNSET else a.graph_node_id
                                      for a in gargs])
         for i, g, b in zip(gpu.tolist(), _dims([a.grid for a in gargs]), _dims([a.block for a in gargs])):
@@ -263,6 +271,7 @@ def _columns(parts: list[_Part], counts: _Counts) -> tuple[dict[str, Any], int]:
     codes, cols["_dims"] = _interned([d for p in parts for pair in zip(p.grid, p.block) for d in pair])
     cols["grid"], cols["block"] = codes[0::2].copy(), codes[1::2].copy()
     cols["_flows"] = counts.flows
+    cols["_other_cats"] = counts.other_cats
     return cols, len(cols["kind"])
 
 

@@ -46,7 +46,8 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in db.execute(f"PRAGMA table_info([{table}])")}
 
 
-TEXT_COLUMNS = frozenset({"text", "name"})  # every other column kvprof reads holds numbers
+# every other column kvprof reads holds numbers
+TEXT_COLUMNS = frozenset({"text", "name", "name_", "deviceName", "chipName"})
 _I64_LIMIT = 9.0e18
 
 
@@ -238,20 +239,45 @@ def graph_nodes_of(db: sqlite3.Connection, tables: set[str]) -> pd.DataFrame | N
     })
 
 
+# Tables an export describes its GPUs in, across nsys versions, with the columns each may name the id
+# and the name by; every column is looked up in the export's own schema before it is read.
+DEVICE_TABLES = ("TARGET_INFO_GPU", "TARGET_INFO_CUDA_GPU")
+_ID_COLUMNS = ("id", "deviceId", "cuDevice", "cudaId")
+_NAME_COLUMNS = ("name", "deviceName", "chipName")
+
+
 def _devices(db: sqlite3.Connection, tables: set[str]) -> list[dict[str, Any]]:
-    if "TARGET_INFO_GPU" not in tables:
-        return []
-    df = _select(db, "TARGET_INFO_GPU", {"id": "0", "name": "NULL", "smCount": "NULL", "totalMemory": "NULL",
-                                          "memoryBandwidth": "NULL"})
-    out = []
-    for r in df.itertuples():
-        bw = float(r.memoryBandwidth) / 1e9 if pd.notna(r.memoryBandwidth) and r.memoryBandwidth else None
-        out.append({"id": int(r.id) if pd.notna(r.id) else 0, "name": r.name if isinstance(r.name, str) else None,
-                    "sms": int(r.smCount) if pd.notna(r.smCount) else None,
-                    "memory_bytes": int(r.totalMemory) if pd.notna(r.totalMemory) else None,
-                    "peak_bandwidth_gbs": bw, "peak_bandwidth_source": NSYS_DEVICE_INFO if bw else None,
-                    "copy_rate_gbs": None})
-    return out
+    """One entry per GPU the export describes (id as the activity tables' deviceId): its name, SMs,
+    memory and bandwidth from whichever of DEVICE_TABLES has them, read by the export's own columns."""
+    found: dict[int, dict[str, Any]] = {}
+    for table in (t for t in DEVICE_TABLES if t in tables):
+        cols = _columns(db, table)
+        id_col = next((c for c in _ID_COLUMNS if c in cols), None)
+        name_col = next((c for c in _NAME_COLUMNS if c in cols), None)
+        if id_col is None:
+            continue
+        df = _select(db, table, {id_col: "0", "name_": "NULL", "smCount": "NULL", "totalMemory": "NULL",
+                                 "memoryBandwidth": "NULL"} if name_col is None else
+                     {id_col: "0", name_col: "NULL", "smCount": "NULL", "totalMemory": "NULL",
+                      "memoryBandwidth": "NULL"})
+        for r in df.itertuples(index=False):
+            rid = getattr(r, id_col)
+            name = getattr(r, name_col) if name_col is not None else None
+            if pd.isna(rid):
+                continue
+            d = found.setdefault(int(rid), {"id": int(rid), "name": None, "sms": None, "memory_bytes": None,
+                                            "peak_bandwidth_gbs": None, "peak_bandwidth_source": None,
+                                            "copy_rate_gbs": None})
+            if d["name"] is None and isinstance(name, str) and name.strip():
+                d["name"] = name.strip()
+            if d["sms"] is None and pd.notna(r.smCount):
+                d["sms"] = int(r.smCount)
+            if d["memory_bytes"] is None and pd.notna(r.totalMemory):
+                d["memory_bytes"] = int(r.totalMemory)
+            bw = float(r.memoryBandwidth) / 1e9 if pd.notna(r.memoryBandwidth) and r.memoryBandwidth else None
+            if d["peak_bandwidth_gbs"] is None and bw:
+                d.update(peak_bandwidth_gbs=bw, peak_bandwidth_source=NSYS_DEVICE_INFO)
+    return [found[k] for k in sorted(found)]
 
 
 def _clock(db: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:

@@ -256,6 +256,11 @@ class EngineReplaySpec:
     pid: int = 1584
     # per replay, layers whose write kernel is left out (a replay that does not follow the record)
     drop: dict[int, list[int]] = field(default_factory=dict)
+    # the engine's own step annotation around each forward: "sglang" (step[DECODE bs=<n>]), "vllm"
+    # (gpu_model_runner: forward), or None
+    step_ranges: str | None = None
+    eager: bool = False  # each kernel launched by its own cudaLaunchKernel (no CUDA graph)
+    eager_replays: list[int] = field(default_factory=list)  # these forwards (by index) launched eagerly
 
 
 def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -265,12 +270,20 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
     ev: list[dict[str, Any]] = []
     pid, corr, t, gpu_t = spec.pid, 5000, 10_000, 40_000
     writes: list[dict[str, Any]] = []
+    step_name = {"sglang": "step[DECODE bs={bs}]", "vllm": "gpu_model_runner: forward", None: None}[spec.step_ranges]
     for i, g in enumerate(spec.replays):
+        eager = spec.eager or i in spec.eager_replays
+        launch_ns = 5_000 if not eager else 1_000 * 3 * len(spec.layers) + 1_000
         corr += 1
         if spec.replay_ranges:
             ev.append(_x("user_annotation", GRAPH_REPLAY_RANGE_FORMAT.format(graph=g), pid, pid, t - 500, 8_000))
-        ev.append(_x("cuda_runtime", "cudaGraphLaunch", pid, pid, t, 5_000, {"cbid": 311, "correlation": corr}))
+        if step_name is not None:
+            ev.append(_x("user_annotation", step_name.format(bs=spec.graphs[g]), pid, pid, t - 1_000,
+                         launch_ns + 2_000))
+        if not eager:
+            ev.append(_x("cuda_runtime", "cudaGraphLaunch", pid, pid, t, 5_000, {"cbid": 311, "correlation": corr}))
         gpu_t = max(gpu_t, t + 12_000)
+        host_t = t
         for layer in spec.layers:
             kernels = [(ENGINE_GEMM, 4_000)]
             if layer not in spec.drop.get(i, []):
@@ -279,6 +292,11 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
                                "start_ns": gpu_t + 4_200})
             kernels.append((ENGINE_ATTENTION, 3_000))
             for name, dur in kernels:
+                if eager:
+                    corr += 1
+                    ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, pid, host_t, 800,
+                                 {"cbid": 211, "correlation": corr}))
+                    host_t += 1_000
                 ev.append(_x("kernel", name, 0, 7, gpu_t, dur, {
                     "queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": corr,
                     "registers per thread": 32, "shared memory": 0, "grid": [2, 1, 1], "block": [128, 1, 1]}))
@@ -292,3 +310,109 @@ def build_engine(spec: EngineReplaySpec) -> tuple[dict[str, Any], dict[str, Any]
         "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS, "traceEvents": ev, "traceName": "synthetic-engine",
     }
     return doc, {"writes": writes}
+
+
+# Today's Kineto category -> the name libkineto's ChromeTraceLogger wrote in 2020-2021 (torch 1.8-1.9)
+LEGACY_CATEGORIES = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset", "cuda_runtime": "Runtime",
+                     "cpu_op": "Operator"}
+
+
+@dataclass(frozen=True)
+class Vintage:
+    """How an older Kineto wrote the same trace: each option one difference of its format."""
+
+    categories: bool = True  # "Kernel", "Runtime", "Operator", "Memcpy", "Memset"
+    flow_cat: str = "ac2g"  # the launch -> GPU flows' "cat": "async_gpu" (2022), "async" (2020)
+    stream_tids: bool = False  # GPU rows on tid "stream <n>" (2020-2021) rather than the stream number
+    bare_list: bool = False  # the file is the event list alone, no document around it (2020)
+
+
+def vintage(doc: dict[str, Any], v: Vintage) -> Any:
+    """A copy of ``doc`` (from build or build_engine) as a trace of that vintage writes it."""
+    events = []
+    for e in doc["traceEvents"]:
+        e = dict(e)
+        cat = e.get("cat")
+        if v.categories and cat in LEGACY_CATEGORIES:
+            e["cat"] = LEGACY_CATEGORIES[cat]
+        if cat == "ac2g":
+            e["cat"] = v.flow_cat
+        on_device = isinstance(e.get("pid"), int) and 0 <= e["pid"] < 64  # Kineto's GPU rows: pid = device
+        if v.stream_tids and on_device and isinstance(e.get("tid"), int):
+            e["tid"] = f"stream {e['tid']}"
+        events.append(e)
+    if v.bare_list:
+        return events
+    out = {k: val for k, val in doc.items() if k != "traceEvents"}
+    out["traceEvents"] = events
+    return out
+
+
+@dataclass(frozen=True)
+class NsysSpec:
+    """An nsys SQLite export of a multi-GPU run, in one of the schemas nsys has written.
+
+    Every device runs the same ``kernels`` kernels of ``dur_ns`` at the same times (the GPUs
+    busy together); on one device, with ``streams`` > 1 and ``overlap_within``, kernel i of
+    stream 1 starts ``dur_ns / 2`` after kernel i of stream 0 (half of each overlaps), else the
+    streams take turns. ``device_table`` (None: no device table) holds each GPU's name under
+    ``name_column`` (None: the table has no name column).
+    """
+
+    devices: int = 2
+    streams: int = 2
+    kernels: int = 4
+    dur_ns: int = 1_000
+    overlap_within: bool = False
+    device_table: str | None = "TARGET_INFO_GPU"
+    name_column: str | None = "name"
+    device_name: str = "NVIDIA H100 80GB HBM3"
+
+
+def build_nsys(path: Any, spec: NsysSpec) -> dict[str, Any]:
+    """Write the export to ``path``; return the expected per-device figures."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    try:
+        con.executescript("""
+            CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+            CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER,
+                streamId INTEGER, correlationId INTEGER, globalPid INTEGER, shortName INTEGER, demangledName INTEGER);
+            CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, globalTid INTEGER,
+                correlationId INTEGER, nameId INTEGER);
+            INSERT INTO StringIds VALUES (1, 'gemm_kernel'), (2, 'cudaLaunchKernel');
+        """)
+        if spec.device_table is not None:
+            name = f", [{spec.name_column}] TEXT" if spec.name_column else ""
+            con.execute(f"CREATE TABLE [{spec.device_table}] (id INTEGER NOT NULL{name}, smCount INTEGER)")
+            for d in range(spec.devices):
+                values = (d, spec.device_name, 132) if spec.name_column else (d, 132)
+                con.execute(f"INSERT INTO [{spec.device_table}] VALUES ({', '.join('?' * len(values))})", values)
+        corr = 0
+        expected: dict[str, Any] = {"devices": []}
+        for d in range(spec.devices):
+            pid = 100 + d  # one process per GPU, as a tensor-parallel engine runs
+            gtid = (pid << 24) | pid
+            for i in range(spec.kernels):
+                for s in range(spec.streams):
+                    corr += 1
+                    if spec.overlap_within:
+                        start = 1_000_000 + i * 4 * spec.dur_ns + s * (spec.dur_ns // 2)
+                    else:
+                        start = 1_000_000 + (i * spec.streams + s) * 2 * spec.dur_ns
+                    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,1,1)",
+                                (start, start + spec.dur_ns, d, 7 + s, corr, pid << 24))
+                    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,2)",
+                                (start - 5_000, start - 4_000, gtid, corr))
+            per_i = (spec.dur_ns + (spec.streams - 1) * (spec.dur_ns // 2)) if spec.overlap_within else 0
+            overlap = spec.kernels * (spec.dur_ns - spec.dur_ns // 2) if spec.overlap_within and spec.streams > 1 else 0
+            busy = spec.kernels * per_i if spec.overlap_within else spec.kernels * spec.streams * spec.dur_ns
+            expected["devices"].append({
+                "device": d, "kernels": spec.kernels * spec.streams, "streams": spec.streams, "busy_ns": busy,
+                "overlap_ns": overlap,
+                "name": spec.device_name if spec.device_table is not None and spec.name_column else None})
+        con.commit()
+    finally:
+        con.close()
+    return expected

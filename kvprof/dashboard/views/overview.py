@@ -42,6 +42,7 @@ def render(ctx: Context) -> None:
         with st.expander(f"analyze reported {len(warns)} warning(s)"):
             st.markdown("\n".join(f"- {md(w)}" for w in warns))  # one element, not one per warning
 
+    _engine_traces(ctx, summary)
     all_variants = frames.variants_in(summary, groups)
     chosen = [v for v in all_variants if v in ctx.variants]
     if not chosen:
@@ -104,3 +105,23 @@ def render(ctx: Context) -> None:
                           key="ov-metric")
     show_figure(memo.metric_for(ctx.run, settings, metric, bool(cpu_only)), f"overview-{metric}")
     show_figure(detail.speedup, f"speedup-vs-{baseline}")
+
+
+def _engine_traces(ctx: Context, summary: dict) -> None:  # type: ignore[type-arg]
+    """An engine's own traces (no kvprof ranges): write kernels per step and layer, how the steps were found."""
+    from kvprof.dashboard.engine_view import engine_views
+
+    assert ctx.run is not None
+    for v in engine_views(summary):
+        st.markdown(f"#### Engine trace {md(v.trace)} (rank {md(v.rank)}): KV writes per step and layer")
+        if v.reason:
+            st.info(md(v.reason))
+        for n in v.notes:
+            st.caption(md(n))
+        fig = v.figure()
+        if fig is not None:
+            show_figure(fig, f"engine-{v.trace}-{ctx.run.label}")
+        if len(v.steps):
+            show_table(v.steps, f"engine-steps-{v.trace}-{ctx.run.label}", caption="steps")
+        if len(v.step_layer):
+            show_table(v.step_layer, f"engine-layers-{v.trace}-{ctx.run.label}", caption="write µs per step and layer")
