@@ -272,8 +272,11 @@ def render_table(result: BenchResult, console: Console | None = None) -> None:
             continue
         _print_packed(console, title, _with_figures(table_columns(result, mode, field, iqr_field), dropped))
     if result.settings.interpreted:
-        console.print(f"  * ran under Triton's interpreter (numpy on the host): the interpreter's time, not a kernel's "
-                      f"({', '.join(result.settings.interpreted)})", markup=False, highlight=False)
+        counts = sorted({r.samples for r in result.records
+                         if r.variant in result.settings.interpreted and r.ok and r.samples})
+        samples = f", {'/'.join(map(str, counts))} samples" if counts else ""
+        console.print(f"  * ran under Triton's interpreter (numpy on the host): the interpreter's time, not a kernel's"
+                      f"{samples} ({', '.join(result.settings.interpreted)})", markup=False, highlight=False)
     for na, names in dropped.items():
         console.print(f"  not shown, {na}: {', '.join(names)}", markup=False, highlight=False)
     reasons = {(r.variant, r.reason) for r in result.records if not r.ok}
