@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +66,59 @@ def test_bench_shows_its_bar_before_it_loads_torch_and_closes_it_on_error(bars, 
     with pytest.raises(UsageError):
         bench.run(argparse.Namespace(progress=True, device="cpu"))
     assert bars[0].closed
+
+
+SGLANG_NSYS = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-sglang" / "nsys-sglang"
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_variants_never_cuts_a_name_and_names_what_it_left_out(columns, capsys, monkeypatch):
+    from kvprof.cli import main
+    from kvprof.writers import writer_names
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["variants", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= columns and "…" not in out
+    first_cells = {line.split("│")[1].strip().removesuffix(" *") for line in lines if line.startswith("│ ")}
+    assert set(writer_names()) <= first_cells  # every name whole, in its own cell
+    if columns < 120:
+        assert f"not shown at {columns} columns: description" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_analyze_kv_write_table_keeps_its_headers_and_names_whole(columns, capsys, monkeypatch):
+    from kvprof.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["analyze", str(SGLANG_NSYS), "--no-files"]) == 0
+    out = capsys.readouterr().out
+    kv = out[out.index("SGLang plugin: KV writes by path"):]  # the plugin's table and the KV-write kernels'
+    assert "…" not in kv and max(map(len, kv.splitlines())) <= columns
+    assert "sglang_store_cache" in kv and "kernels" in kv and "writes" in kv
+    assert "not shown at" in " ".join(kv.split())  # what was left out is named under the table
+
+
+def test_fit_table_drops_columns_in_their_order_and_never_the_names():
+    from rich.console import Console
+
+    from kvprof.report.cells import FitCol, fit_table
+
+    cols = [FitCol("name", "left"), FitCol("a figure", drop=2), FitCol("another", drop=1),
+            FitCol("why", "left", wrap=True)]
+    rows = [["a_long_writer_name_here", "12,345.6", "7.0", "n/a (a reason in several words)"]]
+    for width, gone in ((200, []), (70, []), (60, ["another"]), (50, ["another", "a figure"]),
+                        (30, ["another", "a figure"])):
+        table, notes = fit_table(None, cols, rows, width)
+        console = Console(width=max(width, 60), record=True, file=None)
+        with console.capture() as cap:
+            console.print(table)
+        text = cap.get()
+        assert "a_long_writer_name_here" in text and "…" not in text
+        assert [c.header for c in table.columns] == [c.header for c in cols if c.header not in gone] or gone == []
+        assert bool(notes) == bool(gone)
+        if gone:
+            assert notes[0].startswith(f"not shown at {width} columns: {', '.join(gone)}")
+        if width >= 50:  # narrower than a name and the shortest text column: wider, never cut
+            assert max(map(len, text.splitlines())) <= width

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvprof.core.text import markup
+from kvprof.report.cells import FitCol, fit_table, print_table
 
 
 def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
@@ -13,21 +14,17 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
     (nothing for a summary made without the write-kernel section)."""
     if section is None:
         return
-    from rich.table import Table
 
     stepless = section.get("stepless_writes") or []
     if stepless:
-        t = Table(title="kvprof write ranges outside kvprof steps (e.g. SGLang's plugin), per rank, median",
-                  title_justify="left")
-        for col in ("rank", "variant", "writes", "layers", "graph", "kern/wr", "GPU span µs", "GPU busy µs",
-                    "host µs", "launch→GPU µs"):
-            t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
-        for r in stepless:
-            t.add_row(markup(r["rank"]), markup(r["variant"]), markup(r["writes"]), markup(r["layers"]),
-                      markup(r["graph_writes"]),
-                      _fmt(r["kernels_per_write"], 1), _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]),
-                      _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
-        console.print(t)
+        cols = [FitCol("rank"), FitCol("variant", "left"), FitCol("writes", drop=6), FitCol("layers", drop=4),
+                FitCol("graph", drop=3), FitCol("kern/wr", drop=5), FitCol("GPU span µs", drop=7),
+                FitCol("GPU busy µs", drop=2), FitCol("host µs", drop=8), FitCol("launch→GPU µs", drop=1)]
+        print_table(console, *fit_table(
+            "kvprof write ranges outside kvprof steps (e.g. SGLang's plugin), per rank, median", cols,
+            [[r["rank"], r["variant"], r["writes"], r["layers"], r["graph_writes"], _fmt(r["kernels_per_write"], 1),
+              _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]), _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"])]
+             for r in stepless], console.width))
     render_sidecar_paths(section.get("sidecars") or [], console)
     # kvprof's own captures have their writes' numbers above; the name classifier is for the others
     rows = [t for t in section.get("traces") or [] if t.get("write_kernels") and not t.get("is_kvprof_capture")]
@@ -37,22 +34,22 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                           + (f" (--write-kernels {markup(repr(section['user_regex']))})"
                              if section.get("user_regex") else ""))
         return
-    table = Table(title="KV-write kernels by name (per rank)", title_justify="left")
-    for col in ("rank", "family", "kernels", "writes", "GPU µs", "µs/write", "share of GPU", "steps",
-                "step share (median)", "trace"):
-        table.add_column(col, justify="left" if col in ("family", "trace") else "right", no_wrap=True)
+    cols = [FitCol("rank"), FitCol("family", "left"), FitCol("kernels", drop=6), FitCol("writes", drop=7),
+            FitCol("GPU µs", drop=5), FitCol("µs/write"), FitCol("share of GPU", drop=4), FitCol("steps", drop=2),
+            FitCol("step share (median)", drop=3), FitCol("trace", "left", wrap=True, drop=1)]
+    body = []
     for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
         for f in t["families"]:
-            table.add_row(
-                markup(t.get("rank")), markup(f["family"]), markup(f["kernels"]), markup(f["writes"]),
+            body.append([
+                t.get("rank"), f["family"], f["kernels"], f["writes"],
                 f"{f['total_ns'] / 1000:.1f}", f"{f['per_write_ns'] / 1000:.2f}",
                 f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "n/a (no GPU time)",
-                markup(t.get("steps_count") or "n/a (no steps)"),
+                t.get("steps_count") or "n/a (no steps)",
                 f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None
                 else "n/a (no steps)",
-                markup(str(t["path"]).rsplit("/", 1)[-1][:60]),
-            )
-    console.print(table)
+                str(t["path"]).rsplit("/", 1)[-1],
+            ])
+    print_table(console, *fit_table("KV-write kernels by name (per rank)", cols, body, console.width))
 
 
 SIDECAR_WRITE_PATHS = ("set_kv_buffer", "fused into rope", "fallback")  # the plugin's write_paths keys
@@ -64,18 +61,18 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
     rows = [s for s in sidecars if s.get("write_paths") or s.get("paths")]
     if not rows:
         return
-    from rich.table import Table
 
-    t = Table(title="SGLang plugin: KV writes by path (counted in Python; graph replays are not)",
-              title_justify="left")
-    for col in ("TP rank", "pid", "writer", *SIDECAR_WRITE_PATHS, "paths"):
-        t.add_column(col, justify="left" if col in ("writer", "paths") else "right", no_wrap=col != "paths")
+    cols = [FitCol("TP rank"), FitCol("pid", drop=2), FitCol("writer", "left"),
+            *(FitCol(k, wrap=True, min_wrap=8) for k in SIDECAR_WRITE_PATHS),
+            FitCol("paths", "left", wrap=True, drop=1)]
+    body = []
     for s in sorted(rows, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
         counts = s.get("write_paths") or {}
-        t.add_row(str(s.get("tp_rank")), str(s.get("pid")), str(s.get("writer") or "SGLang's own"),
-                  *(str(counts.get(k, 0)) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
-                  ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items()))
-    console.print(t)
+        body.append([s.get("tp_rank"), s.get("pid"), s.get("writer") or "SGLang's own",
+                     *(counts.get(k, 0) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
+                     ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items())])
+    print_table(console, *fit_table("SGLang plugin: KV writes by path (counted in Python; graph replays are not)",
+                                    cols, body, console.width))
 
 
 def _fmt(v: Any, scale: float = 1000.0) -> str:
