@@ -122,3 +122,15 @@ def test_fit_table_drops_columns_in_their_order_and_never_the_names():
             assert notes[0].startswith(f"not shown at {width} columns: {', '.join(gone)}")
         if width >= 50:  # narrower than a name and the shortest text column: wider, never cut
             assert max(map(len, text.splitlines())) <= width
+
+
+@pytest.mark.parametrize("name", ["rope_then_store", "rope_then_two_stream", "rope_then_triton_fused",
+                                  "rope_triton_fused", "triton_fused"])
+def test_writers_whose_triton_kernel_runs_interpreted_say_so(name, monkeypatch):
+    """The rope_then_* writers run kvprof's Triton rotary kernel: on a CPU, in Triton's
+    interpreter, so their info says interpreted (capture, variants and bench mark them `*`)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kvprof.bench.run import _runs_interpreted
+    from kvprof.writers import create_writer
+
+    assert _runs_interpreted(create_writer(name))
