@@ -134,3 +134,25 @@ def test_writers_whose_triton_kernel_runs_interpreted_say_so(name, monkeypatch):
     from kvprof.writers import create_writer
 
     assert _runs_interpreted(create_writer(name))
+
+
+def test_bench_derives_nothing_from_an_interpreted_winner(capsys):
+    """A CPU bench whose best kvprof write is interpreted: GB/s, % copy and the ratios read
+    n/a (interpreted), not 0; the target reads µs."""
+    from rich.console import Console
+
+    from kvprof.bench.render import render_table
+    from kvprof.core.bench_result import BenchResult
+
+    point = {"heads": 1, "dim": 128, "cache_dtype": "bf16", "input_dtype": "bf16", "tokens": 1, "mode": "eager",
+             "status": "ok", "bytes": 1024}
+    doc = {"device": {"name": "x86_64", "type": "cpu"}, "limits": {"copy_rate_gbs": 10.0},
+           "settings": {"variants": ["two_stream", "triton_fused"], "interpreted": ["triton_fused"]},
+           "records": [{**point, "variant": "two_stream", "median_us": 8.0, "iqr_us": 0.1},
+                       {**point, "variant": "triton_fused", "median_us": 4400.0, "iqr_us": 60.0, "gbs": 0.0002,
+                        "pct_copy_rate": 0.002, "ratio_to": {"two_stream": 0.0018}}]}
+    render_table(BenchResult.from_json(doc), Console(width=250, file=None))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "triton_fused *" in out and "n/a (interpreted)" in out
+    assert "│ 0 │" not in out and "0.00 │" not in out
+    assert "1.2 µs + bytes" in out and " us " not in out

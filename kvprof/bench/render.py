@@ -17,6 +17,7 @@ from typing import cast
 from rich.console import Console
 from rich.table import Table
 
+from kvprof.analysis.figures import MARK, classify, derived
 from kvprof.bench.run import KVPROF_FUSED, ROPE_KVPROF_FUSED, fused_verdicts, rope_verdicts
 from kvprof.core.bench_result import BenchResult, BenchRow
 
@@ -164,15 +165,20 @@ def _extra_cells(result: BenchResult, at: dict[str, BenchRow]) -> list[str]:
     best = min(ok, key=lambda r: cast(float, r.median_us))
     ratios = best.ratio_to or {}
     cuda = result.device.get("type", "cuda") == "cuda"
+    interpreted = set(result.settings.interpreted)
+    # the one rule (kvprof.analysis.figures): nothing is derived from an interpreted time
+    time = classify(best.median_us, interpreted=best.variant in interpreted, cost=True)
 
     def ratio(*names: str) -> str:
-        x = next((ratios[n] for n in names if n in ratios), None)
-        return f"n/a ({names[0]} not timed)" if x is None else _fmt(x)
+        name = next((n for n in names if n in ratios), None)
+        if name is not None and name in interpreted and time.trusted:
+            return "n/a (peer interpreted)"
+        return derived(time, ratios.get(name) if name else None, f"{names[0]} not timed").text()
 
-    rate = "n/a (no copy rate)"
+    rate = "no copy rate"
     gpu_target = "n/a (a GPU target)"  # 1.2 µs + bytes at the copy rate: nothing a CPU's wall clock meets
-    return [best.variant, rate if best.gbs is None else _fmt(best.gbs, 0),
-            rate if best.pct_copy_rate is None else _fmt(best.pct_copy_rate, 0),
+    return [best.variant + (f" {MARK}" if best.variant in interpreted else ""),
+            derived(time, best.gbs, rate).text(0), derived(time, best.pct_copy_rate, rate).text(0),
             gpu_target if not cuda else rate if best.target_us is None else _fmt(best.target_us),
             gpu_target if not cuda else {True: "yes", False: "NO", None: rate}[best.meets_target],
             _fmt(best.floor_us) if best.floor_us is not None else
