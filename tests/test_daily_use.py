@@ -156,3 +156,74 @@ def test_bench_derives_nothing_from_an_interpreted_winner(capsys):
     assert "triton_fused *" in out and "n/a (interpreted)" in out
     assert "│ 0 │" not in out and "0.00 │" not in out
     assert "1.2 µs + bytes" in out and " us " not in out
+
+
+def test_layer_savings_follow_the_one_rule():
+    """A CPU's layer-step saving with no spread, or within it, is noise; one against an
+    interpreted variant is interpreted; the capture's line never calls either measured."""
+    from kvprof.analysis.layer_step import StepSaving
+    from kvprof.report.layer_steps import saving_figure, saving_lines
+
+    def saving(variant: str, saving_ns: float, spread_ns: float | None, clock: str = "wall") -> dict:
+        return StepSaving(variant, "two_stream", "decode", 8, 2, clock, 1e6, None, 1e6 + saving_ns, None, saving_ns,
+                          spread_ns, None, None).to_json()
+
+    raw = {"against": ["two_stream"], "savings": [saving("triton_fused", 20.124e6, None),
+                                                  saving("index_put", 0.2e6, 0.5e6)], "boundaries": [], "notes": []}
+    lines = " ".join(saving_lines(raw, 8))
+    assert "measured step saving" not in lines and "+20.124 (noise: no spread to judge it) vs two_stream" in lines
+    assert "+0.200 (noise: within the steps' spread) ± 0.500 vs two_stream" in lines
+    lines = " ".join(saving_lines(raw, 8, {"triton_fused"}))
+    assert "triton_fused +20.124 * vs two_stream" in lines
+    from kvprof.analysis.layer_step import StepSaving as S
+
+    gpu = S.from_json(saving("cuda_fused", 0.3e6, 0.1e6, clock="cuda_events"))
+    assert saving_figure(gpu).trusted
+
+
+def test_a_negative_reference_cost_is_never_printed_as_a_figure():
+    from rich.console import Console
+
+    from kvprof.report.console import reference_table
+
+    row = {"variant": "triton_fused", "phase": "decode", "size": 8, "steps": 6, "step_ns": 9e6, "step_iqr_ns": 2e6,
+           "cost_per_write_ns": -3_810_580.0, "attribution": "wall", "context": "layer", "write_share": -0.2,
+           "writes_only_step_ns": 1e6, "source": "reference"}
+    table, notes = reference_table([row], 200)
+    console = Console(width=200, record=True, file=None)
+    with console.capture() as cap:
+        console.print(table)
+    text = cap.get() + "\n".join(notes)
+    assert "-3810" not in text and "-3,810" not in text and "-20" not in text
+    assert "n/a here (negative: noise" in text and "cost/wr µs" in text
+    assert "9,000.0" in text  # thousands separated
+
+
+def _landing_summary() -> dict:
+    row = {"layer": "all", "source": "reference", "phase": "decode", "size": 8, "writes": 12, "steps": 6,
+           "step_ns": 9e6, "step_iqr_ns": 1e5, "attribution": "wall"}
+    return {"schema": "kvprof.summary/1", "input": "r", "input_kind": "run",
+            "device": {"name": "x86_64"}, "reference": {"clock": ["wall"]},
+            "variants": {"two_stream": {"available": True}, "index_put": {"available": True},
+                         "triton_fused": {"available": True, "interpreted": True}},
+            "groups": [{**row, "variant": "two_stream", "cost_per_write_ns": 9_000.0},
+                       {**row, "variant": "index_put", "cost_per_write_ns": -3_810_580.0},
+                       {**row, "variant": "triton_fused", "cost_per_write_ns": 16_120_000.0}]}
+
+
+def test_the_landing_view_labels_negative_and_interpreted_costs_and_never_draws_a_negative_bar():
+    """The dashboard's landing view and the HTML report (one Landing): a negative cost reads
+    n/a (negative: noise) and has no bar, an interpreted one is marked `*`, hatched, and a note
+    says the bar is the interpreter's time."""
+    from kvprof.dashboard import landing, tables
+
+    land = landing.build("r", _landing_summary(), source="reference", baseline="two_stream")
+    text = tables.landing_table(land.frame, land.timing).to_string()
+    assert "-3,810" not in text and "-3810" not in text and "n/a (negative: noise)" in text
+    assert "triton_fused *" in text and "16,120.000 µs *" not in text and "16,120.000 *" in text
+    fig = dict(land.figures)["cost"]
+    bars = {t.name: t for t in fig.data if t.type == "bar"}
+    assert "index_put" not in bars and "triton_fused *" in bars
+    assert bars["triton_fused *"].marker.pattern.shape == "/" and all(y > 0 for t in bars.values() for y in t.y)
+    notes = " ".join(land.notes)
+    assert "interpreter's time" in notes and "n/a (negative: noise)" in notes and "index_put" in notes

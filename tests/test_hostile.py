@@ -497,7 +497,8 @@ def test_interrupt_after_the_first_output_keeps_the_old_set(tmp_path, capsys, mo
             raise KeyboardInterrupt
 
     monkeypatch.setattr(files, "write_parquet", interrupted)
-    rc, _, _ = run_cli(capsys, "analyze", str(p), "--out", str(out))
+    # another input's outputs: replaced only with --force (kvprof.api.check_no_other_analysis)
+    rc, _, _ = run_cli(capsys, "analyze", str(p), "--out", str(out), "--force")
     assert rc == 130
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
 

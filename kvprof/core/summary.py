@@ -84,6 +84,9 @@ class VariantVerdict:
     # where ``paths`` came from when not from kvprof's own capture: "the SGLang plugin" (its
     # sidecars' counts, kvprof.core.sidecar.plugin_paths); None: the capture's writer reported them
     paths_source: str | None = None
+    # its Triton kernel ran in Triton's interpreter (a CPU run): its times are the interpreter's,
+    # and every view marks them `*` (kvprof.analysis.figures); None: not recorded
+    interpreted: bool | None = None
 
     def paths_word(self) -> str:
         """What the paths say: "fused", "fused into rope", "not fused", or "?" (nothing decisive)."""

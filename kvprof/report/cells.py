@@ -20,6 +20,7 @@ from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from kvprof.analysis.figures import NEGATIVE as NEGATIVE_KIND, NEGATIVE_WHY, classify, fmt_number
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.summary import Summary
 from kvprof.core.text import markup, printable
@@ -51,10 +52,17 @@ class Col:
 
 
 
-def us(ns: Any, missing: NA, digits: int = 2) -> Cell:
-    """Nanoseconds as µs, or ``missing``."""
+NEGATIVE = NA(NEGATIVE_WHY, "a cost below zero is a difference of two medians within their noise")
+
+
+def us(ns: Any, missing: NA, digits: int = 2, cost: bool = False) -> Cell:
+    """Nanoseconds as µs (thousands separated), or ``missing``; ``cost``: a cost or duration,
+    which by the one rule (kvprof.analysis.figures) reads n/a (negative: noise) below zero."""
     f = finite_or_none(ns)
-    return missing if f is None else f"{f / 1000:.{digits}f}"
+    if f is None:
+        return missing
+    figure = classify(f / 1000, cost=cost)
+    return NEGATIVE if figure.kind == NEGATIVE_KIND else fmt_number(f / 1000, digits)
 
 
 def num(v: Any, missing: NA, fmt: str = "{:.1f}") -> Cell:
@@ -234,5 +242,5 @@ def print_table(console: Any, t: Table, notes: Sequence[str]) -> None:
         console.print(Text(printable(line), style="dim"))
 
 
-__all__ = ["GRAPH", "NA", "NOT_MEASURED", "Cell", "Col", "FitCol", "cpu_run", "fit_table", "gpu_traced",
+__all__ = ["GRAPH", "NA", "NEGATIVE", "NOT_MEASURED", "Cell", "Col", "FitCol", "cpu_run", "fit_table", "gpu_traced",
            "missing_reason", "no_gpu_reason", "ns_or_why", "num", "print_table", "table", "us"]

@@ -19,6 +19,7 @@ from kvprof.core.text import markup
 from kvprof.core.timings import WALL, SourceTiming
 from kvprof.report.cells import (
     NA,
+    NEGATIVE,
     NOT_MEASURED,
     Cell,
     Col,
@@ -124,13 +125,14 @@ def reference_table(rows: list[dict[str, Any]], width: int | None = None) -> tup
     out: list[list[Cell]] = []
     for r in rows:
         cells: list[Cell] = [str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["steps"]),
-                             us(r["step_ns"], NOT_MEASURED, 1),
+                             us(r["step_ns"], NOT_MEASURED, 1, cost=True),
                              us(r.get("step_iqr_ns"), missing_reason(r, "step_iqr_ns", True, Summary("", "")), 1),
-                             us(r["cost_per_write_ns"], NOT_MEASURED)]
+                             us(r["cost_per_write_ns"], NOT_MEASURED, cost=True)]
         if layer:
             share = r.get("write_share")
             plain = NA("writes only, no layer") if r.get("context") != "layer" else NOT_MEASURED
-            cells += [num(share * 100 if _is_number(share) else None, plain),
+            cells += [NEGATIVE if _is_number(share) and share < 0 else  # the one rule: noise, not a share
+                      num(share * 100 if _is_number(share) else None, plain),
                       us(r.get("writes_only_step_ns"), plain, 1)]
         out.append(cells)
     return table(f"reference: no profiler, no ranges, each step timed with {how} (median)", cols, out, width=width)
@@ -358,7 +360,8 @@ def render(summary: Summary, console: Console | None = None) -> None:
         h = cmp.get("headline")
         if h:
             con.print(headline_line(h, cmp["benchmark"]))
-    render_layer_steps(summary.layer_steps, con)  # a --context layer run only
+    render_layer_steps(summary.layer_steps, con,  # a --context layer run only
+                       {n for n, v in summary.variants.items() if v.interpreted})
     for w in summary.warnings:
         con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
 

@@ -228,7 +228,8 @@ def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[st
                          f"{h['size']} against {summary.comparison['baseline']} "  # type: ignore[index]
                          f"({'measured' if h.get('measured') else 'projected'} over the model's layers)")
     bench_batch = (summary.comparison or {}).get("benchmark", {}).get("batch", 10)
-    lines += saving_lines(summary.layer_steps, int(bench_batch))  # a --context layer run only
+    interp = set(marked) | {n for n, v in summary.variants.items() if v.interpreted}
+    lines += saving_lines(summary.layer_steps, int(bench_batch), interp)  # a --context layer run only
     lines.append(f"the H200 samples (fused vs two-stream writes, both profilers): {dashboard_hint()}")
     return lines
 
