@@ -227,3 +227,20 @@ def test_the_landing_view_labels_negative_and_interpreted_costs_and_never_draws_
     assert bars["triton_fused *"].marker.pattern.shape == "/" and all(y > 0 for t in bars.values() for y in t.y)
     notes = " ".join(land.notes)
     assert "interpreter's time" in notes and "n/a (negative: noise)" in notes and "index_put" in notes
+
+
+def test_a_negative_reference_figure_in_the_observer_table_is_a_reading_and_warnings_speak_plainly():
+    """The observer table's reference column holds the reference pass's cost, which a decoder
+    layer's noise can make negative: read as it is (views label it), not flagged as impossible;
+    what is impossible is named by table and row, not summary observer.rows[2]."""
+    from kvprof.core.summary import Summary
+
+    doc = {"schema": "kvprof.summary/1", "input": "r", "input_kind": "run", "groups": [
+               {"variant": "two_stream", "source": "kineto", "phase": "decode", "size": 8, "cost_per_write_ns": -5.0}],
+           "observer": {"rows": [{"variant": "two_stream", "source": "kineto", "phase": "decode", "size": 8,
+                                  "reference_cost_per_write_ns": -3_810_580.0, "cost_per_write_ns": 9000.0}]}}
+    s = Summary.from_json(doc)
+    assert s.observer["rows"][0]["reference_cost_per_write_ns"] == -3_810_580.0
+    (why,) = s.invalid
+    assert why.startswith("summary.json's groups table, row 1 (two_stream kineto decode 8): cost_per_write_ns")
+    assert "rows[" not in why and "n/a in every view" in why

@@ -153,12 +153,19 @@ def observer_table(obs: dict[str, Any], summary: Summary | None = None,
         has_gpu = (str(r["source"]), str(r["variant"])) in gpu
         missing = no_gpu_reason(summary) if not has_gpu else NOT_MEASURED
         out.append([str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                    us(r.get("cost_per_write_ns"), missing), us(r.get("reference_cost_per_write_ns"), NOT_MEASURED),
+                    us(r.get("cost_per_write_ns"), missing),
+                    us(r.get("reference_cost_per_write_ns"), NOT_MEASURED, cost=True),
+                    # a ratio to a negative (noise) reference is no ratio
+                    NEGATIVE if _negative(r.get("reference_cost_per_write_ns")) else
                     num(r.get("ratio_per_write"), missing, "{:.2f}x"), num(r.get("ratio_per_step"), NOT_MEASURED,
                                                                            "{:.2f}x"),
                     num(r.get("pass_slowdown"), NOT_MEASURED, "{:.2f}x"), "off" if r.get("flagged") else "ok"])
     return table(f"observer effect: profiler reading / reference (flag: more than {pct} % off)", cols, out,
                  width=width)
+
+
+def _negative(v: Any) -> bool:
+    return _is_number(v) and v < 0
 
 
 def verdict_line(name: str, v: VariantVerdict) -> str:
