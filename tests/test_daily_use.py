@@ -244,3 +244,33 @@ def test_a_negative_reference_figure_in_the_observer_table_is_a_reading_and_warn
     (why,) = s.invalid
     assert why.startswith("summary.json's groups table, row 1 (two_stream kineto decode 8): cost_per_write_ns")
     assert "rows[" not in why and "n/a in every view" in why
+
+
+def test_bench_csv_says_which_medians_are_interpreted():
+    import csv
+    import io
+
+    from kvprof.bench.render import to_csv
+    from kvprof.core.bench_result import BenchResult
+
+    point = {"heads": 1, "dim": 128, "cache_dtype": "bf16", "input_dtype": "bf16", "tokens": 1, "mode": "eager",
+             "bytes": 1024}
+    doc = {"device": {"name": "x86_64", "type": "cpu"},
+           "settings": {"variants": ["two_stream", "triton_fused", "cuda_fused"], "interpreted": ["triton_fused"]},
+           "records": [{**point, "variant": "two_stream", "status": "ok", "median_us": 8.0},
+                       {**point, "variant": "triton_fused", "status": "ok", "median_us": 4400.0},
+                       {**point, "variant": "cuda_fused", "status": "unavailable", "reason": "needs CUDA"}]}
+    rows = {r["variant"]: r["figure"] for r in csv.DictReader(io.StringIO(to_csv(BenchResult.from_json(doc))))}
+    assert rows == {"two_stream": "measured", "triton_fused": "interpreted", "cuda_fused": "n/a"}
+
+
+def test_summary_csv_says_which_costs_are_interpreted_or_noise(tmp_path):
+    import pandas as pd
+
+    from kvprof.core.summary import Summary, VariantVerdict
+    from kvprof.report.files import groups_csv
+
+    summary = Summary("r", "run", variants={"triton_fused": VariantVerdict(interpreted=True)})
+    groups = pd.DataFrame({"variant": ["two_stream", "triton_fused", "two_stream"], "source": ["kineto"] * 2 + [
+        "reference"], "cost_per_write_ns": [9000.0, 1.6e7, -3.8e6]})
+    assert list(groups_csv(groups, summary)["figure"]) == ["measured", "interpreted", "negative"]

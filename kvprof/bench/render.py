@@ -356,13 +356,16 @@ def verdict_lines(result: BenchResult) -> list[str]:
 CSV_COLUMNS = ("shape", "heads", "dim", "cache_dtype", "input_dtype", "tokens", "variant", "mode", "status",
                "median_us", "iqr_us", "host_us", "host_iqr_us", "writer_host_us", "writer_host_iqr_us", "samples",
                "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target", "floor_us", "reason",
-               "q_heads")  # the rope family's query heads (empty for a store), last: older readers' columns stay put
+               "q_heads",  # the rope family's query heads (empty for a store), late: older readers' columns stay put
+               "figure")  # what the median can be taken for (kvprof.analysis.figures): measured, interpreted, n/a
 
 
 def to_csv(result: BenchResult) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     w.writeheader()
+    interpreted = set(result.settings.interpreted)
     for r in result.records:
-        w.writerow(r.to_json())
+        w.writerow({**r.to_json(), "figure": classify(r.median_us if r.ok else None,
+                                                      interpreted=r.variant in interpreted, cost=True).kind})
     return buf.getvalue()
