@@ -54,6 +54,9 @@ def _ratio(r: float) -> str:
     return f"{r:.2f}" if r < 10 else f"{r:.1f}" if r < 100 else f"{r:,.0f}"
 
 
+INTERPRETED_NA = NA("interpreted", "a time in Triton's interpreter: no ratio or saving is derived from it")
+
+
 def interpreted(manifest: Manifest | None) -> list[str]:
     """Variants whose kernel ran under Triton's interpreter (the manifest says so)."""
     if manifest is None:
@@ -93,7 +96,7 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     compared = {(str(r["variant"]), str(r["source"]), str(r["phase"]), int(r["size"])): r
                 for r in cmp.get("rows") or []}
     cpu = cpu_run(summary)
-    marked = set(interpreted(manifest))
+    marked = set(interpreted(manifest)) | {n for n, v in summary.variants.items() if v.interpreted}
     rank = {p: i for i, p in enumerate(PHASES)}
     keys = sorted(by, key=lambda k: (variants.order_key(k[0]), rank.get(k[1], len(PHASES)), k[2]))
     rows: list[list[Cell]] = []
@@ -128,6 +131,10 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
             saving_cell = NA(phase)
         else:
             saving_cell = NA("CPU") if cpu else NA("not measured")
+        # the one rule (kvprof.analysis.figures): no ratio or saving derived from an interpreter's time
+        if variant in marked or baseline in marked:
+            rows.append([*head, cost, SHORT_SOURCE.get(source, source), INTERPRETED_NA, INTERPRETED_NA])
+            continue
         rows.append([*head, cost, SHORT_SOURCE.get(source, source),
                      _ratio(ratio) if ratio is not None else NA("not measured"), saving_cell])
     per_step = f"ms per decode step, {baseline} minus the variant, x {layers} layers" if layers else \
