@@ -90,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--limit-s", type=float, default=600.0, help="end a command after this long")
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="kvprof-walltimes-"))
     only = set(args.only.split(",")) if args.only else None
+    names = [name for name, _ in commands(Path("."))]
+    if only and only - set(names):
+        ap.error(f"--only: unknown {', '.join(sorted(only - set(names)))}; choose from {', '.join(names)}")
+    work = Path(tempfile.mkdtemp(prefix="kvprof-walltimes-"))
     rows = []
     try:
         for name, cmd in commands(work):
