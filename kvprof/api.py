@@ -198,8 +198,11 @@ def compare_variants(result: Analysis, baseline: str, bench: Benchmark | None = 
         others = extra.groups[extra.groups["variant"].astype(str) != baseline]
         groups = pd.concat([groups[groups["variant"].astype(str) == baseline], others], ignore_index=True)
         fused += extra.summary.fused_variants
-    return clean(compare_groups(groups, baseline, bench or benchmark(layers), layers, prefer=fused,
-                                source_order=result.summary.trusted_sources))
+    doc = clean(compare_groups(groups, baseline, bench or benchmark(layers), layers, prefer=fused,
+                               source_order=result.summary.trusted_sources))
+    verdicts = {**result.summary.variants, **(extra.summary.variants if extra is not None else {})}
+    doc["interpreted"] = sorted(n for n, v in verdicts.items() if v.interpreted)  # marked * by every view
+    return doc
 
 
 def compare_runs(before: Analysis, after: Analysis, pairs: list[tuple[str, str]] | None = None,

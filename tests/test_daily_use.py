@@ -274,3 +274,24 @@ def test_summary_csv_says_which_costs_are_interpreted_or_noise(tmp_path):
     groups = pd.DataFrame({"variant": ["two_stream", "triton_fused", "two_stream"], "source": ["kineto"] * 2 + [
         "reference"], "cost_per_write_ns": [9000.0, 1.6e7, -3.8e6]})
     assert list(groups_csv(groups, summary)["figure"]) == ["measured", "interpreted", "negative"]
+
+
+def test_the_comparison_table_marks_interpreted_variants_and_derives_nothing_from_them():
+    from rich.console import Console
+
+    from kvprof.report.console import comparison_view
+
+    row = {"source": "reference", "phase": "decode", "size": 8, "cost_per_write_ns": 4.4e6,
+           "baseline_cost_per_write_ns": 9e3, "ratio_cost_per_write_ns": 488.9, "saving_per_step_ms": -350.0,
+           "saving_share_of_itl": -29.0, "predicted_itl_ms": 362.0}
+    cmp = {"baseline": "two_stream", "layers": 80, "interpreted": ["triton_fused"],
+           "rows": [{**row, "variant": "triton_fused"}, {**row, "variant": "index_put", "ratio_cost_per_write_ns": 1.1,
+                                                        "cost_per_write_ns": 9.9e3, "saving_per_step_ms": -0.07}]}
+    table, notes = comparison_view(cmp, 200)
+    console = Console(width=200, record=True, file=None)
+    with console.capture() as cap:
+        console.print(table)
+    text = cap.get()
+    line = next(x for x in text.splitlines() if "triton_fused" in x)
+    assert "triton_fused *" in line and "488" not in line and "-350" not in line and "n/a (interpreted)" in line
+    assert "1.10" in next(x for x in text.splitlines() if "index_put" in x)

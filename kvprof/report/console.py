@@ -214,18 +214,23 @@ def comparison_rows(cmp: dict[str, Any]) -> tuple[list[Col], list[list[Cell]]]:
     cols += [Col("% of ITL", "saving over the benchmark's inter-token latency"),
              Col("predicted ITL ms", "the benchmark's ITL less the saving")]
     out: list[list[Cell]] = []
+    # the one rule (kvprof.analysis.figures): an interpreted time is marked, nothing derived from it
+    marked = set(cmp.get("interpreted") or [])
+    interp = NA("interpreted", "a time in Triton's interpreter: no ratio or saving is derived from it")
     for r in rows:
-        saving = saving_reason(r)
-        cells: list[Cell] = [str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+        untrusted = str(r["variant"]) in marked or str(cmp.get("baseline")) in marked
+        saving = interp if untrusted else saving_reason(r)
+        cells: list[Cell] = [str(r["variant"]) + (" *" if str(r["variant"]) in marked else ""), str(r["source"]),
+                             str(r["phase"]), str(r["size"]),
                              us(r["cost_per_write_ns"], NO_GPU_TIME), us(r["baseline_cost_per_write_ns"], NO_GPU_TIME),
-                             num(r["ratio_cost_per_write_ns"], NO_GPU_TIME, "{:.2f}"),
-                             num(r.get("saving_per_step_ms"), saving, "{:.3f}")]
+                             interp if untrusted else num(r["ratio_cost_per_write_ns"], NO_GPU_TIME, "{:.2f}"),
+                             num(None if untrusted else r.get("saving_per_step_ms"), saving, "{:.3f}")]
         if layer:
             cells += [num(r.get("measured_saving_spread_ms"), NA("< 4 steps")),
-                      num(r.get("projected_saving_per_step_ms"), saving, "{:.3f}")]
-        share = r.get("saving_share_of_itl")
+                      num(None if untrusted else r.get("projected_saving_per_step_ms"), saving, "{:.3f}")]
+        share = None if untrusted else r.get("saving_share_of_itl")
         cells += [num(share * 100 if share is not None else None, saving, "{:.2f}"),
-                  num(r.get("predicted_itl_ms"), saving, "{:.2f}")]
+                  num(None if untrusted else r.get("predicted_itl_ms"), saving, "{:.2f}")]
         out.append(cells)
     return cols, out
 
@@ -363,7 +368,8 @@ def render(summary: Summary, console: Console | None = None) -> None:
         con.print(verdict_line(name, v))
     cmp = summary.comparison
     if cmp and cmp.get("rows"):
-        print_table(con, *comparison_view(cmp, con.width))
+        interpreted = sorted(n for n, v in summary.variants.items() if v.interpreted)
+        print_table(con, *comparison_view({**cmp, "interpreted": interpreted}, con.width))
         h = cmp.get("headline")
         if h:
             con.print(headline_line(h, cmp["benchmark"]))
