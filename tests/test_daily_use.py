@@ -242,7 +242,7 @@ def test_a_negative_reference_figure_in_the_observer_table_is_a_reading_and_warn
     s = Summary.from_json(doc)
     assert s.observer["rows"][0]["reference_cost_per_write_ns"] == -3_810_580.0
     (why,) = s.invalid
-    assert why.startswith("summary.json's groups table, row 1 (two_stream kineto decode 8): cost_per_write_ns")
+    assert why.startswith("the summary's groups table, row 1 (two_stream kineto decode 8): cost_per_write_ns")
     assert "rows[" not in why and "n/a in every view" in why
 
 

@@ -237,7 +237,7 @@ def _checked(row: dict[str, Any], where: str, invalid: list[str], positive: bool
         if why is not None:
             out[key] = None
             label = " ".join(str(row.get(k)) for k in ("variant", "source", "phase", "size") if k in row)
-            invalid.append(f"summary.json's {where}{f' ({label})' if label else ''}: {key} = {repr(v)[:40]} is "
+            invalid.append(f"the summary's {where}{f' ({label})' if label else ''}: {key} = {repr(v)[:40]} is "
                            f"{why}; read as missing, n/a in every view")
     return out
 

@@ -258,8 +258,9 @@ def _trace_slices(w: PerfettoWriter, trace: Trace, writes: pd.DataFrame, verdict
         w.slices("verdict" if rank == 0 else f"verdict {v}", group, [_Slice(t0, t1, text, vargs)], rank=0)
 
     mine = writes[writes["trace"].astype(str) == trace.path] if len(writes) else writes
-    records = mine[[c for c in ("write_id", "variant", "gpu_start_ns", "gpu_end_ns", "host_start_ns", "host_dur_ns",
-                                *WRITE_ARGS) if c in mine.columns]].to_dict("records") if len(mine) else []
+    wanted = dict.fromkeys(("write_id", "variant", "gpu_start_ns", "gpu_end_ns", "host_start_ns", "host_dur_ns",
+                            *WRITE_ARGS))  # variant is one of WRITE_ARGS too: each column once
+    records = mine[[c for c in wanted if c in mine.columns]].to_dict("records") if len(mine) else []
     interpreted = {n for n, vd in verdicts.items() if vd is not None and vd.interpreted}
 
     def who(r: dict[str, Any]) -> str:  # the write's variant, `*` where it ran in Triton's interpreter

@@ -54,7 +54,8 @@ def _ratio(r: float) -> str:
     return f"{r:.2f}" if r < 10 else f"{r:.1f}" if r < 100 else f"{r:,.0f}"
 
 
-INTERPRETED_NA = NA("interpreted", "a time in Triton's interpreter: no ratio or saving is derived from it")
+# short: the first summary fits 80 columns; the legend under it says what it means
+INTERPRETED_NA = NA("*", "the variant's time is Triton's interpreter's: no ratio or saving is derived from it")
 
 
 def interpreted(manifest: Manifest | None) -> list[str]:
