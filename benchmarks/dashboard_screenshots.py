@@ -23,7 +23,7 @@ from kvprof.core.errors import ToolError
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "traces" / "samples"  # the real files (kvprof/samples links to them)
-PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Compare runs")
+PAGES = ("Overview", "Timeline", "Distributions", "Sweeps", "Overlap", "Layer", "Compare runs")
 CHROMIUM = os.environ.get("KVPROF_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 

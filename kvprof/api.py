@@ -145,6 +145,40 @@ def output_dir(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
     return p if p.is_dir() else p.parent
 
 
+def check_no_other_analysis(path: str | os.PathLike[str], out: str | os.PathLike[str], force: bool = False) -> None:
+    """Before any work: OutputError where ``out`` already holds analyze's outputs of another input
+    (``analyze a.json`` then ``analyze b.json`` in one folder would replace the first's silently).
+    The same input analysed again (another baseline, a newer kvprof) replaces its own outputs;
+    ``force`` replaces another's. An unreadable summary.json is left to the writer's own checks."""
+    from kvprof.core.errors import KvprofError, OutputError
+    from kvprof.core.rundir import RunDir
+
+    run = RunDir(Path(out))
+    if force or not run.summary.is_file():
+        return
+    try:
+        summary = run.read_summary()
+    except KvprofError:
+        return
+    previous = summary.input
+    folder = Path(path).is_dir() and summary.input_kind in ("run", "dir")
+    if not previous or _same_input(Path(previous), Path(path)) or (folder and _same_input(Path(out), Path(path))):
+        return  # the same input, or the folder's own analysis (the folder since renamed or moved)
+    raise OutputError(f"{run.summary} holds the analysis of {Path(previous).name}, not of {Path(path).name}: "
+                      "--out FOLDER to write this one's elsewhere, or --force to replace it")
+
+
+def _same_input(previous: Path, current: Path) -> bool:
+    """Whether a summary's recorded input is ``current``: the same file or folder, or (a path
+    recorded relative to another folder, or scrubbed) the same name."""
+    try:
+        if previous.resolve() == current.resolve():
+            return True
+    except OSError:
+        pass
+    return previous.name == current.resolve().name
+
+
 def compare_variants(result: Analysis, baseline: str, bench: Benchmark | None = None,
                      layers: int | None = None, extra: Analysis | None = None) -> dict[str, Any]:
     """Variants against ``baseline`` within one analysis (``extra``: another run's variants too,
@@ -165,8 +199,11 @@ def compare_variants(result: Analysis, baseline: str, bench: Benchmark | None = 
         others = extra.groups[extra.groups["variant"].astype(str) != baseline]
         groups = pd.concat([groups[groups["variant"].astype(str) == baseline], others], ignore_index=True)
         fused += extra.summary.fused_variants
-    return clean(compare_groups(groups, baseline, bench or benchmark(layers), layers, prefer=fused,
-                                source_order=result.summary.trusted_sources))
+    doc = clean(compare_groups(groups, baseline, bench or benchmark(layers), layers, prefer=fused,
+                               source_order=result.summary.trusted_sources))
+    verdicts = {**result.summary.variants, **(extra.summary.variants if extra is not None else {})}
+    doc["interpreted"] = sorted(n for n, v in verdicts.items() if v.interpreted)  # marked * by every view
+    return doc
 
 
 def compare_runs(before: Analysis, after: Analysis, pairs: list[tuple[str, str]] | None = None,
@@ -347,7 +384,7 @@ def dashboard_server(run_dir: str | os.PathLike[str] | None = None, *, port: int
 
 
 __all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmark", "capture",
-           "check_write_kernel_regex", "clean", "comparability", "compare_runs", "compare_variants",
-           "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "prefetch_trace", "read_manifest",
-           "read_summary",
+           "check_no_other_analysis", "check_write_kernel_regex", "clean", "comparability", "compare_runs",
+           "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "prefetch_trace",
+           "read_manifest", "read_summary",
            "regression_gate", "render_capture", "write_outputs"]

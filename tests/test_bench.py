@@ -109,11 +109,11 @@ def test_bench_target_is_a_recorded_option(tmp_path, capsys):
     assert rc == 0
     doc = orjson.loads((tmp_path / "bench.json").read_bytes())
     assert doc["settings"]["target_fixed_us"] == 2.5 and doc["settings"]["target_rate_fraction"] == 0.5
-    assert doc["settings"]["target"] == "2.5 us + bytes / (0.5 x copy rate)"
+    assert doc["settings"]["target"] == "2.5 µs + bytes / (0.5 x copy rate)"
     (rec,) = doc["records"]
     rate = doc["limits"]["copy_rate_gbs"]
     assert rec["target_us"] == pytest.approx(2.5 + rec["bytes"] / (0.5 * rate * 1e3))
-    assert "2.5 us + bytes / (0.5 x copy rate)" in capsys.readouterr().out
+    assert "2.5 µs + bytes / (0.5 x copy rate)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flag,value", [("--target-rate-fraction", "0"), ("--target-rate-fraction", "1.5"),
@@ -296,7 +296,10 @@ def test_golden_h200_bench_loads_and_round_trips():
     assert result.settings.target == BenchTarget()  # recorded before the target was a setting: the default
     back = result.to_json()
     assert back["records"] == doc["records"] and back["limits"] == doc["limits"] and back["device"] == doc["device"]
-    assert {k: v for k, v in back["settings"].items() if not k.startswith("target_")} == doc["settings"]
+    # the target's words are written from its two figures: in µs now, "us" in the older file
+    assert back["settings"].pop("target") == doc["settings"]["target"].replace(" us ", " µs ")
+    assert {k: v for k, v in back["settings"].items() if not k.startswith("target_")} == \
+        {k: v for k, v in doc["settings"].items() if k != "target"}
 
 
 def test_golden_h200_bench_verdicts_hold_on_its_records():
@@ -437,3 +440,63 @@ def test_a_cpu_bench_marks_interpreted_writers_and_judges_no_gpu_target(capsys, 
     assert "triton_fused *" in out and "* ran under Triton's interpreter" in out
     assert "not shown, n/a (a GPU target): target, ok" in out and " NO " not in out
     assert not [line for line in verdict_lines(result) if "target met" in line]
+
+
+def test_a_cpu_bench_defaults_to_the_quick_grid_and_full_is_a_flag(monkeypatch):
+    """On a CPU the default grid is the quick one (a bench of every default writer in about
+    half a minute); --grid full gives the grid that took minutes; CUDA's default stays full."""
+    import argparse
+
+    import torch
+
+    from kvprof.bench import grids
+    from kvprof.bench.run import default_grid
+    from kvprof.commands.bench import add_arguments
+
+    cpu = torch.device("cpu")
+    quick = default_grid(cpu)
+    assert len(quick) == grids.CPU_QUICK_GRID.points < grids.CPU_GRID.points
+    assert len(default_grid(cpu, size="full")) == grids.CPU_GRID.points
+    assert len(default_grid(cpu, "rope")) == grids.CPU_QUICK_ROPE_GRID.points < grids.CPU_ROPE_GRID.points
+    assert grids.default_grid("cuda") is grids.CUDA_GRID and grids.default_rope_grid("cuda") is grids.CUDA_ROPE_GRID
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args([]).grid is None and p.parse_args(["--grid", "full"]).grid == "full"
+
+
+def test_bench_tells_its_progress_which_point_and_variant_runs():
+    """The progress display names each point and variant (interpreted ones with `*`) and
+    advances once per variant and point."""
+    import torch
+
+    from kvprof.bench.run import run_bench
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+            self.steps = 0
+
+        def describe(self, text: str) -> None:
+            self.seen.append(text)
+
+        def advance(self) -> None:
+            self.steps += 1
+
+    bar = Recorder()
+    run_bench(grid([(1, 8)], [("bf16", "bf16")], [1, 3]), ["index_put", "two_stream"], torch.device("cpu"),
+              eager_repeats=2, progress=bar)
+    assert bar.steps == 4
+    assert "1x8 bf16 3 tok: two_stream" in bar.seen and "copy rate" in bar.seen
+
+
+def test_interpreted_writers_take_few_samples_and_the_table_says_how_many(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kvprof.bench.run import INTERPRETED_REPEATS
+
+    assert main(["bench", "--device", "cpu", "--variants", "index_put,triton_fused", "--shapes", "1x16",
+                 "--dtypes", "bf16", "--tokens", "1", "--eager-repeats", "6", "--out", str(tmp_path)]) == 0
+    doc = BenchResult.from_json((tmp_path / "bench.json").read_bytes())
+    samples = {r.variant: r.samples for r in doc.records if r.ok}
+    assert samples == {"index_put": 6, "triton_fused": INTERPRETED_REPEATS}
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"not a kernel's, {INTERPRETED_REPEATS} samples (triton_fused)" in out

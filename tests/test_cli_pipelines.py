@@ -89,3 +89,38 @@ def test_bench_json_and_its_default_folder(tmp_path, monkeypatch, capsys):
     assert json.loads((made / "bench.json").read_text())["records"] == doc["records"]
     assert str(made / "bench.json") in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # nothing in the current folder
+
+
+def test_analyze_never_replaces_another_inputs_outputs_silently(run_dir, tmp_path, capsys):
+    """analyze FILE run on two traces of one folder: the second is refused in one line (exit 6)
+    and the first's outputs are kept; the same trace again replaces its own; --out writes the
+    other's elsewhere, --force replaces the first's."""
+    import shutil
+
+    from kvprof.core.errors import OutputError
+    from kvprof.core.rundir import RunDir
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    for trace in run_dir.iterdir():
+        shutil.copy(trace, folder / trace.name)
+    a, b = (folder / "two_stream.pt.trace.json.gz"), (folder / "index_put.pt.trace.json.gz")
+    assert main(["analyze", str(a), "--quiet"]) == 0
+    before = (folder / RunDir.SUMMARY).read_bytes()
+    capsys.readouterr()
+    assert main(["analyze", str(b), "--quiet"]) == OutputError.exit_code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds the analysis of two_stream.pt.trace.json.gz" in err
+    assert "--force" in err and (folder / RunDir.SUMMARY).read_bytes() == before
+    assert main(["analyze", str(a), "--quiet"]) == 0  # the same input again: its own outputs
+    assert main(["analyze", str(b), "--quiet", "--out", str(tmp_path / "b")]) == 0
+    assert main(["analyze", str(b), "--quiet", "--no-files"]) == 0  # writes nothing: nothing to refuse
+    assert main(["analyze", str(b), "--quiet", "--force"]) == 0
+    assert RunDir(folder).read_summary().input == str(b)
+    capsys.readouterr()
+    assert main(["analyze", str(folder), "--quiet"]) == OutputError.exit_code  # the folder over b's
+    assert "holds the analysis of index_put.pt.trace.json.gz" in capsys.readouterr().err
+    assert main(["analyze", str(folder), "--quiet", "--force"]) == 0
+    # a folder's own analysis stays its own after the folder is renamed
+    moved = folder.rename(tmp_path / "renamed")
+    assert main(["analyze", str(moved), "--quiet"]) == 0

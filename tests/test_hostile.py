@@ -497,7 +497,8 @@ def test_interrupt_after_the_first_output_keeps_the_old_set(tmp_path, capsys, mo
             raise KeyboardInterrupt
 
     monkeypatch.setattr(files, "write_parquet", interrupted)
-    rc, _, _ = run_cli(capsys, "analyze", str(p), "--out", str(out))
+    # another input's outputs: replaced only with --force (kvprof.api.check_no_other_analysis)
+    rc, _, _ = run_cli(capsys, "analyze", str(p), "--out", str(out), "--force")
     assert rc == 130
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
 
@@ -746,7 +747,7 @@ def test_figures_that_cannot_be_are_read_as_missing_and_named(tmp_path, capsys, 
     _tamper(run, edit)
     s = read_summary(run)
     assert s.groups[0][key] is None
-    assert len(s.invalid) == 1 and f"groups[0] (two_stream kineto decode 8): {key} = " in s.invalid[0]
+    assert len(s.invalid) == 1 and f"groups table, row 1 (two_stream kineto decode 8): {key} = " in s.invalid[0]
     assert why in s.invalid[0] and s.invalid[0] in s.warnings
     # the reference pass's decoder-layer cost is a difference of medians: negative is a reading
     assert s.groups[1]["cost_per_write_ns"] == -120.0 and s.groups[1]["write_share"] == -0.01

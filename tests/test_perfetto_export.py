@@ -145,7 +145,8 @@ def test_every_write_is_a_slice_over_its_gpu_span(two_stream):
     for r in writes.itertuples():
         start, end, name, args = by_id[r.write_id]
         assert (start, end) == (int(r.gpu_start_ns), int(r.gpu_end_ns))
-        assert name == f"L{r.layer} {r.phase} bs{r.size}"
+        size = f"{r.size} tokens" if r.phase == "prefill" else f"batch {r.size}"
+        assert name == f"{r.variant} L{r.layer} {r.phase} {size}"
         assert args["kernels"] == r.kernels and args["variant"] == "two_stream"
 
 
@@ -275,7 +276,8 @@ def test_trace_processor_has_every_kernel_and_write_slice(trace_processor, two_s
     for r in writes.itertuples():
         s = slices[r.write_id]
         assert (s["ts"], s["ts"] + s["dur"]) == (int(r.gpu_start_ns), int(r.gpu_end_ns))
-        assert s["name"] == f"L{r.layer} {r.phase} bs{r.size}" and s["kernels"] == r.kernels
+        size = f"{r.size} tokens" if r.phase == "prefill" else f"batch {r.size}"
+        assert s["name"] == f"{r.variant} L{r.layer} {r.phase} {size}" and s["kernels"] == r.kernels
 
 
 @pytest.mark.slow

@@ -157,6 +157,8 @@ def _verdicts(loaded: Loaded, writes: pd.DataFrame, warnings: list[str]) -> dict
         verdict, verdict_warnings = fused_or_fell_back(name, meta, recorded, vw, plugin.get(name))
         warnings.extend(verdict_warnings)
         verdict.sources = [str(x) for x in sorted(vw["source"].dropna().astype(str).unique())]
+        if recorded is not None:
+            verdict.interpreted = recorded.interpreted
         variants[name] = verdict
     return variants
 

@@ -6,7 +6,8 @@ host code (no graphs, no launch queue), a point costs milliseconds to seconds, a
 torch.compile compiles once per new shape: two row shapes (70B at TP8, 8B at TP1), the
 bf16 cache and the fp8 one written from bf16 (the cast is the costly part on a CPU), and
 one, 64 and 512 tokens (per-call cost, then copy-bound) say what differs between the
-writers in a few minutes (most of it torch.compile's compiles and Triton's interpreter).
+writers in a few minutes (most of it torch.compile's compiles and Triton's interpreter):
+that is ``--grid full`` on a CPU; the default there is ``--grid quick``, one shape and dtype.
 """
 
 from __future__ import annotations
@@ -44,8 +45,25 @@ CPU_GRID = Grid(shapes=((1, 128), (8, 128)), dtypes=(("bf16", "bf16"), ("fp8_e4m
 CPU_THREADS = 1
 
 
-def default_grid(device_type: str) -> Grid:
-    return CUDA_GRID if device_type == "cuda" else CPU_GRID
+# --grid quick (the default on a CPU): one row shape, the bf16 cache, a single token (the per-call
+# cost) and 64 (a decode batch); on a CPU every default writer in about half a minute on an idle
+# 2-core machine (most of it torch.compile's one compile and Triton's interpreter). On CUDA the
+# same shape and dtype at 1, 64 and 4096 tokens.
+CPU_QUICK_GRID = Grid(shapes=((8, 128),), dtypes=(("bf16", "bf16"),), tokens=(1, 64))
+CUDA_QUICK_GRID = Grid(shapes=((8, 128),), dtypes=(("bf16", "bf16"),), tokens=(1, 64, 4096))
+GRID_SIZES = ("quick", "full")  # --grid; default: quick on a CPU, full on CUDA
+
+
+def default_size(device_type: str) -> str:
+    """The grid that fits the device kind: the full one on CUDA, the quick one on a CPU."""
+    return "full" if device_type == "cuda" else "quick"
+
+
+def default_grid(device_type: str, size: str | None = None) -> Grid:
+    size = size or default_size(device_type)
+    if device_type == "cuda":
+        return CUDA_GRID if size == "full" else CUDA_QUICK_GRID
+    return CPU_GRID if size == "full" else CPU_QUICK_GRID
 
 
 @dataclass(frozen=True)
@@ -80,9 +98,19 @@ CPU_ROPE_GRID = RopeGrid(shapes=((8, 1, 128),), dtypes=(("bf16", "bf16"), ("fp8_
 FAMILIES = ("store", "rope")  # what one write is: the K/V store alone, or rope + store
 
 
-def default_rope_grid(device_type: str) -> RopeGrid:
-    return CUDA_ROPE_GRID if device_type == "cuda" else CPU_ROPE_GRID
+# --family rope --grid quick: one shape, bf16, one token (on a CPU each rope write of the
+# Triton writers is tens of ms in the interpreter); on CUDA 1, 64 and 4096 tokens
+CPU_QUICK_ROPE_GRID = RopeGrid(shapes=((8, 1, 128),), dtypes=(("bf16", "bf16"),), tokens=(1,))
+CUDA_QUICK_ROPE_GRID = RopeGrid(shapes=((8, 1, 128),), dtypes=(("bf16", "bf16"),), tokens=(1, 64, 4096))
 
 
-__all__ = ["CPU_GRID", "CPU_ROPE_GRID", "CPU_THREADS", "CUDA_GRID", "CUDA_ROPE_GRID", "FAMILIES", "Grid", "RopeGrid",
-           "default_grid", "default_rope_grid"]
+def default_rope_grid(device_type: str, size: str | None = None) -> RopeGrid:
+    size = size or default_size(device_type)
+    if device_type == "cuda":
+        return CUDA_ROPE_GRID if size == "full" else CUDA_QUICK_ROPE_GRID
+    return CPU_ROPE_GRID if size == "full" else CPU_QUICK_ROPE_GRID
+
+
+__all__ = ["CPU_GRID", "CPU_QUICK_GRID", "CPU_QUICK_ROPE_GRID", "CPU_ROPE_GRID", "CPU_THREADS", "CUDA_GRID",
+           "CUDA_QUICK_GRID", "CUDA_QUICK_ROPE_GRID", "CUDA_ROPE_GRID", "FAMILIES", "GRID_SIZES", "Grid", "RopeGrid",
+           "default_grid", "default_rope_grid", "default_size"]

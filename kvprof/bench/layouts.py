@@ -217,7 +217,7 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
     return {"kind": "kvprof-layout-bench", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device_properties(device), "versions": versions(), "copy_rate_gbs": rate,
             "limits": {"copy_rate_gbs": rate},  # as the MHA bench's, so the dashboard's Sweeps page reads it
-            "target": f"{TARGET.fixed_us} us + bytes / ({TARGET.rate_fraction} x copy rate)",
+            "target": f"{TARGET.describe()}",
             "settings": {"replays": replays, "eager_repeats": eager_repeats,
                          "pool_bytes": pool_bytes, "variants": names,
                          "mla_shape": MLA_SHAPE, "paged_shape": PAGED_SHAPE},

@@ -17,6 +17,7 @@ from typing import cast
 from rich.console import Console
 from rich.table import Table
 
+from kvprof.analysis.figures import MARK, classify, derived
 from kvprof.bench.run import KVPROF_FUSED, ROPE_KVPROF_FUSED, fused_verdicts, rope_verdicts
 from kvprof.core.bench_result import BenchResult, BenchRow
 
@@ -164,15 +165,20 @@ def _extra_cells(result: BenchResult, at: dict[str, BenchRow]) -> list[str]:
     best = min(ok, key=lambda r: cast(float, r.median_us))
     ratios = best.ratio_to or {}
     cuda = result.device.get("type", "cuda") == "cuda"
+    interpreted = set(result.settings.interpreted)
+    # the one rule (kvprof.analysis.figures): nothing is derived from an interpreted time
+    time = classify(best.median_us, interpreted=best.variant in interpreted, cost=True)
 
     def ratio(*names: str) -> str:
-        x = next((ratios[n] for n in names if n in ratios), None)
-        return f"n/a ({names[0]} not timed)" if x is None else _fmt(x)
+        name = next((n for n in names if n in ratios), None)
+        if name is not None and name in interpreted and time.trusted:
+            return "n/a (peer interpreted)"
+        return derived(time, ratios.get(name) if name else None, f"{names[0]} not timed").text()
 
-    rate = "n/a (no copy rate)"
+    rate = "no copy rate"
     gpu_target = "n/a (a GPU target)"  # 1.2 µs + bytes at the copy rate: nothing a CPU's wall clock meets
-    return [best.variant, rate if best.gbs is None else _fmt(best.gbs, 0),
-            rate if best.pct_copy_rate is None else _fmt(best.pct_copy_rate, 0),
+    return [best.variant + (f" {MARK}" if best.variant in interpreted else ""),
+            derived(time, best.gbs, rate).text(0), derived(time, best.pct_copy_rate, rate).text(0),
             gpu_target if not cuda else rate if best.target_us is None else _fmt(best.target_us),
             gpu_target if not cuda else {True: "yes", False: "NO", None: rate}[best.meets_target],
             _fmt(best.floor_us) if best.floor_us is not None else
@@ -272,8 +278,11 @@ def render_table(result: BenchResult, console: Console | None = None) -> None:
             continue
         _print_packed(console, title, _with_figures(table_columns(result, mode, field, iqr_field), dropped))
     if result.settings.interpreted:
-        console.print(f"  * ran under Triton's interpreter (numpy on the host): the interpreter's time, not a kernel's "
-                      f"({', '.join(result.settings.interpreted)})", markup=False, highlight=False)
+        counts = sorted({r.samples for r in result.records
+                         if r.variant in result.settings.interpreted and r.ok and r.samples})
+        samples = f", {'/'.join(map(str, counts))} samples" if counts else ""
+        console.print(f"  * ran under Triton's interpreter (numpy on the host): the interpreter's time, not a kernel's"
+                      f"{samples} ({', '.join(result.settings.interpreted)})", markup=False, highlight=False)
     for na, names in dropped.items():
         console.print(f"  not shown, {na}: {', '.join(names)}", markup=False, highlight=False)
     reasons = {(r.variant, r.reason) for r in result.records if not r.ok}
@@ -347,13 +356,16 @@ def verdict_lines(result: BenchResult) -> list[str]:
 CSV_COLUMNS = ("shape", "heads", "dim", "cache_dtype", "input_dtype", "tokens", "variant", "mode", "status",
                "median_us", "iqr_us", "host_us", "host_iqr_us", "writer_host_us", "writer_host_iqr_us", "samples",
                "bytes", "gbs", "pct_copy_rate", "target_us", "meets_target", "floor_us", "reason",
-               "q_heads")  # the rope family's query heads (empty for a store), last: older readers' columns stay put
+               "q_heads",  # the rope family's query heads (empty for a store), late: older readers' columns stay put
+               "figure")  # what the median can be taken for (kvprof.analysis.figures): measured, interpreted, n/a
 
 
 def to_csv(result: BenchResult) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     w.writeheader()
+    interpreted = set(result.settings.interpreted)
     for r in result.records:
-        w.writerow(r.to_json())
+        w.writerow({**r.to_json(), "figure": classify(r.median_us if r.ok else None,
+                                                      interpreted=r.variant in interpreted, cost=True).kind})
     return buf.getvalue()

@@ -92,12 +92,13 @@ def rope_grid(
     return [BenchPoint(h, d, c, i, t, q_heads=q) for (q, h, d) in shapes for (c, i) in dtypes for t in tokens]
 
 
-def default_grid(device: torch.device, family: str = "store") -> list[BenchPoint]:
-    """The device kind's grid for ``family`` (:mod:`kvprof.bench.grids` says why these points)."""
+def default_grid(device: torch.device, family: str = "store", size: str | None = None) -> list[BenchPoint]:
+    """The device kind's grid for ``family`` (:mod:`kvprof.bench.grids` says why these points);
+    ``size``: quick or full (None: the one that fits the device kind)."""
     if family == "rope":
-        r = grids.default_rope_grid(device.type)
+        r = grids.default_rope_grid(device.type, size)
         return rope_grid(r.shapes, r.dtypes, r.tokens)
-    g = grids.default_grid(device.type)
+    g = grids.default_grid(device.type, size)
     return grid(g.shapes, g.dtypes, g.tokens)
 
 
@@ -335,6 +336,7 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
     if wrong:
         return [row(m, "wrong", reason=wrong) for m in modes]
     pool = case.pool(variant, writer)
+    eager_repeats, warmup = _eager_samples(writer, eager_repeats)
 
     def step() -> None:
         for loc in case.locs:
@@ -359,7 +361,7 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
                 first = case.locs[0]
                 t = time_cold(lambda: case.write(pool, first), replays, case.device)  # noqa: F821
             else:
-                t = time_eager(step, case.writes, eager_repeats, case.device)
+                t = time_eager(step, case.writes, eager_repeats, case.device, warmup=warmup)
         except Exception as exc:  # a variant that cannot be captured (e.g. syncs) is a result too  # noqa: BLE001
             out.append(row(mode, "failed",
                            reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
@@ -373,7 +375,7 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
             rec.allocation_us = [round(x.median_us, 4) for x in timings]
         if t.host_us is not None:
             rec.host_us, rec.host_iqr_us = t.host_us, t.host_spread_us
-            w = time_eager(writer_step, case.writes, eager_repeats, case.device)
+            w = time_eager(writer_step, case.writes, eager_repeats, case.device, warmup=warmup)
             rec.writer_host_us, rec.writer_host_iqr_us = w.host_us, w.host_spread_us
         out.append(rec)
     del pool
@@ -394,6 +396,10 @@ def _time_other_allocation(case: BenchCase, variant: str, writer: Any, replays: 
 
 
 MODES = ("graph", "eager", "cold")
+# a writer run by Triton's interpreter (a CPU) takes tens of ms a write and its time is the
+# interpreter's, not a kernel's: it gets at most this many eager samples after one warm-up
+# (its rows record their samples), so that a default CPU bench ends in about half a minute
+INTERPRETED_REPEATS = 3
 
 
 def _runs_interpreted(writer: object) -> bool:
@@ -405,6 +411,11 @@ def _runs_interpreted(writer: object) -> bool:
         return bool(info().extra.get("interpreted"))
     except KvprofError:  # a writer that cannot say here (what it needs is missing): it does not run
         return False
+
+
+def _eager_samples(writer: object, repeats: int) -> tuple[int, int]:
+    """(samples, warm-up calls) of an eager timing: fewer for an interpreted writer."""
+    return (min(repeats, INTERPRETED_REPEATS), 1) if _runs_interpreted(writer) else (repeats, 3)
 
 
 def default_modes(device: torch.device) -> tuple[str, ...]:
@@ -461,11 +472,14 @@ def run_bench(
     on_partial: Callable[[BenchResult], None] | None = None,
     threads: int | None = None,
     modes: Sequence[str] | None = None,
+    progress: Any = None,
 ) -> BenchResult:
     """``target``: what the fused writes are judged against (default :class:`BenchTarget`);
     ``on_partial`` gets the result so far after every point (``complete`` False), so a run
     cut short by a time limit still leaves every point it measured. ``threads``: torch's
-    intra-op threads while timing (None: as they are); the result records the number used."""
+    intra-op threads while timing (None: as they are); the result records the number used.
+    ``progress``: told what runs (``describe(text)``) and when a variant's point is done
+    (``advance()``), as capture's progress bar is."""
     if replays < 1 or eager_repeats < 1:
         raise UsageError("--replays and --eager-repeats must be positive")
     if threads is not None and threads < 1:
@@ -474,13 +488,21 @@ def run_bench(
     with torch_threads(threads):
         return _run_bench(list(points), variants, device, replays=replays, eager_repeats=eager_repeats,
                           pool_bytes=pool_bytes, seed=seed, target=target or BenchTarget(), on_point=on_point,
-                          on_partial=on_partial, modes=chosen)
+                          on_partial=on_partial, modes=chosen, progress=progress)
+
+
+def point_label(point: BenchPoint) -> str:
+    """A point as the table names it: shape, dtype, tokens (``8x128 bf16 64 tok``)."""
+    return f"{point.shape} {point.dtype_label} {point.tokens} tok"
 
 
 def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.device, *, replays: int,
                eager_repeats: int, pool_bytes: int, seed: int, target: BenchTarget,
                on_point: Callable[[BenchPoint], None] | None,
-               on_partial: Callable[[BenchResult], None] | None, modes: tuple[str, ...]) -> BenchResult:
+               on_partial: Callable[[BenchResult], None] | None, modes: tuple[str, ...],
+               progress: Any = None) -> BenchResult:
+    if progress is not None:
+        progress.describe("copy rate")
     limits: dict[str, Any] = {"copy_rate_gbs": copy_rate_gbs(device), **empty_node_us(device)}
     records: list[BenchRow] = []
     unknown = [v for v in variants if ":" not in v and v not in writer_names()]
@@ -488,6 +510,8 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
         raise UsageError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(writer_names())}")
     writers: dict[str, Any] = {}
     for variant in variants:
+        if progress is not None:
+            progress.describe(f"loading {variant}")
         try:
             writers[variant] = create_writer(variant)
         except KvprofError as exc:
@@ -519,8 +543,12 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
             n = floor_allocations(point, variant, device)
             while len(extra) < n - 1:  # built once per point, shared by the variants that use them
                 extra.append(make_case(point, device, pool_bytes, seed + i + 7919 * (len(extra) + 1)))
+            if progress is not None:
+                progress.describe(f"{point_label(point)}: {variant}{' *' if variant in interpreted else ''}")
             records += bench_variant(case, variant, writers[variant], replays, eager_repeats, extra[: n - 1],
                                      modes)
+            if progress is not None:
+                progress.advance()
         del case, extra
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -670,5 +698,5 @@ def _median(xs: list[float]) -> float | None:
 
 
 __all__ = ["BENCH_VARIANTS", "ROPE_BENCH_VARIANTS", "BenchCase", "BenchPoint", "BenchResult", "BenchRow", "BenchTarget",
-           "RopeBenchCase", "default_grid", "derive", "fused_verdicts", "grid", "make_case", "rope_grid",
-           "rope_verdicts", "run_bench", "short_name"]
+           "RopeBenchCase", "default_grid", "derive", "fused_verdicts", "grid", "make_case", "point_label",
+           "rope_grid", "rope_verdicts", "run_bench", "short_name"]

@@ -4,7 +4,9 @@ PATH is a run directory (with manifest.json), a folder of traces, a torch.profil
 Chrome trace (.json or .json.gz), an nsys SQLite export or an .nsys-rep (exported with
 nsys when it is found). Prints a table and writes summary.json, summary.csv,
 events.parquet and writes.parquet into PATH (a folder) or next to it (a file), or
-into --out. Every file is written atomically. These are the run's own analysis files,
+into --out. Every file is written atomically. A folder that holds the outputs of another
+input's analysis (another trace of the same folder) is refused in one line: --out, or
+--force to replace them. These are the run's own analysis files,
 the ones capture writes into a run directory; --no-files writes none of them.
 --perfetto OUT.pftrace also writes the run as a Perfetto trace (docs/formats.md), with
 --no-files too.
@@ -55,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--no-files (needs the perfetto package: the 'perfetto' extra)")
     parser.add_argument("--no-files", action="store_true", help="print only; write none of the four analysis files")
     parser.add_argument("--quiet", action="store_true", help="write the files, print only their paths")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the outputs of another input's analysis in the output folder (without it, "
+                             "analyze refuses in one line: two traces of one folder would share its outputs)")
     add_format_arguments(parser)
 
 
@@ -67,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     api.check_write_kernel_regex(args.write_kernels)  # a bad REGEX is refused before any trace is read
     if args.perfetto is not None:
         api.check_perfetto_output(args.perfetto)  # so is an unwritable --perfetto or a missing package
+    if not args.no_files:  # a previous analysis of another input is never replaced silently
+        api.check_no_other_analysis(args.path, api.output_dir(args.path, args.out), args.force)
     max_events = api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events
     # one trace file: its bytes are read and inflated in a thread while pandas and the renderers
     # are imported below (0.4 s), instead of after them

@@ -3,10 +3,12 @@
 On CUDA: graph replays of many writes (median of >= 100 replays after warm-up) into a
 pool several times larger than L2 with random slots, and eagerly (host launch path),
 beside the device-to-device copy rate and the cost of an empty kernel node. On CPU: a
-small grid (the defaults of --shapes, --dtypes and --tokens), wall clock, one torch
-thread; a few minutes (torch.compile compiles each point, the Triton writers run in Triton's
-interpreter; --variants index_put,two_stream takes seconds). Prints a table that fits the
-terminal (median and interquartile range per cell) and writes bench.json / bench.csv into --out,
+quick grid by default (--grid quick: one shape, bf16, 1 and 64 tokens; about half a minute
+for every default writer, most of it torch.compile's compile and Triton's interpreter),
+--grid full for 2 shapes, 2 dtypes and 1/64/512 tokens (minutes); wall clock, one torch
+thread. A progress display on stderr (a terminal) names the point and variant running.
+Prints a table that fits the terminal (median and interquartile range per cell) and
+writes bench.json / bench.csv into --out,
 by default a new folder under the per-user cache ($XDG_CACHE_HOME/kvprof/bench/<UTC
 time>, ~/.cache/kvprof/bench/... without it; never the current folder), named when done.
 --format json prints bench.json's document on stdout, --format csv bench.csv; the table
@@ -30,7 +32,18 @@ from kvprof.argtypes import (
     seed,
     thread_count,
 )
-from kvprof.bench.grids import CPU_GRID, CPU_ROPE_GRID, CPU_THREADS, CUDA_GRID, CUDA_ROPE_GRID, FAMILIES
+from kvprof.bench.grids import (
+    CPU_GRID,
+    CPU_QUICK_GRID,
+    CPU_QUICK_ROPE_GRID,
+    CPU_ROPE_GRID,
+    CPU_THREADS,
+    CUDA_GRID,
+    CUDA_QUICK_GRID,
+    CUDA_ROPE_GRID,
+    FAMILIES,
+    GRID_SIZES,
+)
 from kvprof.core.bench_result import BenchTarget
 from kvprof.report.terminal import add_format_arguments
 
@@ -73,18 +86,25 @@ def _dtypes(text: str) -> list[tuple[str, str]]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", choices=FAMILIES, default="store",
                    help="store: one layer's K+V store (default); rope: the rotary embedding of q and k with the "
-                        "store, as engines fuse it (rope_* variants; shapes QHEADSxHEADSxDIM, default "
-                        f"{CUDA_ROPE_GRID.shapes_text()} on CUDA, {CPU_ROPE_GRID.shapes_text()} on CPU)")
+                        "store, as engines fuse it (rope_* variants; shapes QHEADSxHEADSxDIM, full grid "
+                        f"{CUDA_ROPE_GRID.shapes_text()} on CUDA, {CPU_ROPE_GRID.shapes_text()} on CPU; quick "
+                        f"{CPU_QUICK_ROPE_GRID.shapes_text()} {CPU_QUICK_ROPE_GRID.dtypes_text()} at "
+                        f"{CPU_QUICK_ROPE_GRID.tokens_text()} token)")
+    p.add_argument("--grid", choices=GRID_SIZES, default=None,
+                   help="the points --shapes, --dtypes and --tokens default to: full (the default on CUDA) or quick "
+                        f"(the default on a CPU: {CPU_QUICK_GRID.shapes_text()}, {CPU_QUICK_GRID.dtypes_text()}, "
+                        f"{CPU_QUICK_GRID.tokens_text()} tokens; on CUDA {CUDA_QUICK_GRID.tokens_text()} tokens)")
     p.add_argument("--variants", default=None,
                    help="comma-separated (default: the family's built-ins: every store writer, or the rope writers)")
     p.add_argument("--shapes", type=_shapes, default=None,
-                   help=f"HEADSxDIM list (default: {CUDA_GRID.shapes_text()} on CUDA, {CPU_GRID.shapes_text()} on "
-                        "CPU); --family rope: QHEADSxHEADSxDIM")
+                   help=f"HEADSxDIM list (default: the grid's; full: {CUDA_GRID.shapes_text()} on CUDA, "
+                        f"{CPU_GRID.shapes_text()} on CPU); --family rope: QHEADSxHEADSxDIM")
     p.add_argument("--dtypes", type=_dtypes, default=None,
-                   help=f"CACHE[<-INPUT] list (default: {CUDA_GRID.dtypes_text()} on CUDA, "
+                   help=f"CACHE[<-INPUT] list (default: the grid's; full: {CUDA_GRID.dtypes_text()} on CUDA, "
                         f"{CPU_GRID.dtypes_text()} on CPU)")
     p.add_argument("--tokens", type=positive_ints, default=None,
-                   help=f"token counts (default: {CUDA_GRID.tokens_text()} on CUDA, {CPU_GRID.tokens_text()} on CPU)")
+                   help=f"token counts (default: the grid's; full: {CUDA_GRID.tokens_text()} on CUDA, "
+                        f"{CPU_GRID.tokens_text()} on CPU)")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=thread_count, default=None,
                    help=f"torch intra-op threads while timing (default: {CPU_THREADS} on CPU, so a time is the "
@@ -110,6 +130,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s; recorded in bench.json)")
     p.add_argument("--target-rate-fraction", type=fraction, default=BenchTarget.rate_fraction,
                    help="the fraction of the measured copy rate in that target (default: %(default)s)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress display (it shows only when stderr is a terminal)")
     add_format_arguments(p)
 
 
@@ -123,6 +145,18 @@ def default_out() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvprof.progress import StepProgress
+
+    # shown before torch loads (seconds on a small machine): what runs, then each point and variant
+    bar = StepProgress(None, enabled=None if getattr(args, "progress", True) else False,
+                       description="loading torch", width=36)
+    try:
+        return _run(args, bar)
+    finally:
+        bar.close()
+
+
+def _run(args: argparse.Namespace, bar: Any) -> int:
     from pathlib import Path
 
     from kvprof.devinfo import resolve_device, triton_interpreter
@@ -145,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
     family = getattr(args, "family", "store")
     rope = family == "rope"
-    points = default_grid(device, family)
+    points = default_grid(device, family, getattr(args, "grid", None))
     if args.shapes and len(args.shapes[0]) != (3 if rope else 2):
         raise UsageError("--family rope takes --shapes QHEADSxHEADSxDIM (query heads, KV heads, head dim)" if rope
                          else "--shapes takes HEADSxDIM (QHEADSxHEADSxDIM is for --family rope)")
@@ -169,15 +203,17 @@ def run(args: argparse.Namespace) -> int:
         from kvprof.core.errors import OutputError
 
         raise OutputError(f"cannot create output folder {out}: {exc.strerror or exc}") from None
+    bar.set_total(len(points) * len(variants))
     try:
-        return _measure(args, points, variants, device, out)
+        return _measure(args, points, variants, device, out, bar)
     except BaseException:
         if made and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a refused or interrupted bench leaves no empty folder behind
         raise
 
 
-def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], device: Any, out: Path) -> int:
+def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], device: Any, out: Path,
+             bar: Any = None) -> int:
     import sys
 
     from kvprof.bench.render import render_table, to_csv
@@ -198,7 +234,9 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
     threads = args.threads if args.threads is not None else (None if device.type == "cuda" else CPU_THREADS)
     result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
                        pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save,
-                       threads=threads, modes=getattr(args, "modes", None))
+                       threads=threads, modes=getattr(args, "modes", None), progress=bar)
+    if bar is not None:
+        bar.close()  # before the table: the bar is transient and would be drawn over it
     save(result)
     if args.format == "json":
         print_json(result.to_json())

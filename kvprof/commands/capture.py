@@ -191,9 +191,22 @@ def run(args: argparse.Namespace) -> int:
     from kvprof import api
     from kvprof.progress import StepProgress
 
-    config = config_from_args(args)
-    factory = (lambda total: StepProgress(total)) if args.progress else None
-    result = api.capture(config, progress_factory=factory, analyse=args.summary, render=args.summary)
+    # shown at once (torch and the writers load for seconds on a small machine), then the
+    # capture's steps per variant on the same bar
+    bar = StepProgress(None, description="loading torch", width=22) if args.progress else None
+
+    def factory(total: int) -> StepProgress:
+        assert bar is not None
+        bar.set_total(total)
+        return bar
+
+    try:
+        config = config_from_args(args)
+        result = api.capture(config, progress_factory=factory if bar is not None else None, analyse=args.summary,
+                             render=args.summary)
+    finally:
+        if bar is not None:
+            bar.close()
     print(f"run directory: {result.run_dir}")
     for problem in result.problems:
         print(f"kvprof capture: error: {problem} (the torch.profiler results are kept)", file=sys.stderr)

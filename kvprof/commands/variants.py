@@ -23,10 +23,8 @@ def _fused_word(writer: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
-    from kvprof.core.text import markup
     from kvprof.devinfo import resolve_device, triton_interpreter
 
     device = resolve_device(args.device)
@@ -35,28 +33,34 @@ def run(args: argparse.Namespace) -> int:
 
     from kvprof.core.errors import KvprofError
     from kvprof.dtypes import parse_dtype
+    from kvprof.report.cells import FitCol, fit_table
+    from kvprof.report.terminal import make_console
     from kvprof.writers import create_writer, writer_names
 
     cache = parse_dtype(args.cache_dtype)
     inp = parse_dtype(args.input_dtype) if args.input_dtype else cache
-    table = Table(title=f"write variants on {device}")
-    for col in ("variant", "fused", "runs here", "description"):
-        table.add_column(col)
+    rows = []
     marked = False
-    for name in writer_names():  # every cell escaped: a hint's "[triton]" is text, not a rich tag
+    for name in writer_names():
         try:
             w = create_writer(name)
             reason = w.unsupported_reason(device, cache, inp)
             star = reason is None and bool(w.info().extra.get("interpreted"))
             marked |= star
-            table.add_row(markup(name + (" *" if star else "")), markup(_fused_word(w)),
-                          "yes" if reason is None else markup(f"no: {reason}"), markup(w.description))
+            rows.append([name + (" *" if star else ""), _fused_word(w), "yes" if reason is None else f"no: {reason}",
+                         w.description])
         except KvprofError as exc:
-            table.add_row(markup(name), "?", markup(f"no: {exc}"), "")
+            rows.append([name, "?", f"no: {exc}", ""])
+    console = make_console()
+    # the names you type are never cut: the description wraps, then goes, then the reasons wrap
+    cols = [FitCol("variant", "left"), FitCol("fused", "left", wrap=True, min_wrap=9),
+            FitCol("runs here", "left", wrap=True, min_wrap=14), FitCol("description", "left", wrap=True, drop=1)]
+    table, notes = fit_table(f"write variants on {device}", cols, rows, console.width)
+    console.print(table)
     if marked:
-        table.caption = markup(f"* runs its Triton kernel in Triton's interpreter (TRITON_INTERPRET=1, {interpret}): "
-                               "on the host, in numpy; its times are not a GPU's")
-        table.caption_justify = "left"
-    Console().print(table)
+        console.print(Text(f"* runs its Triton kernel in Triton's interpreter (TRITON_INTERPRET=1, {interpret}): "
+                           "on the host, in numpy; its times are not a GPU's"))
+    for line in notes:
+        console.print(Text(line, style="dim"))
     return 0
 

@@ -56,7 +56,7 @@ class BenchTarget:
         return self.fixed_us + bytes_moved / (self.rate_fraction * copy_rate_gbs * 1e3)
 
     def describe(self) -> str:
-        return f"{self.fixed_us} us + bytes / ({self.rate_fraction} x copy rate)"
+        return f"{self.fixed_us} µs + bytes / ({self.rate_fraction} x copy rate)"
 
 
 @dataclass

@@ -84,6 +84,9 @@ class VariantVerdict:
     # where ``paths`` came from when not from kvprof's own capture: "the SGLang plugin" (its
     # sidecars' counts, kvprof.core.sidecar.plugin_paths); None: the capture's writer reported them
     paths_source: str | None = None
+    # its Triton kernel ran in Triton's interpreter (a CPU run): its times are the interpreter's,
+    # and every view marks them `*` (kvprof.analysis.figures); None: not recorded
+    interpreted: bool | None = None
 
     def paths_word(self) -> str:
         """What the paths say: "fused", "fused into rope", "not fused", or "?" (nothing decisive)."""
@@ -227,13 +230,15 @@ def _checked(row: dict[str, Any], where: str, invalid: list[str], positive: bool
     for key, v in row.items():
         if key not in NON_NEGATIVE and key not in SIGNED and not positive:
             continue
-        signed = key in SIGNED or (reference and key in SIGNED_IN_REFERENCE)
+        # the reference pass's figures may be negative wherever they sit (its own rows, or the
+        # reference column of the observer and comparison tables): noise, which views label
+        signed = key in SIGNED or (key in SIGNED_IN_REFERENCE and (reference or key.startswith("reference_")))
         why = _why_invalid(key, v, signed, positive)
         if why is not None:
             out[key] = None
             label = " ".join(str(row.get(k)) for k in ("variant", "source", "phase", "size") if k in row)
-            invalid.append(f"summary {where}{f' ({label})' if label else ''}: {key} = {repr(v)[:40]} is "
-                           f"{why}; shown as n/a")
+            invalid.append(f"the summary's {where}{f' ({label})' if label else ''}: {key} = {repr(v)[:40]} is "
+                           f"{why}; read as missing, n/a in every view")
     return out
 
 
@@ -241,7 +246,8 @@ def _checked_rows(rows: Any, where: str, invalid: list[str]) -> list[dict[str, A
     """A table's rows (objects only), each figure checked (``_checked``)."""
     if not isinstance(rows, list):
         return []
-    return [_checked(r, f"{where}[{i}]", invalid) for i, r in enumerate(rows) if isinstance(r, dict)]
+    return [_checked(r, f"{where.replace('.rows', '')} table, row {i + 1}", invalid)
+            for i, r in enumerate(rows) if isinstance(r, dict)]
 
 
 __all__ = ["NON_NEGATIVE", "SIGNED", "SUMMARY_SCHEMA", "Summary", "VariantVerdict"]

@@ -27,6 +27,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvprof.analysis.figures import INTERPRETED, MARK, MEASURED
 from kvprof.core import variants as V
 from kvprof.dashboard.axes import (  # noqa: F401 (MARGIN: tests)
     LIMIT_COLOURS,
@@ -176,6 +177,8 @@ def landing_cost(df: pd.DataFrame, title: str, axis: str = "GPU µs per write") 
     """µs per write with its spread (error bar = IQR), one panel per phase (frames.landing_frame);
     ``axis``: what the figures are (kvprof.core.timings.SourceTiming.per_write)."""
     d = df.dropna(subset=["cost_us"])
+    if "cost_kind" in d.columns:  # the one rule (kvprof.analysis.figures): a negative cost is never a bar
+        d = d[d["cost_kind"].isin([MEASURED, INTERPRETED])]
     if d.empty:
         return empty_figure("no time per write for this source (a CPU-only capture's profiler has none)", title)
     phases = _phases(d)
@@ -185,9 +188,12 @@ def landing_cost(df: pd.DataFrame, title: str, axis: str = "GPU µs per write") 
         p = d[d["phase"] == ph]
         for v in ordered_variants(p["variant"]):
             g = p[p["variant"] == v]
+            # an interpreted write's bar is hatched and its name marked: the interpreter's time
+            interp = "cost_kind" in g.columns and bool((g["cost_kind"] == INTERPRETED).any())
             fig.add_trace(go.Bar(
-                x=g["phase_size"], y=g["cost_us"], name=v, legendgroup=v, showlegend=v not in shown,
-                marker_color=V.colour(v),
+                x=g["phase_size"], y=g["cost_us"], name=f"{v} {MARK}" if interp else v, legendgroup=v,
+                showlegend=v not in shown, marker_color=V.colour(v),
+                marker_pattern_shape="/" if interp else "",
                 error_y={"type": "data", "symmetric": False, "array": (g["cost_hi_us"] - g["cost_us"]).clip(lower=0),
                          "arrayminus": (g["cost_us"] - g["cost_lo_us"]).clip(lower=0), "thickness": 1.2, "width": 3},
                 hovertemplate=f"{v}<br>%{{x}}<br>%{{y:.3f}} µs per write<extra></extra>"), **_kw(phases, j))

@@ -20,6 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvprof.analysis.compare import Benchmark
+from kvprof.analysis.figures import INTERPRETED, MARK, NEGATIVE, NEGATIVE_WHY
 from kvprof.core.timings import SourceTiming
 from kvprof.dashboard import charts, frames, layer_view, tables
 from kvprof.dashboard.engine_view import EngineView, engine_views
@@ -129,6 +130,14 @@ def build(label: str, summary: dict[str, Any], writes: pd.DataFrame | None = Non
                           f"{baseline} at {src}.")
     if source and source != "reference" and "reference" in set(groups["source"].astype(str)):
         land.notes.append(f"{src} is not the reference pass: its numbers include the profiler's own cost.")
+    kinds = set(df["cost_kind"]) if "cost_kind" in df.columns else set()
+    if INTERPRETED in kinds:
+        land.notes.append(f"{MARK} {', '.join(sorted(set(df[df['cost_kind'] == INTERPRETED]['variant'])))}: "
+                          "ran in Triton's interpreter on the host (a CPU run): the bar (hatched) is the "
+                          "interpreter's time, not what the fused kernel costs on a GPU.")
+    if NEGATIVE in kinds:
+        land.notes.append(f"n/a ({NEGATIVE_WHY}): a cost below zero (a difference of two medians within their "
+                          f"noise) is not drawn: {', '.join(sorted(set(df[df['cost_kind'] == NEGATIVE]['variant'])))}.")
     spreads = sorted(set(df["spread_from"]) - {"none"})
     if spreads:
         land.notes.append("spreads: " + "; ".join(spreads) + (

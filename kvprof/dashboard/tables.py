@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvprof.analysis.figures import INTERPRETED, MARK, NEGATIVE, Figure, classify
 from kvprof.core import variants as V
 from kvprof.core.timings import SourceTiming
 from kvprof.dashboard.frames import NS_PER_US, measured_writes, phase_size, verdict_text
@@ -75,7 +76,12 @@ def html_table(df: pd.DataFrame, digits: int = 4) -> str:
 
 
 LANDING_COLUMNS = ("variant", "role", "verdict", "source", "phase", "size", "phase_size", "cost_us", "cost_lo_us",
-                   "cost_hi_us", "spread_from", "saving_ms", "saving_spread_ms", "share_pct")
+                   "cost_hi_us", "spread_from", "saving_ms", "saving_spread_ms", "share_pct", "cost_kind")
+
+
+def interpreted_variants(summary: dict[str, Any]) -> set[str]:
+    """Variants whose Triton kernel ran in Triton's interpreter (summary.json's ``interpreted``)."""
+    return {str(n) for n, v in (summary.get("variants") or {}).items() if isinstance(v, dict) and v.get("interpreted")}
 
 
 def _cost_spread(r: Any, writes: pd.DataFrame | None) -> tuple[float, float, str]:
@@ -154,6 +160,10 @@ def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: di
         share.append(100.0 * layers * r["cost_us"] / (itl_before_ms * 1e3) if r["phase"] == "decode" and gpu
                      else np.nan)
     df["saving_ms"], df["saving_spread_ms"], df["share_pct"] = saving, spread, share
+    # the one rule (kvprof.analysis.figures): what each cost can be taken for
+    interp = interpreted_variants(summary)
+    df["cost_kind"] = [classify(c, interpreted=v in interp, cost=True).kind
+                       for v, c in zip(df["variant"], df["cost_us"])]
     order = {v: i for i, v in enumerate(V.ordered(list(df["variant"].astype(str))))}
     return (df.assign(_o=df["variant"].map(order)).sort_values(["_o", "phase", "size"]).drop(columns="_o")
             .reset_index(drop=True)[list(LANDING_COLUMNS)])
@@ -174,6 +184,11 @@ def landing_table(df: pd.DataFrame, timing: SourceTiming | None = None) -> pd.Da
         names["cost_us"] = timing.per_write_short
         names["spread"] = f"IQR {timing.unit}"
     out = display(t[list(LANDING_TABLE)].rename(columns=names), digits=3)
+    if "cost_kind" in df.columns:  # a negative cost reads n/a (negative: noise), an interpreted one `*`
+        out[names["cost_us"]] = [Figure(float(c), k).text(3) if k in (NEGATIVE, INTERPRETED) else v
+                                 for c, k, v in zip(df["cost_us"], df["cost_kind"], out[names["cost_us"]])]
+        out[names["variant"]] = [f"{v} {MARK}" if k == INTERPRETED else v
+                                 for v, k in zip(out[names["variant"]], df["cost_kind"])]
     for col in ("saving_ms", "saving_spread_ms", "share_pct"):
         why = [f"{MISSING} ({phase})" if phase != "decode" else
                f"{MISSING} ({timing.no_step_why[0]})" if timing is not None and not timing.gpu else MISSING

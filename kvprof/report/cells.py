@@ -10,6 +10,7 @@ columns is, in a few words (every unit and key: docs/formats.md).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from kvprof.analysis.figures import NEGATIVE as NEGATIVE_KIND, NEGATIVE_WHY, classify, fmt_number
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.summary import Summary
 from kvprof.core.text import markup, printable
@@ -50,10 +52,17 @@ class Col:
 
 
 
-def us(ns: Any, missing: NA, digits: int = 2) -> Cell:
-    """Nanoseconds as µs, or ``missing``."""
+NEGATIVE = NA(NEGATIVE_WHY, "a cost below zero is a difference of two medians within their noise")
+
+
+def us(ns: Any, missing: NA, digits: int = 2, cost: bool = False) -> Cell:
+    """Nanoseconds as µs (thousands separated), or ``missing``; ``cost``: a cost or duration,
+    which by the one rule (kvprof.analysis.figures) reads n/a (negative: noise) below zero."""
     f = finite_or_none(ns)
-    return missing if f is None else f"{f / 1000:.{digits}f}"
+    if f is None:
+        return missing
+    figure = classify(f / 1000, cost=cost)
+    return NEGATIVE if figure.kind == NEGATIVE_KIND else fmt_number(f / 1000, digits)
 
 
 def num(v: Any, missing: NA, fmt: str = "{:.1f}") -> Cell:
@@ -152,11 +161,86 @@ def table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[Cell]]
     return t, notes
 
 
+@dataclass(frozen=True)
+class FitCol:
+    """A column of a table that must fit a width without cutting anything (:func:`fit_table`).
+
+    ``wrap``: a text column (a reason, a description) that may wrap onto more lines, down to
+    ``min_wrap`` characters; any other column is as wide as its widest cell (a name, a figure).
+    ``drop``: the column's place in the order columns are left out when the table cannot fit
+    (1 first); None: never left out (the names a row is known by)."""
+
+    header: str
+    justify: JustifyMethod = "right"
+    wrap: bool = False
+    drop: int | None = None
+    min_wrap: int = 16
+
+
+def fit_table(title: str | None, cols: Sequence[FitCol], rows: Sequence[Sequence[Any]],
+              width: int) -> tuple[Table, list[str]]:
+    """A rich table of ``rows`` within ``width`` characters, and the line that goes under it.
+
+    Nothing is cut with an ellipsis: a name or a figure keeps its whole width, a header breaks
+    between its words, a text column wraps; where that is still too wide, whole columns are
+    left out in their ``drop`` order and the line under the table names them. Every cell is
+    text (never rich markup)."""
+    cells = [[printable(c) for c in r] for r in rows]
+
+    def need(i: int) -> int:
+        c = cols[i]
+        longest_word = max((len(w) for w in c.header.split()), default=0)
+        widest = max([len(r[i]) for r in cells] or [0])
+        if c.wrap:
+            words = max([len(w) for r in cells for w in r[i].split()] or [0])
+            return max(longest_word, min(widest, max(c.min_wrap, words)))
+        return max(longest_word, widest)
+
+    keep = list(range(len(cols)))
+    order = sorted((i for i, c in enumerate(cols) if c.drop is not None), key=lambda i: (cols[i].drop, i))
+    dropped: list[str] = []
+    while order and sum(need(i) for i in keep) + 3 * len(keep) + 1 > width:
+        i = order.pop(0)
+        keep.remove(i)
+        dropped.append(cols[i].header)
+    # each column's width, chosen here rather than by rich (which crops a row it cannot fit):
+    # a name or figure its widest cell; text columns share what is left, up to their widest
+    widths = {i: need(i) for i in keep}
+    natural = {i: max(len(cols[i].header), max([len(r[i]) for r in cells] or [0])) for i in keep}
+    spare = width - 3 * len(keep) - 1 - sum(widths.values())
+    while spare < 0:  # still too wide with every column that may go gone: text breaks inside words
+        narrowable = [i for i in keep if cols[i].wrap and widths[i] > cols[i].min_wrap]
+        if not narrowable:
+            break
+        i = max(narrowable, key=lambda j: widths[j])
+        widths[i] -= 1
+        spare += 1
+    growing = [i for i in keep if cols[i].wrap]
+    while spare > 0 and (growing := [i for i in growing if widths[i] < natural[i]]):
+        share = max(1, spare // len(growing))
+        for i in growing:
+            step = min(share, natural[i] - widths[i], spare)
+            widths[i] += step
+            spare -= step
+    t = Table(title=None if title is None else markup(title), title_justify="left")
+    for i in keep:
+        c, w = cols[i], widths[i]
+        header = c.header if len(c.header) <= w else "\n".join(textwrap.wrap(c.header, w))
+        t.add_column(header, justify=c.justify, width=w, no_wrap=not c.wrap, overflow="fold")
+    for r in cells:
+        t.add_row(*(Text(r[i]) for i in keep))
+    notes = []
+    if dropped:
+        notes.append(f"not shown at {width} columns: {', '.join(dropped)} (left out in that order; a wider "
+                     "terminal, or COLUMNS=N when piped, shows them)")
+    return t, notes
+
+
 def print_table(console: Any, t: Table, notes: Sequence[str]) -> None:
     console.print(t)
     for line in notes:
         console.print(Text(printable(line), style="dim"))
 
 
-__all__ = ["GRAPH", "NA", "NOT_MEASURED", "Cell", "Col", "cpu_run", "gpu_traced", "missing_reason", "no_gpu_reason",
-           "ns_or_why", "num", "print_table", "table", "us"]
+__all__ = ["GRAPH", "NA", "NEGATIVE", "NOT_MEASURED", "Cell", "Col", "FitCol", "cpu_run", "fit_table", "gpu_traced",
+           "missing_reason", "no_gpu_reason", "ns_or_why", "num", "print_table", "table", "us"]

@@ -19,6 +19,7 @@ from kvprof.core.text import markup
 from kvprof.core.timings import WALL, SourceTiming
 from kvprof.report.cells import (
     NA,
+    NEGATIVE,
     NOT_MEASURED,
     Cell,
     Col,
@@ -124,13 +125,14 @@ def reference_table(rows: list[dict[str, Any]], width: int | None = None) -> tup
     out: list[list[Cell]] = []
     for r in rows:
         cells: list[Cell] = [str(r["variant"]), str(r["phase"]), str(r["size"]), str(r["steps"]),
-                             us(r["step_ns"], NOT_MEASURED, 1),
+                             us(r["step_ns"], NOT_MEASURED, 1, cost=True),
                              us(r.get("step_iqr_ns"), missing_reason(r, "step_iqr_ns", True, Summary("", "")), 1),
-                             us(r["cost_per_write_ns"], NOT_MEASURED)]
+                             us(r["cost_per_write_ns"], NOT_MEASURED, cost=True)]
         if layer:
             share = r.get("write_share")
             plain = NA("writes only, no layer") if r.get("context") != "layer" else NOT_MEASURED
-            cells += [num(share * 100 if _is_number(share) else None, plain),
+            cells += [NEGATIVE if _is_number(share) and share < 0 else  # the one rule: noise, not a share
+                      num(share * 100 if _is_number(share) else None, plain),
                       us(r.get("writes_only_step_ns"), plain, 1)]
         out.append(cells)
     return table(f"reference: no profiler, no ranges, each step timed with {how} (median)", cols, out, width=width)
@@ -151,12 +153,19 @@ def observer_table(obs: dict[str, Any], summary: Summary | None = None,
         has_gpu = (str(r["source"]), str(r["variant"])) in gpu
         missing = no_gpu_reason(summary) if not has_gpu else NOT_MEASURED
         out.append([str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                    us(r.get("cost_per_write_ns"), missing), us(r.get("reference_cost_per_write_ns"), NOT_MEASURED),
+                    us(r.get("cost_per_write_ns"), missing),
+                    us(r.get("reference_cost_per_write_ns"), NOT_MEASURED, cost=True),
+                    # a ratio to a negative (noise) reference is no ratio
+                    NEGATIVE if _negative(r.get("reference_cost_per_write_ns")) else
                     num(r.get("ratio_per_write"), missing, "{:.2f}x"), num(r.get("ratio_per_step"), NOT_MEASURED,
                                                                            "{:.2f}x"),
                     num(r.get("pass_slowdown"), NOT_MEASURED, "{:.2f}x"), "off" if r.get("flagged") else "ok"])
     return table(f"observer effect: profiler reading / reference (flag: more than {pct} % off)", cols, out,
                  width=width)
+
+
+def _negative(v: Any) -> bool:
+    return _is_number(v) and v < 0
 
 
 def verdict_line(name: str, v: VariantVerdict) -> str:
@@ -205,18 +214,23 @@ def comparison_rows(cmp: dict[str, Any]) -> tuple[list[Col], list[list[Cell]]]:
     cols += [Col("% of ITL", "saving over the benchmark's inter-token latency"),
              Col("predicted ITL ms", "the benchmark's ITL less the saving")]
     out: list[list[Cell]] = []
+    # the one rule (kvprof.analysis.figures): an interpreted time is marked, nothing derived from it
+    marked = set(cmp.get("interpreted") or [])
+    interp = NA("interpreted", "a time in Triton's interpreter: no ratio or saving is derived from it")
     for r in rows:
-        saving = saving_reason(r)
-        cells: list[Cell] = [str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
+        untrusted = str(r["variant"]) in marked or str(cmp.get("baseline")) in marked
+        saving = interp if untrusted else saving_reason(r)
+        cells: list[Cell] = [str(r["variant"]) + (" *" if str(r["variant"]) in marked else ""), str(r["source"]),
+                             str(r["phase"]), str(r["size"]),
                              us(r["cost_per_write_ns"], NO_GPU_TIME), us(r["baseline_cost_per_write_ns"], NO_GPU_TIME),
-                             num(r["ratio_cost_per_write_ns"], NO_GPU_TIME, "{:.2f}"),
-                             num(r.get("saving_per_step_ms"), saving, "{:.3f}")]
+                             interp if untrusted else num(r["ratio_cost_per_write_ns"], NO_GPU_TIME, "{:.2f}"),
+                             num(None if untrusted else r.get("saving_per_step_ms"), saving, "{:.3f}")]
         if layer:
             cells += [num(r.get("measured_saving_spread_ms"), NA("< 4 steps")),
-                      num(r.get("projected_saving_per_step_ms"), saving, "{:.3f}")]
-        share = r.get("saving_share_of_itl")
+                      num(None if untrusted else r.get("projected_saving_per_step_ms"), saving, "{:.3f}")]
+        share = None if untrusted else r.get("saving_share_of_itl")
         cells += [num(share * 100 if share is not None else None, saving, "{:.2f}"),
-                  num(r.get("predicted_itl_ms"), saving, "{:.2f}")]
+                  num(None if untrusted else r.get("predicted_itl_ms"), saving, "{:.2f}")]
         out.append(cells)
     return cols, out
 
@@ -384,11 +398,13 @@ def render(summary: Summary, console: Console | None = None) -> None:
         con.print(verdict_line(name, v))
     cmp = summary.comparison
     if cmp and cmp.get("rows"):
-        print_table(con, *comparison_view(cmp, con.width))
+        interpreted = sorted(n for n, v in summary.variants.items() if v.interpreted)
+        print_table(con, *comparison_view({**cmp, "interpreted": interpreted}, con.width))
         h = cmp.get("headline")
         if h:
             con.print(headline_line(h, cmp["benchmark"]))
-    render_layer_steps(summary.layer_steps, con)  # a --context layer run only
+    render_layer_steps(summary.layer_steps, con,  # a --context layer run only
+                       {n for n, v in summary.variants.items() if v.interpreted})
     for w in summary.warnings:
         con.print(f"[yellow]warning:[/yellow] {markup(w)}", soft_wrap=True)
 

@@ -44,6 +44,19 @@ def frame_csv(df: pd.DataFrame) -> str:
     return csv_safe(df).to_csv(index=False)
 
 
+def groups_csv(groups: pd.DataFrame, summary: Any) -> pd.DataFrame:
+    """summary.csv's rows: the groups, and last a ``figure`` column saying what each row's cost per
+    write can be taken for by the one rule (kvprof.analysis.figures: measured, interpreted,
+    negative, n/a), so a spreadsheet reader sees an interpreter's time or a noise cost as such."""
+    from kvprof.analysis.figures import classify
+
+    if "cost_per_write_ns" not in groups.columns or "variant" not in groups.columns:
+        return groups
+    interp = {n for n, v in (summary.variants or {}).items() if v.interpreted}
+    return groups.assign(figure=[classify(c, interpreted=str(v) in interp, cost=True).kind
+                                 for v, c in zip(groups["variant"], groups["cost_per_write_ns"])])
+
+
 def write_csv(path: Path, df: pd.DataFrame) -> None:
     with atomic_file(path, "w") as fh:
         csv_safe(df).to_csv(fh, index=False)
@@ -107,6 +120,6 @@ def write_analysis(loaded: Any, result: Any, out: Path, rules: Any = None) -> li
     with run.staged_outputs() as stage:
         write_parquet(stage.events, with_schema(events, EVENTS_SCHEMA))
         write_parquet(stage.writes, with_schema(writes, WRITES_SCHEMA))
-        write_csv(stage.summary_csv, groups)
+        write_csv(stage.summary_csv, groups_csv(groups, result.summary))
         write_json(stage.summary, doc)
     return run.outputs

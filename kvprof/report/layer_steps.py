@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from kvprof.analysis.figures import INTERPRETED_NOTE, MARK, Figure, classify
 from kvprof.analysis.layer_step import LayerSteps, StepSaving
 from kvprof.report.cells import NA, NOT_MEASURED, Cell, Col, num, print_table, table, us
 
@@ -22,7 +23,17 @@ def _ms(ns: Any, missing: NA) -> Cell:
     return num(ns / 1e6 if isinstance(ns, (int, float)) else None, missing, "{:.3f}")
 
 
-def savings_table(doc: LayerSteps, width: int | None = None) -> tuple[Table, list[str]]:
+def saving_figure(s: StepSaving, interpreted: set[str] | frozenset[str] = frozenset()) -> Figure:
+    """The one rule (kvprof.analysis.figures) for a measured step saving: interpreted where
+    either variant ran in Triton's interpreter, noise where it is within the two steps' spread
+    or, on a CPU's wall clock, has no spread to judge it."""
+    return classify(s.saving_ns / 1e6, interpreted=s.variant in interpreted or s.against in interpreted,
+                    spread=None if s.spread_ns is None else s.spread_ns / 1e6, needs_spread=s.clock == "wall",
+                    why_noise="within the steps' spread" if s.spread_ns is not None else "no spread to judge it")
+
+
+def savings_table(doc: LayerSteps, width: int | None = None,
+                  interpreted: set[str] | frozenset[str] = frozenset()) -> tuple[Table, list[str]]:
     cols = [Col("variant", justify="left"), Col("vs", "the variant it is measured against", "left"),
             Col("phase", justify="left"), Col("size", "batch or tokens"),
             Col("step µs", "the variant's median layer step"), Col("IQR µs", "its interquartile range"),
@@ -33,8 +44,12 @@ def savings_table(doc: LayerSteps, width: int | None = None) -> tuple[Table, lis
     rows: list[list[Cell]] = []
     for s in doc.savings:
         wall = s.clock == "wall"
-        rows.append([s.variant, s.against, s.phase, str(s.size), us(s.step_ns, NOT_MEASURED, 1),
-                     us(s.step_iqr_ns, NO_SPREAD, 1), _ms(s.saving_ns, NOT_MEASURED), _ms(s.spread_ns, NO_SPREAD),
+        saving = saving_figure(s, interpreted)
+        rows.append([s.variant + (f" {MARK}" if s.variant in interpreted else ""),
+                     s.against + (f" {MARK}" if s.against in interpreted else ""), s.phase, str(s.size),
+                     us(s.step_ns, NOT_MEASURED, 1), us(s.step_iqr_ns, NO_SPREAD, 1),
+                     saving.text(3, sign=True) if saving.value is not None else NOT_MEASURED,
+                     _ms(s.spread_ns, NO_SPREAD),
                      _ms(s.projected_ns, WALL if wall else NOT_MEASURED),
                      _ms(s.gap_ns, WALL if wall else NOT_MEASURED)])
     return table("in the layer: step saving against " + " and ".join(doc.against)
@@ -59,13 +74,17 @@ def boundaries_table(doc: LayerSteps, width: int | None = None) -> tuple[Table, 
     return table("in the layer: where each write sits on the traced GPU timeline (median)", cols, rows, width=width)
 
 
-def render_layer_steps(raw: dict[str, Any] | None, console: Any) -> None:
+def render_layer_steps(raw: dict[str, Any] | None, console: Any,
+                       interpreted: set[str] | frozenset[str] = frozenset()) -> None:
     """``analyze``'s view: the savings, the trace's boundaries, the notes on each gap."""
     doc = LayerSteps.from_json(raw)
     if doc is None or not (doc.savings or doc.boundaries):
         return
     if doc.savings:
-        print_table(console, *savings_table(doc, console.width))
+        table_, notes = savings_table(doc, console.width, interpreted)
+        if any(s.variant in interpreted or s.against in interpreted for s in doc.savings):
+            notes = [*notes, INTERPRETED_NOTE]
+        print_table(console, table_, notes)
     if doc.boundaries:
         print_table(console, *boundaries_table(doc, console.width))
     for line in doc.notes:
@@ -77,9 +96,11 @@ def _nearest(savings: list[StepSaving], batch: int) -> int | None:
     return min(sizes, key=lambda n: (abs(n - batch), n)) if sizes else None
 
 
-def saving_lines(raw: dict[str, Any] | None, batch: int = 10) -> list[str]:
-    """The capture's summary: per variant, its measured saving against each reference at the
-    decode batch nearest ``batch``, then the notes on the gaps at that batch."""
+def saving_lines(raw: dict[str, Any] | None, batch: int = 10,
+                 interpreted: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The capture's summary: per variant, its step saving against each reference at the
+    decode batch nearest ``batch`` (labelled by the one rule: noise and interpreted savings
+    say so), then the notes on the gaps at that batch."""
     doc = LayerSteps.from_json(raw)
     if doc is None:
         return []
@@ -89,14 +110,19 @@ def saving_lines(raw: dict[str, Any] | None, batch: int = 10) -> list[str]:
     rows = [s for s in doc.savings if s.phase == "decode" and s.size == size]
     wall = any(s.clock == "wall" for s in rows)
     by: dict[str, list[str]] = {}
-    for s in rows:
+    figures = [saving_figure(s, interpreted) for s in rows]
+    for s, f in zip(rows, figures):
         spread = f" ± {s.spread_ns / 1e6:.3f}" if s.spread_ns is not None else ""
-        by.setdefault(s.variant, []).append(f"{s.saving_ns / 1e6:+.3f}{spread} vs {s.against}")
+        by.setdefault(s.variant, []).append(f"{f.text(3, sign=True)}{spread} vs {s.against}")
     how = "CPU wall clock, not a GPU's" if wall else "reference pass"
     layers = sorted({s.layers for s in rows})
     step = f"decode step of {layers[0]} layers" if len(layers) == 1 else "decode step"
-    lines = [f"measured step saving in the layer (ms per {step} at batch {size}, {how}; positive: "
+    what = "measured step saving" if all(f.trusted for f in figures) else "step saving"
+    lines = [f"{what} in the layer (ms per {step} at batch {size}, {how}; positive: "
              "shorter step): " + "; ".join(f"{v} {', '.join(parts)}" for v, parts in by.items())]
+    if any(f.kind == "noise" for f in figures):
+        lines.append("(noise): a difference within the two steps' spread, or a CPU's with no spread to judge it: "
+                     "not a saving")
     tag = f", decode {size}:"
     lines += [n for n in doc.notes if tag in n]
     return lines

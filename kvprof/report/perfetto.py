@@ -15,7 +15,8 @@ The layout (docs/formats.md, "Perfetto export"): per trace, a track group named
 - ``verdict``: one slice over the trace's span, named with the variant's verdict (fused or
   not, what the paths and the kernel count say, fell back and why);
 - ``kvprof writes (GPU)``: one slice per attributed write, from its first GPU activity's
-  start to its last one's end, named ``L<layer> <phase> bs<size>``, with its numbers
+  start to its last one's end, named ``<variant> L<layer> <phase> batch <n>`` (prefill:
+  ``<n> tokens``; ``*`` after a variant run in Triton's interpreter), with its numbers
   (kernels, GPU busy and union time, bytes, bandwidth, attribution) as arguments;
 - ``kvprof write ranges (host)``: the same writes' ranges on the host;
 - ``kvprof steps (host)``: each profiled step;
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from kvprof.analysis.figures import MARK, fmt_number
 from kvprof.core.atomic import atomic_file
 from kvprof.core.errors import ToolError
 from kvprof.core.schema import GPU_WORK_KINDS
@@ -202,6 +204,11 @@ def _present(value: Any) -> bool:
         return True
 
 
+def size_label(phase: Any, size: Any) -> str:
+    """A step's size in words: a decode step's batch, a prefill's tokens (never ``bs4096``)."""
+    return f"{size} tokens" if str(phase) == "prefill" else f"batch {size}"
+
+
 def verdict_text(name: str, v: VariantVerdict | None) -> str:
     """One variant's verdict as a slice name (plain text)."""
     if v is None:
@@ -251,16 +258,23 @@ def _trace_slices(w: PerfettoWriter, trace: Trace, writes: pd.DataFrame, verdict
         w.slices("verdict" if rank == 0 else f"verdict {v}", group, [_Slice(t0, t1, text, vargs)], rank=0)
 
     mine = writes[writes["trace"].astype(str) == trace.path] if len(writes) else writes
-    records = mine[[c for c in ("write_id", "gpu_start_ns", "gpu_end_ns", "host_start_ns", "host_dur_ns", *WRITE_ARGS)
-                    if c in mine.columns]].to_dict("records") if len(mine) else []
+    wanted = dict.fromkeys(("write_id", "variant", "gpu_start_ns", "gpu_end_ns", "host_start_ns", "host_dur_ns",
+                            *WRITE_ARGS))  # variant is one of WRITE_ARGS too: each column once
+    records = mine[[c for c in wanted if c in mine.columns]].to_dict("records") if len(mine) else []
+    interpreted = {n for n, vd in verdicts.items() if vd is not None and vd.interpreted}
+
+    def who(r: dict[str, Any]) -> str:  # the write's variant, `*` where it ran in Triton's interpreter
+        v = str(r.get("variant") or (variants[0] if len(variants) == 1 else "?"))
+        return f"{v} {MARK}" if v in interpreted else v
+
     w.slices("kvprof writes (GPU)", group, [
         _Slice(int(r["gpu_start_ns"]) + shift, int(r["gpu_end_ns"]) + shift,
-               f"L{r['layer']} {r['phase']} bs{r['size']}",
+               f"{who(r)} L{r['layer']} {r['phase']} {size_label(r['phase'], r['size'])}",
                {"write_id": int(r["write_id"]), **{k: r[k] for k in WRITE_ARGS if k in r and _present(r[k])}})
         for r in records if _present(r.get("gpu_start_ns")) and _present(r.get("gpu_end_ns"))], rank=1)
     w.slices("kvprof write ranges (host)", group, [
         _Slice(int(r["host_start_ns"]) + shift, int(r["host_start_ns"]) + int(r["host_dur_ns"]) + shift,
-               f"set_kv_buffer L{r['layer']}", {"write_id": int(r["write_id"])})
+               f"{who(r)} set_kv_buffer L{r['layer']}", {"write_id": int(r["write_id"])})
         for r in records if _present(r.get("host_start_ns")) and _present(r.get("host_dur_ns"))], rank=2)
 
     steps = trace.steps if trace.steps is not None else pd.DataFrame()
@@ -269,7 +283,8 @@ def _trace_slices(w: PerfettoWriter, trace: Trace, writes: pd.DataFrame, verdict
         s0 = int(s["start_ns"]) + shift
         phase, size = str(s["phase"]), int(s["size"])
         graph = bool(s.get("graph_launches", 0))
-        step_slices.append(_Slice(s0, s0 + int(s["dur_ns"]), f"{s['variant']} {phase} bs{size} step {s['step']}",
+        step_slices.append(_Slice(s0, s0 + int(s["dur_ns"]),
+                                  f"{who(s)} {phase} {size_label(phase, size)} step {s['step']}",
                                   {"graph_launches": int(s.get("graph_launches", 0) or 0)}))
         ref = _reference(timings, str(s["variant"]), phase, size, graph)
         if ref is not None:
@@ -282,7 +297,8 @@ def _trace_slices(w: PerfettoWriter, trace: Trace, writes: pd.DataFrame, verdict
             if per_write is not None:
                 ref_args["per_write_ns"] = per_write
             reference.append(_Slice(s0, s0 + max(int(round(med)), 0),
-                                    f"reference {phase} bs{size}: {med / 1000:.2f} µs/step (unprofiled median)",
+                                    f"reference {phase} {size_label(phase, size)}: {fmt_number(med / 1000)} µs/step "
+                                    "(unprofiled median)",
                                     ref_args))
     w.slices("kvprof steps (host)", group, step_slices, rank=3)
     w.slices("reference step (unprofiled)", group, reference, rank=4)

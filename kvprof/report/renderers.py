@@ -145,10 +145,10 @@ class AnalysisCsv:
     """summary.csv's table on stdout."""
 
     def render(self, result: Analysis, out: Output) -> None:
-        from kvprof.report.files import frame_csv
+        from kvprof.report.files import frame_csv, groups_csv
         from kvprof.report.terminal import print_text
 
-        print_text(frame_csv(result.groups))
+        print_text(frame_csv(groups_csv(result.groups, result.summary)))
 
 
 # --- compare -----------------------------------------------------------------------------------------

@@ -54,6 +54,10 @@ def _ratio(r: float) -> str:
     return f"{r:.2f}" if r < 10 else f"{r:.1f}" if r < 100 else f"{r:,.0f}"
 
 
+# short: the first summary fits 80 columns; the legend under it says what it means
+INTERPRETED_NA = NA("*", "the variant's time is Triton's interpreter's: no ratio or saving is derived from it")
+
+
 def interpreted(manifest: Manifest | None) -> list[str]:
     """Variants whose kernel ran under Triton's interpreter (the manifest says so)."""
     if manifest is None:
@@ -93,7 +97,7 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     compared = {(str(r["variant"]), str(r["source"]), str(r["phase"]), int(r["size"])): r
                 for r in cmp.get("rows") or []}
     cpu = cpu_run(summary)
-    marked = set(interpreted(manifest))
+    marked = set(interpreted(manifest)) | {n for n, v in summary.variants.items() if v.interpreted}
     rank = {p: i for i, p in enumerate(PHASES)}
     keys = sorted(by, key=lambda k: (variants.order_key(k[0]), rank.get(k[1], len(PHASES)), k[2]))
     rows: list[list[Cell]] = []
@@ -128,6 +132,10 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
             saving_cell = NA(phase)
         else:
             saving_cell = NA("CPU") if cpu else NA("not measured")
+        # the one rule (kvprof.analysis.figures): no ratio or saving derived from an interpreter's time
+        if variant in marked or baseline in marked:
+            rows.append([*head, cost, SHORT_SOURCE.get(source, source), INTERPRETED_NA, INTERPRETED_NA])
+            continue
         rows.append([*head, cost, SHORT_SOURCE.get(source, source),
                      _ratio(ratio) if ratio is not None else NA("not measured"), saving_cell])
     per_step = f"ms per decode step, {baseline} minus the variant, x {layers} layers" if layers else \
@@ -228,7 +236,8 @@ def verdict_lines(summary: Summary, manifest: Manifest | None = None) -> list[st
                          f"{h['size']} against {summary.comparison['baseline']} "  # type: ignore[index]
                          f"({'measured' if h.get('measured') else 'projected'} over the model's layers)")
     bench_batch = (summary.comparison or {}).get("benchmark", {}).get("batch", 10)
-    lines += saving_lines(summary.layer_steps, int(bench_batch))  # a --context layer run only
+    interp = set(marked) | {n for n, v in summary.variants.items() if v.interpreted}
+    lines += saving_lines(summary.layer_steps, int(bench_batch), interp)  # a --context layer run only
     lines.append(f"the H200 samples (fused vs two-stream writes, both profilers): {dashboard_hint()}")
     return lines
 

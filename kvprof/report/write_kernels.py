@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvprof.core.text import markup
+from kvprof.report.cells import FitCol, fit_table, print_table
 
 
 def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
@@ -13,21 +14,17 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
     (nothing for a summary made without the write-kernel section)."""
     if section is None:
         return
-    from rich.table import Table
 
     stepless = section.get("stepless_writes") or []
     if stepless:
-        t = Table(title="kvprof write ranges outside kvprof steps (e.g. SGLang's plugin), per rank, median",
-                  title_justify="left")
-        for col in ("rank", "variant", "writes", "layers", "graph", "kern/wr", "GPU span µs", "GPU busy µs",
-                    "host µs", "launch→GPU µs"):
-            t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
-        for r in stepless:
-            t.add_row(markup(r["rank"]), markup(r["variant"]), markup(r["writes"]), markup(r["layers"]),
-                      markup(r["graph_writes"]),
-                      _fmt(r["kernels_per_write"], 1), _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]),
-                      _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"]))
-        console.print(t)
+        cols = [FitCol("rank"), FitCol("variant", "left"), FitCol("writes", drop=6), FitCol("layers", drop=4),
+                FitCol("graph", drop=3), FitCol("kern/wr", drop=5), FitCol("GPU span µs", drop=7),
+                FitCol("GPU busy µs", drop=2), FitCol("host µs", drop=8), FitCol("launch→GPU µs", drop=1)]
+        print_table(console, *fit_table(
+            "kvprof write ranges outside kvprof steps (e.g. SGLang's plugin), per rank, median", cols,
+            [[r["rank"], r["variant"], r["writes"], r["layers"], r["graph_writes"], _fmt(r["kernels_per_write"], 1),
+              _fmt(r["gpu_span_ns"]), _fmt(r["gpu_busy_ns"]), _fmt(r["host_ns"]), _fmt(r["launch_delay_ns"])]
+             for r in stepless], console.width))
     render_sidecar_paths(section.get("sidecars") or [], console)
     render_ledgers(section.get("sidecars") or [], console)
     # kvprof's own captures have their writes' numbers above; the name classifier is for the others
@@ -38,26 +35,27 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
                           + (f" (--write-kernels {markup(repr(section['user_regex']))})"
                              if section.get("user_regex") else ""))
         return
-    table = Table(title="KV-write kernels by name (per rank; tied: to a step and a layer; replayed: write kernels "
-                        "in CUDA graph replays)", title_justify="left")
-    for col in ("rank", "family", "kernels", "writes", "GPU µs", "µs/write", "share of GPU", "steps",
-                "step share (median)", "tied", "replayed", "trace"):
-        table.add_column(col, justify="left" if col in ("family", "trace") else "right", no_wrap=True)
+    cols = [FitCol("rank"), FitCol("family", "left"), FitCol("kernels", drop=6), FitCol("writes", drop=7),
+            FitCol("GPU µs", drop=5), FitCol("µs/write"), FitCol("share of GPU", drop=4), FitCol("steps", drop=2),
+            FitCol("step share (median)", drop=3), FitCol("tied", drop=9), FitCol("replayed", drop=8),
+            FitCol("trace", "left", wrap=True, drop=1)]
+    body = []
     for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
         graph = t.get("graph") or {}
         for f in t["families"]:
-            table.add_row(
-                markup(t.get("rank")), markup(f["family"]), markup(f["kernels"]), markup(f["writes"]),
+            body.append([
+                t.get("rank"), f["family"], f["kernels"], f["writes"],
                 f"{f['total_ns'] / 1000:.1f}", f"{f['per_write_ns'] / 1000:.2f}",
                 f"{t['share'] * 100:.2f} %" if t.get("share") is not None else "n/a (no GPU time)",
-                markup(t.get("steps_count") or "n/a (none found)"),
+                t.get("steps_count") or "n/a (none found)",
                 f"{t['step_share_median'] * 100:.2f} %" if t.get("step_share_median") is not None
                 else "n/a (none found)",
-                f"{markup(t.get('tied_step_and_layer', 'n/a'))} of {markup(t.get('write_kernels'))}",
-                f"{markup(graph.get('replayed_write_kernels', 'n/a'))} of {markup(graph.get('launches', 0))} replays",
-                markup(str(t["path"]).rsplit("/", 1)[-1][:60]),
-            )
-    console.print(table)
+                f"{t.get('tied_step_and_layer', 'n/a')} of {t.get('write_kernels')}",
+                f"{graph.get('replayed_write_kernels', 'n/a')} of {graph.get('launches', 0)} replays",
+                str(t["path"]).rsplit("/", 1)[-1],
+            ])
+    print_table(console, *fit_table("KV-write kernels by name (per rank; tied: to a step and a layer; replayed: "
+                                    "write kernels in CUDA graph replays)", cols, body, console.width))
     for t in sorted(rows, key=lambda t: (str(t.get("rank")), t["path"])):
         render_engine_steps(t, console)
 
@@ -71,21 +69,22 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
     rows = [s for s in sidecars if s.get("write_paths") or s.get("paths")]
     if not rows:
         return
-    from rich.table import Table
 
     from kvprof.core.sidecar import ENGINE_NAMES
 
     engines = sorted({ENGINE_NAMES.get(str(s.get("engine") or "sglang"), str(s.get("engine"))) for s in rows})
-    t = Table(title=f"{' and '.join(engines)} plugin: KV writes by path (counted in Python; graph replays are not)",
-              title_justify="left")
-    for col in ("TP rank", "pid", "writer", *SIDECAR_WRITE_PATHS, "paths"):
-        t.add_column(col, justify="left" if col in ("writer", "paths") else "right", no_wrap=col != "paths")
+    cols = [FitCol("TP rank"), FitCol("pid", drop=2), FitCol("writer", "left"),
+            *(FitCol(k, wrap=True, min_wrap=8) for k in SIDECAR_WRITE_PATHS),
+            FitCol("paths", "left", wrap=True, drop=1)]
+    body = []
     for s in sorted(rows, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
         counts = s.get("write_paths") or {}
-        t.add_row(str(s.get("tp_rank")), str(s.get("pid")), str(s.get("writer") or "SGLang's own"),
-                  *(str(counts.get(k, 0)) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
-                  ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items()))
-    console.print(t)
+        body.append([s.get("tp_rank"), s.get("pid"), s.get("writer") or
+                     f"{ENGINE_NAMES.get(str(s.get('engine') or 'sglang'), str(s.get('engine')))}'s own",
+                     *(counts.get(k, 0) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
+                     ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items())])
+    print_table(console, *fit_table(f"{' and '.join(engines)} plugin: KV writes by path (counted in Python; "
+                                    "graph replays are not)", cols, body, console.width))
 
 
 def ledger_lines(sidecar: dict[str, Any]) -> tuple[list[tuple[str, int, int, int]], list[str]]:
@@ -124,20 +123,16 @@ def ledger_lines(sidecar: dict[str, Any]) -> tuple[list[tuple[str, int, int, int
 
 def render_ledgers(sidecars: list[dict[str, Any]], console: Any) -> None:
     """Per engine process with a ledger: every write seen, or the layers whose writes no hook saw."""
-    from rich.table import Table
-
     for s in sorted(sidecars, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
         if not s.get("ledger"):
             continue
         rows, lines = ledger_lines(s)
         if rows:
-            t = Table(title="write ledger: tokens asked of each layer against tokens its hooks saw",
-                      title_justify="left")
-            for col in ("layer", "asked", "seen", "unseen"):
-                t.add_column(col, justify="right", no_wrap=True)
-            for layer, asked, seen, unseen in rows:
-                t.add_row("no layer" if layer == "-1" else layer, f"{asked:,}", f"{seen:,}", f"{unseen:,}")
-            console.print(t)
+            print_table(console, *fit_table(
+                "write ledger: tokens asked of each layer against tokens its hooks saw",
+                [FitCol("layer"), FitCol("asked"), FitCol("seen"), FitCol("unseen")],
+                [["no layer" if layer == "-1" else layer, f"{asked:,}", f"{seen:,}", f"{unseen:,}"]
+                 for layer, asked, seen, unseen in rows], console.width))
         for line in lines:
             console.print(line, markup=False, highlight=False)
 
@@ -153,9 +148,8 @@ STEPS_PRINTED = 12
 def render_engine_steps(t: dict[str, Any], console: Any) -> None:
     """One trace's steps: the method that found them (or why none was found), the kernels not tied
     and why, and the first steps with their writes and share of the GPU's busy time."""
-    from rich.table import Table
-
-    name = markup(str(t["path"]).rsplit("/", 1)[-1][:60])
+    plain = str(t["path"]).rsplit("/", 1)[-1]
+    name = markup(plain)
     if t.get("no_steps_reason"):
         console.print(f"{name}: {markup(t['no_steps_reason'])}")
         return
@@ -167,13 +161,12 @@ def render_engine_steps(t: dict[str, Any], console: Any) -> None:
     steps = t.get("steps") or []
     if not steps:
         return
-    table = Table(title=f"steps of {name} (first {min(len(steps), STEPS_PRINTED)} of {t.get('steps_count')})",
-                  title_justify="left")
-    for col in ("step", "writes", "layers", "write µs", "GPU busy µs", "share", "graph launch"):
-        table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
-    for s in steps[:STEPS_PRINTED]:
-        table.add_row(markup(str(s["step"])[:48]), markup(s.get("writes")), markup(s.get("layers")),
-                      _fmt(s.get("write_ns")), _fmt(s.get("gpu_busy_ns")),
-                      f"{s['share'] * 100:.2f} %" if s.get("share") is not None else "n/a (no GPU time)",
-                      markup(s["graph_launch"]) if s.get("graph_launch") is not None else "eager")
-    console.print(table)
+    cols = [FitCol("step", "left", wrap=True), FitCol("writes", drop=5), FitCol("layers", drop=3),
+            FitCol("write µs"), FitCol("GPU busy µs", drop=4), FitCol("share", drop=2),
+            FitCol("graph launch", drop=1)]
+    body = [[s["step"], s.get("writes"), s.get("layers"), _fmt(s.get("write_ns")), _fmt(s.get("gpu_busy_ns")),
+             f"{s['share'] * 100:.2f} %" if s.get("share") is not None else "n/a (no GPU time)",
+             s["graph_launch"] if s.get("graph_launch") is not None else "eager"]
+            for s in steps[:STEPS_PRINTED]]
+    print_table(console, *fit_table(f"steps of {plain} (first {min(len(steps), STEPS_PRINTED)} of "
+                                    f"{t.get('steps_count')})", cols, body, console.width))

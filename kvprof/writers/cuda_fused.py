@@ -16,7 +16,7 @@ effect can be measured.
 fp8 caches are converted with the hardware instruction plus a fix-up to c10's overflow rule
 (``hw_fp8=True``, the default; bitwise c10's, verified exhaustively by the GPU tests): c10's
 integer routine (``hw_fp8=False``) made large fp8 writes compute-bound (8x128 x 32768
-tokens: 78 us against 54 us).
+tokens: 78 µs against 54 µs).
 """
 
 from __future__ import annotations

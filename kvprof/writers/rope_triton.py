@@ -281,7 +281,13 @@ class RopeThenStoreWriter(RopeKVWriter):
     def info(self) -> WriterInfo:
         info = super().info()
         info.extra["store"] = self.store.name
-        info.extra.update({f"store_{key}": value for key, value in self.store.info().extra.items()})
+        store = self.store.info().extra
+        info.extra.update({f"store_{key}": value for key, value in store.items()})
+        # the rotary is kvprof's Triton kernel: in Triton's interpreter, so is the write's time
+        if triton is not None and kernel.interpreted():
+            info.extra["interpreted"] = "Triton's interpreter on the host (the rotary kernel)"
+        elif store.get("interpreted"):
+            info.extra["interpreted"] = store["interpreted"]
         return info
 
 

@@ -44,3 +44,10 @@ def test_gate_steps_refuses_a_bad_setting_in_one_line(args, words):
                        timeout=120)
     assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+def test_default_walltimes_refuses_an_unknown_command_in_one_line():
+    proc = subprocess.run([sys.executable, str(LAB / "default_walltimes.py"), "--only", "nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--only: unknown nope; choose from capture" in proc.stderr
+    assert "Traceback" not in proc.stderr
