@@ -88,7 +88,14 @@ def rope_grid(
     dtypes: Sequence[tuple[str, str]],
     tokens: Sequence[int],
 ) -> list[BenchPoint]:
-    """Rope-family points: ``shapes`` are (q heads, KV heads, head dim)."""
+    """Rope-family points: ``shapes`` are (q heads, KV heads, head dim); each write rotates the
+    whole head, so a head dim the rotary cannot take is refused here, in one line."""
+    from kvprof.writers.rope_base import rope_dim_reason
+
+    for _, _, d in shapes:
+        reason = rope_dim_reason(d, d)
+        if reason:
+            raise UsageError(f"--family rope rotates the whole head (rope_dim = head dim): {reason}")
     return [BenchPoint(h, d, c, i, t, q_heads=q) for (q, h, d) in shapes for (c, i) in dtypes for t in tokens]
 
 
