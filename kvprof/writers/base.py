@@ -73,7 +73,7 @@ class ChecksItsCalls:
 
         write._checks_call = True  # type: ignore[attr-defined]
         cls.write = write  # type: ignore[attr-defined]
-        cls.write_unchecked = impl  # type: ignore[attr-defined]
+        cls.write_unchecked = impl  # type: ignore[method-assign]
 
     def check_write(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """The contract's checks (each contract defines them); the call's arguments, positional."""
