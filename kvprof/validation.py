@@ -199,6 +199,27 @@ def check_buffers(dtype: object, rank: int, **buffers: object) -> torch.device:
     return device
 
 
+def check_buffer_pair(dtype: object, k_buf: object, v_buf: object) -> None:
+    """:func:`check_buffers` for an MHA cache's K and V buffers (3-D, the same rows and heads),
+    written out for the common call: about a dozen attribute reads when they are fine."""
+    store = _STORE.get(dtype)  # type: ignore[call-overload]
+    if (store is None or k_buf.__class__ is not torch.Tensor or v_buf.__class__ is not torch.Tensor
+            or k_buf.dtype is not store or v_buf.dtype is not store  # type: ignore[attr-defined]
+            or not k_buf.is_contiguous() or not v_buf.is_contiguous()):  # type: ignore[attr-defined]
+        check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)  # a subclass of Tensor, or the error worded
+    assert isinstance(k_buf, torch.Tensor) and isinstance(v_buf, torch.Tensor)
+    k_shape, v_shape = k_buf.shape, v_buf.shape
+    if len(k_shape) != 3 or len(v_shape) != 3 or k_shape[0] != v_shape[0] or k_shape[1] != v_shape[1]:
+        check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)
+        raise ValueError(f"k_buf {tuple(k_shape)} and v_buf {tuple(v_shape)} must have the same rows and heads")
+    if k_buf.get_device() != v_buf.get_device() or k_buf.device != v_buf.device:
+        raise ValueError(f"v_buf is on {v_buf.device}, the other cache buffer on {k_buf.device}")
+    k_lo = k_buf.data_ptr()
+    v_lo = v_buf.data_ptr()
+    if k_lo < v_lo + v_buf.nbytes and v_lo < k_lo + k_buf.nbytes:
+        raise ValueError("v_buf shares memory with k_buf: the write would store into both")
+
+
 def check_scale(name: str, scale: object, device: torch.device) -> None:
     """None, a positive finite number, or a one-element floating-point tensor on ``device``
     (a kernel reads it through its pointer; its value is the caller's: reading it would sync)."""
@@ -283,20 +304,25 @@ def check_disjoint(written: dict[str, torch.Tensor | None], read: dict[str, torc
     differently would disagree. One check over every pair, whatever the tensors are; read-only
     inputs may share memory with each other. A written tensor whose own elements overlap (an
     expanded view) is refused too."""
-    forms: list[tuple[str, tuple[int, int, int, int], bool]] = []
+    spans: list[tuple[int, int, str, torch.Tensor, bool]] = []
     for name, t in written.items():
         if t is None or not t.numel():
             continue
         if t.dim() and torch._debug_has_internal_overlap(t) == 1:
             raise ValueError(f"{name} is written and more than one of its elements is one memory location "
                              "(an expanded view); pass a copy (.clone())")
-        forms.append((name, _rows_form(t), True))
+        spans.append((*byte_span(t), name, t, True))
     for name, t in read.items():
         if t is None or not t.numel():
             continue
-        forms.append((name, _rows_form(t), False))
-    for i, (name, form, writes) in enumerate(forms):
-        for other, other_form, other_writes in forms[i + 1:]:
-            if (writes or other_writes) and _meet(form, other_form):
+        spans.append((*byte_span(t), name, t, False))
+    # only tensors whose spans meet can share a byte: sorted by first byte, each is compared
+    # with those that start before its span ends (none, for tensors of separate allocations)
+    spans.sort(key=lambda e: e[0])
+    for i, (_, hi, name, t, writes) in enumerate(spans):
+        for lo_j, _, other, u, other_writes in spans[i + 1:]:
+            if lo_j >= hi:
+                break
+            if (writes or other_writes) and _meet(_rows_form(t), _rows_form(u)):
                 w, r = (name, other) if writes else (other, name)
                 raise ValueError(f"{r} shares memory with {w}, which the write changes; pass a copy (.clone())")

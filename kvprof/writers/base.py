@@ -19,7 +19,7 @@ import torch
 # The paths a write reports are part of the writers' contract; their one definition is the
 # torch-free vocabulary, which the analysis reads too.
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path  # noqa: F401
-from kvprof.validation import check_apart, check_buffers, check_buffers_inputs, check_index_range, check_scale
+from kvprof.validation import check_apart, check_buffer_pair, check_index_range, check_scale, check_write_inputs
 
 
 def convert_pair(
@@ -92,6 +92,10 @@ class ChecksItsCalls:
         seen: set[Any] | None = self.__dict__.get("_supported_calls")
         if seen is not None and key in seen:
             return
+        self._ask_supported(buf, dtype, input_dtype, key)
+
+    def _ask_supported(self, buf: torch.Tensor, dtype: torch.dtype, input_dtype: torch.dtype, key: Any) -> None:
+        seen: set[Any] | None = self.__dict__.get("_supported_calls")
         reason: str | None = self.unsupported_reason(buf.device, dtype, input_dtype)  # type: ignore[attr-defined]
         if reason:
             raise ValueError(f"{self.name} cannot take this call: {reason}")  # type: ignore[attr-defined]
@@ -185,15 +189,17 @@ class KVWriter(ChecksItsCalls, abc.ABC):
         the pool checks them (:func:`kvprof.validation.check_write_inputs`: a strided ``loc``
         copied, rows viewed as ``[tokens, heads, dim]``, no input sharing memory with a buffer),
         the scales, the writer's ``unsupported_reason`` and, on a CPU, the slots' range."""
-        device = check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)
-        if k_buf.shape[0] != v_buf.shape[0] or k_buf.shape[1] != v_buf.shape[1]:
-            raise ValueError(f"k_buf {tuple(k_buf.shape)} and v_buf {tuple(v_buf.shape)} must have the same rows "
-                             "and heads")
-        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, cache_k, cache_v)
-        check_scale("k_scale", k_scale, device)
-        check_scale("v_scale", v_scale, device)
-        if k_scale.__class__ is torch.Tensor or v_scale.__class__ is torch.Tensor:
-            check_apart((k_buf, v_buf), k_scale=k_scale, v_scale=v_scale)  # type: ignore[arg-type]
+        check_buffer_pair(dtype, k_buf, v_buf)
+        shape = k_buf.shape
+        index = k_buf.get_device()
+        loc, cache_k, cache_v = check_write_inputs(loc, cache_k, cache_v, shape[1], shape[2], v_buf.shape[2],
+                                                   k_buf.device, index, k_buf, v_buf)
+        if k_scale is not None or v_scale is not None:
+            check_scale("k_scale", k_scale, k_buf.device)
+            check_scale("v_scale", v_scale, k_buf.device)
+            if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
+                check_apart((k_buf, v_buf), k_scale=k_scale, v_scale=v_scale)  # type: ignore[arg-type]
         self.check_supported(k_buf, dtype, cache_k.dtype)
-        check_index_range("loc", loc, 0, k_buf.shape[0])
+        if index < 0:  # reading the slots costs no device sync off CUDA
+            check_index_range("loc", loc, 0, shape[0])
         return k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvprof.core.vocab import ROPE_FUSED  # noqa: F401  (the path a one-launch write reports)
-from kvprof.validation import check_buffers, check_disjoint, check_index_range, check_scale
+from kvprof.validation import check_buffer_pair, check_disjoint, check_index_range, check_scale
 from kvprof.writers.base import ChecksItsCalls, WriterInfo
 
 ROPE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -119,10 +119,8 @@ def check_rope_call(
     table would read memory beyond it. Returns q, k, v (as ``check_rope_inputs``) and loc and
     positions contiguous (copied where strided, as the store contract's ``loc``), so a writer
     may read them as consecutive values."""
-    device = check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)
-    if k_buf.shape[0] != v_buf.shape[0] or k_buf.shape[1] != v_buf.shape[1]:
-        raise ValueError(f"k_buf {tuple(k_buf.shape)} and v_buf {tuple(v_buf.shape)} must have the same rows "
-                         "and heads")
+    check_buffer_pair(dtype, k_buf, v_buf)
+    device = k_buf.device
     q, k, v = check_rope_inputs(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache,
                                 k_scale=k_scale, v_scale=v_scale)
     check_scale("k_scale", k_scale, device)
