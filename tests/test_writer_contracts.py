@@ -190,13 +190,13 @@ def _rope_writers() -> list[str]:
     return [n for n in writer_names() if variants.info(n).rope]
 
 
-def _rope_writer(name: str) -> RopeKVWriter:
+def _rope_writer(name: str, device: torch.device = CPU) -> RopeKVWriter:
     w = create_writer(name)
     assert isinstance(w, RopeKVWriter)
-    reason = w.unsupported_reason(CPU, torch.bfloat16, torch.bfloat16)
+    reason = w.unsupported_reason(device, torch.bfloat16, torch.bfloat16)
     if reason:
         pytest.skip(reason)
-    w.prepare(CPU)
+    w.prepare(device)
     return w
 
 
@@ -408,24 +408,30 @@ DIRECT_FAULTS = ("buffer strided", "buffer dtype", "buffers aliased")
 
 
 @st.composite
-def _direct_cases(draw: Any, layout: str) -> dict[str, Any]:
-    case = draw(wp.cases(layout))
+def _direct_cases(draw: Any, layout: str, device: torch.device = CPU) -> dict[str, Any]:
+    """The pools' cases, plus faults only a direct call makes. On a GPU no slot out of range:
+    the slots' values stay the caller's there (reading them would sync the device), and
+    writers mask or assert on one (the pools' test checks it with check_slots on); SGLang's
+    store_cache never writes slot 0, so MHA slots start at 1 there."""
+    first = 1 if layout == "mha" and device.type == "cuda" else 0
+    case = draw(wp.cases(layout, first).filter(lambda c: device.type == "cpu" or c["fault"] != "slot out of range"))
     case["direct"] = None
     if case["fault"] is None and draw(st.integers(0, 3)) == 0:
         case["direct"] = draw(st.sampled_from(DIRECT_FAULTS if layout != "mla" else DIRECT_FAULTS[:2]))
     return case
 
 
-def _direct_buffers(layout: str, case: dict[str, Any], buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+def _direct_buffers(case: dict[str, Any], buffers: list[torch.Tensor]) -> list[torch.Tensor]:
     """The buffers the call is given: the pool's, or (a direct fault) a strided view of a wider
     one, one of another dtype, or K's twice."""
     fault = case["direct"]
     if fault == "buffer strided":
-        wide = torch.zeros((*buffers[0].shape[:-1], buffers[0].shape[-1] + 2), dtype=buffers[0].dtype)
+        wide = torch.zeros((*buffers[0].shape[:-1], buffers[0].shape[-1] + 2), dtype=buffers[0].dtype,
+                           device=buffers[0].device)
         return [wide[..., : buffers[0].shape[-1]], *buffers[1:]]
     if fault == "buffer dtype":
         other = torch.float16 if buffers[0].dtype != torch.float16 else torch.float32
-        return [torch.zeros(buffers[0].shape, dtype=other), *buffers[1:]]
+        return [torch.zeros(buffers[0].shape, dtype=other, device=buffers[0].device), *buffers[1:]]
     if fault == "buffers aliased":
         return [buffers[0], buffers[0]]
     return buffers
@@ -445,23 +451,24 @@ def _call(layout: str, writer: Any, case: dict[str, Any], bufs: list[torch.Tenso
         fp8 = cache in wp.FP8
         s = None
         if fp8:
-            s = scale if isinstance(scale, torch.Tensor) else torch.tensor([1.0 if scale is None else scale])
+            s = scale if isinstance(scale, torch.Tensor) else torch.tensor([1.0 if scale is None else scale],
+                                                                           device=bufs[0].device)
         writer.write(bufs[0], bufs[1], loc, inputs[0], inputs[1], cache, s, s)
 
 
-def _run_direct(layout: str, writer: Any, case: dict[str, Any]) -> None:
+def _run_direct(layout: str, writer: Any, case: dict[str, Any], device: torch.device = CPU) -> None:
     """As the pools' test's ``_run``, with the writer called directly."""
     gen = torch.Generator().manual_seed(case["seed"])
-    _, buffers = wp._pool(layout, writer, case, CPU)
+    _, buffers = wp._pool(layout, writer, case, device)
     wp._fill(buffers, gen)
     loc = wp._loc(case, buffers)
     inputs = [wp._rows(case, i, shape, buffers, gen) for i, shape in enumerate(wp._input_shapes(layout, case))]
-    bufs = _direct_buffers(layout, case, buffers)
+    bufs = _direct_buffers(case, buffers)
     watched = list({id(b): b for b in [*buffers, *bufs]}.values())
     snapshot = [wp._rows_of(b).clone() for b in watched]
     held = [x.clone() for x in inputs]
-    refuse = wp._expect_refusal(case, writer, CPU) or case["direct"] is not None
-    scale = wp._scale(case, CPU)
+    refuse = wp._expect_refusal(case, writer, device) or case["direct"] is not None
+    scale = wp._scale(case, device)
     try:
         _call(layout, writer, case, bufs, loc, inputs, scale)
     except ValueError as exc:
@@ -472,17 +479,21 @@ def _run_direct(layout: str, writer: Any, case: dict[str, Any]) -> None:
         assert "\n" not in str(exc)
         return
     assert not refuse, f"{writer.name} took a direct call it must refuse: {case}"
-    wp._check_written(layout, writer.name, case, snapshot[: len(buffers)], buffers, held, scale, CPU)
+    wp._check_written(layout, writer.name, case, snapshot[: len(buffers)], buffers, held, scale, device)
 
 
+@pytest.mark.parametrize("device", wp.DEVICES)
 @pytest.mark.parametrize(("layout", "name"), _store_params())
-def test_every_store_writer_called_directly_writes_the_reference_rows_or_nothing(layout: str, name: str) -> None:
-    writer = wp._writer(layout, name, CPU)
+def test_every_store_writer_called_directly_writes_the_reference_rows_or_nothing(layout: str, name: str,
+                                                                                   device: torch.device) -> None:
+    writer = wp._writer(layout, name, device)
 
-    @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-    @given(case=_direct_cases(layout))
+    # 20 calls per writer here; 10 on a GPU, where each new launch shape compiles a kernel
+    @settings(max_examples=20 if device.type == "cpu" else 10, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much], database=None)
+    @given(case=_direct_cases(layout, device))
     def run(case: dict[str, Any]) -> None:
-        _run_direct(layout, writer, case)
+        _run_direct(layout, writer, case, device)
 
     run()
 
@@ -492,8 +503,12 @@ ROPE_FAULTS = ("q is k", "q and k overlap by a head", "v is k", "v overlaps k", 
 
 
 @st.composite
-def _rope_cases(draw: Any) -> dict[str, Any]:
-    fault = draw(st.sampled_from([None] * 6 + list(ROPE_FAULTS)))
+def _rope_cases(draw: Any, device: torch.device = CPU) -> dict[str, Any]:
+    """One rope + store call, half of them with one fault. On a GPU no slot or position out
+    of range: their values stay the caller's there (reading them would sync the device)."""
+    faults = [f for f in ROPE_FAULTS if device.type == "cpu" or f not in ("position past the table",
+                                                                          "slot out of range")]
+    fault = draw(st.sampled_from([None] * 6 + faults))
     return {"fault": fault, "tokens": draw(st.integers(1, 4)), "hq": draw(st.integers(1, 3)),
             "hk": draw(st.integers(1, 2)), "dim": draw(st.sampled_from([4, 8])),
             "rope_frac": draw(st.sampled_from([1.0, 0.5])), "split": draw(st.booleans()),
@@ -504,12 +519,12 @@ def _rope_cases(draw: Any) -> dict[str, Any]:
             "bad": draw(st.integers(0, 3)), "seed": draw(st.integers(0, 2**16))}
 
 
-def _rope_call(case: dict[str, Any]) -> dict[str, Any]:
+def _rope_call(case: dict[str, Any], device: torch.device = CPU) -> dict[str, Any]:
     t, hq, hk, d, dtype = case["tokens"], case["hq"], case["hk"], case["dim"], case["dtype"]
     g = torch.Generator().manual_seed(case["seed"])
     fault = case["fault"]
     width = (hq + 2 * hk) * d
-    qkv = torch.randn(t, width, generator=g).to(dtype)
+    qkv = torch.randn(t, width, generator=g).to(dtype).to(device)
     if case["split"] or fault in ("q and k overlap by a head", "v overlaps k"):
         q = qkv[:, : hq * d].view(t, hq, d)
         k = qkv[:, hq * d: (hq + hk) * d].view(t, hk, d)
@@ -519,11 +534,11 @@ def _rope_call(case: dict[str, Any]) -> dict[str, Any]:
                    qkv[:, (hq + hk) * d:].reshape(t, hk, d).clone())
     rope_dim = max(2, int(d * case["rope_frac"]) // 2 * 2)
     # a table with room for a q inside it (the "q views cos_sin_cache" fault)
-    cs = cos_sin_table(MAX_POS * (8 if fault == "q views cos_sin_cache" else 1), rope_dim)
-    pos = torch.randint(0, MAX_POS, (t,), generator=g)
+    cs = cos_sin_table(MAX_POS * (8 if fault == "q views cos_sin_cache" else 1), rope_dim).to(device)
+    pos = torch.randint(0, MAX_POS, (t,), generator=g).to(device)
     store = store_dtype_for(case["cache"])
-    k_buf = torch.randint(0, 100, (16, hk, d), generator=g).to(store)
-    v_buf = torch.randint(0, 100, (16, hk, d), generator=g).to(store)
+    k_buf = torch.randint(0, 100, (16, hk, d), generator=g).to(store).to(device)
+    v_buf = torch.randint(0, 100, (16, hk, d), generator=g).to(store).to(device)
     slots = case["slots"][:t]
     bad = 0 if case["loc_layout"] == "expanded" else case["bad"] % t  # an expanded loc holds slot 0 only
     if fault == "slot out of range":
@@ -531,7 +546,7 @@ def _rope_call(case: dict[str, Any]) -> dict[str, Any]:
         slots[bad] = 16
     if fault == "position past the table":
         pos[bad] = cs.shape[0] + bad
-    loc = wp._as_loc(slots, torch.int64, "strided" if fault == "loc strided" else case["loc_layout"], CPU)
+    loc = wp._as_loc(slots, torch.int64, "strided" if fault == "loc strided" else case["loc_layout"], device)
     if case["loc_layout"] == "expanded" and fault != "loc strided":
         slots = [slots[0]] * t
     if fault == "q is k":
@@ -553,8 +568,12 @@ def _rope_call(case: dict[str, Any]) -> dict[str, Any]:
             "cos_sin_cache": cs, "slots": slots}
 
 
-def _run_rope_direct(writer: RopeKVWriter, case: dict[str, Any]) -> None:
-    call = _rope_call(case)
+def _run_rope_direct(writer: RopeKVWriter, case: dict[str, Any], device: torch.device = CPU) -> None:
+    """Refused with every tensor as it was, or q and k rotated and the rows stored as the
+    float32 reference does, bit for bit (kvprof's writers; SGLang's kernels, compiled with
+    fused multiply-adds, round within an ulp of it on a GPU, tests/test_rope_peers.py: there
+    only the rows outside the slots are checked)."""
+    call = _rope_call(case, device)
     slots = call.pop("slots")
     watched = {name: t for name, t in call.items()}
     before = {name: t.clone() for name, t in watched.items()}
@@ -562,7 +581,7 @@ def _run_rope_direct(writer: RopeKVWriter, case: dict[str, Any]) -> None:
     fault = case["fault"]
     if fault == "k inside k_buf" and not call["k"].data_ptr() == call["k_buf"].data_ptr():
         fault = None  # the buffer's dtype is not k's: no view of it makes a k
-    supported = writer.unsupported_reason(CPU, case["cache"], call["k"].dtype) is None
+    supported = writer.unsupported_reason(device, case["cache"], call["k"].dtype) is None
     refuse = fault not in (None, "loc strided") or not supported
     rq = rk = None
     if not refuse:
@@ -581,6 +600,11 @@ def _run_rope_direct(writer: RopeKVWriter, case: dict[str, Any]) -> None:
     assert not refuse, f"{writer.name} took a call it must refuse: {fault}"
     assert rq is not None and rk is not None
     q, k = call["q"], call["k"]
+    if device.type != "cpu" and not writer.name.startswith("rope_"):
+        for name in ("k_buf", "v_buf"):
+            outside = [s for s in range(16) if s not in slots]
+            assert torch.equal(wp._rows_of(call[name])[outside], wp._rows_of(before[name])[outside])
+        return
     assert torch.equal(bits(q), bits(rq.to(q.dtype))), f"{writer.name}: q is not the reference rotation"
     assert torch.equal(bits(k), bits(rk.to(k.dtype))), f"{writer.name}: k is not the reference rotation"
     for i, (buf, x) in enumerate(((call["k_buf"], k), (call["v_buf"], before["v"]))):
@@ -589,14 +613,17 @@ def _run_rope_direct(writer: RopeKVWriter, case: dict[str, Any]) -> None:
                        slots, want)
 
 
+@pytest.mark.parametrize("device", wp.DEVICES)
 @pytest.mark.parametrize("name", _rope_writers())
-def test_every_rope_writer_called_directly_rotates_and_stores_the_reference_or_nothing(name: str) -> None:
-    writer = _rope_writer(name)
+def test_every_rope_writer_called_directly_rotates_and_stores_the_reference_or_nothing(name: str,
+                                                                                       device: torch.device) -> None:
+    writer = _rope_writer(name, device)
 
-    @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-    @given(case=_rope_cases())
+    @settings(max_examples=20 if device.type == "cpu" else 10, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow], database=None)
+    @given(case=_rope_cases(device))
     def run(case: dict[str, Any]) -> None:
-        _run_rope_direct(writer, case)
+        _run_rope_direct(writer, case, device)
 
     run()
 
