@@ -47,7 +47,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(INT_OF[t.element_size()])
 
 
-# -- the issue's example, and writers registered later ------------------------------------------
+# -- a strided loc called directly, and writers registered later ---------------------------------
 def test_triton_fused_called_directly_writes_the_slots_a_strided_loc_holds() -> None:
     """``loc = torch.arange(1, 13)[::4]`` holds slots 1, 5, 9: the kernel read it as consecutive
     slots and wrote rows 1, 2, 3; the writer's own check now copies it contiguous first."""
