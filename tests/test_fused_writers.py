@@ -674,14 +674,14 @@ def test_gpu_store_kv_fused_picks_the_op_eagerly_and_triton_when_captured():
     assert w.kernel_for(dev, captured=False) == "cuda_fused"
     assert w.kernel_for(dev, captured=True) == "triton_fused"
     calls = []
-    for inner in (w.cuda, w.triton):
-        orig = inner.write
-        inner.write = lambda *a, orig=orig, name=inner.name, **k: (calls.append(name), orig(*a, **k))[1]
+    for inner in (w.cuda, w.triton):  # store_kv_fused calls its inner writers' own write (it checked)
+        orig = inner.write_unchecked
+        inner.write_unchecked = lambda *a, orig=orig, name=inner.name, **k: (calls.append(name), orig(*a, **k))[1]
     k = torch.randn(4, 1, 128, device="cuda").to(torch.bfloat16)
     buf = torch.zeros(16, 1, 128, dtype=torch.bfloat16, device="cuda")
     loc = torch.arange(1, 5, device="cuda")
     w.write(buf, buf.clone(), loc, k, k, torch.bfloat16)
-    w.triton.write(buf, buf.clone(), loc, k, k, torch.bfloat16)  # compile outside capture
+    w.triton.write_unchecked(buf, buf.clone(), loc, k, k, torch.bfloat16)  # compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
