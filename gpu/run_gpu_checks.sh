@@ -3,7 +3,7 @@
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
 # Steps (default: env capture bench tests): env smoke tests capture settings layer layer-order bench rope
-# rope-bench peers verify, and the lab probes (lab/README.md) tune floor ablation facts.
+# rope-bench peers verify writer-checks, and the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -229,6 +229,15 @@ PY
       > "$OUT/verify-pdl.json" 2> "$OUT/verify-pdl.txt"
     echo "verify --pdl: exit $?" | tee -a "$OUT/verify-pdl.txt"
     cat "$OUT/verify-pdl.txt"
+    ;;
+  writer-checks)
+    stamp writer-checks
+    # the host cost per call of the checks every writer runs on its own calls, on the GPU and
+    # on this host's CPU (benchmarks/bench_writer_checks.py); the GPU cases of the direct calls
+    # are in the tests step (tests/test_writer_contracts.py -m gpu)
+    { timeout ${WRITER_CHECKS_TIMEOUT:-150} python3 benchmarks/bench_writer_checks.py --device cuda
+      timeout ${WRITER_CHECKS_TIMEOUT:-150} python3 benchmarks/bench_writer_checks.py --device cpu; } 2>&1 \
+      | tee "$OUT/writer-checks.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

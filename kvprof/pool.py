@@ -20,8 +20,8 @@ import torch
 from kvprof.dtypes import short_name, store_dtype_for
 from kvprof.guards import check_memory, memory_limit, pool_bytes
 from kvprof.validation import FLOAT_INPUTS, check_write_inputs
-from kvprof.writers.base import KVWriter
-from kvprof.writers.rope_base import RopeKVWriter, check_rope_inputs
+from kvprof.writers.base import KVWriter, checked_impl
+from kvprof.writers.rope_base import RopeKVWriter
 
 
 class KVPool:
@@ -90,6 +90,9 @@ class KVPool:
         # set_kv_buffer_with_rope (and refused by set_kv_buffer)
         self.writer: KVWriter = writer  # type: ignore[assignment]
         self._writer_checks = bool(getattr(writer, "validates_inputs", False))
+        # the pool runs the checks itself (or, validates_inputs, the writer's compiled code does):
+        # it calls the writer's own write, not the one that checks again (ChecksItsCalls)
+        self._write = checked_impl(writer)
         # a rope writer rotates q and k too: it writes through set_kv_buffer_with_rope only
         self._rope_writer = isinstance(writer, RopeKVWriter)
         self.check_slots = check_slots
@@ -196,7 +199,7 @@ class KVPool:
             # The writer checks every input in compiled code before it launches anything
             # (KVWriter.validates_inputs); the Python checks run only to word a refusal.
             try:
-                path = store.write(
+                path = self._write(
                     self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
                 )
             except Exception:
@@ -204,7 +207,7 @@ class KVPool:
                 raise  # the inputs were fine: the writer's own error
         else:
             loc, cache_k, cache_v = self._validate(idx, loc, cache_k, cache_v)
-            path = store.write(
+            path = self._write(
                 self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
             )
         self.path_counts[path] += 1
@@ -238,19 +241,19 @@ class KVPool:
         if not self._rope_writer:
             raise ValueError(f"writer {self.writer.name} stores K and V only: write through set_kv_buffer, or "
                              "build the pool with a rope writer (rope_triton_fused, rope_then_*)")
-        _check_scale("k_scale", k_scale)
-        _check_scale("v_scale", v_scale)
         k_buf, v_buf = self.k_buffer[idx], self.v_buffer[idx]
-        q, k, v = check_rope_inputs(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache)
-        if self.check_slots and loc.shape[0] and not _capturing(loc):
+        writer: RopeKVWriter = self.writer  # type: ignore[assignment]
+        # the writer's own contract checks everything, its unsupported_reason included, before
+        # anything is rotated; on a CPU that takes slots and positions inside their ranges too
+        args = writer.check_write(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, self.dtype,
+                                  k_scale, v_scale)
+        if self.check_slots and loc.is_cuda and loc.shape[0] and not _capturing(loc):  # one device sync
             for name, t, end in (("loc", loc, self.rows), ("positions", positions, cos_sin_cache.shape[0])):
                 lo, hi = (int(x) for x in torch.aminmax(t))
                 if lo < 0 or hi >= end:
                     raise ValueError(f"{name} has {'slot' if name == 'loc' else 'position'} {lo if lo < 0 else hi}, "
                                      f"outside [0, {end})")
-        writer: RopeKVWriter = self.writer  # type: ignore[assignment]
-        path = writer.write(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, bool(is_neox), self.dtype,
-                            k_scale, v_scale)
+        path = self._write(*args)
         self.path_counts[path] += 1
 
     def _validate(

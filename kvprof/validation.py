@@ -20,6 +20,8 @@ import torch
 from kvprof.dtypes import FP8_DTYPES
 
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16, *FP8_DTYPES)
+# a cache dtype -> the dtype its buffers hold (kvprof.dtypes.store_dtype_for, as one lookup)
+_STORE = {d: torch.uint8 if d in FP8_DTYPES else d for d in FLOAT_INPUTS}
 
 
 def check_write_inputs(
@@ -161,3 +163,166 @@ def _rows(t: torch.Tensor, name: str, tokens: int, head_num: int, dim: int) -> t
         raise ValueError(f"{name} rows have shape {tuple(shape[1:])}, expected ({head_num}, {dim})")
     t = t.reshape(tokens, head_num, dim)
     return t if t.stride(2) == 1 and t.stride(1) == dim else t.contiguous()
+
+
+# -- the checks every writer runs on its own calls (KVWriter, RopeKVWriter, MLAWriter, PagedWriter) --
+def check_buffers(dtype: object, rank: int, **buffers: object) -> torch.device:
+    """Refuse (one-line ``ValueError``) cache buffers a kernel cannot write right: each a
+    contiguous tensor of ``rank`` dims in the storage dtype of the cache's ``dtype`` (uint8
+    for fp8), all on one device, no two sharing a byte. Returns their device."""
+    store = _STORE.get(dtype)  # type: ignore[call-overload]
+    if store is None:
+        raise ValueError(f"unsupported cache dtype {dtype}")
+    device = None
+    spans: list[tuple[str, int, int]] = []
+    for name, b in buffers.items():
+        if b.__class__ is not torch.Tensor and not isinstance(b, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor (a cache buffer), got {type(b).__name__}")
+        if len(b.shape) != rank:
+            raise ValueError(f"{name} must have {rank} dims, got shape {tuple(b.shape)}")
+        if b.dtype is not store:
+            raise ValueError(f"{name} is {b.dtype}, a {dtype} cache is stored as {store}")
+        if not b.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (kernels address its rows by slot), got strides {b.stride()}")
+        if device is None:
+            device = b.device
+        elif b.device != device:
+            raise ValueError(f"{name} is on {b.device}, the other cache buffer on {device}")
+        lo = b.data_ptr()
+        hi = lo + b.nbytes
+        for other, o_lo, o_hi in spans:
+            if lo < o_hi and o_lo < hi:
+                raise ValueError(f"{name} shares memory with {other}: the write would store into both")
+        spans.append((name, lo, hi))
+    if device is None:
+        raise ValueError("no cache buffer given")
+    return device
+
+
+def check_buffer_pair(dtype: object, k_buf: object, v_buf: object) -> None:
+    """:func:`check_buffers` for an MHA cache's K and V buffers (3-D, the same rows and heads),
+    written out for the common call: about a dozen attribute reads when they are fine."""
+    store = _STORE.get(dtype)  # type: ignore[call-overload]
+    if (store is None or k_buf.__class__ is not torch.Tensor or v_buf.__class__ is not torch.Tensor
+            or k_buf.dtype is not store or v_buf.dtype is not store  # type: ignore[attr-defined]
+            or not k_buf.is_contiguous() or not v_buf.is_contiguous()):  # type: ignore[attr-defined]
+        check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)  # a subclass of Tensor, or the error worded
+    assert isinstance(k_buf, torch.Tensor) and isinstance(v_buf, torch.Tensor)
+    k_shape, v_shape = k_buf.shape, v_buf.shape
+    if len(k_shape) != 3 or len(v_shape) != 3 or k_shape[0] != v_shape[0] or k_shape[1] != v_shape[1]:
+        check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)
+        raise ValueError(f"k_buf {tuple(k_shape)} and v_buf {tuple(v_shape)} must have the same rows and heads")
+    if k_buf.get_device() != v_buf.get_device() or k_buf.device != v_buf.device:
+        raise ValueError(f"v_buf is on {v_buf.device}, the other cache buffer on {k_buf.device}")
+    k_lo = k_buf.data_ptr()
+    v_lo = v_buf.data_ptr()
+    if k_lo < v_lo + v_buf.nbytes and v_lo < k_lo + k_buf.nbytes:
+        raise ValueError("v_buf shares memory with k_buf: the write would store into both")
+
+
+def check_scale(name: str, scale: object, device: torch.device) -> None:
+    """None, a positive finite number, or a one-element floating-point tensor on ``device``
+    (a kernel reads it through its pointer; its value is the caller's: reading it would sync)."""
+    if scale is None:
+        return
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        if not 0 < scale < float("inf"):
+            raise ValueError(f"{name} must be positive (finite and non-zero), got {scale!r}")
+        return
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or not scale.is_floating_point():
+            raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} "
+                             f"{scale.dtype}")
+        if scale.device != device:
+            raise ValueError(f"{name} is on {scale.device}, the cache is on {device}")
+        return
+    raise ValueError(f"{name} must be a positive number or a one-element tensor, got {type(scale).__name__}")
+
+
+def check_index_range(name: str, index: torch.Tensor, low: int, end: int, what: str = "slot") -> None:
+    """Refuse an index outside ``[low, end)`` where reading the values costs no device sync
+    (a CPU tensor: a µs or two). On a GPU the values stay the caller's, as a pool with
+    ``check_slots=False`` takes them (reading them would sync the device, and a CUDA-graph
+    capture forbids it)."""
+    n = index.shape[0]
+    if not n or index.device.type != "cpu":
+        return
+    if n <= 64:  # a list's min and max beat torch.aminmax's dispatch on a few values
+        values = index.tolist()
+        lo, hi = min(values), max(values)
+    else:
+        lo, hi = (int(x) for x in torch.aminmax(index))
+    if lo < low or hi >= end:
+        raise ValueError(f"{name} has {what} {lo if lo < low else hi}, outside [{low}, {end})")
+
+
+def _rows_form(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """``t``'s bytes as ``(first, row stride, row width, rows)``: rows of ``width`` contiguous
+    bytes, ``stride`` apart, when every dim after the first is dense (views along the last dim
+    of one tensor, such as q, k and v split out of a QKV projection, have this form); else its
+    whole span as one row."""
+    first = t.data_ptr()
+    size = t.element_size()
+    if t.is_contiguous():
+        return first, t.nbytes, t.nbytes, 1
+    shape, stride = t.shape, t.stride()
+    dense = 1
+    for i in range(len(shape) - 1, 0, -1):
+        if shape[i] != 1 and stride[i] != dense:
+            lo, hi = byte_span(t)
+            return lo, hi - lo, hi - lo, 1
+        dense *= shape[i]
+    return first, stride[0] * size, dense * size, shape[0]
+
+
+def _meet(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    """Whether two rows forms share a byte: exact where both have the same row stride (or one
+    row), else whether their spans meet (it may then refuse a pair that interleaves without
+    touching, never take one that touches)."""
+    a0, sa, wa, na = a
+    b0, sb, wb, nb = b
+    if not (wa and wb and na and nb):
+        return False
+    if a0 >= b0 + (nb - 1) * sb + wb or b0 >= a0 + (na - 1) * sa + wa:
+        return False  # the spans are apart
+    if na == 1 and nb == 1:
+        return True
+    s = sa if nb == 1 else sb if na == 1 else sa if sa == sb else 0
+    if s <= 0:
+        return True  # different strides (or a zero one): the spans meet, so refuse
+    # rows i of a and j of b meet iff -wb < d + m*s < wa, m = j - i in [1 - na, nb - 1]
+    d = b0 - a0
+    m_lo = max(1 - na, (-wb - d) // s + 1)
+    m_hi = min(nb - 1, -((d - wa) // s) - 1)  # ceil((wa - d) / s) - 1
+    return m_lo <= m_hi
+
+
+def check_disjoint(written: dict[str, torch.Tensor | None], read: dict[str, torch.Tensor | None]) -> None:
+    """Refuse (one-line ``ValueError``) a call where a tensor the write changes shares a byte
+    with any other tensor of the call, written or read: the kernel would read what it has
+    just overwritten (or write one place twice), and writers that order their loads and stores
+    differently would disagree. One check over every pair, whatever the tensors are; read-only
+    inputs may share memory with each other. A written tensor whose own elements overlap (an
+    expanded view) is refused too."""
+    spans: list[tuple[int, int, str, torch.Tensor, bool]] = []
+    for name, t in written.items():
+        if t is None or not t.numel():
+            continue
+        if t.dim() and torch._debug_has_internal_overlap(t) == 1:
+            raise ValueError(f"{name} is written and more than one of its elements is one memory location "
+                             "(an expanded view); pass a copy (.clone())")
+        spans.append((*byte_span(t), name, t, True))
+    for name, t in read.items():
+        if t is None or not t.numel():
+            continue
+        spans.append((*byte_span(t), name, t, False))
+    # only tensors whose spans meet can share a byte: sorted by first byte, each is compared
+    # with those that start before its span ends (none, for tensors of separate allocations)
+    spans.sort(key=lambda e: e[0])
+    for i, (_, hi, name, t, writes) in enumerate(spans):
+        for lo_j, _, other, u, other_writes in spans[i + 1:]:
+            if lo_j >= hi:
+                break
+            if (writes or other_writes) and _meet(_rows_form(t), _rows_form(u)):
+                w, r = (name, other) if writes else (other, name)
+                raise ValueError(f"{r} shares memory with {w}, which the write changes; pass a copy (.clone())")

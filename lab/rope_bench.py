@@ -164,17 +164,23 @@ def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scal
     v_bufs = [torch.zeros(rows, HK, DIM, dtype=store, device=device) for _ in range(layers)]
     loc = (torch.randperm(rows - 1, generator=g)[:tokens] + 1).to(device)
     pos = torch.randint(0, MAX_POS, (tokens,), generator=g).to(device)
+    from kvprof.writers.base import checked_impl
+
     results = []
     for name, writer in writers.items():
         paths: set[str] = set()
         rope = not name.startswith("store:")
 
-        def step(writer: Any = writer, paths: set[str] = paths, rope: bool = rope) -> None:
+        # the writer's own write (write_unchecked): what the pools launch, without the checks a
+        # direct write runs first (their cost: benchmarks/bench_writer_checks.py)
+        own_write = checked_impl(writer)
+
+        def step(write: Any = own_write, paths: set[str] = paths, rope: bool = rope) -> None:
             for (q, k, v), kb, vb in zip(split, k_bufs, v_bufs):
                 if rope:
-                    paths.add(writer.write(q, k, v, kb, vb, loc, pos, cs, True, cache, scale, scale))
+                    paths.add(write(q, k, v, kb, vb, loc, pos, cs, True, cache, scale, scale))
                 else:
-                    paths.add(writer.write(kb, vb, loc, k, v, cache, scale, scale))
+                    paths.add(write(kb, vb, loc, k, v, cache, scale, scale))
 
         try:
             graphs = [time_graph(step, layers, replays) for _ in range(captures)]

@@ -281,7 +281,10 @@ def test_triton_fused_zero_tokens_writes_nothing():
 
 
 def _masking_case(writer, device: str) -> None:
-    """Slots < 0 or >= rows are skipped: nothing outside the buffer, guards intact."""
+    """Slots < 0 or >= rows are skipped: nothing outside the buffer, guards intact. On a GPU
+    through ``write`` (slot values stay the caller's there); on a CPU, where ``write`` reads
+    them and refuses (test below), through ``write_unchecked``: the same kernel."""
+    write = writer.write if device == "cuda" else writer.write_unchecked
     rows, guard, heads, dim = 16, 64, 2, 8
     big_k = torch.full((guard + rows + guard, heads, dim), 7, dtype=torch.uint8, device=device)
     big_v = torch.full((guard + rows + guard, heads, dim), 7, dtype=torch.uint8, device=device)
@@ -291,7 +294,7 @@ def _masking_case(writer, device: str) -> None:
     loc = torch.tensor([3, -1, rows, rows + 5, -rows, 2**40, 5], dtype=torch.int64, device=device)
     k = torch.full((7, heads, dim), 1.0, dtype=torch.bfloat16, device=device)
     v = torch.full((7, heads, dim), 2.0, dtype=torch.bfloat16, device=device)
-    assert writer.write(k_buf, v_buf, loc, k, v, torch.float8_e4m3fn, 0.5, 0.5) == FUSED
+    assert write(k_buf, v_buf, loc, k, v, torch.float8_e4m3fn, 0.5, 0.5) == FUSED
     assert bool((big_k[:guard] == 7).all()) and bool((big_k[guard + rows:] == 7).all())
     assert bool((big_v[:guard] == 7).all()) and bool((big_v[guard + rows:] == 7).all())
     one = convert_for_cache(k[:1], torch.float8_e4m3fn, 0.5)[0]
@@ -301,7 +304,7 @@ def _masking_case(writer, device: str) -> None:
     others = [s for s in range(rows) if s not in (3, 5)]
     assert not k_buf[others].any() and not v_buf[others].any()
     loc32 = torch.tensor([-7, rows, 1], dtype=torch.int32, device=device)
-    assert writer.write(k_buf, v_buf, loc32, k[:3], v[:3], torch.float8_e4m3fn, 0.5, 0.5) == FUSED
+    assert write(k_buf, v_buf, loc32, k[:3], v[:3], torch.float8_e4m3fn, 0.5, 0.5) == FUSED
     assert bool((big_k[:guard] == 7).all()) and bool((big_k[guard + rows:] == 7).all())
     assert torch.equal(k_buf[1], one)
 
@@ -309,6 +312,11 @@ def _masking_case(writer, device: str) -> None:
 @needs_interpreter
 def test_triton_fused_masks_out_of_range_slots():
     _masking_case(create_writer("triton_fused"), "cpu")
+    k_buf, v_buf = torch.zeros(16, 2, 8, dtype=torch.uint8), torch.zeros(16, 2, 8, dtype=torch.uint8)
+    k = torch.ones(2, 2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="loc has slot 16, outside"):
+        create_writer("triton_fused").write(k_buf, v_buf, torch.tensor([3, 16]), k, k, torch.float8_e4m3fn)
+    assert not k_buf.any() and not v_buf.any()
 
 
 # -- what each writer says when it cannot run -------------------------------------------------
@@ -444,10 +452,15 @@ def test_cuda_fused_reason_on_cpu():
 
 
 def test_cuda_fused_zero_tokens_launches_nothing():
+    """Its own path (as a pool calls it) needs no op for zero tokens; its public write refuses
+    a CPU call first (cuda_fused needs CUDA)."""
     w = create_writer("cuda_fused")
-    buf = torch.zeros(4, 1, 2)
+    k_buf, v_buf = torch.zeros(4, 1, 2), torch.zeros(4, 1, 2)
     empty = torch.empty(0, 1, 2)
-    assert w.write(buf, buf, torch.empty(0, dtype=torch.int32), empty, empty, torch.float32) == FUSED
+    assert w.write_unchecked(k_buf, v_buf, torch.empty(0, dtype=torch.int32), empty, empty, torch.float32) == FUSED
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda_fused cannot take this call: "):
+            w.write(k_buf, v_buf, torch.empty(0, dtype=torch.int32), empty, empty, torch.float32)
 
 
 @pytest.mark.parametrize("module", ["cuda_fused", "layout_cuda"])
@@ -661,14 +674,14 @@ def test_gpu_store_kv_fused_picks_the_op_eagerly_and_triton_when_captured():
     assert w.kernel_for(dev, captured=False) == "cuda_fused"
     assert w.kernel_for(dev, captured=True) == "triton_fused"
     calls = []
-    for inner in (w.cuda, w.triton):
-        orig = inner.write
-        inner.write = lambda *a, orig=orig, name=inner.name, **k: (calls.append(name), orig(*a, **k))[1]
+    for inner in (w.cuda, w.triton):  # store_kv_fused calls its inner writers' own write (it checked)
+        orig = inner.write_unchecked
+        inner.write_unchecked = lambda *a, orig=orig, name=inner.name, **k: (calls.append(name), orig(*a, **k))[1]
     k = torch.randn(4, 1, 128, device="cuda").to(torch.bfloat16)
     buf = torch.zeros(16, 1, 128, dtype=torch.bfloat16, device="cuda")
     loc = torch.arange(1, 5, device="cuda")
     w.write(buf, buf.clone(), loc, k, k, torch.bfloat16)
-    w.triton.write(buf, buf.clone(), loc, k, k, torch.bfloat16)  # compile outside capture
+    w.triton.write_unchecked(buf, buf.clone(), loc, k, k, torch.bfloat16)  # compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -266,6 +266,7 @@ def _bomb(layout: str):
         raise AssertionError("the writer ran on a call that should have been refused")
 
     w.write = write  # type: ignore[method-assign]
+    w.write_unchecked = write  # type: ignore[method-assign]  (what the pools call after their checks)
     return w
 
 

@@ -302,8 +302,14 @@ def test_rope_cuda_fused_refuses_bad_calls_in_one_line_before_writing(change, me
     k_buf = torch.zeros(rows, 2, 64, dtype=torch.bfloat16, device=CUDA)
     call = change({"q": q, "k": k, "v": v, "k_buf": k_buf, "v_buf": torch.zeros_like(k_buf), "loc": loc,
                    "pos": pos, "cs": cs})
+    args = (call["q"], call["k"], call["v"], call["k_buf"], call["v_buf"], call["loc"], call["pos"], call["cs"], True,
+            torch.bfloat16)
+    # the op's own checks, as a pool calls the writer (write_unchecked, after its own checks)
     with pytest.raises(RuntimeError) as err:
-        RopeCudaWriter().write(call["q"], call["k"], call["v"], call["k_buf"], call["v_buf"], call["loc"],
-                               call["pos"], call["cs"], True, torch.bfloat16)
+        RopeCudaWriter().write_unchecked(*args)
     assert str(err.value).splitlines()[0].startswith(message), str(err.value)
+    assert not k_buf.any()
+    # called directly, the rope contract's checks refuse first where they see the fault, else the op
+    with pytest.raises((ValueError, RuntimeError)) as err:
+        RopeCudaWriter().write(*args)
     assert not k_buf.any()

@@ -67,8 +67,11 @@ def test_rope_cuda_fused_without_cuda_reports_the_build_reason_and_write_refuses
     assert w.unsupported_reason(CUDA, torch.bfloat16, torch.bfloat16) == "needs CUDA (torch.cuda is not available)"
     q, k, v, cs, pos, loc = make_case(dtype=torch.bfloat16)
     k_buf, v_buf = torch.zeros(16, 2, 32, dtype=torch.bfloat16), torch.zeros(16, 2, 32, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(ValueError) as err:  # its contract asks unsupported_reason before anything runs
         w.write(q, k, v, k_buf, v_buf, loc, pos, cs, True, torch.bfloat16)
+    assert str(err.value) == f"rope_cuda_fused cannot take this call: {w.unsupported_reason(q.device, torch.bfloat16)}"
+    with pytest.raises(RuntimeError) as err:  # its own path, as a pool would call it, says so too
+        w.write_unchecked(q, k, v, k_buf, v_buf, loc, pos, cs, True, torch.bfloat16)
     assert str(err.value) == "rope_cuda_fused cannot run: needs CUDA (torch.cuda is not available)"
 
 

@@ -193,11 +193,18 @@ def test_rope_then_any_registered_store_and_its_name():
 
 
 @needs_interpreter
-def test_slots_outside_the_cache_are_skipped_and_zero_tokens_write_nothing():
+def test_slots_outside_the_cache_are_refused_on_a_cpu_and_skipped_by_the_kernel():
+    """On a CPU the writer reads the slots (no device sync) and refuses one outside the cache
+    before anything is rotated; its kernel, where the slots stay the caller's (a GPU), masks
+    such a row: driven here through ``write_unchecked``, the same launch."""
     q, k, v, cs, pos, loc = make_case(tokens=3)
     loc = torch.tensor([2, 24, -1])  # rows = 24: the last two are outside
     k_buf, v_buf = buffers(24, 2, 32, 32, torch.bfloat16)
-    rt.RopeTritonFusedWriter().write(q, k, v, k_buf, v_buf, loc, pos, cs, True, torch.bfloat16)
+    q0, k0 = q.clone(), k.clone()
+    with pytest.raises(ValueError, match="loc has slot -1, outside"):
+        rt.RopeTritonFusedWriter().write(q, k, v, k_buf, v_buf, loc, pos, cs, True, torch.bfloat16)
+    assert torch.equal(q, q0) and torch.equal(k, k0) and not k_buf.any() and not v_buf.any()
+    rt.RopeTritonFusedWriter().write_unchecked(q, k, v, k_buf, v_buf, loc, pos, cs, True, torch.bfloat16)
     assert torch.equal(k_buf[2], k[0]) and torch.equal(v_buf[2], v[0])
     k_buf[2] = 0
     v_buf[2] = 0

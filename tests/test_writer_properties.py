@@ -416,9 +416,11 @@ def test_cuda_fused_copies_what_its_op_refuses_then_launches(monkeypatch: pytest
     writer = cuda_fused.CudaFusedWriter()
     k_buf, v_buf = torch.zeros(16, 2, 4, dtype=torch.bfloat16), torch.zeros(16, 2, 4, dtype=torch.bfloat16)
     x = torch.randn(3, 2, 4).to(torch.bfloat16)
-    writer.write(k_buf, v_buf, torch.arange(12)[1::4], _as_rows(x, "rows-strided"), x, torch.bfloat16)
+    # the writer's own path, as a pool calls it (validates_inputs: its op checks); its public
+    # write refuses here first, as cuda_fused needs CUDA (tests/test_writer_contracts.py)
+    writer.write_unchecked(k_buf, v_buf, torch.arange(12)[1::4], _as_rows(x, "rows-strided"), x, torch.bfloat16)
     assert calls == [(False, False), (True, False), (True, True)]
     assert torch.equal(k_buf[[1, 5, 9]], x) and torch.equal(v_buf[[1, 5, 9]], x)
     assert not k_buf[[0, 2, 3, 4, 6, 7, 8, 10]].any()
     with pytest.raises(RuntimeError, match="out of resources"):  # any other refusal is the op's own
-        writer.write(k_buf, v_buf, torch.arange(12)[1::4], x.float(), x.float(), torch.bfloat16)
+        writer.write_unchecked(k_buf, v_buf, torch.arange(12)[1::4], x.float(), x.float(), torch.bfloat16)

@@ -29,6 +29,7 @@ from kvprof.devinfo import device_properties, torch_threads, versions
 from kvprof.dtypes import parse_dtype, short_name
 from kvprof.pool import KVPool
 from kvprof.writers import create_writer, writer_names
+from kvprof.writers.base import checked_impl
 from kvprof.writers.rope_base import RopeKVWriter
 
 BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
@@ -88,7 +89,14 @@ def rope_grid(
     dtypes: Sequence[tuple[str, str]],
     tokens: Sequence[int],
 ) -> list[BenchPoint]:
-    """Rope-family points: ``shapes`` are (q heads, KV heads, head dim)."""
+    """Rope-family points: ``shapes`` are (q heads, KV heads, head dim); each write rotates the
+    whole head, so a head dim the rotary cannot take is refused here, in one line."""
+    from kvprof.writers.rope_base import rope_dim_reason
+
+    for _, _, d in shapes:
+        reason = rope_dim_reason(d, d)
+        if reason:
+            raise UsageError(f"--family rope rotates the whole head (rope_dim = head dim): {reason}")
     return [BenchPoint(h, d, c, i, t, q_heads=q) for (q, h, d) in shapes for (c, i) in dtypes for t in tokens]
 
 
@@ -190,8 +198,10 @@ class BenchCase:
 
     def writer_write(self, writer: Any, k_buf: torch.Tensor, v_buf: torch.Tensor, dtype: torch.dtype,
                      loc: torch.Tensor) -> None:
-        """The same write on the writer's own launch path (no pool checks)."""
-        writer.write(k_buf, v_buf, loc, self.k, self.v, dtype, self.scale, self.scale)
+        """The same write on the writer's own launch path: no pool checks, and not the contract's
+        checks its public ``write`` runs first (``write_unchecked``; their cost per call:
+        benchmarks/bench_writer_checks.py)."""
+        checked_impl(writer)(k_buf, v_buf, loc, self.k, self.v, dtype, self.scale, self.scale)
 
     def check(self, writer: Any) -> str | None:
         """None when ``writer`` leaves a small pool bitwise equal to index_put, else what differs."""
@@ -246,7 +256,7 @@ class RopeBenchCase(BenchCase):
 
     def writer_write(self, writer: Any, k_buf: torch.Tensor, v_buf: torch.Tensor, dtype: torch.dtype,
                      loc: torch.Tensor) -> None:
-        writer.write(self.q, self.k, self.v, k_buf, v_buf, loc, self.positions, self.cos_sin_cache, True, dtype,
+        checked_impl(writer)(self.q, self.k, self.v, k_buf, v_buf, loc, self.positions, self.cos_sin_cache, True, dtype,
                      self.scale, self.scale)
 
     def check(self, writer: Any) -> str | None:

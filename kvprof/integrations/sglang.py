@@ -546,8 +546,12 @@ class _Route:
 
     def __init__(self, writer: Any, pool: Any, mod: Any, state: _State) -> None:
         from kvprof.validation import check_write_inputs
+        from kvprof.writers.base import checked_impl
 
         self.writer = writer
+        # the route runs the store contract's checks on the engine's call itself (check_write_inputs,
+        # unsupported_reason, SGLang's own slot checks): it calls the writer's own write
+        self.write_impl = checked_impl(writer)
         self.state = state
         self.check = check_write_inputs
         self.unwrap = getattr(mod, "unwrap_write_loc", None)
@@ -568,7 +572,7 @@ class _Route:
         pool._check_physical_write_loc(loc_info, "set_kv_buffer (MHA)")
         if self.oob is not None:
             self.oob(loc, 0, self.rows, "set_kv_buffer (MHA)")
-        path = self.writer.write(pool.k_buffer[idx], pool.v_buffer[idx], loc, k, v, pool.dtype, k_scale, v_scale)
+        path = self.write_impl(pool.k_buffer[idx], pool.v_buffer[idx], loc, k, v, pool.dtype, k_scale, v_scale)
         self.state.count(f"writer:{self.writer.name}:{path}", WRITE_SET_KV_BUFFER)
 
     def prepare(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | str:
@@ -609,18 +613,22 @@ class _RopeRoute:
     arguments SGLang's kernel would get, with the layer's own 3-D K/V buffers."""
 
     def __init__(self, writer: Any, pool: Any, device: Any, state: _State) -> None:
-        from kvprof.writers.rope_base import check_rope_inputs
+        from kvprof.writers.base import checked_impl
+        from kvprof.writers.rope_base import check_rope_call
 
         self.writer = writer
+        # the route runs the rope contract's checks itself (check_rope_call, unsupported_reason):
+        # it calls the writer's own write
+        self.write_impl = checked_impl(writer)
         self.dtype = pool.dtype  # not the pool: kvprof must not keep a pool SGLang has let go
         self.state = state
         self.device = device
-        self.check = check_rope_inputs
+        self.check = check_rope_call
         self.names = _rope_params()
         self.input_ok: dict[Any, str | None] = {}
 
     def write(self, call: tuple[Any, ...]) -> None:
-        path = self.writer.write(*call, self.dtype)
+        path = self.write_impl(*call, self.dtype)
         self.state.count(f"writer:{self.writer.name}:{path}", WRITE_FUSED_INTO_ROPE)
 
     def prepare(self, found: tuple[Any, int, int], args: tuple[Any, ...],
@@ -644,7 +652,8 @@ class _RopeRoute:
             return "rope + store: its V buffer is not its layer's"
         loc, positions, q, k = fused.cache_loc, call.get("positions"), call.get("q"), call.get("k")
         try:
-            q, k, v = self.check(q, k, fused.value, k_buf, v_buf, loc, positions, table)  # type: ignore[arg-type]
+            q, k, v, loc, positions = self.check(q, k, fused.value, k_buf, v_buf, loc, positions,  # type: ignore[arg-type]
+                                                 table, pool.dtype)
         except ValueError as exc:
             return f"rope + store: input kvprof's checks refuse ({exc})"
         in_dtype = k.dtype

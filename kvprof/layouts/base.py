@@ -18,11 +18,12 @@ import torch
 
 from kvprof.dtypes import FP8_DTYPES
 from kvprof.validation import FLOAT_INPUTS
-from kvprof.writers.base import WriterInfo
+from kvprof.writers.base import ChecksItsCalls, WriterInfo
 
 
-class LayoutWriter(abc.ABC):  # noqa: B024 (a base with hooks; each layout adds its own abstract write)
-    """Base of the MLA and paged writers (see ``kvprof.layouts.mla`` / ``.paged`` for ``write``)."""
+class LayoutWriter(ChecksItsCalls, abc.ABC):  # noqa: B024 (a base with hooks; each layout adds its own abstract write)
+    """Base of the MLA and paged writers (see ``kvprof.layouts.mla`` / ``.paged`` for ``write``
+    and ``check_write``: each checks its own calls, ``ChecksItsCalls``)."""
 
     name: str = ""
     layout: str = ""

@@ -42,7 +42,8 @@ from kvprof.layouts.base import (
 )
 from kvprof.layouts.layout import Layout
 from kvprof.layouts.ranges import Ranges
-from kvprof.validation import check_apart
+from kvprof.validation import check_apart, check_buffers, check_index_range
+from kvprof.writers.base import checked_impl
 
 # SGLang's set_mla_kv_buffer never writes this slot (set_mla_kv_buffer_triton's default)
 RESERVED_SKIP_SLOT = 0
@@ -60,7 +61,36 @@ class MLAWriter(LayoutWriter):
         """``kv_buf``: the layer's storage ``[rows, 1, D]`` (uint8 for fp8); ``nope``/``rope``:
         validated ``[tokens, 1, R]`` / ``[tokens, 1, D - R]`` in the caller's dtype (rows
         contiguous, any token stride); ``skip``: a slot never written (-1: none). Returns the
-        path that ran."""
+        path that ran. Checked by :meth:`check_write` before this runs, whoever calls it."""
+
+    def check_write(self, kv_buf: torch.Tensor, loc: torch.Tensor, nope: torch.Tensor,  # type: ignore[override]
+                    rope: torch.Tensor, dtype: torch.dtype, skip: int) -> tuple[Any, ...]:
+        """The MLA contract's checks: ``kv_buf`` a contiguous ``[rows, 1, D]`` buffer in the
+        cache's storage dtype; ``loc`` 1-D int32/int64 slots (copied contiguous where strided);
+        ``nope`` ``[tokens, 1, R]`` and ``rope`` ``[tokens, 1, D - R]`` (or flat) floats of one
+        dtype on the buffer's device; no input sharing memory with the buffer; ``skip`` -1 or a
+        slot; the writer's ``unsupported_reason``; on a CPU, slots inside the buffer."""
+        device = check_buffers(dtype, 3, kv_buf=kv_buf)
+        if kv_buf.shape[1] != 1:
+            raise ValueError(f"kv_buf must be [rows, 1, D] (one latent row per slot), got {tuple(kv_buf.shape)}")
+        width = kv_buf.shape[2]
+        loc = check_loc(loc, device)
+        tokens = loc.shape[0]
+        if not isinstance(nope, torch.Tensor) or nope.dim() not in (2, 3):
+            raise ValueError(f"nope must be a [tokens, 1, R] tensor, got {getattr(nope, 'shape', type(nope).__name__)}")
+        r = nope.shape[-1]
+        if not 0 < r < width:
+            raise ValueError(f"nope has {r} columns; the latent row has {width}, and rope needs some of them")
+        nope = check_rows(nope, "nope", tokens, 1, r, device)
+        rope = check_rows(rope, "rope", tokens, 1, width - r, device)
+        if nope.dtype != rope.dtype:
+            raise ValueError(f"nope is {nope.dtype} but rope is {rope.dtype}")
+        if isinstance(skip, bool) or not isinstance(skip, int) or skip < NO_SKIP:
+            raise ValueError(f"skip must be -1 (none) or a slot, got {skip!r}")
+        check_apart((kv_buf,), loc=loc, nope=nope, rope=rope)
+        self.check_supported(kv_buf, dtype, nope.dtype)
+        check_index_range("loc", loc, 0, kv_buf.shape[0])
+        return kv_buf, loc, nope, rope, dtype, skip
 
 
 class MLAPool:
@@ -138,7 +168,7 @@ class MLAPool:
         row = check_rows(cache_k, "cache_k", loc.shape[0], 1, self.kv_cache_dim, self.device)
         check_apart((self.kv_buffer[idx],), loc=loc, cache_k=row)
         r = self.kv_lora_rank
-        path = self.writer.write(self.kv_buffer[idx], loc, row[..., :r], row[..., r:], self.dtype, NO_SKIP)
+        path = checked_impl(self.writer)(self.kv_buffer[idx], loc, row[..., :r], row[..., r:], self.dtype, NO_SKIP)
         self.path_counts[path] += 1
 
     def set_mla_kv_buffer(self, layer: Any, loc: torch.Tensor, cache_k_nope: torch.Tensor,
@@ -153,7 +183,7 @@ class MLAPool:
         if nope.dtype != rope.dtype:
             raise ValueError(f"cache_k_nope is {nope.dtype} but cache_k_rope is {rope.dtype}")
         check_apart((self.kv_buffer[idx],), loc=loc, cache_k_nope=nope, cache_k_rope=rope)
-        path = self.writer.write(self.kv_buffer[idx], loc, nope, rope, self.dtype, RESERVED_SKIP_SLOT)
+        path = checked_impl(self.writer)(self.kv_buffer[idx], loc, nope, rope, self.dtype, RESERVED_SKIP_SLOT)
         self.path_counts[path] += 1
 
     def _check_loc(self, loc: Any) -> torch.Tensor:

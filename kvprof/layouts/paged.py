@@ -46,7 +46,8 @@ from kvprof.layouts.base import (
 )
 from kvprof.layouts.layout import Layout
 from kvprof.layouts.ranges import Ranges
-from kvprof.validation import check_apart
+from kvprof.validation import check_apart, check_buffers, check_index_range
+from kvprof.writers.base import checked_impl
 
 PAD_SLOT = -1
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -64,7 +65,48 @@ class PagedWriter(LayoutWriter):
         """``k_cache``/``v_cache``: storage ``[num_blocks, block_size, heads, dim]`` (uint8 for
         fp8); ``key``/``value``: validated ``[>= tokens, heads, dim]`` (rows contiguous, any
         token stride); ``k_scale``/``v_scale``: one-element fp32 tensors on the device (fp8
-        caches only, else None). Returns the path that ran."""
+        caches only, else None). Returns the path that ran. Checked by :meth:`check_write`
+        before this runs, whoever calls it."""
+
+    def check_write(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,  # type: ignore[override]
+                    key: torch.Tensor, value: torch.Tensor, dtype: torch.dtype, k_scale: torch.Tensor | None,
+                    v_scale: torch.Tensor | None) -> tuple[Any, ...]:
+        """The paged contract's checks: the caches contiguous ``[blocks, block_size, heads,
+        dim]`` of one shape in the cache's storage dtype; ``slots`` 1-D int32/int64 (copied
+        contiguous where strided); ``key``/``value`` ``[>= tokens, heads, dim]`` floats of one
+        dtype, the cache's own (an fp8 cache: fp32/bf16/fp16); an fp8 cache's scales
+        one-element fp32 tensors on the device (else None or such a tensor); no input sharing
+        memory with a cache; the writer's ``unsupported_reason``; on a CPU, slots in ``[-1,
+        slots)``."""
+        device = check_buffers(dtype, 4, k_cache=k_cache, v_cache=v_cache)
+        if k_cache.shape != v_cache.shape:
+            raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+        _, _, heads, dim = k_cache.shape
+        slots = check_loc(slots, device, "slot_mapping")
+        tokens = slots.shape[0]
+        key = check_rows(key, "key", tokens, heads, dim, device, at_least=True)
+        value = check_rows(value, "value", tokens, heads, dim, device, at_least=True)
+        if key.dtype != value.dtype:
+            raise ValueError(f"key is {key.dtype} but value is {value.dtype}")
+        fp8 = is_fp8(dtype)
+        if fp8 and (is_fp8(key.dtype) or key.dtype == torch.float64):
+            raise ValueError(f"an fp8 cache takes fp32/bf16/fp16 inputs, got {key.dtype}")
+        if not fp8 and key.dtype != dtype:
+            raise ValueError(f"a {short_name(dtype)} cache stores {short_name(dtype)} inputs as they are, "
+                             f"got {key.dtype} (vLLM's kv_cache_dtype 'auto')")
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is None and not fp8:
+                continue
+            if (not isinstance(scale, torch.Tensor) or scale.numel() != 1 or scale.dtype != torch.float32
+                    or scale.device != device):
+                got = (f"{tuple(scale.shape)} {scale.dtype} on {scale.device}" if isinstance(scale, torch.Tensor)
+                       else type(scale).__name__)
+                raise ValueError(f"{name} must be a one-element float32 tensor on {device}"
+                                 f"{' (an fp8 cache divides by it)' if fp8 else ' or None'}, got {got}")
+        check_apart((k_cache, v_cache), slot_mapping=slots, key=key, value=value, k_scale=k_scale, v_scale=v_scale)
+        self.check_supported(k_cache, dtype, key.dtype)
+        check_index_range("slot_mapping", slots, PAD_SLOT, k_cache.shape[0] * k_cache.shape[1])
+        return k_cache, v_cache, slots, key, value, dtype, k_scale, v_scale
 
 
 class PagedPool:
@@ -158,7 +200,7 @@ class PagedPool:
         if tokens:
             check_apart((self.key_cache[idx], self.value_cache[idx]), slot_mapping=slot_mapping, key=key,
                         value=value, k_scale=ks, v_scale=vs)
-        path = self.writer.write(self.key_cache[idx], self.value_cache[idx], slot_mapping, key, value,
+        path = checked_impl(self.writer)(self.key_cache[idx], self.value_cache[idx], slot_mapping, key, value,
                                  self.dtype, ks, vs)
         self.path_counts[path] += 1
 

@@ -20,7 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from kvprof.argtypes import typed_options
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import KvprofError, UsageError
 from kvprof.layouts.layout import LAYOUTS, Layout, Writer, check_layout, get_layout
 
 WriterFactory = Callable[..., Writer]
@@ -78,7 +78,14 @@ class WriterRegistry:
                 raise UsageError(f"unknown variant {spec!r}: not a writer of the {layout} layout; known: "
                                  f"{', '.join(known)} (or give module:function)")
             factory = self._factories[(layout, spec)]
-        writer = factory(**typed_options(factory, options, spec))
+        try:
+            writer = factory(**typed_options(factory, options, spec))
+        except KvprofError:
+            raise
+        except Exception as exc:  # a factory that raises: the one-line error of a writer that cannot be built
+            text = str(exc).strip().splitlines()
+            raise UsageError(f"writer {spec!r} could not be built: {type(exc).__name__}"
+                             f"{': ' + text[0] if text else ''}") from None
         bases = self._layouts(layout).writer_bases
         if not isinstance(writer, bases):
             raise UsageError(f"writer {spec!r} returned {type(writer).__name__}, not a "

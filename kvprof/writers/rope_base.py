@@ -15,17 +15,18 @@ and past ``rope_dim`` pass through unrotated (partial rotary).
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 import torch
 
 from kvprof.core.vocab import ROPE_FUSED  # noqa: F401  (the path a one-launch write reports)
-from kvprof.validation import check_apart
-from kvprof.writers.base import WriterInfo
+from kvprof.validation import check_buffer_pair, check_disjoint, check_index_range, check_scale
+from kvprof.writers.base import ChecksItsCalls, WriterInfo
 
 ROPE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class RopeKVWriter(abc.ABC):
+class RopeKVWriter(ChecksItsCalls, abc.ABC):
     """One layer's rotary embedding of q and k plus the K/V store, as engines run it."""
 
     name: str = ""
@@ -78,13 +79,65 @@ class RopeKVWriter(abc.ABC):
         ``k_buf``/``v_buf`` are the pool's storage views ``[size + page_size, Hk, D]`` (uint8
         for fp8 caches, like ``KVWriter``); ``dtype`` is the cache's logical dtype; fp8 caches
         quantise the rotated k (rounded to k's dtype) and v with the per-tensor scales, as
-        :func:`kvprof.dtypes.convert_for_cache` does.
+        :func:`kvprof.dtypes.convert_for_cache` does; ``loc`` and ``positions`` are 1-D and
+        contiguous. Every input is checked by :meth:`check_write` before this runs, whoever
+        calls it (``ChecksItsCalls``).
         """
+
+    def check_write(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+        dtype: torch.dtype,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> tuple[Any, ...]:
+        """The rope contract's checks (:func:`check_rope_call`) and the writer's own
+        ``unsupported_reason``, all before q or k is rotated."""
+        q, k, v, loc, positions = check_rope_call(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, dtype,
+                                                  k_scale, v_scale)
+        self.check_supported(k_buf, dtype, k.dtype)
+        return q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, bool(is_neox), dtype, k_scale, v_scale
+
+
+def check_rope_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    loc: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype,
+    k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`check_rope_inputs`, with the cache buffers checked against the cache's
+    ``dtype`` (contiguous, its storage dtype, one device, apart), the scales, and -- where
+    reading them costs no device sync, on a CPU -- slots inside the buffers and positions
+    inside the cos/sin table, whatever a pool's ``check_slots`` says: a position past the
+    table would read memory beyond it. Returns q, k, v (as ``check_rope_inputs``) and loc and
+    positions contiguous (copied where strided, as the store contract's ``loc``), so a writer
+    may read them as consecutive values."""
+    check_buffer_pair(dtype, k_buf, v_buf)
+    device = k_buf.device
+    q, k, v = check_rope_inputs(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache,
+                                k_scale=k_scale, v_scale=v_scale)
+    check_scale("k_scale", k_scale, device)
+    check_scale("v_scale", v_scale, device)
+    check_index_range("loc", loc, 0, k_buf.shape[0])
+    check_index_range("positions", positions, 0, cos_sin_cache.shape[0], "position")
+    if not loc.is_contiguous():
+        loc = loc.contiguous()
+    if not positions.is_contiguous():
+        positions = positions.contiguous()
+    return q, k, v, loc, positions
 
 
 def check_rope_inputs(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
     loc: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    k_scale: object = None, v_scale: object = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Raise ``ValueError`` (one line) for a call no rope writer may run, before anything is
     written; return q, k and v as ``[tokens, heads, dim]`` views (engines also pass
@@ -116,7 +169,13 @@ def check_rope_inputs(
         if t.numel() and t.stride(2) != 1:
             raise ValueError(f"{name} is rotated in place and needs unit stride in its last dim, got {t.stride()}")
     _check_cos_sin_cache(cos_sin_cache, dim)
-    check_apart((k_buf, v_buf), q=q, k=k, v=v, loc=loc, positions=positions, cos_sin_cache=cos_sin_cache)
+    # q and k are rotated in place and the buffers written: none of them may share a byte with
+    # any tensor of the call (q and k one tensor, v a view of k, q a view of the cos/sin
+    # table, an input inside a buffer...); v, loc, positions, the table and the scales are only read
+    check_disjoint({"q": q, "k": k, "k_buf": k_buf, "v_buf": v_buf},
+                   {"v": v, "loc": loc, "positions": positions, "cos_sin_cache": cos_sin_cache,
+                    "k_scale": k_scale if isinstance(k_scale, torch.Tensor) else None,
+                    "v_scale": v_scale if isinstance(v_scale, torch.Tensor) else None})
     return q, k, v
 
 
@@ -129,15 +188,23 @@ def _check_tensors_on(device: torch.device, **inputs: object) -> None:
             raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
 
 
+def rope_dim_reason(rope_dim: int, head_dim: int) -> str | None:
+    """Why a rotary of ``rope_dim`` dims cannot rotate heads of ``head_dim`` (it turns pairs of
+    dims: an even count, at least one pair, at most the head), else None."""
+    if rope_dim < 2 or rope_dim % 2 or rope_dim > head_dim:
+        return f"rope_dim {rope_dim} must be even and in [2, head_dim={head_dim}]"
+    return None
+
+
 def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, dim: int) -> None:
     """``[positions, rope_dim]`` float32 with unit stride in rope_dim, rope_dim even and at most
     ``dim`` (the rotated part of each head)."""
     if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2:
         raise ValueError(f"cos_sin_cache must be a 2-D float32 tensor, got {tuple(cos_sin_cache.shape)} "
                          f"{cos_sin_cache.dtype}")
-    rope_dim = cos_sin_cache.shape[1]
-    if rope_dim < 2 or rope_dim % 2 or rope_dim > dim:
-        raise ValueError(f"cos_sin_cache's rope_dim {rope_dim} must be even and in [2, head_dim={dim}]")
+    reason = rope_dim_reason(cos_sin_cache.shape[1], dim)
+    if reason:
+        raise ValueError(f"cos_sin_cache's {reason}")
     if cos_sin_cache.stride(1) != 1:
         raise ValueError(f"cos_sin_cache needs unit stride in its last dim, got {cos_sin_cache.stride()}")
 
@@ -154,4 +221,4 @@ def _heads(t: torch.Tensor, name: str, tokens: int, dim: int) -> torch.Tensor:
     return t
 
 
-__all__ = ["ROPE_INPUTS", "RopeKVWriter", "check_rope_inputs"]
+__all__ = ["ROPE_INPUTS", "RopeKVWriter", "check_rope_call", "check_rope_inputs", "rope_dim_reason"]

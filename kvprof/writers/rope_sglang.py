@@ -34,6 +34,7 @@ import torch
 
 from kvprof.core.vocab import FALLBACK_PREFIX, ROPE_FUSED
 from kvprof.dtypes import FP8_DTYPES
+from kvprof.writers.base import checked_impl
 from kvprof.writers.rope_base import RopeKVWriter
 
 _SGLANG_JIT_DTYPES = (torch.bfloat16, torch.float16)
@@ -142,7 +143,7 @@ class SglangRopeStoreWriter(RopeKVWriter):
 
         # the store's rows, as the pool passes them
         loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)
-        store_path = self._store_writer().write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
+        store_path = checked_impl(self._store_writer())(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
         return f"{FALLBACK_PREFIX} {why}; SGLang's rotary kernel, then store_cache ({store_path})"
 
 

@@ -27,7 +27,7 @@ from kvprof.core.errors import UsageError
 from kvprof.core.vocab import ROPE_FUSED
 from kvprof.validation import check_buffers_inputs
 from kvprof.writers import rope_triton_kernel as kernel
-from kvprof.writers.base import KVWriter, WriterInfo
+from kvprof.writers.base import KVWriter, WriterInfo, checked_impl
 from kvprof.writers.fp8_jit import hw_cast_safe, placement_reason, uses_pdl
 from kvprof.writers.rope_base import ROPE_INPUTS, RopeKVWriter
 from kvprof.writers.rope_tables import RopeConfig, RopeTable, interpreted_rope_config, pick_rope_config
@@ -276,7 +276,7 @@ class RopeThenStoreWriter(RopeKVWriter):
         self.rotary.rotate(q, k, positions, cos_sin_cache, is_neox)
         # the store's inputs, as the pool passes them
         loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)
-        return self.store.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
+        return checked_impl(self.store)(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
     def info(self) -> WriterInfo:
         info = super().info()

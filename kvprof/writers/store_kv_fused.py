@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvprof.validation import check_buffers_inputs
-from kvprof.writers.base import KVWriter, WriterInfo
+from kvprof.writers.base import KVWriter, WriterInfo, checked_impl
 from kvprof.writers.cuda_fused import CudaFusedWriter
 from kvprof.writers.triton_fused import TritonFusedWriter
 
@@ -100,7 +100,7 @@ class StoreKVFusedWriter(KVWriter):
             writer = self._eager.get(loc.get_device()) or self._eager_writer(loc.device)
         if writer is self.triton:
             loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, cache_k, cache_v)
-        return writer.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
+        return checked_impl(writer)(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
 
 # The capture check runs on every eager write (the host path this variant exists for): the
