@@ -72,9 +72,9 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
         t.add_column(col, justify="left" if col in ("writer", "paths") else "right", no_wrap=col != "paths")
     for s in sorted(rows, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
         counts = s.get("write_paths") or {}
-        t.add_row(str(s.get("tp_rank")), str(s.get("pid")), str(s.get("writer") or "SGLang's own"),
-                  *(str(counts.get(k, 0)) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
-                  ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items()))
+        t.add_row(markup(s.get("tp_rank")), markup(s.get("pid")), markup(s.get("writer") or "SGLang's own"),
+                  *(markup(counts.get(k, 0)) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
+                  markup(", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items())))
     console.print(t)
 
 

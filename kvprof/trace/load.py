@@ -21,7 +21,7 @@ from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat, TraceReade
 from kvprof.core.run import Manifest, TraceMeta, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
-from kvprof.core.sidecar import Sidecar, read_sidecar
+from kvprof.core.sidecar import Sidecar, check_one_per_process, read_sidecar
 from kvprof.core.timings import StepTimings
 from kvprof.trace.attribution import attribute
 from kvprof.trace.model import Trace
@@ -197,6 +197,7 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         if p not in files:
             loaded.warnings.append(f"skipped {p.name}: SGLang's merge of the per-rank traces read here")
     loaded.sidecars = [read_sidecar(p) for p in sidecars]  # a malformed one: a one-line TraceError
+    check_one_per_process(loaded.sidecars)
     for p in files:
         try:
             loaded.traces.append(_with_file_rank(load_file(p, max_events, export_dir=d, sidecars=loaded.sidecars),
