@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvprof.argtypes import output_file
 from kvprof.core.errors import ToolError, UsageError
 from kvprof.core.rundir import RunDir
 from kvprof.core.summary import Summary
@@ -18,7 +19,7 @@ from kvprof.core.summary import Summary
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", type=Path, help=f"an analysed run folder (has {RunDir.SUMMARY})")
-    p.add_argument("--html", type=Path, required=True, metavar="OUT.html", help="where to write the report")
+    p.add_argument("--html", type=output_file, required=True, metavar="OUT.html", help="where to write the report")
     p.add_argument("--source", default=None, help="reference, nsys or kineto (default: the most trusted present)")
     p.add_argument("--baseline", default=None, help="variant the savings are against (default: analyze's)")
 
