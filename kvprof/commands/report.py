@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from kvprof.argtypes import output_file
-from kvprof.core.errors import ToolError, UsageError
+from kvprof.core.errors import ToolError, TraceError, UsageError
 from kvprof.core.rundir import RunDir
 from kvprof.core.summary import Summary
 
@@ -31,7 +31,7 @@ def load_run(run: Path) -> tuple[Summary, object]:
     rd = RunDir(run)
     if not rd.summary.is_file():
         raise UsageError(f"{run} has no {RunDir.SUMMARY}: run `kvprof analyze {run}` first")
-    summary = rd.read_summary(UsageError)
+    summary = rd.read_summary()  # a summary.json that cannot be read: exit 3, as any unreadable input
     writes = None
     if rd.writes.is_file():
         import pyarrow.parquet as pq
@@ -39,7 +39,7 @@ def load_run(run: Path) -> tuple[Summary, object]:
         try:
             writes = pq.read_table(rd.writes).to_pandas()
         except (OSError, ValueError) as exc:
-            raise UsageError(f"{rd.writes} is not readable Parquet ({exc})") from None
+            raise TraceError(f"{rd.writes} is not readable Parquet ({exc})") from None
     return summary, writes
 
 

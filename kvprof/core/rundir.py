@@ -23,6 +23,7 @@ child's hidden hand-over files (``.rank<r>.json`` ...); none is left in a finish
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ import orjson
 
 from kvprof.core.atomic import atomic_directory, atomic_outputs, atomic_write_bytes
 from kvprof.core.errors import KvprofError, TraceError
-from kvprof.core.files import open_regular
+from kvprof.core.files import open_regular, require_regular
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
 from kvprof.core.timings import StepTimings
@@ -189,8 +190,9 @@ class RunDir:
     def read_timings(self, manifest: Manifest) -> tuple[StepTimings | None, str | None]:
         """(the step timings or None when the run has none, why they could not be read)."""
         path = self.timings(manifest)
-        if not path.is_file():
+        if not os.path.exists(path):
             return None, None
+        require_regular(path, "step timings")  # a FIFO would block, a folder was skipped in silence
         try:
             return StepTimings.from_json(path.read_bytes()), None
         except (OSError, ValueError, KeyError, TypeError) as exc:
