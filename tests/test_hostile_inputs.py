@@ -95,3 +95,26 @@ def test_a_summary_that_is_not_json_is_exit_3(bad: str, tmp_path: Path, capsys: 
     assert "summary.json" in line
     assert not (tmp_path / "r.html").exists()
     json.dumps(line)
+
+
+@pytest.mark.parametrize("which", ["manifest", "step timings", "summary"])
+def test_a_runs_own_file_past_the_trace_size_bound_is_one_line(which: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """manifest.json, the step timings and summary.json were read whole, whatever their size."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE if which == "summary" else REAL, run)
+    limit = 1000 if which == "manifest" else 1100  # bytes: 1,100 is above this manifest (1,068), below the rest
+    if which == "step timings":
+        (run / "step_timings.json").write_text("{" + " " * 5000 + "}")
+    if which == "summary":
+        (run / "summary.json").write_text((run / "summary.json").read_text() + " " * 5000)
+        limit = (run / "summary.json").stat().st_size - 1
+    monkeypatch.setenv("KVPROF_MAX_TRACE_MB", repr(limit / 2**20))
+    if which == "summary":
+        rc = main(["report", str(run), "--html", str(tmp_path / "r.html")])
+    else:
+        rc = main(["analyze", str(run), "--no-files", "--quiet"])
+    line = _one_line(capsys, rc, 3)
+    assert f"a {which}" in line or which in line
+    assert "KVPROF_MAX_TRACE_MB raises it" in line

@@ -33,7 +33,7 @@ import orjson
 
 from kvprof.core.atomic import atomic_directory, atomic_outputs, atomic_write_bytes
 from kvprof.core.errors import KvprofError, TraceError
-from kvprof.core.files import open_regular, require_regular
+from kvprof.core.files import read_bounded, require_regular
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
 from kvprof.core.timings import StepTimings
@@ -194,7 +194,7 @@ class RunDir:
             return None, None
         require_regular(path, "step timings")  # a FIFO would block, a folder was skipped in silence
         try:
-            return StepTimings.from_json(path.read_bytes()), None
+            return StepTimings.from_json(read_bounded(path, "step timings")), None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return None, f"{path.name}: unreadable, no reference figures ({exc})"
 
@@ -224,8 +224,7 @@ class RunDir:
 def read_manifest(path: Path) -> Manifest:
     """A manifest.json file, type-checked; TraceError when it is not one."""
     try:
-        with open_regular(path) as fh:
-            doc = orjson.loads(fh.read())
+        doc = orjson.loads(read_bounded(path, "a manifest"))
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
@@ -248,8 +247,7 @@ def parse_summary(data: bytes) -> Summary:
 def read_summary(path: Path, error: type[KvprofError] = TraceError) -> Summary:
     """A summary.json file (any name); ``error`` naming the file when it is not a kvprof summary."""
     try:
-        with open_regular(path) as fh:
-            data = fh.read()
+        data = read_bounded(path, "a summary")
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
