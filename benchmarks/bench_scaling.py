@@ -104,7 +104,9 @@ def name_matching(sizes: list[int], repeats: int) -> list[tuple[int, float, str]
     return rows
 
 
-def perfetto_lanes(sizes: list[int], repeats: int) -> list[tuple[int, float, str]]:
+def perfetto_lanes(sizes: list[int], repeats: int, gc_off: bool = False) -> list[tuple[int, float, str]]:
+    """``gc_off``: the same with Python's cyclic garbage collector paused, which shows how much of any
+    growth is the collector walking the lanes' lists (it runs more often the more containers live)."""
     from kvprof.report.perfetto import _Slice, lanes
 
     rows = []
@@ -112,7 +114,12 @@ def perfetto_lanes(sizes: list[int], repeats: int) -> list[tuple[int, float, str
         slices = [_Slice(i * 10, i * 10 + 10 * n, "k") for i in range(n)]  # every slice overlaps every other
 
         def run(slices: list[_Slice] = slices, n: int = n) -> None:
-            assert len(lanes(slices)) == n
+            if gc_off:
+                gc.disable()
+            try:
+                assert len(lanes(slices)) == n
+            finally:
+                gc.enable()
 
         rows.append((n, best_of(run, repeats), f"{n} kernels overlapping on one stream"))
     return rows
@@ -157,8 +164,9 @@ def main() -> int:
     def sizes(*s: int) -> list[int]:
         return list(s[:cut])
 
-    parts = [f"kvprof scaling benchmark: {platform.node() and 'host'} {platform.machine()}, {os.cpu_count()} CPUs, "
-             f"Python {platform.python_version()}, best of {args.repeats}\n"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    parts = [f"kvprof scaling benchmark: {platform.machine()}, {os.cpu_count()} CPUs (load average {load:.1f} at "
+             f"the start), Python {platform.python_version()}, best of {args.repeats}\n"]
     for title, unit, rows in [
         ("analyze: graph records x replays, no kvprof.graph_replay ranges (every replay matched by its kernels)",
          "replay", lambda: graph_matching(sizes(100, 200, 400, 800), False, args.repeats)),
@@ -170,6 +178,8 @@ def main() -> int:
          lambda: name_matching(sizes(250_000, 500_000, 1_000_000, 2_000_000), args.repeats)),
         ("Perfetto export: lanes of overlapping kernels", "kernel",
          lambda: perfetto_lanes(sizes(15_000, 30_000, 60_000, 120_000), args.repeats)),
+        ("Perfetto export: the same lanes, Python's garbage collector paused", "kernel",
+         lambda: perfetto_lanes(sizes(15_000, 30_000, 60_000, 120_000), args.repeats, gc_off=True)),
         ("Perfetto export: slices written to a file", "kernel",
          lambda: perfetto_file(sizes(25_000, 50_000, 100_000, 200_000), args.repeats)),
     ]:
