@@ -1,4 +1,4 @@
-"""Hypothesis over the surfaces of the fourth hostile round: the sidecar reader, kernel-name
+"""Hypothesis over hostile input to the sidecar reader, kernel-name
 matching, the plugin's graph records matched to replays (against a brute-force reference), the
 Perfetto export's names and lanes, output paths, the command nsys is given, the run folder's
 non-regular entries, and smoke cases over the writers, scrub and the gate through their public
