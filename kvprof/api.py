@@ -275,6 +275,18 @@ def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | N
     captured = _capture(config, progress_factory=progress_factory)
     result = CaptureResult(captured.run_dir, captured.manifest, list(captured.problems),
                            analysis_error="not analysed (--no-summary)")
+    try:
+        return _after_capture(config, result, analyse, render)
+    except KeyboardInterrupt as exc:  # the run is in place: say what it holds and what did not run
+        left = [w for w, done in (("its analysis (kvprof analyze RUN)", not analyse or result.summary is not None),
+                                  ("its scrub check (kvprof scrub --check RUN)", not config.scrub)) if not done]
+        exc.kept = (f"the run {result.run_dir} was captured whole and is kept"  # type: ignore[attr-defined]
+                    + (f"; not done: {', '.join(left).replace('RUN', str(result.run_dir))}" if left else ""))
+        raise
+
+
+def _after_capture(config: CaptureConfig, result: CaptureResult, analyse: bool, render: bool) -> CaptureResult:
+    """What api.capture does once the run folder is in place (its outputs are each atomic)."""
     if analyse:  # the run is complete and in place; the outputs are added as one atomic set
         layers = config.rank_shape().layers
         try:

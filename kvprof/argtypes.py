@@ -182,6 +182,30 @@ def output_folder(text: str) -> Path:
     return Path(text)
 
 
+# what kvprof.core.atomic.temp_name adds to a file's name while it is written: ".", ".tmp-", a pid, "-", 8 hex
+TEMP_NAME_ROOM = 1 + 5 + 10 + 1 + 8
+
+
+def output_file(text: str) -> Path:
+    """A file to write (``--perfetto``, ``--junit``, ``--html``) whose name and path the OS can take,
+    with the room its temporary name needs: a name too long used to pass analysis and then fail
+    when written (exit 6, where a path the system refuses is a bad argument, exit 2)."""
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a file path, got {_shown(text)}")
+    path = Path(os.path.abspath(os.path.expanduser(text)))
+    name_max, path_max = _name_limits(path)
+    for part in path.parts[1:]:
+        room = TEMP_NAME_ROOM if part == path.name else 0
+        if len(os.fsencode(part)) + room > name_max:
+            raise argparse.ArgumentTypeError(
+                f"the name {part[:40]!r}... is {len(os.fsencode(part))} bytes; this filesystem takes {name_max}"
+                + (f" (less {room} for the name it is written under first)" if room else ""))
+    length = len(os.fsencode(str(path)))
+    if length + TEMP_NAME_ROOM > path_max:
+        raise argparse.ArgumentTypeError(f"the path is {length} bytes; the system's limit is {path_max}")
+    return Path(text)
+
+
 def _name_limits(path: Path) -> tuple[int, int]:
     """(longest file name, longest path) in bytes where ``path`` would be made (255, 4096 if unknown)."""
     existing = path

@@ -125,11 +125,12 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"{prog}: error: {printable(exc)}", file=sys.stderr)  # it can quote a trace's text
         return exc.exit_code
     except KeyboardInterrupt as exc:
+        kept = printable(getattr(exc, "kept", None) or "nothing half-written was kept")
         if isinstance(exc, Terminated):
             word = "terminated" if exc.signum == signal.SIGTERM else f"terminated ({exc.signum.name})"
-            print(f"{prog}: {word}; nothing half-written was kept", file=sys.stderr)
+            print(f"{prog}: {word}; {kept}", file=sys.stderr)
             return exc.exit_code
-        print(f"{prog}: interrupted; nothing half-written was kept", file=sys.stderr)
+        print(f"{prog}: interrupted; {kept}", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     except BrokenPipeError:
         quiet_closed_stdout()

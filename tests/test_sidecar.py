@@ -80,13 +80,13 @@ def test_sidecar_round_trips_through_the_plugins_encoding() -> None:
 
 
 @pytest.mark.parametrize(("raw", "says"), [
-    (b"{not json", "not a kvprof SGLang sidecar (not JSON"),
-    (json.dumps({"schema": "kvprof.summary/1"}).encode(), "not a kvprof SGLang sidecar (schema 'kvprof.summary/1'"),
+    (b"{not json", "not a kvprof engine sidecar (not JSON"),
+    (json.dumps({"schema": "kvprof.summary/1"}).encode(), "not a kvprof engine sidecar (schema 'kvprof.summary/1'"),
     (json.dumps({"schema": SIDECAR_SCHEMA, "paths": {"sglang:sglang_mha": -3}}).encode(),
-     "malformed kvprof SGLang sidecar (Expected `int` >= 0"),
-    (json.dumps({"schema": SIDECAR_SCHEMA, "pid": "1584"}).encode(), "malformed kvprof SGLang sidecar (Expected `int"),
-    (json.dumps({"pid": 3}).encode(), "malformed kvprof SGLang sidecar (Object missing required field `schema`)"),
-    (json.dumps([1, 2]).encode(), "malformed kvprof SGLang sidecar (Expected `object`, got `array`)"),
+     "malformed kvprof engine sidecar (Expected `int` >= 0"),
+    (json.dumps({"schema": SIDECAR_SCHEMA, "pid": "1584"}).encode(), "malformed kvprof engine sidecar (Expected `int"),
+    (json.dumps({"pid": 3}).encode(), "malformed kvprof engine sidecar (Object missing required field `schema`)"),
+    (json.dumps([1, 2]).encode(), "malformed kvprof engine sidecar (Expected `object`, got `array`)"),
 ])
 def test_a_bad_sidecar_is_refused_in_one_line(tmp_path: Path, raw: bytes, says: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:

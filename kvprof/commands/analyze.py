@@ -26,7 +26,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kvprof.argtypes import output_folder, positive_float, positive_int
+from kvprof.argtypes import output_file, output_folder, positive_float, positive_int
 from kvprof.report.terminal import add_format_arguments
 
 
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-kernels", default=None, metavar="REGEX",
                         help="also count GPU kernels whose name matches REGEX as KV writes (one kernel a "
                              "write), beside the built-in patterns for SGLang, sgl-kernel, index_put and vLLM")
-    parser.add_argument("--perfetto", type=Path, default=None, metavar="OUT.pftrace",
+    parser.add_argument("--perfetto", type=output_file, default=None, metavar="OUT.pftrace",
                         help="also write the run as a Perfetto trace (ui.perfetto.dev): each trace's GPU work with "
                              "kvprof's writes, verdicts, steps and reference timings as tracks; written even with "
                              "--no-files (needs the perfetto package: the 'perfetto' extra)")

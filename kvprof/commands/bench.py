@@ -225,19 +225,33 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
     given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
     command = " ".join(["python -m kvprof bench", *given])
 
+    saved: list[BenchResult] = []
+
     def save(result: BenchResult) -> None:
+        """bench.json after every point, marked ``complete: false`` until the last; bench.csv, which
+        has no such mark, only for a complete run (an older one is removed at the first point)."""
         result.command = command
         atomic_write_bytes(out / "bench.json", result.dumps())
-        atomic_write_text(out / "bench.csv", to_csv(result))
+        if result.complete:
+            atomic_write_text(out / "bench.csv", to_csv(result))
+        elif not saved:
+            (out / "bench.csv").unlink(missing_ok=True)
+        saved[:] = [result]
 
     target = BenchTarget(args.target_fixed_us, args.target_rate_fraction)
     threads = args.threads if args.threads is not None else (None if device.type == "cuda" else CPU_THREADS)
-    result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
-                       pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save,
-                       threads=threads, modes=getattr(args, "modes", None), progress=bar)
-    if bar is not None:
-        bar.close()  # before the table: the bar is transient and would be drawn over it
-    save(result)
+    try:
+        result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
+                           pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save,
+                           threads=threads, modes=getattr(args, "modes", None), progress=bar)
+        if bar is not None:
+            bar.close()  # before the table: the bar is transient and would be drawn over it
+        save(result)
+    except KeyboardInterrupt as exc:
+        if saved:
+            exc.kept = (f"{out / 'bench.json'} keeps the {len(saved[0].records)} results measured, "  # type: ignore[attr-defined]
+                        "marked complete: false; bench.csv is written only for a complete run")
+        raise
     if args.format == "json":
         print_json(result.to_json())
     elif args.format == "csv":

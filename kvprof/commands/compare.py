@@ -36,10 +36,9 @@ document); --junit FILE also writes a JUnit XML report with one testcase per row
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from kvprof.argtypes import non_negative_float, output_folder, positive_float, positive_int
+from kvprof.argtypes import non_negative_float, output_file, output_folder, positive_float, positive_int
 from kvprof.core.errors import UsageError
 from kvprof.core.rundir import RunDir
 from kvprof.report.terminal import add_format_arguments
@@ -73,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-interpreted", action="store_true",
                         help="with --fail-if-slower: also judge variants that ran under Triton's interpreter "
                              "(left out by default: the interpreter's time swings between identical runs)")
-    parser.add_argument("--junit", type=Path, default=None, metavar="FILE",
+    parser.add_argument("--junit", type=output_file, default=None, metavar="FILE",
                         help="with --fail-if-slower: also write a JUnit XML report (one testcase per row)")
     add_format_arguments(parser)
 

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvprof.core.errors import UsageError
     from kvprof.tools.envsafe import child_environment, describe
-    from kvprof.tools.nsys import export_sqlite, require_nsys, run_nsys_pass
+    from kvprof.tools.nsys import check_profiled_command, export_sqlite, require_nsys, run_nsys_pass
     from kvprof.tools.scrub import scrub_path
 
     command = list(args.profiled)
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("no command to profile: give it after --, e.g. kvprof nsys --out prof -- python run.py")
+    check_profiled_command(command)
     base = Path(args.out)
     if base.name.endswith(".nsys-rep"):
         base = base.with_name(base.name[: -len(".nsys-rep")])

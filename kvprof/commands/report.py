@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvprof.core.errors import ToolError, UsageError
+from kvprof.argtypes import output_file
+from kvprof.core.errors import ToolError, TraceError, UsageError
 from kvprof.core.rundir import RunDir
 from kvprof.core.summary import Summary
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", type=Path, help=f"an analysed run folder (has {RunDir.SUMMARY})")
-    p.add_argument("--html", type=Path, required=True, metavar="OUT.html", help="where to write the report")
+    p.add_argument("--html", type=output_file, required=True, metavar="OUT.html", help="where to write the report")
     p.add_argument("--source", default=None, help="reference, nsys or kineto (default: the most trusted present)")
     p.add_argument("--baseline", default=None, help="variant the savings are against (default: analyze's)")
 
@@ -30,7 +31,7 @@ def load_run(run: Path) -> tuple[Summary, object]:
     rd = RunDir(run)
     if not rd.summary.is_file():
         raise UsageError(f"{run} has no {RunDir.SUMMARY}: run `kvprof analyze {run}` first")
-    summary = rd.read_summary(UsageError)
+    summary = rd.read_summary()  # a summary.json that cannot be read: exit 3, as any unreadable input
     writes = None
     if rd.writes.is_file():
         import pyarrow.parquet as pq
@@ -38,7 +39,7 @@ def load_run(run: Path) -> tuple[Summary, object]:
         try:
             writes = pq.read_table(rd.writes).to_pandas()
         except (OSError, ValueError) as exc:
-            raise UsageError(f"{rd.writes} is not readable Parquet ({exc})") from None
+            raise TraceError(f"{rd.writes} is not readable Parquet ({exc})") from None
     return summary, writes
 
 

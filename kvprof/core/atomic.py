@@ -25,11 +25,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from kvprof.core.errors import OutputError
+from kvprof.core.errors import KvprofError, OutputError, UsageError
 from kvprof.core.interrupts import signals_deferred
 
 _WRITE_MODES = {"w", "wb", "x", "xb", "wt", "xt"}
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})  # the disk cannot take it
+
+
+# errors of the path itself, as given (too long, a loop of links, a name the filesystem refuses):
+# a bad argument, exit 2, as for any other path kvprof refuses; any other OSError on an output is
+# the output that cannot be written (exit 6): permissions, something in the way, a full disk
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL})
+
+
+def output_error(exc: OSError, message: str) -> KvprofError:
+    """The one-line error for an OSError met writing an output: ``UsageError`` where the path
+    itself is refused (``PATH_ERRNOS``), else ``OutputError``."""
+    return UsageError(message) if exc.errno in PATH_ERRNOS else OutputError(message)
 
 
 def temp_name(final: Path, suffix: str = "") -> Path:
@@ -77,7 +89,7 @@ def _prepare_parent(final: Path) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot create output folder {parent}: {exc.strerror or exc}") from None
+        raise output_error(exc, f"cannot create output folder {parent}: {exc.strerror or exc}") from None
     if not parent.is_dir():
         raise OutputError(f"cannot write {final}: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -119,7 +131,7 @@ def _replace(tmp: Path, final: Path) -> None:
     try:
         os.replace(tmp, final)
     except OSError as exc:
-        raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
+        raise output_error(exc, f"cannot write {final}: {exc.strerror or exc}") from None
     _fsync_dir(final.parent)
 
 
@@ -143,7 +155,7 @@ def atomic_path(path: str | os.PathLike[str], *, keep_suffix: bool = False) -> I
     except BaseException as exc:
         _remove(tmp)
         if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
-            raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
+            raise output_error(exc, f"cannot write {final}: {exc.strerror or exc}") from None
         raise
 
 
@@ -167,7 +179,7 @@ def atomic_file(
         try:
             fh = open(tmp, "xb" if binary else "x", encoding=None if binary else (encoding or "utf-8"))
         except OSError as exc:
-            raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
+            raise output_error(exc, f"cannot write {final}: {exc.strerror or exc}") from None
         with fh:
             yield fh
             fh.flush()
@@ -217,7 +229,7 @@ def atomic_directory(final_path: str | os.PathLike[str], replace: bool = False) 
     try:
         tmp.mkdir()
     except OSError as exc:
-        raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
+        raise output_error(exc, f"cannot write {final}: {exc.strerror or exc}") from None
     try:
         yield tmp
         _fsync_tree(tmp)
@@ -229,7 +241,7 @@ def atomic_directory(final_path: str | os.PathLike[str], replace: bool = False) 
         try:
             os.rename(tmp, final)
         except OSError as exc:
-            raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
+            raise output_error(exc, f"cannot write {final}: {exc.strerror or exc}") from None
         _fsync_dir(final.parent)
     except BaseException:
         _remove(tmp)
@@ -243,13 +255,13 @@ def _replace_directory(tmp: Path, final: Path) -> None:
         try:
             os.rename(final, aside)
         except OSError as exc:
-            raise OutputError(f"cannot replace {final}: {exc.strerror or exc}") from None
+            raise output_error(exc, f"cannot replace {final}: {exc.strerror or exc}") from None
         try:
             os.rename(tmp, final)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.rename(aside, final)
-            raise OutputError(f"cannot replace {final}: {exc.strerror or exc}; the old folder is kept") from None
+            raise output_error(exc, f"cannot replace {final}: {exc.strerror or exc}; the old folder is kept") from None
     _fsync_dir(final.parent)
     _remove(aside)
 
@@ -272,7 +284,7 @@ def atomic_outputs(folder: str | os.PathLike[str], marker: str) -> Iterator[Path
     try:
         stage.mkdir()
     except OSError as exc:
-        raise OutputError(f"cannot write into {out}: {exc.strerror or exc}") from None
+        raise output_error(exc, f"cannot write into {out}: {exc.strerror or exc}") from None
     try:
         yield stage
         names = sorted(p.name for p in stage.iterdir())

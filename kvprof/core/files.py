@@ -62,3 +62,19 @@ def open_regular(path: Path) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_bounded(path: Path, what: str) -> bytes:
+    """The bytes of a regular file a run holds beside its traces (manifest.json, summary.json, the step
+    timings), refused in one line (TraceError, exit 3) past the size a trace may have once decompressed
+    (``KVPROF_MAX_TRACE_MB``, kvprof.core.schema.max_trace_bytes): such a file is kilobytes to megabytes,
+    and a reader that takes any size can be made to hold gigabytes."""
+    from kvprof.core.schema import MAX_TRACE_MB_ENV, max_trace_bytes
+
+    limit = max_trace_bytes()
+    with open_regular(path) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise TraceError(f"{path}: {what} larger than {limit / 2**20:g} MiB, the most a trace may hold "
+                         f"({MAX_TRACE_MB_ENV} raises it)")
+    return data

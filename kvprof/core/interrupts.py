@@ -39,6 +39,9 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a kvprof command; caught like any KeyboardInterrupt."""
 
     signum = signal.SIGINT
+    # what the command kept when the signal landed after it had put an output in place, said instead
+    # of "nothing half-written was kept" (which is then not the whole story)
+    kept: str | None = None
 
 
 class Terminated(Interrupted):

@@ -23,6 +23,7 @@ child's hidden hand-over files (``.rank<r>.json`` ...); none is left in a finish
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import orjson
 
 from kvprof.core.atomic import atomic_directory, atomic_outputs, atomic_write_bytes
 from kvprof.core.errors import KvprofError, TraceError
-from kvprof.core.files import open_regular
+from kvprof.core.files import read_bounded, require_regular
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
 from kvprof.core.timings import StepTimings
@@ -192,10 +193,11 @@ class RunDir:
     def read_timings(self, manifest: Manifest) -> tuple[StepTimings | None, str | None]:
         """(the step timings or None when the run has none, why they could not be read)."""
         path = self.timings(manifest)
-        if not path.is_file():
+        if not os.path.exists(path):
             return None, None
+        require_regular(path, "step timings")  # a FIFO would block, a folder was skipped in silence
         try:
-            return StepTimings.from_json(path.read_bytes()), None
+            return StepTimings.from_json(read_bounded(path, "step timings")), None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return None, f"{path.name}: unreadable, no reference figures ({exc})"
 
@@ -225,8 +227,7 @@ class RunDir:
 def read_manifest(path: Path) -> Manifest:
     """A manifest.json file, type-checked; TraceError when it is not one."""
     try:
-        with open_regular(path) as fh:
-            doc = orjson.loads(fh.read())
+        doc = orjson.loads(read_bounded(path, "a manifest"))
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
@@ -249,8 +250,7 @@ def parse_summary(data: bytes) -> Summary:
 def read_summary(path: Path, error: type[KvprofError] = TraceError) -> Summary:
     """A summary.json file (any name); ``error`` naming the file when it is not a kvprof summary."""
     try:
-        with open_regular(path) as fh:
-            data = fh.read()
+        data = read_bounded(path, "a summary")
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror or exc}") from None
     try:

@@ -21,6 +21,8 @@ adds are ignored by an older reader; keys an older plugin did not write read as 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -59,51 +61,63 @@ def plugin_source(engines: list[str] | tuple[str, ...]) -> str:
     names = [ENGINE_NAMES.get(e, e) for e in engines] or ["SGLang"]
     return f"the {names[0]} plugin" if len(names) == 1 else f"the {' and '.join(names)} plugins"
 
-Count = Annotated[int, msgspec.Meta(ge=0)]
+# What is read is bounded where it is declared: a count is 0..2^53 (a JSON reader's exact integers;
+# sums of many stay within what orjson writes), an id fits int64, a name is at most MAX_NAME characters
+# (kvprof's and SGLang's names are tens of characters; a 200k-character one only slows every reader).
+MAX_NAME = 1024
+MAX_COUNT = 1 << 53
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Id = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+Text = Annotated[str, msgspec.Meta(max_length=16 * MAX_NAME)]  # a reason or an error message
+# A kernel as the plugin names it: a C/C++ identifier, optionally qualified (``kvprof::store_kv_kernel``);
+# how it is matched against a trace's kernel names: ``kernel_matches``
+KERNEL_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*$"
+KernelName = Annotated[str, msgspec.Meta(max_length=MAX_NAME, pattern=KERNEL_NAME_PATTERN)]
 
 
 class SidecarPool(msgspec.Struct, kw_only=True):
     """One SGLang KV pool the plugin saw write: class, how it is hooked, its predicted path, shapes."""
 
-    cls: str | None = msgspec.field(default=None, name="class")
-    hooked: str | None = None
-    variant: str | None = None
-    native_path: str | None = None  # NATIVE_PATHS' keys, or quantized / layout:<x> / unknown (...)
-    route: str | None = None  # "writer:<name>" or "sglang" once a writer is named
-    route_reason: str | None = None
-    rope_route: str | None = None
-    rope_route_reason: str | None = None
-    size: int | None = None
-    page_size: int | None = None
-    head_num: int | None = None
-    head_dim: int | None = None
-    v_head_dim: int | None = None
-    layer_num: int | None = None
-    start_layer: int | None = None
-    kv_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-    kv_cache_layout: str | None = None
-    dtype: str | None = None
-    store_dtype: str | None = None
-    device: str | None = None
+    cls: Name | None = msgspec.field(default=None, name="class")
+    hooked: Name | None = None
+    variant: Name | None = None
+    native_path: Name | None = None  # NATIVE_PATHS' keys, or quantized / layout:<x> / unknown (...)
+    route: Name | None = None  # "writer:<name>" or "sglang" once a writer is named
+    route_reason: Text | None = None
+    rope_route: Name | None = None
+    rope_route_reason: Text | None = None
+    size: Count | None = None
+    page_size: Count | None = None
+    head_num: Count | None = None
+    head_dim: Count | None = None
+    v_head_dim: Count | None = None
+    layer_num: Count | None = None
+    start_layer: Count | None = None
+    kv_lora_rank: Count | None = None
+    qk_rope_head_dim: Count | None = None
+    kv_cache_layout: Name | None = None
+    dtype: Name | None = None
+    store_dtype: Name | None = None
+    device: Name | None = None
     quantized: bool | None = None
 
 
 class SidecarDevice(msgspec.Struct, kw_only=True):
     """The process's CUDA device (``kvprof.devinfo.device_properties``), its peak and where that came from."""
 
-    type: str | None = None
-    index: int | None = None
-    name: str | None = None
-    capability: str | None = None
-    sm_count: int | None = None
-    total_memory_bytes: int | None = None
+    type: Name | None = None
+    index: Count | None = None
+    name: Name | None = None
+    capability: Name | None = None
+    sm_count: Count | None = None
+    total_memory_bytes: Count | None = None
     peak_bandwidth_gbs: float | None = None
-    peak_bandwidth_source: str | None = None  # kvprof.core.devices: "spec table", "device properties"
+    peak_bandwidth_source: Name | None = None  # kvprof.core.devices: "spec table", "device properties"
     peak_bandwidth_datasheet_gbs: float | None = None
     peak_bandwidth_computed_gbs: float | None = None
-    memory_clock_khz: int | None = None
-    memory_bus_width_bits: int | None = None
+    memory_clock_khz: Count | None = None
+    memory_bus_width_bits: Count | None = None
 
     def to_dict(self) -> dict[str, object]:
         return msgspec.structs.asdict(self)
@@ -112,12 +126,13 @@ class SidecarDevice(msgspec.Struct, kw_only=True):
 class GraphWrite(msgspec.Struct, kw_only=True):
     """One write recorded into a CUDA graph while it was captured, in capture order."""
 
-    layer: int  # -1: a write whose layer could not be named
-    variant: str  # the range variant its eager twin gets
-    path: str  # the plugin's path key (sglang:<variant>, writer:<name>:<path>, ...)
-    tokens: int
-    kernel: str | None = None  # a substring of its kernel's name, where the plugin knows it
-    kernels: Count = 1  # kernels one such write launches (SGLang's index_put path: 2)
+    layer: Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)]  # -1: a write whose layer could not be named
+    variant: Name  # the range variant its eager twin gets
+    path: Name  # the plugin's path key (sglang:<variant>, writer:<name>:<path>, ...)
+    tokens: Count  # read as >= 0; -1 only where kvprof itself says the count is unknown
+    kernel: KernelName | None = None  # its kernel's name, where the plugin knows it (``kernel_matches``)
+    kernels: Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)] = 1  # kernels one such write launches
+    # (SGLang's index_put path: 2)
 
 
 class CapturedGraph(msgspec.Struct, kw_only=True):
@@ -126,7 +141,7 @@ class CapturedGraph(msgspec.Struct, kw_only=True):
     ``graph`` is the number the plugin gave it; each replay of it runs inside a host range
     ``kvprof.graph_replay[<graph>]`` (``kvprof.core.vocab.GRAPH_REPLAY_RANGE_FORMAT``)."""
 
-    graph: int
+    graph: Id
     writes: list[GraphWrite] = []
 
 
@@ -148,29 +163,29 @@ class SidecarLedger(msgspec.Struct, kw_only=True):
 class Sidecar(msgspec.Struct, kw_only=True):
     """One engine process's record of its KV writes (see docs/engines.md, "The sidecar")."""
 
-    schema: str
-    engine: str = "sglang"  # sglang, vllm; a sidecar from before engines were named: SGLang's
-    engine_version: str | None = None
-    kvprof_version: str | None = None
-    sglang_version: str | None = None
-    pid: int | None = None
-    rank: int | None = None
-    tp_rank: int | None = None
-    tp_size: int | None = None
-    hooked: list[str] = []
-    writer: str | None = None
-    writer_error: str | None = None
+    schema: Name
+    engine: Name = "sglang"  # sglang, vllm; a sidecar from before engines were named: SGLang's
+    engine_version: Name | None = None
+    kvprof_version: Name | None = None
+    sglang_version: Name | None = None
+    pid: Id | None = None
+    rank: Count | None = None
+    tp_rank: Count | None = None
+    tp_size: Count | None = None
+    hooked: list[Name] = []
+    writer: Name | None = None
+    writer_error: Text | None = None
     pools: list[SidecarPool] = []
-    paths: dict[str, Count] = {}
-    write_paths: dict[str, Count] | None = None  # None: a sidecar from before the plugin counted them
-    fallbacks: dict[str, Count] = {}
-    unattributed: dict[str, Count] = {}
+    paths: dict[Name, Count] = {}
+    write_paths: dict[Name, Count] | None = None  # None: a sidecar from before the plugin counted them
+    fallbacks: dict[Text, Count] = {}
+    unattributed: dict[Text, Count] = {}
     device: SidecarDevice | None = None
     graphs: list[CapturedGraph] | None = None  # None: a plugin that did not record graph captures
     graphs_without_writes: Count = 0
-    graph_hook: str | None = None  # where the plugin noted graph captures, or why it could not
+    graph_hook: Text | None = None  # where the plugin noted graph captures, or why it could not
     ledger: SidecarLedger | None = None  # None: a plugin that kept no ledger
-    file: str | None = None  # the file's name, set by read_sidecar (not written by the plugin)
+    file: Name | None = None  # the file's name, set by read_sidecar (not written by the plugin)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = msgspec.to_builtins(self)
@@ -188,17 +203,69 @@ def decode_sidecar(raw: bytes, name: str) -> Sidecar:
     """``raw`` as a sidecar, or a one-line TraceError naming ``name`` and what is wrong."""
     try:
         doc = msgspec.json.decode(raw, type=Sidecar)
+    except RecursionError:
+        raise TraceError(f"{name}: not a kvprof engine sidecar (nested deeper than a reader can follow)") from None
     except msgspec.ValidationError as exc:
         schema = _schema_of(raw)
         if schema is not None and not schema.startswith(SIDECAR_SCHEMA_PREFIXES):
-            raise TraceError(f"{name}: not a kvprof SGLang sidecar (schema {schema[:80]!r})") from None
-        raise TraceError(f"{name}: malformed kvprof SGLang sidecar ({_one_line(exc)})") from None
+            raise TraceError(f"{name}: not a kvprof engine sidecar (schema {schema[:80]!r})") from None
+        raise TraceError(f"{name}: malformed kvprof engine sidecar ({_one_line(exc)})") from None
     except msgspec.DecodeError as exc:
-        raise TraceError(f"{name}: not a kvprof SGLang sidecar (not JSON: {_one_line(exc)})") from None
+        raise TraceError(f"{name}: not a kvprof engine sidecar (not JSON: {_one_line(exc)})") from None
     if not doc.schema.startswith(SIDECAR_SCHEMA_PREFIXES):
-        raise TraceError(f"{name}: not a kvprof SGLang sidecar (schema {doc.schema[:80]!r}, expected "
+        raise TraceError(f"{name}: not a kvprof engine sidecar (schema {doc.schema[:80]!r}, expected "
                          f"{SIDECAR_SCHEMA_PREFIX}...)")
+    fell_back = doc.paths.get(PLUGIN_FALLBACK, 0)
+    if sum(doc.fallbacks.values()) > fell_back:
+        raise TraceError(f"{name}: malformed kvprof engine sidecar ({sum(doc.fallbacks.values()):,} fallbacks by "
+                         f"reason, but {PLUGIN_FALLBACK} counts {fell_back:,})")
     return msgspec.structs.replace(doc, file=name)
+
+
+def check_one_per_process(sidecars: list[Sidecar]) -> None:
+    """Refuse two sidecars that name one process (pid): which one's record a replay of that
+    process follows could not be told, and counting both would count its writes twice."""
+    seen: dict[int, str] = {}
+    for sc in sidecars:
+        if sc.pid is None:
+            continue
+        if sc.pid in seen:
+            raise TraceError(f"two kvprof engine sidecars name process {sc.pid} ({seen[sc.pid]}, {sc.file}): "
+                             "a process writes one; keep the one of this run and move the other away")
+        seen[sc.pid] = sc.file or "?"
+
+
+_IDENT = re.compile(r"[A-Za-z0-9_]+(?:::[A-Za-z0-9_]+)*")
+
+
+def kernel_matches(kernel_name: str, recorded: Collection[str]) -> set[str]:
+    """The recorded kernel names (``GraphWrite.kernel``) that a trace's kernel name is a kernel of.
+
+    The rule: take the qualified identifiers of the trace's name (``void sglang::store_kvcache_kernel<256l,
+    ...>(sglang::StoreKVCacheParams)`` holds ``sglang::store_kvcache_kernel``, ``sglang::StoreKVCacheParams``,
+    ...) and each of their ``::`` tails (``store_kvcache_kernel``); a recorded name matches when it is one
+    of these, or one of these is the recorded name followed by ``_`` and more (a Triton specialisation
+    suffix, ``index_put`` in ``index_put_kernel_impl``). Never a part of a word: ``gemm`` is not a kernel
+    of ``sm90_xmma_gemm_bf16bf16``. Linear in the name (times the recorded names' ``::`` depth): a
+    dictionary look-up per ``_`` of each identifier.
+    """
+    out: set[str] = set()
+    if not recorded:
+        return out
+    depth = max(r.count("::") for r in recorded) + 1  # the longest tail worth looking up
+    longest = max(len(r) for r in recorded)  # and the longest prefix
+    for m in _IDENT.finditer(kernel_name):
+        parts = m.group().split("::")
+        for i in range(max(0, len(parts) - depth), len(parts)):
+            ident = "::".join(parts[i:])
+            if ident in recorded:
+                out.add(ident)
+            cut = ident.find("_", len(ident) - len(parts[-1]) + 1)
+            while 0 < cut <= longest:
+                if ident[:cut] in recorded:
+                    out.add(ident[:cut])
+                cut = ident.find("_", cut + 1)
+    return out
 
 
 def read_sidecar(path: Path) -> Sidecar:
@@ -207,9 +274,9 @@ def read_sidecar(path: Path) -> Sidecar:
         with open_regular(path) as f:
             raw = f.read(MAX_SIDECAR_BYTES + 1)
     except OSError as exc:
-        raise TraceError(f"{path.name}: cannot read the kvprof SGLang sidecar ({exc.strerror or exc})") from None
+        raise TraceError(f"{path.name}: cannot read the kvprof engine sidecar ({exc.strerror or exc})") from None
     if len(raw) > MAX_SIDECAR_BYTES:
-        raise TraceError(f"{path.name}: not a kvprof SGLang sidecar (larger than {MAX_SIDECAR_BYTES >> 20} MiB)")
+        raise TraceError(f"{path.name}: not a kvprof engine sidecar (larger than {MAX_SIDECAR_BYTES >> 20} MiB)")
     return decode_sidecar(raw, path.name)
 
 
@@ -219,7 +286,7 @@ def _schema_of(raw: bytes) -> str | None:
 
     try:
         head = msgspec.json.decode(raw, type=_Head)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     return head.schema if isinstance(head.schema, str) else None
 

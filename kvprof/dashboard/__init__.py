@@ -22,3 +22,20 @@ def _not_no_runtime(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("streamlit.runtime.caching.cache_data_api").addFilter(_not_no_runtime)
+
+
+def _inert(record: logging.LogRecord) -> bool:
+    """The dashboard's log records with every control, bidi and line-separator character shown
+    as its escape (``kvprof.core.text.printable``), the traceback's line breaks kept: a run's or an
+    upload's name, or an error quoting a trace's or a sidecar's text, reached the server's
+    terminal with its escape sequences."""
+    from kvprof.core.text import printable
+
+    record.msg, record.args = printable(record.getMessage()), None
+    if record.exc_info and not record.exc_text:
+        text = logging.Formatter().formatException(record.exc_info)
+        record.exc_text = "\n".join(printable(line) for line in text.split("\n"))
+    return True
+
+
+logging.getLogger("kvprof.dashboard").addFilter(_inert)

@@ -155,24 +155,42 @@ def _is_trace_name(name: str) -> bool:
 
 
 def check_inputs(run_dir: Path, root: Path) -> None:
-    """Refuse a run whose manifest or files point outside the root (``load`` would follow them)."""
+    """Refuse a run any of whose inputs resolve outside the root (``load`` would follow them):
+    every entry of the run folder (a rank's trace, a sidecar, the step timings, any file a loader
+    may pick up by its name), and every file name anywhere in its manifest (variants', ranks',
+    run-level)."""
+    contained(root, run_dir)
+    try:
+        entries = list(run_dir.iterdir())
+    except OSError as exc:
+        raise DashboardError(f"cannot read the folder {run_dir.name}: {exc.strerror or exc}") from None
+    for p in entries:
+        contained(root, p)
     man = RunDir(run_dir).manifest
-    if man.is_file():
-        contained(root, man)
-        try:
-            doc = orjson.loads(man.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
-            raise DashboardError(f"{run_dir.name}/{man.name} is not readable JSON ({exc})") from None
-        variants = doc.get("variants") if isinstance(doc, dict) else None
-        for entry in (variants or {}).values():
-            files = entry.get("files") if isinstance(entry, dict) else None
-            for f in (files or {}).values():
-                if isinstance(f, str):
-                    contained(root, run_dir / f)
+    if not man.is_file():
         return
-    for p in run_dir.iterdir():
-        if _is_trace_name(p.name):
-            contained(root, p)
+    try:
+        doc = orjson.loads(man.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise DashboardError(f"{run_dir.name}/{man.name} is not readable JSON ({exc})") from None
+    for f in _manifest_files(doc):
+        contained(root, run_dir / f)
+
+
+def _manifest_files(doc: Any) -> list[str]:
+    """Every string under a ``files`` or ``timings`` key of the manifest (a rank's step timings), at
+    any depth (iteratively: no recursion on a document's nesting)."""
+    out: list[str] = []
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        node, under_files = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, under_files or k in ("files", "timings")) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, under_files) for v in node)
+        elif under_files and isinstance(node, str):
+            out.append(node)
+    return out
 
 
 # ---------------------------------------------------------------------------- discovery

@@ -513,7 +513,13 @@ class _Route:
     as rows of one head (see the module's doc)."""
 
     def __init__(self, writer: Any, state: _State, device: Any) -> None:
+        from kvprof.writers.base import checked_impl
+
         self.writer = writer
+        # K and V rows are interleaved views of one packed cache, which the paged contract's own
+        # checks refuse as shared memory: the route checks the views itself (kv_views, head_rows,
+        # the writer's unsupported_reason) and calls the writer's own write, as SGLang's route does
+        self.write_impl = checked_impl(writer)
         self.state = state
         self.device = device
         self.input_ok: dict[tuple[Any, Any], str | None] = {}  # (cache dtype, input dtype) -> refused?
@@ -576,7 +582,7 @@ class _Route:
 
     def write(self, call: tuple[Any, ...]) -> None:
         k_rows, v_rows, row_slots, k_in, v_in, dtype = call
-        path = self.writer.write(k_rows, v_rows, row_slots, k_in, v_in, dtype, None, None)
+        path = self.write_impl(k_rows, v_rows, row_slots, k_in, v_in, dtype, None, None)
         self.state.count(f"writer:{self.writer.name}:{path}", WRITE_KV_UPDATE)
 
 

@@ -33,6 +33,7 @@ shifted so that it starts at 0 (said in the group's description).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from kvprof.core.atomic import atomic_file
 from kvprof.core.errors import ToolError
 from kvprof.core.schema import GPU_WORK_KINDS
 from kvprof.core.summary import VariantVerdict
+from kvprof.core.text import printable
 from kvprof.trace.table import to_frame
 
 if TYPE_CHECKING:
@@ -87,18 +89,21 @@ class _Slice:
 
 def lanes(slices: Sequence[_Slice]) -> list[list[_Slice]]:
     """The slices sorted by start and dealt onto as few lanes as keep each lane free of overlap
-    (a slice that ends where the next begins shares its lane)."""
+    (a slice that ends where the next begins shares its lane), each onto the lowest-numbered lane
+    free at its start. O(n log n): the busy lanes in a heap by end, the free ones in a heap by number."""
     out: list[list[_Slice]] = []
-    ends: list[int] = []
+    busy: list[tuple[int, int]] = []  # (end, lane)
+    free: list[int] = []
     for s in sorted(slices, key=lambda s: (s.start, s.end)):
-        for i, end in enumerate(ends):
-            if end <= s.start:
-                out[i].append(s)
-                ends[i] = s.end
-                break
+        while busy and busy[0][0] <= s.start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane = heapq.heappop(free)
         else:
-            out.append([s])
-            ends.append(s.end)
+            lane = len(out)
+            out.append([])
+        out[lane].append(s)
+        heapq.heappush(busy, (s.end, lane))
     return out
 
 
@@ -119,14 +124,14 @@ class PerfettoWriter:
         p = self.pb.TracePacket()
         d = p.track_descriptor
         d.uuid = uuid
-        d.name = name
+        d.name = printable(name)
         d.sibling_order_rank = rank
         if parent is not None:
             d.parent_uuid = parent
         else:
             d.child_ordering = self.pb.TrackDescriptor.EXPLICIT
         if description:
-            d.description = description
+            d.description = printable(description)
         self.packets.append(p)
         return uuid
 
@@ -164,7 +169,7 @@ class PerfettoWriter:
             for name, iid in self.names.items():
                 entry = first.interned_data.event_names.add()
                 entry.iid = iid
-                entry.name = name
+                entry.name = printable(name)
             fh.write(trace.SerializeToString())
             for lo in range(0, len(self.events), _PACKETS_PER_WRITE):
                 trace = self.pb.Trace()
@@ -192,7 +197,7 @@ def _annotate(a: Any, key: str, value: Any) -> None:
     elif isinstance(value, (float, np.floating)):
         a.double_value = float(value)
     else:
-        a.string_value = str(value)
+        a.string_value = printable(value)
 
 
 def _present(value: Any) -> bool:

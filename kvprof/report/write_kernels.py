@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvprof.core.text import markup
+from kvprof.core.text import markup, printable
 from kvprof.report.cells import FitCol, fit_table, print_table
 
 
@@ -134,7 +134,7 @@ def render_ledgers(sidecars: list[dict[str, Any]], console: Any) -> None:
                 [["no layer" if layer == "-1" else layer, f"{asked:,}", f"{seen:,}", f"{unseen:,}"]
                  for layer, asked, seen, unseen in rows], console.width))
         for line in lines:
-            console.print(line, markup=False, highlight=False)
+            console.print(printable(line), markup=False, highlight=False)
 
 
 def _fmt(v: Any, scale: float = 1000.0) -> str:

@@ -27,13 +27,14 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from kvprof.core.atomic import atomic_path
-from kvprof.core.errors import ToolError, TraceError
+from kvprof.core.errors import ToolError, TraceError, UsageError
+from kvprof.core.text import printable
 from kvprof.tools import envsafe
 
 logger = logging.getLogger("kvprof")
@@ -137,6 +138,16 @@ def nsys_version(path: Path | str) -> str:
     return m.group(1) if m else _last_line(text)
 
 
+def check_profiled_command(child_argv: Sequence[str]) -> None:
+    """UsageError for a command nsys would not run as given: none, or a first word that starts with
+    ``-`` (nsys reads it, and what follows, as its own options: ``--env-var=NAME=value`` reached it)."""
+    if not child_argv or not child_argv[0]:
+        raise UsageError("no command to profile")
+    if child_argv[0].startswith("-"):
+        raise UsageError(f"the command to profile must start with a program, not {printable(child_argv[0][:60])!r}: "
+                         "nsys would read it as one of its own options")
+
+
 def nsys_profile_command(
     nsys: Path | str,
     output_base: Path | str,
@@ -148,7 +159,10 @@ def nsys_profile_command(
     duration: float | None = None,
 ) -> list[str]:
     """The ``nsys profile`` command line; ``output_base`` without ``.nsys-rep``.
-    ``duration``: nsys stops collecting after that many seconds and ends the command (a server)."""
+    ``duration``: nsys stops collecting after that many seconds and ends the command (a server).
+    A command whose first word starts with ``-`` is refused (UsageError): nsys would read it, and
+    what follows, as its own options (``--env-var=NAME=value`` reached nsys)."""
+    check_profiled_command(child_argv)
     cmd = [str(nsys), "profile", *PROFILE_FLAGS, f"--trace={trace}"]
     if cuda_graph_trace:
         cmd.append(f"--cuda-graph-trace={cuda_graph_trace}")
@@ -212,12 +226,30 @@ def isolation_prefix() -> list[str] | None:
     return None
 
 
+def redactor() -> Callable[[str], str]:
+    """What a line of nsys's log goes through: scrub's rules for this environment (a token-shaped
+    string, a secret value of this process's environment in any form scrub knows, ``NAME=value``
+    of an environment-like name, home paths), so a command's arguments and output do not put a
+    secret in ``<base>.nsys.log`` or on the terminal."""
+    from kvprof.tools.scrub import Rules
+
+    rules = Rules()
+
+    def redact(line: str) -> str:
+        body = line.rstrip("\r\n")
+        return rules.scrub(body)[0] + line[len(body):]
+
+    return redact
+
+
 def _pump(
     stream: IO[str], log: IO[str], output: deque[str], lock: threading.Lock, tail: deque[str] | None,
-    echo: IO[str] | None = None,
+    echo: IO[str] | None = None, redact: Callable[[str], str] = str,
 ) -> None:
-    """Copy one pipe of nsys into the log line by line (and to ``echo``), keeping recent lines to diagnose."""
-    for line in iter(stream.readline, ""):
+    """Copy one pipe of nsys into the log line by line (and to ``echo``), keeping recent lines to diagnose;
+    each line redacted first (``redactor``)."""
+    for raw in iter(stream.readline, ""):
+        line = redact(raw)
         with lock:
             log.write(line)
             log.flush()
@@ -317,8 +349,9 @@ def _run_logged(nsys: Path | str, cmd: list[str], env: Mapping[str, str], log_pa
     stderr_tail: deque[str] = deque(maxlen=50)
     output: deque[str] = deque(maxlen=2000)
     lock = threading.Lock()
+    redact = redactor()
     with open(log_path, "w", encoding="utf-8", errors="replace") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
+        log.write("$ " + " ".join(redact(word) for word in cmd) + "\n")  # word by word: the rest stays readable
         try:
             proc = subprocess.Popen(
                 cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -328,8 +361,9 @@ def _run_logged(nsys: Path | str, cmd: list[str], env: Mapping[str, str], log_pa
             raise ToolError(f"cannot run nsys at {nsys}: {exc.strerror or exc}") from None
 
         pumps = [
-            threading.Thread(target=_pump, args=(proc.stdout, log, output, lock, None, echo), daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, log, output, lock, stderr_tail, echo), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stdout, log, output, lock, None, echo, redact), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, log, output, lock, stderr_tail, echo, redact),
+                             daemon=True),
         ]
         for t in pumps:
             t.start()

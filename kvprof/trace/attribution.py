@@ -347,6 +347,7 @@ class _Attributor:
         rows = np.flatnonzero(work)
         launches = pd.Series(rows).groupby(self.graph_launch[rows]).apply(list)
         graphs = PluginGraphs(self.df, self.sidecars)
+        graphs.locate([r for r in (self.launch_rows.get(c) for c in launches.index) if r is not None])
         next_id = len(self.write_rows)
         tied = 0
         for corr, grp in launches.items():

@@ -21,7 +21,7 @@ from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat, TraceReade
 from kvprof.core.run import Manifest, TraceMeta, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
-from kvprof.core.sidecar import Sidecar, read_sidecar
+from kvprof.core.sidecar import Sidecar, check_one_per_process, read_sidecar
 from kvprof.core.timings import StepTimings
 from kvprof.trace.attribution import attribute
 from kvprof.trace.model import Trace
@@ -114,6 +114,16 @@ MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, Overfl
              RecursionError, UnicodeError)
 
 
+def _regular(p: Path) -> bool:
+    """Whether ``p`` is there to read: False where nothing is (a broken link included), True for a
+    regular file; anything else by that name (a FIFO, a socket, a device, a folder) is refused in
+    one line (exit 2), never skipped in silence nor opened (a FIFO would block)."""
+    if not os.path.exists(p):
+        return False
+    require_regular(p, "a trace or a run's file")
+    return True
+
+
 def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     run = RunDir(run_dir)
     manifest = run.read_manifest()
@@ -130,7 +140,7 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         kt = entry.files.get("torch_trace")
         if kt:
             p = run_dir / kt
-            if p.is_file():
+            if _regular(p):
                 t = load_file(p, max_events)
                 meta = t.kvprof
                 loaded.traces.append(t)
@@ -142,7 +152,7 @@ def load_run(run_dir: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
             if not f:
                 continue
             p = run_dir / f
-            if not p.is_file():
+            if not _regular(p):
                 loaded.warnings.append(f"{name}: manifest names {f} but it is missing")
                 continue
             if p.resolve() in seen:
@@ -170,7 +180,7 @@ def _load_other_ranks(run_dir: Path, manifest: Manifest, loaded: Loaded, seen: s
             p = run_dir / f
             if (v is not None and not v.available) or p.resolve() in seen:
                 continue
-            if not p.is_file():
+            if not _regular(p):
                 loaded.warnings.append(f"{name}: manifest names {f} (rank {entry.rank}) but it is missing")
                 continue
             loaded.traces.append(load_file(p, max_events))
@@ -183,8 +193,8 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         entries = list(d.iterdir())
     except OSError as exc:
         raise TraceError(f"cannot read the folder {d}: {exc.strerror or exc}") from None
-    files = sorted(p for p in entries if p.is_file() and REGISTRY.is_trace_name(p.name)
-                   and p.name not in RunDir.NOT_TRACES)
+    files = sorted(p for p in entries if REGISTRY.is_trace_name(p.name) and p.name not in RunDir.NOT_TRACES
+                   and _regular(p))
     sidecars = [p for p in files if RunDir.is_sidecar(p.name)]
     files = [p for p in files if p not in sidecars]
     merged = [p for p in files if _SGLANG_MERGED.match(p.name)]
@@ -197,6 +207,7 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
         if p not in files:
             loaded.warnings.append(f"skipped {p.name}: SGLang's merge of the per-rank traces read here")
     loaded.sidecars = [read_sidecar(p) for p in sidecars]  # a malformed one: a one-line TraceError
+    check_one_per_process(loaded.sidecars)
     for p in files:
         try:
             loaded.traces.append(_with_file_rank(load_file(p, max_events, export_dir=d, sidecars=loaded.sidecars),
