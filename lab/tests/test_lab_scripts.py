@@ -44,3 +44,15 @@ def test_gate_steps_refuses_a_bad_setting_in_one_line(args, words):
                        timeout=120)
     assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--runs", "1"], "--runs >= 2"),
+    (["--reference-steps", "3"], "--reference-steps >= 4"),
+    (["--busy", "-1"], "--busy >= 0"),
+])
+def test_gate_false_fails_refuses_a_bad_setting_in_one_line(args, words):
+    r = subprocess.run([sys.executable, str(LAB / "gate_false_fails.py"), *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
