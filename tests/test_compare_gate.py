@@ -444,3 +444,30 @@ def test_tampered_step_timings_are_refused_with_exit_3(cpu_run, capsys, tmp_path
     unreadable = value in ("NaN", "Infinity")
     assert ("NEW's step timings are missing or unreadable" if unreadable
             else "NEW's step timings: index_put reference decode 1") in err, err
+
+
+def test_a_shift_within_the_level_noise_of_a_series_is_not_a_regression():
+    # two variants per run, each with its own control: their controls' levels differ by 16 % within one run (where
+    # their tensors landed), which no number of steps averages out. A +20 % level shift of one row between runs,
+    # with steps that scatter by 1 %, is within that noise: inconclusive, not regressed; with the controls of
+    # one run at one level the same shift regresses
+    def run(shift, spread, seed):
+        recs = []
+        for i, variant in enumerate(("index_put", "two_stream")):
+            level = 1 + (spread if i else -spread)
+            for mode, centre in (("writes", 20_000 * level * (shift if i == 0 else 1)), (CONTROL, 10_000 * level),
+                                 (FREE_CONTROL, 4_000)):
+                recs.append(StepSamples(variant=variant, pass_="reference", phase="decode", size=1, mode=mode,
+                                        graph=False, writes_per_step=WPS, clock="wall",
+                                        samples_ns=tuple(jitter(centre, n=30, seed=seed + i, rel=0.01))))
+        t = StepTimings(records=recs)
+        return GateRun(groups=reference_groups(t), summary=Summary(input="x", input_kind="run",
+                                                                   reference={"clock": ["wall"]}), timings=t)
+
+    gate = regression_gate(run(1.0, 0.08, 1), run(1.2, 0.08, 7), 10)
+    row = next(r for r in gate.rows if r.variant == "index_put")
+    assert row.judged_pct == pytest.approx(20, abs=3) and row.level_pct == pytest.approx(12, abs=1.5)
+    assert row.status == "inconclusive" and gate.verdict == "inconclusive"
+    gate = regression_gate(run(1.0, 0.0, 1), run(1.2, 0.0, 7), 10)
+    row = next(r for r in gate.rows if r.variant == "index_put")
+    assert row.regressed and gate.verdict == "regressed" and row.level_pct < 1

@@ -5,8 +5,8 @@ to 2x slower than another (seen here at a load of 6 on 2 cores), and the gate ju
 write's cost over the control series its own reference pass timed between the steps; under
 more load than the noise allows, a row is "too noisy to judge" (inconclusive), never
 "regressed". The threshold is 10 %, the one docs/formats.md gives for a shared CPU
-(lab/gate_false_fails.py: 0 false fails in 110 ordered pairs of identical captures at loads of
-12-20 on the 2 cores). Triton's interpreter is left out (its time swings by 3x between
+(lab/gate_false_fails.py: 0 false fails in 110 ordered pairs of identical captures, over 10
+and over 60 reference steps, at loads of 10-20 on the 2 cores). Triton's interpreter is left out (its time swings by 3x between
 identical runs). A real slowdown must still fail: a third-party writer (``--writer
 module:factory``) whose NEW version stores every K and V twice -- twice the writer's own
 work per call; what a write costs the step rises by about 1.5-1.7x here, since the pool's

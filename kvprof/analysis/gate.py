@@ -29,9 +29,11 @@ The interval is, by what both runs hold:
   slows it with them and would cancel out. So the control is judged as a row of its own,
   ``CONTROL_ROW`` per (phase, size): torch's index_put over ``control_numpy`` (the same
   stores by numpy, no torch), every variant's steps of the point pooled; a slower torch
-  regresses that row. Torch's control is the divisor because it tracks the machine best
-  (lab/gate_false_fails.py: between identical runs under load it moved 1.5-9 % where the
-  numpy control moved 3-13 %), the numpy one checks it;
+  regresses that row. Torch's control is the divisor because it tracks the machine at
+  least as well (lab/gate_false_fails.py prints each control's spread between identical
+  runs), the numpy one checks it. A series' level also moves with where its tensors landed,
+  which no number of steps averages out: the spread of the variants' control levels within
+  each run (``_level_noise``) widens these intervals;
 - per-step samples without both controls (a GPU's CUDA events; a CPU capture older than
   ``control_numpy``, whose control cannot be checked): the interval of NEW's median cost per
   write minus BASE's, as a percentage of BASE's cost, which must also hold in the step
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -95,6 +98,7 @@ class GateRow:
     control series: the cost over the machine's speed; ``drift_pct``: how much slower NEW's
     machine ran torch's control), "control check" (the row CONTROL_ROW: torch's control over
     the numpy control; ``drift_pct``: how much slower NEW's machine ran the numpy one),
+    ``level_pct``: the level noise of a series, widened into the interval (see ``_level_noise``);
     "bootstrap" (per-step samples; ``confirmed_in``: the profiled pass held to the same rule)
     or "iqr" (``spread_ns``: both runs' step IQRs per write; the interval is the slowdown +- it).
     """
@@ -119,6 +123,7 @@ class GateRow:
     regressed: bool
     status: str = "passed"
     confidence: float | None = None
+    level_pct: float | None = None
 
     @property
     def noise_pct(self) -> float | None:
@@ -186,7 +191,8 @@ RULE = ("inconclusive when the row's noise, half its interval as a ratio (sqrt((
         "- 1), exceeds threshold_pct; else regressed when judged_pct and low_pct, the low end of its interval, are "
         "above threshold_pct. Intervals are family-wise: with m rows on per-step samples, each is the central "
         "1 - family_alpha / m bootstrap interval. noise control: the cost per write over the control series (each "
-        "step over torch's index_put timed beside it); noise control check: the control itself over the "
+        "step over torch's index_put timed beside it), the interval widened by level_pct, the spread of the "
+        "variants' control levels within each run; noise control check: the control itself over the "
         "control_numpy series (numpy, no torch), every variant's steps pooled, so that a slower torch is a "
         "regression; noise bootstrap: the median difference per write, also in a profiled pass both runs timed "
         "(confirm_low_pct); noise iqr: the slowdown +- spread_ns (both runs' step IQR per write); rows of unknown "
@@ -409,6 +415,7 @@ class _Pending:
     row: GateRow
     draws: np.ndarray | None = None  # the slowdown, %
     confirm: np.ndarray | None = None  # the slowdown in a profiled pass, %
+    level: float | None = None  # the level noise of one series (log units), _level_noise
 
 
 # -- the gate --------------------------------------------------------------------------------
@@ -490,6 +497,10 @@ def regression_gate(base: GateRun | pd.DataFrame, new: GateRun | pd.DataFrame, t
     if divide and checked and check_control:
         pending += _control_checks(base, new, sorted({(p.row.phase, p.row.size) for p in pending
                                                       if p.row.noise == "control"}))
+    level = _level_noise(base, new) if divide else {}
+    for p in pending:
+        if p.row.noise in ("control", "control check"):
+            p.level = level.get((p.row.phase, p.row.size))
     _decide(pending, threshold_pct)
     out.rows = [p.row for p in pending]
     return out
@@ -572,6 +583,42 @@ def _control_checks(base: GateRun, new: GateRun, points: list[tuple[str, int]]) 
     return out
 
 
+def _level_noise(base: GateRun, new: GateRun) -> dict[tuple[str, int], float]:
+    """Per (phase, size): how far the level of one timed series can sit from another's in the same
+    process, in log units -- the standard deviation, across the variants of a run, of their
+    control series' medians (each variant's control is its own allocation of the same stores),
+    pooled over both runs. A series' level moves with where its tensors landed, which no amount
+    of steps averages out: between identical captures under load, decode rows over their
+    control moved by up to 7 % (lab/gate_false_fails.py) while 60 steps gave intervals of a
+    few points. Needs two variants' controls in each run; absent otherwise."""
+    spreads: dict[tuple[str, int], list[float]] = {}
+    for run in (base, new):
+        medians: dict[tuple[str, int], list[float]] = {}
+        for r in run.timings.select(pass_="reference") if run.timings is not None else ():
+            if r.mode == CONTROL and r.samples_ns:
+                medians.setdefault((r.phase, r.size), []).append(math.log(r.median_ns))
+        for key, logs in medians.items():
+            if len(logs) >= 2:
+                spreads.setdefault(key, []).append(float(np.var(logs, ddof=1)))
+    return {key: math.sqrt(sum(v) / len(v)) for key, v in spreads.items() if len(v) == 2}
+
+
+def _widened(row: GateRow, level: float, confidence: float) -> None:
+    """The row's interval widened, in log space, by the level noise of the four series a ratio of
+    two runs holds (each run's step series and its control: 2 x ``level`` in all), at the
+    family's confidence."""
+    if row.low_pct is None or row.high_pct is None or row.low_pct <= -100:
+        return
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    extra = z * 2 * level
+    centre = math.log1p(row.judged_pct / 100)
+    lo, hi = math.log1p(row.low_pct / 100), math.log1p(row.high_pct / 100)
+    lo = centre - math.hypot(max(0.0, centre - lo), extra)
+    hi = centre + math.hypot(max(0.0, hi - centre), extra)
+    row.low_pct, row.high_pct = math.expm1(lo) * 100, math.expm1(hi) * 100
+    row.level_pct = math.expm1(level) * 100
+
+
 def _decide(pending: list[_Pending], threshold_pct: float) -> None:
     """Each row's family-wise interval, then its status: inconclusive when its noise exceeds the
     threshold, regressed when the slowdown and the interval's low end are above it."""
@@ -583,6 +630,8 @@ def _decide(pending: list[_Pending], threshold_pct: float) -> None:
         if p.draws is not None:
             row.confidence = confidence
             row.low_pct, row.high_pct = (float(x) for x in np.percentile(p.draws, [tail, 100 - tail]))
+            if p.level is not None:
+                _widened(row, p.level, confidence)
         if p.confirm is not None:
             row.confirm_low_pct = float(np.percentile(p.confirm, tail))
         noise = row.noise_pct

@@ -25,8 +25,10 @@ trusted_sources: the unprofiled reference first). Each row gets an interval for 
 slowdown, family-wise (each row's at 1 - 0.05/m for m rows: judging a dozen rows at once
 does not multiply false fails). A row is inconclusive when its noise, half its interval,
 exceeds PCT (too noisy to judge); else it regresses when its slowdown and the low end of
-its interval are above PCT. On a CPU each step is divided by a control step timed beside
-it by numpy (no torch: a torch that became slower is a regression like any other); on a
+its interval are above PCT. On a CPU each step is divided by torch's index_put timed
+beside it (the interval widened by how far the variants' control levels spread within a
+run), and a row per phase x size checks that control against numpy's (no torch: a torch
+that became slower is a regression like any other); on a
 GPU the interval is that of the median difference per write over the reference pass's
 per-step samples, which must also hold in a profiled pass both runs timed; without
 samples it is the slowdown +- both runs' step IQRs per write; rows of unknown noise are
