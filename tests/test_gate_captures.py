@@ -6,15 +6,16 @@ write's cost over the control series its own reference pass timed between the st
 more load than the noise allows, a row is "too noisy to judge" (inconclusive), never
 "regressed". The threshold is 10 %, the one docs/formats.md gives for a shared CPU
 (lab/gate_false_fails.py: 0 false fails in 110 ordered pairs of identical captures, over 10
-and over 60 reference steps, at loads of 10-20 on the 2 cores). Triton's interpreter is left out (its time swings by 3x between
-identical runs). A real slowdown must still fail: a third-party writer (``--writer
-module:factory``) whose NEW version stores every K and V twice -- twice the writer's own
-work per call; what a write costs the step rises by about 1.5-1.7x here, since the pool's
-own work per call is not doubled -- and a torch whose index_put does its work twice, which
-slows the control with the variants: the control's own row (torch's index_put over numpy's)
-fails. Those captures time 60 reference steps, not the CPU default of 10: under a burst of
-load the machine ran the control 48-71 % slower in NEW, and over 10 steps the twice-writer's
-+47 % had an interval of +7 .. +99 %; 60 steps narrow it about 4x (lab/gate_steps.py).
+and over 60 reference steps, at loads of 10-20 on the 2 cores). Triton's interpreter is left
+out (its time swings by 3x between identical runs). A real slowdown must still fail: a
+third-party writer (``--writer module:factory``) whose NEW version stores every K and V
+twice -- twice the writer's own work per call; what a write costs the step rises by about
+1.5-1.7x here, since the pool's own work per call is not doubled -- and a torch whose
+index_put does its work twice, which slows the control with the variants: the control's own
+row (torch's index_put over numpy's) fails. Those captures time 60 reference steps, not the
+CPU default of 10: under a burst of load the machine ran the control 48-71 % slower in NEW,
+and over 10 steps the twice-writer's +47 % had an interval of +7 .. +99 %; 60 steps narrow
+it about 4x (lab/gate_steps.py).
 """
 
 from __future__ import annotations
