@@ -215,11 +215,13 @@ def compare_runs(before: Analysis, after: Analysis, pairs: list[tuple[str, str]]
 
 
 def regression_gate(base: Analysis, new: Analysis, threshold_pct: float, *, base_run: Loaded | None = None,
-                    new_run: Loaded | None = None, include_interpreted: bool = False) -> GateResult:
+                    new_run: Loaded | None = None, include_interpreted: bool = False,
+                    check_control: bool = True) -> GateResult:
     """Each variant x phase x size of ``new`` against ``base`` on the most trusted source both
     measured (``base``'s trusted_sources), once the runs are comparable: regressed when slower
     by more than ``threshold_pct`` percent beyond the noise (kvprof.analysis.gate). ``base_run``/
-    ``new_run``: the opened runs, for their per-step samples and manifests."""
+    ``new_run``: the opened runs, for their per-step samples and manifests. ``check_control=False``
+    only to measure what an unchecked control lets through (lab/gate_false_fails.py)."""
     from kvprof.analysis.gate import GateRun, regression_gate as _gate
 
     def side(result: Analysis, loaded: Loaded | None) -> GateRun:
@@ -228,7 +230,8 @@ def regression_gate(base: Analysis, new: Analysis, threshold_pct: float, *, base
                        manifest=loaded.manifest if loaded is not None else None)
 
     return _gate(side(base, base_run), side(new, new_run), threshold_pct,
-                 source_order=base.summary.trusted_sources, include_interpreted=include_interpreted)
+                 source_order=base.summary.trusted_sources, include_interpreted=include_interpreted,
+                 check_control=check_control)
 
 
 def comparability(before: Analysis, after: Analysis, before_run: Loaded | None = None,

@@ -193,9 +193,9 @@ def test_context_layer_runs_on_cpu_and_reports_the_write_share(tmp_path, capsys)
     timings = StepTimings.from_json((run / "step_timings.json").read_bytes())
     assert timings.context == "layer" and timings.context_len == 8
     modes = {(r.phase, r.size, r.mode) for r in timings.select(pass_="reference")}
-    # on a CPU a control step (the machine's speed) is timed beside each of the three modes' steps
+    # on a CPU the control steps (the machine's speed: torch's and numpy's) are timed beside each mode's steps
     assert modes == {(p, s, m) for p, s in (("decode", 1), ("decode", 2), ("prefill", 16))
-                     for m in ("layer", "layer_no_write", "writes", "control")}
+                     for m in ("layer", "layer_no_write", "writes", "control", "control_numpy")}
     summary = orjson.loads((run / "summary.json").read_bytes())
     ref = [g for g in summary["groups"] if g["source"] == "reference"]
     assert ref and all(g["context"] == "layer" and g["write_share"] is not None for g in ref)

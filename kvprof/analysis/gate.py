@@ -8,23 +8,43 @@ is judged: the first, in BASE's ``trusted_sources`` order (the unprofiled refere
 where the run has one, then the least perturbed profiler), that both runs measured. The
 figure is ``cost_per_write_ns`` (what a write costs the step, the figure analyze reports).
 
-A row regresses when NEW is slower than BASE by more than PCT percent beyond the noise:
+Every row gets an interval for its slowdown, and the intervals of one gate are family-wise:
+with m rows judged on per-step samples, each is the central 1 - FAMILY_ALPHA / m bootstrap
+interval (Bonferroni), so that identical runs put some row outside its interval at most
+FAMILY_ALPHA of the time however many rows there are. A row is then
 
-- where both runs' reference passes timed a control series beside their steps (a CPU: the
-  step's K and V stored by torch's own index_put into a scratch tensor, the machine's speed
-  at that moment), on each step's cost over the control step timed next to it: the change
-  of the median of those ratios and the low end of its 95 % bootstrap interval are both
-  above PCT. A process that the machine runs slower as a whole (seen: 1.7-2x on a shared
-  2-core machine), or a burst of load on a few steps, slows the control alike and is not a
-  regression; slower code is;
-- with per-step samples and no control (a GPU's CUDA events): the low end of the 95 %
-  bootstrap interval of NEW's median cost per write minus BASE's is above PCT % of BASE's
-  cost, and so it is in the step timings of a profiled pass both runs made (the same
-  writes timed at another moment of each run);
-- without samples, from the groups' step IQRs: slower by more than PCT % and by more than
-  the sum of both runs' step IQRs per write;
+- inconclusive when its noise, half its interval's width (as a ratio: ``GateRow.noise_pct``),
+  exceeds PCT (too noisy to judge: neither "regressed" nor "passed" can be said);
+- regressed when its slowdown and the low end of its interval are above PCT;
+- passed otherwise.
+
+The interval is, by what both runs hold:
+
+- per-step samples and both control series (a CPU): each step's cost over the ``control``
+  step timed next to it (the step's K and V stored by torch's own index_put: the machine's
+  speed at that moment); the change of the median of those ratios. A process that the
+  machine runs slower as a whole (seen: 1.7-2x on a shared 2-core machine), or a burst of
+  load on a few steps, slows the control alike and is not a regression; slower code is.
+  That control is torch's code, which the variants run too: a torch that became slower
+  slows it with them and would cancel out. So the control is judged as a row of its own,
+  ``CONTROL_ROW`` per (phase, size): torch's index_put over ``control_numpy`` (the same
+  stores by numpy, no torch), every variant's steps of the point pooled; a slower torch
+  regresses that row. Torch's control is the divisor because it tracks the machine at
+  least as well (lab/gate_false_fails.py prints each control's spread between identical
+  runs), the numpy one checks it. A series' level also moves with where its tensors landed,
+  which no number of steps averages out: the spread of the variants' control levels within
+  each run (``_level_noise``) widens these intervals;
+- per-step samples without both controls (a GPU's CUDA events; a CPU capture older than
+  ``control_numpy``, whose control cannot be checked): the interval of NEW's median cost per
+  write minus BASE's, as a percentage of BASE's cost, which must also hold in the step
+  timings of a profiled pass both runs made (the same writes timed at another moment of
+  each run);
+- without samples, from the groups' step IQRs: the slowdown +- the sum of both runs' step
+  IQRs per write (not part of the family: no probability is attached to it);
 - with neither (fewer than 4 steps) the noise is unknown and the row is not judged.
 
+Step times that no clock gives (zero, negative, NaN, infinite) or series whose step counts
+disagree are refused (TraceError): a run whose timings were edited is never judged.
 Rows of a variant whose Triton kernel ran under Triton's interpreter (the interpreter's
 time in numpy, which swung by a factor of 3 between identical runs) are left out unless
 ``include_interpreted``.
@@ -33,23 +53,25 @@ time in numpy, which swung by a factor of 3 between identical runs) are left out
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvprof.core.errors import TraceError
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.run import Manifest
 from kvprof.core.summary import Summary
-from kvprof.core.timings import CONTROL, StepSamples, StepTimings
+from kvprof.core.timings import CONTROL, FREE_CONTROL, StepSamples, StepTimings
 
 FALLBACK_ORDER = ("reference", "nsys", "kineto")
-CONFIDENCE = 0.95
-RESAMPLES = 4000
+FAMILY_ALPHA = 0.05  # identical runs: the chance that any row of the gate falls outside its interval
+RESAMPLES = 10_000  # the tails of a dozen rows' family-wise intervals hold about 20 draws each
 MIN_SAMPLES = 4  # as for an IQR: fewer steps say nothing of a run's scatter
 SEED = 0  # the same two runs always get the same verdict
+CONTROL_ROW = "torch index_put (control)"  # the variant name of a row that checks the control itself
 # manifest config keys whose difference makes two runs measure different things
 SETTINGS = ("cache_dtype", "input_dtype", "layout", "engine", "context", "context_len", "slots", "page_size",
             "loc_dtype", "k_scale", "v_scale", "seed", "cuda_graph", "torch_sync_events", "warmup")
@@ -70,11 +92,15 @@ class GateRun:
 class GateRow:
     """One (variant, phase, size) judged on one source; times in ns per write.
 
-    ``judged_pct`` is the slowdown the verdict is on, ``low_pct``/``high_pct`` its 95 % interval:
-    ``noise`` "control" (per-step samples and both runs' control series: the cost over the
-    machine's speed; ``drift_pct``: how much slower NEW's machine ran the control), "bootstrap"
-    (per-step samples; ``confirmed_in``: the profiled pass held to the same rule) or "iqr"
-    (``spread_ns``: both runs' step IQRs per write; the interval is the slowdown +- it).
+    ``judged_pct`` is the slowdown the verdict is on, ``low_pct``/``high_pct`` its interval at
+    ``confidence`` (the family-wise level); ``status`` "passed", "regressed" or "inconclusive"
+    (``noise_pct`` above the threshold). ``noise`` "control" (per-step samples and both runs'
+    control series: the cost over the machine's speed; ``drift_pct``: how much slower NEW's
+    machine ran torch's control), "control check" (the row CONTROL_ROW: torch's control over
+    the numpy control; ``drift_pct``: how much slower NEW's machine ran the numpy one),
+    ``level_pct``: the level noise of a series, widened into the interval (see ``_level_noise``);
+    "bootstrap" (per-step samples; ``confirmed_in``: the profiled pass held to the same rule)
+    or "iqr" (``spread_ns``: both runs' step IQRs per write; the interval is the slowdown +- it).
     """
 
     variant: str
@@ -95,6 +121,22 @@ class GateRow:
     new_iqr_ns: float | None
     spread_ns: float | None
     regressed: bool
+    status: str = "passed"
+    confidence: float | None = None
+    level_pct: float | None = None
+
+    @property
+    def noise_pct(self) -> float | None:
+        """How far NEW's cost over BASE's could be from what was measured, in %: half the interval's
+        width taken as a ratio (sqrt of its high end over its low end, NEW/BASE), so that it is the
+        half-width for a change near 0 and does not grow with the size of a real slowdown (a 2x
+        slowdown measured to +-3 % has an interval of about +94 .. +106 %); infinite when the
+        interval reaches -100 % (NEW's cost could be 0: the noise is larger than the write)."""
+        if self.low_pct is None or self.high_pct is None:
+            return None
+        if self.low_pct <= -100:
+            return math.inf
+        return (math.sqrt((100 + self.high_pct) / (100 + self.low_pct)) - 1) * 100
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,24 +159,44 @@ class GateResult:
         return [r for r in self.rows if r.regressed]
 
     @property
+    def inconclusive(self) -> list[GateRow]:
+        return [r for r in self.rows if r.status == "inconclusive"]
+
+    @property
     def comparable(self) -> bool:
         return not self.not_comparable
 
     @property
     def passed(self) -> bool:
-        return self.comparable and bool(self.rows) and not self.regressed
+        return self.verdict == "passed"
+
+    @property
+    def verdict(self) -> str:
+        """"not judged" (not comparable, or no row), "regressed" (a row regressed, whatever the
+        others), "inconclusive" (no row regressed, a row too noisy to judge) or "passed"."""
+        if not self.comparable or not self.rows:
+            return "not judged"
+        if self.regressed:
+            return "regressed"
+        return "inconclusive" if self.inconclusive else "passed"
 
     def to_json(self) -> dict[str, Any]:
-        return {"threshold_pct": self.threshold_pct, "passed": self.passed, "comparable": self.comparable,
-                "rule": RULE, "rows": [r.to_json() for r in self.rows], "unjudged": self.unjudged,
+        return {"threshold_pct": self.threshold_pct, "verdict": self.verdict, "passed": self.passed,
+                "comparable": self.comparable, "family_alpha": FAMILY_ALPHA, "rule": RULE,
+                "rows": [r.to_json() for r in self.rows], "unjudged": self.unjudged,
                 "left_out": self.left_out, "not_comparable": self.not_comparable, "notes": self.notes}
 
 
-RULE = ("slower than BASE by more than threshold_pct beyond the noise: judged_pct and low_pct, the low end of its "
-        "95 % bootstrap interval, above threshold_pct; noise control: the cost per write over the control series "
-        "(each step over the machine's speed timed beside it); noise bootstrap: the median difference per write, also "
-        "in a profiled pass both runs timed (confirm_low_pct); noise iqr: slower by more than threshold_pct and by "
-        "more than spread_ns (both runs' step IQR per write); rows of unknown noise are not judged")
+RULE = ("inconclusive when the row's noise, half its interval as a ratio (sqrt((100 + high_pct) / (100 + low_pct)) "
+        "- 1), exceeds threshold_pct; else regressed when judged_pct and low_pct, the low end of its interval, are "
+        "above threshold_pct. Intervals are family-wise: with m rows on per-step samples, each is the central "
+        "1 - family_alpha / m bootstrap interval. noise control: the cost per write over the control series (each "
+        "step over torch's index_put timed beside it), the interval widened by level_pct, the spread of the "
+        "variants' control levels within each run; noise control check: the control itself over the "
+        "control_numpy series (numpy, no torch), every variant's steps pooled, so that a slower torch is a "
+        "regression; noise bootstrap: the median difference per write, also in a profiled pass both runs timed "
+        "(confirm_low_pct); noise iqr: the slowdown +- spread_ns (both runs' step IQR per write); rows of unknown "
+        "noise are not judged")
 
 
 # -- comparability ---------------------------------------------------------------------------
@@ -244,6 +306,39 @@ def _iqr_per_write(row: Any) -> float | None:
     return iqr * steps / writes
 
 
+def check_timings(run: GateRun, name: str) -> None:
+    """Refuse (TraceError) step times no clock gives -- zero, negative, NaN, infinite -- a
+    (variant, pass, phase, size) whose series hold different step counts, a reference pass
+    with another count than the manifest's, and a run whose manifest records reference steps
+    and whose timings are missing or unreadable: timings that were edited or corrupted are
+    never judged."""
+    steps = None
+    if run.manifest is not None:  # the reference steps the capture ran (kvprof.capture.config.device_defaults)
+        resolved = run.manifest.config.get("resolved")
+        defaults = resolved.get("device_defaults") if isinstance(resolved, dict) else None
+        steps = finite_or_none(defaults.get("reference_steps")) if isinstance(defaults, dict) else None
+    if run.timings is None:
+        if steps is not None:  # every capture that records its reference steps writes their timings
+            raise TraceError(f"{name}'s step timings are missing or unreadable, though its manifest records "
+                             f"{int(steps)} reference steps; the gate judges nothing")
+        return
+    counts: dict[tuple[str, str, str, int], set[int]] = {}
+    for r in run.timings.records:
+        where = f"{name}'s step timings: {r.variant} {r.pass_} {r.phase} {r.size} {r.mode}"
+        bad = next((x for x in r.samples_ns if not (math.isfinite(x) and x > 0)), None)
+        if bad is not None:
+            raise TraceError(f"{where} holds a step of {bad} ns (a step takes a positive, finite time); "
+                             "the timings were edited or corrupted, the gate judges nothing")
+        counts.setdefault((r.variant, r.pass_, r.phase, r.size), set()).add(len(r.samples_ns))
+    for (variant, pass_, phase, size), n in counts.items():
+        expected = {int(steps)} if pass_ == "reference" and steps is not None else None
+        if len(n) > 1 or (expected is not None and n and n != expected):
+            want = f" where the manifest says {int(steps)}" if expected is not None else ""  # type: ignore[arg-type]
+            raise TraceError(f"{name}'s step timings: {variant} {pass_} {phase} {size} has series of "
+                             f"{', '.join(map(str, sorted(n)))} steps{want}; the timings were edited or "
+                             "corrupted, the gate judges nothing")
+
+
 def _series(timings: StepTimings | None, pass_: str, variant: str, phase: str,
             size: int) -> dict[str, StepSamples]:
     if timings is None:
@@ -252,42 +347,28 @@ def _series(timings: StepTimings | None, pass_: str, variant: str, phase: str,
             if (r.variant, r.phase, r.size) == (variant, phase, size) and len(r.samples_ns) >= MIN_SAMPLES}
 
 
-def _per_step_over_control(modes: dict[str, StepSamples]) -> np.ndarray | None:
-    """Each step's cost over the control step timed beside it (as kvprof.analysis.reference
-    computes the cost: the step, or inside a decoder layer the layer minus the layer without
-    the write); None without a control of the same length."""
-    main, control = modes.get("layer") or modes.get("writes"), modes.get(CONTROL)
-    if main is None or control is None or len(control.samples_ns) != len(main.samples_ns):
+def _cost_steps(modes: dict[str, StepSamples]) -> np.ndarray | None:
+    """Each step's cost: the step, or inside a decoder layer the layer minus the layer without
+    the write (as kvprof.analysis.reference computes it)."""
+    main = modes.get("layer") or modes.get("writes")
+    if main is None:
         return None
     x = np.asarray(main.samples_ns, dtype=float)
-    bare = modes.get("layer_no_write")
     if main.mode == "layer":
+        bare = modes.get("layer_no_write")
         if bare is None or len(bare.samples_ns) != len(x):
             return None
         x = x - np.asarray(bare.samples_ns, dtype=float)
-    c = np.asarray(control.samples_ns, dtype=float)
-    return x / c if bool((c > 0).all()) else None
+    return x
 
 
-def _draws(modes: dict[str, StepSamples], rng: np.random.Generator,
-           controlled: bool) -> np.ndarray | None:
-    """Bootstrap draws of a series' cost per write, computed as kvprof.analysis.reference does
-    (the step's median over its writes; inside a decoder layer, layer - layer without the
-    write); with ``controlled`` the median of each step over its control step (a burst of load
-    falls on both, and cancels)."""
-    main = modes.get("layer") or modes.get("writes")
-    if main is None or main.writes_per_step <= 0:
+def _over(x: np.ndarray | None, modes: dict[str, StepSamples], control: str) -> np.ndarray | None:
+    """x over the ``control`` step timed beside each step; None without that control."""
+    c = modes.get(control)
+    if x is None or c is None or len(c.samples_ns) != len(x):
         return None
-    if controlled:
-        ratios = _per_step_over_control(modes)
-        if ratios is None:
-            return None
-        return _resampled_medians(ratios, rng)
-    cost = _resampled_medians(np.asarray(main.samples_ns, dtype=float), rng)
-    bare = modes.get("layer_no_write")
-    if main.mode == "layer" and bare is not None:
-        cost = cost - _resampled_medians(np.asarray(bare.samples_ns, dtype=float), rng)
-    return cost / main.writes_per_step
+    ratios: np.ndarray = x / np.asarray(c.samples_ns, dtype=float)
+    return ratios
 
 
 def _resampled_medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -296,18 +377,45 @@ def _resampled_medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return medians
 
 
-def _interval(base: dict[str, StepSamples], new: dict[str, StepSamples],
-              controlled: bool = False) -> tuple[float, float] | None:
-    """The 95 % bootstrap interval of NEW's cost per write minus BASE's (ns), or with
-    ``controlled`` of NEW's cost over its control against BASE's, as a slowdown in %."""
+def _ratio_draws(b: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Bootstrap draws of the change of the median of per-step ratios, NEW over BASE, in %."""
     rng = np.random.default_rng(SEED)
-    b, n = _draws(base, rng, controlled), _draws(new, rng, controlled)
+    draws: np.ndarray = (_resampled_medians(n, rng) / _resampled_medians(b, rng) - 1) * 100
+    return draws
+
+
+def _cost_draws(modes: dict[str, StepSamples], rng: np.random.Generator) -> np.ndarray | None:
+    """Bootstrap draws of a series' cost per write (the step's median over its writes; inside a
+    decoder layer, layer - layer without the write)."""
+    main = modes.get("layer") or modes.get("writes")
+    if main is None or main.writes_per_step <= 0:
+        return None
+    cost = _resampled_medians(np.asarray(main.samples_ns, dtype=float), rng)
+    bare = modes.get("layer_no_write")
+    if main.mode == "layer" and bare is not None:
+        cost = cost - _resampled_medians(np.asarray(bare.samples_ns, dtype=float), rng)
+    return cost / main.writes_per_step
+
+
+def _difference_draws(base: dict[str, StepSamples], new: dict[str, StepSamples],
+                      base_ns: float) -> np.ndarray | None:
+    """Bootstrap draws of NEW's cost per write minus BASE's, as a percentage of ``base_ns``."""
+    rng = np.random.default_rng(SEED)
+    b, n = _cost_draws(base, rng), _cost_draws(new, rng)
     if b is None or n is None:
         return None
-    tail = (1 - CONFIDENCE) / 2 * 100
-    spread = (n / b - 1) * 100 if controlled else n - b
-    lo, hi = np.percentile(spread, [tail, 100 - tail])
-    return float(lo), float(hi)
+    draws: np.ndarray = (n - b) / base_ns * 100.0
+    return draws
+
+
+@dataclass
+class _Pending:
+    """A row and the bootstrap draws its interval is read from once the family's size is known."""
+
+    row: GateRow
+    draws: np.ndarray | None = None  # the slowdown, %
+    confirm: np.ndarray | None = None  # the slowdown in a profiled pass, %
+    level: float | None = None  # the level noise of one series (log units), _level_noise
 
 
 # -- the gate --------------------------------------------------------------------------------
@@ -331,22 +439,39 @@ def _as_run(x: GateRun | pd.DataFrame) -> GateRun:
     return x if isinstance(x, GateRun) else GateRun(groups=x)
 
 
+def _timed(run: GateRun, mode: str) -> bool:
+    return run.timings is not None and any(r.mode == mode for r in run.timings.records)
+
+
 def regression_gate(base: GateRun | pd.DataFrame, new: GateRun | pd.DataFrame, threshold_pct: float,
-                    source_order: list[str] | None = None, include_interpreted: bool = False) -> GateResult:
+                    source_order: list[str] | None = None, include_interpreted: bool = False,
+                    check_control: bool = True) -> GateResult:
     """``base``/``new``: the runs (or just their group tables, kvprof.analysis.metrics.GROUP_COLUMNS);
-    ``source_order``: BASE's trusted_sources."""
+    ``source_order``: BASE's trusted_sources. ``check_control=False`` divides by torch's control
+    unchecked (what the gate did before the check; lab/gate_false_fails.py measures what that
+    lets through). Raises TraceError for step timings no clock gives (``check_timings``)."""
     if not (math.isfinite(threshold_pct) and threshold_pct >= 0):
         raise ValueError(f"threshold must be a finite percentage >= 0, got {threshold_pct}")
     base, new = _as_run(base), _as_run(new)
+    check_timings(base, "BASE")  # first: an edited file may also read as runs that differ
+    check_timings(new, "NEW")
     out = GateResult(threshold_pct=threshold_pct)
     out.not_comparable, out.notes = comparability(base, new)
     if out.not_comparable:
         return out
+    checked = _timed(base, FREE_CONTROL) and _timed(new, FREE_CONTROL)
+    divide = _timed(base, CONTROL) and _timed(new, CONTROL) and (checked or not check_control)
+    if _timed(base, CONTROL) and _timed(new, CONTROL) and not divide:
+        lacking = " and ".join(n for n, r in (("BASE", base), ("NEW", new)) if not _timed(r, FREE_CONTROL))
+        out.notes.append(f"{lacking} timed no {FREE_CONTROL} series (captured before it was added): torch's index_put, "
+                         "the control, cannot be checked, and a slower torch would slow it with the variants; the "
+                         "rows are judged on the raw step times")
     b, n = _index(base.groups), _index(new.groups)
     order = list(dict.fromkeys([*(source_order or []), *FALLBACK_ORDER]))
     rank = {s: i for i, s in enumerate(order)}
     interpreted = _interpreted(base) | _interpreted(new)
     points = sorted({k[:3] for k in b} | {k[:3] for k in n})
+    pending: list[_Pending] = []
     for variant, phase, size in points:
         where = f"{variant} {phase} {size}"
         if variant in interpreted and not include_interpreted:
@@ -364,59 +489,162 @@ def regression_gate(base: GateRun | pd.DataFrame, new: GateRun | pd.DataFrame, t
             continue
         source = common[0]
         row = _judge(base, new, b[(variant, phase, size, source)], n[(variant, phase, size, source)],
-                     (variant, phase, size, source), threshold_pct)
+                     (variant, phase, size, source), divide)
         if isinstance(row, str):
             out.unjudged.append(f"{where}: {row}")
         else:
-            out.rows.append(row)
+            pending.append(row)
+    if divide and checked and check_control:
+        pending += _control_checks(base, new, sorted({(p.row.phase, p.row.size) for p in pending
+                                                      if p.row.noise == "control"}))
+    level = _level_noise(base, new) if divide else {}
+    for p in pending:
+        if p.row.noise in ("control", "control check"):
+            p.level = level.get((p.row.phase, p.row.size))
+    _decide(pending, threshold_pct)
+    out.rows = [p.row for p in pending]
     return out
 
 
 def _judge(base: GateRun, new: GateRun, rb: dict[str, Any], rn: dict[str, Any], key: tuple[str, str, int, str],
-           threshold_pct: float) -> GateRow | str:
-    """One point's row, or why it cannot be judged."""
+           divide: bool) -> _Pending | str:
+    """One point's row with its bootstrap draws, or why it cannot be judged."""
     variant, phase, size, source = key
     base_ns, new_ns = float(rb["cost_per_write_ns"]), float(rn["cost_per_write_ns"])
     if base_ns <= 0:
-        return f"BASE cost per write is {base_ns} ns ({source})"
+        return f"BASE cost per write is {base_ns} ns ({source}): the noise is larger than the write"
     slower_pct = (new_ns - base_ns) / base_ns * 100.0
-    pct: Callable[[float], float] = lambda ns: ns / base_ns * 100.0  # noqa: E731
     ib, i_n = _iqr_per_write(rb), _iqr_per_write(rn)
     spread = ib + i_n if ib is not None and i_n is not None else None
     row = GateRow(variant=variant, phase=phase, size=size, source=source, base_ns=base_ns, new_ns=new_ns,
                   slower_pct=slower_pct, drift_pct=None, judged_pct=slower_pct, noise="iqr", low_pct=None,
                   high_pct=None, confirmed_in=None, confirm_low_pct=None, base_iqr_ns=ib, new_iqr_ns=i_n,
                   spread_ns=spread, regressed=False)
-    # per-step samples exist for the reference pass's figure; a profiler's reading has its group IQR
+    # per-step samples exist for the reference pass's figure; a profiled pass's reading has its group IQR
     sb, sn = (_series(r.timings, source, variant, phase, size) if source == "reference" else {}
               for r in (base, new))
-    rb_, rn_ = _per_step_over_control(sb), _per_step_over_control(sn)
-    interval = _interval(sb, sn, controlled=True) if rb_ is not None and rn_ is not None else None
-    if interval is not None and rb_ is not None and rn_ is not None and float(np.median(rb_)) > 0:
+    rb_, rn_ = (_over(_cost_steps(s), s, CONTROL) if divide else None for s in (sb, sn))
+    if rb_ is not None and rn_ is not None and float(np.median(rb_)) > 0:
         # both runs timed the machine's speed beside every step: judge each step over its control
         row.noise = "control"
         row.drift_pct = (sn[CONTROL].median_ns / sb[CONTROL].median_ns - 1) * 100.0
         row.judged_pct = (float(np.median(rn_)) / float(np.median(rb_)) - 1) * 100.0
-        row.low_pct, row.high_pct = interval
-        row.regressed = row.judged_pct > threshold_pct and row.low_pct > threshold_pct
-        return row
-    interval = _interval(sb, sn) if sb and sn else None
-    if interval is not None:
-        row.noise, row.low_pct, row.high_pct = "bootstrap", pct(interval[0]), pct(interval[1])
-        row.regressed = slower_pct > threshold_pct and row.low_pct > threshold_pct
+        return _Pending(row, draws=_ratio_draws(rb_, rn_))
+    draws = _difference_draws(sb, sn, base_ns) if sb and sn else None
+    if draws is not None:
+        row.noise = "bootstrap"
+        pending = _Pending(row, draws=draws)
         for p in ("kineto", "nsys"):  # the same steps timed at another moment of each run
-            conf = _interval(_series(base.timings, p, variant, phase, size),
-                             _series(new.timings, p, variant, phase, size))
+            conf = _difference_draws(_series(base.timings, p, variant, phase, size),
+                                     _series(new.timings, p, variant, phase, size), base_ns)
             if conf is not None:
-                row.confirmed_in, row.confirm_low_pct = p, pct(conf[0])
-                row.regressed = row.regressed and row.confirm_low_pct > threshold_pct
+                row.confirmed_in, pending.confirm = p, conf
                 break
-        return row
+        return pending
     if spread is None:
         return f"noise unknown at {source} (no per-step samples and fewer than {MIN_SAMPLES} steps in a run)"
-    row.low_pct, row.high_pct = pct(new_ns - base_ns - spread), pct(new_ns - base_ns + spread)
-    row.regressed = slower_pct > threshold_pct and new_ns - base_ns > spread
-    return row
+    row.low_pct, row.high_pct = (slower_pct - spread / base_ns * 100.0, slower_pct + spread / base_ns * 100.0)
+    return _Pending(row)
 
 
-__all__ = ["GateResult", "GateRow", "GateRun", "comparability", "regression_gate"]
+def _control_checks(base: GateRun, new: GateRun, points: list[tuple[str, int]]) -> list[_Pending]:
+    """Per (phase, size) whose rows were divided by torch's control: a row for the control itself,
+    torch's index_put over the numpy control beside it (every variant's steps of the point pooled),
+    NEW against BASE. Torch's own code slower shows here, as a regression of its own."""
+    out: list[_Pending] = []
+    for phase, size in points:
+        pooled: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # torch's, numpy's, torch over numpy
+        for run in (base, new):
+            torch_, numpy_, per = [], [], 1
+            for r in run.timings.records if run.timings is not None else ():
+                if (r.pass_, r.phase, r.size) != ("reference", phase, size) or r.mode != CONTROL:
+                    continue
+                twin = _series(run.timings, "reference", r.variant, phase, size).get(FREE_CONTROL)
+                if twin is None or len(twin.samples_ns) != len(r.samples_ns) or len(r.samples_ns) < MIN_SAMPLES:
+                    continue
+                torch_.append(np.asarray(r.samples_ns, dtype=float))
+                numpy_.append(np.asarray(twin.samples_ns, dtype=float))
+                per = max(1, r.writes_per_step)
+            if not torch_:
+                break
+            t, f = np.concatenate(torch_) / per, np.concatenate(numpy_) / per
+            pooled.append((t, f, t / f))
+        if len(pooled) != 2:
+            continue
+        (tb, fb, rb), (tn, fn, rn) = pooled
+        base_ns, new_ns = float(np.median(tb)), float(np.median(tn))
+        row = GateRow(variant=CONTROL_ROW, phase=phase, size=size, source="reference", base_ns=base_ns, new_ns=new_ns,
+                      slower_pct=(new_ns / base_ns - 1) * 100.0,
+                      drift_pct=(float(np.median(fn)) / float(np.median(fb)) - 1) * 100.0,
+                      judged_pct=(float(np.median(rn)) / float(np.median(rb)) - 1) * 100.0, noise="control check",
+                      low_pct=None, high_pct=None, confirmed_in=None, confirm_low_pct=None, base_iqr_ns=None,
+                      new_iqr_ns=None, spread_ns=None, regressed=False)
+        out.append(_Pending(row, draws=_ratio_draws(rb, rn)))
+    return out
+
+
+def _level_noise(base: GateRun, new: GateRun) -> dict[tuple[str, int], float]:
+    """Per (phase, size): how far the level of one timed series can sit from another's in the same
+    process, in log units -- the standard deviation, across the variants of a run, of their
+    control series' medians (each variant's control is its own allocation of the same stores),
+    pooled over both runs. A series' level moves with where its tensors landed, which no amount
+    of steps averages out: between identical captures under load, decode rows over their
+    control moved by up to 7 % (lab/gate_false_fails.py) while 60 steps gave intervals of a
+    few points. Needs two variants' controls in each run; absent otherwise."""
+    spreads: dict[tuple[str, int], list[float]] = {}
+    for run in (base, new):
+        medians: dict[tuple[str, int], list[float]] = {}
+        for r in run.timings.select(pass_="reference") if run.timings is not None else ():
+            if r.mode == CONTROL and r.samples_ns:
+                medians.setdefault((r.phase, r.size), []).append(math.log(r.median_ns))
+        for key, logs in medians.items():
+            if len(logs) >= 2:
+                spreads.setdefault(key, []).append(float(np.var(logs, ddof=1)))
+    return {key: math.sqrt(sum(v) / len(v)) for key, v in spreads.items() if len(v) == 2}
+
+
+def _widened(row: GateRow, level: float, confidence: float) -> None:
+    """The row's interval widened, in log space, by the level noise of the four series a ratio of
+    two runs holds (each run's step series and its control: 2 x ``level`` in all), at the
+    family's confidence."""
+    if row.low_pct is None or row.high_pct is None or row.low_pct <= -100:
+        return
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    extra = z * 2 * level
+    centre = math.log1p(row.judged_pct / 100)
+    lo, hi = math.log1p(row.low_pct / 100), math.log1p(row.high_pct / 100)
+    lo = centre - math.hypot(max(0.0, centre - lo), extra)
+    hi = centre + math.hypot(max(0.0, hi - centre), extra)
+    row.low_pct, row.high_pct = math.expm1(lo) * 100, math.expm1(hi) * 100
+    row.level_pct = math.expm1(level) * 100
+
+
+def _decide(pending: list[_Pending], threshold_pct: float) -> None:
+    """Each row's family-wise interval, then its status: inconclusive when its noise exceeds the
+    threshold, regressed when the slowdown and the interval's low end are above it."""
+    family = sum(1 for p in pending if p.draws is not None)
+    confidence = 1 - FAMILY_ALPHA / max(1, family)
+    tail = (1 - confidence) / 2 * 100
+    for p in pending:
+        row = p.row
+        if p.draws is not None:
+            row.confidence = confidence
+            row.low_pct, row.high_pct = (float(x) for x in np.percentile(p.draws, [tail, 100 - tail]))
+            if p.level is not None:
+                _widened(row, p.level, confidence)
+        if p.confirm is not None:
+            row.confirm_low_pct = float(np.percentile(p.confirm, tail))
+        noise = row.noise_pct
+        if noise is None:
+            continue
+        above = row.judged_pct > threshold_pct and row.low_pct is not None and row.low_pct > threshold_pct
+        if row.confirm_low_pct is not None:
+            above = above and row.confirm_low_pct > threshold_pct
+        if noise > threshold_pct:
+            row.status = "inconclusive"
+        elif above:
+            row.status, row.regressed = "regressed", True
+
+
+__all__ = ["CONTROL_ROW", "FAMILY_ALPHA", "GateResult", "GateRow", "GateRun", "check_timings", "comparability",
+           "regression_gate"]

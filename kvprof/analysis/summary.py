@@ -28,7 +28,7 @@ from kvprof.core.devices import CAPTURE_METADATA, SPEC_TABLE, spec_peak_gbs
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.sidecar import plugin_paths
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
-from kvprof.core.timings import CONTROL
+from kvprof.core.timings import CONTROLS
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
 from kvprof.trace.load import Loaded
 from kvprof.trace.table import to_frame
@@ -76,7 +76,7 @@ def _reference_doc(loaded: Loaded) -> dict[str, Any] | None:
     t = loaded.timings
     if t is None:
         return None
-    recs = [r for r in t.select(pass_="reference") if r.mode != CONTROL]
+    recs = [r for r in t.select(pass_="reference") if r.mode not in CONTROLS]
     return {"context": t.context, "context_len": t.context_len,
             "clock": sorted({r.clock for r in recs}), "series": len(recs),
             "steps_per_series": sorted({len(r.samples_ns) for r in recs})}

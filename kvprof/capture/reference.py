@@ -10,8 +10,10 @@ them alike. With a decoder context it also times the same layers without the wri
 On a CPU the modes alternate step by step, and a ``control`` series is timed between
 them: the step's K and V stored at the step's slots of a scratch tensor, once per layer,
 by torch's own index_put (the same bytes and memory pattern, none of kvprof's pool or
-writer code). A shared machine runs one process slower than
-another for its whole life, or for a stretch of steps; the control slows with it, so the
+writer code), and a second, ``control_numpy``, the same bytes at the same slots stored by
+numpy (no torch at all: a torch that became slower slows the first control with the index_put
+variant, never this one). A shared machine runs one process slower than
+another for its whole life, or for a stretch of steps; the controls slow with it, so the
 regression gate can tell a slower machine from slower code (kvprof.analysis.gate;
 docs/formats.md has what was measured).
 """
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.session import PreparedPhase, StepTimer
-from kvprof.core.timings import CONTROL, StepSamples
+from kvprof.core.timings import CONTROL, FREE_CONTROL, StepSamples
 from kvprof.layer import DecoderContext
 from kvprof.layouts.layout import Writer
 
@@ -64,28 +67,60 @@ class ControlStep:
             self.v_out[loc] = p.v
 
 
+class FreeControlStep:
+    """The machine's speed at each step, without torch: the ControlStep's stores done by numpy on
+    the K and V bytes (copied out once, before any timed step), so that no code a variant runs
+    -- torch's dispatcher and index kernels included -- is in it."""
+
+    def __init__(self, prepared: PreparedPhase, layers: int) -> None:
+        self.layers, self.steps = layers, prepared.spec.steps
+        self.locs = prepared.locs.cpu().numpy().astype(np.int64)
+        self.k, self.v = (_rows(x) for x in (prepared.k, prepared.v))
+        rows = int(self.locs.max()) + 1 if self.locs.size else 1
+        # written with zeros, as torch.zeros does (np.zeros maps pages on first touch: a page fault
+        # inside the timed steps)
+        self.k_out, self.v_out = (np.empty((rows, *x.shape[1:]), dtype=x.dtype) for x in (self.k, self.v))
+        for out in (self.k_out, self.v_out):
+            out.view(np.uint8).fill(0)
+
+    def step(self, i: int) -> None:
+        loc = self.locs[i % self.steps]
+        for _ in range(self.layers):
+            self.k_out[loc] = self.k
+            self.v_out[loc] = self.v
+
+
+def _rows(x: torch.Tensor) -> np.ndarray:
+    """A copy of x's bytes as numpy, one opaque item per token's row (numpy copies each row at
+    once, as torch's index_put does, not byte by byte)."""
+    raw = x.detach().contiguous().cpu().reshape(x.shape[0], -1).view(torch.uint8).numpy().copy()
+    return raw.view(np.dtype((np.void, raw.shape[1]))) if raw.shape[1] else raw
+
+
 def run_reference_pass(config: CaptureConfig, writer: Writer, device: torch.device,
                        context: DecoderContext | None = None) -> list[StepSamples]:
     """Timed steps per (phase, size, mode) for one writer; raises what the workload raises."""
     out: list[StepSamples] = []
     modes = reference_modes(context)
     cpu = device.type == "cpu"
-    timed = [*modes, CONTROL] if cpu else modes
+    timed = [*modes, CONTROL, FREE_CONTROL] if cpu else modes
     per_round = 1 if cpu else ROUND  # a CPU's speed changes within a series: alternate every step
     n = config.reference_steps_on(device.type)
     with session_for(config, writer, device, instrument=False, context=context) as session:
         for index, spec in enumerate(session.phases):
             prepared: PreparedPhase = session.prepare(spec, index)
             control = ControlStep(prepared, len(session.layers)) if cpu else None
+            free = FreeControlStep(prepared, len(session.layers)) if cpu else None
             for mode in modes:
                 session.warm_up(prepared, mode)
                 if spec.graph:
                     session.capture_graph(prepared, mode)
                 for i in range(WARM_REPLAYS):
                     session.run_step(prepared, i, mode)
-            if control is not None:
+            if control is not None and free is not None:
                 for i in range(WARM_REPLAYS):
                     control.step(i)
+                    free.step(i)
             session.synchronize()
             timers = {mode: StepTimer(device, n) for mode in timed}
             done = 0
@@ -99,6 +134,8 @@ def run_reference_pass(config: CaptureConfig, writer: Writer, device: torch.devi
                         timer.start()
                         if control is not None and mode == CONTROL:
                             control.step(i)
+                        elif free is not None and mode == FREE_CONTROL:
+                            free.step(i)
                         else:
                             session.run_step(prepared, i, mode)
                         timer.stop()
@@ -110,8 +147,8 @@ def run_reference_pass(config: CaptureConfig, writer: Writer, device: torch.devi
                     graph=spec.graph, writes_per_step=0 if mode == "layer_no_write" else len(session.layers),
                     clock=timers[mode].clock, samples_ns=tuple(timers[mode].samples_ns()),
                 ))
-            del prepared, control
+            del prepared, control, free
     return out
 
 
-__all__ = ["ControlStep", "reference_modes", "run_reference_pass"]
+__all__ = ["ControlStep", "FreeControlStep", "reference_modes", "run_reference_pass"]

@@ -21,16 +21,24 @@ the document on stdout instead of the tables.
 
 The regression gate, for CI: kvprof compare BASE NEW --fail-if-slower PCT judges each
 variant x phase x size on the most trusted source both runs measured (BASE's
-trusted_sources: the unprofiled reference first). A row regresses when NEW is slower
-than BASE by more than PCT percent beyond the noise: the low end of the 95 % bootstrap
-interval of the median difference per write, over the reference pass's per-step
-samples, is above PCT, and so it is in a profiled pass both runs timed (without
-samples: slower by more than PCT and by more than both runs' step IQRs per write; rows
-of unknown noise are not judged). Rows of variants that ran under Triton's interpreter
-are left out (--include-interpreted judges them). Exit codes: 0 passed, 1 a row
-regressed, 7 the runs cannot be compared or no row could be judged (each reason one
-line), 2 usage. The rows and reasons are printed (stderr when stdout holds a json/csv
-document); --junit FILE also writes a JUnit XML report with one testcase per row.
+trusted_sources: the unprofiled reference first). Each row gets an interval for its
+slowdown, family-wise (each row's at 1 - 0.05/m for m rows: judging a dozen rows at once
+does not multiply false fails). A row is inconclusive when its noise, half its interval,
+exceeds PCT (too noisy to judge); else it regresses when its slowdown and the low end of
+its interval are above PCT. On a CPU each step is divided by torch's index_put timed
+beside it (the interval widened by how far the variants' control levels spread within a
+run), and a row per phase x size checks that control against numpy's (no torch: a torch
+that became slower is a regression like any other); on a
+GPU the interval is that of the median difference per write over the reference pass's
+per-step samples, which must also hold in a profiled pass both runs timed; without
+samples it is the slowdown +- both runs' step IQRs per write; rows of unknown noise are
+not judged. Rows of variants that ran under Triton's interpreter are left out
+(--include-interpreted judges them). Exit codes: 0 passed, 1 a row regressed, 8
+inconclusive (no row regressed, some row too noisy to judge), 7 the runs cannot be
+compared or no row could be judged (each reason one line), 3 step timings no clock gives
+(zero, negative, NaN, infinite; series of different lengths), 2 usage. The rows and
+reasons are printed (stderr when stdout holds a json/csv document); --junit FILE also
+writes a JUnit XML report with one testcase per row.
 """
 
 from __future__ import annotations
@@ -39,12 +47,17 @@ import argparse
 from typing import Any
 
 from kvprof.argtypes import non_negative_float, output_file, output_folder, positive_float, positive_int
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import (
+    GATE_INCONCLUSIVE_EXIT_CODE,
+    GATE_NOT_JUDGED_EXIT_CODE,
+    GATE_REGRESSED_EXIT_CODE,
+    UsageError,
+)
 from kvprof.core.rundir import RunDir
 from kvprof.report.terminal import add_format_arguments
 
-GATE_FAILED_EXIT_CODE = 1
-NOT_COMPARABLE_EXIT_CODE = 7  # the gate judged nothing: the runs differ in what they measure, or no row has a noise
+GATE_FAILED_EXIT_CODE = GATE_REGRESSED_EXIT_CODE
+NOT_COMPARABLE_EXIT_CODE = GATE_NOT_JUDGED_EXIT_CODE  # the runs differ in what they measure, or no row has a noise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
     parser.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                         help="with RUN2: exit 1 when any variant x phase x size of RUN2 is slower than in RUN by "
-                             "more than PCT %% beyond the runs' noise; exit 7 when the runs cannot be compared")
+                             "more than PCT %% beyond the runs' noise, 8 when none is but a row's noise exceeds PCT "
+                             "(inconclusive), 7 when the runs cannot be compared")
     parser.add_argument("--include-interpreted", action="store_true",
                         help="with --fail-if-slower: also judge variants that ran under Triton's interpreter "
                              "(left out by default: the interpreter's time swings between identical runs)")
@@ -126,9 +140,8 @@ def run(args: argparse.Namespace) -> int:
         note(args.format, str(out))
     if gate is None:
         return 0
-    if not gate.comparable or not gate.rows:
-        return NOT_COMPARABLE_EXIT_CODE
-    return GATE_FAILED_EXIT_CODE if gate.regressed else 0
+    return {"not judged": NOT_COMPARABLE_EXIT_CODE, "regressed": GATE_FAILED_EXIT_CODE,
+            "inconclusive": GATE_INCONCLUSIVE_EXIT_CODE}.get(gate.verdict, 0)
 
 
 def _identity(path: str, loaded: Any) -> dict[str, Any]:
@@ -145,6 +158,6 @@ def _report_gate(gate: Any, args: argparse.Namespace) -> None:
     from kvprof.report.terminal import table_console
 
     out = Output(console=table_console(args.format), path=args.junit)
-    render("table", gate, out, exit_code=NOT_COMPARABLE_EXIT_CODE)
+    render("table", gate, out, exit_code=NOT_COMPARABLE_EXIT_CODE, inconclusive_exit_code=GATE_INCONCLUSIVE_EXIT_CODE)
     if args.junit is not None:
         render("junit", gate, out, base=str(args.run), new=str(args.run2))

@@ -50,8 +50,12 @@ class WrongWriteError(KvprofError):
     """``verify`` found a write that left wrong bytes in a cache (or refused a call and still
     changed it): a writer's bug, not the user's input."""
 
-    exit_code = 7
+    exit_code = 9
 
+# compare --fail-if-slower (kvprof.analysis.gate): the gate's verdicts other than "passed" (0)
+GATE_REGRESSED_EXIT_CODE = 1  # a row is slower than BASE by more than the threshold beyond the noise
+GATE_NOT_JUDGED_EXIT_CODE = 7  # the runs cannot be compared, or no row could be judged
+GATE_INCONCLUSIVE_EXIT_CODE = 8  # no row regressed, and a row's noise exceeds the threshold: too noisy to judge
 
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (SIGINT)
 TERMINATED_EXIT_CODE = 143  # SIGTERM

@@ -23,6 +23,10 @@ import orjson
 TIMINGS_SCHEMA = "kvprof.step_timings/1"
 PASSES = ("reference", "kineto", "nsys")  # the reference pass, then one per profiler source
 CONTROL = "control"  # a CPU reference pass's control series: the machine's speed between the steps
+# the same bytes stored by numpy, no torch: the machine's speed free of any code a variant runs
+# (torch's index_put is the index_put variant's own code; a slower torch slows CONTROL with it)
+FREE_CONTROL = "control_numpy"
+CONTROLS = (CONTROL, FREE_CONTROL)
 CUDA_EVENTS = "cuda_events"  # StepSamples.clock on a CUDA device (kvprof.capture.session.StepTimer)
 WALL = "wall"  # StepSamples.clock on a CPU: time.perf_counter_ns around the step
 CLOCK_WORDS = {CUDA_EVENTS: "CUDA events", WALL: "wall clock"}
@@ -38,7 +42,7 @@ class StepSamples:
     pass_: str  # "reference", or the source of the profiled pass it was timed in
     phase: str
     size: int
-    mode: str  # "writes", "layer", "layer_no_write" (kvprof.capture.session.MODES) or CONTROL
+    mode: str  # "writes", "layer", "layer_no_write" (kvprof.capture.session.MODES), CONTROL or FREE_CONTROL
     graph: bool
     writes_per_step: int  # layers whose write the step holds (0 for layer_no_write)
     clock: str  # "cuda_events" or "wall"
@@ -184,5 +188,5 @@ def source_timing(source: str | None, reference: Mapping[str, Any] | None,
     return SourceTiming(source, "gpu" if gpu else "host")
 
 
-__all__ = ["CLOCK_WORDS", "CONTROL", "CUDA_EVENTS", "PASSES", "SOURCE_NAMES", "TIMINGS_SCHEMA", "WALL", "SourceTiming",
-           "StepSamples", "StepTimings", "source_timing"]
+__all__ = ["CLOCK_WORDS", "CONTROL", "CONTROLS", "CUDA_EVENTS", "FREE_CONTROL", "PASSES", "SOURCE_NAMES",
+           "TIMINGS_SCHEMA", "WALL", "SourceTiming", "StepSamples", "StepTimings", "source_timing"]

@@ -3,10 +3,10 @@ folded into a narrow table) and a JUnit XML report.
 
 JUnit: one <testsuite name="kvprof.gate">, one <testcase> per judged (variant, phase,
 size) named ``variant phase size`` with classname ``kvprof.gate.<source>``; a regressed
-row carries a <failure> whose message gives both costs, the slowdown and the noise.
-Rows that could not be judged, and rows left out (Triton's interpreter), are <testcase>s
-with <skipped>; runs that cannot be compared are one <testcase name="comparable"> with an
-<error> per reason.
+row carries a <failure> whose message gives both costs, the slowdown and the noise, a row
+too noisy to judge a <skipped> whose message starts "inconclusive". Rows that could not be
+judged, and rows left out (Triton's interpreter), are <testcase>s with <skipped>; runs that
+cannot be compared are one <testcase name="comparable"> with an <error> per reason.
 """
 
 from __future__ import annotations
@@ -25,15 +25,24 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:+.1f}"
 
 
+def _level(r: GateRow) -> str:
+    return "" if r.confidence is None else f"{r.confidence * 100:.4g} % "
+
+
 def noise_text(r: GateRow) -> str:
     """The noise the row was held against, in words."""
     if r.noise == "control":
         drift = r.drift_pct or 0.0
-        return (f"over the control series {_pct(r.judged_pct)} %, 95 % interval {_pct(r.low_pct)} .. "
+        return (f"over torch's control {_pct(r.judged_pct)} %, {_level(r)}interval {_pct(r.low_pct)} .. "
                 f"{_pct(r.high_pct)} %; the machine ran the control {abs(drift):.1f} % "
                 f"{'slower' if drift >= 0 else 'faster'} in NEW")
+    if r.noise == "control check":
+        drift = r.drift_pct or 0.0
+        return (f"torch's index_put over numpy's {_pct(r.judged_pct)} %, {_level(r)}interval {_pct(r.low_pct)} .. "
+                f"{_pct(r.high_pct)} %; the machine ran numpy's {abs(drift):.1f} % "
+                f"{'slower' if drift >= 0 else 'faster'} in NEW")
     if r.noise == "bootstrap":
-        text = (f"95 % interval {_pct(r.low_pct)} .. {_pct(r.high_pct)} % (bootstrap of the reference pass's "
+        text = (f"{_level(r)}interval {_pct(r.low_pct)} .. {_pct(r.high_pct)} % (bootstrap of the reference pass's "
                 "per-step samples)")
         if r.confirmed_in:
             text += f"; {r.confirmed_in} pass: low end {_pct(r.confirm_low_pct)} %"
@@ -42,20 +51,23 @@ def noise_text(r: GateRow) -> str:
 
 
 def row_text(r: GateRow, threshold_pct: float) -> str:
+    noisy = (f"; noise +-{r.noise_pct:.1f} % exceeds the threshold" if r.status == "inconclusive"
+             and r.noise_pct is not None else "")
     return (f"{printable(r.variant)} {printable(r.phase)} {r.size} ({printable(r.source)}): "
             f"{_us(r.base_ns)} -> {_us(r.new_ns)} µs per write, "
-            f"{r.slower_pct:+.1f} % (threshold {threshold_pct:g} %); {noise_text(r)}")
+            f"{r.slower_pct:+.1f} % (threshold {threshold_pct:g} %); {noise_text(r)}{noisy}")
 
 
 def junit_xml(gate: GateResult, base: str, new: str) -> str:
     """The JUnit XML document (a string with its declaration); control characters, which XML
     1.0 cannot hold, are written as their escapes."""
-    skipped = len(gate.unjudged) + len(gate.left_out)
+    skipped = len(gate.unjudged) + len(gate.left_out) + len(gate.inconclusive)
     errors = 1 if gate.not_comparable else 0
     suite = ET.Element("testsuite", name="kvprof.gate", tests=str(len(gate.rows) + skipped + errors),
                        failures=str(len(gate.regressed)), skipped=str(skipped), errors=str(errors))
     props = ET.SubElement(suite, "properties")
-    for k, v in (("base", base), ("new", new), ("threshold_pct", f"{gate.threshold_pct:g}")):
+    for k, v in (("base", base), ("new", new), ("threshold_pct", f"{gate.threshold_pct:g}"),
+                 ("verdict", gate.verdict)):
         ET.SubElement(props, "property", name=k, value=printable(v))
     if gate.not_comparable:
         case = ET.SubElement(suite, "testcase", classname="kvprof.gate", name="comparable")
@@ -66,6 +78,8 @@ def junit_xml(gate: GateResult, base: str, new: str) -> str:
                              name=printable(f"{r.variant} {r.phase} {r.size}"))
         if r.regressed:
             ET.SubElement(case, "failure", message=row_text(r, gate.threshold_pct), type="regression")
+        elif r.status == "inconclusive":
+            ET.SubElement(case, "skipped", message="inconclusive: " + row_text(r, gate.threshold_pct))
         else:
             ET.SubElement(case, "system-out").text = row_text(r, gate.threshold_pct)
     for why in [*gate.unjudged, *gate.left_out]:

@@ -227,13 +227,14 @@ def _runs_lines(runs: dict[str, Any]) -> list[str]:
 
 @register("table", GateResult)
 class GateTable:
-    """Why the runs cannot be compared, the regressed rows and the rows over the threshold that
-    stay inside the noise (one line each: a CI log is read as it is), the verdict, the rows that
-    could not be judged or were left out. ``exit_code``: the command's exit code for a gate that
-    judged nothing, named in the verdict."""
+    """Why the runs cannot be compared, the regressed rows, the rows too noisy to judge and the
+    rows over the threshold that stay inside the noise (one line each: a CI log is read as it
+    is), the verdict, the rows that could not be judged or were left out. ``exit_code``: the
+    command's exit code for a gate that judged nothing, ``inconclusive_exit_code`` for one too
+    noisy to judge, each named in the verdict."""
 
-    def __init__(self, exit_code: int | None = None) -> None:
-        self.exit_code = exit_code
+    def __init__(self, exit_code: int | None = None, inconclusive_exit_code: int | None = None) -> None:
+        self.exit_code, self.inconclusive_exit_code = exit_code, inconclusive_exit_code
 
     def render(self, result: GateResult, out: Output) -> None:
         from kvprof.report.gate import row_text
@@ -246,22 +247,31 @@ class GateTable:
         for r in gate.regressed:
             con.print(f"[red]regressed:[/red] {markup(row_text(r, gate.threshold_pct))}", soft_wrap=True,
                       highlight=False)
+        for r in gate.inconclusive:
+            con.print(f"[yellow]too noisy to judge:[/yellow] {markup(row_text(r, gate.threshold_pct))}",
+                      soft_wrap=True, highlight=False)
         for r in gate.rows:  # the table's raw ratio alone would read as a regression: say why it is not one
-            if not r.regressed and r.slower_pct > gate.threshold_pct:
+            if r.status == "passed" and r.slower_pct > gate.threshold_pct:
                 con.print(f"not a regression: {markup(row_text(r, gate.threshold_pct))}", soft_wrap=True,
                           highlight=False)
         rule = f"slower than BASE by more than {gate.threshold_pct:g} % beyond the noise"
         exit_text = "" if self.exit_code is None else f"; exit {self.exit_code}"
+        verdict = gate.verdict
         if not gate.comparable:
-            verdict = (f"gate: not judged, the runs cannot be compared ({len(gate.not_comparable)} reason(s) "
-                       f"above){exit_text}")
-        elif not gate.rows:
-            verdict = f"gate: not judged, no row could be judged (see below){exit_text}"
-        elif gate.regressed:
-            verdict = f"gate: {len(gate.regressed)} of {len(gate.rows)} rows {rule}"
+            line = (f"gate: not judged, the runs cannot be compared ({len(gate.not_comparable)} reason(s) "
+                    f"above){exit_text}")
+        elif verdict == "not judged":
+            line = f"gate: not judged, no row could be judged (see below){exit_text}"
+        elif verdict == "regressed":
+            line = f"gate: {len(gate.regressed)} of {len(gate.rows)} rows {rule}"
+        elif verdict == "inconclusive":
+            code = "" if self.inconclusive_exit_code is None else f"; exit {self.inconclusive_exit_code}"
+            line = (f"gate: inconclusive, too noisy to judge: none of {len(gate.rows)} rows {rule}, but the noise "
+                    f"of {len(gate.inconclusive)} exceeds {gate.threshold_pct:g} % (time more steps, or a quieter "
+                    f"machine){code}")
         else:
-            verdict = f"gate: passed, none of {len(gate.rows)} rows {rule}"
-        con.print(verdict, soft_wrap=True)
+            line = f"gate: passed, none of {len(gate.rows)} rows {rule}"
+        con.print(line, soft_wrap=True)
         for why in gate.unjudged:
             con.print(f"[yellow]not judged:[/yellow] {markup(why)}", soft_wrap=True)
         for why in _grouped(gate.left_out):

@@ -51,3 +51,15 @@ def test_default_walltimes_refuses_an_unknown_command_in_one_line():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--only: unknown nope; choose from capture" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--runs", "1"], "--runs >= 2"),
+    (["--reference-steps", "3"], "--reference-steps >= 4"),
+    (["--busy", "-1"], "--busy >= 0"),
+])
+def test_gate_false_fails_refuses_a_bad_setting_in_one_line(args, words):
+    r = subprocess.run([sys.executable, str(LAB / "gate_false_fails.py"), *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
