@@ -89,6 +89,8 @@ SQLITE_SUFFIXES = (*builtin_suffixes("nsys_sqlite"), ".sqlite3", ".db")
 JSON_SUFFIXES = builtin_suffixes("kineto")
 TEXT_SUFFIXES = (".log", ".txt", ".csv", ".log.gz", ".txt.gz", ".csv.gz")  # logs kept gzipped too
 PARQUET_SUFFIXES = (".parquet",)
+ZIP_SUFFIXES = (".zip", ".npz")
+ZIP_MAGIC = b"PK\x03\x04"
 REPORT_SUFFIXES = (*builtin_suffixes("nsys_rep"), ".qdstrm")
 SIDECARS = ("-wal", "-shm", "-journal")
 
@@ -139,7 +141,7 @@ HEX_RUN_BYTES = re.compile(_HEX_RUN.pattern.encode())
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 PERCENT_BYTES = re.compile(_PERCENT.pattern.encode())
 ENCODED_FORMS = ("base64 (standard and URL-safe, 3 alignments)", "hex (either case)",
-                 "percent, JSON, Python and HTML escapes", "UTF-8/16/32 with or without BOM",
+                 "percent, JSON, Python and HTML escapes", "UTF-8, UTF-16, UTF-32 (BOM or not)",
                  "gzip and zlib streams", "invisible and format characters, ANSI sequences",
                  "NFKC, full-width and look-alike letters")
 # An environment entry, as nsys stores one: NAME=value or NAME="value".
@@ -168,6 +170,9 @@ def too_big(path: Path, max_bytes: int, what: str = "holds") -> ResourceError:
 
 _CLASSES = (str.islower, str.isupper, str.isdigit)
 _WORDY = re.compile(r"[A-Za-z]+(?:[ _\-.:/][A-Za-z]+)*\Z")
+
+
+_WORD = re.compile(r"[^\s/]+")
 
 
 def ordinary(value: str) -> bool:
@@ -219,12 +224,14 @@ class ScrubReport:
     def line(self, full_path: bool = True) -> str:
         """One line for the user: what changed and the size before/after."""
         name = str(self.path) if full_path else self.path.name
-        if self.kind in ("nsys-rep", "other", "symlink"):
+        if self.kind in ("nsys-rep", "other", "symlink", "zip"):
             return f"{name}: {self.note}"
         parts = []
         if self.kind == "sqlite":
             parts.append(f"{self.env_rows} environment rows")
         parts.append(f"{self.strings} {'lines' if self.kind == 'text' else 'strings'} removed")
+        if self.note:
+            parts.append(self.note)
         parts.append(f"{self.paths} home paths rewritten")
         if self.hosts:
             parts.append(f"{self.hosts} host names removed")
@@ -471,13 +478,22 @@ class Rules:
             new, reason = home, reason or "home"
         return new, reason
 
+    def holds_secret(self, s: str) -> bool:
+        """A strong secret value or a token in ``s``, in any view of it (not assignments: for
+        text such as an SQL statement, where ``NAME=`` is no environment)."""
+        return bool((self._values is not None and self._values.search(s)) or _TOKEN.search(s)
+                    or self.hidden_form(s))
+
     def redact(self, s: str) -> str:
-        """``s`` (a line for the terminal, a file name) with every secret a rule finds in it as
-        stored cut out, and whole when one is hidden in it: what scrub prints never shows one."""
-        if self._values is not None:
-            s = self._values.sub(TOKEN_MARKER, s)
-        s = _TOKEN.sub(TOKEN_MARKER, s)
-        return TOKEN_MARKER if self.hidden_form(s) else s
+        """``s`` (a line for the terminal, a path) with each of its words (between spaces and
+        slashes) that holds a secret in any form a rule finds replaced: what scrub prints never
+        shows one; control characters are shown escaped."""
+        def word(m: re.Match[str]) -> str:
+            w = m.group()
+            return TOKEN_MARKER if self.scrub(w)[1] == "env" else w
+
+        s = _WORD.sub(word, s)
+        return "".join(c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in s)
 
     def literals(self) -> list[bytes]:
         """Raw byte strings whose presence makes a JSON literal worth decoding."""
@@ -571,10 +587,31 @@ def find_values(paths: Iterable[Path], needles: Mapping[str, list[bytes]]) -> li
     return sorted(found)
 
 
+def raw_findings_bytes(window: bytes, rules: Rules) -> list[tuple[str, str]]:
+    """What bytes scrub cannot decode as a format show (``raw_findings``), in one window: token
+    shapes and secret values (also with NULs dropped: UTF-16/32 text), base64/hex runs holding a
+    secret, environment entries outside kvprof's allow-list in NUL-separated blocks."""
+    found: dict[tuple[str, str], None] = {}
+    for b in (window, strip_nuls(window)) if b"\x00" in window else (window,):
+        for m in _TOKEN_IN_BYTES.finditer(b):
+            found[("token-shaped strings", m.group()[:6].decode("ascii", "replace") + "...")] = None
+        if rules._values_bytes is not None:
+            for m in rules._values_bytes.finditer(b):
+                found[("secret values", ascii(m.group()[:4].decode("utf-8", "replace"))[1:-1] + "...")] = None
+    for rx in (B64_RUN_BYTES, HEX_RUN_BYTES):
+        for m in rx.finditer(window):
+            if rules.encoded_run(m.group()):
+                found[("encoded secrets", m.group()[:6].decode("ascii") + "...")] = None
+    for m in _RAW_ENV_ENTRY.finditer(window):
+        entry = m.group(1).decode("ascii")
+        if rules.keep_entry(entry) is None:  # a home path there is the child's HOME: kept
+            found[(ALLOW_LIST_FINDING, entry.split("=", 1)[0])] = None
+    return list(found)
+
+
 def raw_findings(paths: Iterable[Path], rules: Rules) -> list[tuple[str, str]]:
-    """What the raw bytes of a file scrub cannot decode (an .nsys-rep, an unknown format) show:
-    token-shaped strings and base64/hex runs holding a secret, and environment entries outside
-    kvprof's allow-list in NUL-separated blocks; (what, short sample) each. Read in chunks."""
+    """What the raw bytes of a file scrub cannot decode (an .nsys-rep, an unknown format) show
+    (``raw_findings_bytes``); (what, short sample) each. Read in overlapping chunks."""
     found: dict[tuple[str, str], None] = {}
     overlap = 1 << 12
     for p in paths:
@@ -582,16 +619,7 @@ def raw_findings(paths: Iterable[Path], rules: Rules) -> list[tuple[str, str]]:
             tail = b""
             while chunk := fh.read(1 << 22):
                 window = tail + chunk
-                for m in _TOKEN_IN_BYTES.finditer(window):
-                    found[("token-shaped strings", m.group()[:6].decode("ascii", "replace") + "...")] = None
-                for rx in (B64_RUN_BYTES, HEX_RUN_BYTES):
-                    for m in rx.finditer(window):
-                        if rules.encoded_run(m.group()):
-                            found[("encoded secrets", m.group()[:6].decode("ascii") + "...")] = None
-                for m in _RAW_ENV_ENTRY.finditer(window):
-                    entry = m.group(1).decode("ascii")
-                    if rules.keep_entry(entry) is None:  # a home path there is the child's HOME: kept
-                        found[(ALLOW_LIST_FINDING, entry.split("=", 1)[0])] = None
+                found.update(dict.fromkeys(raw_findings_bytes(window, rules)))
                 tail = window[-overlap:]
     return list(found)
 
