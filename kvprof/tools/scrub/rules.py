@@ -121,8 +121,10 @@ _TOKEN_PREFIXES = (r"hf_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|sk-|sk_live
 _TOKEN = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + _TOKEN_PREFIXES + r")[A-Za-z0-9_\-.=+/]{8,}"
                     r"|(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
 # A token that starts where a JSON string starts (glued to the string before it when joined).
-_TOKEN_AT = re.compile(r"(?:" + _TOKEN_PREFIXES + r")[A-Za-z0-9_\-.=+/]{8,}"
-                       r"|[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
+# (A failed try costs at most the prefix and 8 characters; URLs are placed by ``_SCHEME_RUN``.)
+_TOKEN_AT = re.compile(r"(?:" + _TOKEN_PREFIXES + r")[A-Za-z0-9_\-.=+/]{8,}")
+_URL_AT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@\"']+:[^/\s@\"']+@")
+_SCHEME_RUN = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z0-9+.\-]+(?=://)")
 TOKEN_BYTES = re.compile(rb"(?:" + _TOKEN_PREFIXES.encode() + rb")|://")
 # In decoded bytes a token may follow any byte (b"0hf_..." is a token after a stray byte), so
 # no word boundary is asked for there.
@@ -396,6 +398,11 @@ class Rules:
                     if start >= covered and (m := _TOKEN_AT.match(joined, start)):
                         spans.append(m.span())
                         covered = m.end()  # later starts inside it: its suffixes (linear)
+                for run in _SCHEME_RUN.finditer(joined):  # a URL from the last string its scheme starts in
+                    k = bisect.bisect_right(starts, run.end() - 1) - 1
+                    start = max(starts[k], run.start())
+                    if (m := _URL_AT.match(joined, start)) is not None:
+                        spans.append(m.span())
             for a, b in spans:
                 scheme = v.text.find("://", a, b)
                 if scheme > a:  # a URL's scheme glued to the words before it: from its own string
