@@ -174,6 +174,7 @@ _CLASSES = (str.islower, str.isupper, str.isdigit)
 _WORDY = re.compile(r"[A-Za-z]+(?:[ _\-.:/][A-Za-z]+)*\Z")
 
 
+_TEXT_VIEWS = frozenset({"plain", "folded", "escapes"})  # not a decoded payload
 _WORD = re.compile(r"[^\s/]+")
 
 
@@ -330,17 +331,18 @@ class Rules:
             self._encoded[key] = hit
         return hit
 
-    def _matches(self, text: str, plain: bool) -> Iterator[tuple[int, int]]:
+    def _matches(self, text: str, plain: bool, assignments: bool = True) -> Iterator[tuple[int, int]]:
         """Spans of ``text`` a secret rule matches: a strong secret value, a token shape, an
         environment assignment (``plain``: the view is the string as stored, where tokens are cut
-        out in place instead and assignments are judged by ``is_assignment``)."""
+        out in place instead and assignments are judged by ``is_assignment``; not
+        ``assignments``: a decoded payload, whose bytes may spell ``_=`` by chance)."""
         if self._values is not None:
             for m in self._values.finditer(text):
                 yield m.start(), m.end()
         if not plain:
             for m in _TOKEN.finditer(text):
                 yield m.start(), m.end()
-            if "=" in text:
+            if assignments and "=" in text:
                 t = _OWN_SETTING.sub(lambda m: " " * len(m.group()), text)
                 for rx in (_ASSIGNMENT, self._names):
                     for m in rx.finditer(t) if rx is not None else ():
@@ -356,7 +358,7 @@ class Rules:
         for v in views(s):
             if v.how == "plain":
                 continue
-            for _ in self._matches(v.text, plain=False):
+            for _ in self._matches(v.text, plain=False, assignments=v.how in _TEXT_VIEWS):
                 return v.how
         for m in _B64_RUN.finditer(s):
             if self._run_holds_secret(m.group(), base64_views):
@@ -391,7 +393,7 @@ class Rules:
         starts = [0, *itertools.accumulate(map(len, parts))]
         found: set[tuple[int, int]] = set()
         for v in views(joined):
-            spans = list(self._matches(v.text, plain=False))
+            spans = list(self._matches(v.text, plain=False, assignments=v.how in _TEXT_VIEWS))
             if v.how == "plain":  # a token that starts a string, glued to the one before
                 covered = 0
                 for start in starts[1:-1]:
