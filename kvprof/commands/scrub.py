@@ -3,8 +3,10 @@
 Each PATH (a file or a run folder) is rewritten in place, atomically; one line per file
 says what changed. An export's environment is cut down to kvprof's allow-list (what a
 profiled child is given); secrets are removed in plain, base64, hex and percent-encoded
-forms and when cut across adjacent JSON strings. Then every PATH is verified as ``--check``
-does. With ``--check`` nothing is written: every string is decoded (JSON escapes, gzip, SQLite
+forms and when cut across adjacent JSON strings; every string is judged as a reader would see
+it (escapes decoded, invisible characters dropped, look-alike letters folded). Then every PATH
+is verified as ``--check`` does; file and folder names too, and no line printed shows a secret.
+With ``--check`` nothing is written: every string is decoded (JSON escapes, gzip, SQLite
 text, Parquet, log lines) and any environment entry outside the allow-list, secret, home
 path, host name or token-shaped string still there is reported; a file read only in part
 (.nsys-rep, unknown format) is never called clean, a symbolic link is followed (a link to a
@@ -13,7 +15,8 @@ for. ``--max-bytes`` bounds what one file may hold once decompressed (default 2 
 Exit status: 0 when every file is clean; for the first file that failed, its error's code
 (2 usage or over --max-bytes, 3 unreadable, 6 unwritable), the others are still handled; 1
 when anything remains after scrubbing (or, with --check, is there or was not read), or a
-file that cannot be rewritten (.nsys-rep, unknown format) holds a secret value; 2 when only
+file that cannot be rewritten (.nsys-rep, unknown format) or a name that cannot be changed (a
+file's, a folder's, an SQLite table's or column's) holds a secret; 2 when only
 .nsys-rep files were given (they cannot be rewritten: share the scrubbed .sqlite export).
 """
 

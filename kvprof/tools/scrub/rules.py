@@ -19,9 +19,14 @@ included) of a JSON file, and line by line to .log/.txt files:
   to a preceding word or path character; or
   (b) contains the value of a variable of the scrubbing environment (default: this
   process's) that ``envsafe.looks_secret`` flags (secret-sounding name or token-shaped
-  value), 6 characters or longer; or
-  (c) holds such a value or a token shape encoded (``Rules.encoded_form``: base64 in either
-  alphabet at any alignment, hex in either case, percent-encoding).
+  value), 6 characters or longer, unless the value could be an ordinary word (``ordinary``:
+  ``stream``, ``index_put``; such a value goes only with its ``NAME=``, under its key or in
+  an environment row); or
+  (c) holds such a value or a token shape in any view a reader would still recognise
+  (``Rules.hidden_form``, ``normalize.views``: escapes of JSON, Python, HTML and URLs
+  decoded, invisible characters and ANSI sequences dropped, NFKC and look-alike letters
+  folded, base64 in either alphabet at any alignment and hex in either case decoded, through
+  gzip/zlib and UTF-8/16/32, 4 layers deep).
   Whole strings go because a partial cut of a ``KEY=VALUE`` block is easy to get wrong.
   Lower-case ``key=value`` text (kvprof's own NVTX messages) is kept, and so is kvprof's
   own advice naming one of its settings with a plain value (``_OWN_SETTING``: "set
@@ -30,11 +35,13 @@ included) of a JSON file, and line by line to .log/.txt files:
 - home paths: ``/home/<user>``, ``/Users/<user>``, ``/root`` and this user's ``~``
   become ``~`` inside the string; the rest of the string is kept.
 - JSON values under a key that names a secret (``HF_TOKEN``) become ``MARKER``; adjacent
-  strings of one array or object that together hold a secret (``Rules.split_secrets``) too.
+  strings of one array or object that together hold a secret (``Rules.split_secrets``: any
+  number of them, one pass over them joined) too.
 - token-shaped strings (``sk-...``, ``hf_...``, ``ghp_...``, AWS key ids, JWTs, URLs
   with a password: ``envsafe``'s known formats) become ``TOKEN_MARKER`` wherever they are,
   whether or not the variable that held them is set where scrub runs.
-- host names: this machine's name (3 characters or more, as a word) and the values of
+- host names: this machine's name (3 characters or more, as a word; only where it stands as a
+  host, ``user@h200``, ``://h200``, ``host=h200``, when it could be an ordinary word) and the values of
   host-name fields (JSON keys ``host_name``/``hostname``/``hostName``; SQLite ``name``/``value``
   rows whose name mentions HOSTNAME) become ``HOST_MARKER``.
 - JSON escapes are decoded before any rule is applied (``"sk\\u002d..."``, ``"\\/home\\/..."``).

@@ -137,14 +137,14 @@ def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes]
             edits[span], reasons[span] = orjson.dumps(new), reason
     for m in _JSON_SECRET_KEY.finditer(data):  # "HF_TOKEN": "..." -> the value goes
         if envsafe.is_secret_name(m.group(1).decode()):
-            span = _literal_at(data, m.end())
-            if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] != b'""':
-                edits[span], reasons[span] = orjson.dumps(MARKER), "env"
+            at = _literal_at(data, m.end())
+            if at is not None and at[0] == m.end() - 1 and data[at[0] : at[1]] != b'""':
+                edits[at], reasons[at] = orjson.dumps(MARKER), "env"
     host_marker = orjson.dumps(HOST_MARKER)
     for m in _JSON_HOST_KEY.finditer(data):  # "host_name": "gpu-node-7" -> the value goes
-        span = _literal_at(data, m.end())
-        if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] not in (b'""', host_marker):
-            edits[span], reasons[span] = host_marker, "host"
+        at = _literal_at(data, m.end())
+        if at is not None and at[0] == m.end() - 1 and data[at[0] : at[1]] not in (b'""', host_marker):
+            edits[at], reasons[at] = host_marker, "host"
     kinds = list(reasons.values())
     return edits, kinds.count("env"), kinds.count("home"), kinds.count("host")
 
