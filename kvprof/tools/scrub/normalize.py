@@ -287,15 +287,28 @@ def hex_decode(run: str, start: int = 0) -> bytes:
     return bytes.fromhex(chunk[: len(chunk) - len(chunk) % 2])
 
 
+_HEX_ONLY = re.compile(r"[0-9A-Fa-f]{12,}\Z")
+
+
 def run_payloads(text: str) -> Iterator[tuple[int, int, str, list[bytes]]]:
-    """(start, end, "base64" | "hex", decoded views) for each encoded run of ``text``: base64
-    at its 4 character offsets (the secret's 3 byte alignments in a larger payload), hex at
-    both nibble offsets. One scan; each run is decoded a fixed number of times."""
+    """(start, end, "base64" | "hex", decoded) for each encoded run of ``text``: base64 from its
+    first character (the payload a layer wrote; the other alignments of a secret inside a larger
+    payload are matched on the bytes by ``Rules``), hex at both nibble offsets. One scan."""
     for m in B64_RUN.finditer(text):
         run = m.group()
-        yield m.start(), m.end(), "base64", [v for v in (b64_decode(run, k) for k in range(4)) if v]
-        if len(run) >= 12 and all(c in "0123456789abcdefABCDEF" for c in run):
+        data = b64_decode(run)
+        if data:
+            yield m.start(), m.end(), "base64", [data]
+        if _HEX_ONLY.match(run):
             yield m.start(), m.end(), "hex", [hex_decode(run, 0), hex_decode(run, 1)]
+
+
+_UNPRINTABLE = re.compile(r"[^\t\n\r\x20-\x7e\u00a0-\ufffc]")
+
+
+def looks_like_text(s: str) -> bool:
+    """At least 90 % of the characters printable (a decoded payload of text, not of binary)."""
+    return len(_UNPRINTABLE.findall(s)) * 10 <= len(s)
 
 
 def views(s: str, depth: int = 0) -> Iterator[View]:
@@ -319,9 +332,9 @@ def views(s: str, depth: int = 0) -> Iterator[View]:
         return
     for start, end, how, payloads in run_payloads(cur.text):
         lo, hi = cur.span(start, end)
-        for k, data in enumerate(payloads[:1] if how == "base64" else payloads):
+        for data in payloads:
             inner = bytes_text(data, depth + 1)
-            if len(inner) < 4 or inner.count("\ufffd") * 2 > len(inner):
+            if len(inner) < 4 or not looks_like_text(inner):
                 continue  # not text: what its bytes hold is judged on the bytes themselves
             for v in views(inner, depth + 1):
-                yield View(v.text, [lo] * len(v.text), [hi] * len(v.text), f"{how}/{v.how}" if k == 0 else how)
+                yield View(v.text, [lo] * len(v.text), [hi] * len(v.text), f"{how}/{v.how}")

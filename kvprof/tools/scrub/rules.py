@@ -280,6 +280,7 @@ class Rules:
         self._values_bytes = (re.compile(b"|".join(re.escape(v.encode()) for v in values)) if values else None)
         self._weak_names = frozenset(self.weak_secrets)
         self._encoded: dict[tuple[str, str], bool] = {}  # (decoder, run) -> holds a secret (runs repeat)
+        self._hidden: dict[str, str | None] = {}  # string -> hidden_form (strings repeat)
         # the secrets' base64 forms as such: found even where the characters around one differ
         forms = sorted({f.decode() for v in values for f in base64_forms(v.encode())}, key=len, reverse=True)
         self._b64_forms = re.compile("|".join(map(re.escape, forms))) if forms else None
@@ -362,6 +363,16 @@ class Rules:
         any alignment. The plain string as stored is ``is_environment``'s and the token cut's."""
         if len(s) < 6:
             return None
+        if s in self._hidden:
+            return self._hidden[s]
+        form = self._hidden_form(s)
+        if len(self._hidden) >= _ENCODED_CACHE_SIZE:
+            self._hidden.clear()
+        if len(s) <= 4096:  # strings repeat by the thousand in a trace; long ones rarely
+            self._hidden[s] = form
+        return form
+
+    def _hidden_form(self, s: str) -> str | None:
         for v in views(s):
             if v.how == "plain":
                 continue
