@@ -352,3 +352,11 @@ def test_a_long_run_of_letters_is_judged_in_time() -> None:
     assert r.scrub("a" * (256 << 10))[1] is None
     assert r.split_secrets(["abcdef"] * 40000) == []
     assert time.perf_counter() - t < 30
+
+
+def test_a_host_name_behind_escapes_or_look_alikes_is_found() -> None:
+    r = Rules({}, home="/x", hostnames=["gpu-node-77", "h200"])
+    assert r.scrub("on gpu\u2011node\u201177 today") == ("[kvprof: host]", "host")  # non-breaking hyphens
+    assert r.scrub("on gpu-n\u043ede-77") == ("[kvprof: host]", "host")  # a Cyrillic o
+    assert r.scrub("user@h\\u0032\\u0030\\u0030")[1] == "host"
+    assert r.scrub("NVIDIA H200 \u00b5s") == ("NVIDIA H200 \u00b5s", None)

@@ -181,6 +181,7 @@ _CLASSES = (str.islower, str.isupper, str.isdigit)
 _WORDY = re.compile(r"[A-Za-z]+(?:[ _\-.:/][A-Za-z]+)*\Z")
 
 
+_MAY_HIDE = re.compile(r"[^\t\n\r\x20-\x7e]|[\\%&]")  # what folding or an escape can change
 _TEXT_VIEWS = frozenset({"plain", "folded", "escapes"})  # not a decoded payload
 _WORD = re.compile(r"[^\s/]+")
 
@@ -495,9 +496,9 @@ class Rules:
             new, reason = self._hosts.sub(HOST_MARKER, new), reason or "host"
         if self._host_context is not None and self._host_context.search(new):
             new, reason = self._host_context.sub(HOST_MARKER, new), reason or "host"
-        if reason is None and (self._hosts is not None or self._host_context is not None):
+        if reason is None and (self._hosts is not None or self._host_context is not None) and _MAY_HIDE.search(s):
             for v in views(s):  # a host name hidden by escapes or look-alike letters
-                if v.how != "plain" and any(rx is not None and rx.search(v.text)
+                if v.how in ("folded", "escapes") and any(rx is not None and rx.search(v.text)
                                             for rx in (self._hosts, self._host_context)):
                     return HOST_MARKER, "host"
         home = self.strip_home(new)
