@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from kvprof.cli import main
 from kvprof.tools.scrub import Rules, check_path, scrub_path
@@ -160,8 +160,18 @@ def _rules(env: dict[str, str]) -> Rules:
 CONTAINERS = ["json", "log:utf-8", "log:utf-16", "log:utf-32", "zip", "sqlite"]
 
 
+ESC_IN_HTML = ("&#50;&#8203;" * 5 + "&#50;" * 13 + "&#27;&#91;&#48;&#109;&#50;&#50;&#65;&#97;")
+
+
 @_settings()
 @given(h=hidden(), kind=st.sampled_from(CONTAINERS), before=filler, after=filler)
+# found by a long run: HTML's numeric references to a control character (an ANSI sequence's ESC)
+# were decoded to nothing, leaving "[0m" inside the secret; a gzip inside base64 was seen by
+# --check but not taken as a candidate by scrub's JSON pass
+@example(h=("22222222222222222222Aa", ESC_IN_HTML, {NAME: "22222222222222222222Aa"}), kind="json", before="",
+         after="")
+@example(h=("hf_0000000000000000", "H4sIAAAAAAACA1NTNjQwsVYDkkZA0tIUSJhYUJMAAM1nwLlhAAAA", {}), kind="json",
+         before="", after="")
 def test_a_secret_through_any_stack_of_layers_is_never_called_clean(h: tuple[str, str, dict[str, str]], kind: str,
                                                                      before: str, after: str) -> None:
     value, text, env = h

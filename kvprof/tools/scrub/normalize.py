@@ -185,6 +185,10 @@ def _escape_text(m: re.Match[str]) -> str:
     if g == "c":
         c = m.group("c")
         return _SIMPLE.get(c, c)
+    if t.startswith("&#"):  # any code point, controls included (an ESC then starts an ANSI sequence)
+        body = t[2:].rstrip(";")
+        code = int(body[1:], 16) if body[:1] in "xX" else int(body)
+        return chr(code) if code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else t
     return html.unescape(t)
 
 

@@ -394,12 +394,14 @@ class Rules:
         return self.hidden_form(s)
 
     def encoded_run(self, run: bytes) -> bool:
-        """Whether a base64 or hex run found in raw bytes decodes to a secret (JSON candidates)."""
+        """Whether a base64 or hex run found in raw bytes decodes to a secret, at any alignment or
+        through the layers inside it (JSON candidates, raw bytes)."""
         text = run.decode("ascii")
         if self._b64_forms is not None and self._b64_forms.search(text):
             return True
         return self._run_holds_secret(text, base64_views) or (
-            bool(_HEX_RUN.fullmatch(text)) and self._run_holds_secret(text, hex_views))
+            bool(_HEX_RUN.fullmatch(text)) and self._run_holds_secret(text, hex_views)) or (
+            self.hidden_form(text) is not None)  # a layer inside: gzip, UTF-16/32, escapes
 
     def split_secrets(self, parts: list[str]) -> list[tuple[int, int]]:
         """(first, last) index of adjacent ``parts`` that together hold a secret value, a token
