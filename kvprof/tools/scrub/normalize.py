@@ -253,16 +253,39 @@ def inflate(data: bytes, limit: int = MAX_DECODED) -> bytes | None:
     return out or None
 
 
+_UNPRINTABLE = re.compile(r"[^\t\n\r\x20-\x7e\u00a0-\ufffc]")
+
+
+def looks_like_text(s: str) -> bool:
+    """At least 90 % of the characters printable (a decoded payload of text, not of binary)."""
+    return len(_UNPRINTABLE.findall(s)) * 10 <= len(s)
+
+
+_CODECS = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
+
+
 def bytes_text(data: bytes, depth: int = 0) -> str:
-    """Decoded bytes as text a reader would see: a compressed stream inflated first, then
-    read in its encoding (``guess_encoding``); bytes that are not text come out as U+FFFD."""
+    """Decoded bytes as text a reader would see: a compressed stream inflated first, then read
+    in its encoding: its BOM's, else the first of ``guess_encoding``'s and the other UTF codecs
+    that reads as text (``looks_like_text``; text with many characters outside ASCII has
+    fewer NULs than the guess counts on); bytes that are text in none come out as UTF-8."""
     for _ in range(MAX_DEPTH - depth):
         inner = inflate(data)
         if inner is None:
             break
         data = inner
     codec, skip = guess_encoding(data)
-    return data[skip:].decode(codec, errors="replace")
+    if skip:
+        return data[skip:].decode(codec, errors="replace")
+    first = data.decode(codec, errors="replace")
+    if looks_like_text(first) or 0 not in data:
+        return first
+    for other in _CODECS:
+        if other != codec:
+            text = data.decode(other, errors="replace")
+            if looks_like_text(text):
+                return text
+    return first
 
 
 def strip_nuls(data: bytes) -> bytes:
@@ -305,14 +328,6 @@ def run_payloads(text: str) -> Iterator[tuple[int, int, str, list[bytes]]]:
             yield m.start(), m.end(), "base64", [data]
         if _HEX_ONLY.match(run):
             yield m.start(), m.end(), "hex", [hex_decode(run, 0), hex_decode(run, 1)]
-
-
-_UNPRINTABLE = re.compile(r"[^\t\n\r\x20-\x7e\u00a0-\ufffc]")
-
-
-def looks_like_text(s: str) -> bool:
-    """At least 90 % of the characters printable (a decoded payload of text, not of binary)."""
-    return len(_UNPRINTABLE.findall(s)) * 10 <= len(s)
 
 
 def views(s: str, depth: int = 0) -> Iterator[View]:
