@@ -1,6 +1,6 @@
 """scrub's time against the size of its input: every pass is meant to be linear.
 
-    python benchmarks/bench_scrub_scaling.py [--sizes 16,32,64,128,256] [--repeat 3]
+    python benchmarks/bench_scrub_scaling.py [--sizes 16,32,64,128,256] [--repeat 3] [--only base64]
 
 For each input shape and size (KiB of the string or the file) it times ``scrub --check`` and
 ``scrub`` (in this process, after one warm-up; the best of --repeat), against an environment
@@ -94,6 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="16,32,64,128,256", help="KiB, comma-separated")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", default="", help="only the inputs whose label contains this text")
     args = ap.parse_args()
     from kvprof.tools.scrub import Rules, check_path, scrub_path
     from kvprof.tools.scrub.rules import DEFAULT_MAX_BYTES
@@ -106,6 +107,8 @@ def main() -> None:
     print(f"{'input':32} {'KiB':>6} {'check s':>9} {'scrub s':>9} {'µs/KiB':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         for label, make in SHAPES.items():
+            if args.only not in label:
+                continue
             per_kib = []
             for kib in sizes:
                 name, data = make(kib * 1024, random.Random(kib))

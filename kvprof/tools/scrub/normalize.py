@@ -261,14 +261,16 @@ def looks_like_text(s: str) -> bool:
     return len(_UNPRINTABLE.findall(s)) * 10 <= len(s)
 
 
+_ASCII_SEEN = re.compile(r"[\x21-\x7e]")
 _CODECS = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
 
 
 def bytes_text(data: bytes, depth: int = 0) -> str:
     """Decoded bytes as text a reader would see: a compressed stream inflated first, then read
     in its encoding: its BOM's, else the first of ``guess_encoding``'s and the other UTF codecs
-    that reads as text (``looks_like_text``; text with many characters outside ASCII has
-    fewer NULs than the guess counts on); bytes that are text in none come out as UTF-8."""
+    that reads as text (``looks_like_text``) with at least half its characters visible ASCII
+    (text with many characters outside ASCII has fewer NULs than the guess counts on; random
+    bytes read as UTF-16 are printable too, but not ASCII); else as UTF-8."""
     for _ in range(MAX_DEPTH - depth):
         inner = inflate(data)
         if inner is None:
@@ -283,8 +285,8 @@ def bytes_text(data: bytes, depth: int = 0) -> str:
     for other in _CODECS:
         if other != codec:
             text = data.decode(other, errors="replace")
-            if looks_like_text(text):
-                return text
+            if looks_like_text(text) and len(_ASCII_SEEN.findall(text)) * 2 >= len(text):
+                return text  # mostly ASCII as well: random bytes read as UTF-16 are not text
     return first
 
 
