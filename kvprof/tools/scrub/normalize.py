@@ -261,7 +261,10 @@ def looks_like_text(s: str) -> bool:
     return len(_UNPRINTABLE.findall(s)) * 10 <= len(s)
 
 
-_ASCII_SEEN = re.compile(r"[\x21-\x7e]")
+# What a reader sees as visible ASCII (itself, its full-width forms, the look-alikes folded onto
+# it) and the invisible characters put between such.
+_ASCII_SEEN = re.compile("[\x21-\x7e\uff01-\uff5e\u00ad\u200b-\u200f\u2060\ufeff"
+                         + re.escape("".join(map(chr, CONFUSABLES))) + "]")
 _CODECS = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
 
 
@@ -269,6 +272,7 @@ def bytes_text(data: bytes, depth: int = 0) -> str:
     """Decoded bytes as text a reader would see: a compressed stream inflated first, then read
     in its encoding: its BOM's, else the first of ``guess_encoding``'s and the other UTF codecs
     that reads as text (``looks_like_text``) with at least half its characters visible ASCII
+    (or its full-width forms and look-alikes, or zero-width spaces)
     (text with many characters outside ASCII has fewer NULs than the guess counts on; random
     bytes read as UTF-16 are printable too, but not ASCII); else as UTF-8."""
     for _ in range(MAX_DEPTH - depth):
@@ -286,7 +290,7 @@ def bytes_text(data: bytes, depth: int = 0) -> str:
         if other != codec:
             text = data.decode(other, errors="replace")
             if looks_like_text(text) and len(_ASCII_SEEN.findall(text)) * 2 >= len(text):
-                return text  # mostly ASCII as well: random bytes read as UTF-16 are not text
+                return text  # mostly (what reads as) ASCII: random bytes read as UTF-16 are not text
     return first
 
 
