@@ -253,7 +253,7 @@ def inflate(data: bytes, limit: int = MAX_DECODED) -> bytes | None:
     return out or None
 
 
-_UNPRINTABLE = re.compile(r"[^\t\n\r\x20-\x7e\u00a0-\ufffc]")
+_UNPRINTABLE = re.compile(r"[^\t\n\r\x1b\x20-\x7e\u00a0-\ufffc]")  # ESC: ANSI sequences are text
 
 
 def looks_like_text(s: str) -> bool:
