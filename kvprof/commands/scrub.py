@@ -3,8 +3,10 @@
 Each PATH (a file or a run folder) is rewritten in place, atomically; one line per file
 says what changed. An export's environment is cut down to kvprof's allow-list (what a
 profiled child is given); secrets are removed in plain, base64, hex and percent-encoded
-forms and when cut across adjacent JSON strings. Then every PATH is verified as ``--check``
-does. With ``--check`` nothing is written: every string is decoded (JSON escapes, gzip, SQLite
+forms and when cut across adjacent JSON strings; every string is judged as a reader would see
+it (escapes decoded, invisible characters dropped, look-alike letters folded). Then every PATH
+is verified as ``--check`` does; file and folder names too, and no line printed shows a secret.
+With ``--check`` nothing is written: every string is decoded (JSON escapes, gzip, SQLite
 text, Parquet, log lines) and any environment entry outside the allow-list, secret, home
 path, host name or token-shaped string still there is reported; a file read only in part
 (.nsys-rep, unknown format) is never called clean, a symbolic link is followed (a link to a
@@ -13,7 +15,8 @@ for. ``--max-bytes`` bounds what one file may hold once decompressed (default 2 
 Exit status: 0 when every file is clean; for the first file that failed, its error's code
 (2 usage or over --max-bytes, 3 unreadable, 6 unwritable), the others are still handled; 1
 when anything remains after scrubbing (or, with --check, is there or was not read), or a
-file that cannot be rewritten (.nsys-rep, unknown format) holds a secret value; 2 when only
+file that cannot be rewritten (.nsys-rep, unknown format) or a name that cannot be changed (a
+file's, a folder's, an SQLite table's or column's) holds a secret; 2 when only
 .nsys-rep files were given (they cannot be rewritten: share the scrubbed .sqlite export).
 """
 
@@ -28,7 +31,7 @@ from pathlib import Path
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.tools.scrub import CheckReport, ScrubReport, check_path, file_kind, scrub_path, scrub_tree
 from kvprof.tools.scrub.check import COVERED
-from kvprof.tools.scrub.rules import DEFAULT_MAX_BYTES, format_bytes
+from kvprof.tools.scrub.rules import DEFAULT_MAX_BYTES, Rules, format_bytes
 
 LEAK_EXIT_CODE = KvprofError.exit_code
 
@@ -77,6 +80,17 @@ def tally(reports: list[CheckReport]) -> str:
             f"part (raw bytes only: nothing found there), {dirty} not clean; secrets looked for as: {COVERED}")
 
 
+_RULES: list[Rules] = []
+
+
+def _shown(line: str) -> str:
+    """A line as printed: a word that holds a secret in any form (a file named by a token) is
+    redacted, control characters escaped (``Rules.redact``)."""
+    if not _RULES:
+        _RULES.append(Rules())
+    return _RULES[0].redact(line)
+
+
 @dataclass
 class _Outcome:
     """What the paths have come to so far: the first failed file's exit code, and whether
@@ -86,7 +100,7 @@ class _Outcome:
     only_reports: bool = True
 
     def failed(self, exc: KvprofError) -> None:
-        print(f"kvprof scrub: {exc}", file=sys.stderr)
+        print(f"kvprof scrub: {_shown(str(exc))}", file=sys.stderr)
         self.exit_code = self.exit_code or exc.exit_code
         self.only_reports = False
 
@@ -95,7 +109,7 @@ def _check_only(paths: list[Path], outcome: _Outcome, max_bytes: int) -> int:
     """``--check``: a line per file and the tally; nothing is written."""
     checked = verify(paths, outcome.failed, max_bytes)
     for r in checked:
-        print(r.line(), file=sys.stdout if r.clean else sys.stderr)
+        print(_shown(r.line()), file=sys.stdout if r.clean else sys.stderr)
     print(tally(checked))
     if outcome.exit_code:
         return outcome.exit_code
@@ -118,7 +132,7 @@ def _scrub_one(path: Path, outcome: _Outcome, max_bytes: int) -> list[ScrubRepor
     if path.is_dir() or any(r.kind != "nsys-rep" for r in found):
         outcome.only_reports = False
     for report in found:
-        print(report.line(), file=sys.stderr if report.leaks else sys.stdout)
+        print(_shown(report.line()), file=sys.stderr if report.leaks else sys.stdout)
     return found
 
 
@@ -138,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return UsageError.exit_code
     left = [r for r in verify([p for p in args.paths if p.exists()], outcome.failed, max_bytes) if not r.clean]
     for r in left:
-        print(f"kvprof scrub: after scrubbing, {r.line()}", file=sys.stderr)
+        print(f"kvprof scrub: after scrubbing, {_shown(r.line())}", file=sys.stderr)
     if outcome.exit_code:
         return outcome.exit_code
     return LEAK_EXIT_CODE if left else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from kvprof.core.errors import KvprofError, TraceError, UsageError
 from kvprof.core.files import require_regular
 from kvprof.tools import envsafe
 from kvprof.tools.scrub.files import file_kind
+from kvprof.tools.scrub.normalize import guess_encoding
 from kvprof.tools.scrub.rules import (
     ALLOW_LIST_FINDING,
     DEFAULT_MAX_BYTES,
@@ -26,8 +28,10 @@ from kvprof.tools.scrub.rules import (
     find_in,
     find_values,
     raw_findings,
+    raw_findings_bytes,
     sidecars_of,
     too_big,
+    total_size,
 )
 from kvprof.tools.scrub.sqlite import env_rows_condition, quote_ident
 from kvprof.tools.scrub.text import parse_json, read_bounded, read_json_bytes, split_secret_strings
@@ -67,8 +71,8 @@ class CheckReport:
 
 _FINDING = {"env": "environment or token strings", "home": "home paths", "host": "host names"}
 _SAMPLE = 48
-COVERED = ("plain text, JSON escapes, UTF-16 (raw bytes), " + ", ".join(ENCODED_FORMS)
-           + ", secrets cut across adjacent JSON strings")
+COVERED = ("plain text, " + ", ".join(ENCODED_FORMS)
+           + ", secrets cut across adjacent JSON strings (any number), zip members, file and folder names")
 RAW_ONLY = "raw bytes only: secret values in every form, token shapes, environment entries"
 
 
@@ -84,9 +88,10 @@ def _judge(s: str, rules: Rules, out: list[tuple[str, str]], key: str | None = N
 
 
 def _redact(s: str) -> str:
-    """A sample for the report that does not print the secret it found in full."""
+    """A sample for the report that does not print the secret it found in full: at most its
+    first 6 characters, as ASCII escapes (no control sequence reaches the terminal)."""
     s = " ".join(s.split())
-    return s[:12] + "..." if len(s) > 12 else s[:_SAMPLE]
+    return ascii(s[:6])[1:-1] + "..." if len(s) > 6 else ascii(s)[1:-1]
 
 
 def _walk_json(obj: Any, rules: Rules, out: list[tuple[str, str]], key: str | None = None) -> None:
@@ -124,6 +129,9 @@ def _check_sqlite(path: Path, rules: Rules, out: list[tuple[str, str]]) -> None:
         tables = [r[0] for r in conn.execute(
             "SELECT name FROM sqlite_master WHERE type='table' AND coalesce(sql, '') NOT LIKE 'CREATE VIRTUAL%'")]
         needles = rules.needles()
+        for (kind, name, sql) in conn.execute("SELECT type, name, coalesce(sql, '') FROM sqlite_master"):
+            if rules.scrub(str(name))[1] == "env" or rules.holds_secret(str(sql)):
+                out.append((SCHEMA_FINDING, f"{kind} {_redact(str(name))}"))
         for table in tables:
             columns = [r[1] for r in conn.execute(f"PRAGMA table_info({quote_ident(table)})")]
             lower = {c.lower(): c for c in columns}
@@ -152,6 +160,44 @@ def _check_sqlite(path: Path, rules: Rules, out: list[tuple[str, str]]) -> None:
         conn.close()
 
 
+SCHEMA_FINDING = "secrets in SQLite table, column or index names"
+NAME_FINDING = "secrets in file or folder names"
+
+
+def _check_text(data: bytes, rules: Rules, out: list[tuple[str, str]]) -> None:
+    """A log: read in its encoding (UTF-8/16/32, BOM or not), every line judged."""
+    codec, skip = guess_encoding(data)
+    for line in data[skip:].decode(codec, errors="replace").splitlines():
+        _judge(line, rules, out)
+
+
+def _check_zip(path: Path, rules: Rules, out: list[tuple[str, str]]) -> None:
+    """Every member of a zip (an .npz, an archive of logs), stored or deflated: its name judged,
+    its content inflated as a stream (at most ``max_bytes`` in all) and judged as text and as
+    raw bytes."""
+    import zipfile
+
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                _judge(info.filename, rules, out)
+                chunks: list[bytes] = []
+                with zf.open(info) as fh:
+                    while chunk := fh.read(1 << 20):
+                        total += len(chunk)
+                        if total > rules.max_bytes:
+                            raise too_big(path, rules.max_bytes, "decompresses to")
+                        chunks.append(chunk)
+                data = b"".join(chunks)
+                before = len(out)
+                _check_text(data, rules, out)
+                if len(out) == before:
+                    out += [(w, f"{_redact(info.filename)}: {s}") for w, s in raw_findings_bytes(data, rules)]
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: not a readable zip file ({' '.join(str(exc).split())[:120]})") from None
+
+
 def _check_parquet(path: Path, rules: Rules, out: list[tuple[str, str]]) -> None:
     import pyarrow.parquet as pq
 
@@ -178,6 +224,9 @@ def check_file(path: Path, rules: Rules) -> CheckReport:
     kind = file_kind(path) or "other"
     report = CheckReport(path, kind)
     out = report.findings
+    files = [path, *(sidecars_of(path) if kind == "sqlite" else [])]
+    if kind in ("sqlite", "nsys-rep", "other", "zip") and total_size(files) > rules.max_bytes:
+        raise too_big(path, rules.max_bytes)
     if kind == "json":
         data, _ = read_json_bytes(path, rules.max_bytes)
         _walk_json(parse_json(data, path), rules, out)
@@ -186,15 +235,16 @@ def check_file(path: Path, rules: Rules) -> CheckReport:
     elif kind == "sqlite":
         _check_sqlite(path, rules, out)
     elif kind == "text":
-        for line in read_bounded(path, rules.max_bytes, gunzip=True)[0].decode("utf-8", errors="replace").splitlines():
-            _judge(line, rules, out)
+        _check_text(read_bounded(path, rules.max_bytes, gunzip=True)[0], rules, out)
     elif kind == "parquet":
         _check_parquet(path, rules, out)
+    elif kind == "zip":
+        _check_zip(path, rules, out)
     else:
         report.partial = ("its compressed parts cannot be read; " if kind == "nsys-rep"
                           else "a format scrub does not decode; ") + RAW_ONLY
         out += raw_findings([path], rules)
-    for name in find_values([path, *(sidecars_of(path) if kind == "sqlite" else [])], rules.needles()):
+    for name in find_values(files, rules.needles()):
         out.append((_FINDING["env"], f"value of {name} in the raw bytes"))
     return report
 
@@ -217,6 +267,9 @@ def check_path(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = 
         on_error(err)
 
     def one(p: Path) -> CheckReport | None:
+        return _with_name(p, _one(p), rules)
+
+    def _one(p: Path) -> CheckReport | None:
         try:
             if p.is_symlink():
                 return _linked(p, base, rules)
@@ -233,13 +286,17 @@ def check_path(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = 
     if not base.is_dir():
         r = one(base)
         return [r] if r else []
-    reports: list[CheckReport] = []
+    named = [(NAME_FINDING, _redact(part)) for part in base.parts if rules.scrub(part)[1] == "env"]
+    reports = [CheckReport(display_path(base, rules), "folder", named)] if named else []
 
     def unreadable(exc: OSError) -> None:
-        fail(TraceError(f"cannot read the folder {exc.filename}: {exc.strerror or exc}; not checked"))
+        fail(TraceError(f"cannot read the folder {display_path(Path(exc.filename or base), rules)}: "
+                        f"{exc.strerror or exc}; not checked"))
 
     for dirpath, dirnames, filenames in os.walk(base, onerror=unreadable):
         dirnames.sort()
+        reports += [CheckReport(display_path(Path(dirpath, d), rules), "folder", [(NAME_FINDING, _redact(d))])
+                    for d in dirnames if rules.scrub(d)[1] == "env" and not Path(dirpath, d).is_symlink()]
         for name in sorted(filenames) + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
             if name.endswith(SIDECARS):
                 continue
@@ -247,6 +304,24 @@ def check_path(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = 
             if r is not None:
                 reports.append(r)
     return reports
+
+
+def _with_name(p: Path, report: CheckReport | None, rules: Rules) -> CheckReport | None:
+    """A file's report with its name judged too (a secret there is a finding) and its path as
+    printed (``display_path``)."""
+    named = [(NAME_FINDING, _redact(p.name))] if rules.scrub(p.name)[1] == "env" else []
+    if report is None and named:
+        report = CheckReport(p, "name")
+    if report is not None:
+        report.findings[:0] = named
+        report.path = display_path(report.path if report.path != p else p, rules)
+    return report
+
+
+def display_path(p: Path, rules: Rules) -> Path:
+    """``p`` as scrub prints it: a part of it that holds a secret (in any form) shown redacted."""
+    parts = [rules.redact(part) if rules.scrub(part)[1] == "env" else part for part in p.parts]
+    return Path(*parts) if parts else p
 
 
 def _linked(link: Path, base: Path, rules: Rules) -> CheckReport:

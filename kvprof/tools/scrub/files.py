@@ -19,9 +19,12 @@ from kvprof.tools.scrub.rules import (
     SQLITE_MAGIC,
     SQLITE_SUFFIXES,
     TEXT_SUFFIXES,
+    ZIP_MAGIC,
+    ZIP_SUFFIXES,
     Rules,
     ScrubReport,
     find_values,
+    too_big,
     total_size,
 )
 from kvprof.tools.scrub.sqlite import scrub_sqlite
@@ -44,10 +47,14 @@ def file_kind(path: Path) -> str | None:
         return "text"
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
+    if name.endswith(ZIP_SUFFIXES):
+        return "zip"
     with open_regular(path) as fh:
         head = fh.read(16)
     if head == SQLITE_MAGIC:
         return "sqlite"
+    if head.startswith(ZIP_MAGIC):
+        return "zip"
     if head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
         return "json"
     return None
@@ -60,9 +67,13 @@ def _link_report(link: Path) -> ScrubReport:
 
 
 def _unrewritable(path: Path, kind: str, rules: Rules) -> ScrubReport:
-    leaks = tuple(find_values([path], rules.needles()))
     size = total_size([path])
-    if kind == "nsys-rep":
+    if size > rules.max_bytes:  # read whole for its raw bytes: bounded like every other file
+        raise too_big(path, rules.max_bytes)
+    leaks = tuple(find_values([path], rules.needles()))
+    if kind == "zip":
+        note = "a zip is not rewritten (its members are checked below: stored or deflated, each inflated)"
+    elif kind == "nsys-rep":
         note = (
             "an .nsys-rep cannot be rewritten; share the scrubbed .sqlite export instead "
             "(kvprof capture and kvprof nsys run nsys isolated, with the allowlisted environment)"

@@ -20,8 +20,14 @@ from kvprof.tools.scrub.rules import (
     find_in,
     find_values,
     sidecars_of,
+    too_big,
     total_size,
 )
+
+
+def _schema_secrets(schema: list[tuple[str, str]], rules: Rules) -> list[str]:
+    """Names in the schema (tables, columns in their CREATE statements, indexes) that hold a secret."""
+    return [name for name, sql in schema if rules.scrub(name)[1] == "env" or rules.holds_secret(sql)]
 
 # ---------------------------------------------------------------- SQLite
 
@@ -167,11 +173,16 @@ def scrub_sqlite(path: Path, rules: Rules) -> ScrubReport:
         if fh.read(16) != SQLITE_MAGIC:
             raise TraceError(f"{path}: not an SQLite database")
     files = [path, *sidecars_of(path)]
+    if total_size(files) > rules.max_bytes:
+        raise too_big(path, rules.max_bytes)
     report = ScrubReport(path, "sqlite", bytes_before=total_size(files))
     needles = rules.needles()
     src = _connect(path)
     try:
         counts = _check(src, path)
+        src_schema = [r for r in src.execute("SELECT name, coalesce(sql, '') FROM sqlite_master")]
+        if _schema_secrets(src_schema, rules):
+            report.note = "a table, column or index name holds a secret; names cannot be renamed"
         changes = _plan_sqlite(src, counts, rules)
         free = src.execute("PRAGMA freelist_count").fetchone()[0]
         dirty = bool(changes or free or any(p.exists() for p in files[1:]))
@@ -197,7 +208,12 @@ def scrub_sqlite(path: Path, rules: Rules) -> ScrubReport:
             if left or any(p.exists() for p in sidecars_of(tmp)):
                 raise TraceError(f"{path}: free pages or a journal remained after VACUUM; original kept")
             still = find_values([tmp], needles)
-            if still:
+            schema = _schema_secrets(src_schema, rules)
+            if still and schema:  # a name cannot be replaced: the file is kept scrubbed, the rest reported
+                report.leaks = tuple(still)
+                report.note = (f"{len(schema)} table, column or index names hold a secret; they cannot be "
+                               "renamed: do not share this file")
+            elif still:
                 raise TraceError(
                     f"{path}: the value of {', '.join(still)} is still in the file after scrubbing; original kept"
                 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import os
 import re
@@ -16,6 +17,7 @@ from kvprof.core.atomic import atomic_path
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.tools import envsafe
+from kvprof.tools.scrub.normalize import guess_encoding
 from kvprof.tools.scrub.rules import (
     B64_RUN_BYTES,
     DEFAULT_MAX_BYTES,
@@ -48,6 +50,11 @@ _NAME_BYTE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 _JSON_HOST_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in HOST_KEYS) + rb')"\s*:\s*"')
 
 
+# What folding or an escape can turn into a secret: any byte outside printable ASCII (UTF-8 of
+# a look-alike, a zero-width character), an HTML entity.
+_JSON_UNSEEN = re.compile(rb"[\x80-\xff]+|&[#A-Za-z]")
+
+
 def _candidates(data: bytes, literals: Iterable[bytes], rules: Rules) -> Iterable[int]:
     for m in re.finditer(rb"=", data):
         if m.start() and data[m.start() - 1] in _NAME_BYTE:
@@ -64,6 +71,8 @@ def _candidates(data: bytes, literals: Iterable[bytes], rules: Rules) -> Iterabl
                 yield m.start()
     for m in PERCENT_BYTES.finditer(data):
         yield m.start()
+    for m in _JSON_UNSEEN.finditer(data):
+        yield m.start()
     for rx in (B64_RUN_BYTES, HEX_RUN_BYTES):  # a token whose variable is not set, encoded
         for m in rx.finditer(data):
             if rules.encoded_run(m.group()):
@@ -77,8 +86,23 @@ def _escaped(data: bytes, quote: int) -> bool:
     return n % 2 == 1
 
 
+# A JSON string literal: scanned left to right from the start of a document, these are exactly
+# its strings (nothing outside a string holds a quote).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def literal_spans(data: bytes) -> tuple[list[int], list[int]]:
+    """(starts, ends) of every string literal of a JSON document, in one linear scan."""
+    starts, ends = [], []
+    for m in _JSON_STRING.finditer(data):
+        starts.append(m.start())
+        ends.append(m.end())
+    return starts, ends
+
+
 def _literal_at(data: bytes, i: int) -> tuple[int, int] | None:
-    """Span of the JSON string literal that contains byte ``i`` (quotes included)."""
+    """Span of the JSON string literal that contains byte ``i`` (quotes included); a scan from
+    ``i`` both ways (``literal_spans`` for many positions)."""
     start = data.rfind(b'"', 0, i)
     while start > 0 and _escaped(data, start):
         start = data.rfind(b'"', 0, start)
@@ -94,10 +118,11 @@ def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes]
     """Replacements (span -> new literal) for every string literal the rules change, and how
     many were secrets (env), home paths and host names."""
     spans: set[tuple[int, int]] = set()
+    starts, ends = literal_spans(data)  # once: a candidate is placed by bisection (linear in all)
     for i in _candidates(data, rules.literals(), rules):
-        span = _literal_at(data, i)
-        if span is not None:
-            spans.add(span)
+        k = bisect.bisect_right(starts, i) - 1
+        if k >= 0 and i < ends[k]:
+            spans.add((starts[k], ends[k]))
     reasons: dict[tuple[int, int], str] = {}
     edits: dict[tuple[int, int], bytes] = {}
     for span in spans:
@@ -112,14 +137,14 @@ def _json_edits(data: bytes, rules: Rules) -> tuple[dict[tuple[int, int], bytes]
             edits[span], reasons[span] = orjson.dumps(new), reason
     for m in _JSON_SECRET_KEY.finditer(data):  # "HF_TOKEN": "..." -> the value goes
         if envsafe.is_secret_name(m.group(1).decode()):
-            span = _literal_at(data, m.end())
-            if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] != b'""':
-                edits[span], reasons[span] = orjson.dumps(MARKER), "env"
+            at = _literal_at(data, m.end())
+            if at is not None and at[0] == m.end() - 1 and data[at[0] : at[1]] != b'""':
+                edits[at], reasons[at] = orjson.dumps(MARKER), "env"
     host_marker = orjson.dumps(HOST_MARKER)
     for m in _JSON_HOST_KEY.finditer(data):  # "host_name": "gpu-node-7" -> the value goes
-        span = _literal_at(data, m.end())
-        if span is not None and span[0] == m.end() - 1 and data[span[0] : span[1]] not in (b'""', host_marker):
-            edits[span], reasons[span] = host_marker, "host"
+        at = _literal_at(data, m.end())
+        if at is not None and at[0] == m.end() - 1 and data[at[0] : at[1]] not in (b'""', host_marker):
+            edits[at], reasons[at] = host_marker, "host"
     kinds = list(reasons.values())
     return edits, kinds.count("env"), kinds.count("home"), kinds.count("host")
 
@@ -258,7 +283,9 @@ def scrub_text(path: Path, rules: Rules) -> ScrubReport:
     """Scrub a log line by line (plain or gzipped): environment lines go whole, home paths become ~."""
     report = ScrubReport(path, "text", bytes_before=total_size([path]))
     data, gzipped = read_bounded(path, rules.max_bytes, gunzip=True)
-    text = data.decode("utf-8", errors="surrogateescape")
+    codec, skip = guess_encoding(data)  # a log in UTF-16/32 is rewritten in its encoding
+    bom, data = data[:skip], data[skip:]
+    text = data.decode(codec, errors="surrogateescape" if codec == "utf-8" else "surrogatepass")
     lines = text.splitlines(keepends=True)
     out = []
     for line in lines:
@@ -272,7 +299,7 @@ def scrub_text(path: Path, rules: Rules) -> ScrubReport:
     if new_text == text:
         report.bytes_after = report.bytes_before
         return report
-    encoded = new_text.encode("utf-8", errors="surrogateescape")
+    encoded = bom + new_text.encode(codec, errors="surrogateescape" if codec == "utf-8" else "surrogatepass")
     with atomic_path(path) as tmp:
         tmp.write_bytes(gzip.compress(encoded, mtime=0) if gzipped else encoded)
     report.rewritten = True
