@@ -109,3 +109,15 @@ class CudaOp:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
             return None, f"{self.label} build failed ({type(exc).__name__}: {first}); see {log}"
         return module, None
+
+
+def op_refusal(exc: RuntimeError, prefix: str) -> Exception:
+    """What a writer raises for its compiled op's ``RuntimeError``: the op's own check (a
+    ``TORCH_CHECK`` whose message starts with ``prefix``, raised before anything is launched) as
+    the one-line ``ValueError`` every writer refuses a call with; anything else (a failed
+    launch, a CUDA error) as it came."""
+    for line in str(exc).splitlines():
+        at = line.find(prefix)
+        if at >= 0 and "launch failed" not in line:
+            return ValueError(line[at:].strip())
+    return exc

@@ -30,7 +30,7 @@ import torch
 
 from kvprof.validation import check_buffers_inputs
 from kvprof.writers.base import FUSED, KVWriter
-from kvprof.writers.cuda_build import CudaOp
+from kvprof.writers.cuda_build import CudaOp, op_refusal
 from kvprof.writers.fp8_jit import uses_pdl
 from kvprof.writers.triton_convert import KINDS, cached_inverse
 
@@ -176,7 +176,7 @@ def _copy_and_launch(exc: RuntimeError, op: Any, k_buf: torch.Tensor, v_buf: tor
         elif NOT_ROW_CONTIGUOUS in text and not (cache_k.is_contiguous() and cache_v.is_contiguous()):
             cache_k, cache_v = cache_k.contiguous(), cache_v.contiguous()
         else:
-            raise exc
+            raise op_refusal(exc, "cuda_fused:") from None
         try:
             op(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, flags)
             return

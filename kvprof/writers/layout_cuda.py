@@ -17,7 +17,7 @@ import torch
 
 from kvprof.layouts.mla import MLAWriter
 from kvprof.layouts.paged import PagedWriter
-from kvprof.writers.cuda_build import CudaOp
+from kvprof.writers.cuda_build import CudaOp, op_refusal
 from kvprof.writers.fp8_jit import torch_e4m3_saturates
 
 CSRC = Path(__file__).with_name("csrc")
@@ -66,7 +66,10 @@ class MLACudaWriter(MLAWriter):
         out = 0 if nope.dtype == dtype else _OUT.get(dtype, -1)
         if out < 0 or nope.dtype not in _INPUTS:
             raise ValueError(f"mla_cuda has no conversion from {nope.dtype} to {dtype}")
-        ext.mla_store(kv_buf, loc, nope, rope, skip, out, out == 1 and torch_e4m3_saturates())
+        try:
+            ext.mla_store(kv_buf, loc, nope, rope, skip, out, out == 1 and torch_e4m3_saturates())
+        except RuntimeError as exc:  # the op's checks run before it launches: nothing was written
+            raise op_refusal(exc, "layout_store:") from None
         return FUSED
 
 
@@ -92,5 +95,8 @@ class PagedCudaWriter(PagedWriter):
         out = _OUT.get(dtype, 0)
         if key.dtype not in _INPUTS or (out == 0 and key.dtype != dtype):
             raise ValueError(f"paged_cuda has no conversion from {key.dtype} to {dtype}")
-        ext.paged_store(k_cache, v_cache, slots, key, value, k_scale, v_scale, out)
+        try:
+            ext.paged_store(k_cache, v_cache, slots, key, value, k_scale, v_scale, out)
+        except RuntimeError as exc:  # the op's checks run before it launches: nothing was written
+            raise op_refusal(exc, "layout_store:") from None
         return FUSED

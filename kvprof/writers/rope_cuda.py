@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kvprof.core.vocab import ROPE_FUSED
-from kvprof.writers.cuda_build import CudaOp
+from kvprof.writers.cuda_build import CudaOp, op_refusal
 from kvprof.writers.cuda_fused import CudaConfig
 from kvprof.writers.fp8_jit import uses_pdl
 from kvprof.writers.rope_base import RopeKVWriter
@@ -145,5 +145,8 @@ class RopeCudaWriter(RopeKVWriter):
         if plan is None:
             plan = self._plan(k.dtype, dtype, is_neox, k_scale, v_scale)
         op, flags, k_inv, v_inv = plan
-        op(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, k_inv, v_inv, flags)
+        try:
+            op(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, k_inv, v_inv, flags)
+        except RuntimeError as exc:  # the op's checks run before it launches: nothing was written
+            raise op_refusal(exc, "rope_cuda_fused:") from None
         return ROPE_FUSED

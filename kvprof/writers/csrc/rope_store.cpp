@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "rope_store.h"
 
@@ -105,8 +106,8 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   TORCH_CHECK(rows_apart(q) && rows_apart(k),
               "rope_cuda_fused: q and k rows must not overlap (they are rotated in place)");
   const int in_kind = in_kind_of(k.scalar_type()), q_kind = in_kind_of(q.scalar_type());
-  TORCH_CHECK(in_kind > 0 && q_kind > 0, "rope_cuda_fused: q, k, v must be bf16 or fp16, not ", q.scalar_type(),
-              " and ", k.scalar_type());
+  TORCH_CHECK(in_kind > 0 && q_kind > 0, std::string("rope_cuda_fused: q, k, v must be bf16 or fp16, not ") +
+                                              c10::toString(q.scalar_type()) + " and " + c10::toString(k.scalar_type()));
   TORCH_CHECK(v.scalar_type() == k.scalar_type(), "rope_cuda_fused: k and v differ in dtype");
   const bool fp8 = out_kind == E4M3 || out_kind == E5M2;
   TORCH_CHECK(fp8 || out_kind == in_kind, "rope_cuda_fused: the cache must have the input's dtype or be fp8");
@@ -114,7 +115,8 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   for (const at::Tensor* t : {&k_out, &v_out}) {
     const at::ScalarType s = t->scalar_type();
     TORCH_CHECK(fp8 ? (s == at::kByte || s == fp8_type) : s == k.scalar_type(),
-                "rope_cuda_fused: cache buffers must be the cache's dtype (uint8 storage for fp8), not ", s);
+                std::string("rope_cuda_fused: cache buffers must be the cache's dtype (uint8 storage for fp8), not ") +
+                    c10::toString(s));
   }
   TORCH_CHECK(k_out.is_contiguous() && v_out.is_contiguous() && k_out.dim() >= 1 && v_out.dim() >= 1,
               "rope_cuda_fused: cache buffers must be contiguous");
@@ -127,7 +129,8 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   const int64_t rope_dim = cos_sin.size(1);
   TORCH_CHECK(rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= dim,
               "rope_cuda_fused: rope_dim (cos_sin_cache's last dim) must be even and at most the head dim");
-  TORCH_CHECK(out_kind >= BF16 && out_kind <= E5M2, "rope_cuda_fused: unsupported cache kind ", out_kind);
+  TORCH_CHECK(out_kind >= BF16 && out_kind <= E5M2,
+              std::string("rope_cuda_fused: unsupported cache kind ") + std::to_string(out_kind));
   const int64_t threads = forced_shape ? int64_t{1} << ((flags >> 8) & 15) : default_threads(tokens);
   const int64_t blocks_per_sm = forced_shape ? (flags >> 12) & 255 : kDefaultBlocksPerSm;
   TORCH_CHECK(threads >= 32 && threads <= 512, "rope_cuda_fused: threads must be a power of two in [32, 512]");
@@ -155,9 +158,10 @@ void rope_store(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
            (cos_sin.size(0) <= 1 || cos_sin.stride(0) % cos_floats(n) == 0);
   };
   const int vec = fits(8) ? 8 : (fits(2) ? 2 : 0);
-  TORCH_CHECK(vec > 0,
-              "rope_cuda_fused: needs even head dims and strides, 4-byte aligned rows and rope_dim a multiple of ",
-              neox ? 4 : 2);
+  TORCH_CHECK(vec > 0, neox ? "rope_cuda_fused: needs even head dims and strides, 4-byte aligned rows and rope_dim "
+                              "a multiple of 4"
+                            : "rope_cuda_fused: needs even head dims and strides, 4-byte aligned rows and rope_dim "
+                              "a multiple of 2");
 
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const DeviceFacts& facts = device_facts(device);

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 // Defined in store_kv.cu (same signature; a mismatch is an undefined symbol at load time).
 int kvprof_store_kv_launch(void* k_out, void* v_out, const void* loc, bool loc64, const void* k_in,
@@ -156,8 +157,9 @@ void store_kv(const at::Tensor& k_out, const at::Tensor& v_out, const at::Tensor
               "cuda_fused: threads must be a power of two in [32, 512]");
   TORCH_CHECK(blocks_per_sm >= 1, "cuda_fused: blocks_per_sm must be >= 1");
   const int in_kind = kind_of(k_in.scalar_type());
-  TORCH_CHECK(in_kind >= 0, "cuda_fused: unsupported input dtype ", k_in.scalar_type());
-  TORCH_CHECK(out_kind >= 0 && out_kind <= 4, "cuda_fused: unsupported cache kind ", out_kind);
+  TORCH_CHECK(in_kind >= 0, std::string("cuda_fused: unsupported input dtype ") + c10::toString(k_in.scalar_type()));
+  TORCH_CHECK(out_kind >= 0 && out_kind <= 4,
+              std::string("cuda_fused: unsupported cache kind ") + std::to_string(out_kind));
   const int out_bytes = elem_bytes(static_cast<int>(out_kind));
   TORCH_CHECK(k_out.element_size() == out_bytes, "cuda_fused: cache buffer element size does not match its kind");
   const int64_t rk = row_elems(k_out), rv = row_elems(v_out);
