@@ -56,8 +56,9 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
             mode |= rk.MODE_FP8_INT
     out = "*u8" if fp8 else "*bf16"
     names = ["q", "k", "v", "k_out", "v_out", "loc", "pos", "cos_sin", "k_inv", "v_inv", "tokens", "rows",
-             "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "loc_st", "pos_st", "cs_st"]
-    types = ["*bf16", "*bf16", "*bf16", out, out, "*i64", "*i64", "*fp32", "fp32", "fp32", "i32", "i32"] + ["i32"] * 9
+             "max_pos", "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "loc_st", "pos_st", "cs_st"]
+    types = ["*bf16", "*bf16", "*bf16", out, out, "*i64", "*i64", "*fp32", "fp32", "fp32", "i32", "i32", "i32"]
+    types += ["i32"] * 9
     consts = {"HQ": hq, "HK": hk, "D": dim, "DV": dim, "HALF": half, "BLOCK_HALF": triton.next_power_of_2(half),
               "BLOCK_P": triton.next_power_of_2(dim - rope) if dim > rope else 0,
               "BLOCK_DV": triton.next_power_of_2(dim), "BLOCK_T": cfg.block_t,
@@ -67,7 +68,7 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
     sig = {**dict(zip(names, types)), **{name: "constexpr" for name in consts}}
     # pointers and strides divisible by 16, the unit strides of loc/positions/head rows as
     # Triton specializes them at a real launch (q from a packed qkv: token stride 6144)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (*range(8), 12, 13, 14, 15, 16, 17, 20)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (*range(8), 13, 14, 15, 16, 17, 18, 21)}
     src = triton.compiler.ASTSource(fn=rk.rope_kv_kernel, signature=sig, constexprs=consts, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": cfg.num_warps, "enable_fp_fusion": False})

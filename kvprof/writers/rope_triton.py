@@ -182,7 +182,7 @@ class TritonRope:
             mode |= kernel.MODE_WIDE
         grid = (triton.cdiv(tokens, block_t), triton.cdiv(heads_q, block_hq) + triton.cdiv(heads_k, block_hk))
         kernel.rope_kv_kernel[grid](
-            q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows,
+            q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows, cos_sin_cache.shape[0],
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_st, v_sh, loc_st, positions.stride(0),
             cos_sin_cache.stride(0),
             HQ=heads_q, HK=heads_k, D=dim, DV=v_dim, HALF=half, BLOCK_HALF=block_half, BLOCK_P=block_p,

@@ -131,11 +131,11 @@ if triton is not None:
             tl.store(xo, first.to(base.dtype.element_ty, bitcast=True), mask=m)
         return first, second
 
-    @triton.jit(do_not_specialize=["tokens", "rows"])
+    @triton.jit(do_not_specialize=["tokens", "rows", "max_pos"])
     def rope_kv_kernel(
         q, k, v, k_out, v_out, loc, pos, cos_sin,
         k_inv, v_inv,
-        tokens, rows,
+        tokens, rows, max_pos,
         q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, pos_st, cs_st,
         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -173,6 +173,10 @@ if triton is not None:
             tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
         tmask = tok < tokens
         p = tl.load(pos + tok * pos_st, mask=tmask, other=0)
+        # a position outside the cos/sin table: the token is neither rotated nor stored (as
+        # rope_cuda_fused skips it), never a read past the table (checking positions on the host
+        # is a device sync, which a CUDA graph capture forbids)
+        tmask = tmask & (p >= 0) & (p < max_pos)
         if WIDE:
             p = p.to(tl.int64)
         half = tl.arange(0, BLOCK_HALF)
