@@ -1,4 +1,4 @@
-"""How often ``kvprof verify`` catches each planted wrong writer (tests/verify_plants.py): per
+"""How often ``kvprof verify`` catches each planted wrong writer (tests/planted_writers.py): per
 plant and seed, the cases run, and how many were wrong, right, refused or in error.
 
     python lab/verify_plants.py [--seeds 0,1,2] [--cases 16]
@@ -36,7 +36,8 @@ def main() -> None:
     for name in PLANTS:
         for seed in seeds:
             began = time.perf_counter()
-            r = verify([f"verify_plants:{name}"], device=torch.device("cpu"), budget_s=600, cases=args.cases, seed=seed)
+            r = verify([f"planted_writers:{name}"], device=torch.device("cpu"), budget_s=600, cases=args.cases,
+                       seed=seed)
             (w,) = r.writers
             print(f"{name:<22} {w.layout:<6} {seed:>4} {w.cases:>5} {w.wrong:>5} {w.ok:>3} {w.refused:>7} "
                   f"{w.errors:>6} {time.perf_counter() - began:>5.1f}")

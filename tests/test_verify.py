@@ -1,6 +1,6 @@
 """``kvprof verify``: planted wrong writers are caught, right ones pass, refusals count as refused
 when nothing changed, the budget stops the run, and every bad argument is one line with its
-exit code (tests/verify_plants.py holds the plants)."""
+exit code (tests/planted_writers.py holds the plants)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ SEEDS = (0, 1, 2)
 
 
 def plant(name: str) -> str:
-    return f"verify_plants:{name}"
+    return f"planted_writers:{name}"
 
 
 def run(name: str, seed: int = 0, cases: int = CASES, budget: float = 300.0, **kw):
@@ -205,7 +205,7 @@ def test_cli_budget_too_small_for_any_case_is_not_a_pass(capsys):
     (["--variants", "nope"], UsageError.exit_code, "unknown variant 'nope'"),
     (["--layout", "ring"], UsageError.exit_code, "unknown layout 'ring'"),
     (["--variants", "no_such_module_x:f"], UsageError.exit_code, "cannot import writer module"),
-    (["--variants", "verify_plants:nothing"], UsageError.exit_code, "has no writer factory"),
+    (["--variants", "planted_writers:nothing"], UsageError.exit_code, "has no writer factory"),
     (["--variants", "cuda_fused"], DeviceError.exit_code, "cuda_fused cannot run on cpu"),
     (["--variants", "two_stream", "--layout", "paged"], UsageError.exit_code, "not a writer of the paged layout"),
     (["--budget", "0"], 2, "--budget"),

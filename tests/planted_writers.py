@@ -1,6 +1,6 @@
 """Writers with one planted bug each, for ``kvprof verify`` to catch (tests/test_verify.py).
 
-Each is a ``module:function`` factory, as ``verify --variants verify_plants:NAME`` takes it
+Each is a ``module:function`` factory, as ``verify --variants planted_writers:NAME`` takes it
 (tests/ on the path). Every plant starts from the layout's reference and breaks one thing:
 the row (off by one, a neighbour's row written too, the slots read as a run from the
 first one, the slots' storage read as if contiguous), one byte, or a whole buffer (V skipped).
