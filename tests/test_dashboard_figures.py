@@ -255,3 +255,21 @@ def test_landing_frame_judges_each_saving_by_its_spread():
     for r in dec.itertuples():
         if r.cost_kind == "measured" and r.saving_spread_ms == r.saving_spread_ms:
             assert r.saving_kind == ("measured" if abs(r.saving_ms) > r.saving_spread_ms else "noise")
+
+
+def test_observer_table_labels_a_negative_reference_and_its_ratio():
+    s = _summary()
+    s["observer"] = {"rows": [
+        {"variant": "two_stream", "source": "kineto", "phase": "decode", "size": 8, "cost_per_write_ns": 9000.0,
+         "reference_cost_per_write_ns": -3_810_580.0, "ratio_per_write": -0.002, "flagged": True},
+        {"variant": "triton_fused", "source": "kineto", "phase": "decode", "size": 8,
+         "cost_per_write_ns": 16_120_000.0, "reference_cost_per_write_ns": 15_000_000.0, "ratio_per_write": 1.07},
+        {"variant": "index_put", "source": "kineto", "phase": "decode", "size": 8, "cost_per_write_ns": 9900.0,
+         "reference_cost_per_write_ns": 9000.0, "ratio_per_write": 1.1}]}
+    text = tables.observer_table(frames.observer_frame(s)).set_index("variant")
+    assert text.loc["two_stream", "reference µs/write"] == "n/a (negative: noise)"
+    assert text.loc["two_stream", "reading / reference (write)"] == "n/a (negative: noise)"
+    assert text.loc["triton_fused *", "reading µs/write"] == "16,120.000 *"
+    assert text.loc["triton_fused *", "reading / reference (write)"] == "n/a (interpreted)"
+    assert text.loc["index_put", "reading / reference (write)"] == "1.1"
+    assert "-3,810" not in text.to_string()

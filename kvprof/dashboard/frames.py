@@ -128,7 +128,8 @@ def timing_of(summary: dict[str, Any] | None, source: str | None) -> SourceTimin
 
 
 OBSERVER_COLUMNS = ("variant", "source", "phase", "size", "reading µs/write", "reference µs/write",
-                    "reading / reference (write)", "reading / reference (step)", "profiled run / reference", "flag")
+                    "reading / reference (write)", "reading / reference (step)", "profiled run / reference", "flag",
+                    "reading figure", "reference figure", "ratio figure")
 
 
 def observer_frame(summary: dict[str, Any]) -> pd.DataFrame:
@@ -140,6 +141,13 @@ def observer_frame(summary: dict[str, Any]) -> pd.DataFrame:
         "reading / reference (write)": r.get("ratio_per_write"), "reading / reference (step)": r.get("ratio_per_step"),
         "profiled run / reference": r.get("pass_slowdown"), "flag": "off" if r.get("flagged") else "ok",
     } for r in ((summary.get("observer") or {}).get("rows") or [])]
+    # the one rule: each cost's kind (a reference cost is a difference of two medians, which noise
+    # can make negative), and the ratio of the two: measured only where both are
+    interp = interpreted_variants(summary)
+    for r in rows:
+        r["reading figure"], r["reference figure"] = cost_kinds([r["variant"]] * 2, [r["reading µs/write"],
+                                                                                     r["reference µs/write"]], interp)
+        r["ratio figure"] = pair_kind(r["reading figure"], r["reference figure"])
     return pd.DataFrame(rows, columns=list(OBSERVER_COLUMNS))
 
 

@@ -140,6 +140,13 @@ def overview_table(df: pd.DataFrame, cost_column: str = "GPU µs/write") -> pd.D
     return out.drop(columns="_times")
 
 
+def observer_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The observer-effect table (frames.observer_frame) as text under the one rule: each cost
+    labelled, the reading-over-reference ratio n/a where either is not a measurement."""
+    return labelled(df, {"reading µs/write": "reading figure", "reference µs/write": "reference figure"},
+                    {"reading / reference (write)": "ratio figure"})
+
+
 def compare_table(df: pd.DataFrame) -> pd.DataFrame:
     """Compare runs' table (frames.compare_runs) as text under the one rule: each run's cost labelled,
     every ratio and saving n/a where either cost is not a measurement."""
