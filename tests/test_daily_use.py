@@ -295,3 +295,76 @@ def test_the_comparison_table_marks_interpreted_variants_and_derives_nothing_fro
     line = next(x for x in text.splitlines() if "triton_fused" in x)
     assert "triton_fused *" in line and "488" not in line and "-350" not in line and "n/a (interpreted)" in line
     assert "1.10" in next(x for x in text.splitlines() if "index_put" in x)
+
+
+def test_variants_shows_its_bar_before_it_loads_torch_and_closes_it_on_error(bars, monkeypatch):
+    """`kvprof variants` loads torch and builds every writer (seconds on a small CPU): its bar is on
+    screen first, says which writer it builds, and is gone whatever happens."""
+    import kvprof.devinfo
+    from kvprof.commands import variants
+
+    def refuse(name):
+        assert bars and bars[0].texts == ["loading torch"]
+        raise UsageError("refused")
+
+    monkeypatch.setattr(kvprof.devinfo, "resolve_device", refuse)
+    with pytest.raises(UsageError):
+        variants.run(argparse.Namespace(device="cpu", cache_dtype="bf16", input_dtype=None))
+    assert bars[0].closed
+    monkeypatch.undo()
+    import kvprof.progress
+
+    monkeypatch.setattr(kvprof.progress, "StepProgress", _Bar)
+    _Bar.made.clear()
+    assert variants.run(argparse.Namespace(device="cpu", cache_dtype="bf16", input_dtype=None)) == 0
+    from kvprof.writers import writer_names
+
+    assert _Bar.made[0].total == len(writer_names()) and "building two_stream" in _Bar.made[0].texts
+    assert _Bar.made[0].closed
+
+
+def test_building_the_torch_compile_writer_compiles_nothing_until_it_writes(monkeypatch):
+    """Listing or checking the variants builds every writer: torch.compile (which imports Dynamo,
+    most of `kvprof variants`' time on a CPU) waits for the first write."""
+    import torch
+
+    from kvprof.writers import create_writer
+
+    calls = []
+
+    def compile_(fn, **kw):
+        calls.append(fn.__name__)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    w = create_writer("torch_compile")
+    assert w.unsupported_reason(torch.device("cpu"), torch.bfloat16, torch.bfloat16) is None and calls == []
+    k, v = torch.zeros(4, 1, 2), torch.zeros(4, 1, 2)
+    w.write(k, v, torch.tensor([1]), torch.ones(1, 1, 2), torch.full((1, 1, 2), 2.0), torch.float32)
+    w.write(k, v, torch.tensor([2]), torch.ones(1, 1, 2), torch.ones(1, 1, 2), torch.float32)
+    assert calls == ["_store"] and k[1].eq(1).all() and v[1].eq(2).all() and k[2].eq(1).all()
+
+
+def test_run_vs_run_table_marks_interpreted_costs_and_derives_nothing_from_untrusted_ones():
+    """`kvprof compare RUN RUN2`'s table: a cost the run timed in the interpreter is marked `*`, a
+    negative one reads n/a (negative: noise), and no ratio or saving comes from either."""
+    from rich.console import Console
+
+    from kvprof.report.console import run_comparison_table
+
+    row = {"source": "reference", "phase": "decode", "size": 8, "before_cost_per_write_ns": 9e3,
+           "after_cost_per_write_ns": 4.5e3, "ratio_cost_per_write_ns": 0.5, "saving_per_step_ms": 0.36}
+    doc = {"layers": 80, "interpreted": {"before": ["triton_fused"], "after": ["triton_fused"]}, "rows": [
+        {**row, "variant": "two_stream"},
+        {**row, "variant": "triton_fused", "before_cost_per_write_ns": 1.612e7, "after_cost_per_write_ns": 8.06e6,
+         "saving_per_step_ms": 644.8},
+        {**row, "variant": "index_put", "before_cost_per_write_ns": -3_810_580.0, "ratio_cost_per_write_ns": -0.001,
+         "saving_per_step_ms": -305.0}]}
+    console = Console(width=200, record=True, file=None)
+    with console.capture() as cap:
+        console.print(run_comparison_table(doc))
+    lines = {x.split("│")[1].strip(): x for x in cap.get().splitlines() if x.startswith("│ ")}
+    assert "16,120.00 *" in lines["triton_fused *"] and "8,060.00 *" in lines["triton_fused *"]
+    assert lines["triton_fused *"].count("n/a (interpreted)") == 2 and "644" not in lines["triton_fused *"]
+    assert "-3,810" not in lines["index_put"] and lines["index_put"].count("n/a (negative: noise)") == 3
+    assert "0.50" in lines["two_stream"] and "0.360" in lines["two_stream"]

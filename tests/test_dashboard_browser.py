@@ -284,7 +284,9 @@ def test_layer_views_in_the_browser(page: object, app_url: str, dash_runs: dict[
     assert "Rotary fused into the write" in main_text and "In the decoder layer: what PDL hides" in main_text
     assert "a CPU's wall clock says nothing of a GPU's decode step" in main_text
     cells = {c.strip() for c in pg.locator('[data-testid="kvprof-table"] td').all_inner_texts()}  # type: ignore[attr-defined]
-    assert {"n/a (CPU)", "n/a (prefill)", "rope_triton_fused"} <= cells and not cells & {"None", "nan", "NaN"}
+    # rope_triton_fused ran in Triton's interpreter (the capture's manifest): marked, its times too
+    assert {"n/a (CPU)", "n/a (prefill)", "rope_triton_fused *"} <= cells and not cells & {"None", "nan", "NaN"}
+    assert any(c.endswith(" *") and c[0].isdigit() for c in cells)
     assert pg.locator(".js-plotly-plot").count() == 0  # type: ignore[attr-defined]
     pg.screenshot(path=str(ARTIFACTS / "layer-rope-layer.png"), full_page=True)  # type: ignore[attr-defined]
 

@@ -119,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
                              + (": " + "; ".join(runs.empty) if runs.empty else ""))
         doc = api.clean(runs.to_json())
         doc["runs"] = {"before": _identity(args.run, first_run), "after": _identity(args.run2, second_run)}
+        # which variants each run timed in Triton's interpreter: the table marks their costs and
+        # derives nothing from them (kvprof.analysis.figures)
+        doc["interpreted"] = {side: sorted(n for n, v in a.summary.variants.items() if v.interpreted)
+                              for side, a in (("before", first), ("after", second))}
         if args.fail_if_slower is not None:
             gate = api.regression_gate(first, second, args.fail_if_slower, base_run=first_run, new_run=second_run,
                                        include_interpreted=args.include_interpreted)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvprof.progress import StepProgress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +27,18 @@ def _fused_word(writer: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvprof.progress import StepProgress
+
+    # shown at once on a terminal (torch and the writers load for seconds on a small machine),
+    # as capture and bench do; gone before the table prints
+    bar = StepProgress(None, description="loading torch", width=22)
+    try:
+        return _list(args, bar)
+    finally:
+        bar.close()
+
+
+def _list(args: argparse.Namespace, bar: StepProgress) -> int:
     from rich.text import Text
 
     from kvprof.devinfo import resolve_device, triton_interpreter
@@ -41,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     inp = parse_dtype(args.input_dtype) if args.input_dtype else cache
     rows = []
     marked = False
-    for name in writer_names():
+    names = writer_names()
+    bar.set_total(len(names))
+    for name in names:
+        bar.describe(f"building {name}"[:22])
         try:
             w = create_writer(name)
             reason = w.unsupported_reason(device, cache, inp)
@@ -51,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
                          w.description])
         except KvprofError as exc:
             rows.append([name, "?", f"no: {exc}", ""])
+        bar.advance()
+    bar.close()
     console = make_console()
     # the names you type are never cut: the description wraps, then goes, then the reasons wrap
     cols = [FitCol("variant", "left"), FitCol("fused", "left", wrap=True, min_wrap=9),

@@ -27,7 +27,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvprof.analysis.figures import INTERPRETED, MARK, MEASURED
+from kvprof.analysis.figures import INTERPRETED, MARK, MEASURED, NEGATIVE, NEGATIVE_WHY, NOISE, NOT_APPLICABLE
 from kvprof.core import variants as V
 from kvprof.dashboard.axes import (  # noqa: F401 (MARGIN: tests)
     LIMIT_COLOURS,
@@ -123,13 +123,77 @@ def _kw(phases: list[str], j: int) -> _Cell:
     return {"row": 1, "col": j + 1} if len(phases) > 1 else {}
 
 
+# ---------------------------------------------------------------------------- the one rule
+
+# why a figure is not drawn, by its kind (kvprof.analysis.figures)
+NOT_DRAWN_WHY = {NEGATIVE: f"n/a ({NEGATIVE_WHY})", NOISE: "noise (within its spread, or no spread to judge it)",
+                 NOT_APPLICABLE: "n/a"}
+INTERPRETED_CHART_NOTE = (f"{MARK} hatched: ran in Triton's interpreter on the host (a CPU run), the interpreter's "
+                          "time, not a kernel's")
+
+
+def trusted_rows(df: pd.DataFrame, kind: str = "figure", derived: bool = False
+                 ) -> tuple[pd.DataFrame, list[str], set[str]]:
+    """The one rule (kvprof.analysis.figures) for a chart's rows: (the rows it may draw, a note per
+    kind of row it may not or draws marked, the variants drawn marked). A negative, noise or n/a
+    figure is never drawn; an interpreted one is drawn hatched and marked ``*`` -- unless
+    ``derived`` (a ratio or rate computed from the time), which is n/a then. A frame without the
+    ``kind`` column is drawn as it is."""
+    if kind not in df.columns or df.empty:
+        return df, [], set()
+    ok = [MEASURED] if derived else [MEASURED, INTERPRETED]
+    notes = []
+    for k in (INTERPRETED, NEGATIVE, NOISE, NOT_APPLICABLE):
+        names = ordered_variants(df[df[kind] == k]["variant"].unique())
+        if not names:
+            continue
+        if k in ok:
+            notes.append(f"{INTERPRETED_CHART_NOTE}: {', '.join(names)}")
+        else:
+            why = "n/a (interpreted: nothing is derived from the interpreter's time)" if k == INTERPRETED \
+                else NOT_DRAWN_WHY[k]
+            notes.append(f"not drawn, {why}: {', '.join(names)}")
+    interp = set(df[df[kind] == INTERPRETED]["variant"].astype(str)) if INTERPRETED in ok else set()
+    return df[df[kind].isin(ok)], notes, interp
+
+
+def with_notes(fig: go.Figure, notes: list[str]) -> go.Figure:
+    """The chart's notes of the one rule under its title (and in ``meta["figure_notes"]``)."""
+    if not notes:
+        return fig
+    title = fig.layout.title.text or ""
+    fig.update_layout(title_text=title + "".join(f"<br><sup>{n}</sup>" for n in notes),
+                      margin={"t": 56 + 18 * len(notes)}, meta={**(fig.layout.meta or {}), "figure_notes": notes})
+    return fig
+
+
+def mark_interpreted(fig: go.Figure, interpreted: Iterable[str]) -> go.Figure:
+    """Each trace of an interpreted variant (its ``legendgroup``) named with ``*``, and the note: for
+    charts of per-write values, where no bar can be hatched (boxes, violins, lines)."""
+    interp = {str(v) for v in interpreted}
+    drawn = [t for t in fig.data if getattr(t, "legendgroup", None) in interp]
+    for t in drawn:
+        if t.name and not str(t.name).startswith(f"{t.legendgroup} {MARK}"):
+            t.name = f"{t.legendgroup} {MARK}" + str(t.name)[len(t.legendgroup):]
+    names = ordered_variants({str(t.legendgroup) for t in drawn})
+    return with_notes(fig, [f"{INTERPRETED_CHART_NOTE}: {', '.join(names)}".replace(" hatched", "")] if names else [])
+
+
+def empty_or_noted(notes: list[str], message: str, title: str | None) -> go.Figure:
+    """A figure that says why it is empty, with the one rule's notes when that is why."""
+    return with_notes(empty_figure(message if not notes else "nothing here can be drawn as measured", title), notes)
+
+
 # ---------------------------------------------------------------------------- overview
 
 
-def metric_bars(df: pd.DataFrame, metric: str, title: str | None = None) -> go.Figure:
-    """Bars per variant and phase·size, one panel (own linear axis) per phase (frames.group_metric_frame)."""
+def metric_bars(df: pd.DataFrame, metric: str, title: str | None = None, derived: bool = False) -> go.Figure:
+    """Bars per variant and phase·size, one panel (own linear axis) per phase (frames.group_metric_frame).
+    ``derived``: the metric is computed from the time (a rate): none of an interpreted variant."""
+    # the one rule: no negative bar; interpreted ones hatched, or n/a where derived
+    df, notes, interp = trusted_rows(df, derived=derived)
     if df.empty:
-        return empty_figure(f"no values of {metric} in this run", title or metric)
+        return empty_or_noted(notes, f"no values of {metric} in this run", title or metric)
     phases = _phases(df)
     fig = _phase_panels(phases, [max(1, df[df["phase"] == p]["phase_size"].nunique()) for p in phases])
     colors = variant_colors(df["variant"])
@@ -138,24 +202,27 @@ def metric_bars(df: pd.DataFrame, metric: str, title: str | None = None) -> go.F
         d = df[df["phase"] == ph]
         for v in ordered_variants(d["variant"]):
             g = d[d["variant"] == v]
-            fig.add_trace(go.Bar(x=g["phase_size"], y=g["value"], name=v, legendgroup=v, showlegend=v not in shown,
-                                 marker_color=colors[v],
+            fig.add_trace(go.Bar(x=g["phase_size"], y=g["value"], name=f"{v} {MARK}" if v in interp else v,
+                                 legendgroup=v, showlegend=v not in shown, marker_color=colors[v],
+                                 marker_pattern_shape="/" if v in interp else "",
                                  hovertemplate=f"{v}<br>%{{x}}<br>{metric}: %{{y:.4g}}<extra></extra>"),
                           **_kw(phases, j))
             shown.add(v)
         log = wide_spread(d["value"]) and bool((d["value"] > 0).all())
         set_y(fig, d["value"], log, (metric + (" (log)" if log else "")) if j == 0 or log else "", **_kw(phases, j))
     fig.update_layout(barmode="group", meta={"chart": "metric_bars"})
-    return _layout(fig, title or metric)
+    return with_notes(_layout(fig, title or metric), notes)
 
 
 def speedup_bars(df: pd.DataFrame, baseline: str, title: str | None = None) -> go.Figure:
     """Speed-up against the baseline per variant and phase·size (overview_frame rows), 1x = the baseline."""
     d = df.dropna(subset=["speed-up vs baseline"])
     d = d[d["variant"] != baseline]
+    # a ratio is derived from both times: none where either is interpreted or negative
+    d, notes, _ = trusted_rows(d, "ratio figure", derived=True)
     if d.empty:
-        return empty_figure(f"nothing to compare with {baseline}: no (phase, size) that both have GPU times for",
-                            title or f"speed-up vs {baseline}")
+        return empty_or_noted(notes, f"nothing to compare with {baseline}: no (phase, size) that both have GPU "
+                              "times for", title or f"speed-up vs {baseline}")
     colors = variant_colors(d["variant"])
     fig = go.Figure()
     labels = {(p, s): f"{p} {'bs' if p == 'decode' else 'tokens'}={s}" for p, s in zip(d["phase"], d["size"])}
@@ -170,7 +237,7 @@ def speedup_bars(df: pd.DataFrame, baseline: str, title: str | None = None) -> g
     fig.update_xaxes(categoryorder="array", categoryarray=order)
     limit_line(fig, 1.0, f"{baseline} = 1x", log=True)
     fig.update_layout(barmode="group", meta={"chart": "speedup_bars"})
-    return _layout(fig, title or f"GPU cost per write: speed-up vs {baseline}")
+    return with_notes(_layout(fig, title or f"GPU cost per write: speed-up vs {baseline}"), notes)
 
 
 def landing_cost(df: pd.DataFrame, title: str, axis: str = "GPU µs per write") -> go.Figure:
@@ -209,9 +276,11 @@ def landing_cost(df: pd.DataFrame, title: str, axis: str = "GPU µs per write") 
 def landing_saving(df: pd.DataFrame, title: str) -> go.Figure:
     """Saving per decode step (ms) per variant and batch, with its spread (frames.landing_frame)."""
     d = df[(df["phase"] == "decode")].dropna(subset=["saving_ms"])
+    # the one rule: a saving within its spread is noise, and none is drawn from an untrusted cost
+    d, notes, _ = trusted_rows(d, "saving_kind", derived=True)
     if d.empty:
-        return empty_figure("no decode saving: the baseline has no decode rows for this source, or no GPU times",
-                            title)
+        return empty_or_noted(notes, "no decode saving: the baseline has no decode rows for this source, or no GPU "
+                              "times", title)
     fig = go.Figure()
     for v in ordered_variants(d["variant"]):
         g = d[d["variant"] == v]
@@ -226,7 +295,7 @@ def landing_saving(df: pd.DataFrame, title: str) -> go.Figure:
     if min(vals) < 0:
         limit_line(fig, 0.0, "no saving", log=False)
     fig.update_layout(barmode="group", meta={"chart": "landing_saving"})
-    return _layout(fig, title, height=360)
+    return with_notes(_layout(fig, title, height=360), notes)
 
 
 # ---------------------------------------------------------------------------- the decoder layer
@@ -241,8 +310,11 @@ def rope_saving(df: pd.DataFrame, title: str) -> go.Figure:
     batch size, whiskers the spread (kvprof.dashboard.layer_view.rope_frame rows of one source);
     one panel per separate variant it is measured against."""
     d = df[df["phase"] == "decode"].dropna(subset=["saving_ms"])
+    # the one rule: a saving within its spread (or with none to judge it) is noise, never a bar;
+    # nor one derived from an interpreted or negative time
+    d, notes, _ = trusted_rows(d, "saving_kind", derived=True)
     if d.empty:
-        return empty_figure("no decode saving of a rotary-fused variant against a separate rotary", title)
+        return empty_or_noted(notes, "no decode saving of a rotary-fused variant against a separate rotary", title)
     against = ordered_variants(d["against"])
     fig = make_subplots(rows=1, cols=len(against), subplot_titles=[f"vs {a}" for a in against],
                         horizontal_spacing=0.08) if len(against) > 1 else go.Figure()
@@ -270,7 +342,7 @@ def rope_saving(df: pd.DataFrame, title: str) -> go.Figure:
         if min(vals) < 0:
             limit_line(fig, 0.0, "no saving", log=False, **kw)
     fig.update_layout(barmode="group", meta={"chart": "rope_saving"})
-    return _layout(fig, title, height=380)
+    return with_notes(_layout(fig, title, height=380), notes)
 
 
 def pdl_overlap(df: pd.DataFrame, title: str) -> go.Figure:
@@ -482,8 +554,9 @@ def sweep(points: pd.DataFrame, floors: pd.DataFrame, title: str, y_label: str =
     The y range is the measured points' (limits within LIMIT_REACH of them widen it);
     a floor line far below the points is cut at the range's edge and its legend says so.
     """
+    points, notes, interp = trusted_rows(points)  # the one rule: no negative point; interpreted lines marked
     if points.empty:
-        return empty_figure("no points with a GPU time per write", title)
+        return empty_or_noted(notes, "no points with a GPU time per write", title)
     fig = go.Figure()
     dashes = ["solid", "dot", "dash", "longdash", "dashdot"]
     sym_values = sorted(points[symbol].astype(str).unique()) if symbol else []
@@ -492,7 +565,8 @@ def sweep(points: pd.DataFrame, floors: pd.DataFrame, title: str, y_label: str =
         for key, d in points[points["variant"].astype(str) == v].sort_values("tokens").groupby(
                 [symbol] if symbol else (lambda _: ""), sort=True):
             key = str(key[0] if isinstance(key, tuple) else key)
-            name = v if not symbol else f"{v} · {key}"
+            shown_v = f"{v} {MARK}" if v in interp else v
+            name = shown_v if not symbol else f"{shown_v} · {key}"
             # several files: the dash tells the file, the marker the variant
             dash = dashes[sym_values.index(key) % len(dashes)] if symbol else style["dash"]
             fig.add_trace(go.Scatter(x=d["tokens"], y=d["us"], mode="lines+markers", name=name, legendgroup=v,
@@ -518,7 +592,7 @@ def sweep(points: pd.DataFrame, floors: pd.DataFrame, title: str, y_label: str =
     xr = log_range(points["tokens"], margin=1.15)
     fig.update_xaxes(type="log", title_text=x_label, exponentformat="none", range=xr, **(log_ticks(xr) if xr else {}))
     fig.update_layout(meta={"chart": "sweep"})
-    return _layout(fig, title, height=460)
+    return with_notes(_layout(fig, title, height=460), notes)
 
 
 # ---------------------------------------------------------------------------- overlap
@@ -563,9 +637,21 @@ def overlap_hist(df: pd.DataFrame, variant: str) -> go.Figure:
 def before_after(df: pd.DataFrame, title: str = "GPU µs per write: before and after") -> go.Figure:
     """Per variant, before (hatched) and after (solid) in its colour; one panel per phase."""
     d = df.dropna(subset=["before µs/write", "after µs/write"], how="all")
+    # the one rule, per run: a cost that is not drawable (negative, n/a) is no bar; an interpreted
+    # one is cross-hatched and its name marked
+    notes: list[str] = []
+    interp: dict[str, set[str]] = {"before": set(), "after": set()}
+    if "before figure" in d.columns:
+        d = d.copy()
+        for when in ("before", "after"):
+            side = d.rename(columns={f"{when} figure": "figure"})
+            _, side_notes, interp[when] = trusted_rows(side)
+            notes += [f"{when}: {n}" for n in side_notes]
+            d.loc[~d[f"{when} figure"].isin([MEASURED, INTERPRETED]), f"{when} µs/write"] = np.nan
+        d = d.dropna(subset=["before µs/write", "after µs/write"], how="all")
     if d.empty:
-        return empty_figure("no GPU time per write in both runs (CPU-only captures have none): "
-                            "the table below compares host launch", title)
+        return empty_or_noted(notes, "no GPU time per write in both runs (CPU-only captures have none): "
+                              "the table below compares host launch", title)
     d = d.assign(phase_size=[f"{p} {'bs' if p == 'decode' else 'tokens'}={s}" for p, s in zip(d["phase"], d["size"])])
     phases = _phases(d)
     fig = _phase_panels(phases, [max(1, d[d["phase"] == p]["phase_size"].nunique()) for p in phases])
@@ -577,26 +663,30 @@ def before_after(df: pd.DataFrame, title: str = "GPU µs per write: before and a
             base = v.split(" -> ")[-1]
             for when, col, pattern, op in (("before", "before µs/write", "/", 0.55),
                                            ("after", "after µs/write", "", 1.0)):
-                fig.add_trace(go.Bar(x=g["phase_size"], y=g[col], name=f"{v} · {when}", legendgroup=base,
+                marked = v in interp[when]
+                pattern = "x" if marked else pattern  # interpreted: cross-hatched, either run
+                fig.add_trace(go.Bar(x=g["phase_size"], y=g[col], name=f"{v} {MARK} · {when}" if marked else
+                                     f"{v} · {when}", legendgroup=base,
                                      showlegend=(v, when) not in shown, offsetgroup=f"{v}-{when}",
                                      marker={"color": V.colour(base), "opacity": op, "pattern": {"shape": pattern}},
                                      hovertemplate=f"{v} {when}<br>%{{x}}<br>%{{y:.3f}} µs<extra></extra>"),
                               **_kw(phases, j))
                 shown.add((v, when))
-        vals = [*p["before µs/write"], *p["after µs/write"]]
-        log = wide_spread(vals) and all(x > 0 for x in vals if x == x)
+        vals = [x for x in [*p["before µs/write"], *p["after µs/write"]] if x == x]
+        log = wide_spread(vals) and all(x > 0 for x in vals)
         set_y(fig, vals, log, ("µs per write" + (" (log)" if log else "")) if j == 0 or log else "",
               **_kw(phases, j))
     fig.update_layout(barmode="group", meta={"chart": "before_after"})
-    return _layout(fig, title)
+    return with_notes(_layout(fig, title), notes)
 
 
 def ratio_bars(df: pd.DataFrame, column: str = "ratio after/before", title: str = "after / before") -> go.Figure:
     """One ratio after/before per variant and phase·size, log axis; below the 1x line the after run is cheaper."""
     d = df.dropna(subset=[column])
     d = d[d[column] > 0]
+    d, notes, _ = trusted_rows(d, "ratio figure", derived=True)  # no ratio of an interpreted or negative time
     if d.empty:
-        return empty_figure(f"no {column} in both runs (CPU-only captures have no GPU times)", title)
+        return empty_or_noted(notes, f"no {column} in both runs (CPU-only captures have no GPU times)", title)
     labels = [f"{p} {'bs' if p == 'decode' else 'tokens'}={s}" for p, s in zip(d["phase"], d["size"])]
     d = d.assign(phase_size=labels)
     fig = go.Figure()
@@ -608,4 +698,4 @@ def ratio_bars(df: pd.DataFrame, column: str = "ratio after/before", title: str 
     set_y(fig, [*d[column], 1.0], True, f"{column} (x, log)")
     limit_line(fig, 1.0, "same as before = 1x", log=True)
     fig.update_layout(barmode="group", showlegend=True, meta={"chart": "ratio_bars"})
-    return _layout(fig, title)
+    return with_notes(_layout(fig, title), notes)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvprof.analysis.compare import Benchmark, compare_groups
+from kvprof.analysis.figures import MEASURED, NOT_APPLICABLE, classify
 from kvprof.analysis.metrics import GROUP_COLUMNS, measured
 from kvprof.core.summary import VariantVerdict
 from kvprof.core.timings import SourceTiming, source_timing
@@ -60,6 +61,24 @@ def phase_size(phase: Any, size: Any) -> str:
 
 def _num(df: pd.DataFrame, col: str) -> pd.Series:
     return pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series(np.nan, index=df.index)
+
+
+def interpreted_variants(summary: dict[str, Any] | None) -> set[str]:
+    """Variants whose Triton kernel ran in Triton's interpreter (summary.json's ``interpreted``)."""
+    return {str(n) for n, v in ((summary or {}).get("variants") or {}).items()
+            if isinstance(v, dict) and v.get("interpreted")}
+
+
+def cost_kinds(variants: Any, costs: Any, interpreted: set[str] | frozenset[str]) -> list[str]:
+    """The one rule (kvprof.analysis.figures.classify) for each variant's cost, duration or rate:
+    measured, interpreted (its variant ran in Triton's interpreter), negative or n/a."""
+    return [classify(c, interpreted=str(v) in interpreted, cost=True).kind for v, c in zip(variants, costs)]
+
+
+def pair_kind(a: str, b: str) -> str:
+    """The kind of a figure derived from two (a ratio, a saving): measured only where both are;
+    else the first that is not (kvprof.analysis.figures.derived reads it n/a with that why)."""
+    return next((k for k in (a, b) if k != MEASURED), MEASURED)
 
 
 # ---------------------------------------------------------------------------- summary.json
@@ -109,7 +128,8 @@ def timing_of(summary: dict[str, Any] | None, source: str | None) -> SourceTimin
 
 
 OBSERVER_COLUMNS = ("variant", "source", "phase", "size", "reading µs/write", "reference µs/write",
-                    "reading / reference (write)", "reading / reference (step)", "profiled run / reference", "flag")
+                    "reading / reference (write)", "reading / reference (step)", "profiled run / reference", "flag",
+                    "reading figure", "reference figure", "ratio figure")
 
 
 def observer_frame(summary: dict[str, Any]) -> pd.DataFrame:
@@ -121,6 +141,13 @@ def observer_frame(summary: dict[str, Any]) -> pd.DataFrame:
         "reading / reference (write)": r.get("ratio_per_write"), "reading / reference (step)": r.get("ratio_per_step"),
         "profiled run / reference": r.get("pass_slowdown"), "flag": "off" if r.get("flagged") else "ok",
     } for r in ((summary.get("observer") or {}).get("rows") or [])]
+    # the one rule: each cost's kind (a reference cost is a difference of two medians, which noise
+    # can make negative), and the ratio of the two: measured only where both are
+    interp = interpreted_variants(summary)
+    for r in rows:
+        r["reading figure"], r["reference figure"] = cost_kinds([r["variant"]] * 2, [r["reading µs/write"],
+                                                                                     r["reference µs/write"]], interp)
+        r["ratio figure"] = pair_kind(r["reading figure"], r["reference figure"])
     return pd.DataFrame(rows, columns=list(OBSERVER_COLUMNS))
 
 
@@ -184,8 +211,13 @@ def comparison(groups: pd.DataFrame, baseline: str, layers: int, itl_before_ms: 
 OVERVIEW_COLUMNS = (
     "variant", "source", "phase", "size", "verdict", "writes", "kernels/write", "GPU µs/write", "GPU span µs",
     "host launch µs", "launch→GPU µs", "streams", "overlap %", "GB/s", "% of peak", "speed-up vs baseline",
-    "saving µs/write", "saving ms/decode step", "predicted ITL ms",
+    "saving µs/write", "saving ms/decode step", "predicted ITL ms", "figure", "ratio figure",
 )
+# the columns derived from a variant's own cost, and from the cost and the baseline's: n/a where
+# that cost is not a measurement (kvprof.analysis.figures.derived)
+OVERVIEW_OWN = ("GB/s", "% of peak")
+OVERVIEW_TIMES = ("GPU span µs", "host launch µs", "launch→GPU µs")
+OVERVIEW_PAIR = ("speed-up vs baseline", "saving µs/write", "saving ms/decode step", "predicted ITL ms")
 
 
 def overview_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: dict[str, Any],
@@ -194,11 +226,17 @@ def overview_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: d
     g = groups[groups["layer"].astype(str) == "all"] if len(groups) else groups
     verdicts = {n: verdict_text(v) for n, v in (summary.get("variants") or {}).items()}
     comp_rows = {(r["variant"], r["source"], r["phase"], int(r["size"])): r for r in (comp or {}).get("rows", [])}
+    interp = interpreted_variants(summary)
+    kinds = dict(zip(zip(g["variant"].astype(str), g["source"].astype(str), g["phase"].astype(str),
+                         _num(g, "size")), cost_kinds(g["variant"], g["cost_per_write_ns"], interp)))
     rows = []
     for r in g.itertuples(index=False):
         c = comp_rows.get((r.variant, r.source, r.phase, int(r.size)), {})
         ratio = c.get("ratio_cost_per_write_ns")
         speed = (1.0 / ratio) if ratio else (1.0 if baseline and r.variant == baseline else np.nan)
+        kind = kinds.get((str(r.variant), str(r.source), str(r.phase), float(r.size)), NOT_APPLICABLE)
+        base_kind = kinds.get((str(baseline), str(r.source), str(r.phase), float(r.size)), NOT_APPLICABLE) \
+            if baseline else NOT_APPLICABLE
         rows.append({
             "variant": r.variant, "source": r.source, "phase": r.phase, "size": int(r.size),
             "verdict": verdicts.get(r.variant, "-"),
@@ -210,15 +248,24 @@ def overview_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: d
             "saving µs/write": (c.get("saving_per_write_ns") or np.nan) / NS_PER_US if c else np.nan,
             "saving ms/decode step": c.get("saving_per_step_ms", np.nan) if c else np.nan,
             "predicted ITL ms": c.get("predicted_itl_ms", np.nan) if c else np.nan,
+            "figure": kind, "ratio figure": pair_kind(kind, base_kind),
         })
     df = pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
-    for c in OVERVIEW_COLUMNS[5:]:
+    for c in OVERVIEW_COLUMNS[5:-2]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
 
 
-def group_metric_frame(groups: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """variant, phase·size, value of one GROUP_METRICS entry (layer "all" rows)."""
+# group metrics derived from a write's time (not a time themselves): n/a where that time is not a
+# measurement (an interpreted or negative cost)
+DERIVED_METRICS = ("bandwidth_gbs", "pct_of_peak")
+
+
+def group_metric_frame(groups: pd.DataFrame, metric: str, interpreted: set[str] | frozenset[str] = frozenset()
+                       ) -> pd.DataFrame:
+    """variant, phase·size, value of one GROUP_METRICS entry (layer "all" rows), and ``figure``: what
+    the value can be taken for (kvprof.analysis.figures): a time of an ``interpreted`` variant is
+    the interpreter's, a negative time noise; a rate derived from either is n/a."""
     col, scale = GROUP_METRICS[metric]
     g = groups[groups["layer"].astype(str) == "all"] if len(groups) else groups
     out = pd.DataFrame({
@@ -226,6 +273,13 @@ def group_metric_frame(groups: pd.DataFrame, metric: str) -> pd.DataFrame:
         "phase_size": [phase_size(p, s) for p, s in zip(g["phase"], g["size"])],
         "size": _num(g, "size"), "value": _num(g, col) * scale,
     })
+    if col == "kernels_per_write":  # a count, not a time
+        out["figure"] = [MEASURED] * len(out)
+    elif col in DERIVED_METRICS:
+        base = cost_kinds(g["variant"], _num(g, "cost_per_write_ns"), interpreted)
+        out["figure"] = [b if b != MEASURED else classify(v, cost=True).kind for b, v in zip(base, out["value"])]
+    else:
+        out["figure"] = cost_kinds(out["variant"], out["value"], interpreted)
     return out.dropna(subset=["value"]).sort_values(["size", "variant"]).reset_index(drop=True)
 
 
@@ -394,8 +448,10 @@ def window(rows: pd.DataFrame, start_us: float, end_us: float, max_bars: int) ->
 
 
 def sweep_from_groups(groups: pd.DataFrame, variants: list[str] | None = None,
-                      source: str | None = None) -> pd.DataFrame:
-    """analyze's per-(phase, size) medians against tokens per write, for the log-log sweep."""
+                      source: str | None = None, interpreted: set[str] | frozenset[str] = frozenset()
+                      ) -> pd.DataFrame:
+    """analyze's per-(phase, size) medians against tokens per write, for the log-log sweep; ``figure``
+    what each can be taken for (an ``interpreted`` variant's is the interpreter's time)."""
     g = groups[groups["layer"].astype(str) == "all"] if len(groups) else groups
     if variants is not None:
         g = g[g["variant"].astype(str).isin(variants)]
@@ -408,6 +464,7 @@ def sweep_from_groups(groups: pd.DataFrame, variants: list[str] | None = None,
         "writes": _num(g, "writes"),
     })
     out["tokens"] = out["tokens"].fillna(out["size"])
+    out["figure"] = cost_kinds(out["variant"], out["us_per_write"], interpreted)
     return out.dropna(subset=["us_per_write"]).sort_values(["variant", "phase", "tokens"]).reset_index(drop=True)
 
 
@@ -448,6 +505,12 @@ def bench_frame(docs: dict[str, dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=list(BENCH_COLUMNS))
     for c in ("tokens", "median_us", "iqr_us", "bytes", "gbs", "pct_copy_rate", "target_us", "floor_us"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
+    # what each median can be taken for: a variant bench ran in Triton's interpreter (its
+    # settings' ``interpreted``) timed the interpreter
+    interp = {lab: {str(v) for v in ((doc.get("settings") or {}).get("interpreted") or [])}
+              for lab, doc in docs.items()}
+    df["figure"] = [classify(m, interpreted=str(v) in interp.get(str(f), set()), cost=True).kind
+                    for f, v, m in zip(df["file"], df["variant"], df["median_us"])]
     return df
 
 
@@ -462,13 +525,20 @@ def bench_limits(docs: dict[str, dict[str, Any]]) -> pd.DataFrame:
 
 COMPARE_COLUMNS = ("variant", "source", "phase", "size", "only in", "before µs/write", "after µs/write",
                    "ratio after/before", "speed-up", "saving µs/write", "saving ms/decode step", "ratio GPU span",
-                   "ratio GPU busy", "ratio host launch", "ratio kernels/write", "ratio step GPU")
+                   "ratio GPU busy", "ratio host launch", "ratio kernels/write", "ratio step GPU", "before figure",
+                   "after figure", "ratio figure")
+# the compare table's columns derived from both runs' costs: n/a where either is not a measurement
+COMPARE_PAIR = ("ratio after/before", "speed-up", "saving µs/write", "saving ms/decode step", "ratio GPU span",
+                "ratio GPU busy", "ratio host launch", "ratio step GPU")
 
 
 def compare_runs(before: pd.DataFrame, after: pd.DataFrame, pairs: list[tuple[str, str]], layers: int,
-                 itl_before_ms: float, itl_after_ms: float) -> tuple[pd.DataFrame, list[str]]:
+                 itl_before_ms: float, itl_after_ms: float, interpreted: tuple[set[str], set[str]] = (set(), set())
+                 ) -> tuple[pd.DataFrame, list[str]]:
     """kvprof.analysis.runs.compare_runs as the page's table (COMPARE_COLUMNS; "only in": the run a row
-    was measured in, when only one was), and why a pair is empty."""
+    was measured in, when only one was), and why a pair is empty. ``interpreted``: the variants each
+    run ran in Triton's interpreter; ``before figure``/``after figure`` say what each cost can be
+    taken for, ``ratio figure`` what the ratios and savings from both can (kvprof.analysis.figures)."""
     from kvprof.analysis.runs import compare_runs as compare_two_runs
 
     bench = Benchmark(itl_before_ms=itl_before_ms, itl_after_ms=itl_after_ms, layers=layers)
@@ -489,7 +559,10 @@ def compare_runs(before: pd.DataFrame, after: pd.DataFrame, pairs: list[tuple[st
             "ratio host launch": r.get("ratio_host_launch_ns"),
             "ratio kernels/write": r.get("ratio_kernels_per_write"), "ratio step GPU": r.get("ratio_step_gpu_ns"),
         })
+        b_kind, a_kind = (classify(rows[-1][f"{side} µs/write"], interpreted=str(r.get(side, r["variant"])) in names,
+                                   cost=True).kind for side, names in zip(("before", "after"), interpreted))
+        rows[-1].update({"before figure": b_kind, "after figure": a_kind, "ratio figure": pair_kind(b_kind, a_kind)})
     df = pd.DataFrame(rows, columns=list(COMPARE_COLUMNS))
-    for c in COMPARE_COLUMNS[5:]:
+    for c in COMPARE_COLUMNS[5:-3]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     return df, result.empty

@@ -33,12 +33,23 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kvprof.analysis.compare import Benchmark
+from kvprof.analysis.figures import (
+    INTERPRETED,
+    MARK,
+    MEASURED,
+    NEGATIVE,
+    NOISE,
+    NOT_APPLICABLE,
+    Figure,
+    classify,
+    derived,
+)
 from kvprof.analysis.layer_step import LayerSteps
 from kvprof.core import variants as V
 from kvprof.dashboard import charts, frames, tables
 
 ROPE_COLUMNS = ("variant", "against", "source", "phase", "size", "phase_size", "variant_us", "against_us",
-                "saving_ms", "saving_spread_ms", "how", "why")
+                "saving_ms", "saving_spread_ms", "how", "why", "variant_kind", "against_kind", "saving_kind")
 PDL_COLUMNS = ("variant", "source", "phase", "size", "phase_size", "writes", "early", "same_stream", "early_pct",
                "overlap_us", "critical_us", "second_stream", "wait_us")
 CAPTURE_ROPE = "--variants rope_then_triton_fused,rope_triton_fused"
@@ -108,7 +119,15 @@ def rope_frame(summary: dict[str, Any], groups: pd.DataFrame | None = None, laye
                     why = f"no {against} by {source}"
                 else:
                     why = "not measured"
-                rows.append({"variant": r.variant, "against": against, "source": source, "phase": r.phase,
+                # the one rule (kvprof.analysis.figures): each time's kind, and the saving's: that of
+                # an untrusted time it is computed from (a chart reads it n/a with why), else noise
+                # within its spread or with no spread to judge it
+                vk = str(r.cost_kind)
+                ak = str(base.cost_kind) if base is not None else NOT_APPLICABLE
+                pk = frames.pair_kind(vk, ak)
+                sk = classify(saving, spread=spread, needs_spread=True).kind if pk == MEASURED else pk
+                rows.append({"variant_kind": vk, "against_kind": ak, "saving_kind": sk,
+                             "variant": r.variant, "against": against, "source": source, "phase": r.phase,
                              "size": int(r.size), "phase_size": r.phase_size, "variant_us": float(r.cost_us),
                              "against_us": float(base.cost_us) if base is not None else math.nan,
                              "saving_ms": saving, "saving_spread_ms": spread,
@@ -135,6 +154,24 @@ def rope_table(df: pd.DataFrame, summary: dict[str, Any] | None = None) -> pd.Da
     for col in ("saving_ms", "saving_spread_ms", "how"):
         out[names[col]] = [f"{tables.MISSING} ({why})" if why and v == tables.MISSING else v
                            for v, why in zip(out[names[col]], df["why"])]
+    # the one rule (kvprof.analysis.figures): a time labelled where it is not a measurement (`*`,
+    # n/a (negative: noise)); a saving from such a time n/a with why; one within its spread, or
+    # with no spread to judge it, marked noise
+    for col, kcol, who in (("variant_us", "variant_kind", "variant"), ("against_us", "against_kind", "against")):
+        out[names[col]] = [Figure(float(v), k).text(3) if k in (INTERPRETED, NEGATIVE) else t
+                           for v, k, t in zip(df[col], df[kcol], out[names[col]])]
+        out[names[who]] = [f"{v} {MARK}" if k == INTERPRETED else v for v, k in zip(out[names[who]], df[kcol])]
+    saving = []
+    for v, sp, k, a, b, t in zip(df["saving_ms"], df["saving_spread_ms"], df["saving_kind"], df["variant_kind"],
+                                 df["against_kind"], out[names["saving_ms"]]):
+        pk = frames.pair_kind(str(a), str(b))
+        if k == NOISE:
+            t = Figure(float(v), NOISE, "within its spread" if np.isfinite(sp) else "no spread to judge it").text(
+                3, sign=True)
+        elif pk != MEASURED and np.isfinite(v):  # a saving computed from an untrusted time
+            t = derived(Figure(0.0, pk), v).text()
+        saving.append(t)
+    out[names["saving_ms"]] = saving
     return out
 
 

@@ -118,13 +118,14 @@ def metric_figure(summary: str, summary_stamp: int, source: str | None, variants
     g = groups[groups["variant"].astype(str).isin(variants)]
     if source:
         g = g[g["source"].astype(str) == source]
-    mf = frames.group_metric_frame(g, metric)
     doc = data.read_summary(summary, summary_stamp)
+    mf = frames.group_metric_frame(g, metric, frames.interpreted_variants(doc))
     t = landing.timing(doc, source)
     src = t.words
     label = t.per_write if frames.GROUP_METRICS[metric][0] == "cost_per_write_ns" else metric
     if len(mf):
-        return charts.metric_bars(mf, label, f"{label} · {src}")
+        return charts.metric_bars(mf, label, f"{label} · {src}",
+                                  derived=frames.GROUP_METRICS[metric][0] in frames.DERIVED_METRICS)
     return charts.empty_figure(f"no {metric} at {src}" + (" (a CPU-only capture has no GPU times)" if cpu_only
                                                           else ""), metric)
 

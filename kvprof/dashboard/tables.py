@@ -16,10 +16,32 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvprof.analysis.figures import INTERPRETED, MARK, NEGATIVE, Figure, classify
+from kvprof.analysis.figures import (
+    INTERPRETED,
+    MARK,
+    MEASURED,
+    NEGATIVE,
+    NEGATIVE_WHY,
+    NOISE,
+    NOT_APPLICABLE,
+    Figure,
+    classify,
+    derived,
+)
 from kvprof.core import variants as V
 from kvprof.core.timings import SourceTiming
-from kvprof.dashboard.frames import NS_PER_US, measured_writes, phase_size, verdict_text
+from kvprof.dashboard.frames import (
+    COMPARE_PAIR,
+    NS_PER_US,
+    OVERVIEW_OWN,
+    OVERVIEW_PAIR,
+    OVERVIEW_TIMES,
+    interpreted_variants,
+    measured_writes,
+    pair_kind,
+    phase_size,
+    verdict_text,
+)
 
 MISSING = "n/a"
 
@@ -76,12 +98,60 @@ def html_table(df: pd.DataFrame, digits: int = 4) -> str:
 
 
 LANDING_COLUMNS = ("variant", "role", "verdict", "source", "phase", "size", "phase_size", "cost_us", "cost_lo_us",
-                   "cost_hi_us", "spread_from", "saving_ms", "saving_spread_ms", "share_pct", "cost_kind")
+                   "cost_hi_us", "spread_from", "saving_ms", "saving_spread_ms", "share_pct", "cost_kind",
+                   "saving_kind")
 
 
-def interpreted_variants(summary: dict[str, Any]) -> set[str]:
-    """Variants whose Triton kernel ran in Triton's interpreter (summary.json's ``interpreted``)."""
-    return {str(n) for n, v in (summary.get("variants") or {}).items() if isinstance(v, dict) and v.get("interpreted")}
+def _why(kind: str) -> str:
+    return {INTERPRETED: "Triton's interpreter", NEGATIVE: NEGATIVE_WHY}.get(kind, "not measured")
+
+
+def labelled(df: pd.DataFrame, figures: dict[str, str], derived_from: dict[str, str] | None = None,
+             digits: int = 4, variant: str = "variant") -> pd.DataFrame:
+    """``display(df)`` under the one rule (kvprof.analysis.figures): each column of ``figures``
+    (column -> the column holding its kind) reads Figure.text where it is not a measurement
+    (``n/a (negative: noise)``, ``16,120.000 *``); each of ``derived_from`` (column -> the kind
+    column of the figure it is computed from) reads ``n/a (interpreted)`` / ``n/a (negative:
+    noise)`` where that is not a measurement; the ``variant`` of a row with an interpreted
+    figure is marked ``*``. The kind columns stay, as the CSV's ``figure`` columns."""
+    out = display(df, digits)
+    for col, kcol in figures.items():
+        out[col] = [Figure(float(v), k, _why(k)).text(digits - 1) if k in (NEGATIVE, INTERPRETED) else t
+                    for v, k, t in zip(df[col], df[kcol], out[col])]
+    for col, kcol in (derived_from or {}).items():
+        out[col] = [derived(Figure(None if k == MEASURED else 0.0, k, _why(k)), None).text() if k != MEASURED else t
+                    for k, t in zip(df[kcol], out[col])]
+    kinds = list(dict.fromkeys([*figures.values(), *(derived_from or {}).values()]))
+    if variant in out.columns and kinds:
+        marked = [any(df[k].iloc[i] == INTERPRETED for k in kinds) for i in range(len(df))]
+        out[variant] = [f"{v} {MARK}" if m else v for v, m in zip(out[variant], marked)]
+    return out
+
+
+def overview_table(df: pd.DataFrame, cost_column: str = "GPU µs/write") -> pd.DataFrame:
+    """The Overview's table (frames.overview_frame, its cost column named ``cost_column``) as text
+    under the one rule: GB/s and % of peak n/a where the cost is not a measurement; speed-up,
+    savings and ITL where the variant's or the baseline's is not."""
+    # the variant's other times: the interpreter's too where its cost is (`*`); never re-judged by
+    # the cost's sign
+    times = df.assign(_times=[INTERPRETED if k == INTERPRETED else MEASURED for k in df["figure"]])
+    out = labelled(times, {cost_column: "figure", **{c: "_times" for c in OVERVIEW_TIMES if c in df.columns}},
+                   {**{c: "figure" for c in OVERVIEW_OWN}, **{c: "ratio figure" for c in OVERVIEW_PAIR}})
+    return out.drop(columns="_times")
+
+
+def observer_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The observer-effect table (frames.observer_frame) as text under the one rule: each cost
+    labelled, the reading-over-reference ratio n/a where either is not a measurement."""
+    return labelled(df, {"reading µs/write": "reading figure", "reference µs/write": "reference figure"},
+                    {"reading / reference (write)": "ratio figure"})
+
+
+def compare_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Compare runs' table (frames.compare_runs) as text under the one rule: each run's cost labelled,
+    every ratio and saving n/a where either cost is not a measurement."""
+    return labelled(df, {"before µs/write": "before figure", "after µs/write": "after figure"},
+                    {c: "ratio figure" for c in COMPARE_PAIR})
 
 
 def _cost_spread(r: Any, writes: pd.DataFrame | None) -> tuple[float, float, str]:
@@ -142,12 +212,14 @@ def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: di
                      "cost_hi_us": hi / NS_PER_US, "spread_from": how})
     df = pd.DataFrame(rows, columns=list(LANDING_COLUMNS[:11]))
     half = {(r["variant"], r["phase"], r["size"]): (r["cost_hi_us"] - r["cost_lo_us"]) / 2.0 for _, r in df.iterrows()}
-    saving, spread, share = [], [], []
+    bands = {(r["variant"], r["phase"], r["size"]): r["spread_from"] for _, r in df.iterrows()}
+    saving, spread, share, judged = [], [], [], []
     for _, r in df.iterrows():
         c = comp_rows.get((r["variant"], r["phase"], r["size"]))
         s = c.get("saving_per_step_ms") if c else (0.0 if r["variant"] == base and r["phase"] == "decode" else None)
         s = s if gpu else None
         saving.append(np.nan if s is None else float(s))
+        banded = {r["spread_from"], bands.get((base, r["phase"], r["size"]), "none")}
         if r["variant"] == base:
             spread.append(np.nan)  # the baseline against itself: 0 by definition
         elif c and c.get("measured_saving_spread_ms") is not None:
@@ -157,6 +229,9 @@ def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: di
             spread.append(layers * math.hypot(hb, half[(r["variant"], r["phase"], r["size"])]) / 1e3)
         else:
             spread.append(np.nan)
+        # a spread to judge the saving by: measured in the layer, or both costs' bands
+        judged.append(r["variant"] == base or (c is not None and c.get("measured_saving_spread_ms") is not None)
+                      or "none" not in banded)
         share.append(100.0 * layers * r["cost_us"] / (itl_before_ms * 1e3) if r["phase"] == "decode" and gpu
                      else np.nan)
     df["saving_ms"], df["saving_spread_ms"], df["share_pct"] = saving, spread, share
@@ -164,6 +239,16 @@ def landing_frame(groups: pd.DataFrame, comp: dict[str, Any] | None, summary: di
     interp = interpreted_variants(summary)
     df["cost_kind"] = [classify(c, interpreted=v in interp, cost=True).kind
                        for v, c in zip(df["variant"], df["cost_us"])]
+    # a saving: the kind of an untrusted cost it is computed from (its own or the baseline's), the
+    # baseline's own 0 as it is, else noise within its spread or with none to judge it
+    kinds = {(v, p, z): k for v, p, z, k in zip(df["variant"], df["phase"], df["size"], df["cost_kind"])}
+    saving_kinds = []
+    for v, p, z, k, s, sp, j in zip(df["variant"], df["phase"], df["size"], df["cost_kind"], df["saving_ms"],
+                                    df["saving_spread_ms"], judged):
+        pk = pair_kind(k, kinds.get((base, p, z), NOT_APPLICABLE))
+        saving_kinds.append(NOT_APPLICABLE if not np.isfinite(s) else MEASURED if v == base else pk
+                            if pk != MEASURED else classify(s, spread=sp if j else None, needs_spread=True).kind)
+    df["saving_kind"] = saving_kinds
     order = {v: i for i, v in enumerate(V.ordered(list(df["variant"].astype(str))))}
     return (df.assign(_o=df["variant"].map(order)).sort_values(["_o", "phase", "size"]).drop(columns="_o")
             .reset_index(drop=True)[list(LANDING_COLUMNS)])
@@ -194,6 +279,15 @@ def landing_table(df: pd.DataFrame, timing: SourceTiming | None = None) -> pd.Da
                f"{MISSING} ({timing.no_step_why[0]})" if timing is not None and not timing.gpu else MISSING
                for phase in df["phase"].astype(str)]
         out[names[col]] = [w if v == MISSING else v for w, v in zip(why, out[names[col]])]
+    if "saving_kind" in df.columns:  # the one rule for what is computed from the costs
+        out[names["saving_ms"]] = [
+            Figure(float(s), NOISE, "within its spread" if np.isfinite(sp) else "no spread to judge it").text(
+                3, sign=True) if k == NOISE else
+            derived(Figure(0.0, k, _why(k)), None).text() if k in (INTERPRETED, NEGATIVE) else t
+            for s, sp, k, t in zip(df["saving_ms"], df["saving_spread_ms"], df["saving_kind"], out[names["saving_ms"]])]
+        out[names["share_pct"]] = [derived(Figure(0.0, k, _why(k)), None).text()
+                                   if k in (INTERPRETED, NEGATIVE) and np.isfinite(v) else t
+                                   for v, k, t in zip(df["share_pct"], df["cost_kind"], out[names["share_pct"]])]
     return out
 
 

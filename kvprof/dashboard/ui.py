@@ -58,8 +58,11 @@ STATIC_ROWS = 80  # up to this many rows a table is plain HTML: every column sho
 
 
 def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_config: dict[str, Any] | None = None,
-               max_rows: int = 5000) -> None:
+               max_rows: int = 5000, text: pd.DataFrame | None = None) -> None:
     """The table as text cells (``tables.display``: n/a for missing, never None) and a CSV of the raw values.
+
+    ``text``: the cells to show instead, where a figure must read with its label (the one rule of
+    kvprof.analysis.figures: ``tables.labelled``); the CSV keeps the raw values and their kinds.
 
     Small tables are one static HTML block (``tables.html_table``: no clipped columns,
     readable in a screenshot, cheap for the browser); larger ones a scrollable grid of at
@@ -68,7 +71,8 @@ def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_co
     name = slug(key)
     if caption:
         st.caption(caption)
-    rows = (df if len(df) <= max_rows else df.head(max_rows)).reset_index(drop=True)
+    shown = df if text is None else text
+    rows = (shown if len(shown) <= max_rows else shown.head(max_rows)).reset_index(drop=True)
     if len(rows) <= STATIC_ROWS:
         st.html(html_table(rows))
     else:

@@ -269,6 +269,10 @@ def run_comparison_table(doc: dict[str, Any]) -> Table:
             Col("after/before"), Col("saving/step ms")]
     out: list[list[Cell]] = []
     costless: dict[str, list[str]] = {}
+    # the one rule (kvprof.analysis.figures): each run's cost marked `*` where that run timed the
+    # interpreter, n/a (negative: noise) below zero; no ratio or saving from either
+    interpreted = {side: set((doc.get("interpreted") or {}).get(side) or []) for side in ("before", "after")}
+    interp = NA("interpreted", "a time in Triton's interpreter: no ratio or saving is derived from it")
     for r in doc["rows"]:
         before, after = r.get("before_cost_per_write_ns"), r.get("after_cost_per_write_ns")
         if finite_or_none(before) is None and finite_or_none(after) is None:
@@ -276,10 +280,14 @@ def run_comparison_table(doc: dict[str, Any]) -> Table:
             continue
         only = r.get("only_in")
         gone = NA(f"only in {only}", f"measured in the {only} run only") if only else None
-        out.append([str(r["variant"]), str(r["source"]), str(r["phase"]), str(r["size"]),
-                    us(before, gone or NO_GPU_TIME), us(after, gone or NO_GPU_TIME),
-                    num(r.get("ratio_cost_per_write_ns"), gone or NO_GPU_TIME, "{:.2f}"),
-                    num(r.get("saving_per_step_ms"), gone or saving_reason(r), "{:.3f}")])
+        marked = [str(r.get(side) or r["variant"]) in interpreted[side] for side in ("before", "after")]
+        costs = [us(c, gone or NO_GPU_TIME, cost=True) for c in (before, after)]
+        costs = [f"{c} *" if m and isinstance(c, str) else c for c, m in zip(costs, marked)]
+        untrusted = interp if any(marked) else NEGATIVE if NEGATIVE in costs else None
+        out.append([str(r["variant"]) + (" *" if any(marked) else ""), str(r["source"]), str(r["phase"]),
+                    str(r["size"]), *costs,
+                    untrusted or num(r.get("ratio_cost_per_write_ns"), gone or NO_GPU_TIME, "{:.2f}"),
+                    untrusted or num(r.get("saving_per_step_ms"), gone or saving_reason(r), "{:.3f}")])
     t, notes = table(f"run vs run (before -> after; projection: {doc['layers']} layers/step)", cols, out)
     for source, points in costless.items():
         notes.insert(0, f"not shown: {len(points)} {source} row(s) with no cost per write in either run "

@@ -7,6 +7,8 @@ kernel count says what it became.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kvprof.dtypes import inverse_scale
@@ -34,8 +36,15 @@ class TorchCompileWriter(KVWriter):
     devices = ("cpu", "cuda")
 
     def __init__(self, mode: str | None = None) -> None:
-        self._store = torch.compile(_store, mode=mode, fullgraph=True, dynamic=True)
-        self._store_converted = torch.compile(_store_converted, mode=mode, fullgraph=True, dynamic=True)
+        # compiled at the first write, not here: torch.compile imports Dynamo (seconds on a small
+        # CPU), which listing the variants (``kvprof variants``) or checking support never needs
+        self._mode = mode
+        self._compiled: dict[str, Callable[..., None]] = {}
+
+    def _compiled_fn(self, fn: Callable[..., None]) -> Callable[..., None]:
+        if fn.__name__ not in self._compiled:
+            self._compiled[fn.__name__] = torch.compile(fn, mode=self._mode, fullgraph=True, dynamic=True)
+        return self._compiled[fn.__name__]
 
     def write(
         self,
@@ -49,9 +58,9 @@ class TorchCompileWriter(KVWriter):
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
         if cache_k.dtype == dtype:  # the pool guarantees cache_v has cache_k's dtype
-            self._store(k_buf, v_buf, loc, cache_k.view(k_buf.dtype), cache_v.view(v_buf.dtype))
+            self._compiled_fn(_store)(k_buf, v_buf, loc, cache_k.view(k_buf.dtype), cache_v.view(v_buf.dtype))
         else:
             k_inv = inverse_scale(k_scale)
             v_inv = inverse_scale(v_scale)
-            self._store_converted(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, k_buf.dtype)
+            self._compiled_fn(_store_converted)(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, k_buf.dtype)
         return COMPILED

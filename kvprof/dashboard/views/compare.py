@@ -21,6 +21,7 @@ from kvprof.core.run import Manifest, captured_text
 from kvprof.core.rundir import RunDir
 from kvprof.dashboard import charts, frames, landing
 from kvprof.dashboard.state import Context
+from kvprof.dashboard.tables import compare_table
 from kvprof.dashboard.ui import md, show_figure, show_table
 from kvprof.dashboard.views.common import device_line, esc, intro, source_label
 
@@ -132,7 +133,8 @@ def render(ctx: Context) -> None:
         st.info("The two runs have no variant in common (with the sidebar's variant filter).")
         return
     bench = Benchmark()
-    df, warns = frames.compare_runs(bg, ag, pairs, layers, bench.itl_before_ms, bench.itl_after_ms)
+    df, warns = frames.compare_runs(bg, ag, pairs, layers, bench.itl_before_ms, bench.itl_after_ms,
+                                    (frames.interpreted_variants(b_sum), frames.interpreted_variants(a_sum)))
     if ctx.source:
         df = df[df["source"] == ctx.source]
     for w in warns:
@@ -176,7 +178,7 @@ def _show_comparison(ctx: Context, df: pd.DataFrame, b_sum: dict[str, Any], a_su
         show_figure(charts.ratio_bars(df, col, f"{col}: {after} over {before} · {src}"), "compare-ratios")
     else:
         st.info("No ratio after/before: neither run has a number both can be divided by at this source.")
-    show_table(df, "compare-runs")
+    show_table(df, "compare-runs", text=compare_table(df))
 
 
 def _not_comparable(b_sum: dict, a_sum: dict, bg, ag, bi: RunIdentity, ai: RunIdentity) -> list[str]:  # noqa: ANN001

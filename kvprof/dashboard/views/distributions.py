@@ -43,20 +43,32 @@ def render(ctx: Context) -> None:
             "the capture had no GPU (CPU-only), and this run's writes have no host launch times either."
             if cpu else "no writes of the chosen variants at this source."))
         return
+    # the one rule (kvprof.analysis.figures): an interpreted variant's times are marked `*` on both
+    # charts; nothing is derived from them (no bandwidth)
+    interp = frames.interpreted_variants(summary) & set(df["variant"].astype(str))
+    if interp and frames.DIST_METRICS[metric][0] == "bandwidth_gbs":
+        st.caption(f"not drawn, n/a (interpreted: nothing is derived from the interpreter's time): "
+                   f"{md(', '.join(sorted(interp)))}")
+        df = df[~df["variant"].astype(str).isin(interp)]
+        interp = set()
+        if df.empty:
+            return
     if scale == "log" and not bool((df["value"] > 0).all()):
         st.caption(f"{md(metric)} is 0 for some writes, which a log axis cannot draw: shown clipped at p99.")
         scale = "clipped at p99"
     n_out, vmax = outliers(df["value"])
     st.caption(f"{len(df):,} writes · {n_out:,} outliers beyond 1.5 IQR of the quartiles, drawn as points "
                f"(largest {cell(vmax)}) · {md(src)}")
-    show_figure(charts.distribution(df, metric, kind, f"{metric} per write · {src}", scale=scale),
+    show_figure(charts.mark_interpreted(charts.distribution(df, metric, kind, f"{metric} per write · {src}",
+                                                            scale=scale), interp),
                 f"distribution-{metric}-{kind}")
 
     sizes = list(dict.fromkeys(df.sort_values(["phase", "size"])["phase_size"]))
     ps = c4.selectbox("by layer: phase · size", sizes, key=f"dist-ps::{ctx.run.label}",
                       help="one phase and size at a time: decode and prefill writes differ by orders of magnitude")
     sel = df[df["phase_size"] == ps]
-    show_figure(charts.per_layer(sel, metric, f"{metric} by layer · {ps} · {src}", log=scale == "log"),
+    show_figure(charts.mark_interpreted(charts.per_layer(sel, metric, f"{metric} by layer · {ps} · {src}",
+                                                         log=scale == "log"), interp),
                 f"per-layer-{metric}")
 
     layers = ctx.run.layers()

@@ -7,7 +7,7 @@ import streamlit as st
 from kvprof.analysis.compare import Benchmark
 from kvprof.dashboard import frames, landing, memo
 from kvprof.dashboard.state import Context
-from kvprof.dashboard.tables import landing_table
+from kvprof.dashboard.tables import landing_table, observer_table, overview_table
 from kvprof.dashboard.ui import md, show_figure, show_table
 from kvprof.dashboard.views.common import device_line, esc, intro, need_run, no_gpu_traces
 
@@ -88,7 +88,7 @@ def render(ctx: Context) -> None:
                    "profiler slowed the run itself. "
                    f"More than {round((summary.get('observer') or {}).get('threshold', 0.1) * 100)} % off is "
                    "flagged; the landing view uses the reference by default.")
-        show_table(obs, f"observer-{ctx.run.label}")
+        show_table(obs, f"observer-{ctx.run.label}", text=observer_table(obs))
 
     detail = memo.detail_for(ctx.run, settings)
     if detail is None:
@@ -97,7 +97,8 @@ def render(ctx: Context) -> None:
     for w in detail.warnings:
         st.info(md(w))
     st.markdown("#### Per variant and phase")
-    show_table(detail.table.rename(columns={"GPU µs/write": timing.per_write_short}), f"overview-{ctx.run.label}",
+    table = detail.table.rename(columns={"GPU µs/write": timing.per_write_short})
+    show_table(table, f"overview-{ctx.run.label}", text=overview_table(table, timing.per_write_short),
                caption=f"medians per write · {src}")
     metrics = list(frames.GROUP_METRICS)
     has_gpu = detail.table["GPU µs/write"].notna().any()

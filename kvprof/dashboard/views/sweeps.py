@@ -9,6 +9,7 @@ import streamlit as st
 
 from kvprof.dashboard import charts, data, frames, landing
 from kvprof.dashboard.state import Context
+from kvprof.dashboard.tables import labelled
 from kvprof.dashboard.ui import md, show_figure, show_table
 from kvprof.dashboard.views.common import intro, source_label
 
@@ -17,7 +18,7 @@ def _run_sweep(ctx: Context) -> None:
     assert ctx.run is not None
     summary = ctx.summary()
     st.markdown(f"#### From the run's groups · {md(ctx.run.label)}")
-    pts = frames.sweep_from_groups(ctx.groups(), ctx.variants, ctx.source)
+    pts = frames.sweep_from_groups(ctx.groups(), ctx.variants, ctx.source, frames.interpreted_variants(summary))
     phases = sorted(pts["phase"].unique()) if len(pts) else []
     if not phases:
         st.info(f"No (phase, size) of this run has a time per write at {md(source_label(ctx.source, summary))} "
@@ -40,7 +41,8 @@ def _run_sweep(ctx: Context) -> None:
     timing = landing.timing(summary, ctx.source)
     show_figure(charts.sweep(p, floors, f"{phase}: {timing.per_write} vs tokens · {timing.words}", timing.per_write),
                 f"sweep-run-{phase}")
-    show_table(p, f"sweep-run-{ctx.run.label}-{phase}")
+    show_table(p, f"sweep-run-{ctx.run.label}-{phase}",
+               text=labelled(p, {"us": "figure", "gpu_span_us": "figure"}, {"bandwidth_gbs": "figure"}))
 
 
 def _bench_files(ctx: Context) -> dict[str, tuple[Path, Path]]:
@@ -117,7 +119,8 @@ def _bench_sweep(ctx: Context) -> None:
         show_figure(charts.sweep(pts, fl, f"bench: µs per write vs tokens · {shape} {dtype} · {mode}",
                                  hlines=hlines, symbol="file" if len(docs) > 1 else None),
                     f"sweep-bench-{shape}-{mode}")
-    show_table(recs, "bench-records")
+    show_table(recs, "bench-records", text=labelled(recs, {"median_us": "figure", "iqr_us": "figure"},
+                                                    {"gbs": "figure", "pct_copy_rate": "figure"}))
 
 
 def render(ctx: Context) -> None:
