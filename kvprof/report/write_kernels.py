@@ -27,6 +27,7 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
              for r in stepless], console.width))
     render_sidecar_paths(section.get("sidecars") or [], console)
     render_ledgers(section.get("sidecars") or [], console)
+    render_shadow(section.get("sidecars") or [], console)
     # kvprof's own captures have their writes' numbers above; the name classifier is for the others
     rows = [t for t in section.get("traces") or [] if t.get("write_kernels") and not t.get("is_kvprof_capture")]
     if not rows:
@@ -135,6 +136,28 @@ def render_ledgers(sidecars: list[dict[str, Any]], console: Any) -> None:
                  for layer, asked, seen, unseen in rows], console.width))
         for line in lines:
             console.print(printable(line), markup=False, highlight=False)
+
+
+def render_shadow(sidecars: list[dict[str, Any]], console: Any) -> None:
+    """Per engine process whose plugin ran the shadow check: its counts, a mismatch in red."""
+    import msgspec
+
+    from kvprof.core.sidecar import Sidecar, shadow_lines
+
+    for s in sorted(sidecars, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
+        if not s.get("shadow"):
+            continue
+        try:
+            doc = msgspec.convert(s, Sidecar)
+        except msgspec.ValidationError as exc:  # a tampered summary: said, not raised
+            console.print(f"shadow check: not readable ({markup(' '.join(str(exc).split())[:200])})")
+            continue
+        wrong, lines = shadow_lines(doc)
+        for i, line in enumerate(lines):
+            if wrong and i == 0:
+                console.print(f"[bold red]{markup(line)}[/bold red]", soft_wrap=True)
+            else:
+                console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def _fmt(v: Any, scale: float = 1000.0) -> str:
