@@ -186,6 +186,42 @@ def test_a_right_writer_routed_through_the_plugin_passes(state: Any) -> None:
     assert side["shadow"]["checked"] == 6 and side["shadow"]["mismatched"] == 0
 
 
+@pytest.mark.parametrize(("kv_dtype", "torch_dtype"), [("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
+def test_vllm_fp8_cache_checked_through_vllms_conversion(state: Any, kv_dtype: str, torch_dtype: Any) -> None:
+    """An fp8 cache (uint8 bytes, the layer's _k_scale/_v_scale): a write converting as vLLM's op
+    does passes; one that skips the scale is caught."""
+    from kvprof.layouts.paged import convert_like_vllm
+
+    class TritonAttentionImpl:
+        scaled = True
+
+        def __init__(self) -> None:
+            self.head_size, self.kv_cache_dtype, self.attn_type = 16, kv_dtype, "decoder"
+
+        def do_kv_cache_update(self, layer: Any, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
+            k, v = kv_cache.transpose(1, 2).split(16, dim=-1)
+            s = slot_mapping
+            k_scale, v_scale = (layer._k_scale, layer._v_scale) if self.scaled else (None, None)
+            k[s // 4, s % 4] = convert_like_vllm(key, torch_dtype, k_scale)
+            v[s // 4, s % 4] = convert_like_vllm(value, torch_dtype, v_scale)
+
+    layer = Layer(3)
+    layer._k_scale, layer._v_scale = torch.tensor([0.37]), torch.tensor([1.7])  # type: ignore[attr-defined]
+    hook = plugin_mod._make_hook(TritonAttentionImpl, "do_kv_cache_update",
+                                 TritonAttentionImpl.__dict__["do_kv_cache_update"])
+    state.shadow = core.Shadow(1)
+    impl = TritonAttentionImpl()
+    cache = torch.zeros(6, 2, 4, 32, dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(3)
+    key, value = (torch.randn(5, 2, 16, generator=gen).bfloat16() * 3 for _ in range(2))
+    hook(impl, layer, key, value, cache, torch.randperm(24, generator=gen)[:5])
+    impl.scaled = False
+    hook(impl, layer, key, value, cache, torch.randperm(24, generator=gen)[:5])
+    rec = state.shadow.record()
+    assert (rec.checked, rec.mismatched, rec.skipped) == (2, 1, {})
+    assert [(m.layer, m.variant) for m in rec.first_mismatches] == [(3, "vllm_mha")]
+
+
 def test_cpu_backend_is_skipped_with_its_reason(state: Any) -> None:
     doc = _run(state, CPUAttentionBackendImpl, writes=3, every=1)["shadow"]
     assert doc["checked"] == 0 and doc["sampled"] == 3
@@ -210,3 +246,59 @@ def test_off_by_default(state: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVPROF_VLLM_SHADOW", raising=False)
     state.shadow_on()
     assert state.shadow.every == 0 and state.sidecar().shadow is None
+
+
+class VectorImpl:
+    """vLLM's write as two index writes on the device (no host read), or off by one slot."""
+
+    off = 0
+
+    def __init__(self, head_size: int) -> None:
+        self.head_size, self.kv_cache_dtype, self.attn_type = head_size, "auto", "decoder"
+
+    def do_kv_cache_update(self, layer: Any, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
+        k, v = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+        bs = k.shape[1]
+        s = (slot_mapping + self.off) % (k.shape[0] * bs)
+        k[s // bs, s % bs] = key
+        v[s // bs, s % bs] = value
+
+
+VectorImpl.__name__ = "TritonAttentionImpl"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("off", [0, 1])
+def test_gpu_check_reads_nothing_on_the_host_and_skips_a_capture(state: Any, off: int) -> None:
+    """On a GPU: the comparison of a sampled write runs on the device with no host sync (torch's
+    sync debug mode set to error around the writes); its counts are read when the sidecar is
+    written; a write inside a CUDA graph capture is skipped and counted, and the capture works."""
+    impl_cls = type("TritonAttentionImpl", (VectorImpl,), {"off": off})
+    hook = plugin_mod._make_hook(impl_cls, "do_kv_cache_update", VectorImpl.__dict__["do_kv_cache_update"])
+    dev = torch.device("cuda", torch.cuda.current_device())
+    impl = impl_cls(64)
+    cache = torch.zeros(32, 4, 16, 128, dtype=torch.bfloat16, device=dev)
+    key = torch.randn(8, 4, 64, device=dev).bfloat16()
+    value = torch.randn(8, 4, 64, device=dev).bfloat16()
+    slots = torch.randperm(512, device=dev)[:8]
+    state.shadow = core.Shadow(1)
+    hook(impl, Layer(0), key, value, cache, slots)  # the first write describes the cache (host reads)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(20):
+            hook(impl, Layer(1), key, value, cache, slots)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        hook(impl, Layer(0), key, value, cache, slots)
+    graph.replay()
+    torch.cuda.synchronize()
+    rec = state.sidecar().shadow
+    assert rec is not None and rec.skipped == {core.SKIP_CAPTURE: 1}
+    assert rec.checked == 21 and rec.rows_checked == 21 * 8
+    assert rec.mismatched == (21 if off else 0)

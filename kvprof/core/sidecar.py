@@ -226,7 +226,7 @@ def shadow_lines(sidecar: Sidecar) -> tuple[bool, list[str]]:
         return False, []
     who = f"{ENGINE_NAMES.get(sidecar.engine, sidecar.engine)} TP {sidecar.tp_rank} pid {sidecar.pid}"
     skipped = sum(sh.skipped.values())
-    head = (f"shadow check ({who}, every {sh.every}-th of {sh.writes:,} writes): {sh.checked:,} writes checked "
+    head = (f"shadow check ({who}, 1 write in {sh.every} of {sh.writes:,}): {sh.checked:,} writes checked "
             f"({sh.rows_checked:,} rows), {sh.mismatched:,} mismatched, {skipped:,} skipped")
     if sh.mismatched:
         lines = [f"{head}: KV ROWS DIFFER FROM THE WRITE'S INPUTS in {sh.mismatched:,} writes "

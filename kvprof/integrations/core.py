@@ -14,7 +14,9 @@ write entry points and wraps them; everything around the wrapped call is here:
 - ``PluginState``: what the process did, for the sidecar: paths counted (``<engine>:<variant>``,
   ``writer:<name>:<path>``, ``<engine>:fallback``), entry points (``write_paths``), fallbacks,
   writes without a layer, the device, the write ledger (``Ledger``), the named writer built once;
-  ``write_sidecar`` writes ``kvprof-<engine>.TP-<r>.pid-<p>.json`` atomically, never raising.
+  ``write_sidecar`` writes ``kvprof-<engine>.TP-<r>.pid-<p>.json`` atomically, never raising;
+- ``Shadow``: the sampled shadow check (``KVPROF_<ENGINE>_SHADOW=N``): every N-th write's rows
+  compared, right after it and on its device, with the inputs it was given (docs/verify.md).
 
 What an adapter provides is listed in docs/architecture.md ("Engine plugins").
 """
@@ -654,7 +656,9 @@ class Shadow:
         k_bad = (k_got.reshape(n, -1).view(torch.uint8) != k_want.reshape(n, -1).view(torch.uint8)).any(1)
         v_bad = (v_got.reshape(n, -1).view(torch.uint8) != v_want.reshape(n, -1).view(torch.uint8)).any(1)
         bad = (k_bad | v_bad) & valid
-        first = torch.where(bad.any(), slots[bad.to(torch.uint8).argmax()], torch.full_like(slots[:1][0], -1))
+        # the first wrong token's slot, -1 where none: gathered on the device (an index read on the host syncs)
+        first = torch.where(bad.any(), slots.gather(0, bad.to(torch.uint8).argmax().reshape(1)),
+                            torch.full_like(slots[:1], -1)).squeeze(0)
         counts = torch.stack([bad.sum(), first, valid.sum()])
         resolve = False
         with self.lock:

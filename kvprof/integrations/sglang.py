@@ -353,7 +353,8 @@ def shadow_snapshot(state: _State, pool: Any, routable: bool, variant: str, name
     if call.get("dcp_kv_mask") is not None:
         shadow.skip(f"{variant}: a DCP mask (rows written only where it says)")
         return None
-    k, v = call.get("cache_k"), call.get("cache_v")
+    k: Any = call.get("cache_k")
+    v: Any = call.get("cache_v")
     idx = layer_id - (getattr(pool, "start_layer", 0) or 0)
     if not hasattr(k, "clone") or not hasattr(v, "clone") or not hasattr(loc, "clone") or \
             not 0 <= idx < len(pool.k_buffer):
