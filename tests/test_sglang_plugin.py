@@ -416,7 +416,12 @@ def test_shadow_check_in_sglang_pool(server: ForkServer, tmp_path: Path, writer:
     assert main(["analyze", str(prof), "--out", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert f"{writes} writes checked ({rows} rows), {18 if planted else 0} mismatched" in printed
-    warnings = json.loads((out / "summary.json").read_text())["warnings"]
+    summary = json.loads((out / "summary.json").read_text())
+    from kvprof.report.write_kernels import shadow_cell  # the plugin table's column (dropped when narrow)
+
+    assert shadow_cell(summary["write_kernels"]["sidecars"][0]["shadow"]) == \
+        f"1 in 1: {writes} checked, {'18 WRONG' if planted else '0 wrong'}, 0 skipped"
+    warnings = summary["warnings"]
     assert any("KV ROWS DIFFER FROM THE WRITE'S INPUTS in 18 writes" in w for w in warnings) is planted
 
 

@@ -240,6 +240,10 @@ def test_analyze_says_a_mismatch_loudly(state: Any, tmp_path: Path, capsys: pyte
 
     render_shadow([json.loads(path.read_text())], make_console())
     assert "KV ROWS DIFFER" in " ".join(capsys.readouterr().out.split())
+    from kvprof.report.write_kernels import shadow_cell
+
+    assert shadow_cell(json.loads(path.read_text())["shadow"]) == "1 in 1: 2 checked, 2 WRONG, 0 skipped"
+    assert shadow_cell(None) == "off"
 
 
 def test_off_by_default(state: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -76,6 +76,7 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
     engines = sorted({ENGINE_NAMES.get(str(s.get("engine") or "sglang"), str(s.get("engine"))) for s in rows})
     cols = [FitCol("TP rank"), FitCol("pid", drop=2), FitCol("writer", "left"),
             *(FitCol(k, wrap=True, min_wrap=8) for k in SIDECAR_WRITE_PATHS),
+            FitCol("shadow check", "left", wrap=True, min_wrap=8, drop=3),
             FitCol("paths", "left", wrap=True, drop=1)]
     body = []
     for s in sorted(rows, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
@@ -83,9 +84,20 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
         body.append([s.get("tp_rank"), s.get("pid"), s.get("writer") or
                      f"{ENGINE_NAMES.get(str(s.get('engine') or 'sglang'), str(s.get('engine')))}'s own",
                      *(counts.get(k, 0) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
+                     shadow_cell(s.get("shadow")),
                      ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items())])
     print_table(console, *fit_table(f"{' and '.join(engines)} plugin: KV writes by path (counted in Python; "
                                     "graph replays are not)", cols, body, console.width))
+
+
+def shadow_cell(shadow: Any) -> str:
+    """The shadow check's counts in the plugin table: off, or checked / WRONG / skipped."""
+    if not isinstance(shadow, dict):
+        return "off"
+    wrong = shadow.get("mismatched") or 0
+    skipped = sum(v for v in (shadow.get("skipped") or {}).values() if isinstance(v, int))
+    return (f"1 in {shadow.get('every')}: {shadow.get('checked') or 0} checked, "
+            + (f"{wrong} WRONG" if wrong else "0 wrong") + f", {skipped} skipped")
 
 
 def ledger_lines(sidecar: dict[str, Any]) -> tuple[list[tuple[str, int, int, int]], list[str]]:
