@@ -261,10 +261,11 @@ def decode_sidecar(raw: bytes, name: str) -> Sidecar:
     if not doc.schema.startswith(SIDECAR_SCHEMA_PREFIXES):
         raise TraceError(f"{name}: not a kvprof engine sidecar (schema {doc.schema[:80]!r}, expected "
                          f"{SIDECAR_SCHEMA_PREFIX}...)")
-    fell_back = doc.paths.get(PLUGIN_FALLBACK, 0)
+    key = f"{doc.engine}:fallback"  # each engine's plugin counts its own (vLLM's: vllm:fallback)
+    fell_back = doc.paths.get(key, 0)
     if sum(doc.fallbacks.values()) > fell_back:
         raise TraceError(f"{name}: malformed kvprof engine sidecar ({sum(doc.fallbacks.values()):,} fallbacks by "
-                         f"reason, but {PLUGIN_FALLBACK} counts {fell_back:,})")
+                         f"reason, but {key} counts {fell_back:,})")
     return msgspec.structs.replace(doc, file=name)
 
 
