@@ -385,6 +385,21 @@ def test_plugin_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str |
     assert sorted(writes.loc[writes["variant"] == variant, "layer"].unique().tolist()) == [0, 1, 2]
 
 
+# SGLang's canary reporter (sglang.srt.kv_canary.runner.violation_reporter, log mode) reporting one
+# violation as its verify kernel leaves it in the ring: what the plugin's canary hook reads
+CANARY = r'''
+from types import SimpleNamespace
+from sglang.kernels.ops.kv_canary.consts import FailReason
+from sglang.srt.kv_canary.config import CanaryMode
+from sglang.srt.kv_canary.runner.violation_reporter import ViolationReporter
+ring = torch.zeros(1024, 8, dtype=torch.int64)
+ring[0] = torch.tensor([2, 17, 5, 11, 12, 0, 0, int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)])
+log = SimpleNamespace(violation_log=SimpleNamespace(violation_write_index=torch.tensor([1]), violation_ring=ring))
+ViolationReporter(config=SimpleNamespace(mode=CanaryMode.LOG), device_state=log).log_or_raise_violation(
+    outer_step_counter=3)
+'''
+
+
 @pytest.mark.parametrize("writer", [None, "triton_fused", "verify_plants:off_by_one"])
 def test_shadow_check_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str | None,
                                      capsys: pytest.CaptureFixture[str]):
@@ -392,8 +407,9 @@ def test_shadow_check_in_sglang_pool(server: ForkServer, tmp_path: Path, writer:
     rows): every write's rows compared with its inputs. SGLang's own write and kvprof's
     triton_fused pass; verify's plant ``off_by_one`` (rows at slot + 1) named as
     KVPROF_SGLANG_WRITER is caught on every write it takes, and analyze says so in red and in its
-    warnings. The float64 call a writer cannot take is SGLang's, and checked as SGLang's."""
-    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n" + SCENARIO  # verify_plants
+    warnings. The float64 call a writer cannot take is SGLang's, and checked as SGLang's. SGLang's own
+    canary reporter, run in the same process over one violation, has it read into the sidecar."""
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n" + SCENARIO + CANARY  # verify_plants
     result, prof = _scenario(server, tmp_path, writer, code, {"KVPROF_SGLANG_SHADOW": "1"})
     assert result["hooked"] and result["written"]
     (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
@@ -423,6 +439,9 @@ def test_shadow_check_in_sglang_pool(server: ForkServer, tmp_path: Path, writer:
         f"1 in 1: {writes} checked, {'18 WRONG' if planted else '0 wrong'}, 0 skipped"
     warnings = summary["warnings"]
     assert any("KV ROWS DIFFER FROM THE WRITE'S INPUTS in 18 writes" in w for w in warnings) is planted
+    # SGLang's own canary, its reporter in log mode over one violation: read through the plugin's hook
+    assert side["canary"]["violations"] == 1 and "slot_idx=17" in side["canary"]["first"][0]
+    assert any("SGLang's KV canary" in w and "1 VIOLATIONS" in w for w in warnings)
 
 
 @pytest.mark.parametrize("writer", [None, "rope_triton_fused"])

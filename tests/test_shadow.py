@@ -306,3 +306,47 @@ def test_gpu_check_reads_nothing_on_the_host_and_skips_a_capture(state: Any, off
     assert rec is not None and rec.skipped == {core.SKIP_CAPTURE: 1}
     assert rec.checked == 21 and rec.rows_checked == 21 * 8
     assert rec.mismatched == (21 if off else 0)
+
+
+def test_sglangs_canary_violations_read_into_the_sidecar(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang's own KV canary reporter (its real ViolationReporter in log mode, over a violation ring
+    of two rows as its verify kernel leaves them): each violation it logs is counted in the SGLang
+    plugin's sidecar, by fail reason, its line kept; analyze says it in red and among its warnings."""
+    reporter_mod = pytest.importorskip("sglang.srt.kv_canary.runner.violation_reporter")
+    from types import SimpleNamespace
+
+    from sglang.kernels.ops.kv_canary.consts import FailReason
+    from sglang.srt.kv_canary.config import CanaryMode
+
+    from kvprof.integrations import sglang as sg
+
+    monkeypatch.setenv("KVPROF_SGLANG_DIR", str(tmp_path))
+    fresh = sg._State()
+    monkeypatch.setattr(sg, "STATE", fresh)
+    monkeypatch.setattr(sg, "_ranks", lambda: (0, 0, 1))
+    monkeypatch.setattr(reporter_mod, sg.CANARY_FUNCTION, getattr(reporter_mod, sg.CANARY_FUNCTION))  # restored after
+    assert sg.hook_canary(reporter_mod) and sg.hook_canary(reporter_mod)  # once
+    fresh.pools[1] = {"class": "MHATokenToKVPool"}  # a process that wrote: it leaves a sidecar
+    ring = torch.zeros(1024, 8, dtype=torch.int64)
+    ring[0] = torch.tensor([2, 17, 5, 11, 12, 0, 0, int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)])
+    ring[1] = torch.tensor([0, 40, 9, 3, 3, 0, 0, int(FailReason.WRITE_TOKEN_MISMATCH)])
+    state = SimpleNamespace(violation_log=SimpleNamespace(violation_write_index=torch.tensor([2]),
+                                                          violation_ring=ring))
+    reporter = reporter_mod.ViolationReporter(config=SimpleNamespace(mode=CanaryMode.LOG), device_state=state)
+    reporter.log_or_raise_violation(outer_step_counter=7)
+    side = fresh.write_sidecar()
+    assert side is not None
+    canary = json.loads(side.read_text())["canary"]
+    assert canary["violations"] == 2 and canary["total"] == 2
+    assert canary["by_reason"] == {"verify_chain_hash": 1, "write_token": 1}
+    assert "slot_idx=17" in canary["first"][0] and "slot_idx=40" in canary["first"][1]
+    from kvprof.core.sidecar import canary_lines
+
+    lines = canary_lines(decode_sidecar(side.read_bytes(), side.name))
+    assert "2 VIOLATIONS reported" in lines[0]
+    from kvprof.report.console import make_console
+    from kvprof.report.write_kernels import render_shadow
+
+    render_shadow([json.loads(side.read_text())], make_console())
+    assert "2 VIOLATIONS" in " ".join(capsys.readouterr().out.split())

@@ -186,6 +186,17 @@ class SidecarShadow(msgspec.Struct, kw_only=True):
     first_mismatches: list[ShadowMismatch] = []
 
 
+class SidecarCanary(msgspec.Struct, kw_only=True):
+    """SGLang's own KV canary (``--kv-canary log|raise``) as the plugin read it: the violations
+    SGLang reported in this process (each one line of SGLang's, ``kv_canary violation: ...``),
+    counted by fail reason, the first few kept; ``total``: SGLang's own count (its ring may overflow)."""
+
+    violations: Count = 0
+    total: Count = 0
+    by_reason: dict[Name, Count] = {}
+    first: list[Text] = []
+
+
 class Sidecar(msgspec.Struct, kw_only=True):
     """One engine process's record of its KV writes (see docs/engines.md, "The sidecar")."""
 
@@ -212,6 +223,7 @@ class Sidecar(msgspec.Struct, kw_only=True):
     graph_hook: Text | None = None  # where the plugin noted graph captures, or why it could not
     ledger: SidecarLedger | None = None  # None: a plugin that kept no ledger
     shadow: SidecarShadow | None = None  # None: the shadow check was off
+    canary: SidecarCanary | None = None  # None: SGLang's canary reported nothing (or is not hooked)
     file: Name | None = None  # the file's name, set by read_sidecar (not written by the plugin)
 
     def to_json(self) -> dict[str, object]:
@@ -236,6 +248,17 @@ def shadow_lines(sidecar: Sidecar) -> tuple[bool, list[str]]:
         lines = [head + ("" if sh.checked else ": nothing was compared, so nothing is shown right")]
     lines += [f"  skipped {n:,}: {reason}" for reason, n in sorted(sh.skipped.items(), key=lambda x: -x[1])]
     return bool(sh.mismatched), lines
+
+
+def canary_lines(sidecar: Sidecar) -> list[str]:
+    """SGLang's canary violations as the plugin read them (none: no lines)."""
+    c = sidecar.canary
+    if c is None or not c.violations:
+        return []
+    who = f"{ENGINE_NAMES.get(sidecar.engine, sidecar.engine)} TP {sidecar.tp_rank} pid {sidecar.pid}"
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(c.by_reason.items()))
+    return [f"SGLang's KV canary ({who}): {c.violations:,} VIOLATIONS reported (SGLang's count {c.total:,}; "
+            f"{reasons})", *(f"  {line}" for line in c.first)]
 
 
 def encode_sidecar(sidecar: Sidecar) -> bytes:

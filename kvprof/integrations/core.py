@@ -507,8 +507,12 @@ class PluginState:
             paths=dict(self.paths), write_paths=dict(self.write_paths),
             fallbacks=dict(self.fallbacks), unattributed=dict(self.unattributed), device=self.device,
             graphs=graphs, graphs_without_writes=empty, graph_hook=record.hook, ledger=self.ledger.record(),
-            shadow=self.shadow.record() if self.shadow.every else None,
+            shadow=self.shadow.record() if self.shadow.every else None, canary=self.canary_record(),
         )
+
+    def canary_record(self) -> Any:
+        """The engine's own canary's violations (``SidecarCanary``), where its adapter reads them."""
+        return None
 
     def shadow_on(self) -> None:
         """The shadow check from ``KVPROF_<ENGINE>_SHADOW`` (a refused value is logged, check off)."""

@@ -203,6 +203,8 @@ def plugin() -> None:
             continue
         HookRegistry.register(f"{mod_name}.{cls_name}.{method}", make(), HookType.AROUND)
         hooked.append(f"{cls_name}.{method}")
+    if hook_canary():
+        hooked.append(f"{CANARY_MODULE}.{CANARY_FUNCTION}")
     state.hooked = hooked
     if hooked:
         log.info("kvprof: KV-write ranges on %s%s", ", ".join(hooked),
@@ -382,6 +384,69 @@ def shadow_check(state: _State, pool: Any, snap: tuple[Any, ...], variant: str, 
         state.shadow.compare(layer_id, variant, slots, k_buf[safe], v_buf[safe], k_want, v_want, valid)
     except Exception as exc:  # noqa: BLE001 - the check never stops the engine
         state.shadow.skip(f"{variant}: comparison failed ({_line(exc)})")
+
+
+# SGLang's KV canary (--kv-canary log|raise): every violation it reports, logged or raised, is
+# formatted by this function of its reporter (looked up at call time), one call per violation
+CANARY_MODULE = "sglang.srt.kv_canary.runner.violation_reporter"
+CANARY_FUNCTION = "_format_violation"
+CANARY_FIRST = 8
+
+
+class Canary:
+    """SGLang's canary violations, as its reporter formatted them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.violations = 0
+        self.total = 0
+        self.by_reason: dict[str, int] = {}
+        self.first: list[str] = []
+
+    def note(self, message: str, total: Any) -> bool:
+        """One violation (SGLang's message); True for the first (the sidecar is written then)."""
+        lines = str(message).splitlines()
+        line = next((x for x in lines if x.startswith("kv_canary violation:")), lines[0] if lines else "")
+        reason = next((w.split("=", 1)[1] for w in line.split() if w.startswith("fail_reason=")), "unknown")
+        with self.lock:
+            self.violations += 1
+            self.total = max(self.total, int(total) if isinstance(total, int) else 0)
+            self.by_reason[reason[:200]] = self.by_reason.get(reason[:200], 0) + 1
+            if len(self.first) < CANARY_FIRST:
+                self.first.append(line[:2000])
+            return self.violations == 1
+
+
+def hook_canary(module: Any = None) -> bool:
+    """Wrap SGLang's canary reporter's formatter (``CANARY_MODULE.CANARY_FUNCTION``) so each violation
+    it reports is counted in the sidecar too; False (logged) where this SGLang has none."""
+    import importlib
+
+    try:
+        mod = module or importlib.import_module(CANARY_MODULE)
+    except Exception as exc:  # noqa: BLE001 - an SGLang without the canary
+        log.info("kvprof: SGLang's KV canary not read (%s)", _line(exc))
+        return False
+    fmt = getattr(mod, CANARY_FUNCTION, None)
+    if not callable(fmt):
+        log.info("kvprof: SGLang's KV canary not read (no %s.%s)", CANARY_MODULE, CANARY_FUNCTION)
+        return False
+    if getattr(fmt, "_kvprof_canary_hook", False):
+        return True
+
+    def format_violation(*args: Any, **kwargs: Any) -> Any:
+        message = fmt(*args, **kwargs)
+        try:
+            if STATE.canary.note(message, kwargs.get("total")):
+                STATE.write_sidecar()
+        except Exception as exc:  # noqa: BLE001 - SGLang's report goes on whatever kvprof does
+            log.debug("kvprof: canary violation not counted (%s)", _line(exc))
+        return message
+
+    format_violation._kvprof_canary_hook = True  # type: ignore[attr-defined]
+    format_violation.__wrapped__ = fmt  # type: ignore[attr-defined]
+    setattr(mod, CANARY_FUNCTION, format_violation)
+    return True
 
 
 def _method_problem(mod_name: str, cls_name: str, method: str) -> str | None:
@@ -843,6 +908,17 @@ class _State(core.PluginState):
         super().__init__(SGLANG)
         self.routes: dict[int, _Route | None] = {}
         self.rope_routes: dict[int, tuple[Any, _RopeRoute | None]] = {}
+        self.canary = Canary()
+
+    def canary_record(self) -> Any:
+        from kvprof.core.sidecar import SidecarCanary
+
+        c = self.canary
+        with c.lock:
+            if not c.violations:
+                return None
+            return SidecarCanary(violations=c.violations, total=c.total, by_reason=dict(c.by_reason),
+                                 first=list(c.first))
 
     def graphs(self) -> core.Graphs:
         return GRAPHS

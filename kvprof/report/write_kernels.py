@@ -151,19 +151,24 @@ def render_ledgers(sidecars: list[dict[str, Any]], console: Any) -> None:
 
 
 def render_shadow(sidecars: list[dict[str, Any]], console: Any) -> None:
-    """Per engine process whose plugin ran the shadow check: its counts, a mismatch in red."""
+    """Per engine process whose plugin ran the shadow check: its counts, a mismatch in red; and the
+    violations SGLang's own KV canary reported, in red."""
     import msgspec
 
-    from kvprof.core.sidecar import Sidecar, shadow_lines
+    from kvprof.core.sidecar import Sidecar, canary_lines, shadow_lines
 
     for s in sorted(sidecars, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
-        if not s.get("shadow"):
+        if not s.get("shadow") and not s.get("canary"):
             continue
         try:
             doc = msgspec.convert(s, Sidecar)
         except msgspec.ValidationError as exc:  # a tampered summary: said, not raised
             console.print(f"shadow check: not readable ({markup(' '.join(str(exc).split())[:200])})")
             continue
+        canary = canary_lines(doc)
+        for i, line in enumerate(canary):
+            console.print(f"[bold red]{markup(line)}[/bold red]" if i == 0 else printable(line),
+                          markup=i == 0, highlight=False, soft_wrap=True)
         wrong, lines = shadow_lines(doc)
         for i, line in enumerate(lines):
             if wrong and i == 0:
