@@ -300,8 +300,10 @@ def test_gpu_check_reads_nothing_on_the_host_and_skips_a_capture(state: Any, off
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.cuda.graph(graph):
         hook(impl, Layer(0), key, value, cache, slots)
+        seen_capturing = core.Shadow(1).capturing("cuda")  # SGLang's pool.device is a string
     graph.replay()
     torch.cuda.synchronize()
+    assert seen_capturing
     rec = state.sidecar().shadow
     assert rec is not None and rec.skipped == {core.SKIP_CAPTURE: 1}
     assert rec.checked == 21 and rec.rows_checked == 21 * 8

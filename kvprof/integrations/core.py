@@ -640,7 +640,8 @@ class Shadow:
         """Whether this thread is capturing a CUDA graph (kvprof's record, or torch's own probe)."""
         if GRAPHS.capturing():
             return True
-        if getattr(device, "type", None) != "cuda":
+        kind = getattr(device, "type", None) or str(device or "").split(":", 1)[0]  # SGLang's pool.device: "cuda"
+        if kind != "cuda":
             return False
         import torch
 
