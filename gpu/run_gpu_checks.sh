@@ -3,7 +3,7 @@
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
 # Steps (default: env capture bench tests): env smoke tests capture settings layer layer-order bench rope
-# rope-bench peers verify writer-checks, and the lab probes (lab/README.md) tune floor ablation facts.
+# rope-bench peers verify shadow writer-checks, and the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -229,6 +229,13 @@ PY
       > "$OUT/verify-pdl.json" 2> "$OUT/verify-pdl.txt"
     echo "verify --pdl: exit $?" | tee -a "$OUT/verify-pdl.txt"
     cat "$OUT/verify-pdl.txt"
+    ;;
+  shadow)
+    stamp shadow
+    # the engine plugins' shadow check on the GPU: its tests (no host sync at the write, a capture
+    # skipped) and its cost per eager hooked write at N = 100, 10, 1 (benchmarks/bench_shadow.py)
+    { TRITON_INTERPRET=0 timeout ${SHADOW_TIMEOUT:-150} python3 -m pytest tests/test_shadow.py -m gpu -q -p no:cacheprovider
+      timeout ${SHADOW_TIMEOUT:-150} python3 benchmarks/bench_shadow.py --device cuda; } 2>&1 | tee "$OUT/shadow.txt"
     ;;
   writer-checks)
     stamp writer-checks

@@ -90,8 +90,11 @@ def test_kvprof_prefix_is_not_blanket_allowed() -> None:
     assert env == {"KVPROF_NSYS": "/x/nsys"}
     assert set(envsafe.KVPROF_VARIABLES) == {"KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
                                              "KVPROF_SGL_CUBIN", "KVPROF_SGLANG", "KVPROF_SGLANG_WRITER",
-                                             "KVPROF_SGLANG_DIR", "KVPROF_VLLM", "KVPROF_VLLM_WRITER",
-                                             "KVPROF_VLLM_DIR"}
+                                             "KVPROF_SGLANG_DIR", "KVPROF_SGLANG_SHADOW", "KVPROF_VLLM",
+                                             "KVPROF_VLLM_WRITER", "KVPROF_VLLM_DIR", "KVPROF_VLLM_SHADOW"}
+    # each engine's variables pass to the processes kvprof starts, its shadow check's included
+    assert child_environment({"KVPROF_SGLANG_SHADOW": "100", "KVPROF_VLLM_SHADOW": "10"}) == \
+        {"KVPROF_SGLANG_SHADOW": "100", "KVPROF_VLLM_SHADOW": "10"}
 
 
 def test_multicast_switches_always_pass_when_set() -> None:

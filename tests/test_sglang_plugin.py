@@ -310,14 +310,17 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         forks.close()
 
 
-def _scenario(server: ForkServer, tmp_path: Path, writer: str | None, code: str = SCENARIO) -> tuple[dict, Path]:
+def _scenario(server: ForkServer, tmp_path: Path, writer: str | None, code: str = SCENARIO,
+              extra: dict[str, str] | None = None) -> tuple[dict, Path]:
     prof = tmp_path / "sglang_profile"
     prof.mkdir()
     script = tmp_path / "scenario.py"
     script.write_text(code)
     env = {**os.environ, "KVPROF_SGLANG": "1", "SGLANG_PLUGINS": "kvprof", "KVPROF_SGLANG_DIR": str(prof),
-           **SERVER_ENV}
+           **SERVER_ENV, **(extra or {})}
     env.pop("KVPROF_SGLANG_WRITER", None)
+    if not extra or "KVPROF_SGLANG_SHADOW" not in extra:
+        env.pop("KVPROF_SGLANG_SHADOW", None)
     if writer:
         env["KVPROF_SGLANG_WRITER"] = writer
     returncode, output = server.run(script, [str(prof)], env, tmp_path / "scenario.log")
@@ -380,6 +383,65 @@ def test_plugin_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str |
     writes = pd.read_parquet(out / "writes.parquet")
     assert (writes["variant"] == variant).sum() == 18
     assert sorted(writes.loc[writes["variant"] == variant, "layer"].unique().tolist()) == [0, 1, 2]
+
+
+# SGLang's canary reporter (sglang.srt.kv_canary.runner.violation_reporter, log mode) reporting one
+# violation as its verify kernel leaves it in the ring: what the plugin's canary hook reads
+CANARY = r'''
+from types import SimpleNamespace
+from sglang.kernels.ops.kv_canary.consts import FailReason
+from sglang.srt.kv_canary.config import CanaryMode
+from sglang.srt.kv_canary.runner.violation_reporter import ViolationReporter
+ring = torch.zeros(1024, 8, dtype=torch.int64)
+ring[0] = torch.tensor([2, 17, 5, 11, 12, 0, 0, int(FailReason.VERIFY_CHAIN_HASH_MISMATCH)])
+log = SimpleNamespace(violation_log=SimpleNamespace(violation_write_index=torch.tensor([1]), violation_ring=ring))
+ViolationReporter(config=SimpleNamespace(mode=CanaryMode.LOG), device_state=log).log_or_raise_violation(
+    outer_step_counter=3)
+'''
+
+
+@pytest.mark.parametrize("writer", [None, "triton_fused", "planted_writers:off_by_one"])
+def test_shadow_check_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str | None,
+                                     capsys: pytest.CaptureFixture[str]):
+    """KVPROF_SGLANG_SHADOW=1 on SGLang's real MHATokenToKVPool (bf16, and fp8 with scale 2 from bf16
+    rows): every write's rows compared with its inputs. SGLang's own write and kvprof's
+    triton_fused pass; verify's plant ``off_by_one`` (rows at slot + 1) named as
+    KVPROF_SGLANG_WRITER is caught on every write it takes, and analyze says so in red and in its
+    warnings. The float64 call a writer cannot take is SGLang's, and checked as SGLang's. SGLang's own
+    canary reporter, run in the same process over one violation, has it read into the sidecar."""
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n" + SCENARIO + CANARY  # verify_plants
+    result, prof = _scenario(server, tmp_path, writer, code, {"KVPROF_SGLANG_SHADOW": "1"})
+    assert result["hooked"] and result["written"]
+    (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
+    side = json.loads(sidecar.read_text())
+    shadow = side["shadow"]
+    writes = 18 + (1 if writer else 0)
+    rows = 2 * 3 * (1 + 4 + 7) + (3 if writer else 0)  # 2 pools x 3 layers x the steps' tokens, + the float64 call
+    assert (shadow["every"], shadow["writes"], shadow["sampled"], shadow["checked"]) == (1, writes, writes, writes)
+    assert shadow["rows_checked"] == rows and shadow["skipped"] == {}
+    planted = writer == "planted_writers:off_by_one"
+    assert result["same"] is not planted
+    if planted:
+        assert side["paths"]["writer:off_by_one:planted"] == 18
+        assert shadow["mismatched"] == 18 and shadow["rows_mismatched"] == rows - 3
+        assert {m["variant"] for m in shadow["first_mismatches"]} == {"off_by_one"}
+        assert {m["layer"] for m in shadow["first_mismatches"]} <= {0, 1, 2}
+    else:
+        assert shadow["mismatched"] == 0 and shadow["first_mismatches"] == []
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(prof), "--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"{writes} writes checked ({rows} rows), {18 if planted else 0} mismatched" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    from kvprof.report.write_kernels import shadow_cell  # the plugin table's column (dropped when narrow)
+
+    assert shadow_cell(summary["write_kernels"]["sidecars"][0]["shadow"]) == \
+        f"1 in 1: {writes} checked, {'18 WRONG' if planted else '0 wrong'}, 0 skipped"
+    warnings = summary["warnings"]
+    assert any("KV ROWS DIFFER FROM THE WRITE'S INPUTS in 18 writes" in w for w in warnings) is planted
+    # SGLang's own canary, its reporter in log mode over one violation: read through the plugin's hook
+    assert side["canary"]["violations"] == 1 and "slot_idx=17" in side["canary"]["first"][0]
+    assert any("SGLang's KV canary" in w and "1 VIOLATIONS" in w for w in warnings)
 
 
 @pytest.mark.parametrize("writer", [None, "rope_triton_fused"])

@@ -196,3 +196,17 @@ def test_the_h200_samples_verdicts() -> None:
     torch_run = kv.analyze(kv.open_run(SAMPLE / "torch-sglang"), write_kernels=True).summary
     assert (torch_run.device["peak_bandwidth_gbs"], torch_run.device["peak_bandwidth_source"]) == (4800.0,
                                                                                                    "spec table")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_fallbacks_are_held_to_their_own_engines_count(engine: str) -> None:
+    """A vLLM sidecar's fallbacks are counted under vllm:fallback: read, not refused as if they had
+    to be SGLang's; more fallbacks by reason than the engine's count is still refused."""
+    doc = Sidecar(schema=SIDECAR_SCHEMA, engine=engine, writer="paged_triton",
+                  paths={f"{engine}:fallback": 8, f"{engine}:x": 8}, fallbacks={"its blocks are packed": 8})
+    assert decode_sidecar(encode_sidecar(doc), "s.json").fallbacks == {"its blocks are packed": 8}
+    other = "vllm" if engine == "sglang" else "sglang"
+    bad = Sidecar(schema=SIDECAR_SCHEMA, engine=engine, writer="w", paths={f"{other}:fallback": 8},
+                  fallbacks={"r": 8})
+    with pytest.raises(TraceError, match=f"8 fallbacks by reason, but {engine}:fallback counts 0"):
+        decode_sidecar(encode_sidecar(bad), "s.json")

@@ -49,7 +49,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     prof = out / "prof"
     prof.mkdir()
     env = {**os.environ, "KVPROF_VLLM": "1", "KVPROF_VLLM_DIR": str(prof), "VLLM_PLUGINS": "kvprof",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "TRITON_INTERPRET": "1"}
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "TRITON_INTERPRET": "1",
+           "KVPROF_VLLM_SHADOW": "1"}
     env.pop("KVPROF_VLLM_WRITER", None)
     assert PYTHON is not None
     # subprocess.run kills the child when the timeout passes
@@ -97,6 +98,20 @@ def test_analyze_attributes_every_write(run: tuple[dict, Path], tmp_path: Path,
     mine = writes[writes["variant"] == "vllm_mha"]
     assert len(mine) == LAYERS * FORWARDS
     assert sorted(mine["layer"].unique().tolist()) == list(range(LAYERS))
+
+
+def test_shadow_check_skips_the_cpu_backend_with_its_reason(run: tuple[dict, Path]) -> None:
+    """KVPROF_VLLM_SHADOW=1 in vLLM itself: every write is sampled, and on the CPU backend (blocks
+    packed per instruction set, no rows to read back) each is skipped with that reason, none
+    compared, none silently dropped."""
+    _, prof = run
+    (sidecar,) = prof.glob("kvprof-vllm.TP-0.pid-*.json")
+    shadow = json.loads(sidecar.read_text())["shadow"]
+    writes = 2 * LAYERS * FORWARDS  # both generations
+    assert (shadow["every"], shadow["writes"], shadow["sampled"], shadow["checked"]) == (1, writes, writes, 0)
+    (reason,) = shadow["skipped"]
+    assert "CPUAttentionBackendImpl" in reason and "packs each block" in reason
+    assert shadow["skipped"][reason] == writes
 
 
 def test_cpu_backend_writes_stay_vllms_with_the_reason(run: tuple[dict, Path]) -> None:

@@ -26,7 +26,7 @@ from kvprof.analysis.writes import (
 )
 from kvprof.core.devices import CAPTURE_METADATA, SPEC_TABLE, spec_peak_gbs
 from kvprof.core.numbers import finite_or_none
-from kvprof.core.sidecar import plugin_paths
+from kvprof.core.sidecar import canary_lines, plugin_paths, shadow_lines
 from kvprof.core.summary import SUMMARY_SCHEMA, Summary, VariantVerdict
 from kvprof.core.timings import CONTROLS
 from kvprof.core.variants import BASELINE as DEFAULT_BASELINE
@@ -199,6 +199,11 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     sources = trusted_sources(sorted(set(groups["source"].dropna().astype(str))) if len(groups) else [], observer)
     layer_groups = group_metrics(writes, steps, by_layer=True)
     variants = _verdicts(loaded, writes, warnings)
+    for sc in loaded.sidecars:  # a shadow check that found a wrong row is a warning of its own
+        wrong, lines = shadow_lines(sc)
+        if wrong:
+            warnings.append(lines[0])
+        warnings.extend(canary_lines(sc)[:1])  # and SGLang's own canary that reported a violation
     pdl = {name: v.pdl_launch for name, v in variants.items()}
     for table in (groups, layer_groups):
         if len(table):

@@ -160,6 +160,43 @@ class SidecarLedger(msgspec.Struct, kw_only=True):
     unseen_paths: dict[str, Count] = {}
 
 
+class ShadowMismatch(msgspec.Struct, kw_only=True):
+    """A sampled write whose rows the shadow check found different from its inputs."""
+
+    layer: Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)]  # -1: a write whose layer could not be named
+    variant: Name
+    slot: Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)]  # the first token's slot whose row differs
+    rows: Count  # the write's tokens whose row differs
+
+
+class SidecarShadow(msgspec.Struct, kw_only=True):
+    """The plugin's sampled shadow check (``KVPROF_<ENGINE>_SHADOW=N``): of ``writes`` hooked writes,
+    every ``every``-th (``sampled``) had its rows compared, right after it, with the inputs it was
+    given: ``checked`` compared, ``mismatched`` with a row that differs (the first few named),
+    ``skipped`` by reason (a write it cannot check, a CUDA graph capture)."""
+
+    every: Count
+    writes: Count = 0
+    sampled: Count = 0
+    checked: Count = 0
+    mismatched: Count = 0
+    rows_checked: Count = 0
+    rows_mismatched: Count = 0
+    skipped: dict[Text, Count] = {}
+    first_mismatches: list[ShadowMismatch] = []
+
+
+class SidecarCanary(msgspec.Struct, kw_only=True):
+    """SGLang's own KV canary (``--kv-canary log|raise``) as the plugin read it: the violations
+    SGLang reported in this process (each one line of SGLang's, ``kv_canary violation: ...``),
+    counted by fail reason, the first few kept; ``total``: SGLang's own count (its ring may overflow)."""
+
+    violations: Count = 0
+    total: Count = 0
+    by_reason: dict[Name, Count] = {}
+    first: list[Text] = []
+
+
 class Sidecar(msgspec.Struct, kw_only=True):
     """One engine process's record of its KV writes (see docs/engines.md, "The sidecar")."""
 
@@ -185,11 +222,43 @@ class Sidecar(msgspec.Struct, kw_only=True):
     graphs_without_writes: Count = 0
     graph_hook: Text | None = None  # where the plugin noted graph captures, or why it could not
     ledger: SidecarLedger | None = None  # None: a plugin that kept no ledger
+    shadow: SidecarShadow | None = None  # None: the shadow check was off
+    canary: SidecarCanary | None = None  # None: SGLang's canary reported nothing (or is not hooked)
     file: Name | None = None  # the file's name, set by read_sidecar (not written by the plugin)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = msgspec.to_builtins(self)
         return out
+
+
+def shadow_lines(sidecar: Sidecar) -> tuple[bool, list[str]]:
+    """(a row mismatched, the lines that say so) for one sidecar's shadow check; no lines where it was off."""
+    sh = sidecar.shadow
+    if sh is None:
+        return False, []
+    who = f"{ENGINE_NAMES.get(sidecar.engine, sidecar.engine)} TP {sidecar.tp_rank} pid {sidecar.pid}"
+    skipped = sum(sh.skipped.values())
+    head = (f"shadow check ({who}, 1 write in {sh.every} of {sh.writes:,}): {sh.checked:,} writes checked "
+            f"({sh.rows_checked:,} rows), {sh.mismatched:,} mismatched, {skipped:,} skipped")
+    if sh.mismatched:
+        lines = [f"{head}: KV ROWS DIFFER FROM THE WRITE'S INPUTS in {sh.mismatched:,} writes "
+                 f"({sh.rows_mismatched:,} rows); first: " +
+                 "; ".join(f"{m.variant} L{m.layer} slot {m.slot} ({m.rows} rows)" for m in sh.first_mismatches)]
+    else:
+        lines = [head + ("" if sh.checked else ": nothing was compared, so nothing is shown right")]
+    lines += [f"  skipped {n:,}: {reason}" for reason, n in sorted(sh.skipped.items(), key=lambda x: -x[1])]
+    return bool(sh.mismatched), lines
+
+
+def canary_lines(sidecar: Sidecar) -> list[str]:
+    """SGLang's canary violations as the plugin read them (none: no lines)."""
+    c = sidecar.canary
+    if c is None or not c.violations:
+        return []
+    who = f"{ENGINE_NAMES.get(sidecar.engine, sidecar.engine)} TP {sidecar.tp_rank} pid {sidecar.pid}"
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(c.by_reason.items()))
+    return [f"SGLang's KV canary ({who}): {c.violations:,} VIOLATIONS reported (SGLang's count {c.total:,}; "
+            f"{reasons})", *(f"  {line}" for line in c.first)]
 
 
 def encode_sidecar(sidecar: Sidecar) -> bytes:
@@ -215,7 +284,7 @@ def decode_sidecar(raw: bytes, name: str) -> Sidecar:
     if not doc.schema.startswith(SIDECAR_SCHEMA_PREFIXES):
         raise TraceError(f"{name}: not a kvprof engine sidecar (schema {doc.schema[:80]!r}, expected "
                          f"{SIDECAR_SCHEMA_PREFIX}...)")
-    key = f"{doc.engine}:fallback"  # the engine's fallback path (PLUGIN_FALLBACK for SGLang's)
+    key = f"{doc.engine}:fallback"  # each engine's plugin counts its own (vLLM's: vllm:fallback)
     fell_back = doc.paths.get(key, 0)
     if sum(doc.fallbacks.values()) > fell_back:
         raise TraceError(f"{name}: malformed kvprof engine sidecar ({sum(doc.fallbacks.values()):,} fallbacks by "

@@ -14,7 +14,9 @@ write entry points and wraps them; everything around the wrapped call is here:
 - ``PluginState``: what the process did, for the sidecar: paths counted (``<engine>:<variant>``,
   ``writer:<name>:<path>``, ``<engine>:fallback``), entry points (``write_paths``), fallbacks,
   writes without a layer, the device, the write ledger (``Ledger``), the named writer built once;
-  ``write_sidecar`` writes ``kvprof-<engine>.TP-<r>.pid-<p>.json`` atomically, never raising.
+  ``write_sidecar`` writes ``kvprof-<engine>.TP-<r>.pid-<p>.json`` atomically, never raising;
+- ``Shadow``: the sampled shadow check (``KVPROF_<ENGINE>_SHADOW=N``): every N-th write's rows
+  compared, right after it and on its device, with the inputs it was given (docs/verify.md).
 
 What an adapter provides is listed in docs/architecture.md ("Engine plugins").
 """
@@ -35,10 +37,12 @@ from kvprof.core.sidecar import (
     SIDECAR_SCHEMA,
     CapturedGraph,
     GraphWrite,
+    ShadowMismatch,
     Sidecar,
     SidecarDevice,
     SidecarLedger,
     SidecarPool,
+    SidecarShadow,
     encode_sidecar,
 )
 from kvprof.core.vocab import GRAPH_REPLAY_RANGE_FORMAT
@@ -92,6 +96,10 @@ class Engine:
     @property
     def env_dir(self) -> str:
         return f"KVPROF_{self.name.upper()}_DIR"
+
+    @property
+    def env_shadow(self) -> str:
+        return f"KVPROF_{self.name.upper()}_SHADOW"
 
     @property
     def fallback_key(self) -> str:
@@ -425,6 +433,7 @@ class PluginState:
         self.unattributed: dict[str, int] = {}
         self.device: SidecarDevice | None = None
         self.ledger = Ledger()
+        self.shadow = Shadow(0)  # the adapter's plugin() sets it from KVPROF_<ENGINE>_SHADOW
         self.lock = threading.Lock()
 
     # the record the counts go to, and the ranks: the adapter may look them up elsewhere
@@ -498,7 +507,36 @@ class PluginState:
             paths=dict(self.paths), write_paths=dict(self.write_paths),
             fallbacks=dict(self.fallbacks), unattributed=dict(self.unattributed), device=self.device,
             graphs=graphs, graphs_without_writes=empty, graph_hook=record.hook, ledger=self.ledger.record(),
+            shadow=self.shadow.record() if self.shadow.every else None, canary=self.canary_record(),
         )
+
+    def canary_record(self) -> Any:
+        """The engine's own canary's violations (``SidecarCanary``), where its adapter reads them."""
+        return None
+
+    def shadow_on(self) -> None:
+        """The shadow check from ``KVPROF_<ENGINE>_SHADOW`` (a refused value is logged, check off)."""
+        every, problem = shadow_every(self.engine)
+        if problem:
+            log.warning("kvprof: %s", problem)
+        self.shadow = Shadow(every)
+        if every:
+            log.info("kvprof: shadow check of every %d-th KV write", every)
+
+    def shadow_due(self, device: Any) -> bool:
+        """Whether this write is sampled and can be compared (one inside a CUDA graph capture is
+        counted as skipped)."""
+        shadow = self.shadow
+        if not shadow.every or not shadow.due():
+            return False
+        try:
+            if shadow.capturing(device):
+                shadow.skip(SKIP_CAPTURE)
+                return False
+        except Exception as exc:  # noqa: BLE001 - never stop a write for the check
+            shadow.skip(f"capture state not readable ({line(exc)})")
+            return False
+        return True
 
     def write_sidecar(self) -> Path | None:
         """Write (or rewrite) this process's sidecar; a failure is logged, never raised."""
@@ -537,3 +575,190 @@ def describe_device(device: Any) -> SidecarDevice | None:
     except Exception as exc:  # noqa: BLE001 - a description only
         log.warning("kvprof: cannot describe the KV cache's device (%s)", line(exc))
         return None
+
+
+# --- the sampled shadow check (KVPROF_<ENGINE>_SHADOW=N) --------------------------------------
+
+SHADOW_FIRST = 8  # mismatches named in the sidecar, first come
+SHADOW_PENDING = 256  # compared writes kept on the device before their counts are read (one sync)
+SKIP_CAPTURE = "inside a CUDA graph capture (a comparison there is captured, never read)"
+
+
+def shadow_every(engine: Engine) -> tuple[int, str | None]:
+    """(N, None) from ``KVPROF_<ENGINE>_SHADOW`` (0: off), or (0, why the value is refused)."""
+    raw = (os.environ.get(engine.env_shadow) or "").strip()
+    if not raw:
+        return 0, None
+    try:
+        every = int(raw)
+    except ValueError:
+        return 0, f"{engine.env_shadow}={raw[:40]!r} is not a whole number: shadow check off"
+    if every < 0:
+        return 0, f"{engine.env_shadow}={every} is negative: shadow check off"
+    return every, None
+
+
+class Shadow:
+    """Every ``every``-th hooked write, its rows compared with the inputs it was given, right after it.
+
+    ``due()`` says whether this write is sampled; the adapter then copies the write's inputs
+    (``before``: SGLang's own path divides the caller's K/V in place) and, after the write, hands
+    ``compare`` the cache's K and V rows as gathered tensors and the rows expected, both in the
+    cache's storage dtype. The comparison runs where the cache is (on a GPU: on the device,
+    no host read); its counts stay on the device until ``resolve`` (the sidecar, or every
+    ``SHADOW_PENDING`` compared writes) reads them, in one transfer. A sampled write the
+    adapter cannot check is ``skip(reason)``: counted by reason, never silently dropped."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.sampled = 0
+        self.checked = 0
+        self.mismatched = 0
+        self.rows_checked = 0
+        self.rows_mismatched = 0
+        self.skipped: dict[str, int] = {}
+        self.first: list[dict[str, Any]] = []
+        self.pending: list[tuple[int | None, str, Any]] = []
+
+    def due(self) -> bool:
+        if self.every <= 0:
+            return False
+        with self.lock:
+            self.calls += 1
+            if self.calls % self.every:
+                return False
+            self.sampled += 1
+        return True
+
+    def skip(self, reason: str) -> None:
+        with self.lock:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def capturing(self, device: Any) -> bool:
+        """Whether this thread is capturing a CUDA graph (kvprof's record, or torch's own probe)."""
+        if GRAPHS.capturing():
+            return True
+        kind = getattr(device, "type", None) or str(device or "").split(":", 1)[0]  # SGLang's pool.device: "cuda"
+        if kind != "cuda":
+            return False
+        import torch
+
+        return bool(torch.cuda.is_current_stream_capturing())
+
+    def compare(self, layer: int | None, variant: str, slots: Any, k_got: Any, v_got: Any, k_want: Any,
+                v_want: Any, valid: Any) -> None:
+        """Compare one write: ``slots`` [n] (int64), ``k_got``/``v_got`` the cache's rows at those slots
+        and ``k_want``/``v_want`` the expected rows (each [n, ...], same dtype), ``valid`` [n] bool:
+        the tokens held to their row (not padding, not sharing a slot with another token). Bitwise."""
+        import torch
+
+        n = int(slots.shape[0])
+        if not n:
+            self.skip("no token to check (an empty write)")
+            return
+        k_bad = (k_got.reshape(n, -1).view(torch.uint8) != k_want.reshape(n, -1).view(torch.uint8)).any(1)
+        v_bad = (v_got.reshape(n, -1).view(torch.uint8) != v_want.reshape(n, -1).view(torch.uint8)).any(1)
+        bad = (k_bad | v_bad) & valid
+        # the first wrong token's slot, -1 where none: gathered on the device (an index read on the host syncs)
+        first = torch.where(bad.any(), slots.gather(0, bad.to(torch.uint8).argmax().reshape(1)),
+                            torch.full_like(slots[:1], -1)).squeeze(0)
+        counts = torch.stack([bad.sum(), first, valid.sum()])
+        resolve = False
+        with self.lock:
+            self.pending.append((layer, variant, counts))
+            resolve = len(self.pending) >= SHADOW_PENDING
+        if resolve:
+            self.resolve()
+
+    def resolve(self) -> None:
+        """Read the pending comparisons' counts (one device->host transfer); never inside a capture."""
+        if not self.pending or GRAPHS.capturing():
+            return
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return
+        with self.lock:
+            pending, self.pending = self.pending, []
+        if not pending:
+            return
+
+        try:
+            rows = torch.stack([c.to("cpu") if c.device.type != "cpu" else c for _, _, c in pending]).tolist()
+        except Exception as exc:  # noqa: BLE001 - a failed read is counted, never raised into the engine
+            for _ in pending:
+                self.skip(f"counts not readable ({line(exc)})")
+            return
+        with self.lock:
+            for (layer, variant, _), (bad, slot, valid) in zip(pending, rows):
+                if not valid:
+                    self.skipped["no row to hold (every slot padding or shared by several tokens)"] = \
+                        self.skipped.get("no row to hold (every slot padding or shared by several tokens)", 0) + 1
+                    continue
+                self.checked += 1
+                self.rows_checked += int(valid)
+                if bad:
+                    self.mismatched += 1
+                    self.rows_mismatched += int(bad)
+                    if len(self.first) < SHADOW_FIRST:
+                        self.first.append({"layer": layer if type(layer) is int else -1, "variant": variant,
+                                           "slot": int(slot), "rows": int(bad)})
+
+    def record(self) -> SidecarShadow:
+        self.resolve()
+        with self.lock:
+            return SidecarShadow(every=self.every, writes=self.calls, sampled=self.sampled, checked=self.checked,
+                                 mismatched=self.mismatched, rows_checked=self.rows_checked,
+                                 rows_mismatched=self.rows_mismatched, skipped=dict(self.skipped),
+                                 first_mismatches=[ShadowMismatch(**m) for m in self.first])
+
+
+def unique_valid(slots: Any, pad: int | None) -> Any:
+    """[n] bool: the tokens whose slot is no other token's and not padding (``< 0``, and ``pad`` where
+    the engine has a dummy slot); sort-based, so no host sync."""
+    import torch
+
+    n = slots.shape[0]
+    valid = slots >= 0
+    if pad is not None:
+        valid &= slots != pad
+    if n > 1:
+        order = torch.argsort(slots)
+        s = slots[order]
+        same = s[1:] == s[:-1]
+        shared = torch.zeros(n, dtype=torch.bool, device=slots.device)
+        shared[1:] |= same
+        shared[:-1] |= same
+        out = torch.empty_like(shared)
+        out[order] = shared
+        valid &= ~out
+    return valid
+
+
+def to_store(x: Any, dtype: Any, scale: Any, divide: bool) -> Any:
+    """Input rows as a cache of ``dtype`` stores them, without a host read: the input's dtype
+    kept when it is the cache's; else divided by ``scale`` in the input's dtype (``divide``:
+    SGLang's own ``div_``) or multiplied by fp32(1)/fp32(scale) (kvprof's writers, the
+    reference's ``convert_for_cache``), then cast; fp8 as its bytes."""
+    import torch
+
+    from kvprof.dtypes import store_dtype_for
+
+    if x.dtype != dtype:
+        if scale is not None:
+            if divide:
+                x = x / scale
+            else:
+                inv = (1.0 / scale.float()) if isinstance(scale, torch.Tensor) else _inverse(scale)
+                x = (x.float() * inv).to(x.dtype)
+        x = x.to(dtype)
+    store = store_dtype_for(dtype)
+    return x.view(store) if store != dtype else x
+
+
+def _inverse(scale: float) -> float:
+    from kvprof.dtypes import inverse_scale
+
+    return inverse_scale(scale)

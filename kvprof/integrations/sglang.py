@@ -166,6 +166,7 @@ def plugin() -> None:
         return
     state = STATE
     state.writer_name = (os.environ.get(ENV_WRITER) or "").strip() or None
+    state.shadow_on()
     hooked = []
     for cls_name, method, variant in TARGETS:
         reason = _target_problem(cls_name, method)
@@ -202,6 +203,8 @@ def plugin() -> None:
             continue
         HookRegistry.register(f"{mod_name}.{cls_name}.{method}", make(), HookType.AROUND)
         hooked.append(f"{cls_name}.{method}")
+    if hook_canary():
+        hooked.append(f"{CANARY_MODULE}.{CANARY_FUNCTION}")
     state.hooked = hooked
     if hooked:
         log.info("kvprof: KV-write ranges on %s%s", ", ".join(hooked),
@@ -282,6 +285,7 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
     native_path = f"sglang:{variant}"
     hooked = f"{cls_name}.{method}"
     layer_pos, loc_pos, loc_name, override_pos = where.layer, where.loc, where.loc_name, where.override
+    names = where.names
 
     def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(local, "depth", 0) or not args:
@@ -300,6 +304,9 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
             return original(*args, **kwargs)  # a call SGLang itself will judge: no range
         tokens = int(tokens[0])
         state.saw(layer_id, tokens)
+        snap = None
+        if state.shadow.every and state.shadow_due(getattr(pool, "device", None)):
+            snap = shadow_snapshot(state, pool, routable, variant, names, args, kwargs, layer_id, loc)
         route = state.route_for(pool) if routable and state.writer_name else None
         fell_back = False
         if route is not None:
@@ -311,15 +318,135 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
                 name, attr = ranges.of(route.writer.name, layer_id, tokens)
                 state.seen(pool, hooked, variant)
                 local.write = (route.writer.name, layer_id, tokens, *_writer_kernel(route.writer))
-                return ranges.run(name, attr, route.write, pool, prepared)
+                out = ranges.run(name, attr, route.write, pool, prepared)
+                if snap is not None:
+                    shadow_check(state, pool, snap, route.writer.name, divide=False)
+                return out
         name, attr = ranges.of(variant, layer_id, tokens)
         state.seen(pool, hooked, variant)
         local.write = (variant, layer_id, tokens, *_native_kernel(state.pools[id(pool)].get("native_path")))
-        return ranges.run(name, attr, _native, original, args, kwargs, state, native_path,
-                          WRITE_FALLBACK if fell_back else WRITE_SET_KV_BUFFER)
+        out = ranges.run(name, attr, _native, original, args, kwargs, state, native_path,
+                         WRITE_FALLBACK if fell_back else WRITE_SET_KV_BUFFER)
+        if snap is not None:
+            shadow_check(state, pool, snap, variant, divide=True)
+        return out
 
     hook.__name__ = f"kvprof_{cls_name}_{method}"
     return hook
+
+
+def shadow_snapshot(state: _State, pool: Any, routable: bool, variant: str, names: list[str],
+                    args: tuple[Any, ...], kwargs: dict[str, Any], layer_id: int, loc: Any) -> tuple[Any, ...] | None:
+    """A sampled ``set_kv_buffer`` call's inputs, copied before the write (SGLang's own path divides
+    the caller's K/V in place): (layer index, slots, K, V, scales); None where the shadow check
+    cannot hold this call (the reason counted)."""
+    shadow = state.shadow
+    if not routable or type(pool).__name__ != ROUTABLE[0]:
+        shadow.skip(f"{variant}: not checked (the shadow check holds MHATokenToKVPool.set_kv_buffer's rows)")
+        return None
+    if getattr(pool, "is_quantized_kv_cache", False):
+        shadow.skip(f"{variant}: quantized KV cache (its quant method writes it)")
+        return None
+    if getattr(pool, "use_hnd", False) or getattr(pool, "kv_cache_layout", "nhd") != "nhd":
+        shadow.skip(f"{variant}: layout {getattr(pool, 'kv_cache_layout', '?')} (not one row per slot)")
+        return None
+    call = dict(zip(names[1:], args[1:]))
+    call.update(kwargs)
+    if call.get("dcp_kv_mask") is not None:
+        shadow.skip(f"{variant}: a DCP mask (rows written only where it says)")
+        return None
+    k: Any = call.get("cache_k")
+    v: Any = call.get("cache_v")
+    idx = layer_id - (getattr(pool, "start_layer", 0) or 0)
+    if not hasattr(k, "clone") or not hasattr(v, "clone") or not hasattr(loc, "clone") or \
+            not 0 <= idx < len(pool.k_buffer):
+        shadow.skip(f"{variant}: K, V or the slots are not tensors of this pool's layers")
+        return None
+    return idx, loc.detach().long().clone(), k.detach().clone(), v.detach().clone(), call.get("k_scale"), \
+        call.get("v_scale")
+
+
+def shadow_check(state: _State, pool: Any, snap: tuple[Any, ...], variant: str, divide: bool) -> None:
+    """Compare the rows the write left with its inputs (``kvprof.integrations.core.Shadow``): SGLang's
+    dummy slot 0 and slots several tokens share are not held to a row. Never raises."""
+    idx, slots, k, v, k_scale, v_scale = snap
+    try:
+        k_buf, v_buf = pool.k_buffer[idx], pool.v_buffer[idx]
+        n, rows = int(slots.shape[0]), int(k_buf.shape[0])
+        k_want = core.to_store(k, pool.dtype, k_scale, divide)
+        v_want = core.to_store(v, pool.dtype, v_scale, divide)
+        if k_want.numel() != n * k_buf[0].numel() or v_want.numel() != n * v_buf[0].numel():
+            state.shadow.skip(f"{variant}: K/V rows are not [tokens, heads, dim] of this pool")
+            return
+        safe = slots.clamp(0, rows - 1)
+        valid = core.unique_valid(slots, 0) & (slots < rows)
+        layer_id = idx + (getattr(pool, "start_layer", 0) or 0)
+        state.shadow.compare(layer_id, variant, slots, k_buf[safe], v_buf[safe], k_want, v_want, valid)
+    except Exception as exc:  # noqa: BLE001 - the check never stops the engine
+        state.shadow.skip(f"{variant}: comparison failed ({_line(exc)})")
+
+
+# SGLang's KV canary (--kv-canary log|raise): every violation it reports, logged or raised, is
+# formatted by this function of its reporter (looked up at call time), one call per violation
+CANARY_MODULE = "sglang.srt.kv_canary.runner.violation_reporter"
+CANARY_FUNCTION = "_format_violation"
+CANARY_FIRST = 8
+
+
+class Canary:
+    """SGLang's canary violations, as its reporter formatted them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.violations = 0
+        self.total = 0
+        self.by_reason: dict[str, int] = {}
+        self.first: list[str] = []
+
+    def note(self, message: str, total: Any) -> bool:
+        """One violation (SGLang's message); True for the first (the sidecar is written then)."""
+        lines = str(message).splitlines()
+        line = next((x for x in lines if x.startswith("kv_canary violation:")), lines[0] if lines else "")
+        reason = next((w.split("=", 1)[1] for w in line.split() if w.startswith("fail_reason=")), "unknown")
+        with self.lock:
+            self.violations += 1
+            self.total = max(self.total, int(total) if isinstance(total, int) else 0)
+            self.by_reason[reason[:200]] = self.by_reason.get(reason[:200], 0) + 1
+            if len(self.first) < CANARY_FIRST:
+                self.first.append(line[:2000])
+            return self.violations == 1
+
+
+def hook_canary(module: Any = None) -> bool:
+    """Wrap SGLang's canary reporter's formatter (``CANARY_MODULE.CANARY_FUNCTION``) so each violation
+    it reports is counted in the sidecar too; False (logged) where this SGLang has none."""
+    import importlib
+
+    try:
+        mod = module or importlib.import_module(CANARY_MODULE)
+    except Exception as exc:  # noqa: BLE001 - an SGLang without the canary
+        log.info("kvprof: SGLang's KV canary not read (%s)", _line(exc))
+        return False
+    fmt = getattr(mod, CANARY_FUNCTION, None)
+    if not callable(fmt):
+        log.info("kvprof: SGLang's KV canary not read (no %s.%s)", CANARY_MODULE, CANARY_FUNCTION)
+        return False
+    if getattr(fmt, "_kvprof_canary_hook", False):
+        return True
+
+    def format_violation(*args: Any, **kwargs: Any) -> Any:
+        message = fmt(*args, **kwargs)
+        try:
+            if STATE.canary.note(message, kwargs.get("total")):
+                STATE.write_sidecar()
+        except Exception as exc:  # noqa: BLE001 - SGLang's report goes on whatever kvprof does
+            log.debug("kvprof: canary violation not counted (%s)", _line(exc))
+        return message
+
+    format_violation._kvprof_canary_hook = True  # type: ignore[attr-defined]
+    format_violation.__wrapped__ = fmt  # type: ignore[attr-defined]
+    setattr(mod, CANARY_FUNCTION, format_violation)
+    return True
 
 
 def _method_problem(mod_name: str, cls_name: str, method: str) -> str | None:
@@ -379,6 +506,8 @@ def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
         if getattr(local, "depth", 0) or not shape or len(shape) != 1 or not hasattr(k_cache, "data_ptr"):
             return original(*args, **kwargs)  # a call SGLang itself will judge: no range
         tokens = int(shape[0])
+        if state.shadow.every and state.shadow_due(getattr(k_cache, "device", None)):
+            state.shadow.skip(f"{bypass.variant}: not checked (its K/V are computed inside its kernel)")
         found = LAYERS.find(k_cache)
         if found is None:
             state.note(f"{bypass.function}: K cache of no pool kvprof has seen (range without a layer)")
@@ -484,6 +613,8 @@ def _make_rope_hook() -> Any:
         if not tokens or len(tokens) != 1 or not hasattr(k_buffer, "data_ptr"):
             return original(*args, **kwargs)  # a call SGLang itself will judge: no range
         tokens = int(tokens[0])
+        if state.shadow.every and state.shadow_due(getattr(k_buffer, "device", None)):
+            state.shadow.skip(f"{ROPE_VARIANT}: not checked (rope + store rotates K inside its kernel)")
         found = layers.find(k_buffer)
         if found is None:
             state.note("K buffer of no pool kvprof has seen (range without a layer)")
@@ -777,6 +908,17 @@ class _State(core.PluginState):
         super().__init__(SGLANG)
         self.routes: dict[int, _Route | None] = {}
         self.rope_routes: dict[int, tuple[Any, _RopeRoute | None]] = {}
+        self.canary = Canary()
+
+    def canary_record(self) -> Any:
+        from kvprof.core.sidecar import SidecarCanary
+
+        c = self.canary
+        with c.lock:
+            if not c.violations:
+                return None
+            return SidecarCanary(violations=c.violations, total=c.total, by_reason=dict(c.by_reason),
+                                 first=list(c.first))
 
     def graphs(self) -> core.Graphs:
         return GRAPHS

@@ -183,6 +183,7 @@ def plugin() -> None:
     import importlib
 
     state.writer_name = VLLM.writer_name()
+    state.shadow_on()
     for mod_name, cls_name in LAYER_CLASSES:
         try:
             cls = getattr(importlib.import_module(mod_name), cls_name)
@@ -322,6 +323,10 @@ def _make_hook(owner: type, method: str, fn: Any) -> Any:
         if layer_id is None:
             state.note(f"{hooked}: layer name {name!r} has no one layer number")
         state.saw(layer_id, tokens)
+        snap = None
+        if state.shadow.every and state.shadow_due(kv_cache.device):
+            snap = shadow_snapshot(state, self, variant, layer, arg(args, kwargs, "key"), arg(args, kwargs, "value"),
+                                   kv_cache, slots)
         route = state.route_for(self, layer, kv_cache) if routable and state.writer_name else None
         state.seen(self, hooked, variant, kv_cache, native_op)  # after the route: the sidecar names it
         fell_back = False
@@ -334,11 +339,17 @@ def _make_hook(owner: type, method: str, fn: Any) -> Any:
             else:
                 rname, attr = ranges.of(route.writer.name, layer_id, tokens)
                 local.write = (route.writer.name, layer_id, tokens, *core.writer_kernel(route.writer))
-                return ranges.run(rname, attr, route.write, prepared)
+                out = ranges.run(rname, attr, route.write, prepared)
+                if snap is not None:
+                    shadow_check(state, snap, layer_id, route.writer.name)
+                return out
         rname, attr = ranges.of(variant, layer_id, tokens)
         local.write = (variant, layer_id, tokens, native_op, 1)
-        return ranges.run(rname, attr, core.native, fn, (self, *args), kwargs, state, native_key,
-                          WRITE_FALLBACK if fell_back else write_path)
+        out = ranges.run(rname, attr, core.native, fn, (self, *args), kwargs, state, native_key,
+                         WRITE_FALLBACK if fell_back else write_path)
+        if snap is not None:
+            shadow_check(state, snap, layer_id, variant)
+        return out
 
     hook.__name__ = f"kvprof_{owner.__name__}_{method}"
     hook.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -371,6 +382,8 @@ def make_op_hook(fn: Any, function: str, variant: str, cache_arg: str, slots_arg
         if getattr(local, "depth", 0) or not hasattr(cache, "data_ptr") or not hasattr(slots, "numel"):
             return fn(*args, **kwargs)
         tokens = int(slots.numel())
+        if state.shadow.every and state.shadow_due(getattr(cache, "device", None)):
+            state.shadow.skip(f"{variant}: not checked (rope + store rotates K inside its kernel)")
         name = state.layer_names.get(cache.data_ptr()) or _layer_name_of(cache)
         layer_id = layer_number(name)
         if layer_id is None:
@@ -584,6 +597,72 @@ class _Route:
         k_rows, v_rows, row_slots, k_in, v_in, dtype = call
         path = self.write_impl(k_rows, v_rows, row_slots, k_in, v_in, dtype, None, None)
         self.state.count(f"writer:{self.writer.name}:{path}", WRITE_KV_UPDATE)
+
+
+# vLLM's fp8 cache dtypes (``kv_cache_dtype``) as torch's: the cache is their bytes (uint8)
+FP8_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+def shadow_snapshot(state: _State, impl: Any, variant: str, layer: Any, key: Any, value: Any, kv_cache: Any,
+                    slots: Any) -> tuple[Any, ...] | None:
+    """A sampled MHA write's K/V cache views and inputs, copied before the write: (K view, V view,
+    slots, K, V, dtype, K scale, V scale); None where the shadow check cannot hold it (reason counted)."""
+    import torch
+
+    shadow = state.shadow
+    if variant != VARIANT_MHA:
+        shadow.skip(f"{variant}: not checked (the shadow check holds the MHA write's rows)")
+        return None
+    views = kv_views(impl, kv_cache)
+    if isinstance(views, str):
+        shadow.skip(views)
+        return None
+    if getattr(impl, "_is_per_token_head_quant", False):
+        shadow.skip("per-token-head quantized cache")
+        return None
+    kv_dtype = str(getattr(impl, "kv_cache_dtype", "auto"))
+    k_scale = v_scale = None
+    if kv_dtype == "auto":
+        dtype = kv_cache.dtype
+    elif kv_dtype in FP8_CACHE_DTYPES and kv_cache.dtype == torch.uint8:
+        dtype = getattr(torch, FP8_CACHE_DTYPES[kv_dtype])
+        k_scale, v_scale = getattr(layer, "_k_scale", None), getattr(layer, "_v_scale", None)
+        if not isinstance(k_scale, torch.Tensor) or not isinstance(v_scale, torch.Tensor):
+            shadow.skip(f"kv_cache_dtype {kv_dtype}: the layer has no _k_scale/_v_scale tensors")
+            return None
+    else:
+        shadow.skip(f"kv_cache_dtype {kv_dtype} (a cache the shadow check does not convert to)")
+        return None
+    n = int(slots.numel())
+    if key is None or value is None or key.dim() != 3 or value.shape != key.shape or key.shape[0] < n:
+        shadow.skip(f"{variant}: key/value are not [tokens, heads, head_size]")
+        return None
+    return (views[0], views[1], slots.detach().reshape(-1).long().clone(), key[:n].detach().clone(),
+            value[:n].detach().clone(), dtype, k_scale, v_scale)
+
+
+def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, variant: str) -> None:
+    """Compare the rows the write left in the packed cache with its inputs, converted as vLLM's
+    op converts them (``convert_like_vllm``); padding (-1) and shared slots not held. Never raises."""
+    from kvprof.layouts.paged import convert_like_vllm
+
+    k_view, v_view, slots, key, value, dtype, k_scale, v_scale = snap
+    try:
+        blocks, block_size = int(k_view.shape[0]), int(k_view.shape[1])
+        if key.shape[1:] != k_view.shape[2:]:
+            state.shadow.skip(f"{variant}: key rows are not the cache's heads x head_size")
+            return
+        rows = blocks * block_size
+        safe = slots.clamp(0, rows - 1)
+        b, t = safe // block_size, safe % block_size
+        valid = core.unique_valid(slots, None) & (slots < rows)
+        if dtype == k_view.dtype:
+            k_want, v_want = key.to(dtype), value.to(dtype)
+        else:
+            k_want, v_want = convert_like_vllm(key, dtype, k_scale), convert_like_vllm(value, dtype, v_scale)
+        state.shadow.compare(layer_id, variant, slots, k_view[b, t], v_view[b, t], k_want, v_want, valid)
+    except Exception as exc:  # noqa: BLE001 - the check never stops the engine
+        state.shadow.skip(f"{variant}: comparison failed ({core.line(exc)})")
 
 
 def head_rows(kv_cache: Any, k_view: Any, v_view: Any, slots: Any) -> tuple[Any, Any, Any] | str:

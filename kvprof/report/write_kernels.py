@@ -27,6 +27,7 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
              for r in stepless], console.width))
     render_sidecar_paths(section.get("sidecars") or [], console)
     render_ledgers(section.get("sidecars") or [], console)
+    render_shadow(section.get("sidecars") or [], console)
     # kvprof's own captures have their writes' numbers above; the name classifier is for the others
     rows = [t for t in section.get("traces") or [] if t.get("write_kernels") and not t.get("is_kvprof_capture")]
     if not rows:
@@ -75,6 +76,7 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
     engines = sorted({ENGINE_NAMES.get(str(s.get("engine") or "sglang"), str(s.get("engine"))) for s in rows})
     cols = [FitCol("TP rank"), FitCol("pid", drop=2), FitCol("writer", "left"),
             *(FitCol(k, wrap=True, min_wrap=8) for k in SIDECAR_WRITE_PATHS),
+            FitCol("shadow check", "left", wrap=True, min_wrap=8, drop=3),
             FitCol("paths", "left", wrap=True, drop=1)]
     body = []
     for s in sorted(rows, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
@@ -82,9 +84,20 @@ def render_sidecar_paths(sidecars: list[dict[str, Any]], console: Any) -> None:
         body.append([s.get("tp_rank"), s.get("pid"), s.get("writer") or
                      f"{ENGINE_NAMES.get(str(s.get('engine') or 'sglang'), str(s.get('engine')))}'s own",
                      *(counts.get(k, 0) if counts else "n/a (older sidecar)" for k in SIDECAR_WRITE_PATHS),
+                     shadow_cell(s.get("shadow")),
                      ", ".join(f"{k} {v}" for k, v in (s.get("paths") or {}).items())])
     print_table(console, *fit_table(f"{' and '.join(engines)} plugin: KV writes by path (counted in Python; "
                                     "graph replays are not)", cols, body, console.width))
+
+
+def shadow_cell(shadow: Any) -> str:
+    """The shadow check's counts in the plugin table: off, or checked / WRONG / skipped."""
+    if not isinstance(shadow, dict):
+        return "off"
+    wrong = shadow.get("mismatched") or 0
+    skipped = sum(v for v in (shadow.get("skipped") or {}).values() if isinstance(v, int))
+    return (f"1 in {shadow.get('every')}: {shadow.get('checked') or 0} checked, "
+            + (f"{wrong} WRONG" if wrong else "0 wrong") + f", {skipped} skipped")
 
 
 def ledger_lines(sidecar: dict[str, Any]) -> tuple[list[tuple[str, int, int, int]], list[str]]:
@@ -135,6 +148,33 @@ def render_ledgers(sidecars: list[dict[str, Any]], console: Any) -> None:
                  for layer, asked, seen, unseen in rows], console.width))
         for line in lines:
             console.print(printable(line), markup=False, highlight=False)
+
+
+def render_shadow(sidecars: list[dict[str, Any]], console: Any) -> None:
+    """Per engine process whose plugin ran the shadow check: its counts, a mismatch in red; and the
+    violations SGLang's own KV canary reported, in red."""
+    import msgspec
+
+    from kvprof.core.sidecar import Sidecar, canary_lines, shadow_lines
+
+    for s in sorted(sidecars, key=lambda s: (str(s.get("tp_rank")), str(s.get("pid")))):
+        if not s.get("shadow") and not s.get("canary"):
+            continue
+        try:
+            doc = msgspec.convert(s, Sidecar)
+        except msgspec.ValidationError as exc:  # a tampered summary: said, not raised
+            console.print(f"shadow check: not readable ({markup(' '.join(str(exc).split())[:200])})")
+            continue
+        canary = canary_lines(doc)
+        for i, line in enumerate(canary):
+            console.print(f"[bold red]{markup(line)}[/bold red]" if i == 0 else printable(line),
+                          markup=i == 0, highlight=False, soft_wrap=True)
+        wrong, lines = shadow_lines(doc)
+        for i, line in enumerate(lines):
+            if wrong and i == 0:
+                console.print(f"[bold red]{markup(line)}[/bold red]", soft_wrap=True)
+            else:
+                console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def _fmt(v: Any, scale: float = 1000.0) -> str:

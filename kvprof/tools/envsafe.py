@@ -49,7 +49,8 @@ KVPROF_VARIABLES: tuple[str, ...] = ("KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_
                                      "KVPROF_SGL_CUBIN",  # where sgl_kernel_cubin's kernels are
                                      # the engine plugins' switches (kvprof.integrations.sglang, .vllm)
                                      "KVPROF_SGLANG", "KVPROF_SGLANG_WRITER", "KVPROF_SGLANG_DIR",
-                                     "KVPROF_VLLM", "KVPROF_VLLM_WRITER", "KVPROF_VLLM_DIR")
+                                     "KVPROF_SGLANG_SHADOW",
+                                     "KVPROF_VLLM", "KVPROF_VLLM_WRITER", "KVPROF_VLLM_DIR", "KVPROF_VLLM_SHADOW")
 
 EXACT_NAMES: tuple[str, ...] = (
     "PATH",
