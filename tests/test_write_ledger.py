@@ -2,15 +2,17 @@
 a hook saw, and what analyze prints from it.
 
 SGLang's side runs the plugin's hooks as SGLang's HookRegistry would call them (an AROUND hook
-gets the original first) over stand-in pools with SGLang's attribute names: ``ModelRunner.forward``
+gets the original first) over stand-in pools with SGLang's attribute names: ``forward_context``
 (a step: its batch's ``out_cache_loc`` times the pool's layers), ``RadixAttention.forward`` (a
 ``save_kv_cache=False`` call names the path) and the bypass paths, whose parameter names are read
 from SGLang 0.5.23's real functions where its package imports (``bf16_rope_scale_store``,
 ``fused_fp8_qkv_kv_cache``); their CUDA kernels are stand-ins that store the rows. The vLLM side
-runs in vLLM itself (tests/test_vllm_plugin.py)."""
+runs in vLLM itself (tests/test_vllm_plugin.py); SGLang's real forward steps in
+tests/test_sglang_plugin.py (``test_write_ledger_in_sglang_forward_steps``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -78,20 +80,28 @@ def test_sglang_0_5_23_bypass_signatures_are_what_the_hooks_read() -> None:
         assert bypass.k_cache in params and bypass.loc in params, (bypass.function, params)
 
 
-def _step(plugin: Any, pool: Pool, tokens: int, write: Any) -> None:
-    """One ModelRunner.forward through the step hook; ``write(layer)`` is the model's write."""
-    runner = SimpleNamespace(token_to_kv_pool=pool)
+@contextlib.contextmanager
+def _forward_context(ctx: Any, *, forward_batch: Any = None) -> Any:
+    """SGLang's forward_context, as far as the hook sees it."""
+    yield
+
+
+def _step(plugin: Any, pool: Pool, tokens: int, write: Any, inner: Any = None) -> None:
+    """One forward step inside the hooked forward_context; ``write(layer, loc)`` is the model's
+    write (it returns the attention call's save_kv_cache); ``inner()``, if given, runs inside a
+    nested forward_context of the same step after the layers (a graph runner's)."""
+    ctx = SimpleNamespace(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
     batch = SimpleNamespace(out_cache_loc=torch.arange(1, tokens + 1))
     attention = plugin._make_attention_hook()
-
-    def forward(runner: Any, forward_batch: Any) -> str:
+    step = plugin._make_step_hook()
+    with step(_forward_context, ctx, forward_batch=batch):
         for layer in range(LAYERS):
             layer_obj = SimpleNamespace(layer_id=layer)
-            save = write(layer, forward_batch.out_cache_loc)
-            attention(lambda *a, **k: None, layer_obj, None, None, None, forward_batch, save)
-        return "out"
-
-    assert plugin._make_step_hook()(forward, runner, batch) == "out"
+            save = write(layer, batch.out_cache_loc)
+            attention(lambda *a, **k: None, layer_obj, None, None, None, batch, save)
+        if inner is not None:
+            with step(_forward_context, ctx, forward_batch=batch):
+                inner()
 
 
 def test_every_write_through_a_bypass_is_seen(plugin: Any) -> None:
@@ -189,3 +199,37 @@ def test_analyze_prints_the_ledger(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "write ledger (vllm TP 0 pid 11): every write was seen: 16 tokens asked of 2 layers over 4 steps" in printed
     assert "write ledger (vllm TP 0 pid 12): 8 of 16 tokens asked were written where no hook saw them" in printed
     assert "no hook named their path" in printed
+
+
+def test_nested_contexts_are_one_step_and_a_capture_is_none(plugin: Any) -> None:
+    """A forward_context inside the step's (a graph runner's, TBO's) is part of that step; a forward
+    that captured a CUDA graph is no step, its warm-up writes dropped with it; a failed step too."""
+    pool = Pool()
+    plugin.LAYERS.add(pool)
+    bypass = plugin.BYPASSES[1]
+    hook = plugin._make_bypass_hook(bypass, _params(bypass))
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        hook(store, q=None, k=None, v=None, k_cache=pool.k_buffer[layer], v_cache=pool.v_buffer[layer],
+             cache_loc=loc)
+        return False
+
+    _step(plugin, pool, 3, write, inner=lambda: None)
+    graphs = plugin.GRAPHS
+
+    def capture() -> None:
+        graphs.begin(object())
+        hook(store, q=None, k=None, v=None, k_cache=pool.k_buffer[0], v_cache=pool.v_buffer[0],
+             cache_loc=torch.arange(1, 3))
+        graphs.end()
+
+    _step(plugin, pool, 2, write, inner=capture)  # warm-up writes of 2 tokens per layer, then a capture
+    with pytest.raises(RuntimeError):
+        def fail(layer: int, loc: torch.Tensor) -> bool:
+            raise RuntimeError("the forward failed")
+        _step(plugin, pool, 4, fail)
+    ledger = plugin.STATE.ledger.record()
+    assert ledger is not None and (ledger.steps, ledger.graph_steps) == (1, 0)
+    assert ledger.expected == ledger.seen == {str(i): 3 for i in range(LAYERS)}
+    assert ledger.unseen_paths == {f"save_kv_cache=False L{i}: the model writes K/V itself": 3 for i in range(LAYERS)}
+    assert plugin.STATE.paths == {"sglang:sglang_trtllm_fp8_qkv": 2 * LAYERS + 1}

@@ -138,9 +138,13 @@ BYPASSES: tuple[Bypass, ...] = (
     Bypass("sglang.kernels.ops.kvcache.fused_fp8_qkv_kv_cache", "fused_fp8_qkv_kv_cache",
            "sglang_trtllm_fp8_qkv", "k_cache", "cache_loc", "fused fp8 qkv", "fused_fp8_qkv_kv_cache"),
 )
-# The write ledger's two points: each forward step (its batch's out_cache_loc), and each attention
-# call that passes save_kv_cache=False (the model writes K/V itself: named where writes go unseen)
-STEP_TARGET = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
+# The write ledger's two points: each forward step, and each attention call that passes
+# save_kv_cache=False (the model writes K/V itself: named where writes go unseen). The step is the
+# outermost forward_context(ctx, forward_batch=...) on the thread: ModelRunner._forward_raw opens one
+# around every forward (eager, split prefill, either CUDA-graph runner), and the module imports
+# where SGLang's server dependencies are missing (ModelRunner's does not: fastapi, uvicorn).
+# Contexts opened inside it (the graph runners', PDmux's, TBO's) are part of its step.
+STEP_TARGET = ("sglang.srt.model_executor.forward_context", "forward_context")
 ATTENTION_TARGET = ("sglang.srt.layers.radix_attention", "RadixAttention", "forward")
 
 # What the sidecar's write_paths count: which entry point wrote, or that a named writer fell back
@@ -194,13 +198,14 @@ def plugin() -> None:
         where = _hook_function(HookRegistry, HookType, bypass.module, bypass.function, _make_bypass_hook(bypass))
         if where:
             hooked.append(bypass.function)
-    for target, make in ((STEP_TARGET, _make_step_hook), (ATTENTION_TARGET, _make_attention_hook)):
-        mod_name, cls_name, method = target
-        reason = _method_problem(mod_name, cls_name, method)
-        if reason:
-            log.warning("kvprof: not hooking %s.%s.%s (write ledger): %s", mod_name, cls_name, method, reason)
-            continue
-        HookRegistry.register(f"{mod_name}.{cls_name}.{method}", make(), HookType.AROUND)
+    if _hook_function(HookRegistry, HookType, *STEP_TARGET, _make_step_hook()):
+        hooked.append(STEP_TARGET[1])
+    mod_name, cls_name, method = ATTENTION_TARGET
+    reason = _method_problem(mod_name, cls_name, method)
+    if reason:
+        log.warning("kvprof: not hooking %s.%s.%s (write ledger): %s", mod_name, cls_name, method, reason)
+    else:
+        HookRegistry.register(f"{mod_name}.{cls_name}.{method}", _make_attention_hook(), HookType.AROUND)
         hooked.append(f"{cls_name}.{method}")
     state.hooked = hooked
     if hooked:
@@ -395,27 +400,72 @@ def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
     return hook
 
 
+_STEP_LOCAL = threading.local()  # forward_context calls open on this thread (the outermost is the step)
+
+
+class _Step:
+    """What the hooked ``forward_context`` returns: SGLang's own context manager, inside a ledger
+    step when it is the thread's outermost one with a batch. The step asks the batch's tokens
+    (``out_cache_loc``, read on entry) of each layer of the forward context's pool
+    (``ctx.attn_backend.token_to_kv_pool``); a forward that captured a CUDA graph is no step, one
+    that replayed a graph with writes is a graph step (``Ledger.end``)."""
+
+    def __init__(self, inner: Any, ctx: Any, batch: Any) -> None:
+        self.inner, self.ctx, self.batch = inner, ctx, batch
+        self.outer = False
+        self.asked: dict[int, int] | None = None
+        self.marks = (0, 0)
+
+    def __enter__(self) -> Any:
+        local = _STEP_LOCAL
+        depth = getattr(local, "depth", 0)
+        self.outer = depth == 0 and self.batch is not None
+        local.depth = depth + 1
+        if self.outer:
+            try:
+                loc: Any = getattr(self.batch, "out_cache_loc", None)
+                shape = getattr(loc, "shape", None)
+                tokens = int(shape[0]) if shape else 0
+                pool = getattr(getattr(self.ctx, "attn_backend", None), "token_to_kv_pool", None)
+                self.asked = dict.fromkeys(pool_layers(pool), tokens) if tokens else {}
+            except Exception as exc:  # noqa: BLE001 - the ledger must never stop a step
+                log.debug("kvprof: ledger step not noted (%s)", _line(exc))
+                self.asked = None
+            graphs = GRAPHS
+            self.marks = (graphs.next_id, graphs.replays)
+            STATE.ledger.begin()
+        try:
+            return self.inner.__enter__()
+        except BaseException:
+            self._close(failed=True)
+            raise
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            self._close(failed=exc[0] is not None)
+
+    def _close(self, failed: bool) -> None:
+        local = _STEP_LOCAL
+        local.depth = max(getattr(local, "depth", 1) - 1, 0)
+        if not self.outer:
+            return
+        self.outer = False
+        graphs = GRAPHS
+        captured = graphs.next_id != self.marks[0]
+        STATE.ledger.end(None if failed or captured else self.asked, graph=graphs.replays != self.marks[1])
+
+
 def _make_step_hook() -> Any:
-    """ModelRunner.forward: one ledger step, the batch's tokens (out_cache_loc) times each layer of
-    the runner's pool; a step that replayed a CUDA graph with writes is counted apart."""
+    """The AROUND hook on SGLang's ``forward_context``: its context manager inside a ledger step
+    (``_Step``)."""
 
     def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
-        state = STATE
-        graphs = GRAPHS
-        before = graphs.replays
-        out = original(*args, **kwargs)
-        try:
-            batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
-            loc: Any = getattr(batch, "out_cache_loc", None)
-            tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
-            layers = pool_layers(getattr(args[0], "token_to_kv_pool", None)) if args else []
-            if tokens and layers:
-                state.ledger.step_by_layer(dict.fromkeys(layers, tokens), graph=graphs.replays != before)
-        except Exception as exc:  # noqa: BLE001 - the ledger must never stop a step
-            log.debug("kvprof: ledger step not noted (%s)", _line(exc))
-        return out
+        ctx = args[0] if args else kwargs.get("ctx")
+        return _Step(original(*args, **kwargs), ctx, kwargs.get("forward_batch"))
 
-    hook.__name__ = "kvprof_ModelRunner_forward"
+    hook.__name__ = "kvprof_forward_context"
     return hook
 
 
