@@ -410,7 +410,8 @@ def test_plugin_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str |
     assert side["sglang_version"] and side["tp_rank"] == 0 and side["writer"] == writer
     # SGLang 0.5.23's bypass paths, the ledger's step and the attention call that names them are
     # hooked on its real package
-    assert {"bf16_rope_scale_store", "fused_fp8_qkv_kv_cache", "forward_context",
+    assert {"bf16_rope_scale_store", "fused_fp8_qkv_kv_cache", "fused_qk_norm_rope_swa_store",
+            "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8", "forward_context",
             "RadixAttention.forward"} <= set(side["hooked"])
     assert side["engine"] == "sglang" and side["schema"] == "kvprof.engine_sidecar/1"
     assert {p["dtype"] for p in side["pools"]} == {"bf16", "fp8_e4m3"}

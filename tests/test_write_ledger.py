@@ -51,18 +51,30 @@ def plugin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     return plugin_mod
 
 
+# SGLang 0.5.23's parameter names of the bypass paths, where SGLang does not import here
+PARAMS_0_5_23 = {
+    "bf16_rope_scale_store": ["qkv", "query", "key_cache", "value_cache", "cos_sin", "positions", "locations",
+                              "value_scale"],
+    "fused_fp8_qkv_kv_cache": ["q", "k", "v", "k_cache", "v_cache", "cache_loc", "k_scale", "v_scale"],
+    "fused_qk_norm_rope_swa_store": ["q", "kv", "q_norm_weight", "kv_norm_weight", "q_rms_eps", "kv_rms_eps",
+                                     "rope_head_dim", "cos_cache", "sin_cache", "positions", "swa_cache",
+                                     "swa_loc", "swa_page_size", "q_out", "dtype", "bf16_store", "fp8_2buff",
+                                     "swa_rope_cache", "k_nope_out", "k_rope_out", "q_rope_out"],
+    "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8": ["self", "layer", "forward_batch", "qkv", "cos_sin_cache",
+                                                     "q_norm_weight", "k_norm_weight", "qk_norm_policy"],
+}
+
+
 def _params(bypass: plugin_mod.Bypass) -> list[str]:
     """The real function's parameter names where SGLang imports here, else the 0.5.23 ones."""
-    import importlib
-    import inspect
-
     try:
-        return list(inspect.signature(getattr(importlib.import_module(bypass.module), bypass.function)).parameters)
+        return plugin_mod._param_names(plugin_mod._resolve(bypass.module, bypass.function))
     except Exception:  # noqa: BLE001 - SGLang not installed: its signatures as of 0.5.23
-        return {"bf16_rope_scale_store": ["qkv", "query", "key_cache", "value_cache", "cos_sin", "positions",
-                                          "locations", "value_scale"],
-                "fused_fp8_qkv_kv_cache": ["q", "k", "v", "k_cache", "v_cache", "cache_loc", "k_scale",
-                                           "v_scale"]}[bypass.function]
+        return PARAMS_0_5_23[bypass.function]
+
+
+def _bypass(plugin: Any, function: str) -> Any:
+    return next(b for b in plugin.BYPASSES if b.function == function)
 
 
 def store(**kw: Any) -> None:
@@ -73,11 +85,14 @@ def store(**kw: Any) -> None:
 
 
 def test_sglang_0_5_23_bypass_signatures_are_what_the_hooks_read() -> None:
-    """Where SGLang imports, its bypass functions take the K cache and slots the hooks read."""
+    """Where SGLang imports, its bypass functions take the slots and the K cache or layer the hooks
+    read, with the names of 0.5.23."""
     pytest.importorskip("sglang")
+    assert {b.function for b in plugin_mod.BYPASSES} == set(PARAMS_0_5_23)
     for bypass in plugin_mod.BYPASSES:
         params = _params(bypass)
-        assert bypass.k_cache in params and bypass.loc in params, (bypass.function, params)
+        assert params == PARAMS_0_5_23[bypass.function]
+        assert bypass.loc in params and (bypass.k_cache in params or bypass.layer in params), (bypass.function, params)
 
 
 @contextlib.contextmanager
@@ -109,7 +124,7 @@ def test_every_write_through_a_bypass_is_seen(plugin: Any) -> None:
     write ranged as its own variant, counted, and the ledger says every write was seen."""
     pool = Pool()
     plugin.LAYERS.add(pool)
-    bypass = plugin.BYPASSES[0]
+    bypass = _bypass(plugin, "bf16_rope_scale_store")
     hook = plugin._make_bypass_hook(bypass, _params(bypass))
 
     def write(layer: int, loc: torch.Tensor) -> bool:
@@ -137,7 +152,7 @@ def test_writes_no_hook_saw_are_named(plugin: Any) -> None:
     counts its tokens unseen and names the path; the hooked layers are seen."""
     pool = Pool()
     plugin.LAYERS.add(pool)
-    bypass = plugin.BYPASSES[1]
+    bypass = _bypass(plugin, "fused_fp8_qkv_kv_cache")
     hook = plugin._make_bypass_hook(bypass, _params(bypass))
 
     def write(layer: int, loc: torch.Tensor) -> bool:
@@ -160,7 +175,7 @@ def test_graph_replay_steps_and_captured_writes_are_kept_apart(plugin: Any) -> N
     """Writes captured into a CUDA graph are no step's; a step that replays a graph is counted apart."""
     pool = Pool()
     plugin.LAYERS.add(pool)
-    bypass = plugin.BYPASSES[1]
+    bypass = _bypass(plugin, "fused_fp8_qkv_kv_cache")
     hook = plugin._make_bypass_hook(bypass, _params(bypass))
     graphs = plugin.GRAPHS
     graphs.begin(object())
@@ -206,7 +221,7 @@ def test_nested_contexts_are_one_step_and_a_capture_is_none(plugin: Any) -> None
     that captured a CUDA graph is no step, its warm-up writes dropped with it; a failed step too."""
     pool = Pool()
     plugin.LAYERS.add(pool)
-    bypass = plugin.BYPASSES[1]
+    bypass = _bypass(plugin, "fused_fp8_qkv_kv_cache")
     hook = plugin._make_bypass_hook(bypass, _params(bypass))
 
     def write(layer: int, loc: torch.Tensor) -> bool:
@@ -233,3 +248,79 @@ def test_nested_contexts_are_one_step_and_a_capture_is_none(plugin: Any) -> None
     assert ledger.expected == ledger.seen == {str(i): 3 for i in range(LAYERS)}
     assert ledger.unseen_paths == {f"save_kv_cache=False L{i}: the model writes K/V itself": 3 for i in range(LAYERS)}
     assert plugin.STATE.paths == {"sglang:sglang_trtllm_fp8_qkv": 2 * LAYERS + 1}
+
+
+class SwaPool(Pool):
+    """DeepSeek-V4's pool as the plugin reads it: each layer's SWA buffer from get_swa_raw_buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swa = [torch.zeros(4, 2 * D * HK, dtype=torch.uint8) for _ in range(LAYERS)]
+
+    def get_swa_raw_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.swa[layer_id - self.start_layer]
+
+
+def test_dsv4_swa_store_ranged_with_its_layer(plugin: Any) -> None:
+    """DeepSeek-V4's fused_qk_norm_rope_swa_store: a call that stores (swa_cache, swa_loc) is ranged
+    and seen, its layer from its SWA buffer's address; a call without swa_cache only rotates: no
+    range, nothing counted."""
+    pool = SwaPool()
+    pool.start_layer = 2
+    plugin.LAYERS.add(pool)
+    hook = plugin._make_bypass_hook(_bypass(plugin, "fused_qk_norm_rope_swa_store"),
+                                    PARAMS_0_5_23["fused_qk_norm_rope_swa_store"])
+    calls: list[Any] = []
+    kernel = lambda *a, **k: calls.append(k) or "q"  # noqa: E731 - the kernel's stand-in
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        assert hook(kernel, None, None, None, None, 1e-6, 1e-6, 64, None, None, None) == "q"  # rotate only
+        hook(kernel, q=None, kv=None, q_norm_weight=None, kv_norm_weight=None, q_rms_eps=1e-6, kv_rms_eps=1e-6,
+             rope_head_dim=64, cos_cache=None, sin_cache=None, positions=None,
+             swa_cache=pool.get_swa_raw_buffer(layer + 2), swa_loc=loc)
+        return False
+
+    ctx = SimpleNamespace(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
+    batch = SimpleNamespace(out_cache_loc=torch.arange(1, 4))
+    with plugin._make_step_hook()(_forward_context, ctx, forward_batch=batch):
+        for layer in range(LAYERS):
+            write(layer, batch.out_cache_loc)
+    state = plugin.STATE
+    assert len(calls) == 2 * LAYERS
+    assert state.paths == {"sglang:sglang_dsv4_swa_store": LAYERS} and state.unattributed == {}
+    ledger = state.ledger.record()
+    assert ledger is not None and ledger.expected == ledger.seen == {str(i): 3 for i in range(2, 2 + LAYERS)}
+    (info,) = state.pools.values()
+    assert info["native_path"] == "fused_qk_norm_rope_swa_store"
+
+
+def test_hpc_ops_fused_store_ranged_with_its_layer(plugin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hpc_ops backend's fused_qk_rope_store_kv_fp8 (HunYuan V3): layer from its attention
+    layer, tokens from its batch's out_cache_loc; the ledger sees every write."""
+    pool = Pool()
+    plugin.LAYERS.add(pool)
+    monkeypatch.setattr(plugin, "_current_pool", lambda: pool)
+    hook = plugin._make_bypass_hook(_bypass(plugin, "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8"),
+                                    PARAMS_0_5_23["HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8"])
+    backend = object()
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        batch = SimpleNamespace(out_cache_loc=loc)
+        kernel = lambda self, layer, forward_batch, *a, **k: pool.k_buffer[layer.layer_id].index_fill_(  # noqa: E731
+            0, forward_batch.out_cache_loc, 3)
+        if layer == 0:  # positional, as a caller may pass it
+            hook(kernel, backend, SimpleNamespace(layer_id=layer), batch, None, None, None, None, 2)
+        else:
+            hook(kernel, backend, layer=SimpleNamespace(layer_id=layer), forward_batch=batch, qkv=None,
+                 cos_sin_cache=None, q_norm_weight=None, k_norm_weight=None, qk_norm_policy=2)
+        return False
+
+    for tokens in (4, 1):
+        _step(plugin, pool, tokens, write)
+    state = plugin.STATE
+    assert state.paths == {"sglang:sglang_hpc_ops_fp8": 2 * LAYERS}
+    assert all((pool.k_buffer[i][1:5] == 3).all() for i in range(LAYERS))
+    ledger = state.ledger.record()
+    assert ledger is not None and ledger.expected == ledger.seen == {str(i): 5 for i in range(LAYERS)}
+    (info,) = state.pools.values()
+    assert info["variant"] == "sglang_hpc_ops_fp8" and info["native_path"] == "fused_qk_rope_store_kv_fp8"
