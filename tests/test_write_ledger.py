@@ -217,8 +217,9 @@ def test_analyze_prints_the_ledger(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_nested_contexts_are_one_step_and_a_capture_is_none(plugin: Any) -> None:
-    """A forward_context inside the step's (a graph runner's, TBO's) is part of that step; a forward
-    that captured a CUDA graph is no step, its warm-up writes dropped with it; a failed step too."""
+    """A forward_context inside the step's (a graph runner's, TBO's) is part of that step, one without
+    a batch around it bounds nothing; a forward that captured a CUDA graph is no step, its warm-up
+    writes dropped with it; a failed step too."""
     pool = Pool()
     plugin.LAYERS.add(pool)
     bypass = _bypass(plugin, "fused_fp8_qkv_kv_cache")
@@ -229,7 +230,9 @@ def test_nested_contexts_are_one_step_and_a_capture_is_none(plugin: Any) -> None
              cache_loc=loc)
         return False
 
-    _step(plugin, pool, 3, write, inner=lambda: None)
+    ctx = SimpleNamespace(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
+    with plugin._make_step_hook()(_forward_context, ctx):  # a scope without a batch around the step
+        _step(plugin, pool, 3, write, inner=lambda: None)
     graphs = plugin.GRAPHS
 
     def capture() -> None:

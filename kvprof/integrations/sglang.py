@@ -156,10 +156,11 @@ BYPASSES: tuple[Bypass, ...] = (
 )
 # The write ledger's two points: each forward step, and each attention call that passes
 # save_kv_cache=False (the model writes K/V itself: named where writes go unseen). The step is the
-# outermost forward_context(ctx, forward_batch=...) on the thread: ModelRunner._forward_raw opens one
-# around every forward (eager, split prefill, either CUDA-graph runner), and the module imports
-# where SGLang's server dependencies are missing (ModelRunner's does not: fastapi, uvicorn).
-# Contexts opened inside it (the graph runners', PDmux's, TBO's) are part of its step.
+# outermost forward_context(ctx, forward_batch=...) with a batch on the thread: ModelRunner._forward_raw
+# opens one around every forward (eager, split prefill, either CUDA-graph runner), and the module
+# imports where SGLang's server dependencies are missing (ModelRunner's does not: fastapi, uvicorn).
+# Contexts with a batch opened inside it (the graph runners', TBO's) are part of its step; those
+# without one (PDmux's, a draft loop's scope) are nobody's boundary.
 STEP_TARGET = ("sglang.srt.model_executor.forward_context", "forward_context")
 ATTENTION_TARGET = ("sglang.srt.layers.radix_attention", "RadixAttention", "forward")
 
@@ -451,7 +452,8 @@ _STEP_LOCAL = threading.local()  # forward_context calls open on this thread (th
 
 class _Step:
     """What the hooked ``forward_context`` returns: SGLang's own context manager, inside a ledger
-    step when it is the thread's outermost one with a batch. The step asks the batch's tokens
+    step when it is the thread's outermost one with a batch (contexts without one, around it or
+    inside it, are no step's boundary). The step asks the batch's tokens
     (``out_cache_loc``, read on entry) of each layer of the forward context's pool
     (``ctx.attn_backend.token_to_kv_pool``); a forward that captured a CUDA graph is no step, one
     that replayed a graph with writes is a graph step (``Ledger.end``)."""
@@ -463,9 +465,11 @@ class _Step:
         self.marks = (0, 0)
 
     def __enter__(self) -> Any:
+        if self.batch is None:  # a context without a batch (PDmux's backend, a draft loop's scope): no step
+            return self.inner.__enter__()
         local = _STEP_LOCAL
         depth = getattr(local, "depth", 0)
-        self.outer = depth == 0 and self.batch is not None
+        self.outer = depth == 0
         local.depth = depth + 1
         if self.outer:
             try:
@@ -493,6 +497,8 @@ class _Step:
             self._close(failed=exc[0] is not None)
 
     def _close(self, failed: bool) -> None:
+        if self.batch is None:
+            return
         local = _STEP_LOCAL
         local.depth = max(getattr(local, "depth", 1) - 1, 0)
         if not self.outer:
