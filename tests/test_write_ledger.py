@@ -327,3 +327,16 @@ def test_hpc_ops_fused_store_ranged_with_its_layer(plugin: Any, monkeypatch: pyt
     assert ledger is not None and ledger.expected == ledger.seen == {str(i): 5 for i in range(LAYERS)}
     (info,) = state.pools.values()
     assert info["variant"] == "sglang_hpc_ops_fp8" and info["native_path"] == "fused_qk_rope_store_kv_fp8"
+
+
+def test_pool_layers_of_hybrid_and_swa_pools(plugin: Any) -> None:
+    """The layers asked of a step: an SWA pool's full and sliding-window layers together (each
+    inner pool's model_layer_ids), a hybrid linear pool's full-attention layers only, a plain
+    pool's start_layer .. + layer_num."""
+    full, swa = Pool(), Pool()
+    full.model_layer_ids, swa.model_layer_ids = (3, 7), (0, 1, 2, 4, 5, 6)
+    assert plugin.pool_layers(SimpleNamespace(full_kv_pool=full, swa_kv_pool=swa, layer_num=8)) == list(range(8))
+    assert plugin.pool_layers(SimpleNamespace(full_kv_pool=full, layer_num=8)) == [3, 7]
+    plain = Pool()
+    plain.start_layer = 4
+    assert plugin.pool_layers(plain) == [4, 5, 6]

@@ -523,10 +523,12 @@ def _make_step_hook() -> Any:
 
 def pool_layers(pool: Any) -> list[int]:
     """The layer ids a KV pool keeps a cache for: ``model_layer_ids`` where a hybrid pool has them,
-    else ``start_layer`` .. ``start_layer + layer_num``; a hybrid pool's full-attention pool's."""
-    inner = getattr(pool, "full_kv_pool", None)
-    if inner is not None:
-        pool = inner
+    else ``start_layer`` .. ``start_layer + layer_num``. A pool made of inner pools answers for them:
+    a hybrid linear pool's full-attention pool (its other layers keep no KV), an SWA pool's full
+    and sliding-window pools together."""
+    inner = [p for p in (getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)) if p is not None]
+    if inner:
+        return sorted({layer for p in inner for layer in pool_layers(p)})
     ids = getattr(pool, "model_layer_ids", None)
     if isinstance(ids, (list, tuple)) and ids:
         return [int(i) for i in ids]
@@ -804,9 +806,10 @@ class _LayerMap:
         pool = self.current()
         if pool is not None:
             self.add(pool)
-            inner = getattr(pool, "full_kv_pool", None)  # a hybrid pool's full-attention pool
-            if inner is not None:
-                self.add(inner)
+            for name in ("full_kv_pool", "swa_kv_pool"):  # a hybrid or SWA pool's inner pools
+                inner = getattr(pool, name, None)
+                if inner is not None:
+                    self.add(inner)
         self._rebuild()
         hit = self._alive(self.by_ptr.get(ptr), ptr)
         if hit is None:
