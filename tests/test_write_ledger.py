@@ -84,6 +84,7 @@ def store(**kw: Any) -> None:
     k_cache[loc] = 1
 
 
+@pytest.mark.slow  # imports SGLang's attention backends (about 8 s on a 2-core machine)
 def test_sglang_0_5_23_bypass_signatures_are_what_the_hooks_read() -> None:
     """Where SGLang imports, its bypass functions take the slots and the K cache or layer the hooks
     read, with the names of 0.5.23."""
