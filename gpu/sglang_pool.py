@@ -17,6 +17,8 @@ plugin hooked SGLang's kernel wrapper, the sidecar counts exactly layers x steps
 into rope, the K cache at the slots holds the rotated k bit for bit and the V cache v, and the
 rotated k is the float32 reference within SGLang's bound (one bf16 ulp plus one float32 product
 rounding: nvcc contracts multiply-adds), or bit for bit with ``KVPROF_SGLANG_WRITER=rope_triton_fused``.
+Each step runs in a forward context with its batch, as ModelRunner runs one: the write ledger
+must count every step and see every token asked of every layer.
 """
 
 from __future__ import annotations
@@ -201,6 +203,11 @@ def rope_main(args: argparse.Namespace) -> int:
         ok &= bool(enabled)
 
         def step(loc: torch.Tensor, pos: torch.Tensor, rows: list, check: bool) -> bool:
+            # one forward step as ModelRunner opens it: a forward context with its batch (the ledger's step)
+            with forward_context(ForwardContext(attn_backend=Backend(pool)), forward_batch=Batch(loc)):
+                return step_writes(loc, pos, rows, check)
+
+        def step_writes(loc: torch.Tensor, pos: torch.Tensor, rows: list, check: bool) -> bool:
             good = True
             for i, (q, k, v) in enumerate(rows):
                 q, k = q.clone(), k.clone()
@@ -247,6 +254,13 @@ def rope_main(args: argparse.Namespace) -> int:
                       "unattributed": STATE.unattributed, "expected_writes": writes}), flush=True)
     ok &= counted == writes and not STATE.fallbacks and not STATE.unattributed
     print(f"writes fused into rope counted: {counted} of {writes}; caches and rotation checked: {ok}", flush=True)
+    ledger = STATE.ledger.record()
+    asked = {str(i): args.batch * (2 * len(steps) - 1) for i in range(args.layers)}
+    seen_all = ledger is not None and ledger.steps == 2 * len(steps) - 1 and ledger.expected == asked \
+        and ledger.seen == asked
+    print(f"write ledger: {ledger.steps if ledger else 0} steps, tokens asked {ledger.expected if ledger else None}, "
+          f"seen {ledger.seen if ledger else None}: every write seen: {seen_all}", flush=True)
+    ok &= seen_all
     return 0 if ok else 2
 
 

@@ -237,6 +237,62 @@ prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
 json.dump({"hooked": hooked}, open(os.path.join(out, "result.txt"), "w"))
 '''
 
+# A model's forward steps as SGLang runs them, for the write ledger: SGLang's own forward_context
+# (what ModelRunner._forward_raw opens around every forward), ForwardBatch, RadixAttention and
+# MHATokenToKVPool. What stands in is the attention backend, whose forward writes K/V through
+# set_kv_buffer when asked to save them, as SGLang's backends do. One prefill of 5 tokens and two
+# decode steps over 3 layers. MODE "seen": every layer saves through the backend. MODE "bypass":
+# layer 1 writes its own K/V into its buffers (as a model's fused kernel kvprof does not hook) and
+# calls its attention with save_kv_cache=False.
+LEDGER_SCENARIO = r'''
+import json, os, sys, torch
+out = sys.argv[1]
+MODE = "%s"
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.plugins import load_plugins
+
+load_plugins()
+import sglang.srt.model_executor.forward_context as fc
+hooked = forward_context is fc.forward_context and hasattr(fc.forward_context, "__wrapped__")
+pool = MHATokenToKVPool(size=96, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64, layer_num=3,
+                        device="cpu", enable_memory_saver=False)
+
+class Backend:  # the stand-in: SGLang's backends save K/V through set_kv_buffer unless told not to
+    token_to_kv_pool = pool
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if save_kv_cache:
+            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        return q
+
+layers = [RadixAttention(2, 64, 0.125, 2, layer_id=i) for i in range(3)]
+g = torch.Generator().manual_seed(0)
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    start = 1
+    for mode, tokens in ((ForwardMode.EXTEND, 5), (ForwardMode.DECODE, 1), (ForwardMode.DECODE, 1)):
+        loc = torch.arange(start, start + tokens)
+        start += tokens
+        batch = ForwardBatch(forward_mode=mode, batch_size=1, input_ids=torch.zeros(tokens, dtype=torch.long),
+                             req_pool_indices=torch.zeros(1, dtype=torch.long), seq_lens=torch.tensor([start - 1]),
+                             out_cache_loc=loc, seq_lens_sum=start - 1)
+        with forward_context(ForwardContext(attn_backend=Backend()), forward_batch=batch):
+            for attn in layers:
+                k = torch.randn(tokens, 2, 64, generator=g).bfloat16()
+                v = torch.randn(tokens, 2, 64, generator=g).bfloat16()
+                q = torch.randn(tokens, 128, generator=g).bfloat16()
+                save = True
+                if MODE == "bypass" and attn.layer_id == 1:
+                    pool.k_buffer[1][loc], pool.v_buffer[1][loc] = k, v
+                    save = False
+                attn(q, k, v, batch, save_kv_cache=save)
+prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
+written = all(bool(b[1:8].view(torch.uint8).any()) for b in pool.k_buffer + pool.v_buffer)
+json.dump({"hooked": hooked, "written": written}, open(os.path.join(out, "result.txt"), "w"))
+'''
+
 # The fork server: imports what the scenarios import of SGLang (never kvprof's plugin, never
 # load_plugins()), then for each request line {"script", "args", "env", "log"} forks a child that
 # takes that environment and argv, sends stdout and stderr to the log and runs the script as
@@ -250,7 +306,7 @@ import torch
 import sglang.srt.mem_cache.memory_pool, sglang.srt.plugins
 import sglang.kernels.ops.attention.rope
 import sglang.srt.layers.rotary_embedding.factory, sglang.srt.model_executor.forward_context
-import sglang.srt.models.utils
+import sglang.srt.models.utils, sglang.srt.layers.radix_attention, sglang.srt.model_executor.forward_batch_info
 assert not any(m == "kvprof" or m.startswith("kvprof.") for m in sys.modules), "the server imported kvprof"
 print("ready", flush=True)
 for line in sys.stdin:
@@ -355,9 +411,11 @@ def test_plugin_in_sglang_pool(server: ForkServer, tmp_path: Path, writer: str |
     assert len(sidecars) == 1
     side = json.loads(sidecars[0].read_text())
     assert side["sglang_version"] and side["tp_rank"] == 0 and side["writer"] == writer
-    # SGLang 0.5.23's bypass paths and the attention call that names them are hooked on its real
-    # package (ModelRunner.forward, the ledger's step, needs SGLang's server dependencies: not here)
-    assert {"bf16_rope_scale_store", "fused_fp8_qkv_kv_cache", "RadixAttention.forward"} <= set(side["hooked"])
+    # SGLang 0.5.23's bypass paths, the ledger's step and the attention call that names them are
+    # hooked on its real package
+    assert {"bf16_rope_scale_store", "fused_fp8_qkv_kv_cache", "fused_qk_norm_rope_swa_store",
+            "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8", "forward_context",
+            "RadixAttention.forward"} <= set(side["hooked"])
     assert side["engine"] == "sglang" and side["schema"] == "kvprof.engine_sidecar/1"
     assert {p["dtype"] for p in side["pools"]} == {"bf16", "fp8_e4m3"}
     assert all(p["class"] == "MHATokenToKVPool" and p["native_path"] == "index_put" for p in side["pools"])
@@ -409,7 +467,7 @@ def test_shadow_check_in_sglang_pool(server: ForkServer, tmp_path: Path, writer:
     KVPROF_SGLANG_WRITER is caught on every write it takes, and analyze says so in red and in its
     warnings. The float64 call a writer cannot take is SGLang's, and checked as SGLang's. SGLang's own
     canary reporter, run in the same process over one violation, has it read into the sidecar."""
-    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n" + SCENARIO + CANARY  # verify_plants
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n" + SCENARIO + CANARY  # planted_writers
     result, prof = _scenario(server, tmp_path, writer, code, {"KVPROF_SGLANG_SHADOW": "1"})
     assert result["hooked"] and result["written"]
     (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
@@ -478,6 +536,35 @@ def test_fused_rope_writes_counted_ranged_and_routed(server: ForkServer, tmp_pat
     summary = json.loads((out / "summary.json").read_text())
     (row,) = summary["write_kernels"]["stepless_writes"]
     assert (row["variant"], row["writes"], row["layers"], row["rank"]) == (variant, layers * steps, layers, 0)
+
+
+@pytest.mark.parametrize("mode", ["seen", "bypass"])
+def test_write_ledger_in_sglang_forward_steps(server: ForkServer, tmp_path: Path, mode: str,
+                                              capsys: pytest.CaptureFixture[str]):
+    """The ledger on SGLang's real package, its step from SGLang's own forward_context: every write
+    seen (7 tokens x 3 layers over 3 steps), or layer 1's 7 tokens unseen and named by its
+    save_kv_cache=False calls; analyze prints the verdict."""
+    result, prof = _scenario(server, tmp_path, None, LEDGER_SCENARIO % mode)
+    assert result["hooked"], "load_plugins() did not hook forward_context where ModelRunner imports it from"
+    assert result["written"], "the writes did not land"
+    (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
+    side = json.loads(sidecar.read_text())
+    assert {"forward_context", "RadixAttention.forward"} <= set(side["hooked"])
+    ledger = side["ledger"]
+    assert (ledger["steps"], ledger["graph_steps"]) == (3, 0)
+    assert ledger["expected"] == {"0": 7, "1": 7, "2": 7}
+    assert main(["analyze", str(prof), "--no-files"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # as wrapped at any width
+    if mode == "seen":
+        assert ledger["seen"] == ledger["expected"] and ledger["unseen_paths"] == {}
+        assert side["paths"] == {"sglang:sglang_mha": 9}
+        assert "every write was seen: 21 tokens asked of 3 layers over 3 steps" in printed
+    else:
+        assert ledger["seen"] == {"0": 7, "2": 7}
+        assert ledger["unseen_paths"] == {"save_kv_cache=False L1: the model writes K/V itself": 7}
+        assert side["paths"] == {"sglang:sglang_mha": 6}
+        assert "7 of 21 tokens asked were written where no hook saw them, over 3 steps" in printed
+        assert "save_kv_cache=False L1: the model writes K/V itself (7 tokens)" in printed
 
 
 def test_plugin_off_without_the_variable(server: ForkServer, tmp_path: Path):

@@ -2,15 +2,17 @@
 a hook saw, and what analyze prints from it.
 
 SGLang's side runs the plugin's hooks as SGLang's HookRegistry would call them (an AROUND hook
-gets the original first) over stand-in pools with SGLang's attribute names: ``ModelRunner.forward``
+gets the original first) over stand-in pools with SGLang's attribute names: ``forward_context``
 (a step: its batch's ``out_cache_loc`` times the pool's layers), ``RadixAttention.forward`` (a
 ``save_kv_cache=False`` call names the path) and the bypass paths, whose parameter names are read
 from SGLang 0.5.23's real functions where its package imports (``bf16_rope_scale_store``,
 ``fused_fp8_qkv_kv_cache``); their CUDA kernels are stand-ins that store the rows. The vLLM side
-runs in vLLM itself (tests/test_vllm_plugin.py)."""
+runs in vLLM itself (tests/test_vllm_plugin.py); SGLang's real forward steps in
+tests/test_sglang_plugin.py (``test_write_ledger_in_sglang_forward_steps``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,18 +51,30 @@ def plugin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     return plugin_mod
 
 
+# SGLang 0.5.23's parameter names of the bypass paths, where SGLang does not import here
+PARAMS_0_5_23 = {
+    "bf16_rope_scale_store": ["qkv", "query", "key_cache", "value_cache", "cos_sin", "positions", "locations",
+                              "value_scale"],
+    "fused_fp8_qkv_kv_cache": ["q", "k", "v", "k_cache", "v_cache", "cache_loc", "k_scale", "v_scale"],
+    "fused_qk_norm_rope_swa_store": ["q", "kv", "q_norm_weight", "kv_norm_weight", "q_rms_eps", "kv_rms_eps",
+                                     "rope_head_dim", "cos_cache", "sin_cache", "positions", "swa_cache",
+                                     "swa_loc", "swa_page_size", "q_out", "dtype", "bf16_store", "fp8_2buff",
+                                     "swa_rope_cache", "k_nope_out", "k_rope_out", "q_rope_out"],
+    "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8": ["self", "layer", "forward_batch", "qkv", "cos_sin_cache",
+                                                     "q_norm_weight", "k_norm_weight", "qk_norm_policy"],
+}
+
+
 def _params(bypass: plugin_mod.Bypass) -> list[str]:
     """The real function's parameter names where SGLang imports here, else the 0.5.23 ones."""
-    import importlib
-    import inspect
-
     try:
-        return list(inspect.signature(getattr(importlib.import_module(bypass.module), bypass.function)).parameters)
+        return plugin_mod._param_names(plugin_mod._resolve(bypass.module, bypass.function))
     except Exception:  # noqa: BLE001 - SGLang not installed: its signatures as of 0.5.23
-        return {"bf16_rope_scale_store": ["qkv", "query", "key_cache", "value_cache", "cos_sin", "positions",
-                                          "locations", "value_scale"],
-                "fused_fp8_qkv_kv_cache": ["q", "k", "v", "k_cache", "v_cache", "cache_loc", "k_scale",
-                                           "v_scale"]}[bypass.function]
+        return PARAMS_0_5_23[bypass.function]
+
+
+def _bypass(plugin: Any, function: str) -> Any:
+    return next(b for b in plugin.BYPASSES if b.function == function)
 
 
 def store(**kw: Any) -> None:
@@ -70,28 +84,40 @@ def store(**kw: Any) -> None:
     k_cache[loc] = 1
 
 
+@pytest.mark.slow  # imports SGLang's attention backends (about 8 s on a 2-core machine)
 def test_sglang_0_5_23_bypass_signatures_are_what_the_hooks_read() -> None:
-    """Where SGLang imports, its bypass functions take the K cache and slots the hooks read."""
+    """Where SGLang imports, its bypass functions take the slots and the K cache or layer the hooks
+    read, with the names of 0.5.23."""
     pytest.importorskip("sglang")
+    assert {b.function for b in plugin_mod.BYPASSES} == set(PARAMS_0_5_23)
     for bypass in plugin_mod.BYPASSES:
         params = _params(bypass)
-        assert bypass.k_cache in params and bypass.loc in params, (bypass.function, params)
+        assert params == PARAMS_0_5_23[bypass.function]
+        assert bypass.loc in params and (bypass.k_cache in params or bypass.layer in params), (bypass.function, params)
 
 
-def _step(plugin: Any, pool: Pool, tokens: int, write: Any) -> None:
-    """One ModelRunner.forward through the step hook; ``write(layer)`` is the model's write."""
-    runner = SimpleNamespace(token_to_kv_pool=pool)
+@contextlib.contextmanager
+def _forward_context(ctx: Any, *, forward_batch: Any = None) -> Any:
+    """SGLang's forward_context, as far as the hook sees it."""
+    yield
+
+
+def _step(plugin: Any, pool: Pool, tokens: int, write: Any, inner: Any = None) -> None:
+    """One forward step inside the hooked forward_context; ``write(layer, loc)`` is the model's
+    write (it returns the attention call's save_kv_cache); ``inner()``, if given, runs inside a
+    nested forward_context of the same step after the layers (a graph runner's)."""
+    ctx = SimpleNamespace(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
     batch = SimpleNamespace(out_cache_loc=torch.arange(1, tokens + 1))
     attention = plugin._make_attention_hook()
-
-    def forward(runner: Any, forward_batch: Any) -> str:
+    step = plugin._make_step_hook()
+    with step(_forward_context, ctx, forward_batch=batch):
         for layer in range(LAYERS):
             layer_obj = SimpleNamespace(layer_id=layer)
-            save = write(layer, forward_batch.out_cache_loc)
-            attention(lambda *a, **k: None, layer_obj, None, None, None, forward_batch, save)
-        return "out"
-
-    assert plugin._make_step_hook()(forward, runner, batch) == "out"
+            save = write(layer, batch.out_cache_loc)
+            attention(lambda *a, **k: None, layer_obj, None, None, None, batch, save)
+        if inner is not None:
+            with step(_forward_context, ctx, forward_batch=batch):
+                inner()
 
 
 def test_every_write_through_a_bypass_is_seen(plugin: Any) -> None:
@@ -99,7 +125,7 @@ def test_every_write_through_a_bypass_is_seen(plugin: Any) -> None:
     write ranged as its own variant, counted, and the ledger says every write was seen."""
     pool = Pool()
     plugin.LAYERS.add(pool)
-    bypass = plugin.BYPASSES[0]
+    bypass = _bypass(plugin, "bf16_rope_scale_store")
     hook = plugin._make_bypass_hook(bypass, _params(bypass))
 
     def write(layer: int, loc: torch.Tensor) -> bool:
@@ -127,7 +153,7 @@ def test_writes_no_hook_saw_are_named(plugin: Any) -> None:
     counts its tokens unseen and names the path; the hooked layers are seen."""
     pool = Pool()
     plugin.LAYERS.add(pool)
-    bypass = plugin.BYPASSES[1]
+    bypass = _bypass(plugin, "fused_fp8_qkv_kv_cache")
     hook = plugin._make_bypass_hook(bypass, _params(bypass))
 
     def write(layer: int, loc: torch.Tensor) -> bool:
@@ -150,7 +176,7 @@ def test_graph_replay_steps_and_captured_writes_are_kept_apart(plugin: Any) -> N
     """Writes captured into a CUDA graph are no step's; a step that replays a graph is counted apart."""
     pool = Pool()
     plugin.LAYERS.add(pool)
-    bypass = plugin.BYPASSES[1]
+    bypass = _bypass(plugin, "fused_fp8_qkv_kv_cache")
     hook = plugin._make_bypass_hook(bypass, _params(bypass))
     graphs = plugin.GRAPHS
     graphs.begin(object())
@@ -189,3 +215,129 @@ def test_analyze_prints_the_ledger(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "write ledger (vllm TP 0 pid 11): every write was seen: 16 tokens asked of 2 layers over 4 steps" in printed
     assert "write ledger (vllm TP 0 pid 12): 8 of 16 tokens asked were written where no hook saw them" in printed
     assert "no hook named their path" in printed
+
+
+def test_nested_contexts_are_one_step_and_a_capture_is_none(plugin: Any) -> None:
+    """A forward_context inside the step's (a graph runner's, TBO's) is part of that step, one without
+    a batch around it bounds nothing; a forward that captured a CUDA graph is no step, its warm-up
+    writes dropped with it; a failed step too."""
+    pool = Pool()
+    plugin.LAYERS.add(pool)
+    bypass = _bypass(plugin, "fused_fp8_qkv_kv_cache")
+    hook = plugin._make_bypass_hook(bypass, _params(bypass))
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        hook(store, q=None, k=None, v=None, k_cache=pool.k_buffer[layer], v_cache=pool.v_buffer[layer],
+             cache_loc=loc)
+        return False
+
+    ctx = SimpleNamespace(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
+    with plugin._make_step_hook()(_forward_context, ctx):  # a scope without a batch around the step
+        _step(plugin, pool, 3, write, inner=lambda: None)
+    graphs = plugin.GRAPHS
+
+    def capture() -> None:
+        graphs.begin(object())
+        hook(store, q=None, k=None, v=None, k_cache=pool.k_buffer[0], v_cache=pool.v_buffer[0],
+             cache_loc=torch.arange(1, 3))
+        graphs.end()
+
+    _step(plugin, pool, 2, write, inner=capture)  # warm-up writes of 2 tokens per layer, then a capture
+    with pytest.raises(RuntimeError):
+        def fail(layer: int, loc: torch.Tensor) -> bool:
+            raise RuntimeError("the forward failed")
+        _step(plugin, pool, 4, fail)
+    ledger = plugin.STATE.ledger.record()
+    assert ledger is not None and (ledger.steps, ledger.graph_steps) == (1, 0)
+    assert ledger.expected == ledger.seen == {str(i): 3 for i in range(LAYERS)}
+    assert ledger.unseen_paths == {f"save_kv_cache=False L{i}: the model writes K/V itself": 3 for i in range(LAYERS)}
+    assert plugin.STATE.paths == {"sglang:sglang_trtllm_fp8_qkv": 2 * LAYERS + 1}
+
+
+class SwaPool(Pool):
+    """DeepSeek-V4's pool as the plugin reads it: each layer's SWA buffer from get_swa_raw_buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swa = [torch.zeros(4, 2 * D * HK, dtype=torch.uint8) for _ in range(LAYERS)]
+
+    def get_swa_raw_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.swa[layer_id - self.start_layer]
+
+
+def test_dsv4_swa_store_ranged_with_its_layer(plugin: Any) -> None:
+    """DeepSeek-V4's fused_qk_norm_rope_swa_store: a call that stores (swa_cache, swa_loc) is ranged
+    and seen, its layer from its SWA buffer's address; a call without swa_cache only rotates: no
+    range, nothing counted."""
+    pool = SwaPool()
+    pool.start_layer = 2
+    plugin.LAYERS.add(pool)
+    hook = plugin._make_bypass_hook(_bypass(plugin, "fused_qk_norm_rope_swa_store"),
+                                    PARAMS_0_5_23["fused_qk_norm_rope_swa_store"])
+    calls: list[Any] = []
+    kernel = lambda *a, **k: calls.append(k) or "q"  # noqa: E731 - the kernel's stand-in
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        assert hook(kernel, None, None, None, None, 1e-6, 1e-6, 64, None, None, None) == "q"  # rotate only
+        hook(kernel, q=None, kv=None, q_norm_weight=None, kv_norm_weight=None, q_rms_eps=1e-6, kv_rms_eps=1e-6,
+             rope_head_dim=64, cos_cache=None, sin_cache=None, positions=None,
+             swa_cache=pool.get_swa_raw_buffer(layer + 2), swa_loc=loc)
+        return False
+
+    ctx = SimpleNamespace(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
+    batch = SimpleNamespace(out_cache_loc=torch.arange(1, 4))
+    with plugin._make_step_hook()(_forward_context, ctx, forward_batch=batch):
+        for layer in range(LAYERS):
+            write(layer, batch.out_cache_loc)
+    state = plugin.STATE
+    assert len(calls) == 2 * LAYERS
+    assert state.paths == {"sglang:sglang_dsv4_swa_store": LAYERS} and state.unattributed == {}
+    ledger = state.ledger.record()
+    assert ledger is not None and ledger.expected == ledger.seen == {str(i): 3 for i in range(2, 2 + LAYERS)}
+    (info,) = state.pools.values()
+    assert info["native_path"] == "fused_qk_norm_rope_swa_store"
+
+
+def test_hpc_ops_fused_store_ranged_with_its_layer(plugin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hpc_ops backend's fused_qk_rope_store_kv_fp8 (HunYuan V3): layer from its attention
+    layer, tokens from its batch's out_cache_loc; the ledger sees every write."""
+    pool = Pool()
+    plugin.LAYERS.add(pool)
+    monkeypatch.setattr(plugin, "_current_pool", lambda: pool)
+    hook = plugin._make_bypass_hook(_bypass(plugin, "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8"),
+                                    PARAMS_0_5_23["HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8"])
+    backend = object()
+
+    def write(layer: int, loc: torch.Tensor) -> bool:
+        batch = SimpleNamespace(out_cache_loc=loc)
+        kernel = lambda self, layer, forward_batch, *a, **k: pool.k_buffer[layer.layer_id].index_fill_(  # noqa: E731
+            0, forward_batch.out_cache_loc, 3)
+        if layer == 0:  # positional, as a caller may pass it
+            hook(kernel, backend, SimpleNamespace(layer_id=layer), batch, None, None, None, None, 2)
+        else:
+            hook(kernel, backend, layer=SimpleNamespace(layer_id=layer), forward_batch=batch, qkv=None,
+                 cos_sin_cache=None, q_norm_weight=None, k_norm_weight=None, qk_norm_policy=2)
+        return False
+
+    for tokens in (4, 1):
+        _step(plugin, pool, tokens, write)
+    state = plugin.STATE
+    assert state.paths == {"sglang:sglang_hpc_ops_fp8": 2 * LAYERS}
+    assert all((pool.k_buffer[i][1:5] == 3).all() for i in range(LAYERS))
+    ledger = state.ledger.record()
+    assert ledger is not None and ledger.expected == ledger.seen == {str(i): 5 for i in range(LAYERS)}
+    (info,) = state.pools.values()
+    assert info["variant"] == "sglang_hpc_ops_fp8" and info["native_path"] == "fused_qk_rope_store_kv_fp8"
+
+
+def test_pool_layers_of_hybrid_and_swa_pools(plugin: Any) -> None:
+    """The layers asked of a step: an SWA pool's full and sliding-window layers together (each
+    inner pool's model_layer_ids), a hybrid linear pool's full-attention layers only, a plain
+    pool's start_layer .. + layer_num."""
+    full, swa = Pool(), Pool()
+    full.model_layer_ids, swa.model_layer_ids = (3, 7), (0, 1, 2, 4, 5, 6)
+    assert plugin.pool_layers(SimpleNamespace(full_kv_pool=full, swa_kv_pool=swa, layer_num=8)) == list(range(8))
+    assert plugin.pool_layers(SimpleNamespace(full_kv_pool=full, layer_num=8)) == [3, 7]
+    plain = Pool()
+    plain.start_layer = 4
+    assert plugin.pool_layers(plain) == [4, 5, 6]

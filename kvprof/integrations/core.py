@@ -365,8 +365,11 @@ class Ledger:
     layers that keep a cache) against the writes a hook saw, by layer; and the paths that wrote
     without a hook's range (``unseen``: a reason -> writes), where an adapter can name them.
 
-    ``step(tokens, layers)`` opens a step; ``saw(layer, tokens)`` counts a hooked write. A step
-    is closed by the next ``step`` or by ``close``; its expected and seen tokens add up per layer."""
+    ``step(tokens, layers)`` (or ``step_by_layer``) notes a step whose writes were counted as they
+    came; ``saw(layer, tokens)`` counts a hooked write. An adapter whose step point sees the step
+    before its writes opens it with ``begin`` and closes it with ``end``: the writes seen and the
+    paths named in between are the step's, kept or dropped with it (a forward that captured a
+    CUDA graph is no step: its writes ran under capture or as the capture's warm-up)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -375,6 +378,33 @@ class Ledger:
         self.seen: dict[int, int] = {}
         self.unseen: dict[str, int] = {}
         self.graph_steps = 0  # steps replayed from a CUDA graph: their writes ran inside the replay
+        self.open: tuple[dict[int, int], dict[str, int]] | None = None  # the step begun: seen, unseen
+
+    def begin(self) -> None:
+        """Open a step: the writes seen until ``end`` are its own."""
+        with self.lock:
+            self.open = ({}, {})
+
+    def end(self, tokens: dict[int, int] | None, graph: bool = False) -> None:
+        """Close the step ``begin`` opened: ``tokens`` (layer -> tokens asked) with the writes seen
+        since; ``None`` drops the step and what was seen in it. Without an open step, nothing."""
+        with self.lock:
+            if self.open is None:
+                return
+            seen, unseen = self.open
+            self.open = None
+            if tokens is None:
+                return
+            self.steps += 1
+            if graph:  # counted apart, with the eager writes around its replays (the graph record covers it)
+                self.graph_steps += 1
+                return
+            for layer, n in tokens.items():
+                self.expected[layer] = self.expected.get(layer, 0) + n
+            for layer, n in seen.items():
+                self.seen[layer] = self.seen.get(layer, 0) + n
+            for reason, n in unseen.items():
+                self.unseen[reason] = self.unseen.get(reason, 0) + n
 
     def step(self, tokens: int, layers: list[int] | tuple[int, ...], graph: bool = False) -> None:
         with self.lock:
@@ -398,13 +428,15 @@ class Ledger:
     def saw(self, layer: int | None, tokens: int) -> None:
         key = layer if type(layer) is int else -1
         with self.lock:
-            self.seen[key] = self.seen.get(key, 0) + tokens
+            seen = self.open[0] if self.open is not None else self.seen
+            seen[key] = seen.get(key, 0) + tokens
 
     def bypass(self, reason: str, n: int = 1) -> None:
         """A path the engine took around the hooked writes, named (a model's ``save_kv_cache=False``
         ...), with its tokens: what analyze names where writes went unseen."""
         with self.lock:
-            self.unseen[reason] = self.unseen.get(reason, 0) + n
+            unseen = self.open[1] if self.open is not None else self.unseen
+            unseen[reason] = unseen.get(reason, 0) + n
 
     def record(self) -> SidecarLedger | None:
         with self.lock:

@@ -120,27 +120,48 @@ NATIVE_KERNELS: dict[str, tuple[str, int]] = {
     ROPE_FUSED: ("fused_rope_store_kernel", 1),  # SGLang's JIT rope + store (rope.cuh)
 }
 # Paths that write K/V around set_kv_buffer (a model passes save_kv_cache=False to its attention
-# and writes itself): each its own variant, ranged and counted like the others. The function's
-# module attribute is what SGLang's callers import at call time (both import it inside the
-# function that calls it), so replacing the attribute reaches every call.
+# and writes itself): each its own variant, ranged and counted like the others. A function's module
+# attribute is what SGLang's callers import at call time (they import it inside the function that
+# calls it), and SGLang's HookRegistry rebinds names imported earlier, so replacing it reaches every
+# call; a method (``Class.method``) is hooked on its class.
 class Bypass:
-    def __init__(self, module: str, function: str, variant: str, k_cache: str, loc: str, write_path: str,
-                 native: str) -> None:
+    """One bypass path: where it is (``module``, ``function``: a function or ``Class.method``), the
+    variant its ranges name, and where its call carries the write: ``loc`` the parameter with the
+    slots (``forward_batch``: that batch's ``out_cache_loc``), ``k_cache`` the one with the layer's
+    K cache (its address names the layer, ``_LayerMap``) or ``layer`` the one with the attention
+    layer (its ``layer_id``)."""
+
+    def __init__(self, module: str, function: str, variant: str, loc: str, write_path: str, native: str, *,
+                 k_cache: str | None = None, layer: str | None = None) -> None:
         self.module, self.function, self.variant = module, function, variant
-        self.k_cache, self.loc, self.write_path, self.native = k_cache, loc, write_path, native
+        self.k_cache, self.layer, self.loc, self.write_path, self.native = k_cache, layer, loc, write_path, native
 
 
 BYPASSES: tuple[Bypass, ...] = (
     # RotaryEmbedding.try_bf16_rope_store (MiMo-V2): NeoX rope on packed bf16 QKV, K and scaled V stored
     Bypass("sglang.kernels.ops.attention.rope", "bf16_rope_scale_store", "sglang_bf16_rope_store",
-           "key_cache", "locations", "fused into rope", "bf16_rope_scale_store"),
+           "locations", "fused into rope", "bf16_rope_scale_store", k_cache="key_cache"),
     # the trtllm_mha backend's fp8 path: K/V (and q) quantized and stored in one kernel, no set_kv_buffer
     Bypass("sglang.kernels.ops.kvcache.fused_fp8_qkv_kv_cache", "fused_fp8_qkv_kv_cache",
-           "sglang_trtllm_fp8_qkv", "k_cache", "cache_loc", "fused fp8 qkv", "fused_fp8_qkv_kv_cache"),
+           "sglang_trtllm_fp8_qkv", "cache_loc", "fused fp8 qkv", "fused_fp8_qkv_kv_cache", k_cache="k_cache"),
+    # DeepSeek-V4: Q and KV norm + rope, the latent KV stored into the layer's SWA pool buffer
+    # (get_swa_raw_buffer) at swa_loc; called without swa_cache it only normalises and rotates
+    Bypass("sglang.kernels.ops.attention.fused_qk_norm_rope_store", "fused_qk_norm_rope_swa_store",
+           "sglang_dsv4_swa_store", "swa_loc", "fused into rope", "fused_qk_norm_rope_swa_store",
+           k_cache="swa_cache"),
+    # the hpc_ops backend (HunYuan V3 on an fp8 cache): QK norm + rope + fp8 quant + the paged KV write
+    Bypass("sglang.srt.layers.attention.hpc_ops_backend", "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8",
+           "sglang_hpc_ops_fp8", "forward_batch", "fused into rope", "fused_qk_rope_store_kv_fp8",
+           layer="layer"),
 )
-# The write ledger's two points: each forward step (its batch's out_cache_loc), and each attention
-# call that passes save_kv_cache=False (the model writes K/V itself: named where writes go unseen)
-STEP_TARGET = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
+# The write ledger's two points: each forward step, and each attention call that passes
+# save_kv_cache=False (the model writes K/V itself: named where writes go unseen). The step is the
+# outermost forward_context(ctx, forward_batch=...) with a batch on the thread: ModelRunner._forward_raw
+# opens one around every forward (eager, split prefill, either CUDA-graph runner), and the module
+# imports where SGLang's server dependencies are missing (ModelRunner's does not: fastapi, uvicorn).
+# Contexts with a batch opened inside it (the graph runners', TBO's) are part of its step; those
+# without one (PDmux's, a draft loop's scope) are nobody's boundary.
+STEP_TARGET = ("sglang.srt.model_executor.forward_context", "forward_context")
 ATTENTION_TARGET = ("sglang.srt.layers.radix_attention", "RadixAttention", "forward")
 
 # What the sidecar's write_paths count: which entry point wrote, or that a named writer fell back
@@ -192,16 +213,18 @@ def plugin() -> None:
             HookRegistry.register(f"{ROPE_MODULE}.{ROPE_FUNCTION}", hook, HookType.AROUND)
             hooked.append(ROPE_FUNCTION)
     for bypass in BYPASSES:
-        where = _hook_function(HookRegistry, HookType, bypass.module, bypass.function, _make_bypass_hook(bypass))
+        where = _hook_function(HookRegistry, HookType, bypass.module, bypass.function,
+                               lambda fn, bypass=bypass: _make_bypass_hook(bypass, _param_names(fn)))
         if where:
             hooked.append(bypass.function)
-    for target, make in ((STEP_TARGET, _make_step_hook), (ATTENTION_TARGET, _make_attention_hook)):
-        mod_name, cls_name, method = target
-        reason = _method_problem(mod_name, cls_name, method)
-        if reason:
-            log.warning("kvprof: not hooking %s.%s.%s (write ledger): %s", mod_name, cls_name, method, reason)
-            continue
-        HookRegistry.register(f"{mod_name}.{cls_name}.{method}", make(), HookType.AROUND)
+    if _hook_function(HookRegistry, HookType, *STEP_TARGET, lambda fn: _make_step_hook()):
+        hooked.append(STEP_TARGET[1])
+    mod_name, cls_name, method = ATTENTION_TARGET
+    reason = _method_problem(mod_name, cls_name, method)
+    if reason:
+        log.warning("kvprof: not hooking %s.%s.%s (write ledger): %s", mod_name, cls_name, method, reason)
+    else:
+        HookRegistry.register(f"{mod_name}.{cls_name}.{method}", _make_attention_hook(), HookType.AROUND)
         hooked.append(f"{cls_name}.{method}")
     if hook_canary():
         hooked.append(f"{CANARY_MODULE}.{CANARY_FUNCTION}")
@@ -463,97 +486,178 @@ def _method_problem(mod_name: str, cls_name: str, method: str) -> str | None:
     return None
 
 
-def _hook_function(registry: Any, hook_type: Any, mod_name: str, function: str, hook: Any) -> str | None:
-    """An AROUND hook on ``mod_name.function``: its path, or None (why logged) where it is not here."""
+def _resolve(mod_name: str, dotted: str) -> Any:
+    """``mod_name``'s attribute ``dotted`` (``function`` or ``Class.method``), or None."""
     import importlib
 
+    obj: Any = importlib.import_module(mod_name)
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _param_names(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def _hook_function(registry: Any, hook_type: Any, mod_name: str, function: str, make: Any) -> str | None:
+    """An AROUND hook ``make(fn)`` on ``mod_name.function`` (a function or ``Class.method``): its
+    path, or None (why logged) where it is not here or its hook cannot be made."""
     try:
-        fn = getattr(importlib.import_module(mod_name), function, None)
+        fn = _resolve(mod_name, function)
     except Exception as exc:  # noqa: BLE001 - its import errors vary with what is installed
         log.warning("kvprof: not hooking %s.%s: %s does not import (%s)", mod_name, function, mod_name, _line(exc))
         return None
     if not callable(fn):
         log.warning("kvprof: not hooking %s.%s: this SGLang has no %s", mod_name, function, function)
         return None
+    try:
+        hook = make(fn)
+    except (TypeError, ValueError) as exc:
+        log.warning("kvprof: not hooking %s.%s: cannot read its signature (%s)", mod_name, function, _line(exc))
+        return None
     registry.register(f"{mod_name}.{function}", hook, hook_type.AROUND)
     return f"{mod_name}.{function}"
 
 
 def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
-    """The AROUND hook on one bypass path: its write ranged (layer from its K cache's address),
-    counted as ``sglang:<variant>`` and seen by the ledger. ``params``: the function's parameter
-    names (read from SGLang's function when not given)."""
+    """The AROUND hook on one bypass path: its write ranged (layer from its attention layer, or from
+    its K cache's address), counted as ``sglang:<variant>`` and seen by the ledger. ``params``: the
+    function's parameter names (read from SGLang's function when not given)."""
     if params is None:
-        import importlib
-
-        params = list(inspect.signature(getattr(importlib.import_module(bypass.module), bypass.function)).parameters)
-    k_pos = params.index(bypass.k_cache) if bypass.k_cache in params else None
-    loc_pos = params.index(bypass.loc) if bypass.loc in params else None
+        params = _param_names(_resolve(bypass.module, bypass.function))
+    where = {name: (params.index(name) if name in params else None)
+             for name in (bypass.k_cache, bypass.layer, bypass.loc) if name}
     ranges = _Ranges()
     local = _LOCAL
     native_key = SGLANG.native_key(bypass.variant)
+    name_of = bypass.function.rsplit(".", 1)[-1]
 
-    def arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, pos: int | None) -> Any:
+    def arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
+        if name is None:
+            return None
         if name in kwargs:
             return kwargs[name]
+        pos = where.get(name)
         return args[pos] if pos is not None and pos < len(args) else None
 
     def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
         state = STATE
-        k_cache = arg(args, kwargs, bypass.k_cache, k_pos)
-        loc = arg(args, kwargs, bypass.loc, loc_pos)
+        loc = arg(args, kwargs, bypass.loc)
+        if bypass.loc == "forward_batch":
+            loc = getattr(loc, "out_cache_loc", None)
+        k_cache = arg(args, kwargs, bypass.k_cache)
+        layer = arg(args, kwargs, bypass.layer)
         shape = getattr(loc, "shape", None)
-        if getattr(local, "depth", 0) or not shape or len(shape) != 1 or not hasattr(k_cache, "data_ptr"):
-            return original(*args, **kwargs)  # a call SGLang itself will judge: no range
+        if getattr(local, "depth", 0) or not shape or len(shape) != 1 or \
+                not (hasattr(k_cache, "data_ptr") or hasattr(layer, "layer_id")):
+            return original(*args, **kwargs)  # no write in this call, or one SGLang itself will judge: no range
         tokens = int(shape[0])
         if state.shadow.every and state.shadow_due(getattr(k_cache, "device", None)):
             state.shadow.skip(f"{bypass.variant}: not checked (its K/V are computed inside its kernel)")
-        found = LAYERS.find(k_cache)
-        if found is None:
-            state.note(f"{bypass.function}: K cache of no pool kvprof has seen (range without a layer)")
-            layer_id = None
-        else:
+        found = LAYERS.find(k_cache) if hasattr(k_cache, "data_ptr") else None
+        if found is not None:
             pool, _, layer_id = found
-            state.seen(pool, bypass.function, bypass.variant)
+            state.seen(pool, name_of, bypass.variant)
+        elif type(getattr(layer, "layer_id", None)) is int:
+            layer_id = layer.layer_id
+            pool = _current_pool()
+            if pool is not None:
+                state.seen(pool, name_of, bypass.variant)
+        else:
+            state.note(f"{name_of}: K cache of no pool kvprof has seen (range without a layer)")
+            layer_id = None
         state.saw(layer_id, tokens)
         name, attr = ranges.of(bypass.variant, layer_id, tokens)
         local.write = (bypass.variant, layer_id, tokens, None, 1)
         return ranges.run(name, attr, _native, original, args, kwargs, state, native_key, bypass.write_path)
 
-    hook.__name__ = f"kvprof_{bypass.function}"
+    hook.__name__ = f"kvprof_{name_of}"
     return hook
 
 
+_STEP_LOCAL = threading.local()  # forward_context calls open on this thread (the outermost is the step)
+
+
+class _Step:
+    """What the hooked ``forward_context`` returns: SGLang's own context manager, inside a ledger
+    step when it is the thread's outermost one with a batch (contexts without one, around it or
+    inside it, are no step's boundary). The step asks the batch's tokens
+    (``out_cache_loc``, read on entry) of each layer of the forward context's pool
+    (``ctx.attn_backend.token_to_kv_pool``); a forward that captured a CUDA graph is no step, one
+    that replayed a graph with writes is a graph step (``Ledger.end``)."""
+
+    def __init__(self, inner: Any, ctx: Any, batch: Any) -> None:
+        self.inner, self.ctx, self.batch = inner, ctx, batch
+        self.outer = False
+        self.asked: dict[int, int] | None = None
+        self.marks = (0, 0)
+
+    def __enter__(self) -> Any:
+        if self.batch is None:  # a context without a batch (PDmux's backend, a draft loop's scope): no step
+            return self.inner.__enter__()
+        local = _STEP_LOCAL
+        depth = getattr(local, "depth", 0)
+        self.outer = depth == 0
+        local.depth = depth + 1
+        if self.outer:
+            try:
+                loc: Any = getattr(self.batch, "out_cache_loc", None)
+                shape = getattr(loc, "shape", None)
+                tokens = int(shape[0]) if shape else 0
+                pool = getattr(getattr(self.ctx, "attn_backend", None), "token_to_kv_pool", None)
+                self.asked = dict.fromkeys(pool_layers(pool), tokens) if tokens else {}
+            except Exception as exc:  # noqa: BLE001 - the ledger must never stop a step
+                log.debug("kvprof: ledger step not noted (%s)", _line(exc))
+                self.asked = None
+            graphs = GRAPHS
+            self.marks = (graphs.next_id, graphs.replays)
+            STATE.ledger.begin()
+        try:
+            return self.inner.__enter__()
+        except BaseException:
+            self._close(failed=True)
+            raise
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            self._close(failed=exc[0] is not None)
+
+    def _close(self, failed: bool) -> None:
+        if self.batch is None:
+            return
+        local = _STEP_LOCAL
+        local.depth = max(getattr(local, "depth", 1) - 1, 0)
+        if not self.outer:
+            return
+        self.outer = False
+        graphs = GRAPHS
+        captured = graphs.next_id != self.marks[0]
+        STATE.ledger.end(None if failed or captured else self.asked, graph=graphs.replays != self.marks[1])
+
+
 def _make_step_hook() -> Any:
-    """ModelRunner.forward: one ledger step, the batch's tokens (out_cache_loc) times each layer of
-    the runner's pool; a step that replayed a CUDA graph with writes is counted apart."""
+    """The AROUND hook on SGLang's ``forward_context``: its context manager inside a ledger step
+    (``_Step``)."""
 
     def hook(original: Any, *args: Any, **kwargs: Any) -> Any:
-        state = STATE
-        graphs = GRAPHS
-        before = graphs.replays
-        out = original(*args, **kwargs)
-        try:
-            batch = kwargs.get("forward_batch", args[1] if len(args) > 1 else None)
-            loc: Any = getattr(batch, "out_cache_loc", None)
-            tokens = int(loc.shape[0]) if getattr(loc, "shape", None) else 0
-            layers = pool_layers(getattr(args[0], "token_to_kv_pool", None)) if args else []
-            if tokens and layers:
-                state.ledger.step_by_layer(dict.fromkeys(layers, tokens), graph=graphs.replays != before)
-        except Exception as exc:  # noqa: BLE001 - the ledger must never stop a step
-            log.debug("kvprof: ledger step not noted (%s)", _line(exc))
-        return out
+        ctx = args[0] if args else kwargs.get("ctx")
+        return _Step(original(*args, **kwargs), ctx, kwargs.get("forward_batch"))
 
-    hook.__name__ = "kvprof_ModelRunner_forward"
+    hook.__name__ = "kvprof_forward_context"
     return hook
 
 
 def pool_layers(pool: Any) -> list[int]:
     """The layer ids a KV pool keeps a cache for: ``model_layer_ids`` where a hybrid pool has them,
-    else ``start_layer`` .. ``start_layer + layer_num``; a hybrid pool's full-attention pool's."""
-    inner = getattr(pool, "full_kv_pool", None)
-    if inner is not None:
-        pool = inner
+    else ``start_layer`` .. ``start_layer + layer_num``. A pool made of inner pools answers for them:
+    a hybrid linear pool's full-attention pool (its other layers keep no KV), an SWA pool's full
+    and sliding-window pools together."""
+    inner = [p for p in (getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)) if p is not None]
+    if inner:
+        return sorted({layer for p in inner for layer in pool_layers(p)})
     ids = getattr(pool, "model_layer_ids", None)
     if isinstance(ids, (list, tuple)) and ids:
         return [int(i) for i in ids]
@@ -773,6 +877,8 @@ class _RopeRoute:
         call: dict[str, Any] = dict(zip(self.names, args))
         call.update(kwargs)
         pool, index, _ = found
+        if index <= _SWA:
+            return "rope + store: its K buffer is a layer's SWA buffer, not a K buffer"
         fused: Any = call[ROPE_ARG]  # the hook passes only calls that have it
         table: Any = call.get("cos_sin_cache")
         rope_dim = call.get("rope_dim") or 0
@@ -831,9 +937,10 @@ class _LayerMap:
         pool = self.current()
         if pool is not None:
             self.add(pool)
-            inner = getattr(pool, "full_kv_pool", None)  # a hybrid pool's full-attention pool
-            if inner is not None:
-                self.add(inner)
+            for name in ("full_kv_pool", "swa_kv_pool"):  # a hybrid or SWA pool's inner pools
+                inner = getattr(pool, name, None)
+                if inner is not None:
+                    self.add(inner)
         self._rebuild()
         hit = self._alive(self.by_ptr.get(ptr), ptr)
         if hit is None:
@@ -865,6 +972,14 @@ class _LayerMap:
                     continue
                 entry = (ref, i, int(ids[i]) if ids else start + i)
                 by_ptr[ptr] = None if ptr in by_ptr else entry
+        for ref, pool in refs:  # DeepSeek-V4's pools: each layer's SWA buffer (its fused store's cache)
+            if not callable(getattr(pool, "get_swa_raw_buffer", None)):
+                continue
+            for layer_id in pool_layers(pool):
+                ptr = _swa_ptr(pool, layer_id)
+                if ptr:
+                    entry = (ref, _SWA - layer_id, layer_id)
+                    by_ptr[ptr] = None if ptr in by_ptr else entry
         self.by_ptr = by_ptr
 
 
@@ -879,10 +994,24 @@ def _deref(ref: Any) -> Any:
     return ref()
 
 
+# A _LayerMap entry's index below this is no K buffer's: layer ``_SWA - index``'s SWA buffer
+_SWA = -1
+
+
 def _buffer_ptr(pool: Any, index: int) -> int | None:
+    if index <= _SWA:
+        return _swa_ptr(pool, _SWA - index)
     try:
         return int(pool.k_buffer[index].data_ptr())
     except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def _swa_ptr(pool: Any, layer_id: int) -> int | None:
+    """The address of ``layer_id``'s SWA buffer in a DeepSeek-V4 pool, or None (a layer without one)."""
+    try:
+        return int(pool.get_swa_raw_buffer(layer_id).data_ptr())
+    except Exception:  # noqa: BLE001 - a layer the pool keeps no SWA buffer for, in its own words
         return None
 
 
@@ -1049,7 +1178,8 @@ def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {"class": type(pool).__name__, "hooked": hooked, "variant": variant,
                            "native_path": ROPE_FUSED if hooked == ROPE_FUNCTION else
-                           next((b.native for b in BYPASSES if b.function == hooked), None) or native_path(pool)}
+                           next((b.native for b in BYPASSES if b.function.rsplit(".", 1)[-1] == hooked), None)
+                           or native_path(pool)}
     for key in ("size", "page_size", "head_num", "head_dim", "v_head_dim", "layer_num", "start_layer",
                 "kv_lora_rank", "qk_rope_head_dim"):
         value = getattr(pool, key, None)
