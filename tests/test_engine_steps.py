@@ -159,3 +159,41 @@ def test_graph_replays_and_eager_forwards_in_one_trace(tmp_path: Path) -> None:
     assert len(set(steps)) == 6 and all(len(set(steps[k:k + 5])) == 1 for k in range(0, 30, 5))
     doc = trace_write_kernels(ev, patterns)
     assert all(0 < s["share"] < 1 for s in doc["steps"])  # each step's window holds the GEMMs and attention too
+
+
+def _analyzed(tmp: Path, spec: EngineReplaySpec, write_kernels: bool = True) -> tuple[list[str], dict]:
+    from kvprof import api
+
+    doc, _ = build_engine(spec)
+    p = tmp / "engine.json"
+    p.write_bytes(dumps(doc))
+    result = api.analyze(api.open_run(p), write_kernels=write_kernels)
+    return result.summary.warnings, (result.summary.write_kernels or {"traces": [{}]})["traces"][0]
+
+
+def test_replays_the_steps_tie_are_not_called_untied(tmp_path: Path) -> None:
+    """Attribution's "N graph replays ... not tied to writes" (no kvprof range ties them) beside a
+    steps table that ties every write kernel of those replays: the warning goes, the counts stay."""
+    spec = EngineReplaySpec(layers=list(range(4)), replays=[0, 1, 0], replay_ranges=False, step_ranges="sglang")
+    bare, _ = _analyzed(tmp_path, spec, write_kernels=False)
+    assert [w for w in bare if "3 graph replays lie outside kvprof step ranges" in w]  # the trace layer's words
+    warnings, t = _analyzed(tmp_path, spec)
+    assert t["tied_step_and_layer"] == 12
+    assert t["graph"]["outside_kvprof_steps"] == {"replays": 3, "tied": 3, "untied": 0, "untied_write_kernels": 0,
+                                                  "without_writes": 0}
+    assert not [w for w in warnings if "graph replays" in w]
+
+
+def test_replays_the_steps_leave_untied_are_named_with_counts(tmp_path: Path) -> None:
+    """One replay short of a write (its layer order unknown), one that replayed no write kernel at
+    all: the line says which are untied and how many kernels, and the tied ones as tied."""
+    spec = EngineReplaySpec(layers=list(range(4)), replays=[0, 0, 0, 0, 0], replay_ranges=False,
+                            drop={1: [2], 3: [0, 1, 2, 3]})
+    warnings, t = _analyzed(tmp_path, spec)
+    assert t["graph"]["outside_kvprof_steps"] == {"replays": 5, "tied": 3, "untied": 1, "untied_write_kernels": 3,
+                                                  "without_writes": 1}
+    (line,) = [w for w in warnings if "graph replays" in w]
+    assert "5 graph replays lie outside kvprof step ranges and no kvprof write range ties them" in line
+    assert "1 of them replayed 3 KV-write kernels that no forward step and layer holds" in line
+    assert "every write kernel of 3, and 1 replayed no KV-write kernel" in line
+    assert "not tied to writes" not in line

@@ -33,6 +33,7 @@ import regex
 from kvprof.analysis.engine_steps import GPU_STEPS, find_steps, step_layer_table
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core.errors import UsageError
+from kvprof.trace.attribution_parts import untied_replays_warning
 from kvprof.trace.intervals import busy_and_overlap
 
 MAX_STEPS_LISTED = 64
@@ -238,6 +239,57 @@ def _step_rows(found: Any, hit: pd.DataFrame, per: dict[str, WritePattern],
     return rows
 
 
+def _replays_outside_steps(work: pd.DataFrame, hit: pd.DataFrame, found: Any) -> dict[str, int] | None:
+    """The graph replays attribution left untied (outside every kvprof step range, no GPU activity
+    tied to a kvprof write: kvprof.trace.attribution's count_outside_steps, the same rows), by what
+    the KV-write-kernel steps make of them: ``tied`` (every write kernel it replayed has a step and
+    a layer), ``untied`` (some have not: ``untied_write_kernels`` of them), ``without_writes`` (it
+    replayed no KV-write kernel: the model's work, nothing to tie). None when there are none."""
+    if not {"graph_launch", "step", "write_id"} <= set(work.columns):
+        return None
+    gl = work["graph_launch"].to_numpy()
+    outside = (gl >= 0) & (work["step"].to_numpy() < 0)
+    if not outside.any():
+        return None
+    left = np.setdiff1d(np.unique(gl[outside]), gl[outside & (work["write_id"].to_numpy() >= 0)])
+    if not len(left):
+        return None
+    replay = work["graph_launch"].loc[hit.index].to_numpy()
+    step = found.step_of.to_numpy() if found.step_of is not None else np.full(len(hit), -1)
+    layer = found.layer_of.to_numpy() if found.layer_of is not None else np.full(len(hit), -1)
+    mine = np.isin(replay, left)
+    untied_kernels = mine & ~((step >= 0) & (layer >= 0))
+    with_writes = len(np.unique(replay[mine]))
+    untied = len(np.unique(replay[untied_kernels]))
+    return {"replays": int(len(left)), "tied": with_writes - untied, "untied": untied,
+            "untied_write_kernels": int(untied_kernels.sum()), "without_writes": int(len(left)) - with_writes}
+
+
+def agree_replay_warnings(warnings: list[str], summary: dict[str, Any]) -> list[str]:
+    """``warnings`` with attribution's "N graph replays lie outside kvprof step ranges: ... not tied to
+    writes" of each engine trace replaced by what the KV-write-kernel steps (``summary``:
+    write_kernel_summary's) leave untied: nothing when they tie every write kernel of those replays
+    (the steps table shows them), else one line with the counts."""
+    lines: dict[str, str | None] = {}
+    for t in summary.get("traces") or []:
+        o = (t.get("graph") or {}).get("outside_kvprof_steps")
+        if not o:
+            continue
+        path = t.get("path")
+        lines[f"{path}: {untied_replays_warning(o['replays'])}"] = None if not o["untied"] else (
+            f"{path}: {o['replays']:,} graph replays lie outside kvprof step ranges and no kvprof write range "
+            f"ties them: {o['untied']:,} of them replayed {o['untied_write_kernels']:,} KV-write kernels that "
+            f"no forward step and layer holds (the reasons are listed with the write kernels); the steps tie "
+            f"every write kernel of {o['tied']:,}, and {o['without_writes']:,} replayed no KV-write kernel")
+    out: list[str] = []
+    for w in warnings:
+        if w not in lines:
+            out.append(w)
+        elif (line := lines[w]) is not None:
+            out.append(line)
+    return out
+
+
 def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[str, Any]:
     """One trace's KV-write kernels by family, and their share of GPU time per step."""
     work = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])]  # a categorical: compared without a text copy
@@ -276,6 +328,10 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
     found = find_steps(ev, work, hit, {p.name: p.kernels_per_write for p in patterns}, gpu_steps)
     steps = _step_rows(found, hit, per, StepWindows(work, matched))
     shares = [s["share"] for s in steps if s.get("share") is not None]
+    graph = dict(found.graph)
+    outside = _replays_outside_steps(work, hit, found)
+    if outside is not None:
+        graph["outside_kvprof_steps"] = outside
     tied = (int(((found.step_of >= 0) & (found.layer_of >= 0)).sum())
             if found.step_of is not None and found.layer_of is not None else 0)
     out.update(
@@ -291,7 +347,7 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
         step_share_max=float(np.max(shares)) if shares else None,
         steps=steps[:MAX_STEPS_LISTED],
         tied_step_and_layer=tied, unassigned=[{"reason": r, "kernels": n} for r, n in found.unassigned.items()],
-        graph=found.graph, step_layer=step_layer_table(hit, found),
+        graph=graph, step_layer=step_layer_table(hit, found),
     )
     return out
 

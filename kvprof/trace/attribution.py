@@ -42,7 +42,13 @@ from kvprof.core.vocab import (
     WRITE_RANGE_LOOKALIKE,
     WRITE_RANGE_PATTERN,
 )
-from kvprof.trace.attribution_parts import dedupe, dominant_method, during_capture, per_write_template
+from kvprof.trace.attribution_parts import (
+    dedupe,
+    dominant_method,
+    during_capture,
+    per_write_template,
+    untied_replays_warning,
+)
 from kvprof.trace.intervals import enclosing
 from kvprof.trace.model import Trace
 from kvprof.trace.plugin_graphs import PluginGraphs
@@ -212,9 +218,7 @@ class _Attributor:
             tied = np.unique(self.graph_launch[work & (self.write_id >= 0)])
             left = replays - int(len(tied))
             if left:
-                self.warnings.append(
-                    f"{left:,} graph replays lie outside kvprof step ranges: their GPU activities are not tied to "
-                    "writes (the generic numbers still count them)")
+                self.warnings.append(untied_replays_warning(left))
 
     def step_variant(self, steps: pd.DataFrame, writes: pd.DataFrame) -> list[str | None]:
         default = self.meta.variant if self.meta else None
