@@ -137,7 +137,7 @@ class _Attributor:
         self.a_pid = self.df["pid"].to_numpy()
         self.a_tid = self.df["tid"].to_numpy()
         self.a_node = self.df["graph_node"].to_numpy()
-        self.a_kind = self.df["kind"].astype(str).to_numpy()
+        self.a_kind = np.asarray(self.df["kind"], dtype=object)  # the kinds' text, no string column made
         self.a_stream = self.df["stream"].to_numpy()
         self.a_device = self.df["device"].to_numpy()
         self.warnings: list[str] = []
