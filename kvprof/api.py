@@ -99,9 +99,11 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
         check_write_kernel_regex(write_kernel_regex)
     result = _analyze(loaded, baseline=baseline, bench=bench or benchmark(layers), layers=layers)
     if write_kernels:
-        from kvprof.analysis.write_kernels import write_kernel_summary
+        from kvprof.analysis.write_kernels import agree_replay_warnings, write_kernel_summary
 
         result.summary.write_kernels = clean(write_kernel_summary(loaded, write_kernel_regex, result.writes))
+        # attribution's "graph replays ... not tied to writes" said again with what the steps tie
+        result.summary.warnings = agree_replay_warnings(result.summary.warnings, result.summary.write_kernels)
     return result
 
 

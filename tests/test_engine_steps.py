@@ -159,3 +159,82 @@ def test_graph_replays_and_eager_forwards_in_one_trace(tmp_path: Path) -> None:
     assert len(set(steps)) == 6 and all(len(set(steps[k:k + 5])) == 1 for k in range(0, 30, 5))
     doc = trace_write_kernels(ev, patterns)
     assert all(0 < s["share"] < 1 for s in doc["steps"])  # each step's window holds the GEMMs and attention too
+
+
+def _analyzed(tmp: Path, spec: EngineReplaySpec, write_kernels: bool = True) -> tuple[list[str], dict]:
+    from kvprof import api
+
+    doc, _ = build_engine(spec)
+    p = tmp / "engine.json"
+    p.write_bytes(dumps(doc))
+    result = api.analyze(api.open_run(p), write_kernels=write_kernels)
+    return result.summary.warnings, (result.summary.write_kernels or {"traces": [{}]})["traces"][0]
+
+
+def test_replays_the_steps_tie_are_not_called_untied(tmp_path: Path) -> None:
+    """Attribution's "N graph replays ... not tied to writes" (no kvprof range ties them) beside a
+    steps table that ties every write kernel of those replays: the warning goes, the counts stay."""
+    spec = EngineReplaySpec(layers=list(range(4)), replays=[0, 1, 0], replay_ranges=False, step_ranges="sglang")
+    bare, _ = _analyzed(tmp_path, spec, write_kernels=False)
+    assert [w for w in bare if "3 graph replays lie outside kvprof step ranges" in w]  # the trace layer's words
+    warnings, t = _analyzed(tmp_path, spec)
+    assert t["tied_step_and_layer"] == 12
+    assert t["graph"]["outside_kvprof_steps"] == {"replays": 3, "tied": 3, "untied": 0, "untied_write_kernels": 0,
+                                                  "without_writes": 0}
+    assert not [w for w in warnings if "graph replays" in w]
+
+
+def test_replays_the_steps_leave_untied_are_named_with_counts(tmp_path: Path) -> None:
+    """One replay short of a write (its layer order unknown), one that replayed no write kernel at
+    all: the line says which are untied and how many kernels, and the tied ones as tied."""
+    spec = EngineReplaySpec(layers=list(range(4)), replays=[0, 0, 0, 0, 0], replay_ranges=False,
+                            drop={1: [2], 3: [0, 1, 2, 3]})
+    warnings, t = _analyzed(tmp_path, spec)
+    assert t["graph"]["outside_kvprof_steps"] == {"replays": 5, "tied": 3, "untied": 1, "untied_write_kernels": 3,
+                                                  "without_writes": 1}
+    (line,) = [w for w in warnings if "graph replays" in w]
+    assert "5 graph replays lie outside kvprof step ranges and no kvprof write range ties them" in line
+    assert "1 of them replayed 3 KV-write kernels that no forward step and layer holds" in line
+    assert "every write kernel of 3, and 1 replayed no KV-write kernel" in line
+    assert "not tied to writes" not in line
+
+
+def _step_rows_by_groupby(found, hit: pd.DataFrame, per: dict) -> list[tuple]:
+    """The steps' writes, layers and replay as three pandas groupbys computed them (the reference)."""
+    t = pd.DataFrame({"step": found.step_of.to_numpy(), "family": hit["family"].astype(str).to_numpy(),
+                      "kpw": [per[f].kernels_per_write for f in hit["family"]],
+                      "layer": [x if x >= 0 else float("nan") for x in found.layer_of],
+                      "replay": found.replay_of.to_numpy()})
+    t = t[t["step"] >= 0]
+    fam = t.groupby(["step", "family"]).agg(n=("kpw", "size"), kpw=("kpw", "first"))
+    writes = (fam["n"] // fam["kpw"]).groupby(level="step").sum()
+    layers = t.groupby("step")["layer"].nunique()
+    replays = t.groupby("step")["replay"].agg(lambda r: sorted({int(x) for x in r}))
+    out = []
+    for i, _ in enumerate(found.steps):
+        if i not in writes.index:
+            continue
+        rs = [r for r in replays.get(i, []) if r >= 0]
+        out.append((int(writes.get(i, 0)), int(layers.get(i, 0)),
+                    None if not rs else rs[0] if len(rs) == 1 else f"{len(rs)} replays"))
+    return out
+
+
+@settings(max_examples=25, deadline=None, database=None, derandomize=True)
+@given(rows=st.lists(st.tuples(st.integers(-1, 4), st.sampled_from(["a", "b"]), st.integers(-1, 3),
+                               st.sampled_from([-1, 7, 9, 2**40])), max_size=40))
+def test_step_rows_count_as_the_groupbys_did(rows: list[tuple[int, str, int, int]]) -> None:
+    """Writes per step (each family's kernels // its kernels per write), distinct layers, the replay:
+    from sorted (step, value) pairs, as the pandas groupbys they replace gave them."""
+    from kvprof.analysis.engine_steps import Found
+    from kvprof.analysis.write_kernels import WritePattern, _step_rows
+
+    per = {"a": WritePattern("a", "a", 1, "test"), "b": WritePattern("b", "b", 2, "test")}
+    hit = pd.DataFrame({"family": [r[1] for r in rows]}, dtype=object)
+    found = Found(method="test", steps=[{"label": f"s{i}", "start_ns": None, "end_ns": None, "graph_launch": None}
+                                        for i in range(5)],
+                  step_of=pd.Series([r[0] for r in rows], dtype="int64"),
+                  layer_of=pd.Series([r[2] for r in rows], dtype="int64"),
+                  replay_of=pd.Series([r[3] for r in rows], dtype="int64"))
+    got = [(r["writes"], r["layers"], r["graph_launch"]) for r in _step_rows(found, hit, per, lambda s, e: {})]
+    assert got == _step_rows_by_groupby(found, hit, per)

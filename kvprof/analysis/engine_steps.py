@@ -68,7 +68,7 @@ def _launches(ev: pd.DataFrame) -> pd.DataFrame:
     lk = ev[kind.isin(LAUNCH_KINDS) & (ev["correlation"] >= 0)]
     out = pd.DataFrame({"pid": lk["pid"].to_numpy(), "correlation": lk["correlation"].to_numpy(),
                         "host_ns": lk["start_ns"].to_numpy(),
-                        "graph": lk["name"].astype(str).isin(GRAPH_LAUNCH_NAMES).to_numpy()})
+                        "graph": lk["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy()})  # categorical: no text copy
     return out.drop_duplicates(["pid", "correlation"])
 
 
@@ -206,7 +206,7 @@ def find_steps(ev: pd.DataFrame, work: pd.DataFrame, hit: pd.DataFrame, kernels_
     launches = _launches(ev)
     host = _host_of(work, launches)
     is_write = work.index.isin(hit.index)
-    gl = ev[ev["kind"].isin(LAUNCH_KINDS) & ev["name"].astype(str).isin(GRAPH_LAUNCH_NAMES)]
+    gl = ev[ev["kind"].isin(LAUNCH_KINDS) & ev["name"].isin(GRAPH_LAUNCH_NAMES)]
     graph = host["graph"].to_numpy()
     found.graph = {
         "launches": int(len(gl)),

@@ -33,6 +33,7 @@ import regex
 from kvprof.analysis.engine_steps import GPU_STEPS, find_steps, step_layer_table
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core.errors import UsageError
+from kvprof.trace.attribution_parts import untied_replays_warning
 from kvprof.trace.intervals import busy_and_overlap
 
 MAX_STEPS_LISTED = 64
@@ -157,27 +158,10 @@ def _steps(ev: pd.DataFrame) -> list[tuple[str, int, int]]:
     return sorted(rows, key=lambda r: r[1])
 
 
-def _busy(w: pd.DataFrame) -> int:
-    if w.empty:
-        return 0
-    s = w["start_ns"].to_numpy()
-    busy, _ = busy_and_overlap(s, s + w["dur_ns"].to_numpy(), w["stream"].to_numpy())
-    return int(busy)
-
-
-def _window(work: pd.DataFrame, matched: pd.Series, start: int, end: int) -> dict[str, Any]:
-    """GPU busy time and the write kernels' part of it (their union: K and V on two streams
-    overlap) in [start, end), by kernel start."""
-    inside = (work["start_ns"] >= start) & (work["start_ns"] < end)
-    w = work[inside]
-    wr = w[matched[inside].notna().to_numpy()]
-    busy, write_busy = _busy(w), _busy(wr)
-    return {"gpu_busy_ns": busy, "write_ns": write_busy, "write_kernel_ns": int(wr["dur_ns"].sum()),
-            "write_kernels": len(wr), "share": write_busy / busy if busy else None}
-
-
 class StepWindows:
-    """_window for many windows: the GPU work sorted by start once, each window a slice of it."""
+    """GPU busy time and the write kernels' part of it (their union: K and V on two streams overlap)
+    in [start, end), by kernel start, for many windows: the GPU work sorted by start once, each
+    window a slice of it."""
 
     def __init__(self, work: pd.DataFrame, matched: pd.Series) -> None:
         order = np.argsort(work["start_ns"].to_numpy(), kind="stable")
@@ -208,26 +192,48 @@ class StepWindows:
                 "write_kernels": int(w.sum()), "share": write_busy / busy if busy else None}
 
 
+def _pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (a, b) pairs sorted by a then b, and how many rows each has (a lexsort: numpy's
+    unique over rows sorts them as bytes, ten times slower)."""
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    first = np.flatnonzero(new)
+    return a[first], b[first], np.diff(np.append(first, len(a)))
+
+
+def _per_step(step: np.ndarray, value: np.ndarray) -> dict[int, np.ndarray]:
+    """step -> the distinct values of its rows, sorted."""
+    if not len(step):
+        return {}
+    st, val, _ = _pairs(step, value)
+    cut = np.flatnonzero(np.diff(st)) + 1
+    return {int(s[0]): v for s, v in zip(np.split(st, cut), np.split(val, cut))}
+
+
 def _step_rows(found: Any, hit: pd.DataFrame, per: dict[str, WritePattern],
                window: StepWindows) -> list[dict[str, Any]]:
     """One row per step that holds a write (every GPU step range): its writes, layers, replay, window figures."""
     step = found.step_of.to_numpy() if found.step_of is not None else np.full(len(hit), -1)
     layer = found.layer_of.to_numpy() if found.layer_of is not None else np.full(len(hit), -1)
     replay = found.replay_of.to_numpy() if found.replay_of is not None else np.full(len(hit), -1)
-    fams = hit["family"].astype(str)
-    kpw = fams.map({f: per[f].kernels_per_write for f in pd.unique(fams)}).to_numpy()
-    t = pd.DataFrame({"step": step, "family": hit["family"].astype(str).to_numpy(), "kpw": kpw,
-                      "layer": np.where(layer >= 0, layer, np.nan), "replay": replay})
-    t = t[t["step"] >= 0]
-    fam = t.groupby(["step", "family"]).agg(n=("kpw", "size"), kpw=("kpw", "first"))
-    writes = (fam["n"] // fam["kpw"]).groupby(level="step").sum()
-    layers = t.groupby("step")["layer"].nunique()
-    replays = t.groupby("step")["replay"].agg(lambda r: sorted(set(int(x) for x in r)))
+    fam_code, fam_names = pd.factorize(hit["family"].astype(str).to_numpy())
+    kpw = np.asarray([per[f].kernels_per_write for f in fam_names], dtype=np.int64)
+    inside = step >= 0
+    step, layer, replay, fam_code = (np.asarray(a)[inside].astype(np.int64) for a in (step, layer, replay, fam_code))
+    # writes per step: each family's kernels in the step // its kernels per write, summed over families
+    writes: dict[int, int] = {}
+    for st, f, k in zip(*(x.tolist() for x in _pairs(step, fam_code))):
+        writes[st] = writes.get(st, 0) + k // int(kpw[f])
+    known = layer >= 0
+    layers = {st: len(v) for st, v in _per_step(step[known], layer[known]).items()}
+    replays = _per_step(step, replay)
     rows = []
     for i, st in enumerate(found.steps):
-        if found.method != GPU_STEPS and i not in writes.index:
+        if found.method != GPU_STEPS and i not in writes:
             continue  # an engine range that launched no write (a scheduling step, a graph without the writes)
-        rs = [r for r in replays.get(i, []) if r >= 0]
+        rs = [int(r) for r in replays.get(i, ()) if r >= 0]
         graph = st["graph_launch"] if st["graph_launch"] is not None else (
             None if not rs else rs[0] if len(rs) == 1 else f"{len(rs)} replays")
         row = {"step": st["label"], "start_ns": st["start_ns"], "end_ns": st["end_ns"], "graph_launch": graph,
@@ -236,6 +242,57 @@ def _step_rows(found: Any, hit: pd.DataFrame, per: dict[str, WritePattern],
             row.update(window(int(st["start_ns"]), int(st["end_ns"]) + 1))
         rows.append(row)
     return rows
+
+
+def _replays_outside_steps(work: pd.DataFrame, hit: pd.DataFrame, found: Any) -> dict[str, int] | None:
+    """The graph replays attribution left untied (outside every kvprof step range, no GPU activity
+    tied to a kvprof write: kvprof.trace.attribution's count_outside_steps, the same rows), by what
+    the KV-write-kernel steps make of them: ``tied`` (every write kernel it replayed has a step and
+    a layer), ``untied`` (some have not: ``untied_write_kernels`` of them), ``without_writes`` (it
+    replayed no KV-write kernel: the model's work, nothing to tie). None when there are none."""
+    if not {"graph_launch", "step", "write_id"} <= set(work.columns):
+        return None
+    gl = work["graph_launch"].to_numpy()
+    outside = (gl >= 0) & (work["step"].to_numpy() < 0)
+    if not outside.any():
+        return None
+    left = np.setdiff1d(np.unique(gl[outside]), gl[outside & (work["write_id"].to_numpy() >= 0)])
+    if not len(left):
+        return None
+    replay = work["graph_launch"].loc[hit.index].to_numpy()
+    step = found.step_of.to_numpy() if found.step_of is not None else np.full(len(hit), -1)
+    layer = found.layer_of.to_numpy() if found.layer_of is not None else np.full(len(hit), -1)
+    mine = np.isin(replay, left)
+    untied_kernels = mine & ~((step >= 0) & (layer >= 0))
+    with_writes = len(np.unique(replay[mine]))
+    untied = len(np.unique(replay[untied_kernels]))
+    return {"replays": int(len(left)), "tied": with_writes - untied, "untied": untied,
+            "untied_write_kernels": int(untied_kernels.sum()), "without_writes": int(len(left)) - with_writes}
+
+
+def agree_replay_warnings(warnings: list[str], summary: dict[str, Any]) -> list[str]:
+    """``warnings`` with attribution's "N graph replays lie outside kvprof step ranges: ... not tied to
+    writes" of each engine trace replaced by what the KV-write-kernel steps (``summary``:
+    write_kernel_summary's) leave untied: nothing when they tie every write kernel of those replays
+    (the steps table shows them), else one line with the counts."""
+    lines: dict[str, str | None] = {}
+    for t in summary.get("traces") or []:
+        o = (t.get("graph") or {}).get("outside_kvprof_steps")
+        if not o:
+            continue
+        path = t.get("path")
+        lines[f"{path}: {untied_replays_warning(o['replays'])}"] = None if not o["untied"] else (
+            f"{path}: {o['replays']:,} graph replays lie outside kvprof step ranges and no kvprof write range "
+            f"ties them: {o['untied']:,} of them replayed {o['untied_write_kernels']:,} KV-write kernels that "
+            f"no forward step and layer holds (the reasons are listed with the write kernels); the steps tie "
+            f"every write kernel of {o['tied']:,}, and {o['without_writes']:,} replayed no KV-write kernel")
+    out: list[str] = []
+    for w in warnings:
+        if w not in lines:
+            out.append(w)
+        elif (line := lines[w]) is not None:
+            out.append(line)
+    return out
 
 
 def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[str, Any]:
@@ -271,11 +328,16 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
             by_name.append({"family": fname, "name": kname, "count": len(g), "total_ns": int(g["dur_ns"].sum()),
                             "mean_ns": float(g["dur_ns"].mean())})
         by_name.sort(key=lambda r: -r["total_ns"])
-    whole = _window(work, matched, int(work["start_ns"].min()), int((work["start_ns"] + work["dur_ns"]).max()) + 1)
+    window = StepWindows(work, matched)  # the whole trace's window and each step's, from one sort
+    whole = window(int(work["start_ns"].min()), int((work["start_ns"] + work["dur_ns"]).max()) + 1)
     gpu_steps = _steps(ev)
     found = find_steps(ev, work, hit, {p.name: p.kernels_per_write for p in patterns}, gpu_steps)
-    steps = _step_rows(found, hit, per, StepWindows(work, matched))
+    steps = _step_rows(found, hit, per, window)
     shares = [s["share"] for s in steps if s.get("share") is not None]
+    graph = dict(found.graph)
+    outside = _replays_outside_steps(work, hit, found)
+    if outside is not None:
+        graph["outside_kvprof_steps"] = outside
     tied = (int(((found.step_of >= 0) & (found.layer_of >= 0)).sum())
             if found.step_of is not None and found.layer_of is not None else 0)
     out.update(
@@ -291,7 +353,7 @@ def trace_write_kernels(ev: pd.DataFrame, patterns: list[WritePattern]) -> dict[
         step_share_max=float(np.max(shares)) if shares else None,
         steps=steps[:MAX_STEPS_LISTED],
         tied_step_and_layer=tied, unassigned=[{"reason": r, "kernels": n} for r, n in found.unassigned.items()],
-        graph=found.graph, step_layer=step_layer_table(hit, found),
+        graph=graph, step_layer=step_layer_table(hit, found),
     )
     return out
 

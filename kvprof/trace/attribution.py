@@ -42,7 +42,13 @@ from kvprof.core.vocab import (
     WRITE_RANGE_LOOKALIKE,
     WRITE_RANGE_PATTERN,
 )
-from kvprof.trace.attribution_parts import dedupe, dominant_method, during_capture, per_write_template
+from kvprof.trace.attribution_parts import (
+    dedupe,
+    dominant_method,
+    during_capture,
+    per_write_template,
+    untied_replays_warning,
+)
 from kvprof.trace.intervals import enclosing
 from kvprof.trace.model import Trace
 from kvprof.trace.plugin_graphs import PluginGraphs
@@ -131,7 +137,7 @@ class _Attributor:
         self.a_pid = self.df["pid"].to_numpy()
         self.a_tid = self.df["tid"].to_numpy()
         self.a_node = self.df["graph_node"].to_numpy()
-        self.a_kind = self.df["kind"].astype(str).to_numpy()
+        self.a_kind = np.asarray(self.df["kind"], dtype=object)  # the kinds' text, no string column made
         self.a_stream = self.df["stream"].to_numpy()
         self.a_device = self.df["device"].to_numpy()
         self.warnings: list[str] = []
@@ -212,9 +218,7 @@ class _Attributor:
             tied = np.unique(self.graph_launch[work & (self.write_id >= 0)])
             left = replays - int(len(tied))
             if left:
-                self.warnings.append(
-                    f"{left:,} graph replays lie outside kvprof step ranges: their GPU activities are not tied to "
-                    "writes (the generic numbers still count them)")
+                self.warnings.append(untied_replays_warning(left))
 
     def step_variant(self, steps: pd.DataFrame, writes: pd.DataFrame) -> list[str | None]:
         default = self.meta.variant if self.meta else None
@@ -288,14 +292,15 @@ class _Attributor:
 
     def gpu_by_correlation(self) -> None:
         df = self.df
-        launch = df[df["kind"].isin(LAUNCH_KINDS) & (df["correlation"] >= 0)]
-        gpu = df[(df["device"] >= 0) & (df["correlation"] >= 0)]
+        corr = df["correlation"].to_numpy()
+        # rows by position (the frame's index is its row numbers): no copy of the frame's other columns
+        launch = np.flatnonzero(df["kind"].isin(LAUNCH_KINDS).to_numpy() & (corr >= 0))
+        gpu = np.flatnonzero((df["device"].to_numpy() >= 0) & (corr >= 0))
         if not len(launch) or not len(gpu):
             return
-        lk = pd.DataFrame({"pid": launch["pid"].to_numpy(), "correlation": launch["correlation"].to_numpy(),
-                           "lrow": launch.index.to_numpy()}).drop_duplicates(["pid", "correlation"], keep="first")
-        gk = pd.DataFrame({"pid": gpu["pid"].to_numpy(), "correlation": gpu["correlation"].to_numpy(),
-                           "grow": gpu.index.to_numpy()})
+        lk = pd.DataFrame({"pid": self.a_pid[launch], "correlation": corr[launch],
+                           "lrow": launch}).drop_duplicates(["pid", "correlation"], keep="first")
+        gk = pd.DataFrame({"pid": self.a_pid[gpu], "correlation": corr[gpu], "grow": gpu})
         j = gk.merge(lk, on=["pid", "correlation"], how="inner")
         g, lrow = j["grow"].to_numpy(), j["lrow"].to_numpy()
         self.phase[g] = self.phase[lrow]
@@ -311,7 +316,10 @@ class _Attributor:
         self.tokens[ge] = self.tokens[le]
         self.how[ge] = "correlation"
         self.counts["correlation"] = int(eager.sum())
-        self.launch_rows = dict(zip(df["correlation"].to_numpy()[lrow[is_graph]], lrow[is_graph]))
+        # correlation -> its launch row; a correlation met again (another process) keeps the last row
+        key, row = corr[lrow[is_graph]][::-1], lrow[is_graph][::-1]
+        key, last = np.unique(key, return_index=True)
+        self.launch_rows = dict(zip(key.tolist(), row[last].tolist()))
 
     def replays(self, writes: pd.DataFrame, steps: pd.DataFrame) -> None:
         df = self.df
@@ -506,7 +514,7 @@ class _Attributor:
         df["graph_launch"] = self.graph_launch
         df["variant"] = pd.Categorical(self.variant)
         df["phase"] = pd.Categorical(self.phase)
-        df["attribution"] = pd.Categorical(self.how)
+        how = df["attribution"] = pd.Categorical(self.how)
         writes = pd.DataFrame(self.write_rows, columns=list(WRITE_INDEX_COLUMNS))
         work = df["kind"].isin(GPU_WORK_KINDS).to_numpy()
         if len(writes):  # a write no GPU work was matched to (a CPU trace) was attributed by no method
@@ -526,7 +534,10 @@ class _Attributor:
         n_work = int(work.sum())
         in_write = int((work & (self.write_id >= 0)).sum())
         in_step = int((work & (self.step >= 0)).sum())
-        methods = {m: int((work & (self.how == m)).sum()) for m in ("correlation", "graph_node", "graph_order")}
+        # per method, its GPU work rows: counted on the categorical's codes, not by comparing text per row
+        per_code = np.bincount(how.codes[work & (how.codes >= 0)], minlength=len(how.categories))
+        by_how = dict(zip(how.categories, per_code.tolist()))
+        methods = {m: int(by_how.get(m, 0)) for m in ("correlation", "graph_node", "graph_order")}
         summary = {
             "methods": {m: c for m, c in methods.items() if c},
             "method": dominant_method(methods, len(writes)),

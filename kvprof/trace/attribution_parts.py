@@ -15,6 +15,15 @@ from kvprof.trace.intervals import enclosing
 CAPTURE_BEGIN, CAPTURE_END = "cudaStreamBeginCapture", "cudaStreamEndCapture"
 
 
+def untied_replays_warning(replays: int) -> str:
+    """The warning for graph replays outside every kvprof step range whose GPU activities no kvprof
+    write range (nor the plugin's graph record) ties to a write. For an engine's trace, analyze's
+    KV-write-kernel steps may tie their write kernels after all: kvprof.analysis.write_kernels
+    finds this line by its text and says instead what those steps leave untied."""
+    return (f"{replays:,} graph replays lie outside kvprof step ranges: their GPU activities are not tied to "
+            "writes (the generic numbers still count them)")
+
+
 
 def during_capture(df: pd.DataFrame, writes: pd.DataFrame) -> np.ndarray:
     """Write ranges entered while a CUDA graph was being captured on their thread.

@@ -68,8 +68,8 @@ class _Args(msgspec.Struct, gc=False):
     stream: _OptionalId = _UNSET  # missing: the event's tid
     graph_node_id: _OptionalId = msgspec.field(default=_UNSET, name="graph node id")
     graphNodeId: int | None = None
-    grid: list[int] | None = None
-    block: list[int] | None = None
+    grid: tuple[int, ...] | None = None  # tuples: hashable, each distinct one made text once (_dims)
+    block: tuple[int, ...] | None = None
     bytes: int | None = None
 
 
@@ -119,8 +119,8 @@ class _Part:
     stream: np.ndarray
     correlation: np.ndarray
     graph_node: np.ndarray
-    grid: list[str | None]
-    block: list[str | None]
+    grid: np.ndarray  # objects: text or None
+    block: np.ndarray
     bytes: np.ndarray
 
 
@@ -165,22 +165,15 @@ def _times(values: list[float | None]) -> tuple[np.ndarray, np.ndarray]:
     return out, ~np.isnan(out)
 
 
-def _dims(values: list[list[int] | None]) -> list[str | None]:
+def _dims(values: list[tuple[int, ...] | None]) -> list[str | None]:
     """Launch grids or blocks as "x,y,z" (kineto._dims over lists of ints); each distinct one checked once."""
-    out: list[str | None] = []
-    known: dict[tuple[int, ...], str] = {}
-    for v in values:
-        if v is None:
-            out.append(None)
-            continue
-        key = tuple(v)
-        text = known.get(key)
-        if text is None:
+    known: dict[tuple[int, ...] | None, str | None] = {None: None}
+    for key in set(values):
+        if key is not None:
             if any(not (_I64_MIN <= x < _U64_END) for x in key):
                 raise _NotTyped("a launch dimension past 64 bits")
-            text = known[key] = ",".join(map(str, key))
-        out.append(text)
-    return out
+            known[key] = ",".join(map(str, key))
+    return [known[v] for v in values]
 
 
 def _part(events: list[_Event], counts: _Counts) -> _Part:
@@ -207,7 +200,8 @@ def _part(events: list[_Event], counts: _Counts) -> _Part:
     part = _Part(kind=code.astype(np.int32), name=[e.name if e.name is not None else "" for e in rows],
                  pid=pid, tid=tid, ts_us=ts[keep], dur_us=dur[keep], device=np.full(n, -1, np.int64),
                  stream=np.full(n, -1, np.int64), correlation=np.full(n, -1, np.int64),
-                 graph_node=np.full(n, -1, np.int64), grid=[None] * n, block=[None] * n,
+                 graph_node=np.full(n, -1, np.int64), grid=np.full(n, None, dtype=object),
+                 block=np.full(n, None, dtype=object),
                  bytes=np.full(n, -1, np.int64))
     with_args = np.flatnonzero(np.isin(code, list(ARG_CODES)))
     if len(with_args):
@@ -224,9 +218,8 @@ def _part(events: list[_Event], counts: _Counts) -> _Part:
                                  for a, e in zip(gargs, gpu_rows)])
         part.graph_node[gpu] = _ids([a.graphNodeId if a.graph_node_id is _UNSET else a.graph_node_id
                                      for a in gargs])
-        for i, g, b in zip(gpu.tolist(), _dims([a.grid for a in gargs]), _dims([a.block for a in gargs])):
-            part.grid[i] = g
-            part.block[i] = b
+        part.grid[gpu] = _dims([a.grid for a in gargs])
+        part.block[gpu] = _dims([a.block for a in gargs])
         copies = np.isin(code[gpu], [MEMCPY, MEMSET])
         if copies.any():
             part.bytes[gpu[copies]] = _ids([a.bytes for a in itertools.compress(gargs, copies.tolist())])
@@ -243,7 +236,7 @@ def _part(events: list[_Event], counts: _Counts) -> _Part:
     return part
 
 
-def _interned(values: list[str | None]) -> tuple[np.ndarray, list[str]]:
+def _interned(values: list[str | None] | np.ndarray) -> tuple[np.ndarray, list[str]]:
     """Codes (-1 for None) and the distinct strings, numbered in order of first appearance."""
     enc = pa.array(values, type=pa.string()).dictionary_encode()
     return enc.indices.fill_null(-1).to_numpy().astype(np.int32), enc.dictionary.to_pylist()
@@ -268,7 +261,11 @@ def _columns(parts: list[_Part], counts: _Counts) -> tuple[dict[str, Any], int]:
     cols["dur_us"] = joined("dur_us", np.float64)
     cols["name"], cols["_names"] = _interned([s for p in parts for s in p.name])
     # grid and block share one table, numbered as met: row by row, the grid before the block
-    codes, cols["_dims"] = _interned([d for p in parts for pair in zip(p.grid, p.block) for d in pair])
+    dims = np.empty(2 * len(cols["kind"]), dtype=object)
+    if len(dims):
+        dims[0::2] = np.concatenate([p.grid for p in parts])
+        dims[1::2] = np.concatenate([p.block for p in parts])
+    codes, cols["_dims"] = _interned(dims)
     cols["grid"], cols["block"] = codes[0::2].copy(), codes[1::2].copy()
     cols["_flows"] = counts.flows
     cols["_other_cats"] = counts.other_cats
