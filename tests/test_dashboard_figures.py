@@ -273,3 +273,11 @@ def test_observer_table_labels_a_negative_reference_and_its_ratio():
     assert text.loc["triton_fused *", "reading / reference (write)"] == "n/a (interpreted)"
     assert text.loc["index_put", "reading / reference (write)"] == "1.1"
     assert "-3,810" not in text.to_string()
+
+
+@pytest.mark.parametrize("name, shown", [("us", "µs"), ("gpu_span_us", "gpu span µs"), ("median_us", "median µs"),
+                                         ("bandwidth_gbs", "bandwidth GB/s"), ("gbs", "GB/s"),
+                                         ("gpu_busy_ns", "gpu busy ns"), ("variant", "variant"),
+                                         ("GPU µs/write", "GPU µs/write")])
+def test_a_table_header_spells_its_unit_as_everywhere_else(name: str, shown: str) -> None:
+    assert tables.header(name) == shown

@@ -67,6 +67,21 @@ def cell(v: Any, digits: int = 4) -> str:
     return MISSING if s in ("None", "nan", "NaN", "<NA>", "") else s
 
 
+UNIT_SUFFIXES = (("_us", "µs"), ("_ns", "ns"), ("_gbs", "GB/s"), ("_pct", "%"))
+
+
+def header(name: object) -> str:
+    """A frame's column name as a table shows it: its unit spelled as everywhere else (``us`` and
+    ``*_us`` read µs, ``*_gbs`` GB/s), words apart; the CSV keeps the frame's own names."""
+    text = str(name)
+    if text in ("us", "gbs"):
+        return "µs" if text == "us" else "GB/s"
+    for suffix, unit in UNIT_SUFFIXES:
+        if text.endswith(suffix) and len(text) > len(suffix):
+            return f"{text[: -len(suffix)].replace('_', ' ')} {unit}"
+    return text
+
+
 def display(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     """Every cell as text (see ``cell``); column names and order kept."""
     return pd.DataFrame({c: [cell(v, digits) for v in df[c].tolist()] for c in df.columns}, index=df.index,

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvprof.dashboard.tables import display, html_table
+from kvprof.dashboard.tables import display, header, html_table
 from kvprof.report.files import frame_csv  # text cells formula-safe, as in summary.csv
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$])")
@@ -73,6 +73,7 @@ def show_table(df: pd.DataFrame, key: str, caption: str | None = None, column_co
         st.caption(caption)
     shown = df if text is None else text
     rows = (shown if len(shown) <= max_rows else shown.head(max_rows)).reset_index(drop=True)
+    rows = rows.rename(columns=header)  # units as everywhere else (µs, GB/s); the CSV keeps the names
     if len(rows) <= STATIC_ROWS:
         st.html(html_table(rows))
     else:

@@ -111,8 +111,9 @@ ROPE_FUNCTION = "apply_rope_with_cos_sin_cache_inplace"
 ROPE_ARG = "fused_args"
 POOL_INIT = ("MHATokenToKVPool", "__init__")  # where the plugin first sees a pool and its K buffers
 
-# The kernel (a substring of its name, as traces show it) and the launches of one write on each of
-# SGLang's own paths: what the sidecar's graph record says a replayed write's kernels are
+# The kernel (its identifier, matched in a trace's name by kvprof.core.sidecar.kernel_matches) and the
+# launches of one write on each of SGLang's own paths: what the sidecar's graph record says a replayed
+# write's kernels are
 NATIVE_KERNELS: dict[str, tuple[str, int]] = {
     NATIVE_STORE_CACHE: ("store_kvcache_kernel", 1),  # SGLang's JIT kernel (kvcache.cuh)
     NATIVE_INDEX_PUT: ("index_put", 2),  # K, then V: torch's index_put_kernel_impl
@@ -759,7 +760,7 @@ def _pool_init_hook(original: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _native_kernel(native: Any) -> tuple[str | None, int]:
-    """(kernel name substring, kernels per write) of one of SGLang's own paths, or (None, 1)."""
+    """(kernel identifier, kernels per write) of one of SGLang's own paths, or (None, 1)."""
     return NATIVE_KERNELS.get(native, (None, 1)) if isinstance(native, str) else (None, 1)
 
 
