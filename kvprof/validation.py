@@ -220,7 +220,7 @@ def check_buffer_pair(dtype: object, k_buf: object, v_buf: object) -> None:
         raise ValueError("v_buf shares memory with k_buf: the write would store into both")
 
 
-def check_scale(name: str, scale: object, device: torch.device) -> None:
+def check_scale(name: str, scale: object, device: torch.device, where: str = "the cache") -> None:
     """None, a positive finite number, or a one-element floating-point tensor on ``device``
     (a kernel reads it through its pointer; its value is the caller's: reading it would sync)."""
     if scale is None:
@@ -234,7 +234,7 @@ def check_scale(name: str, scale: object, device: torch.device) -> None:
             raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} "
                              f"{scale.dtype}")
         if scale.device != device:
-            raise ValueError(f"{name} is on {scale.device}, the cache is on {device}")
+            raise ValueError(f"{name} is on {scale.device}, {where} is on {device}")
         return
     raise ValueError(f"{name} must be a positive number or a one-element tensor, got {type(scale).__name__}")
 

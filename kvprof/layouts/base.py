@@ -11,13 +11,12 @@ can run (``unsupported_reason``) and returns the path that ran, as the MHA write
 from __future__ import annotations
 
 import abc
-import math
 from typing import Any
 
 import torch
 
 from kvprof.dtypes import FP8_DTYPES
-from kvprof.validation import FLOAT_INPUTS
+from kvprof.validation import FLOAT_INPUTS, check_scale
 from kvprof.writers.base import ChecksItsCalls, WriterInfo
 
 
@@ -125,18 +124,6 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 def check_scale_value(name: str, scale: Any, device: torch.device) -> None:
-    """None, a positive finite number, or a one-element floating tensor on the pool's device."""
-    if scale is None:
-        return
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        if not 0 < scale < math.inf:
-            raise ValueError(f"{name} must be positive (finite and non-zero), got {scale!r}")
-        return
-    if isinstance(scale, torch.Tensor):
-        if scale.numel() != 1 or not scale.is_floating_point():
-            raise ValueError(f"{name} must be a one-element floating-point tensor, got {tuple(scale.shape)} "
-                             f"{scale.dtype}")
-        if scale.device != device:
-            raise ValueError(f"{name} is on {scale.device}, the pool is on {device}")
-        return
-    raise ValueError(f"{name} must be a positive number or a one-element tensor, got {type(scale).__name__}")
+    """None, a positive finite number, or a one-element floating tensor on the pool's device (the
+    writers' own check, :func:`kvprof.validation.check_scale`)."""
+    check_scale(name, scale, device, "the pool")
