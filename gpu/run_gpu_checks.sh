@@ -14,7 +14,7 @@ steps=${*:-env capture bench tests}
 export KVPROF_TEST_SECRET=kvprof-planted-9c41e7d2b85a
 export HF_TOKEN=hf_kvprofPlantedTokenValue0123456789
 export KVPROF_CACHE_DIR=${KVPROF_CACHE_DIR:-/tmp/kvprof-cache}
-# sgl-kernel's own store kernels, extracted by python -m kvprof.writers.sgl_cubin_extract into .gpu/sgl
+# sgl-kernel's own store kernels, extracted by python -m kvprof.kvcache.writers.sgl_cubin_extract into .gpu/sgl
 if [ -z "${KVPROF_SGL_CUBIN:-}" ] && [ -f .gpu/sgl/store_kv_cache.sm_90.cubin ]; then
   export KVPROF_SGL_CUBIN=$PWD/.gpu/sgl/store_kv_cache.sm_90.cubin
 fi

@@ -5,7 +5,7 @@ Through an ``x or default``, ``--pool-size 0`` or ``--max-events 0`` would mean 
 takes crashes it (SIGSEGV); seeds, memory sizes and counts outside their ranges end in
 tracebacks. These types refuse such values at the argument, with the option's name in the
 one-line error (exit 2), before torch is imported. The bounds are module constants, so
-``kvprof.guards.check_capture_values`` holds a ``CaptureConfig`` from the Python API to the
+``kvprof.kvcache.guards.check_capture_values`` holds a ``CaptureConfig`` from the Python API to the
 same ones. ``typed_options`` reads a writer option's text as its parameter's type asks
 (``always=no`` is false).
 """

@@ -16,7 +16,7 @@ every buffer is compared. Where several tokens write one slot, engines leave the
 any one of their rows (threads race): each element of such a row must be that element of
 one of those tokens' rows, as the reference converts them (written apart, into distinct
 slots of a scratch pool). The rope contract (MHA: rotate q and k in place, store k and v)
-is held against :func:`kvprof.writers.rope_reference.rope_reference` in float32: q and k
+is held against :func:`kvprof.kvcache.writers.rope_reference.rope_reference` in float32: q and k
 within one unit in the last place of their dtype (an FMA-contracting kernel's rounding;
 kvprof's own are bitwise, tests/test_rope_writers.py), v unchanged, and the cache rows
 bitwise what the layout's reference stores for the rotated k the writer wrote back.
@@ -44,8 +44,8 @@ import torch
 
 from kvprof.core.errors import DeviceError, KvprofError, UsageError
 from kvprof.core.verify import ERROR, OK, REFUSED, WRONG, CaseReport, VerifyResult, WriterTally
-from kvprof.dtypes import FP8_DTYPES, short_name
-from kvprof.layouts.layout import LAYOUTS, Layout, Writer, get_layout
+from kvprof.kvcache.dtypes import FP8_DTYPES, short_name
+from kvprof.kvcache.layouts.layout import LAYOUTS, Layout, Writer, get_layout
 
 DEFAULT_BUDGET_S = 40.0
 DEFAULT_CASES = 200
@@ -316,7 +316,7 @@ def make_inputs(case: Case, slots: int, device: torch.device) -> Inputs:
         q = make_rows(case, t, s["q_heads"], dim, gen, device, 1.0)
         v = make_rows(case, t, heads, v_dim, gen, device)
         positions = torch.randint(0, MAX_POSITION, (t,), generator=gen).to(case.loc_dtype).to(device)
-        from kvprof.writers.rope_reference import cos_sin_table
+        from kvprof.kvcache.writers.rope_reference import cos_sin_table
 
         return Inputs(loc, k, v, scale, q, positions, cos_sin_table(MAX_POSITION, s["rope_dim"]).to(device))
     return Inputs(loc, make_rows(case, t, heads, dim, gen, device), make_rows(case, t, heads, v_dim, gen, device),
@@ -428,7 +428,7 @@ def _rope_check(case: Case, x: Inputs, got: Inputs) -> tuple[int, str, torch.Ten
     """q and k as rotated in place against the float32 reference (one ulp); returns
     the wrong rows, their words and the k the cache is held against (the writer's, or the
     reference's where the writer's is wrong)."""
-    from kvprof.writers.rope_reference import rope_reference
+    from kvprof.kvcache.writers.rope_reference import rope_reference
 
     assert x.q is not None and got.q is not None and x.positions is not None and x.cos_sin is not None
     dim = case.shape["dim"]
@@ -563,7 +563,7 @@ def _layouts(names: Sequence[str] | None) -> list[str]:
 
 def _specs(variants: Sequence[str] | None, layouts: list[str]) -> Iterator[tuple[str, str, bool]]:
     """(layout, spec, named) for each writer asked for; every registered writer when none is named."""
-    from kvprof.writers import REGISTRY
+    from kvprof.kvcache.writers import REGISTRY
 
     if not variants:
         for layout in layouts:
@@ -601,7 +601,7 @@ def targets(variants: Sequence[str] | None, layouts: Sequence[str] | None,
             device: torch.device) -> tuple[list[Target], list[WriterTally]]:
     """The writers to verify and those that cannot run here (with why). A writer named on the
     command line that cannot run on ``device`` is a ``DeviceError``."""
-    from kvprof.writers import REGISTRY
+    from kvprof.kvcache.writers import REGISTRY
 
     runnable: list[Target] = []
     skipped: list[WriterTally] = []
@@ -671,7 +671,7 @@ def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None 
         began = clock()
         ref = references.get((t.layout, t.contract))
         if ref is None:
-            from kvprof.writers import REGISTRY
+            from kvprof.kvcache.writers import REGISTRY
 
             ref_name = get_layout(t.layout).reference
             ref = references[(t.layout, t.contract)] = REGISTRY.create(ref_name, layout=t.layout)

@@ -25,7 +25,7 @@ import torch
 
 from kvprof.core.errors import DeviceError
 from kvprof.core.verify import PdlResult, PdlTally
-from kvprof.layouts.layout import Layout, Writer, get_layout
+from kvprof.kvcache.layouts.layout import Layout, Writer, get_layout
 from kvprof.verify import Case, Inputs, buffers, make_pool, targets, write
 
 DEFAULT_TOKENS = (1, 7, 64, 512, 4096)
@@ -107,7 +107,7 @@ def _inputs(case: Case, slots: int, loc: torch.Tensor, seed: int, device: torch.
     if case.layout == "mla":
         return Inputs(loc, rows(1, s["rank"]), rows(1, s["rope"]), None)
     if case.contract == "rope":
-        from kvprof.writers.rope_reference import cos_sin_table
+        from kvprof.kvcache.writers.rope_reference import cos_sin_table
 
         positions = torch.randint(0, MAX_POSITION, (t,), generator=gen).to(device)
         return Inputs(loc, rows(s["heads"], s["dim"]), rows(s["heads"], s["v_dim"]), None,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.dtypes import convert_for_cache
-from kvprof.layouts.mla import MLAWriter
-from kvprof.layouts.paged import PagedWriter, convert_like_vllm
-from kvprof.writers.base import KVWriter, convert_pair
-from kvprof.writers.rope_base import RopeKVWriter
-from kvprof.writers.rope_reference import rope_reference
+from kvprof.kvcache.dtypes import convert_for_cache
+from kvprof.kvcache.layouts.mla import MLAWriter
+from kvprof.kvcache.layouts.paged import PagedWriter, convert_like_vllm
+from kvprof.kvcache.writers.base import KVWriter, convert_pair
+from kvprof.kvcache.writers.rope_base import RopeKVWriter
+from kvprof.kvcache.writers.rope_reference import rope_reference
 
 
 class _Store(KVWriter):

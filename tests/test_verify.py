@@ -231,7 +231,7 @@ def test_cli_cuda_without_a_gpu_is_one_line(capsys):
 @pytest.mark.slow
 def test_default_run_covers_every_writer_that_runs_here():
     """No --variants: every registered writer of every layout, each run or named with why not."""
-    from kvprof.writers import REGISTRY
+    from kvprof.kvcache.writers import REGISTRY
 
     ticks = iter(range(10**6))
     result = verify(None, device=CPU, budget_s=0.5, cases=1, clock=lambda: float(next(ticks)) * 1e-9)
@@ -263,7 +263,7 @@ def test_cli_pdl_bad_arguments_are_one_line(capsys, args, words):
 def test_pdl_reader_counts_each_row_that_differs():
     """The dependent kernel's counting, in Triton's interpreter (there without its
     griddepcontrol.wait, which only a GPU has): one stale read per row with any byte off."""
-    from kvprof.writers import triton_kernel
+    from kvprof.kvcache.writers import triton_kernel
 
     if not triton_kernel.interpreted():
         pytest.skip("the reader on a CPU needs TRITON_INTERPRET=1 at import")

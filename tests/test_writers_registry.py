@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from kvprof.core.errors import UsageError
-from kvprof.layouts import LAYOUTS, get_layout
-from kvprof.layouts.mha import MHALayout
-from kvprof.layouts.mla import MLAWriter
-from kvprof.pool import KVPool
-from kvprof.writers import FUSED, TWO_COPIES, KVWriter, WriterRegistry, create_writer, writer_names
-from kvprof.writers.registry import entry_point_groups
-from kvprof.writers.rope_base import RopeKVWriter
-from kvprof.writers.sgl_kernel import SglKernelWriter
-from kvprof.writers.two_stream import TwoStreamWriter
+from kvprof.kvcache.layouts import LAYOUTS, get_layout
+from kvprof.kvcache.layouts.mha import MHALayout
+from kvprof.kvcache.layouts.mla import MLAWriter
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import FUSED, TWO_COPIES, KVWriter, WriterRegistry, create_writer, writer_names
+from kvprof.kvcache.writers.registry import entry_point_groups
+from kvprof.kvcache.writers.rope_base import RopeKVWriter
+from kvprof.kvcache.writers.sgl_kernel import SglKernelWriter
+from kvprof.kvcache.writers.two_stream import TwoStreamWriter
 
 
 def test_builtins_registered_in_order():
@@ -280,8 +280,8 @@ def test_a_layout_writes_one_layer_as_its_engine_calls_it(layout):
 def test_listing_and_building_reference_writers_imports_no_kernel_toolkit():
     """Built-ins load on demand: naming every layout's writers and building the references
     imports neither triton nor sgl-kernel nor SGLang."""
-    probe = ("import sys, kvprof.writers as w\n"
-             "from kvprof.layouts import LAYOUTS, get_layout\n"
+    probe = ("import sys, kvprof.kvcache.writers as w\n"
+             "from kvprof.kvcache.layouts import LAYOUTS, get_layout\n"
              "for l in LAYOUTS:\n"
              "    w.writer_names(l); w.create_writer(get_layout(l).reference, layout=l)\n"
              "print(sorted(m for m in ('triton', 'sgl_kernel', 'sglang') if m in sys.modules))")

@@ -104,7 +104,7 @@ class SidecarPool(msgspec.Struct, kw_only=True):
 
 
 class SidecarDevice(msgspec.Struct, kw_only=True):
-    """The process's CUDA device (``kvprof.devinfo.device_properties``), its peak and where that came from."""
+    """The process's CUDA device (``kvprof.kvcache.devinfo.device_properties``), its peak and where that came from."""
 
     type: Name | None = None
     index: Count | None = None

@@ -78,13 +78,13 @@ VARIANTS: tuple[VariantInfo, ...] = (
     VariantInfo("sgl_kernel_rope_cubin", Role.PEER, "#aa4499",
                 "sgl-kernel's rope + set-kv kernels from the wheel's cubin",
                 claims_fused=True, rope="fused"),
-    # the MLA latent layout (kvprof.layouts.mla): its reference, SGLang's unfused path, peer, fused
+    # the MLA latent layout (kvprof.kvcache.layouts.mla): its reference, SGLang's unfused path, peer, fused
     VariantInfo("mla_index_put", Role.REFERENCE, "#bbbbbb", "MLA: cast, index_put of nope and rope"),
     VariantInfo("mla_cat_copy", Role.BASELINE, "#ddcc77", "MLA: torch.cat then one copy (SGLang unfused)"),
     VariantInfo("sglang_mla", Role.PEER, "#88ccee", "MLA: SGLang's set_mla_kv_buffer kernel", claims_fused=True),
     VariantInfo("mla_triton", Role.KVPROF, "#117733", "MLA: kvprof's fused Triton store", claims_fused=True),
     VariantInfo("mla_cuda", Role.KVPROF, "#aa4499", "MLA: kvprof's fused CUDA store (compiled op)", claims_fused=True),
-    # vLLM's paged layout (kvprof.layouts.paged)
+    # vLLM's paged layout (kvprof.kvcache.layouts.paged)
     VariantInfo("paged_index_put", Role.REFERENCE, "#555555", "paged: convert, index_put K then V"),
     VariantInfo("paged_unfused", Role.BASELINE, "#999933", "paged: vLLM's write as separate torch ops"),
     VariantInfo("paged_triton", Role.KVPROF, "#44aa99", "paged: kvprof's fused Triton store", claims_fused=True),

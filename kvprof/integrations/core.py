@@ -170,7 +170,7 @@ class Ranges(RangeMaker):
         akey = (variant, layer_id, tokens)
         attr = self.attrs.get(akey)
         if attr is None:
-            from kvprof.instrument import variant_color
+            from kvprof.kvcache.instrument import variant_color
 
             attr = self.attrs[akey] = self.domain.get_event_attributes(
                 message=name, color=variant_color(variant), category=variant, payload=tokens)
@@ -509,7 +509,7 @@ class PluginState:
                 self.writer_error = "no writer named"
                 return None
             try:
-                from kvprof.writers import create_writer
+                from kvprof.kvcache.writers import create_writer
 
                 self.writer = create_writer(self.writer_name, layout=self.writer_layout)
             except Exception as exc:  # noqa: BLE001 - an unknown name or a writer that fails to build
@@ -601,7 +601,7 @@ def describe_device(device: Any) -> SidecarDevice | None:
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        from kvprof.devinfo import device_properties
+        from kvprof.kvcache.devinfo import device_properties
 
         return msgspec.convert(device_properties(dev), SidecarDevice)
     except Exception as exc:  # noqa: BLE001 - a description only
@@ -776,7 +776,7 @@ def to_store(x: Any, dtype: Any, scale: Any, divide: bool) -> Any:
     reference's ``convert_for_cache``), then cast; fp8 as its bytes."""
     import torch
 
-    from kvprof.dtypes import store_dtype_for
+    from kvprof.kvcache.dtypes import store_dtype_for
 
     if x.dtype != dtype:
         if scale is not None:
@@ -791,6 +791,6 @@ def to_store(x: Any, dtype: Any, scale: Any, divide: bool) -> Any:
 
 
 def _inverse(scale: float) -> float:
-    from kvprof.dtypes import inverse_scale
+    from kvprof.kvcache.dtypes import inverse_scale
 
     return inverse_scale(scale)

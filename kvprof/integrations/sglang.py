@@ -781,8 +781,8 @@ class _Route:
     KNOWN = ("layer", "loc_info", "cache_k", "cache_v", "k_scale", "v_scale", "layer_id_override", "dcp_kv_mask")
 
     def __init__(self, writer: Any, pool: Any, mod: Any, state: _State) -> None:
-        from kvprof.validation import check_write_inputs
-        from kvprof.writers.base import checked_impl
+        from kvprof.kvcache.validation import check_write_inputs
+        from kvprof.kvcache.writers.base import checked_impl
 
         self.writer = writer
         # the route runs the store contract's checks on the engine's call itself (check_write_inputs,
@@ -849,8 +849,8 @@ class _RopeRoute:
     arguments SGLang's kernel would get, with the layer's own 3-D K/V buffers."""
 
     def __init__(self, writer: Any, pool: Any, device: Any, state: _State) -> None:
-        from kvprof.writers.base import checked_impl
-        from kvprof.writers.rope_base import check_rope_call
+        from kvprof.kvcache.writers.base import checked_impl
+        from kvprof.kvcache.writers.rope_base import check_rope_call
 
         self.writer = writer
         # the route runs the rope contract's checks itself (check_rope_call, unsupported_reason):
@@ -1134,7 +1134,7 @@ STATE = _State()
 
 def _is_rope_writer(writer: Any) -> bool:
     """Whether ``writer`` implements the MHA layout's rope + store contract (not the store's)."""
-    from kvprof.layouts import get_layout
+    from kvprof.kvcache.layouts import get_layout
 
     return get_layout("mha").contract_of(writer) == "rope"
 
@@ -1169,7 +1169,7 @@ def sidecar_dir() -> Path:
 def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
     """Shapes and dtypes of one pool, read defensively (attribute names vary by pool); its native
     path is set_kv_buffer's predicted one, or fused_into_rope where its first write was SGLang's rope."""
-    from kvprof.dtypes import short_name
+    from kvprof.kvcache.dtypes import short_name
 
     def dt(x: Any) -> Any:
         try:

@@ -479,7 +479,7 @@ def note_step(state: _State, ctx: Any) -> None:
 
 def describe_cache(impl: Any, hooked: str, variant: str, kv_cache: Any, native: str) -> dict[str, Any]:
     """The implementation class and its cache's shape and dtype, read defensively."""
-    from kvprof.dtypes import short_name
+    from kvprof.kvcache.dtypes import short_name
 
     out: dict[str, Any] = {"class": type(impl).__name__, "hooked": hooked, "variant": variant, "native_path": native}
     shape = tuple(getattr(kv_cache, "shape", ()))
@@ -526,7 +526,7 @@ class _Route:
     as rows of one head (see the module's doc)."""
 
     def __init__(self, writer: Any, state: _State, device: Any) -> None:
-        from kvprof.writers.base import checked_impl
+        from kvprof.kvcache.writers.base import checked_impl
 
         self.writer = writer
         # K and V rows are interleaved views of one packed cache, which the paged contract's own
@@ -644,7 +644,7 @@ def shadow_snapshot(state: _State, impl: Any, variant: str, layer: Any, key: Any
 def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, variant: str) -> None:
     """Compare the rows the write left in the packed cache with its inputs, converted as vLLM's
     op converts them (``convert_like_vllm``); padding (-1) and shared slots not held. Never raises."""
-    from kvprof.layouts.paged import convert_like_vllm
+    from kvprof.kvcache.layouts.paged import convert_like_vllm
 
     k_view, v_view, slots, key, value, dtype, k_scale, v_scale = snap
     try:

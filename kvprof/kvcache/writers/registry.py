@@ -1,0 +1,148 @@
+"""One registry of write implementations, keyed by (layout, name).
+
+Built-ins of every layout register themselves when ``kvprof.kvcache.writers`` is imported, each
+imported only when it is first built (triton, compilers and sgl-kernel load on demand).
+Third parties either declare an entry point (``name = "pkg.mod:factory"``) in the group of
+the writer's layout -- ``kvprof.kvcache.writers`` (or ``kvprof.kvcache.writers.mha``) for the MHA pool,
+``kvprof.kvcache.writers.<layout>`` for another (``kvprof.kvcache.writers.mla``, ``kvprof.kvcache.writers.paged``)
+-- or pass ``--writer pkg.mod:factory`` on the command line, which builds it for the
+capture's layout. A factory is any callable returning a writer (a subclass itself works);
+what it returns must implement one of the layout's writer contracts
+(``Layout.writer_bases``: ``KVWriter`` for MHA, ``MLAWriter``, ``PagedWriter``), or it is
+refused by name before it reaches a pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+from kvprof.argtypes import typed_options
+from kvprof.core.errors import KvprofError, UsageError
+from kvprof.kvcache.layouts.layout import LAYOUTS, Layout, Writer, check_layout, get_layout
+
+WriterFactory = Callable[..., Writer]
+
+ENTRY_POINT_GROUP = "kvprof.writers"  # the MHA writers' group (the pyproject.toml entry points' group)
+MHA = "mha"
+
+
+def entry_point_groups(layout: str) -> tuple[str, ...]:
+    """The entry-point groups third-party writers of ``layout`` are declared in."""
+    if check_layout(layout) == MHA:
+        return ENTRY_POINT_GROUP, f"{ENTRY_POINT_GROUP}.{MHA}"
+    return (f"{ENTRY_POINT_GROUP}.{layout}",)
+
+
+class WriterRegistry:
+    """(layout, name) -> factory. An instance, not module state, so tests can build their own
+    (``layouts``: where a layout's writer contracts are looked up, ``get_layout`` unless given).
+    ``layout`` defaults to "mha" everywhere, the MHA writers' API before layouts existed."""
+
+    def __init__(self, layouts: Callable[[str], Layout[Any]] = get_layout) -> None:
+        self._factories: dict[tuple[str, str], WriterFactory] = {}
+        self._loaded: set[str] = set()  # layouts whose entry points were read
+        self._layouts = layouts
+
+    def register(self, name: str, factory: WriterFactory, *, layout: str = MHA, replace: bool = False) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r} for writer {name!r}; choose from {', '.join(LAYOUTS)}")
+        if not name.isidentifier():
+            raise ValueError(f"writer name {name!r} must be an identifier")
+        if (layout, name) in self._factories and not replace:
+            raise ValueError(f"a writer named {name!r} is already registered for the {layout} layout")
+        self._factories[(layout, name)] = factory
+
+    def _load_entry_points(self, layout: str) -> None:
+        if layout in self._loaded:
+            return
+        self._loaded.add(layout)
+        for group in entry_point_groups(layout):
+            for ep in metadata.entry_points(group=group):
+                self._factories.setdefault((layout, ep.name), _lazy(ep))
+
+    def names(self, layout: str = MHA) -> list[str]:
+        """The writers of ``layout``, built-ins in table order, then third parties'."""
+        self._load_entry_points(check_layout(layout))
+        return [name for (owner, name) in self._factories if owner == layout]
+
+    def create(self, spec: str, *, layout: str = MHA, **options: object) -> Writer:
+        """Build a writer of ``layout`` from a registered name or a ``module:function`` spec."""
+        if ":" in spec:
+            factory = resolve_spec(spec)
+        else:
+            known = self.names(layout)
+            if spec not in known:
+                raise UsageError(f"unknown variant {spec!r}: not a writer of the {layout} layout; known: "
+                                 f"{', '.join(known)} (or give module:function)")
+            factory = self._factories[(layout, spec)]
+        try:
+            writer = factory(**typed_options(factory, options, spec))
+        except KvprofError:
+            raise
+        except Exception as exc:  # a factory that raises: the one-line error of a writer that cannot be built
+            text = str(exc).strip().splitlines()
+            raise UsageError(f"writer {spec!r} could not be built: {type(exc).__name__}"
+                             f"{': ' + text[0] if text else ''}") from None
+        bases = self._layouts(layout).writer_bases
+        if not isinstance(writer, bases):
+            raise UsageError(f"writer {spec!r} returned {type(writer).__name__}, not a "
+                             f"{' or '.join(b.__name__ for b in bases)} (a writer of the {layout} layout)")
+        if not writer.name:
+            writer.name = spec.replace(":", ".")
+        return writer
+
+
+def resolve_spec(spec: str) -> WriterFactory:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import writer module {module_name!r}: {exc}") from None
+    try:
+        factory = getattr(module, attr)
+    except AttributeError:
+        raise UsageError(f"module {module_name!r} has no writer factory {attr!r}") from None
+    if not callable(factory):
+        raise UsageError(f"writer {spec!r} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def builtin(name: str, module: str, cls: str) -> WriterFactory:
+    """A factory for kvprof's writer ``kvprof.kvcache.writers.<module>.<cls>``, imported only when it
+    is built (triton, compilers, sgl-kernel)."""
+
+    def factory(**options: object) -> Writer:
+        try:
+            mod = importlib.import_module(f"kvprof.kvcache.writers.{module}")
+        except ImportError as exc:
+            raise UsageError(f"writer {name} cannot be imported: {exc}") from None
+        writer_class = getattr(mod, cls)
+        try:  # a boolean option given as text ("no") is made a bool, or refused
+            writer: Writer = writer_class(**typed_options(writer_class, options, name))
+        except TypeError as exc:  # unknown option names
+            raise UsageError(f"bad option for writer {name}: {exc}") from None
+        return writer
+
+    return factory
+
+
+def _lazy(ep: metadata.EntryPoint) -> WriterFactory:
+    def factory(**options: object) -> Writer:
+        try:
+            target = ep.load()
+        except Exception as exc:  # a broken third-party plugin must not take kvprof down
+            raise UsageError(f"cannot load writer entry point {ep.name!r} ({ep.value}): {exc}") from None
+        writer: Writer = target(**options)
+        return writer
+
+    return factory
+
+
+# The registry kvprof itself uses; built-ins are added in kvprof/kvcache/writers/__init__.py.
+REGISTRY = WriterRegistry()
+register = REGISTRY.register
+create_writer = REGISTRY.create
+writer_names = REGISTRY.names
