@@ -46,7 +46,7 @@ from kvprof.bench.grids import (
 )
 from kvprof.core.bench_result import BenchTarget
 from kvprof.core.rundir import RunDir
-from kvprof.report.terminal import add_format_arguments
+from kvprof.report.terminal import FORMATS, add_format_arguments
 
 
 def _ints(text: str) -> list[int]:
@@ -134,7 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the fraction of the measured copy rate in that target (default: %(default)s)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress display (it shows only when stderr is a terminal)")
-    add_format_arguments(p)
+    add_format_arguments(p, FORMATS)  # bench prints its result itself: no renderer names its forms
 
 
 def default_out() -> Path:
