@@ -34,10 +34,10 @@ def test_shadow_variable(monkeypatch: pytest.MonkeyPatch, value: str, every: int
     assert got == every and (why is None if problem is None else problem in str(why))
 
 
-def test_unique_valid_drops_padding_and_shared_slots() -> None:
-    slots = torch.tensor([4, -1, 7, 4, 0, 9, 7, 2])
-    assert core.unique_valid(slots, None).tolist() == [False, False, False, False, True, True, False, True]
-    assert core.unique_valid(slots, 0).tolist() == [False, False, False, False, False, True, False, True]
+def test_held_tokens_drop_padding_shared_and_out_of_range_slots() -> None:
+    slots = [4, -1, 7, 4, 0, 9, 7, 2, 12]
+    assert core.held_tokens(slots, 12, None) == [False, False, False, False, True, True, False, True, False]
+    assert core.held_tokens(slots, 12, 0) == [False, False, False, False, False, True, False, True, False]
 
 
 def test_to_store_matches_the_reference_and_sglangs_division() -> None:
@@ -59,17 +59,19 @@ def test_every_nth_write_is_compared_and_a_wrong_row_named() -> None:
     slots = torch.tensor([5, 2, 8])
     k = torch.randn(3, 4)
     got = k.clone()
-    shadow.compare(1, "w", slots, got, got, k, k, torch.ones(3, dtype=torch.bool))
+    shadow.compare(1, "w", slots, got, got, k, k, rows=16)
     got[2, 3] += 1  # one element of slot 8's row
-    shadow.compare(2, "w", slots, got, k, k, k, torch.ones(3, dtype=torch.bool))
-    shadow.compare(3, "w", slots, got, k, k, k, torch.tensor([True, True, False]))  # slot 8 not held
+    shadow.compare(2, "w", slots, got, k, k, k, rows=16)
+    shadow.compare(3, "w", slots, got, k, k, k, rows=8)  # slot 8 past the cache: not held
+    shadow.compare(3, "w", slots, got, k, k, k, rows=16, pad=8)  # slot 8 the dummy slot: not held
+    shadow.compare(3, "w", torch.tensor([5, 8, 8]), got, k, k, k, rows=16)  # slot 8 written twice: not held
     rec = shadow.record()
-    assert (rec.checked, rec.mismatched, rec.rows_checked, rec.rows_mismatched) == (3, 1, 8, 1)
+    assert (rec.checked, rec.mismatched, rec.rows_checked, rec.rows_mismatched) == (5, 1, 11, 1)
     assert [(m.layer, m.slot, m.rows) for m in rec.first_mismatches] == [(2, 8, 1)]
-    shadow.compare(4, "w", slots, got, k, k, k, torch.zeros(3, dtype=torch.bool))
-    shadow.compare(4, "w", slots[:0], got[:0], k[:0], k[:0], k[:0], torch.zeros(0, dtype=torch.bool))
+    shadow.compare(4, "w", torch.tensor([-1, 0, 0]), got, k, k, k, rows=16, pad=0)
+    shadow.compare(4, "w", slots[:0], got[:0], k[:0], k[:0], k[:0], rows=16)
     rec = shadow.record()
-    assert rec.checked == 3 and sum(rec.skipped.values()) == 2
+    assert rec.checked == 5 and sum(rec.skipped.values()) == 2
 
 
 def test_pending_counts_are_read_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,9 +79,9 @@ def test_pending_counts_are_read_in_batches(monkeypatch: pytest.MonkeyPatch) -> 
     shadow = core.Shadow(1)
     k = torch.zeros(2, 3)
     for _ in range(3):
-        shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, torch.ones(2, dtype=torch.bool))
+        shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, rows=4)
     assert len(shadow.pending) == 3 and shadow.checked == 0
-    shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, torch.ones(2, dtype=torch.bool))
+    shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, rows=4)
     assert not shadow.pending and shadow.checked == 4
 
 

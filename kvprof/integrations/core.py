@@ -657,10 +657,12 @@ class Shadow:
     def due(self) -> bool:
         if self.every <= 0:
             return False
+        # every hooked write passes here: no lock on this path (a lock is most of its cost); the
+        # count is exact where one thread writes, as the model runner of either engine does
+        self.calls += 1
+        if self.calls % self.every:
+            return False
         with self.lock:
-            self.calls += 1
-            if self.calls % self.every:
-                return False
             self.sampled += 1
         return True
 
@@ -680,32 +682,31 @@ class Shadow:
         return bool(torch.cuda.is_current_stream_capturing())
 
     def compare(self, layer: int | None, variant: str, slots: Any, k_got: Any, v_got: Any, k_want: Any,
-                v_want: Any, valid: Any) -> None:
+                v_want: Any, rows: int, pad: int | None = None) -> None:
         """Compare one write: ``slots`` [n] (int64), ``k_got``/``v_got`` the cache's rows at those slots
-        and ``k_want``/``v_want`` the expected rows (each [n, ...], same dtype), ``valid`` [n] bool:
-        the tokens held to their row (not padding, not sharing a slot with another token). Bitwise."""
+        (clamped into the cache) and ``k_want``/``v_want`` the expected rows (each [n, ...], same dtype).
+        Bitwise. Which tokens are held to their row (a slot in ``[0, rows)``, not ``pad``, the
+        engine's dummy slot, and no other token's) is decided on the host when the counts are
+        read (``resolve``), so the device runs only the comparison: a few launches, no sort."""
         import torch
 
         n = int(slots.shape[0])
         if not n:
             self.skip("no token to check (an empty write)")
             return
-        k_bad = (k_got.reshape(n, -1).view(torch.uint8) != k_want.reshape(n, -1).view(torch.uint8)).any(1)
-        v_bad = (v_got.reshape(n, -1).view(torch.uint8) != v_want.reshape(n, -1).view(torch.uint8)).any(1)
-        bad = (k_bad | v_bad) & valid
-        # the first wrong token's slot, -1 where none: gathered on the device (an index read on the host syncs)
-        first = torch.where(bad.any(), slots.gather(0, bad.to(torch.uint8).argmax().reshape(1)),
-                            torch.full_like(slots[:1], -1)).squeeze(0)
-        counts = torch.stack([bad.sum(), first, valid.sum()])
+        bad = (k_got.reshape(n, -1).view(torch.uint8) != k_want.reshape(n, -1).view(torch.uint8)).any(1)
+        bad |= (v_got.reshape(n, -1).view(torch.uint8) != v_want.reshape(n, -1).view(torch.uint8)).any(1)
+        # one fresh tensor carries both: a wrong token's slot (>= 0), a right one's as -2 - slot (<= -1)
+        code = torch.where(bad, slots, -2 - slots)
         resolve = False
         with self.lock:
-            self.pending.append((layer, variant, counts))
+            self.pending.append((layer, variant, code, rows, pad))
             resolve = len(self.pending) >= SHADOW_PENDING
         if resolve:
             self.resolve()
 
     def resolve(self) -> None:
-        """Read the pending comparisons' counts (one device->host transfer); never inside a capture."""
+        """Read the pending comparisons (one device->host transfer) and count them; never inside a capture."""
         if not self.pending or GRAPHS.capturing():
             return
         import torch
@@ -716,27 +717,33 @@ class Shadow:
             pending, self.pending = self.pending, []
         if not pending:
             return
-
         try:
-            rows = torch.stack([c.to("cpu") if c.device.type != "cpu" else c for _, _, c in pending]).tolist()
+            codes = torch.cat([c.reshape(-1).long() for _, _, c, _, _ in pending])
+            flat = (codes.to("cpu") if codes.device.type != "cpu" else codes).tolist()
         except Exception as exc:  # noqa: BLE001 - a failed read is counted, never raised into the engine
             for _ in pending:
                 self.skip(f"counts not readable ({line(exc)})")
             return
+        at = 0
         with self.lock:
-            for (layer, variant, _), (bad, slot, valid) in zip(pending, rows):
-                if not valid:
-                    self.skipped["no row to hold (every slot padding or shared by several tokens)"] = \
-                        self.skipped.get("no row to hold (every slot padding or shared by several tokens)", 0) + 1
+            for layer, variant, code, rows, pad in pending:
+                n = int(code.numel())
+                part, at = flat[at:at + n], at + n
+                slots = [c if c >= 0 else -2 - c for c in part]
+                held = held_tokens(slots, rows, pad)
+                if not any(held):
+                    reason = "no row to hold (every slot padding or shared by several tokens)"
+                    self.skipped[reason] = self.skipped.get(reason, 0) + 1
                     continue
+                wrong = [i for i, c in enumerate(part) if c >= 0 and held[i]]
                 self.checked += 1
-                self.rows_checked += int(valid)
-                if bad:
+                self.rows_checked += sum(held)
+                if wrong:
                     self.mismatched += 1
-                    self.rows_mismatched += int(bad)
+                    self.rows_mismatched += len(wrong)
                     if len(self.first) < SHADOW_FIRST:
                         self.first.append({"layer": layer if type(layer) is int else -1, "variant": variant,
-                                           "slot": int(slot), "rows": int(bad)})
+                                           "slot": slots[wrong[0]], "rows": len(wrong)})
 
     def record(self) -> SidecarShadow:
         self.resolve()
@@ -747,26 +754,14 @@ class Shadow:
                                  first_mismatches=[ShadowMismatch(**m) for m in self.first])
 
 
-def unique_valid(slots: Any, pad: int | None) -> Any:
-    """[n] bool: the tokens whose slot is no other token's and not padding (``< 0``, and ``pad`` where
-    the engine has a dummy slot); sort-based, so no host sync."""
-    import torch
-
-    n = slots.shape[0]
-    valid = slots >= 0
-    if pad is not None:
-        valid &= slots != pad
-    if n > 1:
-        order = torch.argsort(slots)
-        s = slots[order]
-        same = s[1:] == s[:-1]
-        shared = torch.zeros(n, dtype=torch.bool, device=slots.device)
-        shared[1:] |= same
-        shared[:-1] |= same
-        out = torch.empty_like(shared)
-        out[order] = shared
-        valid &= ~out
-    return valid
+def held_tokens(slots: list[int], rows: int, pad: int | None) -> list[bool]:
+    """Per token: whether the check holds it to its row: its slot in ``[0, rows)``, not ``pad``
+    (the engine's dummy slot, where padding tokens write), and no other token's (a slot several
+    tokens write keeps one of them)."""
+    seen: dict[int, int] = {}
+    for s in slots:
+        seen[s] = seen.get(s, 0) + 1
+    return [0 <= s < rows and s != pad and seen[s] == 1 for s in slots]
 
 
 def to_store(x: Any, dtype: Any, scale: Any, divide: bool) -> Any:

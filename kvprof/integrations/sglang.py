@@ -361,8 +361,8 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
 
 def shadow_snapshot(state: _State, pool: Any, routable: bool, variant: str, names: list[str],
                     args: tuple[Any, ...], kwargs: dict[str, Any], layer_id: int, loc: Any) -> tuple[Any, ...] | None:
-    """A sampled ``set_kv_buffer`` call's inputs, copied before the write (SGLang's own path divides
-    the caller's K/V in place): (layer index, slots, K, V, scales); None where the shadow check
+    """A sampled ``set_kv_buffer`` call's inputs, K/V copied before the write where SGLang's own path
+    divides them in place: (layer index, slots, K, V, scales); None where the shadow check
     cannot hold this call (the reason counted)."""
     shadow = state.shadow
     if not routable or type(pool).__name__ != ROUTABLE[0]:
@@ -386,8 +386,12 @@ def shadow_snapshot(state: _State, pool: Any, routable: bool, variant: str, name
             not 0 <= idx < len(pool.k_buffer):
         shadow.skip(f"{variant}: K, V or the slots are not tensors of this pool's layers")
         return None
-    return idx, loc.detach().long().clone(), k.detach().clone(), v.detach().clone(), call.get("k_scale"), \
-        call.get("v_scale")
+    k_scale, v_scale = call.get("k_scale"), call.get("v_scale")
+    # SGLang's own path divides the caller's K/V in place (cache_k.div_(k_scale)) where it converts
+    # them for the cache: only then are they copied first; the slots are only read
+    divides = k.dtype != pool.dtype and (k_scale is not None or v_scale is not None)
+    return idx, loc.detach().long(), k.detach().clone() if divides else k.detach(), \
+        v.detach().clone() if divides else v.detach(), k_scale, v_scale
 
 
 def shadow_check(state: _State, pool: Any, snap: tuple[Any, ...], variant: str, divide: bool) -> None:
@@ -403,9 +407,8 @@ def shadow_check(state: _State, pool: Any, snap: tuple[Any, ...], variant: str, 
             state.shadow.skip(f"{variant}: K/V rows are not [tokens, heads, dim] of this pool")
             return
         safe = slots.clamp(0, rows - 1)
-        valid = core.unique_valid(slots, 0) & (slots < rows)
         layer_id = idx + (getattr(pool, "start_layer", 0) or 0)
-        state.shadow.compare(layer_id, variant, slots, k_buf[safe], v_buf[safe], k_want, v_want, valid)
+        state.shadow.compare(layer_id, variant, slots, k_buf[safe], v_buf[safe], k_want, v_want, rows, pad=0)
     except Exception as exc:  # noqa: BLE001 - the check never stops the engine
         state.shadow.skip(f"{variant}: comparison failed ({_line(exc)})")
 

@@ -605,7 +605,7 @@ FP8_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5
 
 def shadow_snapshot(state: _State, impl: Any, variant: str, layer: Any, key: Any, value: Any, kv_cache: Any,
                     slots: Any) -> tuple[Any, ...] | None:
-    """A sampled MHA write's K/V cache views and inputs, copied before the write: (K view, V view,
+    """A sampled MHA write's K/V cache views and inputs: (K view, V view,
     slots, K, V, dtype, K scale, V scale); None where the shadow check cannot hold it (reason counted)."""
     import torch
 
@@ -637,8 +637,10 @@ def shadow_snapshot(state: _State, impl: Any, variant: str, layer: Any, key: Any
     if key is None or value is None or key.dim() != 3 or value.shape != key.shape or key.shape[0] < n:
         shadow.skip(f"{variant}: key/value are not [tokens, heads, head_size]")
         return None
-    return (views[0], views[1], slots.detach().reshape(-1).long().clone(), key[:n].detach().clone(),
-            value[:n].detach().clone(), dtype, k_scale, v_scale)
+    # no copies: vLLM's write reads key, value and the slots and changes none of them, and the
+    # comparison runs right after it on the same stream
+    return (views[0], views[1], slots.detach().reshape(-1).long(), key[:n].detach(), value[:n].detach(), dtype,
+            k_scale, v_scale)
 
 
 def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, variant: str) -> None:
@@ -655,12 +657,11 @@ def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, var
         rows = blocks * block_size
         safe = slots.clamp(0, rows - 1)
         b, t = safe // block_size, safe % block_size
-        valid = core.unique_valid(slots, None) & (slots < rows)
         if dtype == k_view.dtype:
             k_want, v_want = key.to(dtype), value.to(dtype)
         else:
             k_want, v_want = convert_like_vllm(key, dtype, k_scale), convert_like_vllm(value, dtype, v_scale)
-        state.shadow.compare(layer_id, variant, slots, k_view[b, t], v_view[b, t], k_want, v_want, valid)
+        state.shadow.compare(layer_id, variant, slots, k_view[b, t], v_view[b, t], k_want, v_want, rows)
     except Exception as exc:  # noqa: BLE001 - the check never stops the engine
         state.shadow.skip(f"{variant}: comparison failed ({core.line(exc)})")
 
