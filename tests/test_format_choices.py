@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from kvprof.commands import analyze, compare, verify
+from kvprof.commands import analyze, bench, compare, verify
+from kvprof.core.bench_result import BenchResult
 from kvprof.core.verify import PdlResult, VerifyResult
 from kvprof.report import renderers
 from kvprof.report.renderers import ANALYSIS, RunComparisonDoc, VariantComparisonDoc, formats, register, result_key
@@ -41,6 +42,7 @@ def test_the_choices_are_the_registrys_forms_in_its_order() -> None:
     assert _choices(analyze) == formats(ANALYSIS) == ("table", "json", "csv")
     assert _choices(compare) == formats(VariantComparisonDoc, RunComparisonDoc) == ("table", "json", "csv")
     assert _choices(verify) == formats(VerifyResult, PdlResult) == ("table", "json")
+    assert _choices(bench) == formats(BenchResult) == ("table", "json", "csv")
 
 
 def test_a_form_registered_for_a_result_becomes_a_choice_and_a_file_form_does_not(registry: dict) -> None:

@@ -44,9 +44,10 @@ from kvprof.bench.grids import (
     FAMILIES,
     GRID_SIZES,
 )
-from kvprof.core.bench_result import BenchTarget
+from kvprof.core.bench_result import BenchResult, BenchTarget
 from kvprof.core.rundir import RunDir
-from kvprof.report.terminal import FORMATS, add_format_arguments
+from kvprof.report.renderers import formats
+from kvprof.report.terminal import add_format_arguments
 
 
 def _ints(text: str) -> list[int]:
@@ -134,7 +135,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the fraction of the measured copy rate in that target (default: %(default)s)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress display (it shows only when stderr is a terminal)")
-    add_format_arguments(p, FORMATS)  # bench prints its result itself: no renderer names its forms
+    import kvprof.bench.forms  # noqa: F401 - registers the forms of bench's result
+
+    add_format_arguments(p, formats(BenchResult))
 
 
 def default_out() -> Path:
@@ -218,11 +221,11 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
              bar: Any = None) -> int:
     import sys
 
-    from kvprof.bench.render import render_table, to_csv
+    from kvprof.bench.render import to_csv
     from kvprof.bench.run import run_bench
     from kvprof.core.atomic import atomic_write_bytes, atomic_write_text
-    from kvprof.core.bench_result import BenchResult
-    from kvprof.report.terminal import note, print_json, print_text, table_console
+    from kvprof.report.renderers import Output, render
+    from kvprof.report.terminal import note, table_console
 
     files = RunDir(out)
     given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
@@ -255,10 +258,8 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
             exc.kept = (f"{files.bench} keeps the {len(saved[0].records)} results measured, "  # type: ignore[attr-defined]
                         f"marked complete: false; {RunDir.BENCH_CSV} is written only for a complete run")
         raise
-    if args.format == "json":
-        print_json(result.to_json())
-    elif args.format == "csv":
-        print_text(to_csv(result))
-    render_table(result, table_console(args.format))
+    if args.format != "table":  # the document on stdout, the table for people on stderr
+        render(args.format, result, Output())
+    render("table", result, Output(console=table_console(args.format)))
     note(args.format, f"wrote {files.bench} and {files.bench_csv}")
     return 0

@@ -22,9 +22,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # rich is imported when a table is printed, not by the parser or a --json run
     from rich.console import Console
 
-# bench's forms: its result (kvprof.core.bench_result.BenchResult) is printed by the command, with
-# no renderer in kvprof.report.renderers (whose ``formats`` the other commands' choices come from)
-FORMATS = ("table", "json", "csv")
 PIPE_WIDTH = 120  # wide enough for most tables, narrow enough for a CI log viewer
 
 
@@ -105,5 +102,5 @@ def print_text(text: str) -> None:
     sys.stdout.flush()
 
 
-__all__ = ["FORMATS", "PIPE_WIDTH", "add_format_arguments", "csv_text", "make_console", "note",
+__all__ = ["PIPE_WIDTH", "add_format_arguments", "csv_text", "make_console", "note",
            "print_json", "print_text", "table_console"]
