@@ -86,7 +86,8 @@ def test_no_command_spells_format_choices() -> None:
     found = []
     for f in sorted(COMMANDS.glob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.keyword) and node.arg == "choices" and isinstance(node.value, (ast.Tuple, ast.List)):
+            if (isinstance(node, ast.keyword) and node.arg == "choices"
+                    and isinstance(node.value, (ast.Tuple, ast.List))):
                 listed = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
                 if listed & forms:
                     found.append(f"{f.name}:{node.lineno} {sorted(listed)}")

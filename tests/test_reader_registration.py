@@ -51,7 +51,8 @@ def test_core_names_no_module_above_it_to_import() -> None:
 
 
 def test_the_scan_finds_a_reader_named_by_string(tmp_path: Path) -> None:
-    (tmp_path / "readers.py").write_text('TARGET = "kvprof.trace.readers:NSYS_SQLITE"\nSCHEMA = "kvprof.step_timings/1"\n')
+    (tmp_path / "readers.py").write_text(
+        'TARGET = "kvprof.trace.readers:NSYS_SQLITE"\nSCHEMA = "kvprof.step_timings/1"\n')
     assert _module_strings(tmp_path, "kvprof.core") == ["readers.py:1 names kvprof.trace.readers:NSYS_SQLITE"]
 
 
