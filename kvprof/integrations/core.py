@@ -206,8 +206,16 @@ class Graphs:
         self.with_writes: set[int] = set()
         self.hook: str | None = None
         self.replays = 0  # replays of graphs with writes (a step that replays one wrote inside it)
+        # the shadow checks that are on: told before a capture begins and after it ends, on the
+        # capturing thread (their counts for the graph are allocated there, outside it)
+        self.shadows: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def begin(self, graph: Any) -> None:
+        for shadow in list(self.shadows):
+            try:
+                shadow.before_capture()
+            except Exception as exc:  # noqa: BLE001 - never stop a capture for kvprof
+                log.warning("kvprof: shadow check before a CUDA graph capture: %s", line(exc))
         with self.lock:
             gid = self.next_id
             self.next_id += 1
@@ -226,6 +234,8 @@ class Graphs:
         if not stack:
             return False
         gid, writes = stack.pop()
+        for shadow in list(self.shadows):
+            shadow.after_capture()
         with self.lock:
             if writes:
                 self.graphs.append(CapturedGraph(graph=gid, writes=writes))
@@ -555,20 +565,23 @@ class PluginState:
         if every:
             log.info("kvprof: shadow check of every %d-th KV write", every)
 
-    def shadow_due(self, device: Any) -> bool:
-        """Whether this write is sampled and can be compared (one inside a CUDA graph capture is
-        counted as skipped)."""
+    def shadow_due(self, device: Any) -> str:
+        """How this write is checked: ``EAGER`` (compared right after it), ``IN_GRAPH`` (it is being
+        captured into a CUDA graph: a kernel recorded after it compares at every replay), or ""
+        (not sampled, or not checkable: counted as skipped)."""
         shadow = self.shadow
         if not shadow.every or not shadow.due():
-            return False
+            return ""
         try:
             if shadow.capturing(device):
+                if shadow.graph_row_free():
+                    return IN_GRAPH
                 shadow.skip(SKIP_CAPTURE)
-                return False
+                return ""
         except Exception as exc:  # noqa: BLE001 - never stop a write for the check
             shadow.skip(f"capture state not readable ({line(exc)})")
-            return False
-        return True
+            return ""
+        return EAGER
 
     def write_sidecar(self) -> Path | None:
         """Write (or rewrite) this process's sidecar; a failure is logged, never raised."""
@@ -613,7 +626,10 @@ def describe_device(device: Any) -> SidecarDevice | None:
 
 SHADOW_FIRST = 8  # mismatches named in the sidecar, first come
 SHADOW_PENDING = 256  # compared writes kept on the device before their counts are read (one sync)
-SKIP_CAPTURE = "inside a CUDA graph capture (a comparison there is captured, never read)"
+SKIP_CAPTURE = ("inside a CUDA graph capture with no counts row for it (a graph holds at most "
+                "SHADOW_GRAPH_ROWS checked writes; counts are allocated where a capture begins on CUDA)")
+SHADOW_GRAPH_ROWS = 64  # checked writes one captured graph can hold
+EAGER, IN_GRAPH = "eager", "in_graph"  # how a sampled write is checked (PluginState.shadow_due)
 
 
 def shadow_every(engine: Engine) -> tuple[int, str | None]:
@@ -652,7 +668,13 @@ class Shadow:
         self.rows_mismatched = 0
         self.skipped: dict[str, int] = {}
         self.first: list[dict[str, Any]] = []
-        self.pending: list[tuple[int | None, str, Any]] = []
+        self.pending: list[tuple[int | None, str, Any, int, int | None]] = []  # (layer, variant, codes, rows, pad)
+        # inside CUDA graphs: per capture on this thread a block of counts rows (allocated before
+        # the capture begins), and per checked captured write (layer, variant, its counts row)
+        self.blocks = threading.local()
+        self.in_graphs: list[tuple[int | None, str, Any]] = []
+        if every > 0:
+            GRAPHS.shadows.add(self)
 
     def due(self) -> bool:
         if self.every <= 0:
@@ -680,6 +702,72 @@ class Shadow:
         import torch
 
         return bool(torch.cuda.is_current_stream_capturing())
+
+    def before_capture(self) -> None:
+        """A CUDA graph capture is about to begin on this thread: its counts rows, allocated now
+        (outside the graph, so a replay neither allocates nor resets them)."""
+        import torch
+
+        stack = getattr(self.blocks, "stack", None)
+        if stack is None:
+            stack = self.blocks.stack = []
+        block = None
+        if self.every and torch.cuda.is_available():
+            from kvprof.integrations.shadow_kernel import COUNTS, FIRST, warm
+
+            device = torch.device("cuda", torch.cuda.current_device())
+            warm(device)
+            block = torch.zeros(SHADOW_GRAPH_ROWS, COUNTS, dtype=torch.int64, device=device)
+            block[:, FIRST] = -1
+        stack.append([block, 0])
+
+    def after_capture(self) -> None:
+        stack = getattr(self.blocks, "stack", None)
+        if stack:
+            stack.pop()
+
+    def graph_row_free(self) -> bool:
+        stack: list[list[Any]] | None = getattr(self.blocks, "stack", None)
+        return stack is not None and bool(stack) and stack[-1][0] is not None and stack[-1][1] < SHADOW_GRAPH_ROWS
+
+    def compare_in_graph(self, layer: int | None, variant: str, slots: Any, k: Any, v: Any, k_cache: Any,
+                         v_cache: Any, rows: int, pad: int | None = None) -> None:
+        """Record, right after a write being captured, the kernel that compares its rows at every
+        replay (``kvprof.integrations.shadow_kernel``): ``k``/``v`` [n, heads, dim] as the cache
+        stores them, ``k_cache``/``v_cache`` [blocks, block_size, heads, dim] views."""
+        from kvprof.integrations import shadow_kernel
+
+        why = shadow_kernel.refusal(slots, k, v, k_cache, v_cache)
+        if why is not None:
+            self.skip(f"{variant} in a CUDA graph: {why}")
+            return
+        stack = getattr(self.blocks, "stack", None)
+        if not stack or stack[-1][0] is None or stack[-1][1] >= SHADOW_GRAPH_ROWS:
+            self.skip(SKIP_CAPTURE)
+            return
+        block, used = stack[-1]
+        row = block[used]
+        stack[-1][1] = used + 1
+        shadow_kernel.compare_rows(slots, k, v, k_cache, v_cache, rows, pad, row)
+        with self.lock:
+            self.in_graphs.append((layer, variant, row))
+
+    def graph_totals(self) -> tuple[int, int, int, int, int, list[dict[str, Any]]]:
+        """(replays checked, rows held, rows wrong, replays with a wrong row, captured writes checked,
+        the first mismatches) of the writes checked inside CUDA graphs, read from the device."""
+        with self.lock:
+            in_graphs = list(self.in_graphs)
+        if not in_graphs or GRAPHS.capturing():
+            return 0, 0, 0, 0, len(in_graphs), []
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return 0, 0, 0, 0, len(in_graphs), []
+        counts = torch.stack([row for _, _, row in in_graphs]).to("cpu").tolist()
+        first = [{"layer": layer if type(layer) is int else -1, "variant": variant, "slot": int(c[4]),
+                  "rows": int(c[2])} for (layer, variant, _), c in zip(in_graphs, counts) if c[4] >= 0]
+        replays, held, wrong, bad = (sum(int(c[i]) for c in counts) for i in range(4))
+        return replays, held, wrong, bad, len(in_graphs), first
 
     def compare(self, layer: int | None, variant: str, slots: Any, k_got: Any, v_got: Any, k_want: Any,
                 v_want: Any, rows: int, pad: int | None = None) -> None:
@@ -747,11 +835,19 @@ class Shadow:
 
     def record(self) -> SidecarShadow:
         self.resolve()
+        try:
+            replays, held, wrong, bad, captured, first = self.graph_totals()
+        except Exception as exc:  # noqa: BLE001 - a failed read is counted, never raised into the engine
+            replays = held = wrong = bad = captured = 0
+            first = []
+            self.skip(f"graph counts not readable ({line(exc)})")
         with self.lock:
-            return SidecarShadow(every=self.every, writes=self.calls, sampled=self.sampled, checked=self.checked,
-                                 mismatched=self.mismatched, rows_checked=self.rows_checked,
-                                 rows_mismatched=self.rows_mismatched, skipped=dict(self.skipped),
-                                 first_mismatches=[ShadowMismatch(**m) for m in self.first])
+            firsts = (self.first + first)[:SHADOW_FIRST]
+            return SidecarShadow(every=self.every, writes=self.calls, sampled=self.sampled,
+                                 checked=self.checked + replays, mismatched=self.mismatched + bad,
+                                 rows_checked=self.rows_checked + held, rows_mismatched=self.rows_mismatched + wrong,
+                                 skipped=dict(self.skipped), first_mismatches=[ShadowMismatch(**m) for m in firsts],
+                                 in_graphs=captured, replayed=replays)
 
 
 def held_tokens(slots: list[int], rows: int, pad: int | None) -> list[bool]:
