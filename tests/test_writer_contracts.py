@@ -4,7 +4,7 @@ pool, each registered writer of every contract (``KVWriter``, ``MLAWriter``, ``P
 with every buffer and input as it was.
 
 The checks live once per contract (``check_write``) and run before any subclass's ``write``
-(``kvprof.kvcache.writers.base.ChecksItsCalls``), so a writer registered later gets them too: the
+(``kvprof.kvcache.contracts.ChecksItsCalls``), so a writer registered later gets them too: the
 third-party writers below rely on a contiguous ``loc`` as kernels do, and write the right
 rows anyway. The store writers are driven with the strategies of the pools' property test
 (tests/test_writer_properties.py: strided, offset, expanded and 2-D slots; strided, offset,
@@ -28,14 +28,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import test_writer_properties as wp
 from cli_support import run_cli
 from kvprof.core import variants
+from kvprof.kvcache.contracts import KVWriter, MLAWriter, PagedWriter, RopeKVWriter
 from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
-from kvprof.kvcache.layouts.mla import MLAWriter
-from kvprof.kvcache.layouts.paged import PagedWriter
 from kvprof.kvcache.pool import KVPool
 from kvprof.kvcache.validation import _meet, _rows_form, check_disjoint
 from kvprof.kvcache.writers import WriterRegistry, create_writer, writer_names
-from kvprof.kvcache.writers.base import KVWriter
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
 from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow in Triton's interpreter

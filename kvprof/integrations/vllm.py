@@ -526,7 +526,7 @@ class _Route:
     as rows of one head (see the module's doc)."""
 
     def __init__(self, writer: Any, state: _State, device: Any) -> None:
-        from kvprof.kvcache.writers.base import checked_impl
+        from kvprof.kvcache.contracts import checked_impl
 
         self.writer = writer
         # K and V rows are interleaved views of one packed cache, which the paged contract's own
@@ -644,7 +644,7 @@ def shadow_snapshot(state: _State, impl: Any, variant: str, layer: Any, key: Any
 def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, variant: str) -> None:
     """Compare the rows the write left in the packed cache with its inputs, converted as vLLM's
     op converts them (``convert_like_vllm``); padding (-1) and shared slots not held. Never raises."""
-    from kvprof.kvcache.layouts.paged import convert_like_vllm
+    from kvprof.kvcache.dtypes import convert_like_vllm
 
     k_view, v_view, slots, key, value, dtype, k_scale, v_scale = snap
     try:
