@@ -92,6 +92,10 @@ mha.write(pool, 0, torch.tensor([3, 5]), k, v)
 assert torch.equal(pool.get_key_buffer(0)[torch.tensor([3, 5])], k)
 assert torch.equal(pool.get_value_buffer(0)[torch.tensor([3, 5])], v)
 assert dict(pool.path_counts) == {"fused": 1}, dict(pool.path_counts)
+import pandas as pd
+from kvprof.analysis.write_kernels import BUILTIN_PATTERNS, classify
+assert list(classify(pd.Series(["my_store_kernel", "my_store_kernel2"]), list(BUILTIN_PATTERNS))) == [
+    "kvprof_fused", None]
 print("descriptor-ok")
 '''
 
@@ -118,9 +122,12 @@ def test_a_new_writer_is_one_module_plus_the_documented_line(tmp_path: Path) -> 
     after = before.replace(anchor, entry + anchor, 1)
     table.write_text(after)
     ast.parse(after)
-    added = [d for d in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
-             if d.startswith("+") and not d.startswith("+++")]
-    assert len(added) == len(entry.splitlines()) == 2  # one entry (two lines of source) and nothing else
+    diff = [d for d in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+            if d[:1] in "+-" and d[:3] not in ("+++", "---")]
+    assert all(d.startswith("+") for d in diff)  # nothing changed, only added
+    added = ast.parse("\n".join(d[1:] for d in diff).strip().rstrip(","))
+    assert len(added.body) == 1 and isinstance(added.body[0].value, ast.Call)  # one VariantInfo entry
+    assert ast.unparse(added.body[0].value.func) == "VariantInfo"
 
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", CHECK, str(copy)], capture_output=True, text=True, env=env,
@@ -149,6 +156,27 @@ def test_each_layouts_roles_and_defaults_are_the_tables(layout: str) -> None:
     assert set(spec.capture_defaults) <= set(REGISTRY.names(layout))
     assert variants.DEFAULT_CAPTURE_VARIANTS == get_layout("mha").capture_defaults
     assert spec.writer_bases == WRITER_CONTRACTS.bases(layout)
+
+
+def test_the_analysis_finds_kvprofs_fused_writes_by_the_tables_kernels() -> None:
+    """The analysis' kvprof_fused family is the union of the kvprof variants' kernel regexes,
+    and each writer's own kernel name (where it states one) matches its variant's."""
+    import importlib
+
+    import regex
+
+    from kvprof.analysis.write_kernels import BUILTIN_PATTERNS
+
+    family = next(p for p in BUILTIN_PATTERNS if p.name == "kvprof_fused")
+    assert family.regex == "|".join(variants.kvprof_write_kernels()) and family.regex
+    named = 0
+    for v in variants.VARIANTS:
+        module, _, attr = v.factory.partition(":")
+        kernel = getattr(getattr(importlib.import_module(module), attr), "kernel_name", None) if v.kernels else None
+        if kernel:
+            named += 1
+            assert any(regex.search(k, kernel) for k in v.kernels), (v.name, kernel)
+    assert named >= 1  # triton_fused states its Triton kernel (kernel_name): the check is not empty
 
 
 def test_each_factory_builds_a_writer_of_its_layouts_contract() -> None:

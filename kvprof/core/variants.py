@@ -40,6 +40,9 @@ class VariantInfo:
     rope: str = ""  # a rope + store writer (RopeKVWriter): "fused" (one launch) or "separate"
     layout: str = "mha"  # the cache layout it writes (kvprof.kvcache.contracts.LAYOUTS)
     factory: str = ""  # "module:factory" of kvprof's writer ("": none, e.g. a third party's)
+    # regexes of the kernel names its write launches as a trace spells them (one per kernel it
+    # may launch); the analysis finds kvprof's fused writes in an engine's trace by them
+    kernels: tuple[str, ...] = ()
 
     @property
     def argb(self) -> int:
@@ -63,13 +66,16 @@ VARIANTS: tuple[VariantInfo, ...] = (
                 factory="kvprof.kvcache.writers.sgl_cubin:SglKernelCubinWriter"),
     VariantInfo("triton_fused", Role.KVPROF, "#009e73", "kvprof's fused Triton kernel",
                 default_capture=True, default_bench=True, claims_fused=True,
-                factory="kvprof.kvcache.writers.triton_fused:TritonFusedWriter"),
+                factory="kvprof.kvcache.writers.triton_fused:TritonFusedWriter",
+                kernels=(r"\b_store_kv_kernel\b",)),
     VariantInfo("cuda_fused", Role.KVPROF, "#cc79a7", "kvprof's fused CUDA kernel (compiled op)",
                 default_capture=True, default_bench=True, claims_fused=True,
-                factory="kvprof.kvcache.writers.cuda_fused:CudaFusedWriter"),
+                factory="kvprof.kvcache.writers.cuda_fused:CudaFusedWriter",
+                kernels=(r"\bkvprof::store_kv_kernel\b", r"\bkvprof_store_kv\w*")),
     VariantInfo("store_kv_fused", Role.KVPROF, "#d55e00", "kvprof's fused kernel in sgl-kernel's form",
                 default_capture=True, default_bench=True, claims_fused=True,
-                factory="kvprof.kvcache.writers.store_kv_fused:StoreKVFusedWriter"),
+                factory="kvprof.kvcache.writers.store_kv_fused:StoreKVFusedWriter",
+                kernels=(r"\b_store_kv_kernel\b", r"\bkvprof::store_kv_kernel\b", r"\bkvprof_store_kv\w*")),
     VariantInfo("torch_compile", Role.KVPROF, "#882255", "torch.compile of the two copies",
                 default_bench=True,
                 factory="kvprof.kvcache.writers.torch_compile:TorchCompileWriter"),
@@ -143,6 +149,11 @@ def store_roles(layout: str) -> dict[str, tuple[str, ...]]:
             "unfused": tuple(v.name for v in store if v.role is Role.BASELINE),
             "peer": tuple(v.name for v in store if v.role is Role.PEER),
             "fused": tuple(v.name for v in store if v.role is Role.KVPROF and v.claims_fused)}
+
+
+def kvprof_write_kernels() -> tuple[str, ...]:
+    """The regexes of kvprof's own fused write kernels, each once, in table order."""
+    return tuple(dict.fromkeys(k for v in VARIANTS if v.role is Role.KVPROF for k in v.kernels))
 
 
 def builtin_writers() -> tuple[tuple[str, str, str], ...]:
