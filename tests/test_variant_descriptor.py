@@ -23,7 +23,7 @@ import pytest
 from kvprof.core import variants
 from kvprof.kvcache.contracts import WRITER_CONTRACTS, RopeKVWriter
 from kvprof.kvcache.layouts import LAYOUTS, get_layout
-from kvprof.kvcache.registry import BUILTINS, REGISTRY
+from kvprof.kvcache.writers import BUILTINS, REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
@@ -71,7 +71,7 @@ assert "my_store" in variants.KVPROF_FUSED
 
 # the torch side: the registry, the layout's roles and defaults, capture's and bench's defaults
 import torch
-from kvprof.kvcache.registry import BUILTINS, REGISTRY, create_writer
+from kvprof.kvcache.writers import BUILTINS, REGISTRY, create_writer
 from kvprof.kvcache.layouts import get_layout
 from kvprof.kvcache.instrument import make_layout_pool
 assert ("mha", "my_store", "kvprof.kvcache.writers.my_store:MyStoreWriter") in BUILTINS

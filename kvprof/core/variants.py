@@ -3,8 +3,8 @@ defaults and the writer that implements it.
 
 Tables, charts, NVTX ranges, capture and bench all read this table, so a variant has the
 same colour and the same place everywhere; the writer registry registers every entry's
-``factory`` (a ``module:factory`` string, data: only ``kvprof.kvcache.registry`` imports it, when
-the writer is first built), the layouts read their roles and capture defaults from it. So a
+``factory`` (a ``module:factory`` string, data: ``kvprof.kvcache.writers`` registers it and
+imports it when the writer is first built), the layouts read their roles and capture defaults from it. So a
 new built-in writer is its module plus one ``VariantInfo`` line here (docs/architecture.md,
 "Adding a writer"). Torch-free: the analysis and the dashboard use it without importing the
 writers. A variant that is not listed here (a third party's writer) gets a stable colour from

@@ -1,9 +1,10 @@
 """One registry of write implementations, keyed by (layout, name).
 
-kvprof's own writers of every layout are the variant table's (``kvprof.core.variants``: each
-entry's ``module:factory``), registered when this module is imported, each module imported
-only when its writer is first built (triton, compilers and sgl-kernel load on demand): the
-registry sits below the writers and imports none of them by name.
+The registry sits below the writers and loads none of them itself: kvprof's own writers of
+every layout are registered into it from above, by ``kvprof.kvcache.writers`` when that package
+is imported (from the variant table, ``kvprof.core.variants``: each entry's ``module:factory``,
+imported only when the writer is first built), so callers use ``kvprof.kvcache.writers``'s
+``create_writer``/``writer_names``/``REGISTRY``.
 Third parties either declare an entry point (``name = "pkg.mod:factory"``) in the group of
 the writer's layout -- ``kvprof.writers`` (or ``kvprof.writers.mha``) for the MHA pool,
 ``kvprof.writers.<layout>`` for another (``kvprof.writers.mla``, ``kvprof.writers.paged``)
@@ -20,7 +21,6 @@ import importlib
 from collections.abc import Callable
 from importlib import metadata
 
-from kvprof.core import variants
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.kvcache.contracts import LAYOUTS, WRITER_CONTRACTS, ContractTable, Writer, check_layout
 
@@ -160,26 +160,6 @@ def resolve_spec(spec: str) -> WriterFactory:
     return factory  # type: ignore[no-any-return]
 
 
-def builtin(name: str, spec: str) -> WriterFactory:
-    """A factory for kvprof's writer ``spec`` ("module:factory", the variant table's), imported
-    only when it is built (triton, compilers, sgl-kernel)."""
-    module, _, attr = spec.partition(":")
-
-    def factory(**options: object) -> Writer:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as exc:
-            raise UsageError(f"writer {name} cannot be imported: {exc}") from None
-        writer_class = getattr(mod, attr)
-        try:  # a boolean option given as text ("no") is made a bool, or refused
-            writer: Writer = writer_class(**typed_options(writer_class, options, name))
-        except TypeError as exc:  # unknown option names
-            raise UsageError(f"bad option for writer {name}: {exc}") from None
-        return writer
-
-    return factory
-
-
 def _lazy(ep: metadata.EntryPoint) -> WriterFactory:
     def factory(**options: object) -> Writer:
         try:
@@ -192,11 +172,9 @@ def _lazy(ep: metadata.EntryPoint) -> WriterFactory:
     return factory
 
 
-# The registry kvprof itself uses, with every writer of the variant table.
+# The registry kvprof itself uses; kvprof's own writers are registered into it from above, by
+# kvprof.kvcache.writers (the package that holds them) when it is imported.
 REGISTRY = WriterRegistry()
-BUILTINS: tuple[tuple[str, str, str], ...] = variants.builtin_writers()  # (layout, name, "module:factory")
-for _layout, _name, _spec in BUILTINS:
-    REGISTRY.register(_name, builtin(_name, _spec), layout=_layout)
 register = REGISTRY.register
 create_writer = REGISTRY.create
 writer_names = REGISTRY.names

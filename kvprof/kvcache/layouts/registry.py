@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvprof.kvcache.contracts import Writer, check_layout
 from kvprof.kvcache.layouts.layout import ENGINES, pick_layout
 from kvprof.kvcache.layouts.mla import MLA_PRESETS, MLAShape
-from kvprof.kvcache.registry import REGISTRY
+from kvprof.kvcache.writers import REGISTRY
 
 __all__ = ["ENGINES", "MLA_PRESETS", "MLAShape", "check_layout", "create_variant", "create_writer", "pick_layout",
            "writer_names"]

@@ -246,7 +246,8 @@ class RopeThenStoreWriter(RopeKVWriter):
                  rope_pdl: bool | None = None, **store_options: Any) -> None:
         """``store``: a registered MHA store writer, built with the remaining keywords;
         ``rope_config``/``rope_pdl``: the rotary kernel's launch shape and PDL (None: where it
-        exists, as the store writers' own default)."""
+        exists, as the store writers' own default). The store is built by the one registry
+        (kvprof's writers are in it: this module's package registered them when it was imported)."""
         from kvprof.kvcache.registry import create_writer
 
         built = create_writer(store, **store_options)
