@@ -109,6 +109,7 @@ VARIANTS: tuple[VariantInfo, ...] = (
                 claims_fused=True, rope="fused",
                 factory="kvprof.kvcache.writers.rope_sgl_cubin:SglKernelRopeCubinWriter"),
     # the MLA latent layout (kvprof.kvcache.layouts.mla): its reference, SGLang's unfused path, peer, fused
+    # the MLA reference drops slot 0 with a host sync: a check, not a captured variant
     VariantInfo("mla_index_put", Role.REFERENCE, "#bbbbbb", "MLA: cast, index_put of nope and rope",
                 layout="mla", factory="kvprof.kvcache.writers.mla_torch:MLAIndexPutWriter"),
     VariantInfo("mla_cat_copy", Role.BASELINE, "#ddcc77", "MLA: torch.cat then one copy (SGLang unfused)",
@@ -120,6 +121,7 @@ VARIANTS: tuple[VariantInfo, ...] = (
     VariantInfo("mla_cuda", Role.KVPROF, "#aa4499", "MLA: kvprof's fused CUDA store (compiled op)", claims_fused=True,
                 layout="mla", default_capture=True, factory="kvprof.kvcache.writers.layout_cuda:MLACudaWriter"),
     # vLLM's paged layout (kvprof.kvcache.layouts.paged)
+    # the paged reference drops padded slots with a host sync: a check, not a captured variant
     VariantInfo("paged_index_put", Role.REFERENCE, "#555555", "paged: convert, index_put K then V",
                 layout="paged", factory="kvprof.kvcache.writers.paged_torch:PagedIndexPutWriter"),
     VariantInfo("paged_unfused", Role.BASELINE, "#999933", "paged: vLLM's write as separate torch ops",

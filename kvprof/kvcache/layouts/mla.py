@@ -28,7 +28,6 @@ MLA_PRESETS: dict[str, MLAShape] = {s.name: s for s in (
 )}
 
 
-
 class MLALayout(Layout):
     """One latent row per token and layer (SGLang's ``MLATokenToKVPool``); ``write``'s ``k`` is
     the latent row's nope part, ``v`` its rope part (SGLang's DeepSeek write)."""
