@@ -44,8 +44,10 @@ import torch
 
 from kvprof.core.errors import DeviceError, KvprofError, UsageError
 from kvprof.core.verify import ERROR, OK, REFUSED, WRONG, CaseReport, VerifyResult, WriterTally
+from kvprof.kvcache.contracts import LAYOUTS, Writer
 from kvprof.kvcache.dtypes import FP8_DTYPES, short_name
-from kvprof.kvcache.layouts.layout import LAYOUTS, Layout, Writer, get_layout
+from kvprof.kvcache.instrument import make_layout_pool
+from kvprof.kvcache.layouts.layout import Layout, get_layout
 
 DEFAULT_BUDGET_S = 40.0
 DEFAULT_CASES = 200
@@ -223,16 +225,17 @@ def scale_value(case: Case, device: torch.device) -> float | torch.Tensor | None
 
 # --- pools and their bytes ----------------------------------------------------------------------------
 
-def make_pool(layout: Layout[Any], case: Case, writer: Writer, slots: int, device: torch.device) -> Any:
+def make_pool(layout: Layout, case: Case, writer: Writer, slots: int, device: torch.device) -> Any:
     s = case.shape
     kw: dict[str, Any] = {"writer": writer, "start_layer": case.start_layer, "check_slots": case.check_slots}
     if case.layout == "paged":
-        return layout.make_pool(slots // s["block"], s["block"], case.cache, s["heads"], s["dim"], 2, device, **kw)
+        return make_layout_pool(layout.name, slots // s["block"], s["block"], case.cache, s["heads"], s["dim"], 2,
+                                device, **kw)
     page = s["page"]
     if case.layout == "mla":
-        return layout.make_pool(slots - page, page, case.cache, s["rank"], s["rope"], 2, device, **kw)
-    return layout.make_pool(slots - page, page, case.cache, s["heads"], s["dim"], 2, device, v_head_dim=s["v_dim"],
-                            **kw)
+        return make_layout_pool(layout.name, slots - page, page, case.cache, s["rank"], s["rope"], 2, device, **kw)
+    return make_layout_pool(layout.name, slots - page, page, case.cache, s["heads"], s["dim"], 2, device,
+                            v_head_dim=s["v_dim"], **kw)
 
 
 def buffers(pool: Any) -> list[tuple[str, torch.Tensor]]:
@@ -323,7 +326,7 @@ def make_inputs(case: Case, slots: int, device: torch.device) -> Inputs:
                   scale)
 
 
-def write(layout: Layout[Any], case: Case, pool: Any, x: Inputs) -> None:
+def write(layout: Layout, case: Case, pool: Any, x: Inputs) -> None:
     layer = case.start_layer + case.layer
     if case.contract == "rope":
         pool.set_kv_buffer_with_rope(layer, x.loc, x.q, x.k, x.v, x.positions, x.cos_sin, case.is_neox, x.scale,
@@ -528,7 +531,7 @@ def _duplicate_slots(loc: torch.Tensor) -> dict[int, list[int]]:
     return {s: t for s, t in by_slot.items() if len(t) > 1}
 
 
-def _candidates(layout: Layout[Any], case: Case, reference: Writer, x: Inputs, rotated_k: torch.Tensor | None,
+def _candidates(layout: Layout, case: Case, reference: Writer, x: Inputs, rotated_k: torch.Tensor | None,
                 slots: int, device: torch.device) -> list[torch.Tensor]:
     """Each token's rows as the reference stores them, per buffer: written into distinct slots
     1..tokens of a scratch pool (rows past the tokens: unused)."""

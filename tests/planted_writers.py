@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.kvcache.dtypes import convert_for_cache
-from kvprof.kvcache.layouts.mla import MLAWriter
-from kvprof.kvcache.layouts.paged import PagedWriter, convert_like_vllm
-from kvprof.kvcache.writers.base import KVWriter, convert_pair
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
+from kvprof.kvcache.contracts import KVWriter, MLAWriter, PagedWriter, RopeKVWriter, convert_pair
+from kvprof.kvcache.dtypes import convert_for_cache, convert_like_vllm
 from kvprof.kvcache.writers.rope_reference import rope_reference
 
 

@@ -269,7 +269,7 @@ def test_a_right_writer_routed_through_the_plugin_passes(state: Any) -> None:
 def test_vllm_fp8_cache_checked_through_vllms_conversion(state: Any, kv_dtype: str, torch_dtype: Any) -> None:
     """An fp8 cache (uint8 bytes, the layer's _k_scale/_v_scale): a write converting as vLLM's op
     does passes; one that skips the scale is caught."""
-    from kvprof.kvcache.layouts.paged import convert_like_vllm
+    from kvprof.kvcache.dtypes import convert_like_vllm
 
     class TritonAttentionImpl:
         scaled = True

@@ -798,8 +798,8 @@ class _Route:
     KNOWN = ("layer", "loc_info", "cache_k", "cache_v", "k_scale", "v_scale", "layer_id_override", "dcp_kv_mask")
 
     def __init__(self, writer: Any, pool: Any, mod: Any, state: _State) -> None:
+        from kvprof.kvcache.contracts import checked_impl
         from kvprof.kvcache.validation import check_write_inputs
-        from kvprof.kvcache.writers.base import checked_impl
 
         self.writer = writer
         # the route runs the store contract's checks on the engine's call itself (check_write_inputs,
@@ -866,8 +866,7 @@ class _RopeRoute:
     arguments SGLang's kernel would get, with the layer's own 3-D K/V buffers."""
 
     def __init__(self, writer: Any, pool: Any, device: Any, state: _State) -> None:
-        from kvprof.kvcache.writers.base import checked_impl
-        from kvprof.kvcache.writers.rope_base import check_rope_call
+        from kvprof.kvcache.contracts import check_rope_call, checked_impl
 
         self.writer = writer
         # the route runs the rope contract's checks itself (check_rope_call, unsupported_reason):

@@ -527,7 +527,7 @@ class _Route:
     as rows of one head (see the module's doc)."""
 
     def __init__(self, writer: Any, state: _State, device: Any) -> None:
-        from kvprof.kvcache.writers.base import checked_impl
+        from kvprof.kvcache.contracts import checked_impl
 
         self.writer = writer
         # K and V rows are interleaved views of one packed cache, which the paged contract's own
@@ -650,7 +650,7 @@ def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, var
     op converts them (``convert_like_vllm``), or, inside a CUDA graph capture, record the kernel
     that compares them at every replay; padding (-1) (and, eagerly, shared slots) not held.
     Never raises."""
-    from kvprof.kvcache.layouts.paged import convert_like_vllm
+    from kvprof.kvcache.dtypes import convert_like_vllm
 
     k_view, v_view, slots, key, value, dtype, k_scale, v_scale = snap
     try:

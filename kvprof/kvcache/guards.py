@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from kvprof.argtypes import MAX_MEMORY_GB, SEED_MAX, THREADS_PER_CPU, cpu_count, max_threads
 from kvprof.core.errors import ResourceError, UsageError
+from kvprof.core.limits import MAX_MEMORY_GB, SEED_MAX, THREADS_PER_CPU, cpu_count, max_threads
 
 if TYPE_CHECKING:
     import torch
