@@ -73,6 +73,11 @@ PARAMS_0_5_23 = {
     "DeepSeekV4TokenToKVPool.set_index_k_fused": ["self", "layer_id", "loc", "cache_k"],
     "DeepSeekV4TokenToKVPool.set_index_k_fp4": ["self", "layer_id", "loc", "cache_k"],
     "DeepSeekV4TokenToKVPool.set_index_k_scale_buffer": ["self", "layer_id", "loc", "index_k", "index_k_scale"],
+    "compress_norm_rope_store": ["kv", "plan", "norm_weight", "norm_eps", "freq_cis", "out_loc", "kvcache",
+                                 "page_size", "use_fp4", "bf16_store", "kvcache_scale", "rope_cache",
+                                 "fp4_k_write_metadata", "layout", "fp8_2buff", "kvcache_rope"],
+    "index_k_rope_pack": ["x", "freqs", "rope_dim", "positions", "cache", "loc"],
+    "index_k_norm_rope_pack_store": ["input", "norm_weight", "eps", "freqs_cis", "positions", "loc", "cache", "ratio"],
 }
 
 

@@ -205,6 +205,20 @@ BYPASSES: tuple[Bypass, ...] = (
           asked=False, unchecked=_DSV4_LAYOUT),
     _dsv4("set_index_k_scale_buffer", "sglang_dsv4_index_k", "loc", _DSV4_COMPRESSED, "_set_k_and_s_triton_kernel",
           asked=False, unchecked="its K and scales are stored as the cache's quantized rows"),
+    # the compressors' fused stores on CUDA, given the layer's cache and no layer (its address names
+    # it): the C4/C128 compressor's norm + rope + store (compressor_v2's all-in-one path) into the
+    # compressed KV or the indexer's keys -- fused_norm_rope_flashmla or fused_norm_rope_indexer[_fp4],
+    # so no one kernel name is recorded (their common prefix also names rope-only kernels) -- and the
+    # low compress ratios' index-key stores (called without a cache they only pack: no range)
+    Bypass("sglang.kernels.ops.attention.dsv4.compress", "compress_norm_rope_store", "sglang_dsv4_compress_store",
+           "out_loc", _DSV4_COMPRESSED, "compress_norm_rope_store", k_cache="kvcache", asked=False,
+           unchecked=f"{_DSV4_LAYOUT}, after its compression, norm and rope"),
+    Bypass("sglang.kernels.ops.attention.dsv4.fp4_indexer", "index_k_rope_pack", "sglang_dsv4_index_k", "loc",
+           _DSV4_COMPRESSED, "index_k_rope_pack", k_cache="cache", kernel="_index_k_rope_pack_kernel", asked=False,
+           unchecked=_DSV4_LAYOUT),
+    Bypass("sglang.kernels.ops.attention.dsv4.fp4_indexer_rope", "index_k_norm_rope_pack_store",
+           "sglang_dsv4_index_k", "loc", _DSV4_COMPRESSED, "index_k_norm_rope_pack_store", k_cache="cache",
+           kernel="index_k_kernel", asked=False, unchecked=_DSV4_LAYOUT),
 )
 # The write ledger's two points: each forward step, and each attention call that passes
 # save_kv_cache=False (the model writes K/V itself: named where writes go unseen). The step is the
@@ -953,7 +967,7 @@ class _RopeRoute:
         call.update(kwargs)
         pool, index, _ = found
         if index <= _SWA:
-            return "rope + store: its K buffer is a layer's SWA buffer, not a K buffer"
+            return "rope + store: its K buffer is a layer's DeepSeek-V4 cache, not a K buffer"
         fused: Any = call[ROPE_ARG]  # the hook passes only calls that have it
         table: Any = call.get("cos_sin_cache")
         rope_dim = call.get("rope_dim") or 0
@@ -1047,14 +1061,16 @@ class _LayerMap:
                     continue
                 entry = (ref, i, int(ids[i]) if ids else start + i)
                 by_ptr[ptr] = None if ptr in by_ptr else entry
-        for ref, pool in refs:  # DeepSeek-V4's pools: each layer's SWA buffer (its fused store's cache)
-            if not callable(getattr(pool, "get_swa_raw_buffer", None)):
+        for ref, pool in refs:  # DeepSeek-V4's pools: each layer's caches, from the pool's own getters
+            getters = [g for g in LAYER_BUFFER_GETTERS if callable(getattr(pool, g, None))]
+            if not getters:
                 continue
             for layer_id in pool_layers(pool):
-                ptr = _swa_ptr(pool, layer_id)
-                if ptr:
-                    entry = (ref, _SWA - layer_id, layer_id)
-                    by_ptr[ptr] = None if ptr in by_ptr else entry
+                for getter in getters:
+                    index = _getter_index(getter, layer_id)
+                    ptr = _buffer_ptr(pool, index)
+                    if ptr:
+                        by_ptr[ptr] = None if ptr in by_ptr else (ref, index, layer_id)
         self.by_ptr = by_ptr
 
 
@@ -1069,24 +1085,37 @@ def _deref(ref: Any) -> Any:
     return ref()
 
 
-# A _LayerMap entry's index below this is no K buffer's: layer ``_SWA - index``'s SWA buffer
+# The per-layer caches a pool hands out by layer id (DeepSeek-V4's: the SWA rows, the compressed KV,
+# the indexer's keys as one buffer or as its fp4 payload, the unified ring): the address of each
+# names its layer for a kernel that is given the cache and no layer (the fused stores). A layer the
+# pool keeps no such cache for is skipped (its getter raises); a buffer several layers share (the
+# low compress ratios' shared pool layers) names none.
+LAYER_BUFFER_GETTERS = ("get_swa_raw_buffer", "get_extra_key_buffer", "get_index_k_with_scale_buffer",
+                        "get_index_k_fp4_payload_buffer", "get_unified_kv")
+# A _LayerMap entry's index at or below this is no K buffer's: it is the cache that getter
+# ``LAYER_BUFFER_GETTERS[j]`` gives for layer ``L``, where ``_SWA - index == L * len(getters) + j``
 _SWA = -1
+
+
+def _getter_index(getter: str, layer_id: int) -> int:
+    return _SWA - (layer_id * len(LAYER_BUFFER_GETTERS) + LAYER_BUFFER_GETTERS.index(getter))
 
 
 def _buffer_ptr(pool: Any, index: int) -> int | None:
     if index <= _SWA:
-        return _swa_ptr(pool, _SWA - index)
+        layer_id, j = divmod(_SWA - index, len(LAYER_BUFFER_GETTERS))
+        return _getter_ptr(pool, LAYER_BUFFER_GETTERS[j], layer_id)
     try:
         return int(pool.k_buffer[index].data_ptr())
     except (AttributeError, IndexError, TypeError):
         return None
 
 
-def _swa_ptr(pool: Any, layer_id: int) -> int | None:
-    """The address of ``layer_id``'s SWA buffer in a DeepSeek-V4 pool, or None (a layer without one)."""
+def _getter_ptr(pool: Any, getter: str, layer_id: int) -> int | None:
+    """The address of the cache ``pool.<getter>(layer_id)`` gives, or None (a layer without one)."""
     try:
-        return int(pool.get_swa_raw_buffer(layer_id).data_ptr())
-    except Exception:  # noqa: BLE001 - a layer the pool keeps no SWA buffer for, in its own words
+        return int(getattr(pool, getter)(layer_id).data_ptr())
+    except Exception:  # noqa: BLE001 - a layer the pool keeps no such cache for, in its own words
         return None
 
 
