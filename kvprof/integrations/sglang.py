@@ -1089,7 +1089,10 @@ def _deref(ref: Any) -> Any:
 # the indexer's keys as one buffer or as its fp4 payload, the unified ring): the address of each
 # names its layer for a kernel that is given the cache and no layer (the fused stores). A layer the
 # pool keeps no such cache for is skipped (its getter raises); a buffer several layers share (the
-# low compress ratios' shared pool layers) names none.
+# low compress ratios' shared pool layers) names none. Under HiCache the compressed-cache getters wait
+# for their layer's load (as for SGLang's own callers of them): the map is rebuilt only when a
+# cache's address is unknown (the first such write of a pool), and that rebuild waits once for every
+# layer's load.
 LAYER_BUFFER_GETTERS = ("get_swa_raw_buffer", "get_extra_key_buffer", "get_index_k_with_scale_buffer",
                         "get_index_k_fp4_payload_buffer", "get_unified_kv")
 # A _LayerMap entry's index at or below this is no K buffer's: it is the cache that getter
