@@ -227,11 +227,9 @@ def _equal_groups(gaps: np.ndarray) -> np.ndarray | None:
         clear = shortest_cut / longest_kept if longest_kept > 0 else float("inf")
         if clear <= 1.0 or (best is not None and clear <= best[0]):
             continue
-        cut = np.zeros(len(gaps), dtype=bool)
-        cut[order[: g - 1]] = True
-        group = np.concatenate([[0], np.cumsum(cut)])
-        if (np.bincount(group) == n // g).all():
-            best = (clear, group)
+        size = n // g
+        if np.array_equal(np.sort(order[: g - 1]), np.arange(size - 1, n - 1, size)):  # gap i follows write i
+            best = (clear, np.arange(n) // size)
     return None if best is None else best[1]
 
 
