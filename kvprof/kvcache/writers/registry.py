@@ -19,7 +19,6 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from kvprof.argtypes import typed_options
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.kvcache.layouts.layout import LAYOUTS, Layout, Writer, check_layout, get_layout
 
@@ -93,6 +92,55 @@ class WriterRegistry:
         if not writer.name:
             writer.name = spec.replace(":", ".")
         return writer
+
+
+# a boolean writer option given as text (``two_stream.always=no``)
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def _shown(text: object) -> str:
+    """A value as an error repeats it: at most 60 characters of it."""
+    shown = repr(text) if isinstance(text, str) else str(text)
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."
+
+
+def _annotation_is_bool(annotation: object) -> bool:
+    """``bool`` or ``bool | None`` (also as the string ``from __future__ import annotations`` leaves)."""
+    if isinstance(annotation, str):
+        text = annotation.replace("Optional[bool]", "bool | None")
+        parts = {p.strip() for p in text.split("|")}
+        return "bool" in parts and parts <= {"bool", "None"}
+    if annotation is bool:
+        return True
+    args = tuple(getattr(annotation, "__args__", ()) or ())
+    return bool in args and set(args) <= {bool, type(None)}
+
+
+def typed_options(factory: Callable[..., object], options: dict[str, object], label: str) -> dict[str, object]:
+    """``options`` for ``factory``, with each value for a boolean parameter made a real bool.
+
+    The command line gives text: ``two_stream.always=no`` used to reach ``bool("no")``, which is
+    True. A boolean parameter takes a bool, 1/0, true/false, yes/no or on/off (any case);
+    anything else is a UsageError naming ``label.key``. Parameters of other types, and
+    factories whose signature cannot be read, get the values unchanged.
+    """
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return dict(options)
+    out = dict(options)
+    for key, value in options.items():
+        param = params.get(key)
+        if param is None or not _annotation_is_bool(param.annotation) or isinstance(value, bool) or value is None:
+            continue
+        word = value if isinstance(value, str) else str(value) if isinstance(value, int) else None
+        parsed = BOOL_WORDS.get(word.strip().lower()) if word is not None else None
+        if parsed is None:
+            raise UsageError(f"{label}.{key} takes true/false, yes/no, on/off or 1/0, got {_shown(value)}")
+        out[key] = parsed
+    return out
 
 
 def resolve_spec(spec: str) -> WriterFactory:
