@@ -278,11 +278,12 @@ def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | N
     ``analysis_error``), and the run stays. ``log`` (default: stderr) gets what the capture says
     as it goes; ``names`` spells the settings that it and the run's records name (default:
     their field names; the command line passes its flags)."""
+    from kvprof.capture.plan import resolve
     from kvprof.capture.run import capture as _capture
 
-    captured = _capture(config, progress_factory=progress_factory, names=names, read_events=trace_events,
+    plan = resolve(config)  # the one resolution: capture and everything below it read this plan
+    captured = _capture(plan, progress_factory=progress_factory, names=names, read_events=trace_events,
                         **({"log": log} if log is not None else {}))
-    plan = captured.plan
     result = CaptureResult(captured.run_dir, captured.manifest, list(captured.problems),
                            analysis_error=Words("not analysed (", Setting("summary"), ")"))
     try:

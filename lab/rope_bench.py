@@ -164,7 +164,7 @@ def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scal
     v_bufs = [torch.zeros(rows, HK, DIM, dtype=store, device=device) for _ in range(layers)]
     loc = (torch.randperm(rows - 1, generator=g)[:tokens] + 1).to(device)
     pos = torch.randint(0, MAX_POS, (tokens,), generator=g).to(device)
-    from kvprof.kvcache.writers.base import checked_impl
+    from kvprof.kvcache.contracts import checked_impl
 
     results = []
     for name, writer in writers.items():

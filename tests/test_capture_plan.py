@@ -68,8 +68,8 @@ def test_a_child_resolves_the_settings_to_the_same_plan():
 
 def test_capture_modules_take_the_plan_not_the_configuration():
     """No capture module below the resolution reads a CaptureConfig: only plan.py (which
-    resolves it), run.py (which hands it to plan.resolve) and config.py itself name it."""
-    allowed = {"config.py", "plan.py", "run.py", "runtime.py"}
+    resolves it), runtime.py (prepare: the configuration-level start) and config.py itself name it."""
+    allowed = {"config.py", "plan.py", "runtime.py"}
     for path in sorted((ROOT / "kvprof" / "capture").glob("*.py")):
         if path.name in allowed:
             continue
@@ -137,16 +137,15 @@ def test_a_rank_failure_record_is_shown_with_the_flags(tmp_path):
         "rank 1 failed: --layers must be between 1 and 2, got 9; no run was kept")
 
 
-def test_the_plan_is_what_the_capture_returns(tmp_path):
+def test_the_capture_runs_the_plan_it_is_given_and_records_it(tmp_path):
     from kvprof import api
-
-    config = CaptureConfig(variants=["index_put"], phases=["decode"], decode_sizes=[1], steps=1, warmup=0,
-                           device="cpu", output=str(tmp_path), run_id="p")
     from kvprof.capture.run import capture
 
-    captured = capture(config, log=lambda line: None, read_events=api.trace_events)
-    assert isinstance(captured.plan, CapturePlan)
-    assert captured.plan.run_id == "p" and captured.run_dir == tmp_path / "p"
+    plan = resolve(CaptureConfig(variants=["index_put"], phases=["decode"], decode_sizes=[1], steps=1, warmup=0,
+                                 device="cpu", output=str(tmp_path), run_id="p"))
+    assert isinstance(plan, CapturePlan)
+    captured = capture(plan, log=lambda line: None, read_events=api.trace_events)
+    assert captured.run_dir == tmp_path / "p" == plan.final
     recorded = dict(captured.manifest.config["resolved"])
     assert recorded.pop("triton_interpret") == "from the environment"  # the runtime's, added to the plan's record
-    assert recorded == dict(captured.plan.settings)["resolved"]
+    assert recorded == dict(plan.settings)["resolved"]

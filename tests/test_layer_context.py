@@ -23,9 +23,9 @@ from kvprof.capture.plan import CapturePlan, resolve
 from kvprof.cli import main
 from kvprof.core.layer_kernels import SGLANG_DECODE, TORCH_ROTARY, TORCH_SDPA
 from kvprof.core.timings import StepSamples, StepTimings
+from kvprof.kvcache.contracts import KVWriter
 from kvprof.kvcache.layer import LLAMA31_ROPE, DecoderContext, Rotary, cos_sin_cache, inv_freq, split_qkv
 from kvprof.kvcache.writers import create_writer
-from kvprof.kvcache.writers.base import KVWriter
 from kvprof.kvcache.writers.rope_reference import rope_reference
 from kvprof.kvcache.writers.rope_triton import RopeThenStoreWriter, RopeTritonFusedWriter
 from kvprof.kvcache.writers.sgl_cubin import plan_launch

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.core.errors import ResourceError, UsageError
 from kvprof.kvcache.layouts import get_layout, registry
-from kvprof.kvcache.layouts.mla import MLAPool
-from kvprof.kvcache.layouts.paged import PagedPool
 from kvprof.kvcache.layouts.workload import BlockTables, graph_size
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 
 MLA_WRITERS = ["mla_cat_copy", "mla_triton", "sglang_mla"]
 PAGED_WRITERS = ["paged_unfused", "paged_triton"]
@@ -356,7 +356,7 @@ def test_instrumented_layout_pools_name_their_writes_like_the_mha_pool() -> None
     """Under torch.profiler each write is a range named WRITE_RANGE_FORMAT (variant, layer);
     a refused call raises the pool's error and leaves no range."""
     from kvprof.core.vocab import WRITE_RANGE_FORMAT
-    from kvprof.kvcache.layouts.instrument import make_layout_pool
+    from kvprof.kvcache.instrument import make_layout_pool
 
     mla = make_layout_pool("mla", 8, 1, torch.bfloat16, 16, 8, 2, writer=registry.create_writer("mla", "mla_triton"),
                            instrument=True, start_layer=3)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kvprof.kvcache.layouts import registry
-from kvprof.kvcache.layouts.mla import MLAPool
-from kvprof.kvcache.layouts.paged import PagedPool
 from kvprof.kvcache.layouts.workload import BlockTables
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 
 pytestmark = pytest.mark.gpu
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

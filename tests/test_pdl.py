@@ -20,8 +20,7 @@ from kvprof.analysis.writes import gpu_work_rows, per_write_table
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.plan import plan_variants, resolve, trace_extra, variant_entry
 from kvprof.core.run import Manifest, VariantEntry
-from kvprof.kvcache.layouts.base import LayoutWriter
-from kvprof.kvcache.layouts.layout import LAYOUTS
+from kvprof.kvcache.contracts import LAYOUTS, LayoutWriter
 from kvprof.kvcache.layouts.registry import create_writer, writer_names
 from kvprof.kvcache.writers import KVWriter, fp8_jit
 from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from kvprof.core.vocab import FALLBACK_PREFIX, ROPE_FUSED
+from kvprof.kvcache.contracts import RopeKVWriter
 from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
 from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
 
 pytestmark = pytest.mark.gpu

@@ -32,7 +32,7 @@ def run(name: str, seed: int = 0, cases: int = CASES, budget: float = 300.0, **k
 
 PLANTS = {"off_by_one", "one_wrong_byte", "contiguous_loc", "strided_storage", "neighbour_slot", "skips_v",
           "refuses_after_writing", "refuses_cleanly", "paged_contiguous_loc", "mla_writes_skipped", "torch_rope",
-          "stale_k_rope", "first_token_wins", "skips_dummy_slot", "scales_in_place"}
+          "stale_k_rope", "fma_rope", "sloppy_rope", "first_token_wins", "skips_dummy_slot", "scales_in_place"}
 
 
 # --- planted writers ---------------------------------------------------------------------------------
@@ -91,6 +91,18 @@ def test_stale_rope_k_is_caught(seed):
     result = run("stale_k_rope", seed)
     assert result.writers[0].contract == "rope"
     assert result.writers[0].wrong >= CASES - EMPTY - 2  # a token at position 0 is not rotated at all
+
+
+def test_a_rope_rounded_as_by_fused_multiply_adds_passes_and_a_sloppy_one_does_not():
+    """A rotation rounded once per output (a compiler's fused multiply-adds) lies many fp32 units
+    from the fp32 reference where its products cancel, within the error such a compiler may
+    make: it passes; one 2^-12 off is caught where q and k are fp32."""
+    cases = 4 * len(PATTERNS)
+    fma = run("fma_rope", 0, cases=cases)
+    assert fma.writers[0].wrong == 0 and fma.writers[0].cases == cases
+    sloppy = run("sloppy_rope", 0, cases=cases)
+    assert sloppy.writers[0].wrong >= 1
+    assert all(f.case.split()[0].endswith("fp32") for f in sloppy.failures)  # q and k in fp32
 
 
 def test_refusal_that_changed_nothing_is_refused_and_one_that_wrote_is_wrong():

@@ -20,10 +20,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
+from kvprof.kvcache.dtypes import cast_like_sglang, convert_for_cache, convert_like_vllm, store_dtype_for
 from kvprof.kvcache.layouts import registry
-from kvprof.kvcache.layouts.mla import MLAPool, cast_like_sglang
-from kvprof.kvcache.layouts.paged import PagedPool, convert_like_vllm
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 from kvprof.kvcache.pool import KVPool
 from kvprof.kvcache.writers import writer_names
 

@@ -33,9 +33,9 @@ from kvprof.kvcache.devinfo import device_properties, versions
 from kvprof.kvcache.dtypes import parse_dtype
 from kvprof.kvcache.layouts import registry
 from kvprof.kvcache.layouts.layout import get_layout
-from kvprof.kvcache.layouts.mla import MLAPool
-from kvprof.kvcache.layouts.paged import PagedPool
 from kvprof.kvcache.layouts.workload import BlockTables
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 
 TARGET = BenchTarget()  # the MHA bench's default target: 1.2 µs + bytes / (0.9 x copy rate)
 TOKENS = (1, 8, 64, 512, 4096, 32768)

@@ -25,12 +25,11 @@ from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_cold,
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
 from kvprof.core.errors import KvprofError, UsageError
+from kvprof.kvcache.contracts import RopeKVWriter, checked_impl
 from kvprof.kvcache.devinfo import device_properties, torch_threads, versions
 from kvprof.kvcache.dtypes import parse_dtype, short_name
 from kvprof.kvcache.pool import KVPool
 from kvprof.kvcache.writers import create_writer, writer_names
-from kvprof.kvcache.writers.base import checked_impl
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
 
 BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
 # sgl-kernel's store_kv_cache, as the op (where it installs) or as its own kernels launched from
@@ -91,7 +90,7 @@ def rope_grid(
 ) -> list[BenchPoint]:
     """Rope-family points: ``shapes`` are (q heads, KV heads, head dim); each write rotates the
     whole head, so a head dim the rotary cannot take is refused here, in one line."""
-    from kvprof.kvcache.writers.rope_base import rope_dim_reason
+    from kvprof.kvcache.contracts import rope_dim_reason
 
     for _, _, d in shapes:
         reason = rope_dim_reason(d, d)

@@ -243,8 +243,6 @@ class CaptureConfig:
     def _with_layout_variants(self) -> CaptureConfig:
         """The layout exists and fits the model; a capture of a new layout without named
         variants runs that layout's defaults (the MHA defaults are MHA writers)."""
-        from kvprof.kvcache.layouts.layout import get_layout
-
         layout = self.layout_name()
         if layout == "mha":
             return self
@@ -255,7 +253,7 @@ class CaptureConfig:
             raise UsageError("the mla layout takes no ", Setting("k_scale"), "/", Setting("v_scale"),
                              " (SGLang's MLA cache casts without scaling)")
         if self.variants == list(DEFAULT_VARIANTS):
-            return replace(self, variants=list(get_layout(layout).capture_defaults))
+            return replace(self, variants=list(variants.capture_defaults(layout)))
         return self
 
     def cache_torch_dtype(self) -> torch.dtype:

@@ -22,11 +22,14 @@ from kvprof.capture.plan import CapturePlan
 from kvprof.capture.rope_session import RopeSession
 from kvprof.capture.session import MHASession, PreparedPhase, VariantSession
 from kvprof.core.errors import Setting, UsageError
+from kvprof.kvcache.contracts import Writer
+from kvprof.kvcache.instrument import make_layout_pool
 from kvprof.kvcache.layer import DecoderContext
-from kvprof.kvcache.layouts.layout import PoolT, Writer, get_layout
-from kvprof.kvcache.layouts.mla import MLA_PRESETS, MLAPool
-from kvprof.kvcache.layouts.paged import PagedPool
+from kvprof.kvcache.layouts.layout import PoolT, get_layout
+from kvprof.kvcache.layouts.mla import MLA_PRESETS
 from kvprof.kvcache.layouts.workload import BlockTables, graph_size
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 from kvprof.kvcache.workload import PhaseSpec, SlotAllocator, default_pool_size
 
 PAGED_BLOCK_SIZE = 16  # vLLM's default block size, used unless --page-size says otherwise
@@ -54,7 +57,7 @@ class MLASession(LayoutSession[MLAPool]):
         mla = MLA_PRESETS[plan.model.strip().lower()]
         size = plan.pool_size or default_pool_size(self.phases, 1, mla.kv_lora_rank + mla.qk_rope_head_dim,
                                                      mla.layers, self._element_size(), device)
-        pool: MLAPool = self.layout.make_pool(
+        pool: MLAPool = make_layout_pool(self.layout.name,
             size, plan.page_size, self.cache_dtype, mla.kv_lora_rank, mla.qk_rope_head_dim,
             plan.layers, device, writer=self.writer, check_slots=False, instrument=instrument,
             variant=self.writer.name)
@@ -88,7 +91,7 @@ class PagedSession(LayoutSession[PagedPool]):
                                                       self.shape.layers, self._element_size(), device)
         # room for the largest write's blocks, each request's last block part-filled
         blocks = max(-(-slots // self.block_size), 2 * (-(-largest // self.block_size)) + decode_pad + 8)
-        pool: PagedPool = self.layout.make_pool(
+        pool: PagedPool = make_layout_pool(self.layout.name,
             blocks, self.block_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
             plan.layers, device, writer=self.writer, check_slots=False, instrument=instrument,
             variant=self.writer.name)

@@ -35,10 +35,11 @@ from kvprof.core.atomic import clean_stale
 from kvprof.core.errors import DeviceError, KvprofError, OutputError, Setting, Words, rendered
 from kvprof.core.run import Manifest, VariantEntry
 from kvprof.core.rundir import RunDir
+from kvprof.kvcache.contracts import Writer
 from kvprof.kvcache.devinfo import device_properties, resolve_device, versions
 from kvprof.kvcache.guards import check_layer_weights, memory_limit
 from kvprof.kvcache.layer import DecoderContext, layer_weight_bytes
-from kvprof.kvcache.layouts.layout import Writer, get_layout
+from kvprof.kvcache.layouts.layout import get_layout
 from kvprof.kvcache.layouts.registry import create_variant
 from kvprof.kvcache.models import RankShape
 from kvprof.kvcache.workload import PhaseSpec
@@ -143,7 +144,6 @@ class CapturedRun:
 
     run_dir: Path
     manifest: Manifest
-    plan: CapturePlan  # what it ran
     problems: list[KvprofError] = field(default_factory=list)
 
 

@@ -28,8 +28,8 @@ from kvprof.core.errors import KvprofError, encoded
 from kvprof.core.run import PathReport, TraceMeta
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepTimings
+from kvprof.kvcache.contracts import Writer
 from kvprof.kvcache.layer import DecoderContext
-from kvprof.kvcache.layouts.layout import Writer
 
 TIMEOUT = timedelta(minutes=10)  # a rank stuck in a collective: the launcher also stops the rest when one fails
 

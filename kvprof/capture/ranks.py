@@ -216,7 +216,7 @@ def capture_ranks(plan: CapturePlan, log: Callable[[str], None] = lambda s: prin
             manifest.scrubbed = scrub_files(tmp)
         manifest = scrub_manifest(manifest) if plan.scrub else manifest
         RunDir(tmp).write_manifest(manifest)
-    return CapturedRun(final, manifest, plan, problems)
+    return CapturedRun(final, manifest, problems)
 
 
 __all__ = ["RankFailed", "backend_for", "capture_ranks", "launch", "rank_environment"]

@@ -29,8 +29,8 @@ from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import CapturePlan
 from kvprof.capture.session import PreparedPhase, StepTimer
 from kvprof.core.timings import CONTROL, FREE_CONTROL, StepSamples
+from kvprof.kvcache.contracts import Writer
 from kvprof.kvcache.layer import DecoderContext
-from kvprof.kvcache.layouts.layout import Writer
 
 ROUND = 10  # steps of one mode before the next mode's turn
 WARM_REPLAYS = 3

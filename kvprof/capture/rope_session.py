@@ -21,8 +21,8 @@ import torch
 from kvprof.capture.plan import CapturePlan
 from kvprof.capture.session import MHASession, PreparedPhase
 from kvprof.core.errors import UsageError
+from kvprof.kvcache.contracts import Writer
 from kvprof.kvcache.layer import DecoderContext, cos_sin_cache
-from kvprof.kvcache.layouts.layout import Writer
 from kvprof.kvcache.workload import PhaseSpec
 
 

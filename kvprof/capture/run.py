@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import (
     CapturedRun,
@@ -25,7 +24,6 @@ from kvprof.capture.plan import (
     check_replaceable,
     make_context,
     plan_variants,
-    resolve,
     scrub_files,
     scrub_manifest,
     sweep_stale,
@@ -53,20 +51,20 @@ def _stderr(line: str) -> None:
 
 
 def capture(
-    config: CaptureConfig,
+    plan: CapturePlan,
     *,
     progress_factory: Callable[[int], Any] | None = None,
     log: Callable[[str], None] = _stderr,
     names: Callable[[str], str] = str,
     read_events: EventReader,
 ) -> CapturedRun:
-    """Run every variant and write the run directory; nothing is analysed (kvprof.api.capture does).
+    """Run every variant of ``plan`` (``kvprof.capture.plan.resolve``: the one resolution of a
+    ``CaptureConfig``) and write the run directory; nothing is analysed (kvprof.api.capture does).
 
     ``names``: how what the run records (a variant's reason, a failed pass) spells a setting
     (the field, unless the command line gives its flags); ``log`` gets ``Words`` it can render
     likewise. ``read_events``: how a step's throwaway trace is read on CUDA (the trace readers,
     which sit above capture, handed down by ``kvprof.api``)."""
-    plan = resolve(config)  # the one resolution: every module below reads this plan
     runtime = start(plan.device, plan.threads)  # before any writer is built: Triton's interpreter on a CPU
     if plan.ranks is not None:  # one process per rank (kvprof.capture.ranks)
         from kvprof.capture.ranks import capture_ranks
@@ -153,7 +151,7 @@ def _capture(plan: CapturePlan, runtime: Runtime, progress_factory: Callable[[in
         manifest.problems = [rendered(e, names) for e in problems]
         manifest = scrub_manifest(manifest) if plan.scrub else manifest  # its paths name $HOME
         run.write_manifest(manifest)
-    return CapturedRun(final, manifest, plan, problems)
+    return CapturedRun(final, manifest, problems)
 
 
 def _nsys_or_problem(plan: CapturePlan, problems: list[KvprofError]) -> Path | None:

@@ -30,13 +30,13 @@ import torch
 from kvprof.capture.plan import CapturePlan
 from kvprof.core.errors import Setting, UsageError
 from kvprof.core.timings import CUDA_EVENTS, WALL
+from kvprof.kvcache.contracts import RopeKVWriter, Writer
 from kvprof.kvcache.instrument import make_pool, phase_range, step_range
 from kvprof.kvcache.layer import DecoderContext, Rotary, split_qkv
-from kvprof.kvcache.layouts.layout import Layout, PoolT, Writer, get_layout
+from kvprof.kvcache.layouts.layout import Layout, PoolT, get_layout
 from kvprof.kvcache.pool import KVPool
 from kvprof.kvcache.workload import PhaseSpec, SlotAllocator, default_pool_size, make_inputs
 from kvprof.kvcache.writers import KVWriter
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
 
 MODES = ("writes", "layer", "layer_no_write")
 
@@ -112,7 +112,7 @@ class VariantSession(abc.ABC, Generic[PoolT]):
         self.mode = "layer" if context is not None else "writes"
         self.writer = writer
         self.device = device
-        self.layout: Layout[PoolT] = get_layout(plan.layout)
+        self.layout: Layout = get_layout(plan.layout)
         self.shape = plan.shape
         self.cache_dtype = plan.cache_dtype
         self.input_dtype = plan.input_dtype

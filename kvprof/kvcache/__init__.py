@@ -1,7 +1,10 @@
 """The torch side's lower half: what a KV cache is and how it is written.
 
-Writers (the contracts, the one registry and kvprof's own writers), layouts (the cache forms
-an engine writes), pools over them, and what runs a write in context (instrumentation, the
-decoder layer, workloads, model shapes). Everything that needs torch to hold or write a cache
-lives here; capture, bench, verify and the engine plugins sit above it.
+A one-way stack of its own (pyproject.toml's kvprof.kvcache layers contract; bottom to top):
+dtypes, model shapes and phases; input checks, memory guards and the device; the writer
+contracts (``contracts``); the one writer registry (``registry``); kvprof's writers
+(``writers/``); what a layout is (``layouts/``); the pools (``pool``, ``mla_pool``,
+``paged_pool``); their instrumentation (``instrument``); the decoder layer around a write
+(``layer``). Everything that needs torch to hold or write a cache lives here; capture, bench,
+verify and the engine plugins sit above it.
 """

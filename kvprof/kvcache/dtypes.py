@@ -84,3 +84,30 @@ def convert_for_cache(
         x = x.to(dtype)
     store = store_dtype_for(dtype)
     return x.view(store) if store != dtype else x
+
+
+def cast_like_sglang(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SGLang's MLA cast: ``.to(dtype)`` (no scale), then the storage view (uint8 for fp8)."""
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    store = store_dtype_for(dtype)
+    return x.view(store) if store != dtype else x
+
+
+
+# fp8's largest finite values (vLLM saturates to them)
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def convert_like_vllm(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """The reference conversion into the cache's storage dtype: as is for a non-fp8 cache,
+    else ``fp8(clamp(float(x) / scale, -max, max))`` with an IEEE fp32 division (a 1-element
+    tensor divisor on the same device: a CPU scalar would make CUDA multiply by its reciprocal)."""
+    if dtype not in FP8_DTYPES:
+        return x
+    y = x.float()
+    if scale is not None:
+        y = y / scale.to(device=y.device, dtype=torch.float32).reshape(1)
+    m = FP8_MAX[dtype]
+    return y.clamp(-m, m).to(dtype).view(torch.uint8)
+

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvprof.kvcache.contracts import KVWriter, RopeKVWriter, checked_impl
 from kvprof.kvcache.dtypes import short_name, store_dtype_for
 from kvprof.kvcache.guards import check_memory, memory_limit, pool_bytes
 from kvprof.kvcache.validation import FLOAT_INPUTS, check_write_inputs
-from kvprof.kvcache.writers.base import KVWriter, checked_impl
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
 
 
 class KVPool:
@@ -166,6 +165,11 @@ class KVPool:
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
     # -- the write -----------------------------------------------------------------------
+    def write_layer(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    k_scale: Any = None, v_scale: Any = None) -> None:
+        """One layer's write as SGLang calls it (``Layout.write``): ``set_kv_buffer``."""
+        self.set_kv_buffer(layer, loc, k, v, k_scale, v_scale)
+
     def set_kv_buffer(
         self,
         layer: Any,

@@ -1,62 +1,40 @@
 """What a KV-cache layout is: one ``Layout`` per cache kvprof models, MHA beside MLA and paged.
 
-A layout names its pool class and how a workload writes one layer into it, the contract(s)
-its writers implement (base classes: a writer is checked against them when it is built),
-the roles of its built-in writers (the bit-exact reference, the engine's unfused path,
-the engine's own fused kernels, kvprof's fused writers), what a capture runs by default,
-and the model presets that pick it. The writers themselves are in the one registry,
-``kvprof.kvcache.writers.registry``, keyed by (layout, name).
+A layout names the contract(s) its writers implement (``kvprof.kvcache.contracts``: a writer is
+checked against them when it is built), the roles of its built-in writers (the bit-exact
+reference, the engine's unfused path, the engine's own fused kernels, kvprof's fused writers)
+and what a capture runs by default -- both read from the variant table,
+``kvprof.core.variants`` -- and the model presets that pick it. The writers themselves are in
+the one registry, ``kvprof.kvcache.registry``, keyed by (layout, name); the pools that hold a
+layout's cache sit above the layouts (``kvprof.kvcache.pool``, ``mla_pool``, ``paged_pool``;
+``kvprof.kvcache.instrument.make_layout_pool`` builds any of them).
 
-This module imports no torch at run time, so the registry can name layouts without loading
-their pools; ``get_layout`` imports a layout's module when it is first asked for.
+Each layout module (``mha``, ``mla``, ``paged``) registers its ``Layout`` here when it is
+imported, and ``kvprof.kvcache.layouts`` imports all three: importing this module imports the
+package first, so ``get_layout`` always finds them.
 """
 
 from __future__ import annotations
 
-import abc
-import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from kvprof.core import variants
 from kvprof.core.errors import UsageError
+from kvprof.kvcache.contracts import WRITER_CONTRACTS, ContractTable, Writer, check_layout
 
 if TYPE_CHECKING:
     from collections import Counter
 
     import torch
 
-    from kvprof.kvcache.writers.base import WriterInfo
-
-# the layouts, in table order, and the module whose ``LAYOUT`` describes each
-LAYOUTS = ("mha", "mla", "paged")
-_MODULES = {"mha": "kvprof.kvcache.layouts.mha", "mla": "kvprof.kvcache.layouts.mla",
-            "paged": "kvprof.kvcache.layouts.paged"}
 # which layout an engine writes for a model with ordinary (MHA/GQA) attention
 ENGINES = {"sglang": "mha", "vllm": "paged"}
 
 
-class Writer(Protocol):
-    """What every writer offers beside its layout's ``write`` (``KVWriter``, ``MLAWriter``,
-    ``PagedWriter`` and any further contract a layout accepts)."""
-
-    name: str
-    description: str
-    fused: bool
-    devices: tuple[str, ...]
-
-    def info(self) -> WriterInfo: ...
-
-    def unsupported_reason(self, device: torch.device, dtype: torch.dtype,
-                           input_dtype: torch.dtype | None = None) -> str | None: ...
-
-    def prepare(self, device: torch.device) -> None: ...
-
-    def launches_pdl(self, device: torch.device) -> bool | None: ...
-
-
 class WritePool(Protocol):
-    """What every layout's pool offers a workload beside its own write call."""
+    """What every layout's pool offers a workload beside its own write calls."""
 
     path_counts: Counter[str]
     start_layer: int
@@ -69,75 +47,93 @@ class WritePool(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def write_layer(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    k_scale: Any = None, v_scale: Any = None) -> None: ...
+
 
 PoolT = TypeVar("PoolT", bound=WritePool)
 
 
-class Layout(abc.ABC, Generic[PoolT]):
-    """One cache layout: its pool, its writers' contracts and roles, its capture defaults and presets."""
+class Layout:
+    """One cache layout: its writers' contracts and roles, its capture defaults and presets."""
 
     name: str
-    pool_class: type[PoolT]
-    reference: str  # the bit-exact reference writer (plain copies)
-    unfused: str  # the engine's write without a fused kernel: what fused writers are held against
-    fused: tuple[str, ...]  # kvprof's fused writers
-    peers: tuple[str, ...]  # the engine's own fused kernels, where installable
-    capture_defaults: tuple[str, ...]  # what a capture runs when no variants are named
     # models whose cache only this layout holds: naming one picks the layout
     presets: Mapping[str, Any] = MappingProxyType({})
 
-    def __init__(self, writer_contracts: Mapping[str, type]) -> None:
-        self._contracts: dict[str, type] = dict(writer_contracts)
+    def __init__(self, contracts: ContractTable = WRITER_CONTRACTS) -> None:
+        self._contracts = contracts
 
     @property
     def writer_contracts(self) -> Mapping[str, type]:
         """Contract name -> the base class a writer of that contract is an instance of."""
-        return MappingProxyType(self._contracts)
+        return self._contracts.of(self.name)
 
     @property
     def writer_bases(self) -> tuple[type, ...]:
-        return tuple(self._contracts.values())
+        return self._contracts.bases(self.name)
 
     def add_writer_contract(self, contract: str, base: type) -> None:
         """Accept writers of another contract within this layout (another ``write`` signature
         over the same pool, e.g. a rotary embedding fused with the store)."""
-        known = self._contracts.get(contract)
-        if known is not None and known is not base:
-            raise ValueError(f"the {self.name} layout's {contract!r} contract is {known.__name__} already")
-        self._contracts[contract] = base
+        self._contracts.add(self.name, contract, base)
 
     def contract_of(self, writer: object) -> str | None:
         """The contract ``writer`` implements here, None if none (it is not a writer of this layout)."""
-        return next((c for c, base in self._contracts.items() if isinstance(writer, base)), None)
+        return self._contracts.contract_of(self.name, writer)
+
+    # the roles of the layout's built-in store writers, from the variant table
+    @property
+    def reference(self) -> str:
+        """The bit-exact reference writer (plain copies)."""
+        return variants.store_roles(self.name)["reference"][0]
+
+    @property
+    def unfused(self) -> str:
+        """The engine's write without a fused kernel: what fused writers are held against."""
+        return variants.store_roles(self.name)["unfused"][0]
+
+    @property
+    def fused(self) -> tuple[str, ...]:
+        """kvprof's fused writers."""
+        return variants.store_roles(self.name)["fused"]
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """The engine's own fused kernels, where installable."""
+        return variants.store_roles(self.name)["peer"]
+
+    @property
+    def capture_defaults(self) -> tuple[str, ...]:
+        """What a capture runs when no variants are named."""
+        return variants.capture_defaults(self.name)
 
     def roles(self) -> dict[str, tuple[str, ...]]:
         """The built-in writers by role, for tables and for checking the variant table agrees."""
-        return {"reference": (self.reference,), "unfused": (self.unfused,), "peer": self.peers,
-                "fused": self.fused}
+        return dict(variants.store_roles(self.name))
 
-    @abc.abstractmethod
-    def make_pool(self, *args: Any, instrument: bool = False, variant: str | None = None, **kwargs: Any) -> PoolT:
-        """The layout's pool (its own constructor arguments); with ``instrument`` its writes are
-        NVTX and torch.profiler ranges named by ``variant`` (default: the writer's name)."""
-
-    @abc.abstractmethod
-    def write(self, pool: PoolT, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def write(self, pool: WritePool, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               k_scale: Any = None, v_scale: Any = None) -> None:
         """One layer's write as the engine calls it: ``k``/``v`` are the layout's two inputs
         (MHA and paged: keys and values; MLA: the latent row's nope and rope parts)."""
+        pool.write_layer(layer, loc, k, v, k_scale, v_scale)
 
 
-def check_layout(layout: str) -> str:
-    if layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+_REGISTERED: dict[str, Layout] = {}
+
+
+def register_layout(layout: Layout) -> Layout:
+    """Make ``layout`` the one ``get_layout`` returns for its name (each layout module's last line)."""
+    check_layout(layout.name)
+    if layout.name in _REGISTERED:
+        raise ValueError(f"the {layout.name} layout is registered already")
+    _REGISTERED[layout.name] = layout
     return layout
 
 
-def get_layout(name: str) -> Layout[Any]:
+def get_layout(name: str) -> Layout:
     """The layout named ``name`` (``UsageError`` for an unknown one)."""
-    module = importlib.import_module(_MODULES[check_layout(name)])
-    layout: Layout[Any] = module.LAYOUT
-    return layout
+    return _REGISTERED[check_layout(name)]
 
 
 def pick_layout(model: str, layout: str | None = None, engine: str | None = None) -> str:

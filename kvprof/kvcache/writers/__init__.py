@@ -1,45 +1,66 @@
-"""Write implementations of every layout, registered by (layout, name). See ``registry`` for adding your own."""
+"""kvprof's write implementations of every layout, one module per writer or family, and the
+registry callers use (``REGISTRY``, ``create_writer``, ``writer_names``, ``register``).
+
+Importing this package registers kvprof's own writers into the one registry below it
+(``kvprof.kvcache.registry``), from the variant table (``kvprof.core.variants``: each entry's
+layout, name and ``module:factory``); each writer's module is imported only when the writer is
+first built (triton, compilers and sgl-kernel load on demand). The contracts the writers
+implement are ``kvprof.kvcache.contracts``.
+"""
 
 from __future__ import annotations
 
-from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path
-from kvprof.kvcache.writers.base import KVWriter
-from kvprof.kvcache.writers.registry import REGISTRY, WriterRegistry, builtin, create_writer, register, writer_names
+import importlib
 
-# (layout, name, module under kvprof.kvcache.writers, class); the order is the order of tables and charts
-BUILTINS: tuple[tuple[str, str, str, str], ...] = (
-    ("mha", "index_put", "index_put", "IndexPutWriter"),
-    ("mha", "two_stream", "two_stream", "TwoStreamWriter"),
-    ("mha", "sgl_kernel", "sgl_kernel", "SglKernelWriter"),
-    ("mha", "sgl_kernel_cubin", "sgl_cubin", "SglKernelCubinWriter"),
-    ("mha", "triton_fused", "triton_fused", "TritonFusedWriter"),
-    ("mha", "cuda_fused", "cuda_fused", "CudaFusedWriter"),
-    ("mha", "store_kv_fused", "store_kv_fused", "StoreKVFusedWriter"),
-    ("mha", "torch_compile", "torch_compile", "TorchCompileWriter"),
-    ("mha", "sglang_store_cache", "sglang_store_cache", "SglangStoreCacheWriter"),
-    # the MHA layout's rope contract (RopeKVWriter): rotary embedding of q and k plus the store
-    ("mha", "rope_then_store", "rope_triton", "RopeThenStoreWriter"),
-    ("mha", "rope_then_two_stream", "rope_triton", "RopeThenTwoStreamWriter"),
-    ("mha", "rope_then_triton_fused", "rope_triton", "RopeThenTritonFusedWriter"),
-    ("mha", "rope_triton_fused", "rope_triton", "RopeTritonFusedWriter"),
-    ("mha", "rope_cuda_fused", "rope_cuda", "RopeCudaWriter"),
-    ("mha", "sglang_rope_store", "rope_sglang", "SglangRopeStoreWriter"),
-    ("mha", "sglang_triton_rope_cache", "rope_sglang", "SglangTritonRopeCacheWriter"),
-    ("mha", "sgl_kernel_rope_cubin", "rope_sgl_cubin", "SglKernelRopeCubinWriter"),
-    ("mla", "mla_index_put", "mla_torch", "MLAIndexPutWriter"),
-    ("mla", "mla_cat_copy", "mla_torch", "MLACatCopyWriter"),
-    ("mla", "sglang_mla", "mla_sglang", "SglangMLAWriter"),
-    ("mla", "mla_triton", "mla_triton", "MLATritonWriter"),
-    ("mla", "mla_cuda", "layout_cuda", "MLACudaWriter"),
-    ("paged", "paged_index_put", "paged_torch", "PagedIndexPutWriter"),
-    ("paged", "paged_unfused", "paged_torch", "PagedUnfusedWriter"),
-    ("paged", "paged_triton", "paged_triton", "PagedTritonWriter"),
-    ("paged", "paged_cuda", "layout_cuda", "PagedCudaWriter"),
+from kvprof.core import variants
+from kvprof.core.errors import UsageError
+from kvprof.kvcache.contracts import (
+    FALLBACK_PREFIX,
+    FUSED,
+    ROPE_FUSED,
+    TWO_COPIES,
+    TWO_STREAMS,
+    KVWriter,
+    Writer,
+    is_fused_path,
 )
-for _layout, _name, _module, _cls in BUILTINS:
-    register(_name, builtin(_name, _module, _cls), layout=_layout)
+from kvprof.kvcache.registry import (
+    REGISTRY,
+    WriterFactory,
+    WriterRegistry,
+    create_writer,
+    register,
+    typed_options,
+    writer_names,
+)
+
+
+def builtin(name: str, spec: str) -> WriterFactory:
+    """A factory for kvprof's writer ``spec`` ("module:factory", the variant table's), imported
+    only when it is built (triton, compilers, sgl-kernel)."""
+    module, _, attr = spec.partition(":")
+
+    def factory(**options: object) -> Writer:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(f"writer {name} cannot be imported: {exc}") from None
+        writer_class = getattr(mod, attr)
+        try:  # a boolean option given as text ("no") is made a bool, or refused
+            writer: Writer = writer_class(**typed_options(writer_class, options, name))
+        except TypeError as exc:  # unknown option names
+            raise UsageError(f"bad option for writer {name}: {exc}") from None
+        return writer
+
+    return factory
+
+
+# (layout, name, "module:factory") of kvprof's own writers, in the variant table's order
+BUILTINS: tuple[tuple[str, str, str], ...] = variants.builtin_writers()
+for _layout, _name, _spec in BUILTINS:
+    register(_name, builtin(_name, _spec), layout=_layout)
 
 __all__ = [
     "BUILTINS", "FALLBACK_PREFIX", "FUSED", "ROPE_FUSED", "TWO_COPIES", "TWO_STREAMS", "KVWriter", "REGISTRY",
-    "WriterRegistry", "create_writer", "is_fused_path", "register", "writer_names",
+    "WriterRegistry", "builtin", "create_writer", "is_fused_path", "register", "writer_names",
 ]

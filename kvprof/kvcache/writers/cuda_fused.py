@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache.contracts import FUSED, KVWriter
 from kvprof.kvcache.validation import check_buffers_inputs
-from kvprof.kvcache.writers.base import FUSED, KVWriter
 from kvprof.kvcache.writers.cuda_build import CudaOp, op_refusal
 from kvprof.kvcache.writers.fp8_jit import uses_pdl
 from kvprof.kvcache.writers.triton_convert import KINDS, cached_inverse

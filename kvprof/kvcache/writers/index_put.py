@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.kvcache.writers.base import TWO_COPIES, KVWriter, convert_pair
+from kvprof.kvcache.contracts import TWO_COPIES, KVWriter, convert_pair
 
 
 class IndexPutWriter(KVWriter):

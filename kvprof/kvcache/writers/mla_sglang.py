@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from kvprof.kvcache.layouts.mla import MLAWriter, cast_like_sglang
+from kvprof.kvcache.contracts import MLAWriter
+from kvprof.kvcache.dtypes import cast_like_sglang
 
 FUSED = "fused"  # one launch on the GPU, the inputs already in the cache dtype
 CAST_THEN_STORE = "cast_then_store"  # SGLang casts each part with its own kernel first (fp8 caches)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.kvcache.layouts.mla import MLAWriter, cast_like_sglang
+from kvprof.kvcache.contracts import MLAWriter
+from kvprof.kvcache.dtypes import cast_like_sglang
 
 TWO_INDEX_PUTS = "two_index_puts"
 CAT_COPY = "cat_copy"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.kvcache.layouts.mla import MLAWriter
+from kvprof.kvcache.contracts import MLAWriter
 from kvprof.kvcache.writers.fp8_jit import (
     fp8_bits,
     hw_cast_safe,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.kvcache.layouts.paged import PagedWriter, convert_like_vllm
+from kvprof.kvcache.contracts import PagedWriter
+from kvprof.kvcache.dtypes import convert_like_vllm
 
 TWO_INDEX_PUTS = "two_index_puts"
 UNFUSED = "unfused"

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from kvprof.core.vocab import ROPE_FUSED
+from kvprof.kvcache.contracts import RopeKVWriter
 from kvprof.kvcache.writers.cuda_build import CudaOp, op_refusal
 from kvprof.kvcache.writers.cuda_fused import CudaConfig
 from kvprof.kvcache.writers.fp8_jit import uses_pdl
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
 from kvprof.kvcache.writers.triton_convert import KINDS, cached_inverse
 
 CSRC = Path(__file__).with_name("csrc")

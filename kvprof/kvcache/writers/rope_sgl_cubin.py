@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from kvprof.core.vocab import ROPE_FUSED
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
+from kvprof.kvcache.contracts import RopeKVWriter
 from kvprof.kvcache.writers.sgl_cubin import ENV_CUBIN, CudaDriver
 
 ENV_ROPE_CUBIN = "KVPROF_SGL_ROPE_CUBIN"

@@ -33,9 +33,8 @@ from typing import Any
 import torch
 
 from kvprof.core.vocab import FALLBACK_PREFIX, ROPE_FUSED
+from kvprof.kvcache.contracts import RopeKVWriter, checked_impl
 from kvprof.kvcache.dtypes import FP8_DTYPES
-from kvprof.kvcache.writers.base import checked_impl
-from kvprof.kvcache.writers.rope_base import RopeKVWriter
 
 _SGLANG_JIT_DTYPES = (torch.bfloat16, torch.float16)
 

@@ -25,11 +25,10 @@ import torch
 
 from kvprof.core.errors import UsageError
 from kvprof.core.vocab import ROPE_FUSED
+from kvprof.kvcache.contracts import ROPE_INPUTS, KVWriter, RopeKVWriter, WriterInfo, checked_impl
 from kvprof.kvcache.validation import check_buffers_inputs
 from kvprof.kvcache.writers import rope_triton_kernel as kernel
-from kvprof.kvcache.writers.base import KVWriter, WriterInfo, checked_impl
 from kvprof.kvcache.writers.fp8_jit import hw_cast_safe, placement_reason, uses_pdl
-from kvprof.kvcache.writers.rope_base import ROPE_INPUTS, RopeKVWriter
 from kvprof.kvcache.writers.rope_tables import RopeConfig, RopeTable, interpreted_rope_config, pick_rope_config
 from kvprof.kvcache.writers.triton_convert import (
     FP8_DTYPES,
@@ -247,8 +246,9 @@ class RopeThenStoreWriter(RopeKVWriter):
                  rope_pdl: bool | None = None, **store_options: Any) -> None:
         """``store``: a registered MHA store writer, built with the remaining keywords;
         ``rope_config``/``rope_pdl``: the rotary kernel's launch shape and PDL (None: where it
-        exists, as the store writers' own default)."""
-        from kvprof.kvcache.writers import create_writer
+        exists, as the store writers' own default). The store is built by the one registry
+        (kvprof's writers are in it: this module's package registered them when it was imported)."""
+        from kvprof.kvcache.registry import create_writer
 
         built = create_writer(store, **store_options)
         if not isinstance(built, KVWriter):

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from kvprof.kvcache.contracts import FALLBACK_PREFIX, FUSED, KVWriter
 from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
-from kvprof.kvcache.writers.base import FALLBACK_PREFIX, FUSED, KVWriter
 
 StoreOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 

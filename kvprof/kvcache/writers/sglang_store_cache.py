@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kvprof.kvcache.writers.base import FALLBACK_PREFIX, FUSED, KVWriter
+from kvprof.kvcache.contracts import FALLBACK_PREFIX, FUSED, KVWriter
 from kvprof.kvcache.writers.sgl_kernel import sglang_convert
 
 

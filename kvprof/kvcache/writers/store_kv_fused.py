@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache.contracts import KVWriter, WriterInfo, checked_impl
 from kvprof.kvcache.validation import check_buffers_inputs
-from kvprof.kvcache.writers.base import KVWriter, WriterInfo, checked_impl
 from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter
 from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
 

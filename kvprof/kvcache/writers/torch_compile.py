@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from kvprof.kvcache.contracts import KVWriter
 from kvprof.kvcache.dtypes import inverse_scale
-from kvprof.kvcache.writers.base import KVWriter
 
 COMPILED = "compiled"
 

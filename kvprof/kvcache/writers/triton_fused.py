@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache.contracts import FUSED, KVWriter, WriterInfo
 from kvprof.kvcache.writers import triton_kernel as kernel
-from kvprof.kvcache.writers.base import FUSED, KVWriter, WriterInfo
 from kvprof.kvcache.writers.fp8_jit import placement_reason, uses_pdl
 from kvprof.kvcache.writers.triton_convert import (
     FP8_DTYPES,

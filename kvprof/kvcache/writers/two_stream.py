@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.kvcache.writers.base import TWO_COPIES, TWO_STREAMS, KVWriter, convert_pair
+from kvprof.kvcache.contracts import TWO_COPIES, TWO_STREAMS, KVWriter, convert_pair
 
 
 class TwoStreamWriter(KVWriter):

@@ -1,10 +1,13 @@
 """One registry of write implementations, keyed by (layout, name).
 
-Built-ins of every layout register themselves when ``kvprof.kvcache.writers`` is imported, each
-imported only when it is first built (triton, compilers and sgl-kernel load on demand).
+The registry sits below the writers and loads none of them itself: kvprof's own writers of
+every layout are registered into it from above, by ``kvprof.kvcache.writers`` when that package
+is imported (from the variant table, ``kvprof.core.variants``: each entry's ``module:factory``,
+imported only when the writer is first built), so callers use ``kvprof.kvcache.writers``'s
+``create_writer``/``writer_names``/``REGISTRY``.
 Third parties either declare an entry point (``name = "pkg.mod:factory"``) in the group of
-the writer's layout -- ``kvprof.kvcache.writers`` (or ``kvprof.kvcache.writers.mha``) for the MHA pool,
-``kvprof.kvcache.writers.<layout>`` for another (``kvprof.kvcache.writers.mla``, ``kvprof.kvcache.writers.paged``)
+the writer's layout -- ``kvprof.writers`` (or ``kvprof.writers.mha``) for the MHA pool,
+``kvprof.writers.<layout>`` for another (``kvprof.writers.mla``, ``kvprof.writers.paged``)
 -- or pass ``--writer pkg.mod:factory`` on the command line, which builds it for the
 capture's layout. A factory is any callable returning a writer (a subclass itself works);
 what it returns must implement one of the layout's writer contracts
@@ -17,10 +20,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from importlib import metadata
-from typing import Any
 
 from kvprof.core.errors import KvprofError, UsageError
-from kvprof.kvcache.layouts.layout import LAYOUTS, Layout, Writer, check_layout, get_layout
+from kvprof.kvcache.contracts import LAYOUTS, WRITER_CONTRACTS, ContractTable, Writer, check_layout
 
 WriterFactory = Callable[..., Writer]
 
@@ -37,13 +39,13 @@ def entry_point_groups(layout: str) -> tuple[str, ...]:
 
 class WriterRegistry:
     """(layout, name) -> factory. An instance, not module state, so tests can build their own
-    (``layouts``: where a layout's writer contracts are looked up, ``get_layout`` unless given).
+    (``contracts``: where a layout's writer contracts are looked up, kvprof's unless given).
     ``layout`` defaults to "mha" everywhere, the MHA writers' API before layouts existed."""
 
-    def __init__(self, layouts: Callable[[str], Layout[Any]] = get_layout) -> None:
+    def __init__(self, contracts: ContractTable = WRITER_CONTRACTS) -> None:
         self._factories: dict[tuple[str, str], WriterFactory] = {}
         self._loaded: set[str] = set()  # layouts whose entry points were read
-        self._layouts = layouts
+        self._contracts = contracts
 
     def register(self, name: str, factory: WriterFactory, *, layout: str = MHA, replace: bool = False) -> None:
         if layout not in LAYOUTS:
@@ -85,7 +87,7 @@ class WriterRegistry:
             text = str(exc).strip().splitlines()
             raise UsageError(f"writer {spec!r} could not be built: {type(exc).__name__}"
                              f"{': ' + text[0] if text else ''}") from None
-        bases = self._layouts(layout).writer_bases
+        bases = self._contracts.bases(layout)
         if not isinstance(writer, bases):
             raise UsageError(f"writer {spec!r} returned {type(writer).__name__}, not a "
                              f"{' or '.join(b.__name__ for b in bases)} (a writer of the {layout} layout)")
@@ -158,25 +160,6 @@ def resolve_spec(spec: str) -> WriterFactory:
     return factory  # type: ignore[no-any-return]
 
 
-def builtin(name: str, module: str, cls: str) -> WriterFactory:
-    """A factory for kvprof's writer ``kvprof.kvcache.writers.<module>.<cls>``, imported only when it
-    is built (triton, compilers, sgl-kernel)."""
-
-    def factory(**options: object) -> Writer:
-        try:
-            mod = importlib.import_module(f"kvprof.kvcache.writers.{module}")
-        except ImportError as exc:
-            raise UsageError(f"writer {name} cannot be imported: {exc}") from None
-        writer_class = getattr(mod, cls)
-        try:  # a boolean option given as text ("no") is made a bool, or refused
-            writer: Writer = writer_class(**typed_options(writer_class, options, name))
-        except TypeError as exc:  # unknown option names
-            raise UsageError(f"bad option for writer {name}: {exc}") from None
-        return writer
-
-    return factory
-
-
 def _lazy(ep: metadata.EntryPoint) -> WriterFactory:
     def factory(**options: object) -> Writer:
         try:
@@ -189,7 +172,8 @@ def _lazy(ep: metadata.EntryPoint) -> WriterFactory:
     return factory
 
 
-# The registry kvprof itself uses; built-ins are added in kvprof/kvcache/writers/__init__.py.
+# The registry kvprof itself uses; kvprof's own writers are registered into it from above, by
+# kvprof.kvcache.writers (the package that holds them) when it is imported.
 REGISTRY = WriterRegistry()
 register = REGISTRY.register
 create_writer = REGISTRY.create
