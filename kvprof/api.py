@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvprof.analysis.runs import RunComparison
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
+    from kvprof.core.readers import ReaderRegistry
     from kvprof.core.verify import PdlResult, VerifyResult
     from kvprof.tools.background import BackgroundServer
     from kvprof.trace.load import Loaded
@@ -54,6 +55,15 @@ def prefetch_trace(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_E
     from kvprof.trace.kineto_io import prefetch
 
     return prefetch(path, max_events)
+
+
+def trace_readers() -> ReaderRegistry:
+    """The trace-reader registry, kvprof's own readers in it (importing kvprof.trace registers them),
+    then any plugin's: what a trace may be named, which reader a file is."""
+    import kvprof.trace  # noqa: F401 - registers the built-in readers into the registry
+    from kvprof.core.readers import REGISTRY
+
+    return REGISTRY
 
 
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
@@ -427,4 +437,4 @@ __all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmar
            "check_no_other_analysis", "check_write_kernel_regex", "clean", "comparability", "compare_runs",
            "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "prefetch_trace",
            "read_manifest", "read_summary",
-           "regression_gate", "render_capture", "write_outputs"]
+           "regression_gate", "trace_readers", "render_capture", "write_outputs"]

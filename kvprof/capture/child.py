@@ -21,6 +21,7 @@ from kvprof.capture.plan import make_context, resolve_settings
 from kvprof.capture.session import StepTimer
 from kvprof.core.errors import KvprofError
 from kvprof.core.interrupts import ctrl_c_raises_interrupted
+from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepSamples
 from kvprof.kvcache.layouts.registry import create_variant
 
@@ -60,7 +61,7 @@ def run_child(spec_path: Path, result_path: Path) -> int:
                   "bytes_per_token": session.bytes_per_token(),
                   "phases": [p.spec.as_dict() for p in prepared],
                   # the steps timed inside the nsys pass, as the reference pass times them
-                  "step_timings": [
+                  RunDir.TIMINGS_KEY: [
                       StepSamples(variant=variant, pass_="nsys", phase=p.spec.phase, size=p.spec.size,
                                   mode=session.mode, graph=p.spec.graph, writes_per_step=len(session.layers),
                                   clock=t.clock, samples_ns=tuple(t.samples_ns())).to_json()

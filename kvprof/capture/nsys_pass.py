@@ -66,7 +66,7 @@ def run_nsys_passes(
                 child = orjson.loads(result.read_bytes())
                 entry.nsys_paths = child.get("paths", {})
                 if timings is not None:
-                    for rec in child.get("step_timings") or []:
+                    for rec in child.get(RunDir.TIMINGS_KEY) or []:
                         timings.add(StepSamples.from_json(rec))
         except KvprofError as exc:
             entry.nsys_error = rendered(exc, names)

@@ -65,6 +65,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from kvprof.core.sources import PROFILED, source_names
+
 KINDS = (
     "kernel",
     "memcpy",
@@ -85,7 +87,7 @@ KINDS = (
 #   graph_order  - replayed graph kernel, tied by its fixed position within the replay
 ATTRIBUTION_METHODS = ("range", "correlation", "graph_node", "graph_order")
 
-SOURCES = ("kineto", "nsys")
+SOURCES = source_names(PROFILED)
 
 # Rows that run on the GPU, and the subset that does work a write is measured by.
 GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")

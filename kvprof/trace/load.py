@@ -200,8 +200,9 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     merged = [p for p in files if _SGLANG_MERGED.match(p.name)]
     if merged and any(sglang_rank(p.name) is not None for p in files):
         files = [p for p in files if p not in merged]  # the per-rank files hold the same events
-    sqlite_stems = {p.name[: -len(".sqlite")] for p in files if p.name.endswith(".sqlite")}
-    files = [p for p in files if not (p.name.endswith(".nsys-rep") and p.name[: -len(".nsys-rep")] in sqlite_stems)]
+    exports = {p.name for p in files if p.name.endswith(RunDir.NSYS_SQLITE_SUFFIX)}
+    files = [p for p in files if not (p.name.endswith(RunDir.NSYS_REP_SUFFIX)
+                                      and RunDir.nsys_sqlite_of(RunDir.nsys_base_of(p)).name in exports)]
     loaded = Loaded(input=d, kind="dir", traces=[])
     for p in merged:
         if p not in files:
