@@ -149,3 +149,18 @@ def test_the_capture_runs_the_plan_it_is_given_and_records_it(tmp_path):
     recorded = dict(captured.manifest.config["resolved"])
     assert recorded.pop("triton_interpret") == "from the environment"  # the runtime's, added to the plan's record
     assert recorded == dict(plan.settings)["resolved"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranks", [[], ["--ranks", "1"]])
+def test_on_cuda_the_step_template_is_read_through_the_facades_reader(tmp_path, ranks):
+    """Capture reads no trace itself: the step template of each (phase, size) comes from the
+    reader kvprof.api hands down (one process), or names by module:function (each rank)."""
+    from kvprof.core.rundir import RunDir
+
+    rc = main(["capture", "--model", "small=2x2x128", "--tp", "1", "--phase", "decode", "--batch-sizes", "1,8",
+               "--steps", "2", "--warmup", "1", "--variants", "two_stream", "--device", "cuda", "--no-progress",
+               "--no-summary", "--out", str(tmp_path), "--run-id", "t", *ranks])
+    assert rc == 0
+    entry = RunDir(tmp_path / "t").read_manifest().variants["two_stream"]
+    assert entry.kernels_per_write == {"decode 1": 2, "decode 8": 2}  # K and V: two copies per write
