@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.core.errors import DeviceError, KvprofError, Setting, Words
+from kvprof.core.errors import DeviceError, KvprofError, Setting, Words, rendered
 from kvprof.core.run import Manifest
 from kvprof.core.rundir import RunDir, read_summary as _read_summary
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
@@ -297,7 +297,7 @@ def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | N
     result = CaptureResult(captured.run_dir, captured.manifest, list(captured.problems),
                            analysis_error=Words("not analysed (", Setting("summary"), ")"))
     try:
-        return _after_capture(plan.shape.layers, plan.scrub, result, analyse, render)
+        return _after_capture(plan.shape.layers, plan.scrub, result, analyse, render, names)
     except KeyboardInterrupt as exc:  # the run is in place: say what it holds and what did not run
         run = str(result.run_dir)
         left = [w for w, done in ((Words(f"its analysis (kvprof analyze {run})"),
@@ -323,7 +323,8 @@ def trace_events(path: Path) -> Any:
     return to_frame(attribute(read_kineto(Path(path))).events)
 
 
-def _after_capture(layers: int, scrub: bool, result: CaptureResult, analyse: bool, render: bool) -> CaptureResult:
+def _after_capture(layers: int, scrub: bool, result: CaptureResult, analyse: bool, render: bool,
+                   names: Callable[[str], str] = str) -> CaptureResult:
     """What api.capture does once the run folder is in place (its outputs are each atomic);
     ``layers``: the model's, for the projections; ``scrub``: whether the run was scrubbed."""
     if analyse:  # the run is complete and in place; the outputs are added as one atomic set
@@ -341,7 +342,7 @@ def _after_capture(layers: int, scrub: bool, result: CaptureResult, analyse: boo
     except KvprofError as exc:
         result.problems.append(exc)
     if render:
-        render_capture(result)
+        render_capture(result, names)
     return result
 
 
@@ -394,14 +395,15 @@ def _scrub_check(run_dir: Path) -> list[KvprofError]:
     return problems
 
 
-def render_capture(result: CaptureResult) -> None:
-    """What ran, the compact table, the verdict, and where the full tables are (or why there is no summary)."""
+def render_capture(result: CaptureResult, names: Callable[[str], str] = str) -> None:
+    """What ran, the compact table, the verdict, and where the full tables are (or why there is no summary;
+    ``names`` spells the settings it names)."""
     from kvprof.report.console import make_console
     from kvprof.report.verdict import render_first_run
 
     console = make_console()
     if result.summary is None:
-        console.print(f"[yellow]analysis of the capture failed: {result.analysis_error}[/] "
+        console.print(f"[yellow]analysis of the capture failed: {rendered(result.analysis_error, names)}[/] "
                       f"(run `kvprof analyze {result.run_dir}`)")
         return
     render_first_run(result.summary, console, result.manifest, str(result.run_dir))

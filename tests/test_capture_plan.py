@@ -164,3 +164,28 @@ def test_on_cuda_the_step_template_is_read_through_the_facades_reader(tmp_path, 
     assert rc == 0
     entry = RunDir(tmp_path / "t").read_manifest().variants["two_stream"]
     assert entry.kernels_per_write == {"decode 1": 2, "decode 8": 2}  # K and V: two copies per write
+
+
+def test_a_failed_first_analysis_names_the_flag(tmp_path, monkeypatch, capsys):
+    """The capture's first summary says why there is none with the command line's words."""
+    import shutil
+
+    from kvprof import api
+    from kvprof.capture import run as capture_run
+    from kvprof.capture.plan import CapturedRun
+    from kvprof.core.rundir import RunDir
+
+    run = tmp_path / "out" / "r1"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "real", run)
+    manifest = RunDir(run).read_manifest()
+    monkeypatch.setattr(capture_run, "capture", lambda plan, **_: CapturedRun(run, manifest, []))
+
+    def refuse(*_: object, **__: object) -> None:
+        raise UsageError(Setting("max_events"), " is too small")
+
+    monkeypatch.setattr(api, "analyze", refuse)
+    rc = main(["capture", "--out", str(tmp_path / "out"), "--run-id", "r1", "--device", "cpu", "--variants",
+               "index_put"])
+    out = " ".join(capsys.readouterr().out.split())
+    # exit 1: the fixture's nsys export keeps a host name, which the scrub check reports as a kept problem
+    assert rc in (0, 1) and "analysis of the capture failed: --max-events is too small" in out
