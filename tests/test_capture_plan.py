@@ -189,3 +189,19 @@ def test_a_failed_first_analysis_names_the_flag(tmp_path, monkeypatch, capsys):
     out = " ".join(capsys.readouterr().out.split())
     # exit 1: the fixture's nsys export keeps a host name, which the scrub check reports as a kept problem
     assert rc in (0, 1) and "analysis of the capture failed: --max-events is too small" in out
+
+
+def test_the_nsys_childs_one_line_error_spells_settings_as_its_parent(tmp_path, capsys):
+    from kvprof.capture.child import main as child_main
+
+    plan = resolve(CaptureConfig(phases=["decode"], decode_sizes=[1], device="cpu"))
+    settings = {**plan.manifest_config(), "layers": 999}
+    names = flag_namer(build_parser("capture"))
+    spec = tmp_path / "spec.json"
+    spec.write_bytes(orjson.dumps({"config": settings, "variant": "index_put",
+                                   "names": {k: names(k) for k in settings if k != "resolved"}}))
+    assert child_main([str(spec), str(tmp_path / "result.json")]) == 2
+    assert capsys.readouterr().err.startswith("kvprof child: --layers must be between 1 and 80")
+    spec.write_bytes(orjson.dumps({"config": settings, "variant": "index_put"}))  # a hand-made spec: the field
+    assert child_main([str(spec), str(tmp_path / "result.json")]) == 2
+    assert capsys.readouterr().err.startswith("kvprof child: layers must be between 1 and 80")

@@ -11,6 +11,7 @@ Usage (by ``capture``, not by hand): ``python -m kvprof.capture.child SPEC.json 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -19,7 +20,7 @@ import torch
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import make_context, resolve_settings
 from kvprof.capture.session import StepTimer
-from kvprof.core.errors import KvprofError
+from kvprof.core.errors import KvprofError, rendered
 from kvprof.core.interrupts import ctrl_c_raises_interrupted
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepSamples
@@ -70,6 +71,17 @@ def run_child(spec_path: Path, result_path: Path) -> int:
     return 0
 
 
+def _names(spec_path: Path) -> Callable[[str], str]:
+    """How the parent spells a setting (the spec's ``names``: the command line's flags), so that
+    the child's one line reads as the parent's would; a field as it is where the spec has none."""
+    try:
+        names = orjson.loads(spec_path.read_bytes()).get("names")
+    except (OSError, ValueError, AttributeError):
+        names = None
+    table: dict[str, str] = names if isinstance(names, dict) else {}
+    return lambda field: str(table.get(field, field))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -79,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         with ctrl_c_raises_interrupted():
             return run_child(Path(args[0]), Path(args[1]))
     except KvprofError as exc:
-        print(f"kvprof child: {exc}", file=sys.stderr)
+        print(f"kvprof child: {rendered(exc, _names(Path(args[0])))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -49,7 +49,9 @@ def run_nsys_passes(
     for p in runnable:
         entry = manifest.variants[p.name]
         spec, result = run.nsys_child_spec(p.name), run.nsys_child_result(p.name)
-        spec.write_bytes(orjson.dumps({"config": dict(plan.settings), "variant": p.name}))
+        spec.write_bytes(orjson.dumps({"config": dict(plan.settings), "variant": p.name,
+                                       # how the child's one-line error spells a setting, as the parent would
+                                       "names": {k: names(k) for k in plan.settings if k != "resolved"}}))
         base = run.nsys_base(p.name)
         argv = [sys.executable, "-m", "kvprof.capture.child", str(spec), str(result)]
         log(f"nsys pass: {p.name}")
