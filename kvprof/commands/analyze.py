@@ -26,7 +26,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kvprof.argtypes import output_file, output_folder, positive_float, positive_int
+from kvprof.commands.argtypes import output_file, output_folder, positive_float, positive_int
 from kvprof.report.renderers import ANALYSIS, formats
 from kvprof.report.terminal import add_format_arguments
 

@@ -21,17 +21,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvprof.argtypes import (
-    fraction,
-    memory_gb,
-    memory_mb,
-    non_negative_float,
-    output_folder,
-    positive_ints,
-    repeat_count,
-    seed,
-    thread_count,
-)
 from kvprof.bench.grids import (
     CPU_GRID,
     CPU_QUICK_GRID,
@@ -43,6 +32,17 @@ from kvprof.bench.grids import (
     CUDA_ROPE_GRID,
     FAMILIES,
     GRID_SIZES,
+)
+from kvprof.commands.argtypes import (
+    fraction,
+    memory_gb,
+    memory_mb,
+    non_negative_float,
+    output_folder,
+    positive_ints,
+    repeat_count,
+    seed,
+    thread_count,
 )
 from kvprof.core.bench_result import BenchResult, BenchTarget
 from kvprof.core.rundir import RunDir
@@ -150,7 +150,7 @@ def default_out() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof.progress import StepProgress
+    from kvprof.commands.progress import StepProgress
 
     # shown before torch loads (seconds on a small machine): what runs, then each point and variant
     bar = StepProgress(None, enabled=None if getattr(args, "progress", True) else False,

@@ -46,7 +46,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvprof.argtypes import non_negative_float, output_file, output_folder, positive_float, positive_int
+from kvprof.commands.argtypes import non_negative_float, output_file, output_folder, positive_float, positive_int
 from kvprof.core.errors import (
     GATE_INCONCLUSIVE_EXIT_CODE,
     GATE_NOT_JUDGED_EXIT_CODE,

@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvprof.argtypes import positive_float
+from kvprof.commands.argtypes import positive_float
 
 # nsys's exit status when --duration ran out and it ended the command with SIGTERM (its
 # default --kill): 128 + 15, measured with nsys 2025.3.1 on the H200

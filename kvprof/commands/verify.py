@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from kvprof.argtypes import non_negative_int, positive_float, positive_int, positive_ints, seed
+from kvprof.commands.argtypes import non_negative_int, positive_float, positive_int, positive_ints, seed
 
 
 def _names(text: str) -> list[str]:

@@ -94,7 +94,10 @@ GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 GPU_WORK_KINDS = ("kernel", "memcpy", "memset")
 # Host calls that launch GPU work (their correlation id is shared with what they launched).
 LAUNCH_KINDS = ("runtime", "driver")
-GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
+# The graph-launch calls of the CUDA runtime and driver and of HIP (a ROCm torch.profiler trace
+# names its runtime rows hip*), each with its per-thread-default-stream variant.
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch",
+                      "cudaGraphLaunch_ptsz", "cuGraphLaunch_ptsz", "hipGraphLaunch_spt")
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
