@@ -724,7 +724,7 @@ def test_dsv4_pool_setters_ranged_and_seen(server: ForkServer, tmp_path: Path, c
     assert [(w["layer"], w["variant"], w["tokens"], w["kernel"], w["kernels"]) for w in graph["writes"]] == [
         (0, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
         (1, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
-        (1, "sglang_dsv4_compress_store", 1, None, 1),
+        (1, "sglang_dsv4_compress_store", 1, "fused_norm_rope_flashmla", 1),
         (1, "sglang_dsv4_index_k", 1, "fused_store_indexer_cache", 1),
         (2, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
         (2, "sglang_dsv4_compressed", 1, "fused_store_flashmla_cache", 1)]

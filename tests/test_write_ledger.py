@@ -420,3 +420,39 @@ def test_dsv4_pool_setters_seen_with_their_layer(plugin: Any) -> None:
         (5, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
         (6, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
         (5, "sglang_dsv4_compressed", 1, "fused_store_flashmla_cache", 1)]
+
+
+def test_dsv4_compressor_store_named_by_its_cache(plugin: Any) -> None:
+    """compress_norm_rope_store is given the layer's cache and no layer: its layer comes from the
+    cache's address among the pool's per-layer caches (compressed KV or index keys), and its kernel,
+    for the graph record, from its call (the 128-wide index keys' kernel, fp4 or not, or the
+    512-wide latent's); a cache of no pool kvprof knows gets a range without a layer."""
+    pool = Dsv4Pool()
+    extra = {5: torch.zeros(4, 64, dtype=torch.uint8), 6: torch.zeros(4, 64, dtype=torch.uint8)}
+    index = {5: torch.zeros(4, 32, dtype=torch.uint8)}
+    pool.start_layer = 4
+    pool.get_extra_key_buffer = lambda layer_id: extra[layer_id]  # type: ignore[attr-defined]
+    pool.get_index_k_with_scale_buffer = lambda layer_id: index[layer_id]  # type: ignore[attr-defined]
+    plugin.LAYERS.add(pool)
+    store = _bypass(plugin, "compress_norm_rope_store")
+    hook = plugin._make_bypass_hook(store, PARAMS_0_5_23[store.function])
+    kernel = lambda kv, plan, **k: k["kvcache"].view(-1).__setitem__(0, 1)  # noqa: E731 - the kernel's stand-in
+    loc = torch.arange(2)
+    graphs = plugin.GRAPHS
+    graphs.begin(object())
+    hook(kernel, torch.zeros(2, 512), None, freq_cis=None, out_loc=loc, kvcache=extra[6].view(torch.uint8), page_size=4)
+    hook(kernel, torch.zeros(2, 512), None, freq_cis=None, out_loc=loc, kvcache=extra[5], page_size=4)
+    hook(kernel, torch.zeros(2, 128), None, freq_cis=None, out_loc=loc, kvcache=index[5], page_size=4)
+    hook(kernel, torch.zeros(2, 128), None, freq_cis=None, out_loc=loc, kvcache=index[5], page_size=4, use_fp4=True)
+    hook(kernel, torch.zeros(2, 512), None, freq_cis=None, out_loc=loc, kvcache=torch.zeros(8, dtype=torch.uint8),
+         page_size=4)
+    graphs.end()
+    ((_, writes),) = [(g.graph, g.writes) for g in graphs.snapshot()[0]]
+    assert [(w.layer, w.kernel, w.tokens) for w in writes] == [
+        (6, "fused_norm_rope_flashmla", 2), (5, "fused_norm_rope_flashmla", 2), (5, "fused_norm_rope_indexer", 2),
+        (5, "fused_norm_rope_indexer_fp4", 2), (-1, "fused_norm_rope_flashmla", 2)]
+    assert bool(extra[5][0, 0]) and bool(extra[6][0, 0]) and bool(index[5][0, 0])
+    state = plugin.STATE
+    assert state.paths == {"sglang:sglang_dsv4_compress_store": 5}
+    assert state.unattributed == {
+        "compress_norm_rope_store: K cache of no pool kvprof has seen (range without a layer)": 1}

@@ -49,6 +49,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,13 +136,15 @@ class Bypass:
     with the pool written (``self`` for a pool's own setter; else the pool the K cache belongs to,
     or SGLang's current one). ``kernel``/``kernels``: the kernel one write launches (an identifier,
     matched in a trace as ``kvprof.core.sidecar.kernel_matches`` does) and how many, for the CUDA
-    graph record. ``asked``: False for a cache whose rows are not the step's tokens (a compressed
+    graph record; where the call picks its kernel, ``kernel`` is a function of the call's arguments
+    by name that names it. ``asked``: False for a cache whose rows are not the step's tokens (a compressed
     cache: a row per ``ratio`` tokens), which the ledger's asked-against-seen count by layer leaves
     out (its range and path count stand). ``unchecked``: why the shadow check cannot hold its rows."""
 
     def __init__(self, module: str, function: str, variant: str, loc: str, write_path: str, native: str, *,
                  k_cache: str | None = None, layer: str | None = None, pool: str | None = None,
-                 kernel: str | None = None, kernels: int = 1, asked: bool = True,
+                 kernel: str | Callable[[dict[str, Any]], str | None] | None = None, kernels: int = 1,
+                 asked: bool = True,
                  unchecked: str = "its K/V are computed inside its kernel") -> None:
         self.module, self.function, self.variant = module, function, variant
         self.k_cache, self.layer, self.loc, self.write_path, self.native = k_cache, layer, loc, write_path, native
@@ -154,6 +157,15 @@ DSV4_POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 # inside the kernel, so its rows are not the inputs' and the shadow check cannot hold them
 _DSV4_LAYOUT = "its rows are quantized into its cache's paged layout inside its kernel"
 _DSV4_COMPRESSED = "compressed cache"
+
+
+def _compress_store_kernel(call: dict[str, Any]) -> str | None:
+    """The kernel compress_norm_rope_store launches on CUDA (fused_norm_rope_v2.cuh): the indexer's
+    (its 128-wide keys; fp4 with ``use_fp4``) or the FlashMLA latent's (512 wide)."""
+    dim = getattr(call.get("kv"), "shape", (None,))[-1]
+    if dim == 128:
+        return "fused_norm_rope_indexer_fp4" if call.get("use_fp4") else "fused_norm_rope_indexer"
+    return "fused_norm_rope_flashmla"
 
 
 def _dsv4(method: str, variant: str, loc: str, write_path: str, kernel: str, **kw: Any) -> Bypass:
@@ -207,12 +219,11 @@ BYPASSES: tuple[Bypass, ...] = (
           asked=False, unchecked="its K and scales are stored as the cache's quantized rows"),
     # the compressors' fused stores on CUDA, given the layer's cache and no layer (its address names
     # it): the C4/C128 compressor's norm + rope + store (compressor_v2's all-in-one path) into the
-    # compressed KV or the indexer's keys -- fused_norm_rope_flashmla or fused_norm_rope_indexer[_fp4],
-    # so no one kernel name is recorded (their common prefix also names rope-only kernels) -- and the
-    # low compress ratios' index-key stores (called without a cache they only pack: no range)
+    # compressed KV or the indexer's keys, its kernel picked by the call (_compress_store_kernel), and
+    # the low compress ratios' index-key stores (called without a cache they only pack: no range)
     Bypass("sglang.kernels.ops.attention.dsv4.compress", "compress_norm_rope_store", "sglang_dsv4_compress_store",
            "out_loc", _DSV4_COMPRESSED, "compress_norm_rope_store", k_cache="kvcache", asked=False,
-           unchecked=f"{_DSV4_LAYOUT}, after its compression, norm and rope"),
+           kernel=_compress_store_kernel, unchecked=f"{_DSV4_LAYOUT}, after its compression, norm and rope"),
     Bypass("sglang.kernels.ops.attention.dsv4.fp4_indexer", "index_k_rope_pack", "sglang_dsv4_index_k", "loc",
            _DSV4_COMPRESSED, "index_k_rope_pack", k_cache="cache", kernel="_index_k_rope_pack_kernel", asked=False,
            unchecked=_DSV4_LAYOUT),
@@ -657,7 +668,16 @@ def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
         if bypass.asked:
             state.saw(layer_id, tokens)
         name, attr = ranges.of(bypass.variant, layer_id, tokens)
-        local.write = (bypass.variant, layer_id, tokens, bypass.kernel, bypass.kernels)
+        kernel = bypass.kernel
+        if callable(kernel):
+            call = dict(zip(params, args))
+            call.update(kwargs)
+            try:
+                kernel = kernel(call)
+            except Exception as exc:  # noqa: BLE001 - a name for the record only: never stop the write
+                log.debug("kvprof: %s's kernel not named (%s)", name_of, _line(exc))
+                kernel = None
+        local.write = (bypass.variant, layer_id, tokens, kernel, bypass.kernels)
         return ranges.run(name, attr, _native, original, args, kwargs, state, native_key, bypass.write_path)
 
     hook.__name__ = f"kvprof_{name_of}"
