@@ -3,7 +3,7 @@
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
 # Steps (default: env capture bench tests): env smoke tests capture settings layer layer-order bench rope
-# rope-bench peers verify shadow writer-checks, and the lab probes (lab/README.md) tune floor ablation facts.
+# rope-bench peers verify shadow writer-checks dsv4, and the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -250,6 +250,16 @@ PY
     { timeout ${WRITER_CHECKS_TIMEOUT:-150} python3 benchmarks/bench_writer_checks.py --device cuda
       timeout ${WRITER_CHECKS_TIMEOUT:-150} python3 benchmarks/bench_writer_checks.py --device cpu; } 2>&1 \
       | tee "$OUT/writer-checks.txt"
+    ;;
+  dsv4)
+    stamp dsv4
+    # DeepSeek-V4's pool setters with SGLang's own JIT kernels (gpu/sglang_dsv4.py, SGLang from its
+    # wheel): the plugin's path counts, CUDA graph record and ledger, and analyze tying each replayed
+    # write to the kernel the record names; PASS/FAIL lines, exit 1 on a FAIL
+    sglang_path
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} SGLANG_PLUGINS=kvprof TRITON_INTERPRET=0 \
+      timeout ${DSV4_TIMEOUT:-300} python3 gpu/sglang_dsv4.py --out "$OUT/dsv4" 2>&1 | tee "$OUT/dsv4.txt"
+    echo "dsv4: exit ${PIPESTATUS[0]}" | tee -a "$OUT/dsv4.txt"
     ;;
   *) echo "unknown step $step" ;;
   esac

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from kvprof.cli import main
+from kvprof.integrations import core
 
 
 def _missing() -> str | None:
@@ -291,6 +292,128 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
 prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
 written = all(bool(b[1:8].view(torch.uint8).any()) for b in pool.k_buffer + pool.v_buffer)
 json.dump({"hooked": hooked, "written": written}, open(os.path.join(out, "result.txt"), "w"))
+'''
+
+
+# DeepSeek-V4's pool as its model writes it: SGLang's real DeepSeekV4TokenToKVPool (3 layers: 0 keeps
+# SWA rows only, 1 also a C4 compressed cache and its indexer's keys, 2 a C128 one), built on CPU under
+# a published default config; each layer's KV stored by the model's own MQALayer._compute_kv_to_cache
+# (its self a stand-in holding what it reads: layer id, wkv, norm weight, eps, rope table), then the
+# compressors' output: layer 1's compressed KV through compress_norm_rope_store as compressor_v2's
+# CUDA path calls it (given the cache, no layer), its indexer's keys through set_index_k_fused, layer
+# 2's through set_extra_key_buffer_fused. One prefill of 8 tokens and two decode steps inside SGLang's
+# forward_context, then a decode step captured into a CUDA graph. What stands in: the attention
+# backend (the SWA slots as SGLang's translates them), the compressor's plan (its rows), torch's C
+# graph class (no-ops, as GRAPH_SCENARIO), and the JIT CUDA kernels at the bottom
+# (fused_k_norm_rope_flashmla, fused_store_cache, the compressor's norm + rope + store module), which
+# mark each token's row of its page.
+DSV4_SCENARIO = r'''
+import json, os, sys, torch
+from types import SimpleNamespace
+out = sys.argv[1]
+import torch.cuda.graphs as torch_graphs
+cuda_part = torch_graphs.CUDAGraph.__mro__[1]  # torch's C graph class (a stand-in on CPU builds)
+cuda_part.__new__ = lambda cls, *a, **k: object.__new__(cls)
+cuda_part.__init__ = lambda self, *a, **k: None
+for name in ("capture_begin", "capture_end", "replay"):
+    setattr(cuda_part, name, lambda self, *a, **k: None)
+import sglang.srt.mem_cache.deepseek_v4_memory_pool as dsv4_pool
+from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.models.deepseek_v4 import MQALayer
+from sglang.srt.plugins import load_plugins
+from sglang.srt.runtime_context import publish, reset_context
+from sglang.srt.server_args import ServerArgs
+
+def mark(cache, loc, page_size):  # the JIT CUDA kernels' stand-in: each token's row of its page marked
+    loc = loc.long()
+    cache.view(torch.uint8)[loc // page_size, loc % page_size] = 1
+
+def k_norm_rope_flashmla(*, kv, kv_weight, eps, freqs_cis, positions, out_loc, kvcache, page_size, layout, q=None):
+    mark(kvcache, out_loc, page_size)
+
+def store_cache(input, cache, indices, *, page_size, type, layout=None, freqs_cis=None):
+    mark(cache, indices, page_size)
+
+class NormRopeStore:  # the compressor's JIT norm + rope + store module
+    def __init__(self, page_size): self.page_size = page_size
+    def forward(self, kv, rows, weight, eps, freqs, out_loc, kvcache, is_decode, ratio):
+        mark(kvcache, out_loc, self.page_size)
+
+class Plan(tuple):  # a compressor plan as the store reads it: plan[1], is_decode, compress_ratio
+    is_decode, compress_ratio = False, 4
+
+dsv4_pool.fused_k_norm_rope_flashmla = k_norm_rope_flashmla
+dsv4_pool.fused_store_cache = store_cache
+import sglang.kernels.ops.attention.dsv4.compress as dsv4_compress
+dsv4_compress._jit_compress_norm_rope_module = lambda dtype, dim, rope, page_size, *a: NormRopeStore(page_size)
+reset_context()
+publish(ServerArgs(model_path="dummy", device="cpu"), role="tokenizer")
+load_plugins()
+from sglang.kernels.ops.attention.dsv4 import compress_norm_rope_store  # as compressor_v2 imports it
+hooked = [m for m in ("set_swa_key_buffer_radix_fused_norm_rope", "set_extra_key_buffer_fused", "set_index_k_fused")
+          if hasattr(getattr(DeepSeekV4TokenToKVPool, m), "__wrapped__")]
+hooked += ["compress_norm_rope_store"] if hasattr(compress_norm_rope_store, "__wrapped__") else []
+# three layers: 0 keeps SWA rows only, 1 also a C4 compressed cache and its indexer's keys, 2 a C128 one
+pool = DeepSeekV4TokenToKVPool(
+    max_num_reqs=2, swa_size=256, c4_size=128, c128_size=128, c4_state_pool_size=2, c128_state_pool_size=2,
+    page_size=128, swa_page_size=128, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32,
+    c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128,
+    layer_num=3, device="cpu", enable_memory_saver=False, compression_ratios=[0, 4, 128], full_size=256)
+pool.register_mapping(torch.arange(512))
+
+class Backend:  # the attention backend's part _compute_kv_to_cache calls, as SGLang's computes it
+    token_to_kv_pool = pool
+    def get_swa_out_cache_loc(self, forward_batch):
+        return pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc).to(torch.int32)
+
+g = torch.Generator().manual_seed(0)
+freqs = torch.polar(torch.ones(64, 32), torch.randn(64, 32, generator=g))
+layers = [SimpleNamespace(layer_id=i, wkv=lambda x: (x, None), eps=1e-6, freqs_cis=freqs,
+                          kv_norm=SimpleNamespace(weight=SimpleNamespace(data=torch.ones(512))))
+          for i in range(3)]
+
+def forward(batch, backend):
+    for layer in layers:  # the model's own KV store (deepseek_v4.py), then its compressors' output
+        loc = batch.out_cache_loc
+        x = torch.randn(loc.shape[0], 512, generator=g).bfloat16()
+        MQALayer._compute_kv_to_cache(layer, x, batch.positions, batch, backend)
+        rows = loc[loc % 4 == 0] // 4
+        if layer.layer_id == 1 and rows.shape[0]:  # C4: compressor_v2's fused store (CUDA), the index keys' setter
+            compress_norm_rope_store(torch.zeros(rows.shape[0], 512).bfloat16(), Plan((None, rows)),
+                                     norm_weight=torch.ones(512), norm_eps=1e-6, freq_cis=freqs, out_loc=rows,
+                                     kvcache=pool.get_extra_key_buffer(1).view(torch.uint8),
+                                     page_size=pool.get_extra_key_page_size(1))
+            pool.set_index_k_fused(layer_id=1, loc=rows, cache_k=torch.zeros(rows.shape[0], 128).bfloat16())
+        if layer.layer_id == 2:  # C128 as the setter path stores a decode: every token, loc 0 off the boundary
+            latent = torch.zeros(loc.shape[0], 512).bfloat16()
+            pool.set_extra_key_buffer_fused(layer_id=2, loc=loc // 128, cache_k=latent)
+
+def batch_of(mode, start, tokens):
+    loc = torch.arange(start, start + tokens)
+    return ForwardBatch(forward_mode=mode, batch_size=1, input_ids=torch.zeros(tokens, dtype=torch.long),
+                        req_pool_indices=torch.zeros(1, dtype=torch.long), seq_lens=torch.tensor([start + tokens - 1]),
+                        out_cache_loc=loc, seq_lens_sum=start + tokens - 1, positions=loc - 1)
+
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    start = 1
+    for mode, tokens in ((ForwardMode.EXTEND, 8), (ForwardMode.DECODE, 1), (ForwardMode.DECODE, 1)):
+        batch = batch_of(mode, start, tokens)
+        start += tokens
+        with forward_context(ForwardContext(attn_backend=Backend()), forward_batch=batch):
+            forward(batch, Backend())
+batch = batch_of(ForwardMode.DECODE, 12, 1)  # a decode step captured as SGLang's graph runner does
+with forward_context(ForwardContext(attn_backend=Backend()), forward_batch=batch):
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin()
+    forward(batch, Backend())
+    graph.capture_end()
+prof.export_chrome_trace(os.path.join(out, "1790857026.5-TP-0.trace.json.gz"))
+swa = [bool(pool.get_swa_raw_buffer(i).view(torch.uint8).any()) for i in range(3)]
+extra = [bool(pool.get_extra_key_buffer(i).view(torch.uint8).any()) for i in (1, 2)]
+json.dump({"hooked": hooked, "written": swa + extra}, open(os.path.join(out, "result.txt"), "w"))
 '''
 
 # The fork server: imports what the scenarios import of SGLang (never kvprof's plugin, never
@@ -566,6 +689,59 @@ def test_write_ledger_in_sglang_forward_steps(server: ForkServer, tmp_path: Path
         assert "7 of 21 tokens asked were written where no hook saw them, over 3 steps" in printed
         assert "save_kv_cache=False L1: the model writes K/V itself (7 tokens)" in printed
 
+
+def test_dsv4_pool_setters_ranged_and_seen(server: ForkServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """SGLang's DeepSeek-V4 pool written by its model's own store and its compressors' stores: every
+    write ranged with its layer and counted by variant (the compressor's fused store, given only the
+    cache, named by the cache's address), the SWA writes seen by the ledger (every token asked was
+    seen), the compressed caches' kept out of it, the captured step recorded with each write's
+    kernel, and the shadow check skipping each sampled write with its reason."""
+    result, prof = _scenario(server, tmp_path, None, DSV4_SCENARIO, {"KVPROF_SGLANG_SHADOW": "1"})
+    assert result["hooked"] == ["set_swa_key_buffer_radix_fused_norm_rope", "set_extra_key_buffer_fused",
+                                "set_index_k_fused", "compress_norm_rope_store"], "load_plugins() did not hook them"
+    assert result["written"] == [True] * 5, "the writes did not land"
+    names = _range_names(prof / "1790857026.5-TP-0.trace.json.gz")
+    assert sorted(names) == sorted([f"set_kv_buffer[sglang_dsv4_swa_norm_rope] L{i}" for i in range(3)] * 3
+                                   + ["set_kv_buffer[sglang_dsv4_compress_store] L1",
+                                      "set_kv_buffer[sglang_dsv4_index_k] L1"]
+                                   + ["set_kv_buffer[sglang_dsv4_compressed] L2"] * 3)
+    (sidecar,) = prof.glob("kvprof-sglang.TP-0.pid-*.json")
+    side = json.loads(sidecar.read_text())
+    assert {f"DeepSeekV4TokenToKVPool.{m}" for m in (
+        "set_swa_key_buffer_radix_fused_norm_rope", "set_unified_key_buffer_radix_fused_norm_rope",
+        "set_swa_key_buffer_radix_fused", "set_swa_key_buffer", "set_extra_key_buffer_fused", "set_extra_key_buffer",
+        "set_index_k_fused", "set_index_k_fp4", "set_index_k_scale_buffer")} | {
+        "compress_norm_rope_store", "index_k_rope_pack", "index_k_norm_rope_pack_store"} <= set(side["hooked"])
+    # 9 eager + 3 captured SWA writes; C4 rows at the prefill's slots 4 and 8 and the captured step's 12;
+    # a C128 write every step
+    assert side["paths"] == {"sglang:sglang_dsv4_swa_norm_rope": 12, "sglang:sglang_dsv4_compress_store": 2,
+                             "sglang:sglang_dsv4_index_k": 2, "sglang:sglang_dsv4_compressed": 4}
+    assert side["unattributed"] == {}
+    (pool,) = side["pools"]
+    assert (pool["class"], pool["native_path"], pool["layer_num"]) == (
+        "DeepSeekV4TokenToKVPool", "fused_k_norm_rope_flashmla", 3)
+    (graph,) = side["graphs"]
+    assert [(w["layer"], w["variant"], w["tokens"], w["kernel"], w["kernels"]) for w in graph["writes"]] == [
+        (0, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
+        (1, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
+        (1, "sglang_dsv4_compress_store", 1, "fused_norm_rope_flashmla", 1),
+        (1, "sglang_dsv4_index_k", 1, "fused_store_indexer_cache", 1),
+        (2, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
+        (2, "sglang_dsv4_compressed", 1, "fused_store_flashmla_cache", 1)]
+    ledger = side["ledger"]
+    assert (ledger["steps"], ledger["graph_steps"]) == (3, 0)
+    assert ledger["expected"] == ledger["seen"] == {"0": 10, "1": 10, "2": 10} and ledger["unseen_paths"] == {}
+    shadow = side["shadow"]
+    assert (shadow["sampled"], shadow["checked"], shadow["mismatched"]) == (20, 0, 0)
+    layout = "its rows are quantized into its cache's paged layout inside its kernel"
+    assert shadow["skipped"] == {
+        f"sglang_dsv4_swa_norm_rope: not checked ({layout}, after its norm and rope)": 9,
+        f"sglang_dsv4_compress_store: not checked ({layout}, after its compression, norm and rope)": 1,
+        f"sglang_dsv4_index_k: not checked ({layout})": 1, f"sglang_dsv4_compressed: not checked ({layout})": 3,
+        core.SKIP_CAPTURE: 6}
+    assert main(["analyze", str(prof), "--no-files"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # as wrapped at any width
+    assert "every write was seen: 30 tokens asked of 3 layers over 3 steps" in printed
 
 def test_plugin_off_without_the_variable(server: ForkServer, tmp_path: Path):
     """Installed but not asked for: SGLang's classes stay untouched."""

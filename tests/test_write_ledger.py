@@ -62,6 +62,22 @@ PARAMS_0_5_23 = {
                                      "swa_rope_cache", "k_nope_out", "k_rope_out", "q_rope_out"],
     "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8": ["self", "layer", "forward_batch", "qkv", "cos_sin_cache",
                                                      "q_norm_weight", "k_norm_weight", "qk_norm_policy"],
+    "DeepSeekV4TokenToKVPool.set_swa_key_buffer_radix_fused_norm_rope": [
+        "self", "layer_id", "swa_loc", "kv", "kv_weight", "eps", "freqs_cis", "positions", "q"],
+    "DeepSeekV4TokenToKVPool.set_unified_key_buffer_radix_fused_norm_rope": [
+        "self", "layer_id", "swa_loc", "kv", "kv_weight", "eps", "freqs_cis", "positions"],
+    "DeepSeekV4TokenToKVPool.set_swa_key_buffer_radix_fused": ["self", "layer_id", "swa_loc", "cache_k"],
+    "DeepSeekV4TokenToKVPool.set_swa_key_buffer": ["self", "layer_id", "loc", "cache_nope_fp8_rope_bf16_pack"],
+    "DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused": ["self", "layer_id", "loc", "cache_k", "freqs_cis"],
+    "DeepSeekV4TokenToKVPool.set_extra_key_buffer": ["self", "layer_id", "loc", "cache_nope_fp8_rope_bf16_pack"],
+    "DeepSeekV4TokenToKVPool.set_index_k_fused": ["self", "layer_id", "loc", "cache_k"],
+    "DeepSeekV4TokenToKVPool.set_index_k_fp4": ["self", "layer_id", "loc", "cache_k"],
+    "DeepSeekV4TokenToKVPool.set_index_k_scale_buffer": ["self", "layer_id", "loc", "index_k", "index_k_scale"],
+    "compress_norm_rope_store": ["kv", "plan", "norm_weight", "norm_eps", "freq_cis", "out_loc", "kvcache",
+                                 "page_size", "use_fp4", "bf16_store", "kvcache_scale", "rope_cache",
+                                 "fp4_k_write_metadata", "layout", "fp8_2buff", "kvcache_rope"],
+    "index_k_rope_pack": ["x", "freqs", "rope_dim", "positions", "cache", "loc"],
+    "index_k_norm_rope_pack_store": ["input", "norm_weight", "eps", "freqs_cis", "positions", "loc", "cache", "ratio"],
 }
 
 
@@ -94,6 +110,7 @@ def test_sglang_0_5_23_bypass_signatures_are_what_the_hooks_read() -> None:
         params = _params(bypass)
         assert params == PARAMS_0_5_23[bypass.function]
         assert bypass.loc in params and (bypass.k_cache in params or bypass.layer in params), (bypass.function, params)
+        assert bypass.pool is None or bypass.pool in params, (bypass.function, params)
 
 
 @contextlib.contextmanager
@@ -341,3 +358,101 @@ def test_pool_layers_of_hybrid_and_swa_pools(plugin: Any) -> None:
     plain = Pool()
     plain.start_layer = 4
     assert plugin.pool_layers(plain) == [4, 5, 6]
+
+
+class Dsv4Pool(Pool):
+    """The attributes of SGLang's DeepSeekV4TokenToKVPool that the plugin reads: a sliding-window pool
+    of the stage's layers numbered from 0, no full pool, the stage's own start_layer and layer_num."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swa_kv_pool = SimpleNamespace(layer_num=LAYERS, start_layer=0)
+
+
+def test_dsv4_pool_setters_seen_with_their_layer(plugin: Any) -> None:
+    """DeepSeek-V4's pool setters (a pipeline stage starting at layer 4): each call ranged with the
+    layer id the model passes, its pool described; the SWA writes (the step's tokens) seen by the
+    ledger, the compressed cache's (a row per 4 tokens) counted and ranged but left out of the
+    ledger's asked-against-seen count; captured writes recorded with their kernels."""
+    pool = Dsv4Pool()
+    pool.start_layer = 4
+    assert plugin.pool_layers(pool) == [4, 5, 6]
+    swa = _bypass(plugin, "DeepSeekV4TokenToKVPool.set_swa_key_buffer_radix_fused_norm_rope")
+    extra = _bypass(plugin, "DeepSeekV4TokenToKVPool.set_extra_key_buffer_fused")
+    swa_hook = plugin._make_bypass_hook(swa, PARAMS_0_5_23[swa.function])
+    extra_hook = plugin._make_bypass_hook(extra, PARAMS_0_5_23[extra.function])
+    stored: list[Any] = []
+
+    def kernel(self: Any, *a: Any, **k: Any) -> None:  # the kernels' stand-in
+        stored.append(self)
+
+    def step(tokens: int, capture: bool = False) -> None:
+        ctx = SimpleNamespace(attn_backend=SimpleNamespace(token_to_kv_pool=pool))
+        batch = SimpleNamespace(out_cache_loc=torch.arange(1, tokens + 1))
+        with plugin._make_step_hook()(_forward_context, ctx, forward_batch=batch):
+            if capture:  # as SGLang's graph runner captures, inside its forward
+                plugin.GRAPHS.begin(object())
+            for layer in (4, 5, 6):
+                if layer == 4:  # positional, as a caller may pass it
+                    swa_hook(kernel, pool, layer, batch.out_cache_loc, None, None, 1e-6, None, None)
+                else:
+                    swa_hook(kernel, pool, layer_id=layer, swa_loc=batch.out_cache_loc, kv=None, kv_weight=None,
+                             eps=1e-6, freqs_cis=None, positions=None)
+            extra_hook(kernel, pool, layer_id=5, loc=batch.out_cache_loc[::4], cache_k=None)
+            if capture:
+                plugin.GRAPHS.end()
+
+    step(8)
+    step(1)
+    step(1, capture=True)  # no step of the ledger's: its writes are the graph's
+    graphs = plugin.GRAPHS
+    state = plugin.STATE
+    assert stored == [pool] * 3 * 4
+    assert state.paths == {"sglang:sglang_dsv4_swa_norm_rope": 9, "sglang:sglang_dsv4_compressed": 3}
+    ledger = state.ledger.record()
+    assert ledger is not None and ledger.steps == 2
+    assert ledger.expected == ledger.seen == {"4": 9, "5": 9, "6": 9} and ledger.unseen_paths == {}
+    (info,) = state.pools.values()
+    assert info["class"] == "Dsv4Pool" and info["native_path"] == "fused_k_norm_rope_flashmla"
+    ((_, writes),) = [(g.graph, g.writes) for g in graphs.snapshot()[0]]
+    assert [(w.layer, w.variant, w.tokens, w.kernel, w.kernels) for w in writes] == [
+        (4, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
+        (5, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
+        (6, "sglang_dsv4_swa_norm_rope", 1, "fused_k_norm_rope_flashmla", 1),
+        (5, "sglang_dsv4_compressed", 1, "fused_store_flashmla_cache", 1)]
+
+
+def test_dsv4_compressor_store_named_by_its_cache(plugin: Any) -> None:
+    """compress_norm_rope_store is given the layer's cache and no layer: its layer comes from the
+    cache's address among the pool's per-layer caches (compressed KV or index keys), and its kernel,
+    for the graph record, from its call (the 128-wide index keys' kernel, fp4 or not, or the
+    512-wide latent's); a cache of no pool kvprof knows gets a range without a layer."""
+    pool = Dsv4Pool()
+    extra = {5: torch.zeros(4, 64, dtype=torch.uint8), 6: torch.zeros(4, 64, dtype=torch.uint8)}
+    index = {5: torch.zeros(4, 32, dtype=torch.uint8)}
+    pool.start_layer = 4
+    pool.get_extra_key_buffer = lambda layer_id: extra[layer_id]  # type: ignore[attr-defined]
+    pool.get_index_k_with_scale_buffer = lambda layer_id: index[layer_id]  # type: ignore[attr-defined]
+    plugin.LAYERS.add(pool)
+    store = _bypass(plugin, "compress_norm_rope_store")
+    hook = plugin._make_bypass_hook(store, PARAMS_0_5_23[store.function])
+    kernel = lambda kv, plan, **k: k["kvcache"].view(-1).__setitem__(0, 1)  # noqa: E731 - the kernel's stand-in
+    loc = torch.arange(2)
+    graphs = plugin.GRAPHS
+    graphs.begin(object())
+    hook(kernel, torch.zeros(2, 512), None, freq_cis=None, out_loc=loc, kvcache=extra[6].view(torch.uint8), page_size=4)
+    hook(kernel, torch.zeros(2, 512), None, freq_cis=None, out_loc=loc, kvcache=extra[5], page_size=4)
+    hook(kernel, torch.zeros(2, 128), None, freq_cis=None, out_loc=loc, kvcache=index[5], page_size=4)
+    hook(kernel, torch.zeros(2, 128), None, freq_cis=None, out_loc=loc, kvcache=index[5], page_size=4, use_fp4=True)
+    hook(kernel, torch.zeros(2, 512), None, freq_cis=None, out_loc=loc, kvcache=torch.zeros(8, dtype=torch.uint8),
+         page_size=4)
+    graphs.end()
+    ((_, writes),) = [(g.graph, g.writes) for g in graphs.snapshot()[0]]
+    assert [(w.layer, w.kernel, w.tokens) for w in writes] == [
+        (6, "fused_norm_rope_flashmla", 2), (5, "fused_norm_rope_flashmla", 2), (5, "fused_norm_rope_indexer", 2),
+        (5, "fused_norm_rope_indexer_fp4", 2), (-1, "fused_norm_rope_flashmla", 2)]
+    assert bool(extra[5][0, 0]) and bool(extra[6][0, 0]) and bool(index[5][0, 0])
+    state = plugin.STATE
+    assert state.paths == {"sglang:sglang_dsv4_compress_store": 5}
+    assert state.unattributed == {
+        "compress_norm_rope_store: K cache of no pool kvprof has seen (range without a layer)": 1}

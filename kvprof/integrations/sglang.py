@@ -49,6 +49,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,21 +122,55 @@ NATIVE_KERNELS: dict[str, tuple[str, int]] = {
     ROPE_FUSED: ("fused_rope_store_kernel", 1),  # SGLang's JIT rope + store (rope.cuh)
 }
 # Paths that write K/V around set_kv_buffer (a model passes save_kv_cache=False to its attention
-# and writes itself): each its own variant, ranged and counted like the others. A function's module
-# attribute is what SGLang's callers import at call time (they import it inside the function that
-# calls it), and SGLang's HookRegistry rebinds names imported earlier, so replacing it reaches every
-# call; a method (``Class.method``) is hooked on its class.
+# and writes itself, or its pool has setters of its own): each its own variant, ranged and counted
+# like the others. A function's module attribute is what SGLang's callers import at call time (they
+# import it inside the function that calls it), and SGLang's HookRegistry rebinds names imported
+# earlier, so replacing it reaches every call; a method (``Class.method``) is hooked on its class,
+# which its subclasses inherit.
 class Bypass:
     """One bypass path: where it is (``module``, ``function``: a function or ``Class.method``), the
     variant its ranges name, and where its call carries the write: ``loc`` the parameter with the
-    slots (``forward_batch``: that batch's ``out_cache_loc``), ``k_cache`` the one with the layer's
-    K cache (its address names the layer, ``_LayerMap``) or ``layer`` the one with the attention
-    layer (its ``layer_id``)."""
+    slots (``forward_batch``: that batch's ``out_cache_loc``); its layer from ``k_cache``, the
+    parameter with the layer's K cache (its address names the layer, ``_LayerMap``), or ``layer``,
+    the one with the attention layer (its ``layer_id``) or the layer id itself; ``pool`` the one
+    with the pool written (``self`` for a pool's own setter; else the pool the K cache belongs to,
+    or SGLang's current one). ``kernel``/``kernels``: the kernel one write launches (an identifier,
+    matched in a trace as ``kvprof.core.sidecar.kernel_matches`` does) and how many, for the CUDA
+    graph record; where the call picks its kernel, ``kernel`` is a function of the call's arguments
+    by name that names it. ``asked``: False for a cache whose rows are not the step's tokens (a compressed
+    cache: a row per ``ratio`` tokens), which the ledger's asked-against-seen count by layer leaves
+    out (its range and path count stand). ``unchecked``: why the shadow check cannot hold its rows."""
 
     def __init__(self, module: str, function: str, variant: str, loc: str, write_path: str, native: str, *,
-                 k_cache: str | None = None, layer: str | None = None) -> None:
+                 k_cache: str | None = None, layer: str | None = None, pool: str | None = None,
+                 kernel: str | Callable[[dict[str, Any]], str | None] | None = None, kernels: int = 1,
+                 asked: bool = True,
+                 unchecked: str = "its K/V are computed inside its kernel") -> None:
         self.module, self.function, self.variant = module, function, variant
         self.k_cache, self.layer, self.loc, self.write_path, self.native = k_cache, layer, loc, write_path, native
+        self.pool, self.kernel, self.kernels, self.asked, self.unchecked = pool, kernel, kernels, asked, unchecked
+
+
+DSV4_POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
+# DeepSeek-V4's pool setters: the layer id (absolute, as the model passes it) and the slots in the
+# layer's own cache; the write is quantized (FlashMLA's paged fp8 + bf16 rope layout, or fp4/e4m3)
+# inside the kernel, so its rows are not the inputs' and the shadow check cannot hold them
+_DSV4_LAYOUT = "its rows are quantized into its cache's paged layout inside its kernel"
+_DSV4_COMPRESSED = "compressed cache"
+
+
+def _compress_store_kernel(call: dict[str, Any]) -> str | None:
+    """The kernel compress_norm_rope_store launches on CUDA (fused_norm_rope_v2.cuh): the indexer's
+    (its 128-wide keys; fp4 with ``use_fp4``) or the FlashMLA latent's (512 wide)."""
+    dim = getattr(call.get("kv"), "shape", (None,))[-1]
+    if dim == 128:
+        return "fused_norm_rope_indexer_fp4" if call.get("use_fp4") else "fused_norm_rope_indexer"
+    return "fused_norm_rope_flashmla"
+
+
+def _dsv4(method: str, variant: str, loc: str, write_path: str, kernel: str, **kw: Any) -> Bypass:
+    return Bypass(DSV4_POOL, f"DeepSeekV4TokenToKVPool.{method}", variant, loc, write_path, kernel,
+                  layer="layer_id", pool="self", kernel=kernel, **kw)
 
 
 BYPASSES: tuple[Bypass, ...] = (
@@ -154,6 +189,47 @@ BYPASSES: tuple[Bypass, ...] = (
     Bypass("sglang.srt.layers.attention.hpc_ops_backend", "HPCOpsAttnBackend.fused_qk_rope_store_kv_fp8",
            "sglang_hpc_ops_fp8", "forward_batch", "fused into rope", "fused_qk_rope_store_kv_fp8",
            layer="layer"),
+    # DeepSeek-V4's pool (DeepSeekV4TokenToKVPool), each layer's latent KV (MQA: K = V) in its SWA
+    # cache, the step's tokens: the model's _compute_kv_to_cache (KV norm + rope + store, one JIT
+    # kernel; the trtllm backend's uniform-fp8 pool runs _kv_norm_rope_fp8_store instead)
+    _dsv4("set_swa_key_buffer_radix_fused_norm_rope", "sglang_dsv4_swa_norm_rope", "swa_loc", "fused into rope",
+          "fused_k_norm_rope_flashmla", unchecked=f"{_DSV4_LAYOUT}, after its norm and rope"),
+    # the DSpark draft's unified cache (ROCm): norm + rope in place, then one scatter of bf16 rows
+    # (a slot < 0, an uncommitted verify token, is skipped by the scatter and still counted here)
+    _dsv4("set_unified_key_buffer_radix_fused_norm_rope", "sglang_dsv4_unified_norm_rope", "swa_loc",
+          "fused into rope", "_scatter_loc_kernel"),
+    # finished rows into the SWA cache: the attention backend's store_cache (bf16-sourced quantization,
+    # the DSA prefill-CP path), and the packed (fp8 nope, bf16 rope, scales) store
+    _dsv4("set_swa_key_buffer_radix_fused", "sglang_dsv4_swa", "swa_loc", "set_swa_key_buffer",
+          "fused_store_flashmla_cache", unchecked=_DSV4_LAYOUT),
+    _dsv4("set_swa_key_buffer", "sglang_dsv4_swa", "loc", "set_swa_key_buffer", "_set_k_and_s_triton_kernel",
+          unchecked=_DSV4_LAYOUT),
+    # the compressors' output: a layer's compressed KV (one row per compress_ratio tokens), which its
+    # sparse attention reads beside the SWA rows, and the C4 indexer's keys (a K-only cache its
+    # top-k scoring reads, as MHATokenToKOnlyPool's): KV the model keeps, but not the step's tokens
+    _dsv4("set_extra_key_buffer_fused", "sglang_dsv4_compressed", "loc", _DSV4_COMPRESSED,
+          "fused_store_flashmla_cache", asked=False, unchecked=_DSV4_LAYOUT),
+    _dsv4("set_extra_key_buffer", "sglang_dsv4_compressed", "loc", _DSV4_COMPRESSED, "_set_k_and_s_triton_kernel",
+          asked=False, unchecked=_DSV4_LAYOUT),
+    _dsv4("set_index_k_fused", "sglang_dsv4_index_k", "loc", _DSV4_COMPRESSED, "fused_store_indexer_cache",
+          asked=False, unchecked=_DSV4_LAYOUT),
+    _dsv4("set_index_k_fp4", "sglang_dsv4_index_k", "loc", _DSV4_COMPRESSED, "_store_fp4_index_k_cache_kernel",
+          asked=False, unchecked=_DSV4_LAYOUT),
+    _dsv4("set_index_k_scale_buffer", "sglang_dsv4_index_k", "loc", _DSV4_COMPRESSED, "_set_k_and_s_triton_kernel",
+          asked=False, unchecked="its K and scales are stored as the cache's quantized rows"),
+    # the compressors' fused stores on CUDA, given the layer's cache and no layer (its address names
+    # it): the C4/C128 compressor's norm + rope + store (compressor_v2's all-in-one path) into the
+    # compressed KV or the indexer's keys, its kernel picked by the call (_compress_store_kernel), and
+    # the low compress ratios' index-key stores (called without a cache they only pack: no range)
+    Bypass("sglang.kernels.ops.attention.dsv4.compress", "compress_norm_rope_store", "sglang_dsv4_compress_store",
+           "out_loc", _DSV4_COMPRESSED, "compress_norm_rope_store", k_cache="kvcache", asked=False,
+           kernel=_compress_store_kernel, unchecked=f"{_DSV4_LAYOUT}, after its compression, norm and rope"),
+    Bypass("sglang.kernels.ops.attention.dsv4.fp4_indexer", "index_k_rope_pack", "sglang_dsv4_index_k", "loc",
+           _DSV4_COMPRESSED, "index_k_rope_pack", k_cache="cache", kernel="_index_k_rope_pack_kernel", asked=False,
+           unchecked=_DSV4_LAYOUT),
+    Bypass("sglang.kernels.ops.attention.dsv4.fp4_indexer_rope", "index_k_norm_rope_pack_store",
+           "sglang_dsv4_index_k", "loc", _DSV4_COMPRESSED, "index_k_norm_rope_pack_store", k_cache="cache",
+           kernel="index_k_kernel", asked=False, unchecked=_DSV4_LAYOUT),
 )
 # The write ledger's two points: each forward step, and each attention call that passes
 # save_kv_cache=False (the model writes K/V itself: named where writes go unseen). The step is the
@@ -539,17 +615,20 @@ def _hook_function(registry: Any, hook_type: Any, mod_name: str, function: str, 
 
 
 def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
-    """The AROUND hook on one bypass path: its write ranged (layer from its attention layer, or from
-    its K cache's address), counted as ``sglang:<variant>`` and seen by the ledger. ``params``: the
-    function's parameter names (read from SGLang's function when not given)."""
+    """The AROUND hook on one bypass path: its write ranged (layer from its K cache's address, or from
+    its attention layer or layer id), counted as ``sglang:<variant>``, recorded into a CUDA graph being
+    captured with its kernel, and seen by the ledger where its rows are the step's tokens
+    (``Bypass.asked``). ``params``: the function's parameter names (read from SGLang's function when
+    not given)."""
     if params is None:
         params = _param_names(_resolve(bypass.module, bypass.function))
     where = {name: (params.index(name) if name in params else None)
-             for name in (bypass.k_cache, bypass.layer, bypass.loc) if name}
+             for name in (bypass.k_cache, bypass.layer, bypass.loc, bypass.pool) if name}
     ranges = _Ranges()
     local = _LOCAL
     native_key = SGLANG.native_key(bypass.variant)
     name_of = bypass.function.rsplit(".", 1)[-1]
+    unchecked = f"{bypass.variant}: not checked ({bypass.unchecked})"
 
     def arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None) -> Any:
         if name is None:
@@ -566,28 +645,39 @@ def _make_bypass_hook(bypass: Bypass, params: list[str] | None = None) -> Any:
             loc = getattr(loc, "out_cache_loc", None)
         k_cache = arg(args, kwargs, bypass.k_cache)
         layer = arg(args, kwargs, bypass.layer)
+        layer_id = layer if type(layer) is int else getattr(layer, "layer_id", None)
         shape = getattr(loc, "shape", None)
         if getattr(local, "depth", 0) or not shape or len(shape) != 1 or \
-                not (hasattr(k_cache, "data_ptr") or hasattr(layer, "layer_id")):
+                not (hasattr(k_cache, "data_ptr") or type(layer_id) is int):
             return original(*args, **kwargs)  # no write in this call, or one SGLang itself will judge: no range
         tokens = int(shape[0])
         if state.shadow.every and state.shadow_due(getattr(k_cache, "device", None)):
-            state.shadow.skip(f"{bypass.variant}: not checked (its K/V are computed inside its kernel)")
+            state.shadow.skip(unchecked)
         found = LAYERS.find(k_cache) if hasattr(k_cache, "data_ptr") else None
         if found is not None:
             pool, _, layer_id = found
             state.seen(pool, name_of, bypass.variant)
-        elif type(getattr(layer, "layer_id", None)) is int:
-            layer_id = layer.layer_id
-            pool = _current_pool()
+        elif type(layer_id) is int:
+            pool = arg(args, kwargs, bypass.pool) if bypass.pool else None
+            pool = pool if pool is not None else _current_pool()
             if pool is not None:
                 state.seen(pool, name_of, bypass.variant)
         else:
             state.note(f"{name_of}: K cache of no pool kvprof has seen (range without a layer)")
             layer_id = None
-        state.saw(layer_id, tokens)
+        if bypass.asked:
+            state.saw(layer_id, tokens)
         name, attr = ranges.of(bypass.variant, layer_id, tokens)
-        local.write = (bypass.variant, layer_id, tokens, None, 1)
+        kernel = bypass.kernel
+        if callable(kernel):
+            call = dict(zip(params, args))
+            call.update(kwargs)
+            try:
+                kernel = kernel(call)
+            except Exception as exc:  # noqa: BLE001 - a name for the record only: never stop the write
+                log.debug("kvprof: %s's kernel not named (%s)", name_of, _line(exc))
+                kernel = None
+        local.write = (bypass.variant, layer_id, tokens, kernel, bypass.kernels)
         return ranges.run(name, attr, _native, original, args, kwargs, state, native_key, bypass.write_path)
 
     hook.__name__ = f"kvprof_{name_of}"
@@ -672,9 +762,11 @@ def pool_layers(pool: Any) -> list[int]:
     """The layer ids a KV pool keeps a cache for: ``model_layer_ids`` where a hybrid pool has them,
     else ``start_layer`` .. ``start_layer + layer_num``. A pool made of inner pools answers for them:
     a hybrid linear pool's full-attention pool (its other layers keep no KV), an SWA pool's full
-    and sliding-window pools together."""
+    and sliding-window pools together. A pool with a sliding-window pool and no full one
+    (DeepSeek-V4's: every layer of the stage keeps its SWA rows there, numbered from 0 within the
+    stage) answers with its own layers."""
     inner = [p for p in (getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)) if p is not None]
-    if inner:
+    if inner and getattr(pool, "full_kv_pool", None) is not None:
         return sorted({layer for p in inner for layer in pool_layers(p)})
     ids = getattr(pool, "model_layer_ids", None)
     if isinstance(ids, (list, tuple)) and ids:
@@ -895,7 +987,7 @@ class _RopeRoute:
         call.update(kwargs)
         pool, index, _ = found
         if index <= _SWA:
-            return "rope + store: its K buffer is a layer's SWA buffer, not a K buffer"
+            return "rope + store: its K buffer is a layer's DeepSeek-V4 cache, not a K buffer"
         fused: Any = call[ROPE_ARG]  # the hook passes only calls that have it
         table: Any = call.get("cos_sin_cache")
         rope_dim = call.get("rope_dim") or 0
@@ -989,14 +1081,16 @@ class _LayerMap:
                     continue
                 entry = (ref, i, int(ids[i]) if ids else start + i)
                 by_ptr[ptr] = None if ptr in by_ptr else entry
-        for ref, pool in refs:  # DeepSeek-V4's pools: each layer's SWA buffer (its fused store's cache)
-            if not callable(getattr(pool, "get_swa_raw_buffer", None)):
+        for ref, pool in refs:  # DeepSeek-V4's pools: each layer's caches, from the pool's own getters
+            getters = [g for g in LAYER_BUFFER_GETTERS if callable(getattr(pool, g, None))]
+            if not getters:
                 continue
             for layer_id in pool_layers(pool):
-                ptr = _swa_ptr(pool, layer_id)
-                if ptr:
-                    entry = (ref, _SWA - layer_id, layer_id)
-                    by_ptr[ptr] = None if ptr in by_ptr else entry
+                for getter in getters:
+                    index = _getter_index(getter, layer_id)
+                    ptr = _buffer_ptr(pool, index)
+                    if ptr:
+                        by_ptr[ptr] = None if ptr in by_ptr else (ref, index, layer_id)
         self.by_ptr = by_ptr
 
 
@@ -1011,24 +1105,40 @@ def _deref(ref: Any) -> Any:
     return ref()
 
 
-# A _LayerMap entry's index below this is no K buffer's: layer ``_SWA - index``'s SWA buffer
+# The per-layer caches a pool hands out by layer id (DeepSeek-V4's: the SWA rows, the compressed KV,
+# the indexer's keys as one buffer or as its fp4 payload, the unified ring): the address of each
+# names its layer for a kernel that is given the cache and no layer (the fused stores). A layer the
+# pool keeps no such cache for is skipped (its getter raises); a buffer several layers share (the
+# low compress ratios' shared pool layers) names none. Under HiCache the compressed-cache getters wait
+# for their layer's load (as for SGLang's own callers of them): the map is rebuilt only when a
+# cache's address is unknown (the first such write of a pool), and that rebuild waits once for every
+# layer's load.
+LAYER_BUFFER_GETTERS = ("get_swa_raw_buffer", "get_extra_key_buffer", "get_index_k_with_scale_buffer",
+                        "get_index_k_fp4_payload_buffer", "get_unified_kv")
+# A _LayerMap entry's index at or below this is no K buffer's: it is the cache that getter
+# ``LAYER_BUFFER_GETTERS[j]`` gives for layer ``L``, where ``_SWA - index == L * len(getters) + j``
 _SWA = -1
+
+
+def _getter_index(getter: str, layer_id: int) -> int:
+    return _SWA - (layer_id * len(LAYER_BUFFER_GETTERS) + LAYER_BUFFER_GETTERS.index(getter))
 
 
 def _buffer_ptr(pool: Any, index: int) -> int | None:
     if index <= _SWA:
-        return _swa_ptr(pool, _SWA - index)
+        layer_id, j = divmod(_SWA - index, len(LAYER_BUFFER_GETTERS))
+        return _getter_ptr(pool, LAYER_BUFFER_GETTERS[j], layer_id)
     try:
         return int(pool.k_buffer[index].data_ptr())
     except (AttributeError, IndexError, TypeError):
         return None
 
 
-def _swa_ptr(pool: Any, layer_id: int) -> int | None:
-    """The address of ``layer_id``'s SWA buffer in a DeepSeek-V4 pool, or None (a layer without one)."""
+def _getter_ptr(pool: Any, getter: str, layer_id: int) -> int | None:
+    """The address of the cache ``pool.<getter>(layer_id)`` gives, or None (a layer without one)."""
     try:
-        return int(pool.get_swa_raw_buffer(layer_id).data_ptr())
-    except Exception:  # noqa: BLE001 - a layer the pool keeps no SWA buffer for, in its own words
+        return int(getattr(pool, getter)(layer_id).data_ptr())
+    except Exception:  # noqa: BLE001 - a layer the pool keeps no such cache for, in its own words
         return None
 
 
