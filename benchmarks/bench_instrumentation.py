@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from kvprof.instrument import make_pool
-from kvprof.writers import KVWriter, create_writer
+from kvprof.kvcache.instrument import make_pool
+from kvprof.kvcache.writers import KVWriter, create_writer
 
 
 class NullWriter(KVWriter):

@@ -14,8 +14,11 @@ bf16 rows of ``--heads`` x ``--dim`` (default 8 x 128), a cache of 4096 slots, `
 write (default 1 and 64: a decode step and a prefill chunk), slots drawn at random. Each row is
 the median of ``--repeats`` loops of ``--calls`` writes (on CUDA synchronised at the loop's end,
 so the check's device work and its batched count reads are inside the time). This is the eager
-hook's cost; the check is skipped inside a CUDA graph capture and a replayed write is not
-sampled, so it is not the layer capture's figure with CUDA graphs.
+hook's cost. On CUDA it then captures ``--graph-layers`` hooked writes (default 80, one per layer,
+Llama-3.1-70B's K/V heads at TP 8) into one CUDA graph and times its replays with the check off
+and on: inside a graph every N-th captured write gets one comparison kernel that runs at each
+replay, so what a check adds there is that kernel's time, printed per check and as a share of
+the graph's write time at N=100.
 
     python benchmarks/bench_shadow.py [--device cpu|cuda] [--every 100,10,1] [--tokens 1,64]
                                       [--calls 2000] [--repeats 5] [--clock thread|wall]
@@ -103,6 +106,70 @@ def vllm_case(device: torch.device, heads: int, dim: int, tokens: int) -> tuple[
     return adapter.STATE, (lambda: fn(impl, layer, k, v, cache, slots)), (lambda: hook(impl, layer, k, v, cache, slots))
 
 
+def graph_rows(device: torch.device, layers: int, heads: int, dim: int, tokens: int, every: list[int],
+               replays: int, repeats: int) -> list[tuple[str, float, int]]:
+    """Inside a CUDA graph: ``layers`` hooked writes (vLLM's stand-in, one cache per layer) captured
+    into one graph through kvprof's graph hook, the check off and on every N-th write (the counter
+    set so that the graph's first sampled write is its first: N >= layers gives one check); the
+    median µs per replay over ``repeats`` runs of ``replays`` (CUDA events) and the checks in it."""
+    from kvprof.integrations import vllm as adapter
+
+    graph_cls = type("BenchCUDAGraph", (torch.cuda.CUDAGraph,), {})
+    core.hook_graphs(graph_cls, lambda: core.GRAPHS, lambda: None)
+
+    class TritonAttentionImpl:
+        def __init__(self) -> None:
+            self.head_size, self.kv_cache_dtype, self.attn_type = dim, "auto", "decoder"
+
+        def do_kv_cache_update(self, layer: Any, key: Any, value: Any, kv_cache: Any, slot_mapping: Any) -> None:
+            kc, vc = kv_cache.transpose(1, 2).split(dim, dim=-1)
+            bs = kc.shape[1]
+            b, t = slot_mapping // bs, slot_mapping % bs
+            kc[b, t] = key
+            vc[b, t] = value
+
+    class Layer:
+        def __init__(self, i: int) -> None:
+            self.layer_name = f"model.layers.{i}.self_attn.attn"
+
+    impl = TritonAttentionImpl()
+    fn = TritonAttentionImpl.__dict__["do_kv_cache_update"]
+    hook = adapter._make_hook(TritonAttentionImpl, "do_kv_cache_update", fn)
+    caches = [torch.zeros(256, heads, 16, 2 * dim, dtype=torch.bfloat16, device=device) for _ in range(layers)]
+    slots = torch.randperm(4096, device=device)[:tokens]
+    k = torch.randn(tokens, heads, dim, device=device).bfloat16()
+    v = torch.randn(tokens, heads, dim, device=device).bfloat16()
+    state = adapter.STATE
+    state.shadow = core.Shadow(0)
+    for i in range(layers):
+        hook(impl, Layer(i), k, v, caches[i], slots)  # eager first: each layer's cache described
+    out = []
+    for n in [0, *every]:
+        state.shadow = core.Shadow(n)
+        if n:
+            state.shadow.calls = n - 1  # the graph's first write is sampled
+        graph = graph_cls()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.cuda.graph(graph):
+            for i in range(layers):
+                hook(impl, Layer(i), k, v, caches[i], slots)
+        torch.cuda.synchronize()
+        per = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            per.append(start.elapsed_time(end) * 1e3 / replays)
+        rec = state.shadow.record() if n else None
+        assert rec is None or rec.mismatched == 0, rec
+        out.append(("check off" if not n else f"every {n}", statistics.median(per), rec.in_graphs if rec else 0))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -112,6 +179,10 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--graph-layers", type=int, default=80,
+                    help="on CUDA: also time this many hooked writes captured into one CUDA graph (0: not)")
+    ap.add_argument("--graph-heads", type=int, default=1, help="K/V heads of the graph's writes (default: "
+                    "Llama-3.1-70B at TP 8)")
     ap.add_argument("--clock", choices=("thread", "wall"), default=None,
                     help="thread: this thread's CPU time (default on a CPU: other processes' load left out); "
                          "wall (default on CUDA: the device's work counts)")
@@ -153,6 +224,21 @@ def main() -> None:
                 if n:
                     rec = state.shadow.record()
                     assert rec.mismatched == 0 and rec.checked, (setting, rec)
+    if device.type != "cuda" or not args.graph_layers:
+        return
+    print(f"\ninside one CUDA graph: {args.graph_layers} hooked writes (vLLM's stand-in, bf16 {args.graph_heads} x "
+          f"{args.dim}), µs per replay, median of {args.repeats} x 200 replays (CUDA events)")
+    print(f"{'tokens':>6} {'setting':<12} {'µs/replay':>10} {'checks':>7} {'µs/write':>9} {'µs/check':>9} "
+          f"{'at N=100, of the writes':>24}")
+    for tokens in (int(x) for x in args.tokens.split(",") if x):
+        rows = graph_rows(device, args.graph_layers, args.graph_heads, args.dim, tokens, every, 200, args.repeats)
+        off = rows[0][1]
+        write = off / args.graph_layers
+        for setting, us, checks in rows:
+            per_check = (us - off) / checks if checks else 0.0
+            share = f"{per_check / (100 * write) * 100:+.2f} %" if checks else ""
+            per_write = us / args.graph_layers
+            print(f"{tokens:>6} {setting:<12} {us:>10.2f} {checks:>7} {per_write:>9.3f} {per_check:>9.3f} {share:>24}")
 
 
 if __name__ == "__main__":

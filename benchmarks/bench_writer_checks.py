@@ -2,7 +2,7 @@
 
 Each contract (MHA store ``KVWriter``, ``MLAWriter``, ``PagedWriter``, the rope contract
 ``RopeKVWriter``) checks a call before its writer's own ``write`` runs
-(``kvprof.writers.base.ChecksItsCalls``). A writer that does nothing isolates that cost:
+(``kvprof.kvcache.contracts.ChecksItsCalls``). A writer that does nothing isolates that cost:
 ``write`` (checked) minus ``write_unchecked`` (the writer's own, as the pools call it after
 their checks) is what the checks add per call. ``check_write`` alone is timed too, and the
 MHA pool's own checks (``check_write_inputs``) beside them for scale. On a CPU the checks
@@ -26,12 +26,9 @@ from typing import Any
 
 import torch
 
-from kvprof.layouts.mla import MLAWriter
-from kvprof.layouts.paged import PagedWriter
-from kvprof.validation import check_write_inputs
-from kvprof.writers.base import KVWriter
-from kvprof.writers.rope_base import RopeKVWriter
-from kvprof.writers.rope_reference import cos_sin_table
+from kvprof.kvcache.contracts import KVWriter, MLAWriter, PagedWriter, RopeKVWriter
+from kvprof.kvcache.validation import check_write_inputs
+from kvprof.kvcache.writers.rope_reference import cos_sin_table
 
 
 class NullStore(KVWriter):

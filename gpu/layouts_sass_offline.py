@@ -60,8 +60,8 @@ def main() -> None:
 
 
 def compile_all(args: argparse.Namespace) -> None:
-    from kvprof.writers import mla_triton, paged_triton
-    from kvprof.writers.layout_tables import mla_shape, paged_shape
+    from kvprof.kvcache.writers import mla_triton, paged_triton
+    from kvprof.kvcache.writers.layout_tables import mla_shape, paged_shape
 
     div16 = [["tt.divisibility", 16]]
     for tokens, wide in ((1, False), (64, False), (4096, False), (4096, True)):  # wide: 64-bit offsets

@@ -38,9 +38,9 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from kvprof.writers import rope_triton_kernel as rk
-    from kvprof.writers.rope_tables import pick_rope_config
-    from kvprof.writers.triton_convert import KINDS
+    from kvprof.kvcache.writers import rope_triton_kernel as rk
+    from kvprof.kvcache.writers.rope_tables import pick_rope_config
+    from kvprof.kvcache.writers.triton_convert import KINDS
 
     bf16 = KINDS[torch.bfloat16]
     cache = KINDS[torch.float8_e4m3fn] if fp8 else bf16

@@ -14,7 +14,7 @@ steps=${*:-env capture bench tests}
 export KVPROF_TEST_SECRET=kvprof-planted-9c41e7d2b85a
 export HF_TOKEN=hf_kvprofPlantedTokenValue0123456789
 export KVPROF_CACHE_DIR=${KVPROF_CACHE_DIR:-/tmp/kvprof-cache}
-# sgl-kernel's own store kernels, extracted by python -m kvprof.writers.sgl_cubin_extract into .gpu/sgl
+# sgl-kernel's own store kernels, extracted by python -m kvprof.kvcache.writers.sgl_cubin_extract into .gpu/sgl
 if [ -z "${KVPROF_SGL_CUBIN:-}" ] && [ -f .gpu/sgl/store_kv_cache.sm_90.cubin ]; then
   export KVPROF_SGL_CUBIN=$PWD/.gpu/sgl/store_kv_cache.sm_90.cubin
 fi
@@ -232,10 +232,15 @@ PY
     ;;
   shadow)
     stamp shadow
-    # the engine plugins' shadow check on the GPU: its tests (no host sync at the write, a capture
-    # skipped) and its cost per eager hooked write at N = 100, 10, 1 (benchmarks/bench_shadow.py)
-    { TRITON_INTERPRET=0 timeout ${SHADOW_TIMEOUT:-150} python3 -m pytest tests/test_shadow.py -m gpu -q -p no:cacheprovider
-      timeout ${SHADOW_TIMEOUT:-150} python3 benchmarks/bench_shadow.py --device cuda; } 2>&1 | tee "$OUT/shadow.txt"
+    # the engine plugins' shadow check on the GPU: its tests (no host sync at the write, writes
+    # captured into a CUDA graph checked at every replay) and its cost at N = 100, 10, 1 per eager
+    # hooked write and inside a CUDA graph of 80 writes (benchmarks/bench_shadow.py); SGLang's
+    # pool from its wheel where carried
+    sglang_path
+    { PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${SHADOW_TIMEOUT:-150} \
+        python3 -m pytest tests/test_shadow.py -m gpu -q -p no:cacheprovider
+      PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${SHADOW_TIMEOUT:-150} \
+        python3 benchmarks/bench_shadow.py --device cuda ${SHADOW_ARGS:-}; } 2>&1 | tee "$OUT/shadow.txt"
     ;;
   writer-checks)
     stamp writer-checks

@@ -159,7 +159,7 @@ def rope_main(args: argparse.Namespace) -> int:
     from sglang.srt.models.utils import create_fused_set_kv_buffer_arg, enable_fused_set_kv_buffer
 
     from kvprof.integrations.sglang import STATE
-    from kvprof.writers.rope_reference import rope_reference
+    from kvprof.kvcache.writers.rope_reference import rope_reference
 
     fn = sgl_rope.apply_rope_with_cos_sin_cache_inplace
     hooked = hasattr(fn, "__wrapped__") and rotary_base.apply_rope_with_cos_sin_cache_inplace is fn

@@ -321,7 +321,7 @@ def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None 
     ``case``: only that case of each; ``started``: the ``time.perf_counter()`` the budget counts
     from (default: now). On a CPU the Triton writers run in Triton's interpreter
     (set here when the environment does not say, before any writer is imported)."""
-    from kvprof.devinfo import resolve_device, triton_interpreter
+    from kvprof.kvcache.devinfo import resolve_device, triton_interpreter
 
     dev = resolve_device(device)
     interpreted = dev.type == "cpu" and triton_interpreter(dev) is not None
@@ -337,7 +337,7 @@ def verify_pdl(variants: Sequence[str] | None = None, layouts: Sequence[str] | N
     """PDL visibility (``kvprof.verify_pdl``): stale rows read by a kernel launched with PDL
     right after each write, past its ``griddepcontrol.wait``; CUDA sm_90+ only (a one-line
     ``DeviceError`` elsewhere)."""
-    from kvprof.devinfo import resolve_device
+    from kvprof.kvcache.devinfo import resolve_device
 
     dev = resolve_device(device)
     from kvprof.verify_pdl import pdl_refusal

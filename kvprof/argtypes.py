@@ -4,10 +4,9 @@ Through an ``x or default``, ``--pool-size 0`` or ``--max-events 0`` would mean 
 ``--itl-before nan`` passes every ``<= 0`` test; a ``--threads`` past what torch's thread pool
 takes crashes it (SIGSEGV); seeds, memory sizes and counts outside their ranges end in
 tracebacks. These types refuse such values at the argument, with the option's name in the
-one-line error (exit 2), before torch is imported. The bounds are module constants, so
-``kvprof.guards.check_capture_values`` holds a ``CaptureConfig`` from the Python API to the
-same ones. ``typed_options`` reads a writer option's text as its parameter's type asks
-(``always=no`` is false).
+one-line error (exit 2), before torch is imported. The bounds are ``kvprof.core.limits``, so
+``kvprof.kvcache.guards.check_capture_values`` holds a ``CaptureConfig`` from the Python API to the
+same ones. (A writer option's text is read by ``kvprof.kvcache.registry.typed_options``.)
 """
 
 from __future__ import annotations
@@ -15,27 +14,23 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-from kvprof.core.errors import UsageError
+from kvprof.core.limits import (  # noqa: F401  (SCALE_MIN/MAX: the capture's scale bounds)
+    INT64_MAX,
+    MAX_MEMORY_GB,
+    SCALE_MAX,
+    SCALE_MIN,
+    SEED_MAX,
+    THREADS_PER_CPU,
+    cpu_count,
+    max_threads,
+)
 
-# what JSON outputs (orjson), numpy and torch hold: a larger count ended in "Integer exceeds 64-bit range"
-INT64_MAX = 2**63 - 1
-# torch's generators take a seed in [0, 2**64); kvprof derives further seeds by adding small
-# offsets (a layer, a bench point), so a seed stays within int64 to leave them room
-SEED_MAX = INT64_MAX
-# more torch threads than this many per CPU only contend; 100,000 crashed torch's pool
-THREADS_PER_CPU = 4
-# a memory limit above this (1 PiB) is no limit any machine has, and bytes overflow past 1e308 GB
-MAX_MEMORY_GB = 1 << 20
-# a K/V scale and its inverse are float32 on the device: both must be finite and non-zero there
-SCALE_MIN, SCALE_MAX = 2.0**-126, 2.0**127
 # timed repeats per bench point: a median over more is no more precise, and 2**63 ran for ever
 MAX_REPEATS = 100_000
 # room a command needs inside an output folder: a run id (128), its temporary suffix and file names
 OUTPUT_NAME_ROOM = 256
-BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
 def _shown(text: object) -> str:
@@ -74,18 +69,6 @@ def positive_ints(text: str) -> list[int]:
 def seed(text: str) -> int:
     """A random seed torch and numpy both take: 0 .. 2**63-1."""
     return _int_in(text, 0, SEED_MAX, f"a seed from 0 to {SEED_MAX}")
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (its affinity where the OS tells, else all of them)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def max_threads() -> int:
-    return THREADS_PER_CPU * cpu_count()
 
 
 def thread_count(text: str) -> int:
@@ -222,42 +205,3 @@ def _name_limits(path: Path) -> tuple[int, int]:
         return os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
     except (OSError, ValueError, AttributeError):
         return 255, 4096
-
-
-def _annotation_is_bool(annotation: object) -> bool:
-    """``bool`` or ``bool | None`` (also as the string ``from __future__ import annotations`` leaves)."""
-    if isinstance(annotation, str):
-        text = annotation.replace("Optional[bool]", "bool | None")
-        parts = {p.strip() for p in text.split("|")}
-        return "bool" in parts and parts <= {"bool", "None"}
-    if annotation is bool:
-        return True
-    args = tuple(getattr(annotation, "__args__", ()) or ())
-    return bool in args and set(args) <= {bool, type(None)}
-
-
-def typed_options(factory: Callable[..., object], options: dict[str, object], label: str) -> dict[str, object]:
-    """``options`` for ``factory``, with each value for a boolean parameter made a real bool.
-
-    The command line gives text: ``two_stream.always=no`` used to reach ``bool("no")``, which is
-    True. A boolean parameter takes a bool, 1/0, true/false, yes/no or on/off (any case);
-    anything else is a UsageError naming ``label.key``. Parameters of other types, and
-    factories whose signature cannot be read, get the values unchanged.
-    """
-    import inspect
-
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return dict(options)
-    out = dict(options)
-    for key, value in options.items():
-        param = params.get(key)
-        if param is None or not _annotation_is_bool(param.annotation) or isinstance(value, bool) or value is None:
-            continue
-        word = value if isinstance(value, str) else str(value) if isinstance(value, int) else None
-        parsed = BOOL_WORDS.get(word.strip().lower()) if word is not None else None
-        if parsed is None:
-            raise UsageError(f"{label}.{key} takes true/false, yes/no, on/off or 1/0, got {_shown(value)}")
-        out[key] = parsed
-    return out

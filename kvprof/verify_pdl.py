@@ -25,7 +25,8 @@ import torch
 
 from kvprof.core.errors import DeviceError
 from kvprof.core.verify import PdlResult, PdlTally
-from kvprof.layouts.layout import Layout, Writer, get_layout
+from kvprof.kvcache.contracts import Writer
+from kvprof.kvcache.layouts.layout import Layout, get_layout
 from kvprof.verify import Case, Inputs, buffers, make_pool, targets, write
 
 DEFAULT_TOKENS = (1, 7, 64, 512, 4096)
@@ -107,7 +108,7 @@ def _inputs(case: Case, slots: int, loc: torch.Tensor, seed: int, device: torch.
     if case.layout == "mla":
         return Inputs(loc, rows(1, s["rank"]), rows(1, s["rope"]), None)
     if case.contract == "rope":
-        from kvprof.writers.rope_reference import cos_sin_table
+        from kvprof.kvcache.writers.rope_reference import cos_sin_table
 
         positions = torch.randint(0, MAX_POSITION, (t,), generator=gen).to(device)
         return Inputs(loc, rows(s["heads"], s["dim"]), rows(s["heads"], s["v_dim"]), None,
@@ -122,7 +123,7 @@ def _slots(case: Case) -> int:
     return (need + unit - 1) // unit * unit + (0 if case.layout == "paged" else case.shape.get("page", 1))
 
 
-def check_writer(layout: Layout[Any], writer: Writer, contract: str, tokens: int, trials: int,
+def check_writer(layout: Layout, writer: Writer, contract: str, tokens: int, trials: int,
                  device: torch.device, seed: int) -> tuple[int, int]:
     """(reads, stale) of ``trials`` writes of ``tokens`` tokens, each followed by the PDL reader."""
     case = _case(layout.name, contract, tokens)

@@ -1,6 +1,6 @@
 """The fused write's kernel with an ablation knob, for lab/fp8_ablation.py only.
 
-A copy of ``kvprof.writers.triton_kernel.store_kv_kernel`` (same conversion code, imported
+A copy of ``kvprof.kvcache.writers.triton_kernel.store_kv_kernel`` (same conversion code, imported
 from kvprof) with one more compile-time field, CHAIN (MODE bits 15-17): N dependent integer
 ops that leave a pair of 16-bit row values unchanged, alternating add and xor of a zero the
 compiler cannot see (the sign bit of a positive inverse scale), so ptxas can neither fold
@@ -16,16 +16,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvprof.writers.triton_convert import triton  # noqa: E402
-from kvprof.writers.triton_kernel import mode_bits  # noqa: E402,F401  (re-exported for the lab scripts)
+from kvprof.kvcache.writers.triton_convert import triton  # noqa: E402
+from kvprof.kvcache.writers.triton_kernel import mode_bits  # noqa: E402,F401  (re-exported for the lab scripts)
 
 CHAIN_SHIFT = 15
 
 if triton is not None:
     import triton.language as tl
 
-    from kvprof.writers.triton_convert import BF16, F16, as_bits, to_storage
-    from kvprof.writers.triton_kernel import convert_bits
+    from kvprof.kvcache.writers.triton_convert import BF16, F16, as_bits, to_storage
+    from kvprof.kvcache.writers.triton_kernel import convert_bits
 
     @triton.jit
     def dependent_ops(bits, inv, N: tl.constexpr):

@@ -43,7 +43,7 @@ def main() -> None:
     from kvprof.bench.empty_kernel import launch_empty
     from kvprof.bench.run import BenchCase, BenchPoint
     from kvprof.bench.timing import time_graph
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.writers import create_writer
 
     t0 = time.perf_counter()
     device = torch.device("cuda")

@@ -70,7 +70,7 @@ def main() -> None:
     import ablation_kernel as ak
     from kvprof.bench.run import BenchCase, BenchPoint
     from kvprof.bench.timing import time_graph
-    from kvprof.writers import triton_fused as tf
+    from kvprof.kvcache.writers import triton_fused as tf
 
     t0 = time.perf_counter()
     device = torch.device("cuda")

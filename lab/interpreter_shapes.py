@@ -1,5 +1,5 @@
 """triton_fused under Triton's interpreter: the GPU tables' launch shape against the
-interpreter's own (``kvprof.writers.triton_tables.interpreted_config``), ms per write.
+interpreter's own (``kvprof.kvcache.writers.triton_tables.interpreted_config``), ms per write.
 
 Why the interpreter has its own shape: it runs each program as one numpy pass over the
 program's tile, at a fixed cost per program, so many small programs (what a GPU wants)
@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kvprof.writers.triton_fused import TritonFusedWriter
-    from kvprof.writers.triton_kernel import interpreted
-    from kvprof.writers.triton_tables import interpreted_config, pick_config
+    from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
+    from kvprof.kvcache.writers.triton_kernel import interpreted
+    from kvprof.kvcache.writers.triton_tables import interpreted_config, pick_config
 
     if not interpreted():
         print("interpreter_shapes: the kernel is compiled, not interpreted (TRITON_INTERPRET=0?)", file=sys.stderr)

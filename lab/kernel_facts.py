@@ -154,7 +154,7 @@ def kernel_facts(ck) -> dict:
 
 
 def triton_point(tf, spy, heads: int, dim: int, cache, scale, tokens: int, kernels: dict) -> dict:
-    from kvprof.dtypes import store_dtype_for
+    from kvprof.kvcache.dtypes import store_dtype_for
     slots = 2 * tokens + 17
     k_buf = torch.zeros(slots, heads, dim, dtype=store_dtype_for(cache), device="cuda")
     v_buf = torch.zeros_like(k_buf)
@@ -185,8 +185,8 @@ def triton_point(tf, spy, heads: int, dim: int, cache, scale, tokens: int, kerne
 
 
 def triton_facts() -> dict:
-    import kvprof.writers.triton_fused as tf
-    import kvprof.writers.triton_kernel as tk
+    import kvprof.kvcache.writers.triton_fused as tf
+    import kvprof.kvcache.writers.triton_kernel as tk
     spy, kernels, points = Spy(tk.store_kv_kernel), {}, []
     tk.store_kv_kernel = spy  # write() looks the kernel up at call time
     try:
@@ -240,7 +240,7 @@ def demangle(names: list[str]) -> list[str]:
 
 
 def cuda_facts() -> dict:
-    from kvprof.writers.cuda_fused import build_dir, load_extension
+    from kvprof.kvcache.writers.cuda_fused import build_dir, load_extension
     t = time.perf_counter()
     _, err = load_extension()  # builds into build_dir() unless built already
     out: dict = dict(build_dir=str(build_dir()), load_s=round(time.perf_counter() - t, 1), load_error=err)
@@ -259,7 +259,7 @@ def sgl_facts() -> dict:
     the sgl_kernel_cubin variant runs (KVPROF_SGL_CUBIN): why the peer sits where it does."""
     path, cuobjdump = os.environ.get("KVPROF_SGL_CUBIN"), tool("cuobjdump")
     if not path or not Path(path).is_file():
-        return dict(error="KVPROF_SGL_CUBIN is not set to a cubin (python -m kvprof.writers.sgl_cubin_extract)")
+        return dict(error="KVPROF_SGL_CUBIN is not set to a cubin (python -m kvprof.kvcache.writers.sgl_cubin_extract)")
     if not cuobjdump:
         return dict(error="no cuobjdump found")
     sass = sh(cuobjdump, "-sass", path)
@@ -282,8 +282,8 @@ def sgl_facts() -> dict:
 # -- 3. Nsight Compute ---------------------------------------------------------------------------
 def ncu_child(manifest: str) -> None:
     """Eager writes for ncu to profile, 2 per point; what was launched, in order, goes to ``manifest``."""
-    from kvprof.dtypes import store_dtype_for
-    from kvprof.writers.triton_fused import TritonFusedWriter, pick_config
+    from kvprof.kvcache.dtypes import store_dtype_for
+    from kvprof.kvcache.writers.triton_fused import TritonFusedWriter, pick_config
     labels = []
     for heads in (1, 8):
         for dname, cache, scale in DTYPES:

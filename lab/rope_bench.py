@@ -49,7 +49,7 @@ def factories() -> dict[str, Callable[[], Any]]:
 
     def cuda(**options: Any) -> Callable[[], Any]:
         def make() -> Any:
-            from kvprof.writers.rope_cuda import RopeCudaWriter
+            from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
             return RopeCudaWriter(**options)
 
@@ -57,7 +57,7 @@ def factories() -> dict[str, Callable[[], Any]]:
 
     def triton(kind: str) -> Callable[[], Any]:
         def make() -> Any:
-            from kvprof.writers import rope_triton
+            from kvprof.kvcache.writers import rope_triton
 
             return rope_triton.RopeTritonFusedWriter() if kind == "fused" else rope_triton.RopeThenStoreWriter(kind)
 
@@ -65,7 +65,7 @@ def factories() -> dict[str, Callable[[], Any]]:
 
     def sglang(kind: str) -> Callable[[], Any]:
         def make() -> Any:
-            from kvprof.writers import rope_sglang
+            from kvprof.kvcache.writers import rope_sglang
 
             if kind == "jit":
                 return rope_sglang.SglangRopeStoreWriter()
@@ -74,13 +74,13 @@ def factories() -> dict[str, Callable[[], Any]]:
         return make
 
     def sgl_cubin() -> Any:
-        from kvprof.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
+        from kvprof.kvcache.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
 
         return SglKernelRopeCubinWriter()
 
     def store(name: str) -> Callable[[], Any]:
         def make() -> Any:
-            from kvprof.writers import create_writer
+            from kvprof.kvcache.writers import create_writer
 
             return create_writer(name)
 
@@ -121,7 +121,7 @@ class RotaryOnly:
 
     def unsupported_reason(self, device: Any, dtype: Any, input_dtype: Any = None) -> str | None:
         if self.kind == "kvprof":
-            from kvprof.writers.rope_triton import TritonRope
+            from kvprof.kvcache.writers.rope_triton import TritonRope
 
             rope = TritonRope("rotary")
             self._fn = rope.rotate
@@ -152,7 +152,7 @@ def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scal
     import torch
 
     from kvprof.bench.timing import time_eager, time_graph
-    from kvprof.dtypes import store_dtype_for
+    from kvprof.kvcache.dtypes import store_dtype_for
 
     device = cs.device
     g = torch.Generator().manual_seed(tokens)
@@ -164,7 +164,7 @@ def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scal
     v_bufs = [torch.zeros(rows, HK, DIM, dtype=store, device=device) for _ in range(layers)]
     loc = (torch.randperm(rows - 1, generator=g)[:tokens] + 1).to(device)
     pos = torch.randint(0, MAX_POS, (tokens,), generator=g).to(device)
-    from kvprof.writers.base import checked_impl
+    from kvprof.kvcache.contracts import checked_impl
 
     results = []
     for name, writer in writers.items():
@@ -229,8 +229,8 @@ def tuned(name: str) -> Callable[[], Any] | None:
         return None
 
     def make() -> Any:
-        from kvprof.writers.rope_tables import RopeConfig
-        from kvprof.writers.rope_triton import RopeTritonFusedWriter
+        from kvprof.kvcache.writers.rope_tables import RopeConfig
+        from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
 
         return RopeTritonFusedWriter(config=RopeConfig(block_t, block_h, warps))
 
@@ -263,8 +263,8 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         fail("needs a CUDA GPU")
-    from kvprof.dtypes import parse_dtype
-    from kvprof.writers.rope_reference import cos_sin_table
+    from kvprof.kvcache.dtypes import parse_dtype
+    from kvprof.kvcache.writers.rope_reference import cos_sin_table
 
     cache = parse_dtype(cache_name)
     scale = 0.5 if cache != torch.bfloat16 else None

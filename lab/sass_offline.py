@@ -37,8 +37,8 @@ def sass_for(fp8: bool, heads: int, dim: int, tokens: int) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from kvprof.writers import triton_kernel as tk
-    from kvprof.writers.triton_fused import KINDS, pick_config
+    from kvprof.kvcache.writers import triton_kernel as tk
+    from kvprof.kvcache.writers.triton_fused import KINDS, pick_config
 
     rk = heads * dim
     bk = triton.next_power_of_2(rk)

@@ -3,7 +3,7 @@
 
     cd <repo> && OUT=/tmp/out python lab/tune_fused.py      # ~3 minutes, JSON to $OUT/tune.json
 
-Why it exists: ``TRITON_TABLE`` (kvprof/writers/triton_tables.py) picks a launch shape from
+Why it exists: ``TRITON_TABLE`` (kvprof/kvcache/writers/triton_tables.py) picks a launch shape from
 (row bytes, tokens); this script measures the candidates it is chosen from. Each point uses
 the bench's own case (a 256 MB pool at random slots, W writes per captured graph, median of
 100 replays after warm-up: ``kvprof.bench.run.BenchCase`` and ``kvprof.bench.timing.time_graph``),
@@ -134,8 +134,8 @@ def _compile_one(job: tuple[int, int, str, str, tuple]) -> str:
     heads, dim, cache, inp, shape = job
     import torch
 
-    from kvprof.dtypes import parse_dtype, store_dtype_for
-    from kvprof.writers.triton_fused import TritonConfig, TritonFusedWriter
+    from kvprof.kvcache.dtypes import parse_dtype, store_dtype_for
+    from kvprof.kvcache.writers.triton_fused import TritonConfig, TritonFusedWriter
 
     c, i = parse_dtype(cache), parse_dtype(inp)
     w = TritonFusedWriter(config=TritonConfig(*shape))
@@ -167,7 +167,7 @@ def precompile() -> None:
 def time_peers(case, device) -> dict:
     """TUNE_PEERS timed in ``case`` the way the candidates are (median over TUNE_CAPTURES graphs)."""
     from kvprof.bench.timing import time_graph
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.writers import create_writer
 
     out: dict = {}
     for peer in PEERS:
@@ -199,7 +199,7 @@ def tune(results: list[dict]) -> None:
     from kvprof.bench.run import BenchCase, BenchPoint
     from kvprof.bench.timing import copy_rate_gbs, time_graph
     from kvprof.core.bench_result import BenchTarget
-    from kvprof.writers.triton_fused import TritonConfig, TritonFusedWriter, pick_config
+    from kvprof.kvcache.writers.triton_fused import TritonConfig, TritonFusedWriter, pick_config
 
     device = torch.device("cuda")
     rate = copy_rate_gbs(device)
@@ -266,9 +266,9 @@ def host_times(calls: int = 200, repeats: int = 15) -> dict[str, float]:
     µs between points, and this says whether the host or the code moves."""
     import torch
 
-    from kvprof.dtypes import store_dtype_for
-    from kvprof.pool import KVPool
-    from kvprof.writers import create_writer, cuda_fused as cfm
+    from kvprof.kvcache.dtypes import store_dtype_for
+    from kvprof.kvcache.pool import KVPool
+    from kvprof.kvcache.writers import create_writer, cuda_fused as cfm
 
     def noop(*args: object) -> None:
         return None

@@ -4,7 +4,7 @@
 
     cd <repo> && OUT=/tmp/out python lab/tune_layouts.py     # a few minutes; $OUT/tune-layouts.json
 
-Why it exists: ``kvprof/writers/layout_tables.py`` picks a launch shape for the MLA and paged
+Why it exists: ``kvprof/kvcache/writers/layout_tables.py`` picks a launch shape for the MLA and paged
 fused writers from the token count; this script measures the candidates it is chosen from (for
 MLA with and without streaming stores). Each point is the layout bench's own case
 (``kvprof.bench.layouts.LayoutCase``: MLA at DeepSeek-V3's 512 + 64 latent row as views of one
@@ -68,8 +68,8 @@ def log(msg: str) -> None:
 
 
 def make_writer(layout: str, cand: tuple, pdl: bool | None = None):  # noqa: ANN201
-    from kvprof.writers.mla_triton import MLATritonWriter
-    from kvprof.writers.paged_triton import PagedTritonWriter
+    from kvprof.kvcache.writers.mla_triton import MLATritonWriter
+    from kvprof.kvcache.writers.paged_triton import PagedTritonWriter
 
     if layout == "mla":
         return MLATritonWriter(block_t=cand[0], num_warps=cand[1], pdl=pdl, stream=cand[2])
@@ -142,7 +142,7 @@ def main() -> int:
     import torch
 
     from kvprof.bench.layouts import LayoutCase, LayoutPoint
-    from kvprof.layouts import registry
+    from kvprof.kvcache.layouts import registry
 
     if not torch.cuda.is_available():
         print("tune_layouts.py: error: needs a CUDA device", file=sys.stderr)
@@ -183,7 +183,7 @@ def main() -> int:
                     + (f"; sglang_mla {peer_us:.3f}" if isinstance(peer_us, float) else ""))
                 del case
                 torch.cuda.empty_cache()
-    from kvprof.devinfo import device_properties, versions
+    from kvprof.kvcache.devinfo import device_properties, versions
 
     doc = {"kind": "kvprof-tune-layouts", "device": device_properties(torch.device("cuda")), "versions": versions(),
            "recheck": RECHECK, "results": results}

@@ -2,16 +2,16 @@
 
 The exhaustive conversion tests feed every 16-bit pattern through the writer's own device
 code (``triton_kernel.convert_bits``, 8 elements per thread so the packed fp8 path runs as
-in the writer) and compare with ``kvprof.dtypes.convert_for_cache``.
+in the writer) and compare with ``kvprof.kvcache.dtypes.convert_for_cache``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvprof.dtypes import store_dtype_for
-from kvprof.writers import triton_kernel
-from kvprof.writers.triton_convert import (
+from kvprof.kvcache.dtypes import store_dtype_for
+from kvprof.kvcache.writers import triton_kernel
+from kvprof.kvcache.writers.triton_convert import (
     FP8_DTYPES,
     KINDS,
     TRITON_ERROR,
@@ -24,8 +24,8 @@ from kvprof.writers.triton_convert import (
 if triton is not None:
     import triton.language as tl
 
-    from kvprof.writers.triton_convert import as_bits, to_storage
-    from kvprof.writers.triton_kernel import convert_bits
+    from kvprof.kvcache.writers.triton_convert import as_bits, to_storage
+    from kvprof.kvcache.writers.triton_kernel import convert_bits
 
     @triton.jit
     def _convert_kernel(out, inp, inv, n, IN: tl.constexpr, OUT: tl.constexpr,

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from kvprof.dtypes import convert_for_cache
-from kvprof.layouts.mla import MLAWriter
-from kvprof.layouts.paged import PagedWriter, convert_like_vllm
-from kvprof.writers.base import KVWriter, convert_pair
-from kvprof.writers.rope_base import RopeKVWriter
-from kvprof.writers.rope_reference import rope_reference
+from kvprof.kvcache.contracts import KVWriter, MLAWriter, PagedWriter, RopeKVWriter, convert_pair
+from kvprof.kvcache.dtypes import convert_for_cache, convert_like_vllm
+from kvprof.kvcache.writers.rope_reference import rope_reference
 
 
 class _Store(KVWriter):
@@ -196,6 +193,53 @@ class StaleKRope(TorchRope):
     stale_k = True
 
 
+class FusedMultiplyAddRope(TorchRope):
+    """A right rope writer whose arithmetic rounds once per output, as a compiler's fused
+    multiply-adds do (float64 inside): where the two products cancel it is many fp32 units
+    from the fp32 reference, within the error a fused multiply-add may make."""
+
+    name = "fma_rope"
+
+    def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
+              k_scale=None, v_scale=None):
+        rq, rk = _rotate64(q, cos_sin_cache, positions, is_neox), _rotate64(k, cos_sin_cache, positions, is_neox)
+        q.copy_(rq.to(q.dtype))
+        k.copy_(rk.to(k.dtype))
+        k_buf[loc] = convert_for_cache(k, dtype, k_scale)
+        v_buf[loc] = convert_for_cache(v, dtype, v_scale)
+        return "rope_fused"
+
+
+class SloppyRope(TorchRope):
+    """A wrong rope writer: each rotated value 2^-12 too large, far past a rounding's error in
+    float32 (in bf16 mostly within one unit: caught where q and k are fp32)."""
+
+    name = "sloppy_rope"
+
+    def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
+              k_scale=None, v_scale=None):
+        rq, rk = rope_reference(q, k, cos_sin_cache, positions, is_neox)
+        q.copy_((rq * (1 + 2.0**-12)).to(q.dtype))
+        k.copy_((rk * (1 + 2.0**-12)).to(k.dtype))
+        k_buf[loc] = convert_for_cache(k, dtype, k_scale)
+        v_buf[loc] = convert_for_cache(v, dtype, v_scale)
+        return "rope_fused"
+
+
+def _rotate64(x, cos_sin_cache, positions, is_neox):
+    half = cos_sin_cache.shape[-1] // 2
+    table = cos_sin_cache.double()[positions.long()]
+    cos, sin = table[:, None, :half], table[:, None, half:]
+    out = x.double().clone()
+    if is_neox:
+        a, b = out[..., :half].clone(), out[..., half:2 * half].clone()
+        out[..., :half], out[..., half:2 * half] = a * cos - b * sin, a * sin + b * cos
+    else:
+        a, b = out[..., 0:2 * half:2].clone(), out[..., 1:2 * half:2].clone()
+        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = a * cos - b * sin, a * sin + b * cos
+    return out
+
+
 def off_by_one() -> KVWriter:
     return OffByOne()
 
@@ -254,3 +298,11 @@ def torch_rope() -> RopeKVWriter:
 
 def stale_k_rope() -> RopeKVWriter:
     return StaleKRope()
+
+
+def fma_rope() -> RopeKVWriter:
+    return FusedMultiplyAddRope()
+
+
+def sloppy_rope() -> RopeKVWriter:
+    return SloppyRope()

@@ -149,7 +149,7 @@ def test_derive_ratios_and_target():
 
 
 def test_wrong_writer_is_reported_not_timed(monkeypatch):
-    from kvprof.writers.index_put import IndexPutWriter
+    from kvprof.kvcache.writers.index_put import IndexPutWriter
 
     class Broken(IndexPutWriter):
         name = "broken"
@@ -421,7 +421,7 @@ def test_a_cpu_bench_marks_interpreted_writers_and_judges_no_gpu_target(capsys, 
 
     from kvprof.bench.render import render_table, verdict_lines
     from kvprof.bench.run import _runs_interpreted
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.writers import create_writer
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _runs_interpreted(create_writer("triton_fused")) and not _runs_interpreted(create_writer("index_put"))

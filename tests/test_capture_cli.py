@@ -98,7 +98,7 @@ def test_first_run_on_cpu_fuses_in_triton_interpreter_and_fits_80_columns(tmp_pa
 def test_first_run_on_a_gpu_writes_every_layer_with_compiled_kernels(tmp_path, capsys):
     """The same first command on a CUDA GPU (run with TRITON_INTERPRET=0, as gpu/run_gpu_checks.sh
     does): all 80 layers, no interpreter, and savings per decode step in the compact table."""
-    from kvprof.writers import triton_kernel
+    from kvprof.kvcache.writers import triton_kernel
 
     if triton_kernel.interpreted():
         pytest.skip("triton_fused was imported under TRITON_INTERPRET=1; run with TRITON_INTERPRET=0")
@@ -214,7 +214,7 @@ def test_ctrl_c_leaves_no_run_dir(tmp_path):
 
 BLOCKING_WRITER = (
     "import os, pathlib\n"
-    "from kvprof.writers.index_put import IndexPutWriter\n"
+    "from kvprof.kvcache.writers.index_put import IndexPutWriter\n"
     "class Blocking(IndexPutWriter):\n"
     "    name = 'blocking'\n"
     "    def write(self, *args, **kwargs):\n"
@@ -278,7 +278,7 @@ def test_third_party_writer_by_spec(tmp_path, monkeypatch, capsys):
     plugin = tmp_path / "plug"
     plugin.mkdir()
     (plugin / "my_writer.py").write_text(
-        "from kvprof.writers.index_put import IndexPutWriter\n"
+        "from kvprof.kvcache.writers.index_put import IndexPutWriter\n"
         "class Mine(IndexPutWriter):\n    name = 'mine'\n"
         "def make():\n    return Mine()\n"
     )
@@ -307,7 +307,7 @@ def test_triton_interpreter_is_set_only_on_a_cpu_and_only_when_unset(monkeypatch
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert runtime.triton_interpreter(torch.device("cpu")) is None and os.environ["TRITON_INTERPRET"] == "0"
     monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setitem(sys.modules, "kvprof.writers.triton_kernel", object())  # imported before: too late
+    monkeypatch.setitem(sys.modules, "kvprof.kvcache.writers.triton_kernel", object())  # imported before: too late
     assert runtime.triton_interpreter(torch.device("cpu")) is None and "TRITON_INTERPRET" not in os.environ
 
 
@@ -332,7 +332,7 @@ def test_checking_and_resolving_a_config_make_new_ones(monkeypatch):
 
     from kvprof.capture.config import CaptureConfig
     from kvprof.capture.runtime import prepare
-    from kvprof.layouts.layout import get_layout
+    from kvprof.kvcache.layouts.layout import get_layout
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     config = CaptureConfig(model="deepseek-v2-lite", phases=["decode"], decode_sizes=[1], device="cpu")

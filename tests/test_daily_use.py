@@ -55,14 +55,14 @@ def test_capture_shows_its_bar_before_it_loads_torch_and_closes_it_on_error(bars
 
 
 def test_bench_shows_its_bar_before_it_loads_torch_and_closes_it_on_error(bars, monkeypatch):
-    import kvprof.devinfo
+    import kvprof.kvcache.devinfo
     from kvprof.commands import bench
 
     def refuse(name):
         assert bars and bars[0].texts == ["loading torch"]
         raise UsageError("refused")
 
-    monkeypatch.setattr(kvprof.devinfo, "resolve_device", refuse)
+    monkeypatch.setattr(kvprof.kvcache.devinfo, "resolve_device", refuse)
     with pytest.raises(UsageError):
         bench.run(argparse.Namespace(progress=True, device="cpu"))
     assert bars[0].closed
@@ -74,7 +74,7 @@ SGLANG_NSYS = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h
 @pytest.mark.parametrize("columns", [60, 80, 120])
 def test_variants_never_cuts_a_name_and_names_what_it_left_out(columns, capsys, monkeypatch):
     from kvprof.cli import main
-    from kvprof.writers import writer_names
+    from kvprof.kvcache.writers import writer_names
 
     monkeypatch.setenv("COLUMNS", str(columns))
     assert main(["variants", "--device", "cpu"]) == 0
@@ -131,7 +131,7 @@ def test_writers_whose_triton_kernel_runs_interpreted_say_so(name, monkeypatch):
     interpreter, so their info says interpreted (capture, variants and bench mark them `*`)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from kvprof.bench.run import _runs_interpreted
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.writers import create_writer
 
     assert _runs_interpreted(create_writer(name))
 
@@ -300,14 +300,14 @@ def test_the_comparison_table_marks_interpreted_variants_and_derives_nothing_fro
 def test_variants_shows_its_bar_before_it_loads_torch_and_closes_it_on_error(bars, monkeypatch):
     """`kvprof variants` loads torch and builds every writer (seconds on a small CPU): its bar is on
     screen first, says which writer it builds, and is gone whatever happens."""
-    import kvprof.devinfo
+    import kvprof.kvcache.devinfo
     from kvprof.commands import variants
 
     def refuse(name):
         assert bars and bars[0].texts == ["loading torch"]
         raise UsageError("refused")
 
-    monkeypatch.setattr(kvprof.devinfo, "resolve_device", refuse)
+    monkeypatch.setattr(kvprof.kvcache.devinfo, "resolve_device", refuse)
     with pytest.raises(UsageError):
         variants.run(argparse.Namespace(device="cpu", cache_dtype="bf16", input_dtype=None))
     assert bars[0].closed
@@ -317,7 +317,7 @@ def test_variants_shows_its_bar_before_it_loads_torch_and_closes_it_on_error(bar
     monkeypatch.setattr(kvprof.progress, "StepProgress", _Bar)
     _Bar.made.clear()
     assert variants.run(argparse.Namespace(device="cpu", cache_dtype="bf16", input_dtype=None)) == 0
-    from kvprof.writers import writer_names
+    from kvprof.kvcache.writers import writer_names
 
     assert _Bar.made[0].total == len(writer_names()) and "building two_stream" in _Bar.made[0].texts
     assert _Bar.made[0].closed
@@ -328,7 +328,7 @@ def test_building_the_torch_compile_writer_compiles_nothing_until_it_writes(monk
     most of `kvprof variants`' time on a CPU) waits for the first write."""
     import torch
 
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.writers import create_writer
 
     calls = []
 

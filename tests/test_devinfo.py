@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvprof.core.devices import DEVICE_PROPERTIES, SPEC_TABLE, computed_peak_gbs, peak_from, spec_peak_gbs
-from kvprof.devinfo import _property_memory, device_properties, peak_bandwidth
+from kvprof.kvcache.devinfo import _property_memory, device_properties, peak_bandwidth
 
 
 @pytest.mark.parametrize(("name", "gbs"), [

@@ -74,7 +74,7 @@ def test_the_console_line_names_each_cpu_default():
 
 # -- the memory guard counts the layers a step builds, and names what fits ------------------
 def test_the_layer_context_builds_only_the_layers_a_step_runs():
-    from kvprof.layer import DecoderContext, layer_weight_bytes, weight_bytes
+    from kvprof.kvcache.layer import DecoderContext, layer_weight_bytes, weight_bytes
 
     shape = CaptureConfig(model="small=6x2x64", tp=1).rank_shape()
     ctx = DecoderContext(shape, torch.float32, CPU, 4, layers=2)
@@ -89,7 +89,7 @@ def test_the_layer_context_builds_only_the_layers_a_step_runs():
 
 def test_the_guard_names_the_layers_that_fit():
     from kvprof.capture.plan import make_context
-    from kvprof.layer import layer_weight_bytes
+    from kvprof.kvcache.layer import layer_weight_bytes
 
     config = CaptureConfig(context="layer", layers=80, max_memory_gb=1.0).validate().resolved_for("cpu")
     per_layer, fixed = layer_weight_bytes(config.rank_shape(), config.input_torch_dtype())
@@ -120,7 +120,7 @@ def test_capture_context_layer_with_its_defaults_finishes_on_a_cpu(tmp_path):
 # -- hints that say what to do ------------------------------------------------------------------
 def test_variants_prints_the_install_hint_whole(capsys, monkeypatch):
     """Rich reads "[triton]" as a tag: printed as markup the extra's name was lost."""
-    from kvprof.writers.triton_fused import INSTALL_HINT, TritonFusedWriter
+    from kvprof.kvcache.writers.triton_fused import INSTALL_HINT, TritonFusedWriter
 
     monkeypatch.setattr(TritonFusedWriter, "unsupported_reason", lambda self, *a, **k: f"no triton: {INSTALL_HINT}")
     monkeypatch.setenv("COLUMNS", "400")
@@ -130,8 +130,8 @@ def test_variants_prints_the_install_hint_whole(capsys, monkeypatch):
 
 
 def test_store_kv_fused_is_marked_interpreted_where_its_triton_kernel_is(capsys, monkeypatch):
-    from kvprof.writers.store_kv_fused import StoreKVFusedWriter
-    from kvprof.writers.triton_fused import TritonFusedWriter
+    from kvprof.kvcache.writers.store_kv_fused import StoreKVFusedWriter
+    from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
 
     if not TritonFusedWriter().info().extra.get("interpreted"):
         pytest.skip("Triton's interpreter is not on in this process")

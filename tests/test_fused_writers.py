@@ -23,9 +23,9 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kernel_convert import convert_with_kernel
-from kvprof.dtypes import convert_for_cache, store_dtype_for
-from kvprof.pool import KVPool
-from kvprof.writers import (
+from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import (
     FUSED,
     create_writer,
     cuda_fused as cf,
@@ -33,7 +33,7 @@ from kvprof.writers import (
     triton_fused as tf,
     triton_kernel as tk,
 )
-from kvprof.writers.triton_convert import cached_inverse, pow2_exact
+from kvprof.kvcache.writers.triton_convert import cached_inverse, pow2_exact
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, *FP8)
@@ -465,12 +465,13 @@ def test_cuda_fused_zero_tokens_launches_nothing():
 
 @pytest.mark.parametrize("module", ["cuda_fused", "layout_cuda"])
 def test_cuda_op_build_problems_are_one_line(monkeypatch, tmp_path, module):
-    """Both compiled ops (kvprof.writers.cuda_build): no nvcc, or a failing build, is one line naming the log."""
+    """Both compiled ops (kvprof.kvcache.writers.cuda_build): no nvcc
+    or a failing build, is one line naming the log."""
     import importlib
 
-    from kvprof.writers import cuda_build as cb
+    from kvprof.kvcache.writers import cuda_build as cb
 
-    op = importlib.import_module(f"kvprof.writers.{module}")._OP
+    op = importlib.import_module(f"kvprof.kvcache.writers.{module}")._OP
     monkeypatch.setattr(op, "module", None)
     monkeypatch.setattr(op, "error", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -745,7 +746,8 @@ def test_gpu_packed_fp8_fixup_is_on_and_gives_tritons_bits(scale, heads, dim, to
     ("cpu", True, "1", None, None),
     ("cuda", False, None, True, None),
     ("cpu", False, None, None, "mla_triton on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
-     "kvprof.writers.mla_triton is imported (kvprof capture sets it when it is unset, before any writer is imported)"),
+     "kvprof.kvcache.writers.mla_triton is imported (kvprof capture sets it when it is unset, before any writer is "
+     "imported)"),
     ("cpu", False, "1", None, "(it is set now, but was not at import)"),
     ("cpu", False, "0", None, "(TRITON_INTERPRET=0 is set, which turns the interpreter off)"),
     ("cuda", True, "1", True, "mla_triton was imported with TRITON_INTERPRET=1: its kernel would run in the "
@@ -753,13 +755,13 @@ def test_gpu_packed_fp8_fixup_is_on_and_gives_tritons_bits(scale, heads, dim, to
     ("cpu", True, "1", True, "mla_triton(pdl=True) needs the compiled kernel on a CUDA device"),
 ])
 def test_placement_reason_is_one_rule_for_every_triton_writer(monkeypatch, device, interpreted, env, pdl, expected):
-    from kvprof.writers.fp8_jit import placement_reason
+    from kvprof.kvcache.writers.fp8_jit import placement_reason
 
     if env is None:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     else:
         monkeypatch.setenv("TRITON_INTERPRET", env)
-    got = placement_reason("mla_triton", "kvprof.writers.mla_triton", interpreted, torch.device(device), pdl)
+    got = placement_reason("mla_triton", "kvprof.kvcache.writers.mla_triton", interpreted, torch.device(device), pdl)
     if expected is None:
         assert got is None
     else:
@@ -770,7 +772,7 @@ def test_placement_reason_is_one_rule_for_every_triton_writer(monkeypatch, devic
 @pytest.mark.parametrize(("layout", "name"), [("mha", "triton_fused"), ("mla", "mla_triton"),
                                               ("paged", "paged_triton")])
 def test_triton_writers_refuse_pdl_on_a_cpu_with_the_shared_reason(layout, name):
-    from kvprof.layouts import registry
+    from kvprof.kvcache.layouts import registry
 
     writer = create_writer(name, pdl=True) if layout == "mha" else registry.create_writer(layout, name, pdl=True)
     dtype = torch.bfloat16
@@ -788,7 +790,7 @@ def test_every_triton_writer_names_the_install_without_triton(monkeypatch, layou
     """Without triton each layout's Triton writer gives the same reason: the import error and the extra to install."""
     import importlib
 
-    monkeypatch.setattr(importlib.import_module(f"kvprof.writers.{module}"), "triton", None)
+    monkeypatch.setattr(importlib.import_module(f"kvprof.kvcache.writers.{module}"), "triton", None)
     monkeypatch.setattr(triton_convert, "TRITON_ERROR", "ModuleNotFoundError: No module named 'triton'")
     reason = create_writer(name, layout=layout).unsupported_reason(torch.device("cpu"), torch.bfloat16)
     hint = triton_convert.INSTALL_HINT

@@ -305,7 +305,7 @@ def test_the_profiled_command_is_refused_exactly_when_nsys_would_read_it(argv: l
        options=st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), st.integers(), st.none()),
                                max_size=2))
 def test_smoke_any_writer_name_and_options_build_or_refuse(name: str, options: dict[str, Any]) -> None:
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.writers import create_writer
 
     try:
         create_writer(name, **options)

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 THRESHOLD = "10"
 SMALL = ["--batch-sizes", "1", "--phase", "decode", "--no-progress", "--no-summary"]
-WRITER = '''from kvprof.writers.index_put import IndexPutWriter
+WRITER = '''from kvprof.kvcache.writers.index_put import IndexPutWriter
 
 
 class GateWriter(IndexPutWriter):

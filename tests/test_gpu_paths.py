@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvprof.pool import KVPool
-from kvprof.writers import TWO_COPIES, TWO_STREAMS, create_writer
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import TWO_COPIES, TWO_STREAMS, create_writer
 
 pytestmark = pytest.mark.gpu
 

@@ -325,8 +325,8 @@ def test_max_memory_gb_raises_or_lowers_the_limit(tmp_path, capsys):
 
 def test_pool_refuses_an_absurd_size_before_allocating():
     from kvprof.core.errors import ResourceError
-    from kvprof.pool import KVPool
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.pool import KVPool
+    from kvprof.kvcache.writers import create_writer
 
     with pytest.raises(ResourceError, match="would need about"):
         KVPool(10**12, 1, torch.bfloat16, 8, 128, 80, writer=create_writer("index_put"))
@@ -543,8 +543,8 @@ def test_max_events_zero_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("scale", [-1.0, "2", float("nan"), True, torch.ones(2)])
 def test_pool_refuses_bad_scales(scale):
-    from kvprof.pool import KVPool
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.pool import KVPool
+    from kvprof.kvcache.writers import create_writer
 
     pool = KVPool(16, 1, torch.float8_e4m3fn, 1, 8, 2, writer=create_writer("index_put"))
     k = torch.ones(1, 1, 8, dtype=torch.bfloat16)
@@ -555,8 +555,8 @@ def test_pool_refuses_bad_scales(scale):
 
 
 def test_layer_true_is_not_layer_one():
-    from kvprof.pool import KVPool
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.pool import KVPool
+    from kvprof.kvcache.writers import create_writer
 
     pool = KVPool(16, 1, torch.bfloat16, 1, 8, 2, writer=create_writer("index_put"))
     k = torch.ones(1, 1, 8, dtype=torch.bfloat16)
@@ -569,8 +569,8 @@ def test_layer_true_is_not_layer_one():
 def test_unchecked_out_of_range_slots_follow_the_documented_guarantee(writer):
     """check_slots=False: index_put raises for slot >= rows; triton_fused skips it; neither
     writes outside the buffers (the pool's docstring says which does what)."""
-    from kvprof.pool import KVPool
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.pool import KVPool
+    from kvprof.kvcache.writers import create_writer
 
     pool = KVPool(16, 1, torch.bfloat16, 1, 8, 1, writer=create_writer(writer), check_slots=False)
     k = torch.ones(2, 1, 8, dtype=torch.bfloat16)
@@ -598,7 +598,7 @@ def test_the_memory_estimate_counts_the_layers_a_step_writes():
     import torch
 
     from kvprof.capture.config import CaptureConfig
-    from kvprof.guards import capture_estimate, pool_bytes
+    from kvprof.kvcache.guards import capture_estimate, pool_bytes
 
     cpu = torch.device("cpu")
     two = capture_estimate(CaptureConfig(decode_sizes=[1], phases=["decode"], steps=4, pool_size=1000), cpu)
@@ -844,7 +844,7 @@ def test_a_boolean_writer_option_of_no_is_false(tmp_path, capsys, word):
 
 def test_boolean_options_take_the_words_and_refuse_the_rest():
     from kvprof.core.errors import UsageError
-    from kvprof.writers import create_writer
+    from kvprof.kvcache.writers import create_writer
 
     for word, value in (("yes", True), ("ON", True), ("1", True), (1, True), ("No", False), ("off", False),
                         (0, False), (False, False)):

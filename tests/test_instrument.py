@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kvprof.instrument as instrument
-from kvprof.instrument import InstrumentedKVPool, make_pool, variant_color
-from kvprof.pool import KVPool
-from kvprof.writers import create_writer
+import kvprof.kvcache.instrument as instrument
+from kvprof.kvcache.instrument import InstrumentedKVPool, make_pool, variant_color
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import create_writer
 
 
 class FakeDomain:

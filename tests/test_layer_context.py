@@ -22,16 +22,16 @@ from kvprof.capture.layout_session import session_for
 from kvprof.cli import main
 from kvprof.core.layer_kernels import SGLANG_DECODE, TORCH_ROTARY, TORCH_SDPA
 from kvprof.core.timings import StepSamples, StepTimings
-from kvprof.layer import LLAMA31_ROPE, DecoderContext, Rotary, cos_sin_cache, inv_freq, split_qkv
+from kvprof.kvcache.contracts import KVWriter
+from kvprof.kvcache.layer import LLAMA31_ROPE, DecoderContext, Rotary, cos_sin_cache, inv_freq, split_qkv
+from kvprof.kvcache.writers import create_writer
+from kvprof.kvcache.writers.rope_reference import rope_reference
+from kvprof.kvcache.writers.rope_triton import RopeThenStoreWriter, RopeTritonFusedWriter
+from kvprof.kvcache.writers.sgl_cubin import plan_launch
 from kvprof.trace.attribution import attribute
 from kvprof.trace.kineto import read_kineto
 from kvprof.trace.synthetic import KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build
 from kvprof.trace.table import to_frame
-from kvprof.writers import create_writer
-from kvprof.writers.base import KVWriter
-from kvprof.writers.rope_reference import rope_reference
-from kvprof.writers.rope_triton import RopeThenStoreWriter, RopeTritonFusedWriter
-from kvprof.writers.sgl_cubin import plan_launch
 
 CPU = torch.device("cpu")
 SMALL = "small=2x2x128"  # 2 layers, 2 KV heads of 128 (q heads = KV heads)

@@ -101,3 +101,107 @@ def test_the_cycle_search_sees_a_lazy_cycle(tmp_path: Path, monkeypatch: pytest.
     (pkg / "high.py").write_text("from cyclic import low\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _cycles("cyclic") == ["cyclic.high -> cyclic.low -> cyclic.high", "cyclic.low -> cyclic.high -> cyclic.low"]
+
+
+# -- the torch side's own stack (pyproject.toml's kvprof.kvcache layers contract) -----------------
+
+KVCACHE = PKG / "kvcache"
+
+
+def _kvcache_layers() -> list[list[str]]:
+    """The kvprof.kvcache layers contract, bottom first, each layer's module names."""
+    import tomllib
+
+    doc = tomllib.loads((PKG.parent / "pyproject.toml").read_text())
+    contracts = [c for c in doc["tool"]["importlinter"]["contracts"] if c.get("containers") == ["kvprof.kvcache"]]
+    assert len(contracts) == 1 and contracts[0]["type"] == "layers"
+    return [[m.strip() for m in layer.split("|")] for layer in reversed(contracts[0]["layers"])]
+
+
+def _upward_imports(package_dir: Path, package: str, layers: list[list[str]]) -> list[str]:
+    """Each import (at the top, inside a function, under TYPE_CHECKING) from a layer of
+    ``package`` into a higher one or into an independent sibling of its own layer."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph(package.split(".")[0], include_external_packages=False, cache_dir=None)
+    place = {name: (i, name) for i, layer in enumerate(layers) for name in layer}
+    found = []
+    for module in sorted(m for m in graph.modules if m.startswith(package + ".")):
+        own = place.get(module[len(package) + 1:].split(".")[0])
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if not imported.startswith(package + ".") or own is None:
+                continue
+            other = place.get(imported[len(package) + 1:].split(".")[0])
+            if other is not None and (other[0] > own[0] or (other[0] == own[0] and other[1] != own[1])):
+                found.append(f"{module} -> {imported}")
+    return found
+
+
+def test_every_torch_side_module_has_a_place_in_its_stack() -> None:
+    """A new module of kvprof/kvcache is placed in the layers contract, or this fails (a module
+    outside every layer would be checked by nothing)."""
+    placed = {name for layer in _kvcache_layers() for name in layer}
+    present = {p.stem for p in KVCACHE.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in KVCACHE.iterdir() if (p / "__init__.py").exists()}
+    assert present == placed
+
+
+def test_the_torch_side_imports_nothing_above_itself() -> None:
+    """Contracts below the registry below the writers below the layouts below the pools and
+    instrumentation: no import goes up, function-level and TYPE_CHECKING ones included."""
+    assert _upward_imports(KVCACHE, "kvprof.kvcache", _kvcache_layers()) == []
+
+
+def test_the_upward_import_search_sees_a_lazy_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "stacked"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("")
+    (pkg / "low" / "base.py").write_text("def f():\n    from stacked import high\n")
+    (pkg / "high.py").write_text("from stacked.low import base\n")
+    (pkg / "side.py").write_text("import stacked.high\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    layers = [["low"], ["high", "side"]]
+    assert _upward_imports(pkg, "stacked", layers) == ["stacked.low.base -> stacked.high",
+                                                       "stacked.side -> stacked.high"]
+
+
+def _string_imports(root: Path, allowed: tuple[str, ...]) -> list[str]:
+    """Each ``import_module``/``__import__`` under ``root`` (outside the files ``allowed``) whose
+    name is not a literal, or a module-level string constant, naming a module outside kvprof."""
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        if f.relative_to(root).as_posix() in allowed:
+            continue
+        tree = ast.parse(f.read_text())
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                     for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            func = node.func if isinstance(node, ast.Call) else None
+            if func is None or getattr(func, "attr", getattr(func, "id", "")) not in ("import_module", "__import__"):
+                continue
+            arg = node.args[0] if node.args else None
+            name = arg.value if isinstance(arg, ast.Constant) else constants.get(arg.id) if isinstance(
+                arg, ast.Name) else None
+            if not isinstance(name, str) or name.split(".")[0] == "kvprof":
+                found.append(f"{f.relative_to(root.parent)}:{node.lineno} imports {ast.unparse(arg) if arg else '?'}")
+    return found
+
+
+def test_the_torch_side_imports_no_kvprof_module_by_a_string(tmp_path: Path) -> None:
+    """No module of kvprof/kvcache loads a kvprof module by name (an import the graph cannot
+    see), save the writers package, which registers its own writers from the variant table's
+    ``module:factory`` into the registry below it and loads each when first built, and the
+    registry, which loads what a user names (``--writer module:function``, entry points); the
+    layouts register themselves from above (``register_layout``) instead of being loaded by name."""
+    allowed = ("registry.py", "writers/__init__.py")
+    assert _string_imports(KVCACHE, allowed) == []
+    planted = tmp_path / "kvcache"
+    planted.mkdir()
+    (planted / "registry.py").write_text("import importlib\nimportlib.import_module(spec)\n")
+    (planted / "layout.py").write_text('import importlib\n_MODULES = {"mha": "kvprof.kvcache.layouts.mha"}\n'
+                                       'importlib.import_module(_MODULES[name])\n')
+    (planted / "ok.py").write_text('import importlib\nSGL = "sglang.srt"\nimportlib.import_module(SGL)\n'
+                                   'importlib.import_module("triton")\n__import__(f"kvprof.{x}")\n')
+    assert _string_imports(planted, allowed) == ["kvcache/layout.py:3 imports _MODULES[name]",
+                                                       "kvcache/ok.py:5 imports f'kvprof.{x}'"]

@@ -18,10 +18,10 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.core.errors import ResourceError, UsageError
-from kvprof.layouts import get_layout, registry
-from kvprof.layouts.mla import MLAPool
-from kvprof.layouts.paged import PagedPool
-from kvprof.layouts.workload import BlockTables, graph_size
+from kvprof.kvcache.layouts import get_layout, registry
+from kvprof.kvcache.layouts.workload import BlockTables, graph_size
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 
 MLA_WRITERS = ["mla_cat_copy", "mla_triton", "sglang_mla"]
 PAGED_WRITERS = ["paged_unfused", "paged_triton"]
@@ -356,7 +356,7 @@ def test_instrumented_layout_pools_name_their_writes_like_the_mha_pool() -> None
     """Under torch.profiler each write is a range named WRITE_RANGE_FORMAT (variant, layer);
     a refused call raises the pool's error and leaves no range."""
     from kvprof.core.vocab import WRITE_RANGE_FORMAT
-    from kvprof.layouts.instrument import make_layout_pool
+    from kvprof.kvcache.instrument import make_layout_pool
 
     mla = make_layout_pool("mla", 8, 1, torch.bfloat16, 16, 8, 2, writer=registry.create_writer("mla", "mla_triton"),
                            instrument=True, start_layer=3)
@@ -417,8 +417,8 @@ def _table_shapes(fn, fp8: bool) -> list:
 @pytest.mark.parametrize("fp8", [False, True])
 def test_every_tuned_mla_shape_matches_the_reference(fp8: bool) -> None:
     """The tables' shapes (streaming stores included) at a size the interpreter runs quickly."""
-    from kvprof.writers.layout_tables import mla_shape
-    from kvprof.writers.mla_triton import MLATritonWriter
+    from kvprof.kvcache.writers.layout_tables import mla_shape
+    from kvprof.kvcache.writers.mla_triton import MLATritonWriter
 
     _writer("mla", "mla_triton")  # skips where Triton cannot run
     cache = torch.float8_e4m3fn if fp8 else torch.bfloat16
@@ -436,8 +436,8 @@ def test_every_tuned_mla_shape_matches_the_reference(fp8: bool) -> None:
 
 @pytest.mark.parametrize("fp8", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_every_tuned_paged_shape_matches_the_reference(fp8: bool) -> None:
-    from kvprof.writers.layout_tables import paged_shape
-    from kvprof.writers.paged_triton import PagedTritonWriter
+    from kvprof.kvcache.writers.layout_tables import paged_shape
+    from kvprof.kvcache.writers.paged_triton import PagedTritonWriter
 
     _writer("paged", "paged_triton")
     cache = torch.float8_e4m3fn if fp8 else torch.bfloat16

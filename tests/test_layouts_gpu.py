@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvprof.layouts import registry
-from kvprof.layouts.mla import MLAPool
-from kvprof.layouts.paged import PagedPool
-from kvprof.layouts.workload import BlockTables
+from kvprof.kvcache.layouts import registry
+from kvprof.kvcache.layouts.workload import BlockTables
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 
 pytestmark = pytest.mark.gpu
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

@@ -11,10 +11,10 @@ import torch
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.rope_session import RopeSession
-from kvprof.layer import DecoderContext, Rotary, cos_sin_cache, inv_freq
-from kvprof.models import LLAMA31_ROPE, PRESETS, RankShape, RopeSpec, resolve_model
-from kvprof.writers import create_writer
-from kvprof.writers.rope_reference import rope_reference
+from kvprof.kvcache.layer import DecoderContext, Rotary, cos_sin_cache, inv_freq
+from kvprof.kvcache.models import LLAMA31_ROPE, PRESETS, RankShape, RopeSpec, resolve_model
+from kvprof.kvcache.writers import create_writer
+from kvprof.kvcache.writers.rope_reference import rope_reference
 
 CPU = torch.device("cpu")
 
@@ -59,7 +59,7 @@ def test_the_frequencies_follow_the_rope_type():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_partial_rotary_and_gptj_style_rotate_what_the_config_says(dtype):
-    """Against kvprof.writers.rope_reference; float32 q and k too (the torch rotary once
+    """Against kvprof.kvcache.writers.rope_reference; float32 q and k too (the torch rotary once
     overwrote the first half before the second half read it)."""
     spec = RopeSpec(theta=10000.0, partial_rotary=0.5, is_neox=False, max_position=64)
     assert spec.rotary_dim(128) == 64

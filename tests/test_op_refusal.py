@@ -2,7 +2,7 @@
 ValueError every writer refuses a call with, so verify and the pools count them as refusals;
 a failed launch stays the error it is. On the GPU a call the rope op refused once crashed the
 process while c10 formatted its message with a number; the ops' messages are now built without
-it (kvprof/writers/csrc)."""
+it (kvprof/kvcache/writers/csrc)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvprof.writers.cuda_build import op_refusal
-from kvprof.writers.rope_cuda import RopeCudaWriter
+from kvprof.kvcache.writers.cuda_build import op_refusal
+from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
-CSRC = Path(__file__).resolve().parents[1] / "kvprof" / "writers" / "csrc"
+CSRC = Path(__file__).resolve().parents[1] / "kvprof" / "kvcache" / "writers" / "csrc"
 
 
 def test_an_op_check_is_a_one_line_refusal() -> None:

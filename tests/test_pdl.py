@@ -20,20 +20,19 @@ from kvprof.analysis.writes import gpu_work_rows, per_write_table
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.plan import plan_variants, trace_extra, variant_entry
 from kvprof.core.run import Manifest, VariantEntry
-from kvprof.layouts.base import LayoutWriter
-from kvprof.layouts.layout import LAYOUTS
-from kvprof.layouts.registry import create_writer, writer_names
+from kvprof.kvcache.contracts import LAYOUTS, LayoutWriter
+from kvprof.kvcache.layouts.registry import create_writer, writer_names
+from kvprof.kvcache.writers import KVWriter, fp8_jit
+from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter
+from kvprof.kvcache.writers.mla_sglang import SglangMLAWriter
+from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
+from kvprof.kvcache.writers.store_kv_fused import StoreKVFusedWriter
+from kvprof.kvcache.writers.torch_compile import TorchCompileWriter
+from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
 from kvprof.report.console import groups_table
 from kvprof.trace.load import load
 from kvprof.trace.synthetic import FUSED_KERNEL, KernelSpec, PhaseSpec, TraceSpec, WriteSpec, build
 from kvprof.trace.table import to_frame
-from kvprof.writers import KVWriter, fp8_jit
-from kvprof.writers.cuda_fused import CudaFusedWriter
-from kvprof.writers.mla_sglang import SglangMLAWriter
-from kvprof.writers.rope_cuda import RopeCudaWriter
-from kvprof.writers.store_kv_fused import StoreKVFusedWriter
-from kvprof.writers.torch_compile import TorchCompileWriter
-from kvprof.writers.triton_fused import TritonFusedWriter
 
 SAMPLE = Path(__file__).resolve().parent.parent / "traces" / "samples" / "h200-llama70b-tp8"
 LAYERS = [0, 1, 2, 3, 4]

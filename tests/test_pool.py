@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvprof.dtypes import convert_for_cache
-from kvprof.pool import KVPool
-from kvprof.writers import create_writer
+from kvprof.kvcache.dtypes import convert_for_cache
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import create_writer
 
 
 def make(dtype=torch.bfloat16, heads=2, dim=8, vdim=None, layers=3, size=64, page=1, start=0):
@@ -150,7 +150,7 @@ class _CheckingWriter:
         self.fail_with = fail_with
 
     def write(self, k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale=None, v_scale=None):
-        from kvprof.validation import check_buffers_inputs
+        from kvprof.kvcache.validation import check_buffers_inputs
 
         self.calls += 1
         try:
@@ -169,7 +169,7 @@ def _checking_pool(writer, check_slots=False):
 
 
 def test_a_checking_writer_takes_valid_calls_without_the_pools_python_checks(monkeypatch):
-    import kvprof.pool as pool_mod
+    import kvprof.kvcache.pool as pool_mod
 
     checked = []
     real = pool_mod.check_write_inputs
@@ -270,7 +270,7 @@ def test_compiled_checks_refuse_what_the_pool_refuses(variant, make_loc, nk, nv,
 def test_compiled_op_refuses_shapes_the_pool_refuses_directly():
     """The op itself (no pool): rows of the right element count but another head shape, and
     tensors on two devices' worth of checks, are refused in C++."""
-    from kvprof.writers.cuda_fused import load_extension
+    from kvprof.kvcache.writers.cuda_fused import load_extension
 
     ext, error = load_extension()
     assert ext is not None, error

@@ -83,7 +83,7 @@ def test_a_failing_rank_leaves_no_run_and_one_line(tmp_path):
     plugin.mkdir()
     (plugin / "rank_fail_writer.py").write_text(
         "import torch.distributed as dist\n"
-        "from kvprof.writers.index_put import IndexPutWriter\n"
+        "from kvprof.kvcache.writers.index_put import IndexPutWriter\n"
         "class FailsOnRank1(IndexPutWriter):\n"
         "    name = 'fails_on_rank1'\n"
         "    def write(self, *a, **k):\n"

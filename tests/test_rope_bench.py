@@ -11,8 +11,8 @@ from kvprof.bench.render import ROPE_EXTRA_COLUMNS, table_columns, verdict_lines
 from kvprof.bench.run import BenchPoint, RopeBenchCase, rope_grid, run_bench
 from kvprof.cli import main
 from kvprof.core.bench_result import BenchResult, BenchRow
-from kvprof.writers import rope_triton_kernel as rk
-from kvprof.writers.rope_triton import RopeTritonFusedWriter
+from kvprof.kvcache.writers import rope_triton_kernel as rk
+from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
 
 needs_interpreter = pytest.mark.skipif(rk.triton is None or not rk.interpreted(),
                                        reason="the rope kernel on CPU needs TRITON_INTERPRET=1 at import")

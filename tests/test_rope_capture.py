@@ -11,10 +11,10 @@ import torch
 from kvprof.analysis.metrics import kernels_verdict, paths_verdict
 from kvprof.cli import main
 from kvprof.core.vocab import FUSED, ROPE_FUSED, TWO_COPIES
-from kvprof.instrument import make_pool
-from kvprof.pool import KVPool
-from kvprof.writers import create_writer, rope_triton_kernel as rk, writer_names
-from kvprof.writers.rope_reference import cos_sin_table, rope_reference
+from kvprof.kvcache.instrument import make_pool
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import create_writer, rope_triton_kernel as rk, writer_names
+from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
 
 needs_interpreter = pytest.mark.skipif(rk.triton is None or not rk.interpreted(),
                                        reason="the rope kernel on CPU needs TRITON_INTERPRET=1 at import")
@@ -31,7 +31,7 @@ def _inputs(tokens=3, hq=4, hk=2, dim=16):
 
 
 def test_rope_writers_are_mha_writers_of_the_rope_contract():
-    from kvprof.layouts import get_layout
+    from kvprof.kvcache.layouts import get_layout
 
     names = writer_names("mha")
     assert all(n in names for n in ROPE_VARIANTS)

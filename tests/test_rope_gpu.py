@@ -25,9 +25,9 @@ import pytest
 import torch
 
 from kvprof.core.vocab import FALLBACK_PREFIX, ROPE_FUSED
-from kvprof.dtypes import convert_for_cache, store_dtype_for
-from kvprof.writers.rope_base import RopeKVWriter
-from kvprof.writers.rope_reference import cos_sin_table, rope_reference
+from kvprof.kvcache.contracts import RopeKVWriter
+from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
+from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -37,7 +37,7 @@ INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 def _cuda_fused(**options: object) -> Callable[[], RopeKVWriter]:
     def make() -> RopeKVWriter:
-        from kvprof.writers.rope_cuda import RopeCudaWriter
+        from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
         return RopeCudaWriter(**options)  # type: ignore[arg-type]
 
@@ -46,7 +46,7 @@ def _cuda_fused(**options: object) -> Callable[[], RopeKVWriter]:
 
 def _triton(kind: str) -> Callable[[], RopeKVWriter]:
     def make() -> RopeKVWriter:
-        from kvprof.writers import rope_triton as rt
+        from kvprof.kvcache.writers import rope_triton as rt
 
         return rt.RopeTritonFusedWriter() if kind == "fused" else rt.RopeThenStoreWriter(kind)
 
@@ -54,14 +54,14 @@ def _triton(kind: str) -> Callable[[], RopeKVWriter]:
 
 
 def _sgl_kernel_cubin() -> RopeKVWriter:
-    from kvprof.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
+    from kvprof.kvcache.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
 
     return SglKernelRopeCubinWriter()
 
 
 def _sglang(kind: str) -> Callable[[], RopeKVWriter]:
     def make() -> RopeKVWriter:
-        from kvprof.writers import rope_sglang
+        from kvprof.kvcache.writers import rope_sglang
 
         return rope_sglang.SglangRopeStoreWriter() if kind == "jit" else rope_sglang.SglangTritonRopeCacheWriter()
 
@@ -216,7 +216,7 @@ def test_q_and_k_as_views_of_one_qkv_tensor_are_rotated_in_place():
 
 def test_rope_cuda_fused_q_of_the_other_16_bit_type():
     """fp16 q with bf16 k/v (SGLang's fp16-q feed), and bf16 q with fp16 k/v."""
-    from kvprof.writers.rope_cuda import RopeCudaWriter
+    from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
     for q_dtype, dtype in ((torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)):
         q, k, v, cs, pos, loc, rows = make_case(tokens=9, hq=8, hk=1, dim=128, dtype=dtype, q_dtype=q_dtype)
@@ -233,7 +233,7 @@ def test_rope_cuda_fused_q_of_the_other_16_bit_type():
 def test_rope_cuda_fused_skips_bad_slots_and_positions_and_zero_tokens():
     """Slots outside [0, rows) are not written (q and k still rotated); a token whose position
     is outside the cos/sin table is left alone entirely; zero tokens launch nothing."""
-    from kvprof.writers.rope_cuda import RopeCudaWriter
+    from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
     w = RopeCudaWriter()
     q, k, v, cs, pos, loc, rows = make_case(tokens=4, hq=8, hk=1, dim=128)
@@ -257,7 +257,7 @@ def test_rope_cuda_fused_skips_bad_slots_and_positions_and_zero_tokens():
 def test_rope_cuda_fused_pdl_in_a_replayed_graph_gives_the_eager_bits():
     """Three layers' writes captured in one CUDA graph with programmatic dependent launch on:
     each replay rotates again, exactly as three more eager calls without PDL do."""
-    from kvprof.writers.rope_cuda import RopeCudaWriter
+    from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
     runs = []
     for pdl, graphed in ((True, True), (False, False)):
@@ -296,7 +296,7 @@ def test_rope_cuda_fused_pdl_in_a_replayed_graph_gives_the_eager_bits():
      "rope_cuda_fused: q and k rows must not overlap"),
 ])
 def test_rope_cuda_fused_refuses_bad_calls_in_one_line_before_writing(change, message):
-    from kvprof.writers.rope_cuda import RopeCudaWriter
+    from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
     q, k, v, cs, pos, loc, rows = make_case()
     k_buf = torch.zeros(rows, 2, 64, dtype=torch.bfloat16, device=CUDA)

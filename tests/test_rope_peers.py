@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from kvprof.core.vocab import ROPE_FUSED
-from kvprof.dtypes import convert_for_cache
-from kvprof.writers import rope_cuda, rope_sglang
-from kvprof.writers.rope_reference import cos_sin_table, rope_reference
+from kvprof.kvcache.dtypes import convert_for_cache
+from kvprof.kvcache.writers import rope_cuda, rope_sglang
+from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -193,7 +193,7 @@ def _rope_cubin(path, entries=(("0", 128, 8, 16, "bf16"), ("1", 64, 8, 8, "fp16"
 
 
 def test_rope_cubin_reader_takes_the_fused_instances_with_their_launch_shape(tmp_path):
-    from kvprof.writers.rope_sgl_cubin import launch_shape, read_rope_cubin
+    from kvprof.kvcache.writers.rope_sgl_cubin import launch_shape, read_rope_cubin
 
     cub = read_rope_cubin(_rope_cubin(tmp_path / "r.cubin"))
     assert sorted(cub.kernels, key=str) == [(False, 128, torch.bfloat16), (True, 64, torch.float16)]
@@ -212,7 +212,7 @@ def test_rope_cubin_reader_takes_the_fused_instances_with_their_launch_shape(tmp
     (lambda p: None, "cannot read sgl-kernel rope cubin"),
 ])
 def test_a_bad_rope_cubin_is_one_line(tmp_path, make, match):
-    from kvprof.writers.rope_sgl_cubin import read_rope_cubin
+    from kvprof.kvcache.writers.rope_sgl_cubin import read_rope_cubin
 
     path = tmp_path / "bad.cubin"
     make(path)
@@ -231,7 +231,7 @@ def _rope_args(tokens=5, hq=8, hk=1, dim=128, rope_dim=None, dtype=torch.bfloat1
 @pytest.mark.parametrize("tokens, block, blocks", [(1, (16, 8), 1), (8, (16, 8), 1), (9, (16, 8), 2),
                                                    (600, (16, 8), 75)])
 def test_rope_launch_decisions_are_the_ops(tmp_path, tokens, block, blocks):
-    from kvprof.writers.rope_sgl_cubin import plan_rope_launch, read_rope_cubin
+    from kvprof.kvcache.writers.rope_sgl_cubin import plan_rope_launch, read_rope_cubin
 
     cub = read_rope_cubin(_rope_cubin(tmp_path / "r.cubin"))
     args = _rope_args(tokens)
@@ -254,7 +254,7 @@ def test_rope_launch_decisions_are_the_ops(tmp_path, tokens, block, blocks):
      "k, v and the caches must be q's dtype"),
 ])
 def test_the_rope_ops_refusals_are_one_line(tmp_path, change, match):
-    from kvprof.writers.rope_sgl_cubin import plan_rope_launch, read_rope_cubin
+    from kvprof.kvcache.writers.rope_sgl_cubin import plan_rope_launch, read_rope_cubin
 
     cub = read_rope_cubin(_rope_cubin(tmp_path / "r.cubin"))
     args = _rope_args()
@@ -269,7 +269,7 @@ def test_the_rope_ops_refusals_are_one_line(tmp_path, change, match):
 
 
 def test_sgl_kernel_rope_cubin_says_why_not_here():
-    from kvprof.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
+    from kvprof.kvcache.writers.rope_sgl_cubin import SglKernelRopeCubinWriter
 
     w = SglKernelRopeCubinWriter()
     reason = w.unsupported_reason(CUDA, torch.bfloat16, torch.bfloat16)

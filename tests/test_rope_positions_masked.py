@@ -11,8 +11,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kvprof.writers import create_writer  # noqa: E402
-from kvprof.writers.rope_reference import rope_reference  # noqa: E402
+from kvprof.kvcache.writers import create_writer  # noqa: E402
+from kvprof.kvcache.writers.rope_reference import rope_reference  # noqa: E402
 
 TOKENS, HQ, HK, D, MAX_POS, ROWS = 6, 4, 2, 16, 32, 16
 

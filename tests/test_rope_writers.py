@@ -24,11 +24,11 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvprof.core.vocab import FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path, is_rope_fused_path
-from kvprof.dtypes import convert_for_cache, store_dtype_for
-from kvprof.writers import rope_triton as rt, rope_triton_kernel as rk
-from kvprof.writers.rope_base import check_rope_inputs
-from kvprof.writers.rope_reference import cos_sin_table, rope_reference
-from kvprof.writers.rope_tables import RopeConfig, interpreted_rope_config, pick_rope_config
+from kvprof.kvcache.contracts import check_rope_inputs
+from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
+from kvprof.kvcache.writers import rope_triton as rt, rope_triton_kernel as rk
+from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
+from kvprof.kvcache.writers.rope_tables import RopeConfig, interpreted_rope_config, pick_rope_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow in the interpreter
 

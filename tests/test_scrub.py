@@ -224,7 +224,7 @@ def chrome_trace(secret: str) -> dict:
                        "ts": ts - 3, "dur": 2.0, "args": {"correlation": 100 + i}})
         events.append({"ph": "X", "cat": "user_annotation", "name": NVTX_NAMES[0], "pid": 7, "tid": 7,
                        "ts": ts - 5, "dur": 9.0, "args": {"External id": i}})
-    events.append({"ph": "X", "cat": "python_function", "name": f"{HOME}/work/kvprof/pool.py(12): write",
+    events.append({"ph": "X", "cat": "python_function", "name": f"{HOME}/work/kvprof/kvcache/pool.py(12): write",
                    "pid": 7, "tid": 7, "ts": 5.35e12, "dur": 1.0})
     return {
         "schemaVersion": 1,
@@ -261,7 +261,7 @@ def test_chrome_trace_scrub(tmp_path: Path, secret: str, name: str) -> None:
     assert new["kvprof"]["HF_TOKEN"] == MARKER and new["kvprof"]["key"] == "kept"
     assert new["distributedInfo"] == doc["distributedInfo"] and new["baseTimeNanoseconds"] == doc["baseTimeNanoseconds"]
     assert new["traceEvents"][0]["args"]["name"] == MARKER
-    assert new["traceEvents"][-1]["name"] == "~/work/kvprof/pool.py(12): write"
+    assert new["traceEvents"][-1]["name"] == "~/work/kvprof/kvcache/pool.py(12): write"
 
 
 def test_clean_trace_is_not_rewritten(tmp_path: Path, secret: str) -> None:

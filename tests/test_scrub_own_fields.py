@@ -13,7 +13,7 @@ from kvprof.cli import main
 from kvprof.tools.scrub import Rules
 
 HINT = ("triton_fused on CPU runs in Triton's interpreter: set TRITON_INTERPRET=1 before "
-        "kvprof.writers.triton_fused is imported")
+        "kvprof.kvcache.writers.triton_fused is imported")
 
 
 def test_own_advice_is_kept_and_environment_dumps_still_go():

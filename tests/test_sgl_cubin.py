@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvprof.writers import FUSED, create_writer
-from kvprof.writers.sgl_cubin import THREADS, plan_launch, read_cubin
+from kvprof.kvcache.writers import FUSED, create_writer
+from kvprof.kvcache.writers.sgl_cubin import THREADS, plan_launch, read_cubin
 
 ROOT = Path(__file__).resolve().parents[1]
 SIG = b"EEvPmS1_PKT_mPKmS6_mmm"
@@ -111,7 +111,7 @@ def test_the_writer_says_why_it_cannot_run_here(monkeypatch, tmp_path):
 
 
 def _script(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "kvprof.writers.sgl_cubin_extract", *args],
+    return subprocess.run([sys.executable, "-m", "kvprof.kvcache.writers.sgl_cubin_extract", *args],
                           capture_output=True, text=True, **kw)
 
 
@@ -133,7 +133,7 @@ def test_extraction_errors_are_one_line(tmp_path):
 # ----------------------------------------------------------------------------- GPU
 def _cubin_writer():
     if not os.environ.get("KVPROF_SGL_CUBIN"):
-        pytest.skip("KVPROF_SGL_CUBIN is not set (python -m kvprof.writers.sgl_cubin_extract, "
+        pytest.skip("KVPROF_SGL_CUBIN is not set (python -m kvprof.kvcache.writers.sgl_cubin_extract, "
                     "then gpu/run_gpu_checks.sh sets it)")
     w = create_writer("sgl_kernel_cubin")
     assert w.unsupported_reason(torch.device("cuda"), torch.bfloat16) is None
@@ -141,7 +141,7 @@ def _cubin_writer():
 
 
 def _pools(w, heads, dim, cache, rows=8192):
-    from kvprof.pool import KVPool
+    from kvprof.kvcache.pool import KVPool
 
     ref = KVPool(rows, 1, cache, heads, dim, 1, "cuda", writer=create_writer("index_put"))
     got = KVPool(rows, 1, cache, heads, dim, 1, "cuda", writer=w)

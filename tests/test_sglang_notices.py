@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvprof.integrations import sglang as plugin_mod
-from kvprof.writers import create_writer, writer_names
+from kvprof.kvcache.writers import create_writer, writer_names
 
 
 def test_plugin_off_unless_asked(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):

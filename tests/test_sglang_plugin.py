@@ -116,7 +116,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.models.utils import create_fused_set_kv_buffer_arg
 from sglang.srt.plugins import load_plugins
-from kvprof.writers.rope_reference import rope_reference
+from kvprof.kvcache.writers.rope_reference import rope_reference
 
 def cpu_rope(q, k, cos_sin_cache, positions, *, is_neox, rope_dim=0):  # for SGLang's JIT apply_rope_inplace
     rq, rk = rope_reference(q, k, cos_sin_cache, positions, is_neox, rope_dim or None)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvprof.integrations import sglang as plugin_mod
-from kvprof.writers.rope_reference import cos_sin_table, rope_reference
+from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
 
 HQ, HK, D, SIZE = 4, 2, 64, 31
 

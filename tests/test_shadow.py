@@ -34,14 +34,14 @@ def test_shadow_variable(monkeypatch: pytest.MonkeyPatch, value: str, every: int
     assert got == every and (why is None if problem is None else problem in str(why))
 
 
-def test_unique_valid_drops_padding_and_shared_slots() -> None:
-    slots = torch.tensor([4, -1, 7, 4, 0, 9, 7, 2])
-    assert core.unique_valid(slots, None).tolist() == [False, False, False, False, True, True, False, True]
-    assert core.unique_valid(slots, 0).tolist() == [False, False, False, False, False, True, False, True]
+def test_held_tokens_drop_padding_shared_and_out_of_range_slots() -> None:
+    slots = [4, -1, 7, 4, 0, 9, 7, 2, 12]
+    assert core.held_tokens(slots, 12, None) == [False, False, False, False, True, True, False, True, False]
+    assert core.held_tokens(slots, 12, 0) == [False, False, False, False, False, True, False, True, False]
 
 
 def test_to_store_matches_the_reference_and_sglangs_division() -> None:
-    from kvprof.dtypes import convert_for_cache
+    from kvprof.kvcache.dtypes import convert_for_cache
 
     x = torch.randn(5, 2, 8, generator=torch.Generator().manual_seed(1)).bfloat16() * 4
     for scale in (None, 0.37, torch.tensor([0.37])):
@@ -59,17 +59,19 @@ def test_every_nth_write_is_compared_and_a_wrong_row_named() -> None:
     slots = torch.tensor([5, 2, 8])
     k = torch.randn(3, 4)
     got = k.clone()
-    shadow.compare(1, "w", slots, got, got, k, k, torch.ones(3, dtype=torch.bool))
+    shadow.compare(1, "w", slots, got, got, k, k, rows=16)
     got[2, 3] += 1  # one element of slot 8's row
-    shadow.compare(2, "w", slots, got, k, k, k, torch.ones(3, dtype=torch.bool))
-    shadow.compare(3, "w", slots, got, k, k, k, torch.tensor([True, True, False]))  # slot 8 not held
+    shadow.compare(2, "w", slots, got, k, k, k, rows=16)
+    shadow.compare(3, "w", slots, got, k, k, k, rows=8)  # slot 8 past the cache: not held
+    shadow.compare(3, "w", slots, got, k, k, k, rows=16, pad=8)  # slot 8 the dummy slot: not held
+    shadow.compare(3, "w", torch.tensor([5, 8, 8]), got, k, k, k, rows=16)  # slot 8 written twice: not held
     rec = shadow.record()
-    assert (rec.checked, rec.mismatched, rec.rows_checked, rec.rows_mismatched) == (3, 1, 8, 1)
+    assert (rec.checked, rec.mismatched, rec.rows_checked, rec.rows_mismatched) == (5, 1, 11, 1)
     assert [(m.layer, m.slot, m.rows) for m in rec.first_mismatches] == [(2, 8, 1)]
-    shadow.compare(4, "w", slots, got, k, k, k, torch.zeros(3, dtype=torch.bool))
-    shadow.compare(4, "w", slots[:0], got[:0], k[:0], k[:0], k[:0], torch.zeros(0, dtype=torch.bool))
+    shadow.compare(4, "w", torch.tensor([-1, 0, 0]), got, k, k, k, rows=16, pad=0)
+    shadow.compare(4, "w", slots[:0], got[:0], k[:0], k[:0], k[:0], rows=16)
     rec = shadow.record()
-    assert rec.checked == 3 and sum(rec.skipped.values()) == 2
+    assert rec.checked == 5 and sum(rec.skipped.values()) == 2
 
 
 def test_pending_counts_are_read_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,9 +79,9 @@ def test_pending_counts_are_read_in_batches(monkeypatch: pytest.MonkeyPatch) -> 
     shadow = core.Shadow(1)
     k = torch.zeros(2, 3)
     for _ in range(3):
-        shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, torch.ones(2, dtype=torch.bool))
+        shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, rows=4)
     assert len(shadow.pending) == 3 and shadow.checked == 0
-    shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, torch.ones(2, dtype=torch.bool))
+    shadow.compare(0, "w", torch.tensor([1, 2]), k, k, k, k, rows=4)
     assert not shadow.pending and shadow.checked == 4
 
 
@@ -92,6 +94,83 @@ def test_a_write_inside_a_graph_capture_is_skipped_and_counted(state: Any) -> No
         core.GRAPHS.end()
     assert state.shadow.skipped == {core.SKIP_CAPTURE: 1}
     assert state.shadow_due(torch.device("cpu"))
+
+
+def _packed(blocks: int, heads: int, block_size: int, dim: int, gen: torch.Generator) -> tuple[Any, Any, Any]:
+    """vLLM's packed cache [blocks, heads, block_size, 2*dim] and its K/V [blocks, block_size, heads, dim] views."""
+    cache = torch.randn(blocks, heads, block_size, 2 * dim, generator=gen).bfloat16()
+    k, v = cache.transpose(1, 2).split(dim, dim=-1)
+    return cache, k, v
+
+
+@pytest.mark.parametrize("pad", [None, 0])
+def test_graph_kernel_counts_each_replay_and_names_the_first_wrong_slot(pad: int | None) -> None:
+    """The kernel a capture records after a write (run here by Triton's interpreter): each run adds
+    one replay, the rows it held (padding -1, the dummy slot ``pad``, slots past the cache left out)
+    and the wrong ones; the first wrong slot is kept."""
+    from kvprof.integrations import shadow_kernel as sk
+
+    gen = torch.Generator().manual_seed(3)
+    _, kc, vc = _packed(4, 2, 4, 8, gen)
+    slots = torch.tensor([3, -1, 9, 14, 0, 16])
+    key, value = (torch.randn(6, 2, 8, generator=gen).bfloat16() for _ in range(2))
+    for t, s in enumerate(slots.tolist()):
+        if 0 <= s < 16:
+            kc[s // 4, s % 4], vc[s // 4, s % 4] = key[t], value[t]
+    counts = torch.tensor([0, 0, 0, 0, -1])
+    held = 4 if pad is None else 3
+    for _ in range(3):
+        sk.compare_rows(slots, key, value, kc, vc, 16, pad, counts)
+    assert counts.tolist() == [3, 3 * held, 0, 0, -1]
+    vc[2, 1, 1, 5] += 1  # slot 9's V
+    kc[3, 2, 0, 0] += 1  # slot 14's K
+    sk.compare_rows(slots, key, value, kc, vc, 16, pad, counts)
+    assert counts.tolist() == [4, 4 * held, 2, 1, 9]
+    sk.compare_rows(slots[3:4], key[3:4], value[3:4], kc, vc, 16, pad, counts)
+    assert counts.tolist() == [5, 4 * held + 1, 3, 2, 9]
+
+
+def test_graph_kernel_reads_a_pool_of_rows_as_blocks_of_one() -> None:
+    """SGLang's pool ([rows, heads, dim]) as blocks of one row, its dummy slot 0 not held."""
+    from kvprof.integrations import shadow_kernel as sk
+
+    gen = torch.Generator().manual_seed(4)
+    k_buf, v_buf = (torch.randn(10, 3, 16, generator=gen).half() for _ in range(2))
+    slots = torch.tensor([0, 7, 2])
+    key, value = k_buf[slots].clone(), v_buf[slots].clone()
+    key[0] += 1  # the dummy slot's token: not held
+    counts = torch.tensor([0, 0, 0, 0, -1])
+    assert sk.refusal(slots, key, value, k_buf.unsqueeze(1), v_buf.unsqueeze(1)) is None
+    sk.compare_rows(slots, key, value, k_buf.unsqueeze(1), v_buf.unsqueeze(1), 10, 0, counts)
+    assert counts.tolist() == [1, 2, 0, 0, -1]
+    assert "fp8" in sk.refusal(slots, key, value, k_buf.unsqueeze(1).to(torch.uint8), v_buf.unsqueeze(1))
+
+
+def test_graph_checks_add_to_the_sidecar_counts() -> None:
+    """Writes checked inside a graph count in ``checked`` and the rows with their replays; the sidecar
+    says how many captured writes have a check and how many replays ran it."""
+    from kvprof.integrations import shadow_kernel as sk
+
+    shadow = core.Shadow(1)
+    block = torch.zeros(core.SHADOW_GRAPH_ROWS, sk.COUNTS, dtype=torch.int64)
+    block[:, sk.FIRST] = -1
+    shadow.blocks.stack = [[block, 0]]  # what before_capture allocates on CUDA
+    assert shadow.graph_row_free()
+    gen = torch.Generator().manual_seed(5)
+    _, kc, vc = _packed(2, 1, 4, 8, gen)
+    slots = torch.tensor([1, 6])
+    key, value = kc[[0, 1], [1, 2]].clone(), vc[[0, 1], [1, 2]].clone()
+    shadow.compare_in_graph(3, "w", slots, key, value, kc, vc, 8)
+    shadow.compare_in_graph(4, "w", slots, key, value.float(), kc, vc, 8)  # converted: not compared
+    sk.compare_rows(slots, key, value, kc, vc, 8, None, block[0])  # a second replay
+    vc[1, 2] += 1
+    sk.compare_rows(slots, key, value, kc, vc, 8, None, block[0])  # a third, slot 6 wrong
+    rec = shadow.record()
+    assert (rec.in_graphs, rec.replayed, rec.checked, rec.rows_checked) == (1, 3, 3, 6)
+    assert (rec.mismatched, rec.rows_mismatched) == (1, 1)
+    assert [(m.layer, m.slot) for m in rec.first_mismatches] == [(3, 6)]
+    assert list(rec.skipped) == ["w in a CUDA graph: inputs converted on the way into the cache (fp8): "
+                                 "not compared inside a CUDA graph"]
 
 
 class TritonAttentionImpl:
@@ -190,7 +269,7 @@ def test_a_right_writer_routed_through_the_plugin_passes(state: Any) -> None:
 def test_vllm_fp8_cache_checked_through_vllms_conversion(state: Any, kv_dtype: str, torch_dtype: Any) -> None:
     """An fp8 cache (uint8 bytes, the layer's _k_scale/_v_scale): a write converting as vLLM's op
     does passes; one that skips the scale is caught."""
-    from kvprof.layouts.paged import convert_like_vllm
+    from kvprof.kvcache.dtypes import convert_like_vllm
 
     class TritonAttentionImpl:
         scaled = True
@@ -352,3 +431,39 @@ def test_sglangs_canary_violations_read_into_the_sidecar(monkeypatch: pytest.Mon
 
     render_shadow([json.loads(side.read_text())], make_console())
     assert "2 VIOLATIONS" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("off", [0, 1])
+def test_gpu_writes_captured_into_a_graph_are_checked_at_every_replay(state: Any, off: int) -> None:
+    """On a GPU, through kvprof's CUDA-graph hook: every N-th write captured into a graph gets a
+    comparison kernel, which runs at each replay; a writer one slot off is caught in each replay."""
+    graph_cls = type("HookedCUDAGraph", (torch.cuda.CUDAGraph,), {})  # torch's own class left alone
+    assert "not hooked" not in core.hook_graphs(graph_cls, lambda: core.GRAPHS, lambda: None)
+    impl_cls = type("TritonAttentionImpl", (VectorImpl,), {"off": off})
+    hook = plugin_mod._make_hook(impl_cls, "do_kv_cache_update", VectorImpl.__dict__["do_kv_cache_update"])
+    dev = torch.device("cuda", torch.cuda.current_device())
+    impl = impl_cls(128)
+    caches = [torch.zeros(32, 1, 16, 256, dtype=torch.bfloat16, device=dev) for _ in range(4)]
+    key = torch.randn(8, 1, 128, device=dev).bfloat16()
+    value = torch.randn(8, 1, 128, device=dev).bfloat16()
+    slots = torch.randperm(512, device=dev)[:8]
+    state.shadow = core.Shadow(0)
+    for layer in range(4):  # eager first writes describe each layer's cache
+        hook(impl, Layer(layer), key, value, caches[layer], slots)
+    state.shadow = core.Shadow(2)
+    graph = graph_cls()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        for layer in range(4):
+            hook(impl, Layer(layer), key, value, caches[layer], slots)
+    torch.cuda.synchronize()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    rec = state.sidecar().shadow
+    assert rec is not None and rec.skipped == {}
+    assert (rec.in_graphs, rec.replayed, rec.checked, rec.rows_checked) == (2, 10, 10, 80)
+    assert rec.mismatched == (10 if off else 0) and rec.rows_mismatched == (80 if off else 0)

@@ -32,7 +32,7 @@ def run(name: str, seed: int = 0, cases: int = CASES, budget: float = 300.0, **k
 
 PLANTS = {"off_by_one", "one_wrong_byte", "contiguous_loc", "strided_storage", "neighbour_slot", "skips_v",
           "refuses_after_writing", "refuses_cleanly", "paged_contiguous_loc", "mla_writes_skipped", "torch_rope",
-          "stale_k_rope", "first_token_wins", "skips_dummy_slot", "scales_in_place"}
+          "stale_k_rope", "fma_rope", "sloppy_rope", "first_token_wins", "skips_dummy_slot", "scales_in_place"}
 
 
 # --- planted writers ---------------------------------------------------------------------------------
@@ -91,6 +91,18 @@ def test_stale_rope_k_is_caught(seed):
     result = run("stale_k_rope", seed)
     assert result.writers[0].contract == "rope"
     assert result.writers[0].wrong >= CASES - EMPTY - 2  # a token at position 0 is not rotated at all
+
+
+def test_a_rope_rounded_as_by_fused_multiply_adds_passes_and_a_sloppy_one_does_not():
+    """A rotation rounded once per output (a compiler's fused multiply-adds) lies many fp32 units
+    from the fp32 reference where its products cancel, within the error such a compiler may
+    make: it passes; one 2^-12 off is caught where q and k are fp32."""
+    cases = 4 * len(PATTERNS)
+    fma = run("fma_rope", 0, cases=cases)
+    assert fma.writers[0].wrong == 0 and fma.writers[0].cases == cases
+    sloppy = run("sloppy_rope", 0, cases=cases)
+    assert sloppy.writers[0].wrong >= 1
+    assert all(f.case.split()[0].endswith("fp32") for f in sloppy.failures)  # q and k in fp32
 
 
 def test_refusal_that_changed_nothing_is_refused_and_one_that_wrote_is_wrong():
@@ -231,7 +243,7 @@ def test_cli_cuda_without_a_gpu_is_one_line(capsys):
 @pytest.mark.slow
 def test_default_run_covers_every_writer_that_runs_here():
     """No --variants: every registered writer of every layout, each run or named with why not."""
-    from kvprof.writers import REGISTRY
+    from kvprof.kvcache.writers import REGISTRY
 
     ticks = iter(range(10**6))
     result = verify(None, device=CPU, budget_s=0.5, cases=1, clock=lambda: float(next(ticks)) * 1e-9)
@@ -263,7 +275,7 @@ def test_cli_pdl_bad_arguments_are_one_line(capsys, args, words):
 def test_pdl_reader_counts_each_row_that_differs():
     """The dependent kernel's counting, in Triton's interpreter (there without its
     griddepcontrol.wait, which only a GPU has): one stale read per row with any byte off."""
-    from kvprof.writers import triton_kernel
+    from kvprof.kvcache.writers import triton_kernel
 
     if not triton_kernel.interpreted():
         pytest.skip("the reader on a CPU needs TRITON_INTERPRET=1 at import")

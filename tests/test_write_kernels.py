@@ -84,7 +84,7 @@ def test_kvprof_own_write_kernels_are_found_by_the_names_its_traces_show():
     that name is not a substring of the CUDA kernel's (a replay would take the wrong kernels)."""
     import pandas as pd
 
-    from kvprof.writers import create_writer, triton_kernel
+    from kvprof.kvcache.writers import create_writer, triton_kernel
 
     assert create_writer("triton_fused").kernel_name == triton_kernel.KERNEL_NAME == "_store_kv_kernel"
     if triton_kernel.triton is not None:

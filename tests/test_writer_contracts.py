@@ -4,7 +4,7 @@ pool, each registered writer of every contract (``KVWriter``, ``MLAWriter``, ``P
 with every buffer and input as it was.
 
 The checks live once per contract (``check_write``) and run before any subclass's ``write``
-(``kvprof.writers.base.ChecksItsCalls``), so a writer registered later gets them too: the
+(``kvprof.kvcache.contracts.ChecksItsCalls``), so a writer registered later gets them too: the
 third-party writers below rely on a contiguous ``loc`` as kernels do, and write the right
 rows anyway. The store writers are driven with the strategies of the pools' property test
 (tests/test_writer_properties.py: strided, offset, expanded and 2-D slots; strided, offset,
@@ -28,15 +28,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import test_writer_properties as wp
 from cli_support import run_cli
 from kvprof.core import variants
-from kvprof.dtypes import convert_for_cache, store_dtype_for
-from kvprof.layouts.mla import MLAWriter
-from kvprof.layouts.paged import PagedWriter
-from kvprof.pool import KVPool
-from kvprof.validation import _meet, _rows_form, check_disjoint
-from kvprof.writers import WriterRegistry, create_writer, writer_names
-from kvprof.writers.base import KVWriter
-from kvprof.writers.rope_base import RopeKVWriter
-from kvprof.writers.rope_reference import cos_sin_table, rope_reference
+from kvprof.kvcache.contracts import KVWriter, MLAWriter, PagedWriter, RopeKVWriter
+from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.validation import _meet, _rows_form, check_disjoint
+from kvprof.kvcache.writers import WriterRegistry, create_writer, writer_names
+from kvprof.kvcache.writers.rope_reference import cos_sin_table, rope_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow in Triton's interpreter
 CPU = torch.device("cpu")
@@ -475,7 +472,10 @@ def _run_direct(layout: str, writer: Any, case: dict[str, Any], device: torch.de
         for before, b in zip(snapshot, watched):
             assert torch.equal(before, wp._rows_of(b)), f"{writer.name} changed a buffer, then refused: {exc}"
         assert refuse, f"{writer.name} refused a valid direct call: {exc}"
-        assert case["fault"] is None or wp.REFUSALS[case["fault"]] in str(exc), f"{case['fault']}: refused for {exc}"
+        # a case with a fault and dtypes the writer cannot take may be refused for either
+        unsupported = writer.unsupported_reason(device, case["cache"], case["inp"])
+        assert case["fault"] is None or wp.REFUSALS[case["fault"]] in str(exc) or (
+            unsupported is not None and unsupported in str(exc)), f"{case['fault']}: refused for {exc}"
         assert "\n" not in str(exc)
         return
     assert not refuse, f"{writer.name} took a direct call it must refuse: {case}"
@@ -499,6 +499,17 @@ def test_every_store_writer_called_directly_writes_the_reference_rows_or_nothing
         _run_direct_examples(layout, create_writer(name, layout=layout), device)
     finally:
         torch._dynamo.reset()
+
+
+def test_a_fault_beside_dtypes_the_writer_cannot_take_may_be_refused_for_either() -> None:
+    """A case Hypothesis drew: mla_triton on a CPU, an fp32 input for a bf16 cache and a slot past
+    the buffer. The writer refuses the dtypes first (its contract asks ``unsupported_reason``
+    before the slot range), which is a right refusal, and nothing is written."""
+    case = {"fault": "slot out of range", "cache": torch.bfloat16, "inp": torch.float32, "tokens": 1,
+            "check_slots": True, "slots": [33], "loc_layout": "contiguous", "loc_dtype": torch.int64,
+            "row_layouts": ("contiguous", "contiguous"), "into": 0, "heads": 1, "dim": 4, "vdim": 4,
+            "scale": None, "split": False, "padded": 0, "seed": 0, "direct": None}
+    _run_direct("mla", wp._writer("mla", "mla_triton", CPU), case, CPU)
 
 
 def _run_direct_examples(layout: str, writer: Any, device: torch.device) -> None:

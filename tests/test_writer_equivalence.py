@@ -13,10 +13,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kvprof.pool import KVPool
-from kvprof.workload import PhaseSpec, SlotAllocator
-from kvprof.writers import create_writer
-from kvprof.writers.sgl_kernel import SglKernelWriter
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.workload import PhaseSpec, SlotAllocator
+from kvprof.kvcache.writers import create_writer
+from kvprof.kvcache.writers.sgl_kernel import SglKernelWriter
 
 CACHES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
 INPUTS = {torch.float8_e4m3fn: [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn],

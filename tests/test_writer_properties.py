@@ -20,12 +20,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from kvprof.dtypes import convert_for_cache, store_dtype_for
-from kvprof.layouts import registry
-from kvprof.layouts.mla import MLAPool, cast_like_sglang
-from kvprof.layouts.paged import PagedPool, convert_like_vllm
-from kvprof.pool import KVPool
-from kvprof.writers import writer_names
+from kvprof.kvcache.dtypes import cast_like_sglang, convert_for_cache, convert_like_vllm, store_dtype_for
+from kvprof.kvcache.layouts import registry
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import writer_names
 
 CPU = torch.device("cpu")
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -395,7 +395,7 @@ def test_cuda_fused_copies_what_its_op_refuses_then_launches(monkeypatch: pytest
     from pathlib import Path
     from types import SimpleNamespace
 
-    from kvprof.writers import cuda_fused
+    from kvprof.kvcache.writers import cuda_fused
 
     source = (Path(cuda_fused.__file__).with_name("csrc") / "store_kv.cpp").read_text()
     assert cuda_fused.NOT_LOC_CONTIGUOUS in source and cuda_fused.NOT_ROW_CONTIGUOUS in source

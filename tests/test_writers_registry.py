@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from kvprof.core.errors import UsageError
-from kvprof.layouts import LAYOUTS, get_layout
-from kvprof.layouts.mha import MHALayout
-from kvprof.layouts.mla import MLAWriter
-from kvprof.pool import KVPool
-from kvprof.writers import FUSED, TWO_COPIES, KVWriter, WriterRegistry, create_writer, writer_names
-from kvprof.writers.registry import entry_point_groups
-from kvprof.writers.rope_base import RopeKVWriter
-from kvprof.writers.sgl_kernel import SglKernelWriter
-from kvprof.writers.two_stream import TwoStreamWriter
+from kvprof.kvcache.contracts import WRITER_CONTRACTS, MLAWriter, RopeKVWriter
+from kvprof.kvcache.instrument import POOLS, make_layout_pool
+from kvprof.kvcache.layouts import LAYOUTS, get_layout
+from kvprof.kvcache.layouts.mha import MHALayout
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.registry import entry_point_groups
+from kvprof.kvcache.writers import FUSED, TWO_COPIES, KVWriter, WriterRegistry, create_writer, writer_names
+from kvprof.kvcache.writers.sgl_kernel import SglKernelWriter
+from kvprof.kvcache.writers.two_stream import TwoStreamWriter
 
 
 def test_builtins_registered_in_order():
@@ -225,8 +225,9 @@ def test_entry_points_are_read_per_layout(monkeypatch):
 
 def test_a_layout_takes_a_second_writer_contract():
     """A writer that is not a KVWriter belongs to the MHA layout once its contract is added."""
-    mha = MHALayout()  # its own instance: the layout kvprof uses keeps its contracts
-    reg = WriterRegistry(layouts=lambda name: mha)
+    table = WRITER_CONTRACTS.copy()  # its own table: the one kvprof uses keeps its contracts
+    mha = MHALayout(table)
+    reg = WriterRegistry(table)
     reg.register("rope_store", RopeStoreBase)
     with pytest.raises(UsageError, match="returned RopeStoreBase, not a KVWriter or RopeKVWriter"):
         reg.create("rope_store")
@@ -261,8 +262,8 @@ def test_a_layout_writes_one_layer_as_its_engine_calls_it(layout):
     writer = create_writer(spec.reference, layout=layout)
     args = {"mha": (8, 1, torch.bfloat16, 2, 4, 1), "mla": (8, 1, torch.bfloat16, 4, 4, 1),
             "paged": (2, 4, torch.bfloat16, 2, 4, 1)}[layout]
-    pool = spec.make_pool(*args, writer=writer)
-    assert isinstance(pool, spec.pool_class)
+    pool = make_layout_pool(layout, *args, writer=writer)
+    assert isinstance(pool, POOLS[layout][0]) and not isinstance(pool, POOLS[layout][1])
     k = torch.randn(2, 2 if layout != "mla" else 1, 4).to(torch.bfloat16)
     spec.write(pool, 0, torch.tensor([3, 5]), k, k)
     assert pool.path_counts.total() == 1
@@ -280,8 +281,8 @@ def test_a_layout_writes_one_layer_as_its_engine_calls_it(layout):
 def test_listing_and_building_reference_writers_imports_no_kernel_toolkit():
     """Built-ins load on demand: naming every layout's writers and building the references
     imports neither triton nor sgl-kernel nor SGLang."""
-    probe = ("import sys, kvprof.writers as w\n"
-             "from kvprof.layouts import LAYOUTS, get_layout\n"
+    probe = ("import sys, kvprof.kvcache.writers as w\n"
+             "from kvprof.kvcache.layouts import LAYOUTS, get_layout\n"
              "for l in LAYOUTS:\n"
              "    w.writer_names(l); w.create_writer(get_layout(l).reference, layout=l)\n"
              "print(sorted(m for m in ('triton', 'sgl_kernel', 'sglang') if m in sys.modules))")

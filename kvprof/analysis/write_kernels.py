@@ -32,6 +32,7 @@ import regex
 
 from kvprof.analysis.engine_steps import GPU_STEPS, find_steps, step_layer_table
 from kvprof.analysis.gpu_groups import short_kernel_name
+from kvprof.core import variants
 from kvprof.core.errors import UsageError
 from kvprof.trace.attribution_parts import untied_replays_warning
 from kvprof.trace.intervals import busy_and_overlap
@@ -69,8 +70,8 @@ BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
     # vLLM's cache kernels (also SGLang's HND layout path)
     WritePattern("vllm_reshape_and_cache", r"\breshape_and_cache\w*", 1, "vLLM reshape_and_cache"),
     # kvprof's own fused writers: triton_fused's Triton kernel, cuda_fused's and store_kv_fused's
-    # CUDA kernel (kvprof::store_kv_kernel<op>)
-    WritePattern("kvprof_fused", r"\b_store_kv_kernel\b|\bkvprof::store_kv_kernel\b|\bkvprof_store_kv\w*", 1,
+    # CUDA kernel (kvprof::store_kv_kernel<op>), as the variant table names them
+    WritePattern("kvprof_fused", "|".join(variants.kvprof_write_kernels()), 1,
                  "kvprof fused write"),
 )
 

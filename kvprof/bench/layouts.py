@@ -29,13 +29,13 @@ from kvprof.bench.run import writes_per_graph
 from kvprof.bench.timing import copy_rate_gbs, time_eager, time_graph
 from kvprof.core.bench_result import BenchTarget
 from kvprof.core.errors import KvprofError, UsageError
-from kvprof.devinfo import device_properties, versions
-from kvprof.dtypes import parse_dtype
-from kvprof.layouts import registry
-from kvprof.layouts.layout import get_layout
-from kvprof.layouts.mla import MLAPool
-from kvprof.layouts.paged import PagedPool
-from kvprof.layouts.workload import BlockTables
+from kvprof.kvcache.devinfo import device_properties, versions
+from kvprof.kvcache.dtypes import parse_dtype
+from kvprof.kvcache.layouts import registry
+from kvprof.kvcache.layouts.layout import get_layout
+from kvprof.kvcache.layouts.workload import BlockTables
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
 
 TARGET = BenchTarget()  # the MHA bench's default target: 1.2 µs + bytes / (0.9 x copy rate)
 TOKENS = (1, 8, 64, 512, 4096, 32768)

@@ -25,12 +25,11 @@ from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_cold,
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
 from kvprof.core.errors import KvprofError, UsageError
-from kvprof.devinfo import device_properties, torch_threads, versions
-from kvprof.dtypes import parse_dtype, short_name
-from kvprof.pool import KVPool
-from kvprof.writers import create_writer, writer_names
-from kvprof.writers.base import checked_impl
-from kvprof.writers.rope_base import RopeKVWriter
+from kvprof.kvcache.contracts import RopeKVWriter, checked_impl
+from kvprof.kvcache.devinfo import device_properties, torch_threads, versions
+from kvprof.kvcache.dtypes import parse_dtype, short_name
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.writers import create_writer, writer_names
 
 BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
 # sgl-kernel's store_kv_cache, as the op (where it installs) or as its own kernels launched from
@@ -91,7 +90,7 @@ def rope_grid(
 ) -> list[BenchPoint]:
     """Rope-family points: ``shapes`` are (q heads, KV heads, head dim); each write rotates the
     whole head, so a head dim the rotary cannot take is refused here, in one line."""
-    from kvprof.writers.rope_base import rope_dim_reason
+    from kvprof.kvcache.contracts import rope_dim_reason
 
     for _, _, d in shapes:
         reason = rope_dim_reason(d, d)
@@ -127,7 +126,7 @@ def _pool_rows(point: BenchPoint, device: torch.device, pool_bytes: int) -> int:
 def point_bytes(point: BenchPoint, device: torch.device, pool_bytes: int, variants: Sequence[str] = ()) -> int:
     """Peak memory of one point (its cases' pools, slot tables and inputs, the equivalence
     check's two small pools), from the sizes alone."""
-    from kvprof.guards import pool_bytes as kv_bytes
+    from kvprof.kvcache.guards import pool_bytes as kv_bytes
 
     cache = torch.empty((), dtype=parse_dtype(point.cache_dtype)).element_size()
     inp = torch.empty((), dtype=parse_dtype(point.input_dtype)).element_size()
@@ -143,7 +142,7 @@ def point_bytes(point: BenchPoint, device: torch.device, pool_bytes: int, varian
 def check_bench_memory(points: Iterable[BenchPoint], device: torch.device, pool_bytes: int,
                        max_memory_gb: float | None = None, variants: Sequence[str] = ()) -> None:
     """Refuse, before anything is allocated, a grid whose largest point needs more than the limit."""
-    from kvprof.guards import check_memory, memory_limit
+    from kvprof.kvcache.guards import check_memory, memory_limit
 
     points = list(points)
     if not points:
@@ -235,7 +234,7 @@ class RopeBenchCase(BenchCase):
         t, q, h, d = point.tokens, point.q_heads, point.heads, point.dim
         self.qkv = torch.randn((t, (q + 2 * h) * d), generator=gen).to(self.inp).to(device)
         self.positions = torch.randint(0, self.MAX_POSITION, (t,), generator=gen).to(device)
-        from kvprof.writers.rope_reference import cos_sin_table
+        from kvprof.kvcache.writers.rope_reference import cos_sin_table
 
         self.cos_sin_cache = cos_sin_table(self.MAX_POSITION, d).to(device)
         self.q, self.k, self.v = self.views(self.qkv)
@@ -264,8 +263,8 @@ class RopeBenchCase(BenchCase):
         the last place of their dtype (a kernel compiled with fused multiply-adds, such as
         SGLang's, rounds within that; kvprof's own match it bitwise, tests/test_rope_writers.py),
         and stores what ``convert_for_cache`` makes of the k it wrote back and of v, bitwise."""
-        from kvprof.dtypes import convert_for_cache
-        from kvprof.writers.rope_reference import rope_reference
+        from kvprof.kvcache.dtypes import convert_for_cache
+        from kvprof.kvcache.writers.rope_reference import rope_reference
 
         rows = min(self.rows, 4 * self.point.tokens + 1)
         gen = torch.Generator().manual_seed(1)

@@ -23,8 +23,8 @@ from kvprof.capture.session import StepTimer
 from kvprof.core.errors import KvprofError
 from kvprof.core.interrupts import ctrl_c_raises_interrupted
 from kvprof.core.timings import StepSamples
-from kvprof.devinfo import resolve_device
-from kvprof.layouts.registry import create_variant
+from kvprof.kvcache.devinfo import resolve_device
+from kvprof.kvcache.layouts.registry import create_variant
 
 
 def run_child(spec_path: Path, result_path: Path) -> int:

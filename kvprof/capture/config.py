@@ -29,10 +29,10 @@ from kvprof.capture.defaults import (
 )
 from kvprof.core import variants
 from kvprof.core.errors import UsageError
-from kvprof.dtypes import parse_dtype, short_name
-from kvprof.guards import check_capture_values
-from kvprof.models import RankShape, resolve_model
-from kvprof.workload import PhaseSpec, build_phases
+from kvprof.kvcache.dtypes import parse_dtype, short_name
+from kvprof.kvcache.guards import check_capture_values
+from kvprof.kvcache.models import RankShape, resolve_model
+from kvprof.kvcache.workload import PhaseSpec, build_phases
 
 DEFAULT_VARIANTS = variants.DEFAULT_CAPTURE_VARIANTS
 PROFILERS = ("torch", "nsys", "both")
@@ -73,7 +73,7 @@ class CaptureConfig:
     scrub: bool = True
     pass_env: list[str] = field(default_factory=list)
     writer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    context: str = "none"  # "layer": each write inside a decoder layer (kvprof.layer)
+    context: str = "none"  # "layer": each write inside a decoder layer (kvprof.kvcache.layer)
     # cached tokens per request that decode attention reads; None: DEFAULT_CONTEXT_LEN,
     # CPU_LAYER_CONTEXT_LEN with --context layer on a CPU
     context_len: int | None = None
@@ -86,8 +86,8 @@ class CaptureConfig:
     run_id: str | None = None
     force: bool = False  # replace an existing run directory of the same name (atomically)
     output: str = "traces"
-    max_memory_gb: float | None = None  # None: what the machine has (kvprof.guards.memory_limit)
-    # the cache layout (kvprof.layouts): None picks it from the model (MLA presets: mla) and
+    max_memory_gb: float | None = None  # None: what the machine has (kvprof.kvcache.guards.memory_limit)
+    # the cache layout (kvprof.kvcache.layouts): None picks it from the model (MLA presets: mla) and
     # the engine (sglang: mha, vllm: paged)
     layout: str | None = None
     engine: str = "sglang"
@@ -118,7 +118,7 @@ class CaptureConfig:
             raise UsageError(f"--page-size must be >= 1, got {self.page_size}")
         if not self.variants:
             raise UsageError("no variants to capture")
-        from kvprof.layer import CONTEXTS
+        from kvprof.kvcache.layer import CONTEXTS
 
         if self.context not in CONTEXTS:
             raise UsageError(f"unknown context {self.context!r}; choose from {', '.join(CONTEXTS)}")
@@ -226,7 +226,7 @@ class CaptureConfig:
         return min(CPU_LAYER_REFERENCE_STEPS, self.steps) if self.context == "layer" else self.steps
 
     def rank_shape(self) -> RankShape:
-        from kvprof.layouts.registry import MLA_PRESETS
+        from kvprof.kvcache.layouts.registry import MLA_PRESETS
 
         mla = MLA_PRESETS.get(self.model.strip().lower())
         if mla is not None:  # one latent row per token, not split by tensor parallelism
@@ -235,15 +235,13 @@ class CaptureConfig:
         return resolve_model(self.model).per_rank(self.tp)
 
     def layout_name(self) -> str:
-        from kvprof.layouts.registry import pick_layout
+        from kvprof.kvcache.layouts.registry import pick_layout
 
         return pick_layout(self.model, self.layout, self.engine)
 
     def _with_layout_variants(self) -> CaptureConfig:
         """The layout exists and fits the model; a capture of a new layout without named
         variants runs that layout's defaults (the MHA defaults are MHA writers)."""
-        from kvprof.layouts.layout import get_layout
-
         layout = self.layout_name()
         if layout == "mha":
             return self
@@ -253,7 +251,7 @@ class CaptureConfig:
         if layout == "mla" and (self.k_scale is not None or self.v_scale is not None):
             raise UsageError("the mla layout takes no --k-scale/--v-scale (SGLang's MLA cache casts without scaling)")
         if self.variants == list(DEFAULT_VARIANTS):
-            return replace(self, variants=list(get_layout(layout).capture_defaults))
+            return replace(self, variants=list(variants.capture_defaults(layout)))
         return self
 
     def cache_torch_dtype(self) -> torch.dtype:

@@ -4,7 +4,7 @@ steps, warm-up, CUDA graphs, ranges) with the layout's pool, slots and inputs.
 MLA writes go through ``set_mla_kv_buffer`` with nope and rope as views of one latent
 tensor (as SGLang's DeepSeek model hands them over); slots come from the MHA allocator
 (slot 0, the dummy, is never handed out). Paged writes go through ``reshape_and_cache_flash``
-with slots from fragmented block tables (``kvprof.layouts.workload``); decode batches are
+with slots from fragmented block tables (``kvprof.kvcache.layouts.workload``); decode batches are
 padded with -1 to vLLM's CUDA-graph batch sizes, so a write's token count (the range's
 payload) includes its padding tokens, as the kernel's does.
 """
@@ -22,12 +22,15 @@ from kvprof.capture.config import CaptureConfig
 from kvprof.capture.rope_session import RopeSession
 from kvprof.capture.session import MHASession, PreparedPhase, VariantSession
 from kvprof.core.errors import UsageError
-from kvprof.layer import DecoderContext
-from kvprof.layouts.layout import PoolT, Writer, get_layout
-from kvprof.layouts.mla import MLA_PRESETS, MLAPool
-from kvprof.layouts.paged import PagedPool
-from kvprof.layouts.workload import BlockTables, graph_size
-from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size
+from kvprof.kvcache.contracts import Writer
+from kvprof.kvcache.instrument import make_layout_pool
+from kvprof.kvcache.layer import DecoderContext
+from kvprof.kvcache.layouts.layout import PoolT, get_layout
+from kvprof.kvcache.layouts.mla import MLA_PRESETS
+from kvprof.kvcache.layouts.workload import BlockTables, graph_size
+from kvprof.kvcache.mla_pool import MLAPool
+from kvprof.kvcache.paged_pool import PagedPool
+from kvprof.kvcache.workload import PhaseSpec, SlotAllocator, default_pool_size
 
 PAGED_BLOCK_SIZE = 16  # vLLM's default block size, used unless --page-size says otherwise
 
@@ -53,7 +56,7 @@ class MLASession(LayoutSession[MLAPool]):
         mla = MLA_PRESETS[config.model.strip().lower()]
         size = config.pool_size or default_pool_size(self.phases, 1, mla.kv_lora_rank + mla.qk_rope_head_dim,
                                                      mla.layers, self._element_size(), device)
-        pool: MLAPool = self.layout.make_pool(
+        pool: MLAPool = make_layout_pool(self.layout.name, 
             size, config.page_size, self.cache_dtype, mla.kv_lora_rank, mla.qk_rope_head_dim,
             config.layers_on(device.type), device, writer=self.writer, check_slots=False, instrument=instrument,
             variant=self.writer.name)
@@ -87,7 +90,7 @@ class PagedSession(LayoutSession[PagedPool]):
                                                       self.shape.layers, self._element_size(), device)
         # room for the largest write's blocks, each request's last block part-filled
         blocks = max(-(-slots // self.block_size), 2 * (-(-largest // self.block_size)) + decode_pad + 8)
-        pool: PagedPool = self.layout.make_pool(
+        pool: PagedPool = make_layout_pool(self.layout.name, 
             blocks, self.block_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
             config.layers_on(device.type), device, writer=self.writer, check_slots=False, instrument=instrument,
             variant=self.writer.name)

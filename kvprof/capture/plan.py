@@ -24,12 +24,13 @@ from kvprof.core.atomic import clean_stale
 from kvprof.core.errors import DeviceError, KvprofError, OutputError
 from kvprof.core.run import Manifest, VariantEntry
 from kvprof.core.rundir import RunDir
-from kvprof.devinfo import device_properties, versions
-from kvprof.guards import check_layer_weights, memory_limit
-from kvprof.layer import DecoderContext, layer_weight_bytes
-from kvprof.layouts.layout import Writer, get_layout
-from kvprof.layouts.registry import create_variant
-from kvprof.writers import KVWriter
+from kvprof.kvcache.contracts import Writer
+from kvprof.kvcache.devinfo import device_properties, versions
+from kvprof.kvcache.guards import check_layer_weights, memory_limit
+from kvprof.kvcache.layer import DecoderContext, layer_weight_bytes
+from kvprof.kvcache.layouts.layout import get_layout
+from kvprof.kvcache.layouts.registry import create_variant
+from kvprof.kvcache.writers import KVWriter
 
 
 @dataclass

@@ -27,8 +27,8 @@ from kvprof.core.errors import KvprofError
 from kvprof.core.run import PathReport, TraceMeta
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepTimings
-from kvprof.layer import DecoderContext
-from kvprof.layouts.layout import Writer
+from kvprof.kvcache.contracts import Writer
+from kvprof.kvcache.layer import DecoderContext
 
 TIMEOUT = timedelta(minutes=10)  # a rank stuck in a collective: the launcher also stops the rest when one fails
 
@@ -76,8 +76,8 @@ def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: to
     """Every runnable variant on this rank; returns this rank's part of the manifest."""
     from kvprof.capture.plan import make_context, plan_variants, trace_extra, variant_entry
     from kvprof.capture.torch_pass import run_torch_pass
-    from kvprof.devinfo import device_properties
-    from kvprof.dtypes import short_name
+    from kvprof.kvcache.devinfo import device_properties
+    from kvprof.kvcache.dtypes import short_name
 
     planned = plan_variants(config, device)
     context = make_context(config, device)

@@ -38,8 +38,8 @@ from kvprof.core.errors import DeviceError, KvprofError, UsageError
 from kvprof.core.ranks import RankEntry
 from kvprof.core.run import Manifest, PathReport, VariantEntry
 from kvprof.core.rundir import RunDir
-from kvprof.devinfo import resolve_device
-from kvprof.guards import check_capture
+from kvprof.kvcache.devinfo import resolve_device
+from kvprof.kvcache.guards import check_capture
 
 POLL_S = 0.1
 GRACE_S = 3.0  # how long the launcher waits for the other ranks' records once one has failed

@@ -29,8 +29,8 @@ from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.session import PreparedPhase, StepTimer
 from kvprof.core.timings import CONTROL, FREE_CONTROL, StepSamples
-from kvprof.layer import DecoderContext
-from kvprof.layouts.layout import Writer
+from kvprof.kvcache.contracts import Writer
+from kvprof.kvcache.layer import DecoderContext
 
 ROUND = 10  # steps of one mode before the next mode's turn
 WARM_REPLAYS = 3

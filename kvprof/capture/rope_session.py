@@ -5,7 +5,7 @@ The workload is the MHA session's (pool, slots, phases, warm-up, graphs, ranges)
 rotary embedding reads: q, k and v as views of one projection output ``[tokens, (Hq + 2 Hk) *
 D]`` (the strides an engine passes), a float32 cos/sin table of ``max_position`` rows and
 the tokens' positions -- consecutive for a prefill chunk, one per request for decode. The
-rotation is the model's (``kvprof.models.RopeSpec``: its rope_theta, scaling, rotated share
+rotation is the model's (``kvprof.kvcache.models.RopeSpec``: its rope_theta, scaling, rotated share
 of the head and NeoX or GPT-J style), and each write rotates q and k in place again, as
 every layer of a model rotates its own q and k. Writes only: with ``--context
 layer`` the rope writers run in the MHA session's decoder layers instead of the layer's
@@ -21,9 +21,9 @@ import torch
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.session import MHASession, PreparedPhase
 from kvprof.core.errors import UsageError
-from kvprof.layer import DecoderContext, cos_sin_cache
-from kvprof.layouts.layout import Writer
-from kvprof.workload import PhaseSpec
+from kvprof.kvcache.contracts import Writer
+from kvprof.kvcache.layer import DecoderContext, cos_sin_cache
+from kvprof.kvcache.workload import PhaseSpec
 
 
 @dataclass

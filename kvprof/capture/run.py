@@ -38,12 +38,12 @@ from kvprof.core.errors import KvprofError, ToolError
 from kvprof.core.run import Manifest, PathReport, TraceMeta, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepTimings
-from kvprof.devinfo import torch_threads
-from kvprof.dtypes import short_name
-from kvprof.guards import check_capture
+from kvprof.kvcache.devinfo import torch_threads
+from kvprof.kvcache.dtypes import short_name
+from kvprof.kvcache.guards import check_capture
 
 if TYPE_CHECKING:
-    from kvprof.layer import DecoderContext
+    from kvprof.kvcache.layer import DecoderContext
 
 
 def capture(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.devinfo import TRITON_WRITER_MODULES, resolve_device, triton_interpreter
+from kvprof.kvcache.devinfo import TRITON_WRITER_MODULES, resolve_device, triton_interpreter
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,13 @@ import torch
 from kvprof.capture.config import CaptureConfig
 from kvprof.core.errors import UsageError
 from kvprof.core.timings import CUDA_EVENTS, WALL
-from kvprof.instrument import make_pool, phase_range, step_range
-from kvprof.layer import DecoderContext, Rotary, split_qkv
-from kvprof.layouts.layout import Layout, PoolT, Writer, get_layout
-from kvprof.pool import KVPool
-from kvprof.workload import PhaseSpec, SlotAllocator, default_pool_size, make_inputs
-from kvprof.writers import KVWriter
-from kvprof.writers.rope_base import RopeKVWriter
+from kvprof.kvcache.contracts import RopeKVWriter, Writer
+from kvprof.kvcache.instrument import make_pool, phase_range, step_range
+from kvprof.kvcache.layer import DecoderContext, Rotary, split_qkv
+from kvprof.kvcache.layouts.layout import Layout, PoolT, get_layout
+from kvprof.kvcache.pool import KVPool
+from kvprof.kvcache.workload import PhaseSpec, SlotAllocator, default_pool_size, make_inputs
+from kvprof.kvcache.writers import KVWriter
 
 MODES = ("writes", "layer", "layer_no_write")
 
@@ -112,7 +112,7 @@ class VariantSession(abc.ABC, Generic[PoolT]):
         self.mode = "layer" if context is not None else "writes"
         self.writer = writer
         self.device = device
-        self.layout: Layout[PoolT] = get_layout(config.layout_name())
+        self.layout: Layout = get_layout(config.layout_name())
         self.shape = config.rank_shape()
         self.cache_dtype = config.cache_torch_dtype()
         self.input_dtype = config.input_torch_dtype()

@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, bar: Any) -> int:
     from pathlib import Path
 
-    from kvprof.devinfo import resolve_device, triton_interpreter
+    from kvprof.kvcache.devinfo import resolve_device, triton_interpreter
 
     device = resolve_device(args.device)
     # as capture does: on a CPU kvprof's Triton writers run in Triton's interpreter, which
@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace, bar: Any) -> int:
         rope_grid,
     )
     from kvprof.core.errors import UsageError
-    from kvprof.dtypes import parse_dtype
+    from kvprof.kvcache.dtypes import parse_dtype
 
     family = getattr(args, "family", "store")
     rope = family == "rope"

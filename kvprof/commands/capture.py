@@ -34,7 +34,7 @@ def _names(text: str) -> list[str]:
 
 def _writer_option(text: str) -> tuple[str, str, object]:
     """variant.key=value, value parsed as JSON when it can be (true, 3, "x"), else kept as text;
-    a boolean parameter of the writer then reads the text strictly (``kvprof.argtypes.typed_options``)."""
+    a boolean parameter of the writer then reads the text strictly (``kvprof.kvcache.registry.typed_options``)."""
     import orjson
 
     try:

@@ -41,17 +41,17 @@ def run(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace, bar: StepProgress) -> int:
     from rich.text import Text
 
-    from kvprof.devinfo import resolve_device, triton_interpreter
+    from kvprof.kvcache.devinfo import resolve_device, triton_interpreter
 
     device = resolve_device(args.device)
     # as capture and bench do: Triton's interpreter on a CPU, decided when the writers import
     interpret = triton_interpreter(device) or "off"
 
     from kvprof.core.errors import KvprofError
-    from kvprof.dtypes import parse_dtype
+    from kvprof.kvcache.dtypes import parse_dtype
+    from kvprof.kvcache.writers import create_writer, writer_names
     from kvprof.report.cells import FitCol, fit_table
     from kvprof.report.terminal import make_console
-    from kvprof.writers import create_writer, writer_names
 
     cache = parse_dtype(args.cache_dtype)
     inp = parse_dtype(args.input_dtype) if args.input_dtype else cache

@@ -191,7 +191,7 @@ class BenchResult:
 
     records: list[BenchRow] = field(default_factory=list)
     settings: BenchSettings = field(default_factory=BenchSettings)
-    device: dict[str, Any] = field(default_factory=dict)  # kvprof.devinfo.device_properties
+    device: dict[str, Any] = field(default_factory=dict)  # kvprof.kvcache.devinfo.device_properties
     versions: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, float | None] = field(default_factory=dict)  # copy rate, empty-node costs
     sources: dict[str, Any] = field(default_factory=dict)  # where a peer's kernels came from

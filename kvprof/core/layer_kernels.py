@@ -11,7 +11,7 @@ from typing import Any
 
 SGLANG_DECODE = "sglang_triton_decode"  # sglang.kernels.ops.attention.decode_attention.decode_attention_fwd
 TORCH_SDPA = "torch_sdpa"
-TRITON_ROTARY = "kvprof_triton_rotary"  # kvprof.writers.rope_triton.TritonRope.rotate: one launch, q and k
+TRITON_ROTARY = "kvprof_triton_rotary"  # kvprof.kvcache.writers.rope_triton.TritonRope.rotate: one launch, q and k
 TORCH_ROTARY = "torch_inplace"
 
 

@@ -104,7 +104,7 @@ class SidecarPool(msgspec.Struct, kw_only=True):
 
 
 class SidecarDevice(msgspec.Struct, kw_only=True):
-    """The process's CUDA device (``kvprof.devinfo.device_properties``), its peak and where that came from."""
+    """The process's CUDA device (``kvprof.kvcache.devinfo.device_properties``), its peak and where that came from."""
 
     type: Name | None = None
     index: Count | None = None
@@ -184,6 +184,10 @@ class SidecarShadow(msgspec.Struct, kw_only=True):
     rows_mismatched: Count = 0
     skipped: dict[Text, Count] = {}
     first_mismatches: list[ShadowMismatch] = []
+    # inside CUDA graphs: captured writes given a comparison kernel (``in_graphs``), and the checks
+    # their replays made (``replayed``, counted in ``checked`` and the rows above)
+    in_graphs: Count = 0
+    replayed: Count = 0
 
 
 class SidecarCanary(msgspec.Struct, kw_only=True):
@@ -238,8 +242,9 @@ def shadow_lines(sidecar: Sidecar) -> tuple[bool, list[str]]:
         return False, []
     who = f"{ENGINE_NAMES.get(sidecar.engine, sidecar.engine)} TP {sidecar.tp_rank} pid {sidecar.pid}"
     skipped = sum(sh.skipped.values())
+    graphs = (f"; {sh.replayed:,} in replays of {sh.in_graphs:,} captured writes" if sh.in_graphs else "")
     head = (f"shadow check ({who}, 1 write in {sh.every} of {sh.writes:,}): {sh.checked:,} writes checked "
-            f"({sh.rows_checked:,} rows), {sh.mismatched:,} mismatched, {skipped:,} skipped")
+            f"({sh.rows_checked:,} rows{graphs}), {sh.mismatched:,} mismatched, {skipped:,} skipped")
     if sh.mismatched:
         lines = [f"{head}: KV ROWS DIFFER FROM THE WRITE'S INPUTS in {sh.mismatched:,} writes "
                  f"({sh.rows_mismatched:,} rows); first: " +

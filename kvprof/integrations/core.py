@@ -170,7 +170,7 @@ class Ranges(RangeMaker):
         akey = (variant, layer_id, tokens)
         attr = self.attrs.get(akey)
         if attr is None:
-            from kvprof.instrument import variant_color
+            from kvprof.kvcache.instrument import variant_color
 
             attr = self.attrs[akey] = self.domain.get_event_attributes(
                 message=name, color=variant_color(variant), category=variant, payload=tokens)
@@ -206,8 +206,16 @@ class Graphs:
         self.with_writes: set[int] = set()
         self.hook: str | None = None
         self.replays = 0  # replays of graphs with writes (a step that replays one wrote inside it)
+        # the shadow checks that are on: told before a capture begins and after it ends, on the
+        # capturing thread (their counts for the graph are allocated there, outside it)
+        self.shadows: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def begin(self, graph: Any) -> None:
+        for shadow in list(self.shadows):
+            try:
+                shadow.before_capture()
+            except Exception as exc:  # noqa: BLE001 - never stop a capture for kvprof
+                log.warning("kvprof: shadow check before a CUDA graph capture: %s", line(exc))
         with self.lock:
             gid = self.next_id
             self.next_id += 1
@@ -226,6 +234,8 @@ class Graphs:
         if not stack:
             return False
         gid, writes = stack.pop()
+        for shadow in list(self.shadows):
+            shadow.after_capture()
         with self.lock:
             if writes:
                 self.graphs.append(CapturedGraph(graph=gid, writes=writes))
@@ -509,7 +519,7 @@ class PluginState:
                 self.writer_error = "no writer named"
                 return None
             try:
-                from kvprof.writers import create_writer
+                from kvprof.kvcache.writers import create_writer
 
                 self.writer = create_writer(self.writer_name, layout=self.writer_layout)
             except Exception as exc:  # noqa: BLE001 - an unknown name or a writer that fails to build
@@ -555,20 +565,23 @@ class PluginState:
         if every:
             log.info("kvprof: shadow check of every %d-th KV write", every)
 
-    def shadow_due(self, device: Any) -> bool:
-        """Whether this write is sampled and can be compared (one inside a CUDA graph capture is
-        counted as skipped)."""
+    def shadow_due(self, device: Any) -> str:
+        """How this write is checked: ``EAGER`` (compared right after it), ``IN_GRAPH`` (it is being
+        captured into a CUDA graph: a kernel recorded after it compares at every replay), or ""
+        (not sampled, or not checkable: counted as skipped)."""
         shadow = self.shadow
         if not shadow.every or not shadow.due():
-            return False
+            return ""
         try:
             if shadow.capturing(device):
+                if shadow.graph_row_free():
+                    return IN_GRAPH
                 shadow.skip(SKIP_CAPTURE)
-                return False
+                return ""
         except Exception as exc:  # noqa: BLE001 - never stop a write for the check
             shadow.skip(f"capture state not readable ({line(exc)})")
-            return False
-        return True
+            return ""
+        return EAGER
 
     def write_sidecar(self) -> Path | None:
         """Write (or rewrite) this process's sidecar; a failure is logged, never raised."""
@@ -601,7 +614,7 @@ def describe_device(device: Any) -> SidecarDevice | None:
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
-        from kvprof.devinfo import device_properties
+        from kvprof.kvcache.devinfo import device_properties
 
         return msgspec.convert(device_properties(dev), SidecarDevice)
     except Exception as exc:  # noqa: BLE001 - a description only
@@ -613,7 +626,10 @@ def describe_device(device: Any) -> SidecarDevice | None:
 
 SHADOW_FIRST = 8  # mismatches named in the sidecar, first come
 SHADOW_PENDING = 256  # compared writes kept on the device before their counts are read (one sync)
-SKIP_CAPTURE = "inside a CUDA graph capture (a comparison there is captured, never read)"
+SKIP_CAPTURE = ("inside a CUDA graph capture with no counts row for it (a graph holds at most "
+                "SHADOW_GRAPH_ROWS checked writes; counts are allocated where a capture begins on CUDA)")
+SHADOW_GRAPH_ROWS = 64  # checked writes one captured graph can hold
+EAGER, IN_GRAPH = "eager", "in_graph"  # how a sampled write is checked (PluginState.shadow_due)
 
 
 def shadow_every(engine: Engine) -> tuple[int, str | None]:
@@ -652,15 +668,23 @@ class Shadow:
         self.rows_mismatched = 0
         self.skipped: dict[str, int] = {}
         self.first: list[dict[str, Any]] = []
-        self.pending: list[tuple[int | None, str, Any]] = []
+        self.pending: list[tuple[int | None, str, Any, int, int | None]] = []  # (layer, variant, codes, rows, pad)
+        # inside CUDA graphs: per capture on this thread a block of counts rows (allocated before
+        # the capture begins), and per checked captured write (layer, variant, its counts row)
+        self.blocks = threading.local()
+        self.in_graphs: list[tuple[int | None, str, Any]] = []
+        if every > 0:
+            GRAPHS.shadows.add(self)
 
     def due(self) -> bool:
         if self.every <= 0:
             return False
+        # every hooked write passes here: no lock on this path (a lock is most of its cost); the
+        # count is exact where one thread writes, as the model runner of either engine does
+        self.calls += 1
+        if self.calls % self.every:
+            return False
         with self.lock:
-            self.calls += 1
-            if self.calls % self.every:
-                return False
             self.sampled += 1
         return True
 
@@ -679,33 +703,98 @@ class Shadow:
 
         return bool(torch.cuda.is_current_stream_capturing())
 
+    def before_capture(self) -> None:
+        """A CUDA graph capture is about to begin on this thread: its counts rows, allocated now
+        (outside the graph, so a replay neither allocates nor resets them)."""
+        import torch
+
+        stack = getattr(self.blocks, "stack", None)
+        if stack is None:
+            stack = self.blocks.stack = []
+        block = None
+        if self.every and torch.cuda.is_available():
+            from kvprof.integrations.shadow_kernel import COUNTS, FIRST, warm
+
+            device = torch.device("cuda", torch.cuda.current_device())
+            warm(device)
+            block = torch.zeros(SHADOW_GRAPH_ROWS, COUNTS, dtype=torch.int64, device=device)
+            block[:, FIRST] = -1
+        stack.append([block, 0])
+
+    def after_capture(self) -> None:
+        stack = getattr(self.blocks, "stack", None)
+        if stack:
+            stack.pop()
+
+    def graph_row_free(self) -> bool:
+        stack: list[list[Any]] | None = getattr(self.blocks, "stack", None)
+        return stack is not None and bool(stack) and stack[-1][0] is not None and stack[-1][1] < SHADOW_GRAPH_ROWS
+
+    def compare_in_graph(self, layer: int | None, variant: str, slots: Any, k: Any, v: Any, k_cache: Any,
+                         v_cache: Any, rows: int, pad: int | None = None) -> None:
+        """Record, right after a write being captured, the kernel that compares its rows at every
+        replay (``kvprof.integrations.shadow_kernel``): ``k``/``v`` [n, heads, dim] as the cache
+        stores them, ``k_cache``/``v_cache`` [blocks, block_size, heads, dim] views."""
+        from kvprof.integrations import shadow_kernel
+
+        why = shadow_kernel.refusal(slots, k, v, k_cache, v_cache)
+        if why is not None:
+            self.skip(f"{variant} in a CUDA graph: {why}")
+            return
+        stack = getattr(self.blocks, "stack", None)
+        if not stack or stack[-1][0] is None or stack[-1][1] >= SHADOW_GRAPH_ROWS:
+            self.skip(SKIP_CAPTURE)
+            return
+        block, used = stack[-1]
+        row = block[used]
+        stack[-1][1] = used + 1
+        shadow_kernel.compare_rows(slots, k, v, k_cache, v_cache, rows, pad, row)
+        with self.lock:
+            self.in_graphs.append((layer, variant, row))
+
+    def graph_totals(self) -> tuple[int, int, int, int, int, list[dict[str, Any]]]:
+        """(replays checked, rows held, rows wrong, replays with a wrong row, captured writes checked,
+        the first mismatches) of the writes checked inside CUDA graphs, read from the device."""
+        with self.lock:
+            in_graphs = list(self.in_graphs)
+        if not in_graphs or GRAPHS.capturing():
+            return 0, 0, 0, 0, len(in_graphs), []
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return 0, 0, 0, 0, len(in_graphs), []
+        counts = torch.stack([row for _, _, row in in_graphs]).to("cpu").tolist()
+        first = [{"layer": layer if type(layer) is int else -1, "variant": variant, "slot": int(c[4]),
+                  "rows": int(c[2])} for (layer, variant, _), c in zip(in_graphs, counts) if c[4] >= 0]
+        replays, held, wrong, bad = (sum(int(c[i]) for c in counts) for i in range(4))
+        return replays, held, wrong, bad, len(in_graphs), first
+
     def compare(self, layer: int | None, variant: str, slots: Any, k_got: Any, v_got: Any, k_want: Any,
-                v_want: Any, valid: Any) -> None:
+                v_want: Any, rows: int, pad: int | None = None) -> None:
         """Compare one write: ``slots`` [n] (int64), ``k_got``/``v_got`` the cache's rows at those slots
-        and ``k_want``/``v_want`` the expected rows (each [n, ...], same dtype), ``valid`` [n] bool:
-        the tokens held to their row (not padding, not sharing a slot with another token). Bitwise."""
+        (clamped into the cache) and ``k_want``/``v_want`` the expected rows (each [n, ...], same dtype).
+        Bitwise. Which tokens are held to their row (a slot in ``[0, rows)``, not ``pad``, the
+        engine's dummy slot, and no other token's) is decided on the host when the counts are
+        read (``resolve``), so the device runs only the comparison: a few launches, no sort."""
         import torch
 
         n = int(slots.shape[0])
         if not n:
             self.skip("no token to check (an empty write)")
             return
-        k_bad = (k_got.reshape(n, -1).view(torch.uint8) != k_want.reshape(n, -1).view(torch.uint8)).any(1)
-        v_bad = (v_got.reshape(n, -1).view(torch.uint8) != v_want.reshape(n, -1).view(torch.uint8)).any(1)
-        bad = (k_bad | v_bad) & valid
-        # the first wrong token's slot, -1 where none: gathered on the device (an index read on the host syncs)
-        first = torch.where(bad.any(), slots.gather(0, bad.to(torch.uint8).argmax().reshape(1)),
-                            torch.full_like(slots[:1], -1)).squeeze(0)
-        counts = torch.stack([bad.sum(), first, valid.sum()])
+        bad = (k_got.reshape(n, -1).view(torch.uint8) != k_want.reshape(n, -1).view(torch.uint8)).any(1)
+        bad |= (v_got.reshape(n, -1).view(torch.uint8) != v_want.reshape(n, -1).view(torch.uint8)).any(1)
+        # one fresh tensor carries both: a wrong token's slot (>= 0), a right one's as -2 - slot (<= -1)
+        code = torch.where(bad, slots, -2 - slots)
         resolve = False
         with self.lock:
-            self.pending.append((layer, variant, counts))
+            self.pending.append((layer, variant, code, rows, pad))
             resolve = len(self.pending) >= SHADOW_PENDING
         if resolve:
             self.resolve()
 
     def resolve(self) -> None:
-        """Read the pending comparisons' counts (one device->host transfer); never inside a capture."""
+        """Read the pending comparisons (one device->host transfer) and count them; never inside a capture."""
         if not self.pending or GRAPHS.capturing():
             return
         import torch
@@ -716,57 +805,59 @@ class Shadow:
             pending, self.pending = self.pending, []
         if not pending:
             return
-
         try:
-            rows = torch.stack([c.to("cpu") if c.device.type != "cpu" else c for _, _, c in pending]).tolist()
+            codes = torch.cat([c.reshape(-1).long() for _, _, c, _, _ in pending])
+            flat = (codes.to("cpu") if codes.device.type != "cpu" else codes).tolist()
         except Exception as exc:  # noqa: BLE001 - a failed read is counted, never raised into the engine
             for _ in pending:
                 self.skip(f"counts not readable ({line(exc)})")
             return
+        at = 0
         with self.lock:
-            for (layer, variant, _), (bad, slot, valid) in zip(pending, rows):
-                if not valid:
-                    self.skipped["no row to hold (every slot padding or shared by several tokens)"] = \
-                        self.skipped.get("no row to hold (every slot padding or shared by several tokens)", 0) + 1
+            for layer, variant, code, rows, pad in pending:
+                n = int(code.numel())
+                part, at = flat[at:at + n], at + n
+                slots = [c if c >= 0 else -2 - c for c in part]
+                held = held_tokens(slots, rows, pad)
+                if not any(held):
+                    reason = "no row to hold (every slot padding or shared by several tokens)"
+                    self.skipped[reason] = self.skipped.get(reason, 0) + 1
                     continue
+                wrong = [i for i, c in enumerate(part) if c >= 0 and held[i]]
                 self.checked += 1
-                self.rows_checked += int(valid)
-                if bad:
+                self.rows_checked += sum(held)
+                if wrong:
                     self.mismatched += 1
-                    self.rows_mismatched += int(bad)
+                    self.rows_mismatched += len(wrong)
                     if len(self.first) < SHADOW_FIRST:
                         self.first.append({"layer": layer if type(layer) is int else -1, "variant": variant,
-                                           "slot": int(slot), "rows": int(bad)})
+                                           "slot": slots[wrong[0]], "rows": len(wrong)})
 
     def record(self) -> SidecarShadow:
         self.resolve()
+        try:
+            replays, held, wrong, bad, captured, first = self.graph_totals()
+        except Exception as exc:  # noqa: BLE001 - a failed read is counted, never raised into the engine
+            replays = held = wrong = bad = captured = 0
+            first = []
+            self.skip(f"graph counts not readable ({line(exc)})")
         with self.lock:
-            return SidecarShadow(every=self.every, writes=self.calls, sampled=self.sampled, checked=self.checked,
-                                 mismatched=self.mismatched, rows_checked=self.rows_checked,
-                                 rows_mismatched=self.rows_mismatched, skipped=dict(self.skipped),
-                                 first_mismatches=[ShadowMismatch(**m) for m in self.first])
+            firsts = (self.first + first)[:SHADOW_FIRST]
+            return SidecarShadow(every=self.every, writes=self.calls, sampled=self.sampled,
+                                 checked=self.checked + replays, mismatched=self.mismatched + bad,
+                                 rows_checked=self.rows_checked + held, rows_mismatched=self.rows_mismatched + wrong,
+                                 skipped=dict(self.skipped), first_mismatches=[ShadowMismatch(**m) for m in firsts],
+                                 in_graphs=captured, replayed=replays)
 
 
-def unique_valid(slots: Any, pad: int | None) -> Any:
-    """[n] bool: the tokens whose slot is no other token's and not padding (``< 0``, and ``pad`` where
-    the engine has a dummy slot); sort-based, so no host sync."""
-    import torch
-
-    n = slots.shape[0]
-    valid = slots >= 0
-    if pad is not None:
-        valid &= slots != pad
-    if n > 1:
-        order = torch.argsort(slots)
-        s = slots[order]
-        same = s[1:] == s[:-1]
-        shared = torch.zeros(n, dtype=torch.bool, device=slots.device)
-        shared[1:] |= same
-        shared[:-1] |= same
-        out = torch.empty_like(shared)
-        out[order] = shared
-        valid &= ~out
-    return valid
+def held_tokens(slots: list[int], rows: int, pad: int | None) -> list[bool]:
+    """Per token: whether the check holds it to its row: its slot in ``[0, rows)``, not ``pad``
+    (the engine's dummy slot, where padding tokens write), and no other token's (a slot several
+    tokens write keeps one of them)."""
+    seen: dict[int, int] = {}
+    for s in slots:
+        seen[s] = seen.get(s, 0) + 1
+    return [0 <= s < rows and s != pad and seen[s] == 1 for s in slots]
 
 
 def to_store(x: Any, dtype: Any, scale: Any, divide: bool) -> Any:
@@ -776,7 +867,7 @@ def to_store(x: Any, dtype: Any, scale: Any, divide: bool) -> Any:
     reference's ``convert_for_cache``), then cast; fp8 as its bytes."""
     import torch
 
-    from kvprof.dtypes import store_dtype_for
+    from kvprof.kvcache.dtypes import store_dtype_for
 
     if x.dtype != dtype:
         if scale is not None:
@@ -791,6 +882,6 @@ def to_store(x: Any, dtype: Any, scale: Any, divide: bool) -> Any:
 
 
 def _inverse(scale: float) -> float:
-    from kvprof.dtypes import inverse_scale
+    from kvprof.kvcache.dtypes import inverse_scale
 
     return inverse_scale(scale)

@@ -329,8 +329,9 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
         tokens = int(tokens[0])
         state.saw(layer_id, tokens)
         snap = None
-        if state.shadow.every and state.shadow_due(getattr(pool, "device", None)):
-            snap = shadow_snapshot(state, pool, routable, variant, names, args, kwargs, layer_id, loc)
+        mode = state.shadow_due(getattr(pool, "device", None)) if state.shadow.every else ""
+        if mode:
+            snap = shadow_snapshot(state, pool, routable, variant, names, args, kwargs, layer_id, loc, mode)
         route = state.route_for(pool) if routable and state.writer_name else None
         fell_back = False
         if route is not None:
@@ -344,7 +345,7 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
                 local.write = (route.writer.name, layer_id, tokens, *_writer_kernel(route.writer))
                 out = ranges.run(name, attr, route.write, pool, prepared)
                 if snap is not None:
-                    shadow_check(state, pool, snap, route.writer.name, divide=False)
+                    shadow_check(state, pool, snap, route.writer.name, divide=False, mode=mode)
                 return out
         name, attr = ranges.of(variant, layer_id, tokens)
         state.seen(pool, hooked, variant)
@@ -352,7 +353,7 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
         out = ranges.run(name, attr, _native, original, args, kwargs, state, native_path,
                          WRITE_FALLBACK if fell_back else WRITE_SET_KV_BUFFER)
         if snap is not None:
-            shadow_check(state, pool, snap, variant, divide=True)
+            shadow_check(state, pool, snap, variant, divide=True, mode=mode)
         return out
 
     hook.__name__ = f"kvprof_{cls_name}_{method}"
@@ -360,9 +361,10 @@ def _make_hook(cls_name: str, method: str, variant: str) -> Any:
 
 
 def shadow_snapshot(state: _State, pool: Any, routable: bool, variant: str, names: list[str],
-                    args: tuple[Any, ...], kwargs: dict[str, Any], layer_id: int, loc: Any) -> tuple[Any, ...] | None:
-    """A sampled ``set_kv_buffer`` call's inputs, copied before the write (SGLang's own path divides
-    the caller's K/V in place): (layer index, slots, K, V, scales); None where the shadow check
+                    args: tuple[Any, ...], kwargs: dict[str, Any], layer_id: int, loc: Any,
+                    mode: str = core.EAGER) -> tuple[Any, ...] | None:
+    """A sampled ``set_kv_buffer`` call's inputs, K/V copied before the write where SGLang's own path
+    divides them in place: (layer index, slots, K, V, scales); None where the shadow check
     cannot hold this call (the reason counted)."""
     shadow = state.shadow
     if not routable or type(pool).__name__ != ROUTABLE[0]:
@@ -386,26 +388,41 @@ def shadow_snapshot(state: _State, pool: Any, routable: bool, variant: str, name
             not 0 <= idx < len(pool.k_buffer):
         shadow.skip(f"{variant}: K, V or the slots are not tensors of this pool's layers")
         return None
-    return idx, loc.detach().long().clone(), k.detach().clone(), v.detach().clone(), call.get("k_scale"), \
-        call.get("v_scale")
+    k_scale, v_scale = call.get("k_scale"), call.get("v_scale")
+    # SGLang's own path divides the caller's K/V in place (cache_k.div_(k_scale)) where it converts
+    # them for the cache: only then are they copied first; the slots are only read
+    # (inside a graph capture nothing is copied: a converted write is not compared there)
+    divides = mode == core.EAGER and k.dtype != pool.dtype and (k_scale is not None or v_scale is not None)
+    return idx, loc.detach().long(), k.detach().clone() if divides else k.detach(), \
+        v.detach().clone() if divides else v.detach(), k_scale, v_scale
 
 
-def shadow_check(state: _State, pool: Any, snap: tuple[Any, ...], variant: str, divide: bool) -> None:
-    """Compare the rows the write left with its inputs (``kvprof.integrations.core.Shadow``): SGLang's
-    dummy slot 0 and slots several tokens share are not held to a row. Never raises."""
+def shadow_check(state: _State, pool: Any, snap: tuple[Any, ...], variant: str, divide: bool,
+                 mode: str = core.EAGER) -> None:
+    """Compare the rows the write left with its inputs (``kvprof.integrations.core.Shadow``), or,
+    inside a CUDA graph capture, record the kernel that compares them at every replay: SGLang's
+    dummy slot 0 (and, eagerly, slots several tokens share) are not held to a row. Never raises."""
     idx, slots, k, v, k_scale, v_scale = snap
     try:
         k_buf, v_buf = pool.k_buffer[idx], pool.v_buffer[idx]
         n, rows = int(slots.shape[0]), int(k_buf.shape[0])
+        if mode == core.IN_GRAPH:
+            layer_id = idx + (getattr(pool, "start_layer", 0) or 0)
+            rows_shape = tuple(k_buf.shape[1:])
+            if k.numel() != n * k_buf[0].numel() or v.numel() != n * v_buf[0].numel():
+                state.shadow.skip(f"{variant}: K/V rows are not [tokens, heads, dim] of this pool")
+                return
+            state.shadow.compare_in_graph(layer_id, variant, slots, k.view(n, *rows_shape), v.view(n, *rows_shape),
+                                          k_buf.unsqueeze(1), v_buf.unsqueeze(1), rows, pad=0)
+            return
         k_want = core.to_store(k, pool.dtype, k_scale, divide)
         v_want = core.to_store(v, pool.dtype, v_scale, divide)
         if k_want.numel() != n * k_buf[0].numel() or v_want.numel() != n * v_buf[0].numel():
             state.shadow.skip(f"{variant}: K/V rows are not [tokens, heads, dim] of this pool")
             return
         safe = slots.clamp(0, rows - 1)
-        valid = core.unique_valid(slots, 0) & (slots < rows)
         layer_id = idx + (getattr(pool, "start_layer", 0) or 0)
-        state.shadow.compare(layer_id, variant, slots, k_buf[safe], v_buf[safe], k_want, v_want, valid)
+        state.shadow.compare(layer_id, variant, slots, k_buf[safe], v_buf[safe], k_want, v_want, rows, pad=0)
     except Exception as exc:  # noqa: BLE001 - the check never stops the engine
         state.shadow.skip(f"{variant}: comparison failed ({_line(exc)})")
 
@@ -781,8 +798,8 @@ class _Route:
     KNOWN = ("layer", "loc_info", "cache_k", "cache_v", "k_scale", "v_scale", "layer_id_override", "dcp_kv_mask")
 
     def __init__(self, writer: Any, pool: Any, mod: Any, state: _State) -> None:
-        from kvprof.validation import check_write_inputs
-        from kvprof.writers.base import checked_impl
+        from kvprof.kvcache.contracts import checked_impl
+        from kvprof.kvcache.validation import check_write_inputs
 
         self.writer = writer
         # the route runs the store contract's checks on the engine's call itself (check_write_inputs,
@@ -849,8 +866,7 @@ class _RopeRoute:
     arguments SGLang's kernel would get, with the layer's own 3-D K/V buffers."""
 
     def __init__(self, writer: Any, pool: Any, device: Any, state: _State) -> None:
-        from kvprof.writers.base import checked_impl
-        from kvprof.writers.rope_base import check_rope_call
+        from kvprof.kvcache.contracts import check_rope_call, checked_impl
 
         self.writer = writer
         # the route runs the rope contract's checks itself (check_rope_call, unsupported_reason):
@@ -1134,7 +1150,7 @@ STATE = _State()
 
 def _is_rope_writer(writer: Any) -> bool:
     """Whether ``writer`` implements the MHA layout's rope + store contract (not the store's)."""
-    from kvprof.layouts import get_layout
+    from kvprof.kvcache.layouts import get_layout
 
     return get_layout("mha").contract_of(writer) == "rope"
 
@@ -1169,7 +1185,7 @@ def sidecar_dir() -> Path:
 def describe_pool(pool: Any, hooked: str, variant: str) -> dict[str, Any]:
     """Shapes and dtypes of one pool, read defensively (attribute names vary by pool); its native
     path is set_kv_buffer's predicted one, or fused_into_rope where its first write was SGLang's rope."""
-    from kvprof.dtypes import short_name
+    from kvprof.kvcache.dtypes import short_name
 
     def dt(x: Any) -> Any:
         try:

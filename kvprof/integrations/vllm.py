@@ -324,7 +324,8 @@ def _make_hook(owner: type, method: str, fn: Any) -> Any:
             state.note(f"{hooked}: layer name {name!r} has no one layer number")
         state.saw(layer_id, tokens)
         snap = None
-        if state.shadow.every and state.shadow_due(kv_cache.device):
+        mode = state.shadow_due(kv_cache.device) if state.shadow.every else ""
+        if mode:
             snap = shadow_snapshot(state, self, variant, layer, arg(args, kwargs, "key"), arg(args, kwargs, "value"),
                                    kv_cache, slots)
         route = state.route_for(self, layer, kv_cache) if routable and state.writer_name else None
@@ -341,14 +342,14 @@ def _make_hook(owner: type, method: str, fn: Any) -> Any:
                 local.write = (route.writer.name, layer_id, tokens, *core.writer_kernel(route.writer))
                 out = ranges.run(rname, attr, route.write, prepared)
                 if snap is not None:
-                    shadow_check(state, snap, layer_id, route.writer.name)
+                    shadow_check(state, snap, layer_id, route.writer.name, mode)
                 return out
         rname, attr = ranges.of(variant, layer_id, tokens)
         local.write = (variant, layer_id, tokens, native_op, 1)
         out = ranges.run(rname, attr, core.native, fn, (self, *args), kwargs, state, native_key,
                          WRITE_FALLBACK if fell_back else write_path)
         if snap is not None:
-            shadow_check(state, snap, layer_id, variant)
+            shadow_check(state, snap, layer_id, variant, mode)
         return out
 
     hook.__name__ = f"kvprof_{owner.__name__}_{method}"
@@ -479,7 +480,7 @@ def note_step(state: _State, ctx: Any) -> None:
 
 def describe_cache(impl: Any, hooked: str, variant: str, kv_cache: Any, native: str) -> dict[str, Any]:
     """The implementation class and its cache's shape and dtype, read defensively."""
-    from kvprof.dtypes import short_name
+    from kvprof.kvcache.dtypes import short_name
 
     out: dict[str, Any] = {"class": type(impl).__name__, "hooked": hooked, "variant": variant, "native_path": native}
     shape = tuple(getattr(kv_cache, "shape", ()))
@@ -526,7 +527,7 @@ class _Route:
     as rows of one head (see the module's doc)."""
 
     def __init__(self, writer: Any, state: _State, device: Any) -> None:
-        from kvprof.writers.base import checked_impl
+        from kvprof.kvcache.contracts import checked_impl
 
         self.writer = writer
         # K and V rows are interleaved views of one packed cache, which the paged contract's own
@@ -605,7 +606,7 @@ FP8_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5
 
 def shadow_snapshot(state: _State, impl: Any, variant: str, layer: Any, key: Any, value: Any, kv_cache: Any,
                     slots: Any) -> tuple[Any, ...] | None:
-    """A sampled MHA write's K/V cache views and inputs, copied before the write: (K view, V view,
+    """A sampled MHA write's K/V cache views and inputs: (K view, V view,
     slots, K, V, dtype, K scale, V scale); None where the shadow check cannot hold it (reason counted)."""
     import torch
 
@@ -637,14 +638,19 @@ def shadow_snapshot(state: _State, impl: Any, variant: str, layer: Any, key: Any
     if key is None or value is None or key.dim() != 3 or value.shape != key.shape or key.shape[0] < n:
         shadow.skip(f"{variant}: key/value are not [tokens, heads, head_size]")
         return None
-    return (views[0], views[1], slots.detach().reshape(-1).long().clone(), key[:n].detach().clone(),
-            value[:n].detach().clone(), dtype, k_scale, v_scale)
+    # no copies: vLLM's write reads key, value and the slots and changes none of them, and the
+    # comparison runs right after it on the same stream
+    return (views[0], views[1], slots.detach().reshape(-1).long(), key[:n].detach(), value[:n].detach(), dtype,
+            k_scale, v_scale)
 
 
-def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, variant: str) -> None:
+def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, variant: str,
+                 mode: str = core.EAGER) -> None:
     """Compare the rows the write left in the packed cache with its inputs, converted as vLLM's
-    op converts them (``convert_like_vllm``); padding (-1) and shared slots not held. Never raises."""
-    from kvprof.layouts.paged import convert_like_vllm
+    op converts them (``convert_like_vllm``), or, inside a CUDA graph capture, record the kernel
+    that compares them at every replay; padding (-1) (and, eagerly, shared slots) not held.
+    Never raises."""
+    from kvprof.kvcache.dtypes import convert_like_vllm
 
     k_view, v_view, slots, key, value, dtype, k_scale, v_scale = snap
     try:
@@ -653,14 +659,16 @@ def shadow_check(state: _State, snap: tuple[Any, ...], layer_id: int | None, var
             state.shadow.skip(f"{variant}: key rows are not the cache's heads x head_size")
             return
         rows = blocks * block_size
+        if mode == core.IN_GRAPH:
+            state.shadow.compare_in_graph(layer_id, variant, slots, key, value, k_view, v_view, rows)
+            return
         safe = slots.clamp(0, rows - 1)
         b, t = safe // block_size, safe % block_size
-        valid = core.unique_valid(slots, None) & (slots < rows)
         if dtype == k_view.dtype:
             k_want, v_want = key.to(dtype), value.to(dtype)
         else:
             k_want, v_want = convert_like_vllm(key, dtype, k_scale), convert_like_vllm(value, dtype, v_scale)
-        state.shadow.compare(layer_id, variant, slots, k_view[b, t], v_view[b, t], k_want, v_want, valid)
+        state.shadow.compare(layer_id, variant, slots, k_view[b, t], v_view[b, t], k_want, v_want, rows)
     except Exception as exc:  # noqa: BLE001 - the check never stops the engine
         state.shadow.skip(f"{variant}: comparison failed ({core.line(exc)})")
 

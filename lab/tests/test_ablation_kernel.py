@@ -13,8 +13,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ablation_kernel as ak  # noqa: E402
-from kvprof.writers import triton_kernel as tk  # noqa: E402
-from kvprof.writers.triton_fused import KINDS  # noqa: E402
+from kvprof.kvcache.writers import triton_kernel as tk  # noqa: E402
+from kvprof.kvcache.writers.triton_fused import KINDS  # noqa: E402
 
 
 def test_chain_mode_bits_stay_above_the_writers_flags():

@@ -1,0 +1,81 @@
+"""Launch shapes of kvprof's Triton rope (+ store) kernel, by token count.
+
+A program owns ``block_t`` tokens x up to ``block_h`` heads of q, or of k (and then the same
+heads of v): the grid is ``(cdiv(tokens, block_t), cdiv(Hq, bq) + cdiv(Hk, bk))`` with ``bq``
+and ``bk`` the block capped at the next power of two of Hq and of Hk (a GQA model's one k
+head is not padded to four).
+A write of a few tokens (decode) is latency-bound: one head per program spreads it over as
+many SMs as there are heads. A prefill of thousands of tokens is bound by bandwidth (q read
+and written, k and v read, two cache rows written): larger tiles, fewer programs.
+
+Provenance: the head-size-128 rows are the fastest shapes of a sweep on an H200 (Llama-3.1-70B
+at TP8 per rank: 8 q heads, 1 KV head x 128, bf16; 80 layers from CUDA graphs; 24 decode shapes
+at 1, 10 and 64 tokens, 32 prefill shapes at 512 and 4096; ``lab/rope_bench.py`` with
+``rope_triton_fused@T.H.W`` variants, output in ``lab/results/rope-tune-*.txt``). The other rows
+are untimed guesses after the fused store's table (:mod:`kvprof.kvcache.writers.triton_tables`).
+``RopeTritonFusedWriter(config=...)`` overrides them per writer.
+Under Triton's interpreter a write takes :func:`interpreted_rope_config` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvprof.kvcache.writers.triton_tables import INTERPRETED_TILE
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Tokens per program, heads per program at most (q heads, or k and v heads), warps per program."""
+
+    block_t: int
+    block_h: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_t", "block_h"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+
+
+RopeTable = list[tuple[int, int, RopeConfig]]
+_ANY = 1 << 62
+
+# (largest head_dim, largest token count, config): first match wins.
+ROPE_TABLE: RopeTable = [
+    (128, 16, RopeConfig(1, 1, 1)),
+    (128, 64, RopeConfig(1, 2, 4)),
+    (128, 512, RopeConfig(8, 1, 4)),
+    (128, 4096, RopeConfig(16, 1, 8)),
+    (128, _ANY, RopeConfig(16, 1, 8)),
+    (_ANY, 1, RopeConfig(1, 1, 2)),
+    (_ANY, 64, RopeConfig(1, 1, 2)),
+    (_ANY, 512, RopeConfig(2, 2, 4)),
+    (_ANY, _ANY, RopeConfig(4, 2, 4)),
+]
+
+
+def pick_rope_config(head_dim: int, tokens: int, table: RopeTable | None = None) -> RopeConfig:
+    """The table's shape for a head size and a token count."""
+    for max_dim, max_tokens, cfg in table or ROPE_TABLE:
+        if head_dim <= max_dim and tokens <= max_tokens:
+            return cfg
+    return RopeConfig(1, 1, 4)
+
+
+def interpreted_rope_config(heads: int, head_elements: int, tokens: int) -> RopeConfig:
+    """Under Triton's interpreter a program is one numpy pass with a fixed cost of
+    milliseconds, so as few programs as the tile cap allows: every head in one program (one
+    for q, one for k and v) and as many tokens as fit ``INTERPRETED_TILE`` elements.
+    ``heads``: the larger of Hq and Hk; ``head_elements``: the padded elements of one head."""
+    block_h = 1 << max(0, heads - 1).bit_length()
+    cap = max(1, INTERPRETED_TILE // max(1, block_h * head_elements))
+    cap = 1 << (cap.bit_length() - 1)
+    block_t = min(1 << max(0, tokens - 1).bit_length(), cap)
+    return RopeConfig(block_t, block_h, 4)
+
+
+__all__ = ["ROPE_TABLE", "RopeConfig", "RopeTable", "interpreted_rope_config", "pick_rope_config"]

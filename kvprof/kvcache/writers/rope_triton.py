@@ -1,0 +1,315 @@
+"""kvprof's rope writers in Triton: the fused one-launch write and the unfused baselines.
+
+* ``rope_triton_fused`` (:class:`RopeTritonFusedWriter`): one launch rotates q and k in
+  place, stores the rotated k and v at ``loc`` and quantises fp8 caches with per-tensor
+  scales, like SGLang's ``apply_rope_inplace_with_kvcache`` (which has no fp8 scaling).
+* ``rope_then_two_stream``, ``rope_then_triton_fused`` and ``rope_then_store`` (any
+  registered store writer, ``store=NAME``) (:class:`RopeThenStoreWriter`): what an engine
+  without that fusion runs -- one rotary kernel for q and k (SGLang: ``apply_rope_inplace``,
+  its JIT rotary kernel), then its ordinary ``set_kv_buffer`` store. The rotary kernel here
+  is kvprof's own (the same Triton kernel with the store compiled out), so the pair differs
+  from the fused write only by the fusion; how it compares with SGLang's rotary kernel is
+  for a GPU to measure.
+
+The kernel is :mod:`kvprof.kvcache.writers.rope_triton_kernel`, its launch shapes
+:mod:`kvprof.kvcache.writers.rope_tables`. On a GPU (sm_90+) both launch with programmatic dependent
+launch by default (``pdl=None``), as ``triton_fused`` does; on CPU the kernel runs under
+Triton's interpreter (``TRITON_INTERPRET=1`` before this module is imported).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvprof.core.errors import UsageError
+from kvprof.core.vocab import ROPE_FUSED
+from kvprof.kvcache.contracts import ROPE_INPUTS, KVWriter, RopeKVWriter, WriterInfo, checked_impl
+from kvprof.kvcache.validation import check_buffers_inputs
+from kvprof.kvcache.writers import rope_triton_kernel as kernel
+from kvprof.kvcache.writers.fp8_jit import hw_cast_safe, placement_reason, uses_pdl
+from kvprof.kvcache.writers.rope_tables import RopeConfig, RopeTable, interpreted_rope_config, pick_rope_config
+from kvprof.kvcache.writers.triton_convert import (
+    FP8_DTYPES,
+    INSTALL_HINT,
+    INT32_MAX,
+    KINDS,
+    cached_inverse,
+    e4m3_saturates,
+    next_pow2,
+    pow2_exact,
+    triton,
+    triton_missing,
+)
+
+
+class TritonRope:
+    """Plans and launches :func:`rope_kv_kernel`: with the store (``launch(..., store=True)``)
+    or rotating only (``rotate``). Everything that depends only on shapes and dtypes is
+    computed once per combination."""
+
+    def __init__(self, name: str, config: RopeConfig | dict[str, int] | None = None, convert: str = "auto",
+                 pdl: bool | None = None, table: RopeTable | None = None) -> None:
+        """``config`` forces one launch shape (tuning), ``table`` replaces the launch table;
+        ``convert``: 'auto', 'hw' or 'int' (the integer emulation of torch's rounding on a
+        GPU too); ``pdl``: programmatic dependent launch, None = where it exists (compiled,
+        sm_90+)."""
+        if isinstance(config, dict):
+            config = RopeConfig(**config)
+        if convert not in ("auto", "hw", "int"):
+            raise ValueError(f"convert must be 'auto', 'hw' or 'int', got {convert!r}")
+        self.name = name
+        self.config = config
+        self.table = table
+        self.convert = convert
+        self.pdl = pdl
+        self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
+        return triton is not None and uses_pdl(self.pdl, device, compiled=not kernel.interpreted())
+
+    def unsupported_reason(self, device: torch.device, dtype: torch.dtype | None,
+                           input_dtype: torch.dtype | None = None) -> str | None:
+        if triton is None:
+            return triton_missing()
+        placement = placement_reason(self.name, kernel.__name__, kernel.interpreted(), device, self.pdl)
+        if placement:
+            return placement
+        if dtype is not None and dtype not in KINDS:
+            return f"{self.name} has no conversion to {dtype}"
+        if input_dtype is not None and input_dtype not in ROPE_INPUTS:
+            return f"{self.name} rotates bf16, fp16 or fp32 q/k, not {input_dtype}"
+        return None
+
+    def _plan(self, key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, heads_k: int, dim: int, v_dim: int,
+              rows: int, rope_dim: int, is_neox: bool, dtype: torch.dtype | None, store: bool) -> tuple[Any, ...]:
+        if q.dtype not in ROPE_INPUTS or k.dtype not in ROPE_INPUTS:
+            raise ValueError(f"{self.name} rotates bf16, fp16 or fp32 q/k, got {q.dtype} and {k.dtype}")
+        if store and dtype not in KINDS:
+            raise ValueError(f"{self.name} has no conversion from {k.dtype} to {dtype}")
+        if rope_dim % 2 or not 2 <= rope_dim <= dim:
+            raise ValueError(f"{self.name}: rope_dim {rope_dim} must be even and in [2, head_dim={dim}]")
+        interpreted = kernel.interpreted()
+        compiled = k.is_cuda and not interpreted
+        hw = {"hw": True, "int": False}.get(self.convert, compiled)
+        pdl = self.pdl
+        if pdl is None:
+            pdl = compiled and torch.cuda.get_device_capability(k.device)[0] >= 9
+        out_kind = KINDS[dtype] if store and dtype is not None else KINDS[k.dtype]
+        mode = kernel.mode_bits(KINDS[q.dtype], KINDS[k.dtype], out_kind, hw=hw, sat=e4m3_saturates(),
+                                neox=is_neox, store=store, pdl=bool(pdl))
+        same = not store or dtype == k.dtype
+        half = rope_dim // 2
+        block_half = next_pow2(half)
+        block_p = next_pow2(dim - rope_dim) if dim > rope_dim else 0
+        block_dv = next_pow2(v_dim)
+        fp8_out = store and dtype in FP8_DTYPES
+        # The fp8 hardware cast only where every tile has the layout known to compile right
+        # (fp8_jit.hw_cast_safe, per launch shape), else the exact integer encode. GPT-J's k
+        # comes out of a join of (even, odd) values, i.e. in pairs per thread: always integer.
+        cols = (block_half if is_neox else 2 * block_half, block_p, block_dv)
+        widths = (half if is_neox else rope_dim, dim - rope_dim, v_dim)
+        fp8_tiles_aligned = is_neox and dim % 16 == 0 and v_dim % 16 == 0 and all(w % 16 == 0 for w in widths)
+        pow2_ok = not same and k.dtype in (torch.bfloat16, torch.float32) and fp8_out
+        plan = (mode, same, half, block_half, block_p, block_dv, hw and fp8_out, fp8_tiles_aligned, cols, widths,
+                pow2_ok, {"launch_pdl": True} if pdl else {}, interpreted)
+        self._plans[key] = plan
+        return plan
+
+    def launch_shape(self, tokens: int, heads: int, dim: int, head_elements: int, interpreted: bool) -> RopeConfig:
+        """The forced shape, the interpreter's (few large programs), or the table's."""
+        if self.config is not None:
+            return self.config
+        if interpreted:
+            return interpreted_rope_config(heads, head_elements, tokens)
+        return pick_rope_config(dim, tokens, self.table)
+
+    def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, k_buf: torch.Tensor | None,
+               v_buf: torch.Tensor | None, loc: torch.Tensor | None, positions: torch.Tensor,
+               cos_sin_cache: torch.Tensor, is_neox: bool, dtype: torch.dtype | None,
+               k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
+               store: bool = True) -> None:
+        """Rotate q and k in place and, with ``store``, write the rotated k and v at ``loc``."""
+        tokens = positions.shape[0]
+        if tokens == 0:
+            return
+        heads_q = q.shape[1]
+        heads_k, dim = k.shape[1], k.shape[2]
+        if store:
+            assert k_buf is not None and v_buf is not None and v is not None and loc is not None
+            v_dim, rows = v_buf.shape[2], k_buf.shape[0]
+        else:
+            v_dim, rows = dim, 0
+        rope_dim = cos_sin_cache.shape[1]
+        key = (q.dtype, k.dtype, dtype, heads_q, heads_k, dim, v_dim, rows, rope_dim, is_neox, store, k.device)
+        plan = self._plans.get(key) or self._plan(key, q, k, heads_k, dim, v_dim, rows, rope_dim, is_neox,
+                                                  dtype, store)
+        (mode, same, half, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, pow2_ok, extra,
+         interpreted) = plan
+        k_inv = v_inv = 1.0
+        if store:
+            assert k_buf is not None and v_buf is not None and v is not None and loc is not None
+            if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
+                raise ValueError(f"{self.name} needs contiguous K/V cache buffers")
+            if v.stride(2) != 1:
+                v = v.contiguous()  # read only: a copy changes nothing the caller sees
+            if k_scale is not None and not same:
+                mode |= kernel.MODE_K_SCALED
+                k_inv = cached_inverse(k_scale)
+            if v_scale is not None and not same:
+                mode |= kernel.MODE_V_SCALED
+                v_inv = cached_inverse(v_scale)
+            if (pow2_ok and mode & (kernel.MODE_K_SCALED | kernel.MODE_V_SCALED) and pow2_exact(k_inv)
+                    and pow2_exact(v_inv)):
+                mode |= kernel.MODE_POW2
+            k_out, v_out, slots = k_buf, v_buf, loc
+            v_st, v_sh, loc_st = v.stride(0), v.stride(1), loc.stride(0)
+        else:
+            k_out, v_out, slots, v = k, k, positions, k  # placeholders: STORE=0 compiles them out
+            v_st = v_sh = loc_st = 0
+        cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim,
+                                max(2 * block_half + block_p, block_dv), interpreted)
+        block_t, num_warps = cfg.block_t, cfg.num_warps
+        block_hq, block_hk = min(cfg.block_h, next_pow2(heads_q)), min(cfg.block_h, next_pow2(heads_k))
+        if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_hk * c, num_warps)
+                                                     for c, w in zip(cols, widths) if w)):
+            mode |= kernel.MODE_FP8_INT
+        reach = (tokens + block_t) * max(abs(q.stride(0)), abs(k.stride(0)), abs(v_st), 1)
+        if rows * heads_k * max(dim, v_dim) > INT32_MAX or reach > INT32_MAX or cos_sin_cache.numel() > INT32_MAX:
+            mode |= kernel.MODE_WIDE
+        grid = (triton.cdiv(tokens, block_t), triton.cdiv(heads_q, block_hq) + triton.cdiv(heads_k, block_hk))
+        kernel.rope_kv_kernel[grid](
+            q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows, cos_sin_cache.shape[0],
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_st, v_sh, loc_st, positions.stride(0),
+            cos_sin_cache.stride(0),
+            HQ=heads_q, HK=heads_k, D=dim, DV=v_dim, HALF=half, BLOCK_HALF=block_half, BLOCK_P=block_p,
+            BLOCK_DV=block_dv, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, MODE=mode, num_warps=num_warps,
+            enable_fp_fusion=False,
+            **extra,
+        )
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+               is_neox: bool) -> None:
+        """The rotary embedding alone: q and k rotated in place, one launch."""
+        self.launch(q, k, None, None, None, None, positions, cos_sin_cache, is_neox, None, store=False)
+
+
+class RopeTritonFusedWriter(RopeKVWriter):
+    """One Triton launch: rope on q and k in place, the rotated k and v stored at ``loc``."""
+
+    name = "rope_triton_fused"
+    kernel_name = kernel.KERNEL_NAME
+    description = "kvprof's Triton rope + K/V store: one launch rotates q and k, stores k and v (fp8 in-kernel)"
+    fused = True
+    rope_fused = True
+    devices = ("cpu", "cuda")
+
+    def __init__(self, config: RopeConfig | dict[str, int] | None = None, convert: str = "auto",
+                 pdl: bool | None = None) -> None:
+        """Options as :class:`TritonRope`: ``config`` (one launch shape), ``convert``, ``pdl``."""
+        self.kernel = TritonRope(self.name, config, convert, pdl)
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        return self.kernel.launches_pdl(device)
+
+    def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
+        return (super().unsupported_reason(device, dtype, input_dtype)
+                or self.kernel.unsupported_reason(device, dtype, input_dtype))
+
+    def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
+              k_scale=None, v_scale=None) -> str:
+        self.kernel.launch(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype, k_scale, v_scale)
+        return ROPE_FUSED
+
+    def info(self) -> WriterInfo:
+        info = super().info()
+        if triton is not None and kernel.interpreted():
+            info.extra["interpreted"] = "Triton's interpreter on the host"
+        return info
+
+
+class RopeThenStoreWriter(RopeKVWriter):
+    """The unfused baseline: kvprof's Triton rotary kernel (one launch for q and k), then a
+    registered store writer's ``write`` -- two kernels or more, as an engine runs rope and
+    ``set_kv_buffer`` without the fusion. The path is the store's (FUSED, TWO_STREAMS...).
+    ``rope_then_store`` takes the store by name (``store=NAME``, default index_put);
+    ``rope_then_two_stream`` and ``rope_then_triton_fused`` are the two stores a fused write
+    is held against (SGLang's unfused store, and kvprof's fused store alone)."""
+
+    name = "rope_then_store"
+    rope_fused = False
+    rope_kernels = 1  # launches before the store's own: the rotary kernel
+
+    def __init__(self, store: str = "index_put", rope_config: RopeConfig | dict[str, int] | None = None,
+                 rope_pdl: bool | None = None, **store_options: Any) -> None:
+        """``store``: a registered MHA store writer, built with the remaining keywords;
+        ``rope_config``/``rope_pdl``: the rotary kernel's launch shape and PDL (None: where it
+        exists, as the store writers' own default). The store is built by the one registry
+        (kvprof's writers are in it: this module's package registered them when it was imported)."""
+        from kvprof.kvcache.registry import create_writer
+
+        built = create_writer(store, **store_options)
+        if not isinstance(built, KVWriter):
+            raise UsageError(f"{self.name}: {store!r} is not a store writer of the MHA layout")
+        self.store: KVWriter = built
+        self.description = f"kvprof's Triton rotary kernel for q and k, then the {self.store.name} store"
+        self.fused = self.store.fused
+        self.devices = tuple(d for d in self.store.devices if d in ("cpu", "cuda"))
+        self.rotary = TritonRope(self.name, rope_config, "auto", rope_pdl)
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """The write's first kernel is the rotary (``rope_pdl``); the store's PDL is the store's."""
+        return self.rotary.launches_pdl(device)
+
+    def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
+        return (super().unsupported_reason(device, dtype, input_dtype)
+                or self.rotary.unsupported_reason(device, None, input_dtype)
+                or self.store.unsupported_reason(device, dtype, input_dtype))
+
+    def prepare(self, device: torch.device) -> None:
+        self.store.prepare(device)
+
+    def write(self, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,  # type: ignore[override]
+              k_scale=None, v_scale=None) -> str:
+        self.rotary.rotate(q, k, positions, cos_sin_cache, is_neox)
+        # the store's inputs, as the pool passes them
+        loc, cache_k, cache_v = check_buffers_inputs(k_buf, v_buf, loc, k, v)
+        return checked_impl(self.store)(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
+
+    def info(self) -> WriterInfo:
+        info = super().info()
+        info.extra["store"] = self.store.name
+        store = self.store.info().extra
+        info.extra.update({f"store_{key}": value for key, value in store.items()})
+        # the rotary is kvprof's Triton kernel: in Triton's interpreter, so is the write's time
+        if triton is not None and kernel.interpreted():
+            info.extra["interpreted"] = "Triton's interpreter on the host (the rotary kernel)"
+        elif store.get("interpreted"):
+            info.extra["interpreted"] = store["interpreted"]
+        return info
+
+
+class RopeThenTwoStreamWriter(RopeThenStoreWriter):
+    """Rotary kernel, then SGLang's unfused store (two copies, two streams under a CUDA graph)."""
+
+    name = "rope_then_two_stream"
+
+    def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
+                 **store_options: Any) -> None:
+        super().__init__("two_stream", rope_config, rope_pdl, **store_options)
+
+
+class RopeThenTritonFusedWriter(RopeThenStoreWriter):
+    """Rotary kernel, then kvprof's fused Triton store: the fused rope write minus the fusion."""
+
+    name = "rope_then_triton_fused"
+
+    def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
+                 **store_options: Any) -> None:
+        super().__init__("triton_fused", rope_config, rope_pdl, **store_options)
+
+
+__all__ = ["INSTALL_HINT", "RopeThenStoreWriter", "RopeThenTritonFusedWriter", "RopeThenTwoStreamWriter",
+           "RopeTritonFusedWriter", "TritonRope"]

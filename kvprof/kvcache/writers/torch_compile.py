@@ -1,0 +1,66 @@
+"""Two index_put copies (and the dtype conversion) under ``torch.compile``.
+
+A peer SGLang itself measured against: Inductor may fuse the conversion and both
+scatters into fewer kernels, so the path is reported as ``compiled`` and the trace's
+kernel count says what it became.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kvprof.kvcache.contracts import KVWriter
+from kvprof.kvcache.dtypes import inverse_scale
+
+COMPILED = "compiled"
+
+
+def _store(k_buf, v_buf, loc, cache_k, cache_v):  # noqa: ANN001
+    k_buf[loc] = cache_k
+    v_buf[loc] = cache_v
+
+
+def _store_converted(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, store_dtype):  # noqa: ANN001
+    k = (cache_k.float() * k_inv).to(cache_k.dtype).to(dtype).view(store_dtype)
+    v = (cache_v.float() * v_inv).to(cache_v.dtype).to(dtype).view(store_dtype)
+    k_buf[loc] = k
+    v_buf[loc] = v
+
+
+class TorchCompileWriter(KVWriter):
+    name = "torch_compile"
+    description = "two index_put copies compiled by torch.compile (Inductor)"
+    fused = False
+    devices = ("cpu", "cuda")
+
+    def __init__(self, mode: str | None = None) -> None:
+        # compiled at the first write, not here: torch.compile imports Dynamo (seconds on a small
+        # CPU), which listing the variants (``kvprof variants``) or checking support never needs
+        self._mode = mode
+        self._compiled: dict[str, Callable[..., None]] = {}
+
+    def _compiled_fn(self, fn: Callable[..., None]) -> Callable[..., None]:
+        if fn.__name__ not in self._compiled:
+            self._compiled[fn.__name__] = torch.compile(fn, mode=self._mode, fullgraph=True, dynamic=True)
+        return self._compiled[fn.__name__]
+
+    def write(
+        self,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        dtype: torch.dtype,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> str:
+        if cache_k.dtype == dtype:  # the pool guarantees cache_v has cache_k's dtype
+            self._compiled_fn(_store)(k_buf, v_buf, loc, cache_k.view(k_buf.dtype), cache_v.view(v_buf.dtype))
+        else:
+            k_inv = inverse_scale(k_scale)
+            v_inv = inverse_scale(v_scale)
+            self._compiled_fn(_store_converted)(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, k_buf.dtype)
+        return COMPILED

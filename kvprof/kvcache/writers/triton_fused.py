@@ -1,0 +1,209 @@
+"""kvprof's own fused K+V write in Triton: one launch stores both rows for every token,
+converting the dtype in the same kernel, bitwise PyTorch's reference
+(:func:`kvprof.kvcache.dtypes.convert_for_cache`) for every non-NaN input.
+
+The parts: the kernel and its inline PTX (:mod:`kvprof.kvcache.writers.triton_kernel`), the
+rounding (:mod:`kvprof.kvcache.writers.triton_convert`), the launch shapes
+(:mod:`kvprof.kvcache.writers.triton_tables`); this module decides, per call, which compile-time
+flags and launch shape a write takes. On a GPU (sm_90+) it launches with programmatic
+dependent launch by default, so back-to-back writes overlap one launch with the previous
+kernel's tail (the latency floor of a write of a few tokens; docs/benchmarks.md). On CPU
+the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1`` when this is imported;
+``kvprof capture`` sets it on a CPU when the environment does not say), with its own
+launch shape (:func:`kvprof.kvcache.writers.triton_tables.interpreted_config`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvprof.kvcache.contracts import FUSED, KVWriter, WriterInfo
+from kvprof.kvcache.writers import triton_kernel as kernel
+from kvprof.kvcache.writers.fp8_jit import placement_reason, uses_pdl
+from kvprof.kvcache.writers.triton_convert import (
+    FP8_DTYPES,
+    INSTALL_HINT,
+    INT32_MAX,
+    KINDS,
+    cached_inverse,
+    e4m3_saturates,
+    next_pow2,
+    pow2_exact,
+    triton,
+    triton_missing,
+)
+from kvprof.kvcache.writers.triton_kernel import (
+    KERNEL_NAME,
+    MODE_FP8_INT,
+    MODE_K_SCALED,
+    MODE_PACKED,
+    MODE_POW2,
+    MODE_STREAM,
+    MODE_V_SCALED,
+    MODE_WIDE,
+)
+from kvprof.kvcache.writers.triton_tables import (
+    TRITON_TABLE,
+    TRITON_TABLE_FP8,
+    TritonConfig,
+    interpreted_config,
+    pick_config,
+)
+
+
+class TritonFusedWriter(KVWriter):
+    """One Triton launch writes K and V rows at ``loc``, converting dtype in the kernel."""
+
+    name = "triton_fused"
+    kernel_name = KERNEL_NAME
+    description = "kvprof's fused Triton store: one launch for K and V, dtype conversion in-kernel"
+    fused = True
+    devices = ("cpu", "cuda")
+
+    def __init__(self, config: TritonConfig | dict[str, int | bool] | None = None, convert: str = "auto",
+                 pdl: bool | None = None, packed_fp8: bool = True) -> None:
+        """``config`` forces one launch shape (tuning); ``convert`` is 'auto', 'hw' or 'int'
+        (the integer emulation of torch's rounding also runs on a GPU, for comparison);
+        ``pdl``: programmatic dependent launch. None (default) turns it on where it exists
+        (compiled kernel, sm_90+): back-to-back small writes then overlap one kernel's launch
+        with the previous one's tail (docs/benchmarks.md). The kernel waits (griddepcontrol.wait)
+        before its first load, so it never reads what the previous kernel is still writing. ``packed_fp8=False``
+        keeps Triton's own per-element fp8 fix-up instead of the packed one (to compare)."""
+        if isinstance(config, dict):
+            config = TritonConfig(int(config["block_t"]), int(config["num_warps"]), int(config.get("split", 1)),
+                                  bool(config.get("stream", False)))
+        if convert not in ("auto", "hw", "int"):
+            raise ValueError(f"convert must be 'auto', 'hw' or 'int', got {convert!r}")
+        self.config = config
+        self.convert = convert
+        self.pdl = pdl
+        self.packed_fp8 = bool(packed_fp8)
+        self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def launches_pdl(self, device: torch.device) -> bool:
+        """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
+        return triton is not None and uses_pdl(self.pdl, device, compiled=not kernel.interpreted())
+
+    def unsupported_reason(self, device, dtype, input_dtype=None):  # type: ignore[override]
+        reason = super().unsupported_reason(device, dtype, input_dtype)
+        if reason:
+            return reason
+        if triton is None:
+            return triton_missing()
+        placement = placement_reason("triton_fused", __name__, kernel.interpreted(), device, self.pdl)
+        if placement:
+            return placement
+        for d in (dtype, input_dtype):
+            if d is not None and d not in KINDS:
+                return f"triton_fused has no conversion for {d}"
+        return None
+
+    def _plan(self, k_buf: torch.Tensor, v_buf: torch.Tensor, in_dtype: torch.dtype, dtype: torch.dtype,
+              key: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Everything that depends only on the buffers and dtypes, computed once."""
+        if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
+            raise ValueError("triton_fused needs contiguous K/V cache buffers")
+        if dtype not in KINDS or in_dtype not in KINDS:
+            raise ValueError(f"triton_fused has no conversion from {in_dtype} to {dtype}")
+        rows = k_buf.shape[0]
+        rk = k_buf[0].numel()
+        rv = v_buf[0].numel()
+        in_size = torch.empty((), dtype=in_dtype).element_size()
+        interpreted = kernel.interpreted()
+        compiled = k_buf.is_cuda and not interpreted
+        hw = {"hw": True, "int": False}.get(self.convert, compiled)
+        pdl = self.pdl
+        if pdl is None:
+            pdl = compiled and torch.cuda.get_device_capability(k_buf.device)[0] >= 9
+        same = in_dtype == dtype
+        base = kernel.mode_bits(KINDS[in_dtype], KINDS[dtype], False, False, hw, e4m3_saturates(), False, bool(pdl))
+        # fp8 inputs (converted): always the integer routines; fp8 outputs: the hardware cast
+        # where the layout is known-good (see triton_kernel.fp8_cast_safe), decided per call
+        if hw and not same and in_dtype in FP8_DTYPES:
+            base |= MODE_FP8_INT
+        fp8_hw = hw and not same and in_dtype not in FP8_DTYPES and dtype in FP8_DTYPES
+        if self.packed_fp8 and kernel.packed_e4m3(hw, in_dtype, dtype):
+            base |= MODE_PACKED  # ignored where a launch takes FP8_INT
+        pow2_ok = not same and in_dtype in (torch.bfloat16, torch.float32) and dtype in FP8_DTYPES
+        plan = (rows, rk, rv, next_pow2(rk), next_pow2(rv), (rk + rv) * in_size, base, same,
+                {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok, dtype in FP8_DTYPES, interpreted)
+        self._plans[key] = plan
+        return plan
+
+    def write(
+        self,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        dtype: torch.dtype,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> str:
+        tokens = loc.shape[0]
+        if tokens == 0:
+            return FUSED
+        key = (k_buf.shape, v_buf.shape, k_buf.device, cache_k.dtype, dtype)
+        plan = self._plans.get(key) or self._plan(k_buf, v_buf, cache_k.dtype, dtype, key)
+        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw, pow2_ok, fp8_out, interpreted = plan
+        cache_k = _rows(cache_k)
+        cache_v = _rows(cache_v)
+        if k_scale is not None and not same:
+            mode |= MODE_K_SCALED
+            k_inv = cached_inverse(k_scale)
+        else:
+            k_inv = 1.0
+        if v_scale is not None and not same:
+            mode |= MODE_V_SCALED
+            v_inv = cached_inverse(v_scale)
+        else:
+            v_inv = 1.0
+        if pow2_ok and mode & (MODE_K_SCALED | MODE_V_SCALED) and pow2_exact(k_inv) and pow2_exact(v_inv):
+            mode |= MODE_POW2
+        cfg = self.config or self.launch_shape(tokens, row_bytes, bk + bv, fp8_out, interpreted)
+        block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
+        k_stride, v_stride = cache_k.stride(0), cache_v.stride(0)
+        if fp8_hw and not kernel.fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split,
+                                               bv // split):
+            mode |= MODE_FP8_INT
+        if rows * max(rk, rv) > INT32_MAX or (tokens + block_t) * max(k_stride, v_stride, rk, rv) > INT32_MAX:
+            mode |= MODE_WIDE
+        if cfg.stream:
+            mode |= MODE_STREAM
+        kernel.store_kv_kernel[(triton.cdiv(tokens, block_t), split)](
+            k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride,
+            RK=rk, RV=rv, BLOCK_K=bk, BLOCK_V=bv, BLOCK_T=block_t, SPLIT=split, MODE=mode,
+            num_warps=num_warps, **extra,
+        )
+        return FUSED
+
+
+    @staticmethod
+    def launch_shape(tokens: int, row_bytes: int, row_elements: int, fp8: bool, interpreted: bool) -> TritonConfig:
+        """The GPU tables' shape, or under Triton's interpreter its own (few large programs:
+        the interpreter pays per program, not per element; see triton_tables)."""
+        if interpreted:
+            return interpreted_config(row_elements, tokens)
+        return pick_config(row_bytes, tokens, fp8=fp8)
+
+    def info(self) -> WriterInfo:
+        """``extra["interpreted"]`` when the kernel runs under Triton's interpreter (on the host,
+        in numpy): its times are the interpreter's, not a GPU's."""
+        info = super().info()
+        if triton is not None and kernel.interpreted():
+            info.extra["interpreted"] = "Triton's interpreter on the host"
+        return info
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """Rows must be contiguous after the token dimension (any token stride); copy if not."""
+    if t.stride(-1) != 1 or (t.dim() == 3 and t.stride(1) != t.shape[2]) or t.dim() > 3:
+        t = t.contiguous()
+    return t
+
+
+__all__ = ["INSTALL_HINT", "KINDS", "TRITON_TABLE", "TRITON_TABLE_FP8", "TritonConfig", "TritonFusedWriter",
+           "e4m3_saturates", "interpreted_config", "pick_config"]
