@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.core.errors import DeviceError, KvprofError
+from kvprof.core.errors import DeviceError, KvprofError, Setting, Words, rendered
 from kvprof.core.run import Manifest
 from kvprof.core.rundir import RunDir, read_summary as _read_summary
 from kvprof.core.schema import DEFAULT_MAX_EVENTS
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvprof.analysis.runs import RunComparison
     from kvprof.analysis.summary import Analysis
     from kvprof.capture.config import CaptureConfig
+    from kvprof.core.readers import ReaderRegistry
     from kvprof.core.verify import PdlResult, VerifyResult
     from kvprof.tools.background import BackgroundServer
     from kvprof.trace.load import Loaded
@@ -54,6 +55,15 @@ def prefetch_trace(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_E
     from kvprof.trace.kineto_io import prefetch
 
     return prefetch(path, max_events)
+
+
+def trace_readers() -> ReaderRegistry:
+    """The trace-reader registry, kvprof's own readers in it (importing kvprof.trace registers them),
+    then any plugin's: what a trace may be named, which reader a file is."""
+    import kvprof.trace  # noqa: F401 - registers the built-in readers into the registry
+    from kvprof.core.readers import REGISTRY
+
+    return REGISTRY
 
 
 def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
@@ -127,7 +137,7 @@ def check_perfetto_output(path: str | os.PathLike[str]) -> None:
 
     folder = Path(path).parent
     if not folder.is_dir():
-        raise UsageError(f"--perfetto {path}: no such folder {folder}")
+        raise UsageError(Setting("perfetto"), f" {path}: no such folder {folder}")
     require_perfetto()
 
 
@@ -166,8 +176,8 @@ def check_no_other_analysis(path: str | os.PathLike[str], out: str | os.PathLike
     folder = Path(path).is_dir() and summary.input_kind in ("run", "dir")
     if not previous or _same_input(Path(previous), Path(path)) or (folder and _same_input(Path(out), Path(path))):
         return  # the same input, or the folder's own analysis (the folder since renamed or moved)
-    raise OutputError(f"{run.summary} holds the analysis of {Path(previous).name}, not of {Path(path).name}: "
-                      "--out FOLDER to write this one's elsewhere, or --force to replace it")
+    raise OutputError(f"{run.summary} holds the analysis of {Path(previous).name}, not of {Path(path).name}: ",
+                      Setting("out"), " FOLDER to write this one's elsewhere, or ", Setting("force"), " to replace it")
 
 
 def _same_input(previous: Path, current: Path) -> bool:
@@ -269,46 +279,70 @@ class CaptureResult:
 
 
 def capture(config: CaptureConfig, *, progress_factory: Callable[[int], Any] | None = None,
-            analyse: bool = True, render: bool = False) -> CaptureResult:
+            analyse: bool = True, render: bool = False, log: Callable[[str], None] | None = None,
+            names: Callable[[str], str] = str) -> CaptureResult:
     """Capture, then open, analyse and write the outputs into the run, as ``analyze`` would
     (``analyse``), prove a scrubbed run clean, make its ``hta/<variant>/`` folders
     (:func:`hta_folders`) and, with ``render``, print the first summary. Capture itself only
     writes the run (imports torch); a failure after it is one of the result's problems (or its
-    ``analysis_error``), and the run stays."""
+    ``analysis_error``), and the run stays. ``log`` (default: stderr) gets what the capture says
+    as it goes; ``names`` spells the settings that it and the run's records name (default:
+    their field names; the command line passes its flags)."""
+    from kvprof.capture.plan import resolve
     from kvprof.capture.run import capture as _capture
 
-    captured = _capture(config, progress_factory=progress_factory)
+    plan = resolve(config)  # the one resolution: capture and everything below it read this plan
+    captured = _capture(plan, progress_factory=progress_factory, names=names, read_events=trace_events,
+                        **({"log": log} if log is not None else {}))
     result = CaptureResult(captured.run_dir, captured.manifest, list(captured.problems),
-                           analysis_error="not analysed (--no-summary)")
+                           analysis_error=Words("not analysed (", Setting("summary"), ")"))
     try:
-        return _after_capture(config, result, analyse, render)
+        return _after_capture(plan.shape.layers, plan.scrub, result, analyse, render, names)
     except KeyboardInterrupt as exc:  # the run is in place: say what it holds and what did not run
-        left = [w for w, done in (("its analysis (kvprof analyze RUN)", not analyse or result.summary is not None),
-                                  ("its scrub check (kvprof scrub --check RUN)", not config.scrub)) if not done]
-        exc.kept = (f"the run {result.run_dir} was captured whole and is kept"  # type: ignore[attr-defined]
-                    + (f"; not done: {', '.join(left).replace('RUN', str(result.run_dir))}" if left else ""))
+        run = str(result.run_dir)
+        left = [w for w, done in ((Words(f"its analysis (kvprof analyze {run})"),
+                                   not analyse or result.summary is not None),
+                                  (Words("its scrub check (kvprof scrub ", Setting("check"), f" {run})"),
+                                   not plan.scrub)) if not done]
+        exc.kept = Words(f"the run {run} was captured whole and is kept",  # type: ignore[attr-defined]
+                         *(["; not done: ", *_joined(left)] if left else []))
         raise
 
 
-def _after_capture(config: CaptureConfig, result: CaptureResult, analyse: bool, render: bool) -> CaptureResult:
-    """What api.capture does once the run folder is in place (its outputs are each atomic)."""
+def _joined(parts: list[Words]) -> list[object]:
+    return [x for i, w in enumerate(parts) for x in ((", ", w) if i else (w,))]
+
+
+def trace_events(path: Path) -> Any:
+    """A Kineto trace's event table with its writes attributed: what capture cuts a step's
+    template from (handed to it, since the trace readers sit above capture)."""
+    from kvprof.trace.attribution import attribute
+    from kvprof.trace.kineto import read_kineto
+    from kvprof.trace.table import to_frame
+
+    return to_frame(attribute(read_kineto(Path(path))).events)
+
+
+def _after_capture(layers: int, scrub: bool, result: CaptureResult, analyse: bool, render: bool,
+                   names: Callable[[str], str] = str) -> CaptureResult:
+    """What api.capture does once the run folder is in place (its outputs are each atomic);
+    ``layers``: the model's, for the projections; ``scrub``: whether the run was scrubbed."""
     if analyse:  # the run is complete and in place; the outputs are added as one atomic set
-        layers = config.rank_shape().layers
         try:
             loaded = open_run(result.run_dir)
             analysis = analyze(loaded, bench=benchmark(layers), layers=layers)
-            write_outputs(loaded, analysis, result.run_dir, scrub=config.scrub)
+            write_outputs(loaded, analysis, result.run_dir, scrub=scrub)
             result.summary, result.analysis_error = analysis.summary, None
         except KvprofError as exc:
-            result.analysis_error = str(exc)
-    if config.scrub:  # after the last file: prove what was written is clean
+            result.analysis_error = exc.words or str(exc)
+    if scrub:  # after the last file: prove what was written is clean
         result.problems += _scrub_check(result.run_dir)
     try:
         hta_folders(result.run_dir)
     except KvprofError as exc:
         result.problems.append(exc)
     if render:
-        render_capture(result)
+        render_capture(result, names)
     return result
 
 
@@ -361,14 +395,15 @@ def _scrub_check(run_dir: Path) -> list[KvprofError]:
     return problems
 
 
-def render_capture(result: CaptureResult) -> None:
-    """What ran, the compact table, the verdict, and where the full tables are (or why there is no summary)."""
+def render_capture(result: CaptureResult, names: Callable[[str], str] = str) -> None:
+    """What ran, the compact table, the verdict, and where the full tables are (or why there is no summary;
+    ``names`` spells the settings it names)."""
     from kvprof.report.console import make_console
     from kvprof.report.verdict import render_first_run
 
     console = make_console()
     if result.summary is None:
-        console.print(f"[yellow]analysis of the capture failed: {result.analysis_error}[/] "
+        console.print(f"[yellow]analysis of the capture failed: {rendered(result.analysis_error, names)}[/] "
                       f"(run `kvprof analyze {result.run_dir}`)")
         return
     render_first_run(result.summary, console, result.manifest, str(result.run_dir))
@@ -404,4 +439,4 @@ __all__ = ["DEFAULT_MAX_EVENTS", "CaptureResult", "RunDir", "analyze", "benchmar
            "check_no_other_analysis", "check_write_kernel_regex", "clean", "comparability", "compare_runs",
            "compare_variants", "dashboard_server", "hta_folders", "load", "open_run", "output_dir", "prefetch_trace",
            "read_manifest", "read_summary",
-           "regression_gate", "render_capture", "write_outputs"]
+           "regression_gate", "trace_readers", "render_capture", "write_outputs"]

@@ -24,8 +24,9 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from kvprof import __version__
+from kvprof.commands import flag_namer
 from kvprof.core.atomic import DISK_ERRNOS  # a full or read-only disk: exit 6, never a traceback
-from kvprof.core.errors import INTERRUPTED_EXIT_CODE, KvprofError, OutputError, UsageError
+from kvprof.core.errors import INTERRUPTED_EXIT_CODE, KvprofError, OutputError, UsageError, rendered
 from kvprof.core.interrupts import Terminated, ctrl_c_raises_interrupted
 from kvprof.core.text import printable
 
@@ -110,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     prog = "kvprof"
+    parser: argparse.ArgumentParser | None = None
     try:
         # the handlers cover start-up too: building the parser imports torch for seconds
         with ctrl_c_raises_interrupted():
@@ -122,10 +124,11 @@ def _main(argv: Sequence[str] | None) -> int:
             prog = f"kvprof {args.command}"
             return int(args._run(args) or 0)
     except KvprofError as exc:
-        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)  # it can quote a trace's text
+        # it can quote a trace's text; the settings it names, as this command's flags
+        print(f"{prog}: error: {printable(rendered(exc, flag_namer(parser)))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        kept = printable(getattr(exc, "kept", None) or "nothing half-written was kept")
+        kept = printable(rendered(getattr(exc, "kept", None) or "nothing half-written was kept", flag_namer(parser)))
         if isinstance(exc, Terminated):
             word = "terminated" if exc.signum == signal.SIGTERM else f"terminated ({exc.signum.name})"
             print(f"{prog}: {word}; {kept}", file=sys.stderr)

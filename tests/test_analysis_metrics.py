@@ -158,7 +158,7 @@ def test_kvprof_trace_loads_in_hta(tmp_path):
     hta = pytest.importorskip("hta.trace_analysis")
     import json
 
-    from kvprof.trace.hta import hta_metadata_json
+    from kvprof.core.run import hta_metadata_json
 
     doc, _ = build(TraceSpec(phases=[PhaseSpec("prefill", 8, 2), PhaseSpec("decode", 8, 2, graph=True)]))
     doc["distributedInfo"] = json.loads(hta_metadata_json(0))  # what capture adds to a profile

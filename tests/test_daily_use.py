@@ -34,10 +34,10 @@ class _Bar:
 
 @pytest.fixture
 def bars(monkeypatch):
-    import kvprof.progress
+    import kvprof.commands.progress
 
     _Bar.made = []
-    monkeypatch.setattr(kvprof.progress, "StepProgress", _Bar)
+    monkeypatch.setattr(kvprof.commands.progress, "StepProgress", _Bar)
     return _Bar.made
 
 
@@ -312,9 +312,9 @@ def test_variants_shows_its_bar_before_it_loads_torch_and_closes_it_on_error(bar
         variants.run(argparse.Namespace(device="cpu", cache_dtype="bf16", input_dtype=None))
     assert bars[0].closed
     monkeypatch.undo()
-    import kvprof.progress
+    import kvprof.commands.progress
 
-    monkeypatch.setattr(kvprof.progress, "StepProgress", _Bar)
+    monkeypatch.setattr(kvprof.commands.progress, "StepProgress", _Bar)
     _Bar.made.clear()
     assert variants.run(argparse.Namespace(device="cpu", cache_dtype="bf16", input_dtype=None)) == 0
     from kvprof.kvcache.writers import writer_names

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -25,7 +26,7 @@ from kvprof.capture.defaults import (
     DEFAULT_DECODE_SIZES,
     DEFAULT_PREFILL_TOKENS,
 )
-from kvprof.core.errors import ResourceError, UsageError
+from kvprof.core.errors import ResourceError, UsageError, rendered
 
 CPU = torch.device("cpu")
 
@@ -61,15 +62,20 @@ def test_options_given_are_kept_and_not_reported_as_defaults():
 
 
 def test_the_console_line_names_each_cpu_default():
+    from kvprof.capture.plan import resolve
     from kvprof.capture.run import defaults_line
+    from kvprof.commands.capture import flags
 
-    line = defaults_line(CaptureConfig(context="layer").validate().resolved_for("cpu"), "cpu")
+    line = defaults_line(resolve(CaptureConfig(context="layer"), CPU))
     assert line is not None
+    shown = rendered(line, flags())  # as the command line prints it: each setting as its flag
     for part in (f"--layers {CPU_DEFAULT_LAYERS} (of 80)", f"--context-len {CPU_LAYER_CONTEXT_LEN}",
                  f"--prefill-tokens {CPU_LAYER_PREFILL_TOKENS}", f"--reference-steps {CPU_LAYER_REFERENCE_STEPS}"):
-        assert part in line
-    assert defaults_line(CaptureConfig(context="layer").validate().resolved_for("cuda"), "cuda") is None
-    assert defaults_line(CaptureConfig().validate().resolved_for("cpu"), "cpu") is None  # the writes alone
+        assert part in shown
+    # through the Python API, the fields a CaptureConfig is given
+    assert f"context_len {CPU_LAYER_CONTEXT_LEN}" in str(line) and "--" not in str(line)
+    assert defaults_line(resolve(CaptureConfig(context="layer"), torch.device("cuda"))) is None
+    assert defaults_line(resolve(CaptureConfig(), CPU)) is None  # the writes alone
 
 
 # -- the memory guard counts the layers a step builds, and names what fits ------------------
@@ -88,19 +94,22 @@ def test_the_layer_context_builds_only_the_layers_a_step_runs():
 
 
 def test_the_guard_names_the_layers_that_fit():
-    from kvprof.capture.plan import make_context
+    from kvprof.capture.plan import make_context, resolve
+    from kvprof.commands.capture import flags
     from kvprof.kvcache.layer import layer_weight_bytes
 
     config = CaptureConfig(context="layer", layers=80, max_memory_gb=1.0).validate().resolved_for("cpu")
     per_layer, fixed = layer_weight_bytes(config.rank_shape(), config.input_torch_dtype())
     fits = ((1 << 30) - fixed) // per_layer
     assert 1 <= fits < 80
-    with pytest.raises(ResourceError, match=rf"builds 80 layers of weights.*--layers {fits} fits"):
-        make_context(config, CPU)
+    with pytest.raises(ResourceError, match=rf"builds 80 layers of weights.*layers {fits} fits") as err:
+        make_context(resolve(config, CPU))
+    assert re.search(rf"\. --layers {fits} fits", rendered(err.value, flags()))  # the command line's words
     # not even one layer: a smaller model or a larger --tp
     tiny_limit = dataclasses.replace(config, layers=1, max_memory_gb=0.01)
-    with pytest.raises(ResourceError, match="smaller --model or a larger --tp"):
-        make_context(tiny_limit, CPU)
+    with pytest.raises(ResourceError, match="smaller model or a larger tp") as err:
+        make_context(resolve(tiny_limit, CPU))
+    assert "smaller --model or a larger --tp" in rendered(err.value, flags())
 
 
 @pytest.mark.slow

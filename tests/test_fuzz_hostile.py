@@ -266,7 +266,7 @@ def test_lanes_never_overlap_and_use_the_fewest(spans: list[tuple[int, int]]) ->
 @given(text=st.one_of(st.text(max_size=40), st.integers(1, 5000).map(lambda n: "n" * n),
                       st.integers(1, 400).map(lambda n: "/".join(["d"] * n) + "/x")))
 def test_an_output_file_path_is_taken_or_refused_in_one_line(text: str) -> None:
-    from kvprof.argtypes import output_file
+    from kvprof.commands.argtypes import output_file
 
     try:
         p = output_file(text)

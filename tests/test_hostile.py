@@ -598,12 +598,14 @@ def test_the_memory_estimate_counts_the_layers_a_step_writes():
     import torch
 
     from kvprof.capture.config import CaptureConfig
+    from kvprof.capture.plan import resolve
     from kvprof.kvcache.guards import capture_estimate, pool_bytes
 
     cpu = torch.device("cpu")
-    two = capture_estimate(CaptureConfig(decode_sizes=[1], phases=["decode"], steps=4, pool_size=1000), cpu)
-    every = capture_estimate(CaptureConfig(decode_sizes=[1], phases=["decode"], steps=4, pool_size=1000, layers=80),
-                             cpu)
+    two = capture_estimate(resolve(CaptureConfig(decode_sizes=[1], phases=["decode"], steps=4, pool_size=1000), cpu),
+                           cpu)
+    every = capture_estimate(resolve(CaptureConfig(decode_sizes=[1], phases=["decode"], steps=4, pool_size=1000,
+                                                   layers=80), cpu), cpu)
     assert (two.profiled_writes, every.profiled_writes) == (4 * 2, 4 * 80)
     per_layer = pool_bytes(1001, 1, 1, 128, 128, 2)  # 8 KV heads over TP8: 1 per rank, bf16
     assert every.device_bytes - two.device_bytes == 78 * per_layer

@@ -19,6 +19,7 @@ from kvprof.analysis.layer_step import LayerSteps, WriteBoundary, gap_notes, ste
 from kvprof.analysis.writes import gpu_work_rows, per_write_table
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
+from kvprof.capture.plan import CapturePlan, resolve
 from kvprof.cli import main
 from kvprof.core.layer_kernels import SGLANG_DECODE, TORCH_ROTARY, TORCH_SDPA
 from kvprof.core.timings import StepSamples, StepTimings
@@ -37,14 +38,14 @@ CPU = torch.device("cpu")
 SMALL = "small=2x2x128"  # 2 layers, 2 KV heads of 128 (q heads = KV heads)
 
 
-def _config(**kw: object) -> CaptureConfig:
+def _config(**kw: object) -> CapturePlan:
     config = CaptureConfig(model=SMALL, tp=1, variants=["index_put"], phases=["decode"], decode_sizes=[8], steps=2,
                            warmup=0, device="cpu", context="layer", context_len=16, **kw)  # type: ignore[arg-type]
-    return config.resolved_for("cpu")
+    return resolve(config, CPU)
 
 
-def _context(config: CaptureConfig) -> DecoderContext:
-    return DecoderContext(config.rank_shape(), torch.bfloat16, CPU, config.context_len, seed=config.seed)
+def _context(config: CapturePlan) -> DecoderContext:
+    return DecoderContext(config.shape, torch.bfloat16, CPU, config.context_len, seed=config.seed)
 
 
 class RecordingStore(KVWriter):
@@ -61,7 +62,7 @@ class RecordingStore(KVWriter):
         return self.inner.write(k_buf, v_buf, loc, cache_k, cache_v, dtype, k_scale, v_scale)
 
 
-def _layer_output(writer, config: CaptureConfig, context: DecoderContext) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _layer_output(writer, config: CapturePlan, context: DecoderContext) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One decode step of the session's layers in ``layer`` mode: its output and the K cache."""
     with session_for(config, writer, CPU, instrument=False, context=context) as session:
         prepared = session.prepare(session.phases[0], 0)
@@ -78,7 +79,7 @@ def test_the_store_gets_k_and_v_as_views_of_the_qkv_output():
     config = _config()
     store = RecordingStore()
     _layer_output(store, config, _context(config))
-    s = config.rank_shape()
+    s = config.shape
     width = (s.q_head_num + 2 * s.head_num) * s.head_dim
     assert len(store.seen) == s.layers
     for k, v in store.seen:
@@ -169,7 +170,7 @@ def test_sglangs_decode_kernel_in_the_interpreter_matches_sdpa():
     """The layout above through SGLang's own kernel (fp32: the interpreter's bf16 is wrong)."""
     pytest.importorskip("sglang")
     config = _config()
-    shape = config.rank_shape()
+    shape = config.shape
     gen = torch.Generator().manual_seed(0)
     kb, vb = (torch.randn(400, shape.head_num, shape.head_dim, generator=gen) for _ in range(2))
     q = torch.randn(3, shape.q_head_num, shape.head_dim, generator=gen)
@@ -281,18 +282,18 @@ def test_a_cpu_layer_capture_records_the_kernels_and_derives_the_savings(tmp_pat
 
 
 # -- on a GPU ------------------------------------------------------------------------------------
-def _gpu_config(**kw: object) -> CaptureConfig:
+def _gpu_config(**kw: object) -> CapturePlan:
     config = CaptureConfig(model="llama-3.1-70b", tp=8, variants=["triton_fused"], phases=["decode"],
                            decode_sizes=[10], steps=2, warmup=1, device="cuda", context="layer", context_len=256,
                            **kw)  # type: ignore[arg-type]
     # the session's layers: 2; the context below builds only these
-    return dataclasses.replace(config.resolved_for("cuda"), layers=2)
+    return dataclasses.replace(resolve(config, torch.device("cuda")), layers=2)
 
 
-def _gpu_context(config: CaptureConfig, attention: str = "auto") -> DecoderContext:
+def _gpu_context(config: CapturePlan, attention: str = "auto") -> DecoderContext:
     from dataclasses import replace
 
-    shape = replace(config.rank_shape(), layers=2)
+    shape = replace(config.shape, layers=2)
     return DecoderContext(shape, torch.bfloat16, torch.device("cuda"), config.context_len, attention=attention)
 
 
@@ -320,7 +321,7 @@ def test_gpu_layer_rotary_is_the_triton_kernel_and_rope_writers_match_the_store(
 def test_gpu_sglang_decode_attention_matches_sdpa_over_the_same_rows():
     pytest.importorskip("sglang.kernels.ops.attention.decode_attention")
     config = _gpu_config()
-    shape = config.rank_shape()
+    shape = config.shape
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     kb, vb = (torch.randn(4000, shape.head_num, shape.head_dim, generator=gen, device=dev).to(torch.bfloat16)

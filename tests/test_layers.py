@@ -44,7 +44,12 @@ def test_no_private_name_is_imported_from_another_package() -> None:
 # comments may name the files they describe).
 RUN_FILE_NAMES = ("manifest.json", "summary.json", "summary.csv", "events.parquet", "writes.parquet",
                   "step_timings.json", "step_timings.rank", ".pt.trace.json", "kvprof-sglang.", "compare.json",
-                  ".ranks-config", ".ranks-store", ".child-spec", ".child-result")
+                  ".ranks-config", ".ranks-store", ".child-spec", ".child-result", "bench.json", "bench.csv")
+# spelled as a whole string: the manifest's key of the timings file and the nsys child's result's
+RUN_FILE_KEYS = ("hta", "step_timings")
+# the suffixes of nsys's files: a name (no space) that ends in one is suffix surgery ("prof.sqlite",
+# name[: -len(".nsys-rep")]); a sentence may say ".sqlite export"
+RUN_FILE_SUFFIXES = (".nsys-rep", ".qdrep", ".qdstrm", ".sqlite")
 
 
 def _run_file_literals(root: Path) -> list[str]:
@@ -58,7 +63,9 @@ def _run_file_literals(root: Path) -> list[str]:
                 and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
-                hits = [n for n in RUN_FILE_NAMES if n in node.value] + (["hta"] if node.value == "hta" else [])
+                v = node.value
+                hits = ([n for n in RUN_FILE_NAMES if n in v] + [k for k in RUN_FILE_KEYS if v == k]
+                        + [x for x in RUN_FILE_SUFFIXES if v.endswith(x) and not any(c.isspace() for c in v)])
                 if hits:
                     found.append(f"{f.relative_to(root.parent)}:{node.lineno} spells {', '.join(hits)}")
     return found
@@ -71,7 +78,13 @@ def test_only_the_run_directory_spells_a_runs_file_names(tmp_path: Path) -> None
     (planted / "core").mkdir(parents=True)
     (planted / "core" / "rundir.py").write_text('SUMMARY = "summary.json"\n')
     (planted / "x.py").write_text('"""Reads summary.json."""\nNAME = f"{v}.pt.trace.json.gz"\nHTA = "hta"\n')
-    assert sorted(line.split(" spells ")[1] for line in _run_file_literals(planted)) == [".pt.trace.json", "hta"]
+    # what the bench, nsys and capture modules spelled: names, a key, suffix surgery; a sentence is not one
+    (planted / "y.py").write_text(
+        'A = out / "bench.json"\nB = f"wrote {out / \'bench.csv\'}"\nK = child.get("step_timings")\n'
+        'C = name[: -len(".nsys-rep")]\nD = f"{base}.sqlite"\nE = base.with_name(base.name + ".qdstrm")\n'
+        'OK = ("pass the exported .sqlite (nsys export)", ".sqlite3", "kvprof.step_timings/1")\n')
+    assert sorted(line.split(" spells ")[1] for line in _run_file_literals(planted)) == [
+        ".nsys-rep", ".pt.trace.json", ".qdstrm", ".sqlite", "bench.csv", "bench.json", "hta", "step_timings"]
 
 
 def _cycles(package: str) -> list[str]:

@@ -10,6 +10,7 @@ import torch
 
 from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
+from kvprof.capture.plan import resolve
 from kvprof.capture.rope_session import RopeSession
 from kvprof.kvcache.layer import DecoderContext, Rotary, cos_sin_cache, inv_freq
 from kvprof.kvcache.models import LLAMA31_ROPE, PRESETS, RankShape, RopeSpec, resolve_model
@@ -87,8 +88,8 @@ def test_the_decoder_layer_rotates_with_the_models_rope():
 
 def test_the_rope_capture_rotates_with_the_models_rope():
     config = CaptureConfig(model="mixtral-8x7b", tp=8, variants=["rope_then_store"], phases=["decode"],
-                           decode_sizes=[2], steps=1, warmup=0, device="cpu").resolved_for("cpu")
-    with session_for(config, create_writer("rope_then_store"), CPU, instrument=False) as session:
+                           decode_sizes=[2], steps=1, warmup=0, device="cpu")
+    with session_for(resolve(config, CPU), create_writer("rope_then_store"), CPU, instrument=False) as session:
         assert isinstance(session, RopeSession)
         prepared = session.prepare(session.phases[0], 0)
         rope = PRESETS["mixtral-8x7b"].rope

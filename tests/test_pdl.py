@@ -18,7 +18,7 @@ from kvprof.analysis.metrics import group_metrics, measured
 from kvprof.analysis.summary import analyze
 from kvprof.analysis.writes import gpu_work_rows, per_write_table
 from kvprof.capture.config import CaptureConfig
-from kvprof.capture.plan import plan_variants, trace_extra, variant_entry
+from kvprof.capture.plan import plan_variants, resolve, trace_extra, variant_entry
 from kvprof.core.run import Manifest, VariantEntry
 from kvprof.kvcache.contracts import LAYOUTS, LayoutWriter
 from kvprof.kvcache.layouts.registry import create_writer, writer_names
@@ -80,8 +80,8 @@ def test_kvprofs_cuda_kernels_launch_with_pdl_on_sm90_unless_told_not_to(sm):
 
 def test_the_manifest_and_the_trace_record_the_writers_word():
     config = CaptureConfig(variants=["index_put", "triton_fused", "sglang_store_cache"], phases=["decode"],
-                           decode_sizes=[1], device="cpu").validate().resolved_for("cpu")
-    planned = {p.name: p for p in plan_variants(config, torch.device("cpu"))}
+                           decode_sizes=[1], device="cpu")
+    planned = {p.name: p for p in plan_variants(resolve(config, torch.device("cpu")))}
     entries = {n: variant_entry(p) for n, p in planned.items()}
     assert entries["index_put"].pdl_launch is False and entries["triton_fused"].pdl_launch is False
     assert entries["sglang_store_cache"].pdl_launch is None  # not run here (no CUDA), nothing said

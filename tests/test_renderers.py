@@ -25,7 +25,6 @@ from kvprof.report.renderers import (
     register,
     render,
 )
-from kvprof.report.terminal import FORMATS
 
 
 @pytest.fixture
@@ -38,7 +37,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> dict[Any, Any]:
 
 def test_every_format_of_analyze_and_compare_has_a_renderer() -> None:
     for result_type in (Analysis, VariantComparisonDoc, RunComparisonDoc):
-        assert names(result_type) == sorted(FORMATS)
+        assert names(result_type) == ["csv", "json", "table"]
     assert names(GateResult) == ["junit", "table"]
     # the two comparisons print their own tables and share the document forms
     assert type(get_renderer("table", VariantComparisonDoc)) is not type(get_renderer("table", RunComparisonDoc))

@@ -17,6 +17,7 @@ import pandas as pd
 
 from kvprof.core.benchmark import Benchmark as Benchmark  # re-exported: analysis code imports it from here
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.sources import PROFILER_PRIOR, source_names
 from kvprof.core.timings import CLOCK_WORDS, CUDA_EVENTS, WALL
 
 RATIO_METRICS = ("cost_per_write_ns", "gpu_span_ns", "gpu_busy_ns", "host_launch_ns",
@@ -104,7 +105,7 @@ def compare_groups(groups: pd.DataFrame, baseline: str, bench: Benchmark | None 
     decode = [r for r in out["rows"] if r["phase"] == "decode" and r.get("saving_per_step_ms") is not None]
     if decode:
         pref = [r for r in decode if r["variant"] in (prefer or [])] or decode
-        order = list(source_order or []) + ["nsys", "kineto"]
+        order = list(source_order or []) + list(source_names(PROFILER_PRIOR))
         rank = {s: i for i, s in reversed(list(enumerate(order)))}
         # the most trusted source, the benchmark's batch size, then the largest saving there
         near = min(pref, key=lambda r: (rank.get(r["source"], len(order)), abs(r["size"] - bench.batch),

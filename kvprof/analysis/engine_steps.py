@@ -7,16 +7,18 @@ this module ties each of them to a forward step and a layer, and says by which m
 1. ``ProfilerStep#N`` or kvprof step ranges on the GPU side (torch.profiler with a schedule);
 2. the engine's own step annotations on the host: SGLang's ``step[DECODE bs=8]`` /
    ``step[EXTEND bs=1 toks=128]`` spans (``profile_range`` around each forward), vLLM's
-   ``gpu_model_runner: forward``; a kernel belongs to the step whose host range holds the call
-   that launched it (joined by correlation id, so a graph-replayed kernel goes with its
-   ``cudaGraphLaunch``);
+   ``gpu_model_runner: forward`` or its per-batch ``execute_context_<n>(...)_generation_<m>(...)``;
+   a kernel belongs to the step whose host range holds the call that launched it (joined by
+   correlation id, so a graph-replayed kernel goes with its ``cudaGraphLaunch``/``hipGraphLaunch``);
 3. CUDA graph replays: kernels replayed from a graph share the ``cudaGraphLaunch``'s correlation
    id; each replay that holds write kernels is one step; write kernels launched eagerly beside
    them (a piecewise prefill's attention writes) form steps by method 4;
 4. the periodic structure of the writes themselves: one write per layer, close together,
    then the longer gap between two forwards (sampling, scheduling). Gaps longer than
-   PERIOD_GAP_FACTOR x the median gap cut the writes into groups; accepted when most groups
-   hold the same number of writes.
+   PERIOD_GAP_FACTOR x the median gap cut the writes into groups; where those groups are of
+   unlike sizes (a prefill's per-layer gaps are as long as the gaps between decodes), the cut at
+   the largest gaps that leaves groups of one size with the clearest break is taken instead;
+   accepted when most groups hold the same number of writes.
 
 Within a step the write kernels of a family, sorted by start, are its layers in order
 (``kernels_per_write`` kernels each). A step with another number of writes than most steps has
@@ -39,6 +41,11 @@ from kvprof.core.schema import GRAPH_LAUNCH_NAMES, LAUNCH_KINDS
 ENGINE_STEP_RANGES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("SGLang step ranges (step[<mode> bs=<n>])", re.compile(r"^step\[[A-Z_]+ bs=\d+")),
     ("vLLM forward ranges (gpu_model_runner: forward)", re.compile(r"^gpu_model_runner: forward$")),
+    # the per-batch range of newer vLLM (and of runners patched to name each batch the same way):
+    # execute_context_<requests>(<tokens>_<tokens^2>)_generation_<requests>(<tokens>), or with the
+    # batch size first, execute_<n>_context_<requests>(...)_generation_<requests>(...)
+    ("vLLM execute ranges (execute_context_<n>(...)_generation_<m>(...))",
+     re.compile(r"^execute_(?:\d+_)?context_\d+\(.*\)_generation_\d+\(")),
 )
 GPU_STEPS = "ProfilerStep / kvprof step ranges"
 GRAPH_STEPS = "CUDA graph replays (kernels sharing a cudaGraphLaunch's correlation id)"
@@ -181,13 +188,18 @@ def _by_period(work: pd.DataFrame, is_write: np.ndarray) -> tuple[list[dict[str,
     cut = gaps > max(PERIOD_GAP_FACTOR * med, 1.0)
     group = np.concatenate([[0], np.cumsum(cut)])
     sizes = np.bincount(group)
+    even = _equal_groups(gaps) if (sizes != sizes[0]).any() else None
+    if even is not None:  # a prefill's long per-layer gaps cut it apart; the largest gaps part the forwards
+        group = even
+        sizes = np.bincount(group)
     if len(sizes) < 2:
         return (f"the {n:,} write kernels run without a gap longer than {PERIOD_GAP_FACTOR:g}x their median gap "
                 f"({med / 1000:.1f} µs): one forward, or no periodic structure")
     mode = int(np.bincount(sizes).argmax())
     if (sizes == mode).sum() * 2 < len(sizes) or mode < 2:
         return (f"the gaps between the {n:,} write kernels cut them into {len(sizes)} groups of unlike sizes "
-                f"(most common {mode}, in {(sizes == mode).sum()} groups): no periodic structure")
+                f"(most common {mode}, in {(sizes == mode).sum()} groups), and no cut at their largest gaps "
+                "makes groups of one size: no periodic structure")
     key_w = pd.Series(group, index=w.index)
     key = key_w.reindex(work.index).fillna(-1).to_numpy(dtype=np.int64)
     firsts = [int(s[group == g][0]) for g in range(len(sizes))]
@@ -196,6 +208,29 @@ def _by_period(work: pd.DataFrame, is_write: np.ndarray) -> tuple[list[dict[str,
         end = firsts[g + 1] if g + 1 < len(sizes) else int(e[group == g].max())
         steps.append({"label": f"forward {g} (periodic)", "start_ns": firsts[g], "end_ns": end, "graph_launch": None})
     return steps, key
+
+
+def _equal_groups(gaps: np.ndarray) -> np.ndarray | None:
+    """Group number per write where cutting at the g-1 largest gaps parts the writes into g groups of
+    one size (>= 2 writes); of those cuts, the one with the clearest break (its shortest cut gap over
+    the longest gap left inside a group, which must be > 1). Forwards of unlike kind (a prefill's
+    writes spread over milliseconds, a decode's close together) have unlike gaps inside them, but
+    one number of layers; cutting fewer gaps than there are forwards would merge some, and leave a
+    gap as long as the cut ones inside a group."""
+    n = len(gaps) + 1
+    order = np.argsort(-gaps, kind="stable")
+    best: tuple[float, np.ndarray] | None = None
+    for g in range(2, n // 2 + 1):
+        if n % g:
+            continue
+        shortest_cut, longest_kept = float(gaps[order[g - 2]]), float(gaps[order[g - 1]])
+        clear = shortest_cut / longest_kept if longest_kept > 0 else float("inf")
+        if clear <= 1.0 or (best is not None and clear <= best[0]):
+            continue
+        size = n // g
+        if np.array_equal(np.sort(order[: g - 1]), np.arange(size - 1, n - 1, size)):  # gap i follows write i
+            best = (clear, np.arange(n) // size)
+    return None if best is None else best[1]
 
 
 def find_steps(ev: pd.DataFrame, work: pd.DataFrame, hit: pd.DataFrame, kernels_per_write: dict[str, int],

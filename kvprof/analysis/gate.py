@@ -71,10 +71,11 @@ import pandas as pd
 from kvprof.core.errors import TraceError
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.run import Manifest
+from kvprof.core.sources import PROFILED, TRUST_ORDER, source_names
 from kvprof.core.summary import Summary
 from kvprof.core.timings import CONTROL, FREE_CONTROL, StepSamples, StepTimings
 
-FALLBACK_ORDER = ("reference", "nsys", "kineto")
+FALLBACK_ORDER = source_names(TRUST_ORDER)
 FAMILY_ALPHA = 0.05  # identical runs: the chance that any row of the gate falls outside its interval
 RESAMPLES = 10_000  # the tails of a dozen rows' family-wise intervals hold about 20 draws each
 MIN_SAMPLES = 4  # as for an IQR: fewer steps say nothing of a run's scatter
@@ -560,7 +561,7 @@ def _judge(base: GateRun, new: GateRun, rb: dict[str, Any], rn: dict[str, Any], 
         row.noise = "bootstrap"
         row.steps = min(len((s.get("layer") or s["writes"]).samples_ns) for s in (sb, sn))
         pending = _Pending(row, draws=draws)
-        for p in ("kineto", "nsys"):  # the same steps timed at another moment of each run
+        for p in source_names(PROFILED):  # the same steps timed at another moment of each run
             conf = _difference_draws(_series(base.timings, p, variant, phase, size),
                                      _series(new.timings, p, variant, phase, size), base_ns)
             if conf is not None:

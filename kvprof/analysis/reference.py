@@ -24,12 +24,13 @@ import pandas as pd
 
 from kvprof.analysis.metrics import GROUP_COLUMNS
 from kvprof.core.numbers import finite_or_none
+from kvprof.core.sources import PROFILER_PRIOR, REFERENCE as REFERENCE_SOURCE, SOURCES, source_names
 from kvprof.core.timings import StepSamples, StepTimings
 
-REFERENCE = "reference"
+REFERENCE = REFERENCE_SOURCE.name
 OBSERVER_THRESHOLD = 0.10
-SOURCE_LABELS = {"reference": "reference (no profiler)", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
-_PRIOR_ORDER = ("nsys", "kineto")  # without a reference: nsys perturbs graph replays less (docs/observer-effect.md)
+SOURCE_LABELS = {s.name: s.label for s in SOURCES}
+_PRIOR_ORDER = source_names(PROFILER_PRIOR)  # without a reference (docs/observer-effect.md)
 
 
 def _key(r: StepSamples) -> tuple[str, str, int]:

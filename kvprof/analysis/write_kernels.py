@@ -55,8 +55,9 @@ class WritePattern:
 
 
 BUILTIN_PATTERNS: tuple[WritePattern, ...] = (
-    # SGLang's JIT kernel behind memory_pool._set_kv_buffer_impl (kernels/jit/csrc/elementwise/kvcache.cuh)
-    WritePattern("sglang_store_cache", r"\bstore_kvcache_kernel\b", 1, "SGLang store_cache (JIT)"),
+    # SGLang's JIT kernel behind memory_pool._set_kv_buffer_impl (kernels/jit/csrc/elementwise/kvcache.cuh):
+    # store_kvcache_kernel<...> today, store_kvcache<...> in the releases before the rename
+    WritePattern("sglang_store_cache", r"\bstore_kvcache(?:_kernel)?\b", 1, "SGLang store_cache (JIT)"),
     # SGLang's MLA write (set_mla_kv_buffer.cuh) and its DCP-masked MHA write (Triton)
     WritePattern("sglang_set_mla_kv_buffer", r"\bset_mla_kv_buffer_kernel\b", 1, "SGLang MLA write"),
     WritePattern("sglang_masked_set_kv_buffer", r"\bmasked_set_kv_buffer_kernel\b", 1, "SGLang DCP-masked write"),

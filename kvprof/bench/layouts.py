@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as _dt
+import io
 import json
 import sys
 from collections.abc import Sequence
@@ -27,8 +28,10 @@ import torch
 
 from kvprof.bench.run import writes_per_graph
 from kvprof.bench.timing import copy_rate_gbs, time_eager, time_graph
+from kvprof.core.atomic import atomic_write_bytes
 from kvprof.core.bench_result import BenchTarget
 from kvprof.core.errors import KvprofError, UsageError
+from kvprof.core.rundir import RunDir
 from kvprof.kvcache.devinfo import device_properties, versions
 from kvprof.kvcache.dtypes import parse_dtype
 from kvprof.kvcache.layouts import registry
@@ -268,14 +271,17 @@ def table(result: dict[str, Any]) -> str:
 
 
 def write_files(result: dict[str, Any], out: Path) -> None:
+    """bench.json and bench.csv into ``out``, each replaced in one step (a reader never sees half of one)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    files = RunDir(out)
+    atomic_write_bytes(files.bench, (json.dumps(result, indent=1, default=str) + "\n").encode())
     cols = ["layout", "shape", "dtype", "tokens", "mode", "variant", "status", "median_us", "iqr_us", "host_us",
             "target_us", "meets_target", "gbs", "bytes", "reason"]
-    with open(out / "bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(result["records"])
+    table = io.StringIO(newline="")
+    w = csv.DictWriter(table, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(result["records"])
+    atomic_write_bytes(files.bench_csv, table.getvalue().encode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -284,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--replays", type=int, default=100)
-    ap.add_argument("--out", default=None, help="directory for bench.json and bench.csv")
+    ap.add_argument("--out", default=None, help=f"directory for {RunDir.BENCH} and {RunDir.BENCH_CSV}")
     args = ap.parse_args(argv)
     try:
         layouts = [x.strip() for x in args.layout.split(",") if x.strip()]

@@ -24,7 +24,7 @@ from kvprof.bench import grids
 from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_cold, time_eager, time_graph
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
-from kvprof.core.errors import KvprofError, UsageError
+from kvprof.core.errors import KvprofError, Setting, UsageError
 from kvprof.kvcache.contracts import RopeKVWriter, checked_impl
 from kvprof.kvcache.devinfo import device_properties, torch_threads, versions
 from kvprof.kvcache.dtypes import parse_dtype, short_name
@@ -95,7 +95,7 @@ def rope_grid(
     for _, _, d in shapes:
         reason = rope_dim_reason(d, d)
         if reason:
-            raise UsageError(f"--family rope rotates the whole head (rope_dim = head dim): {reason}")
+            raise UsageError(Setting("family"), f" rope rotates the whole head (rope_dim = head dim): {reason}")
     return [BenchPoint(h, d, c, i, t, q_heads=q) for (q, h, d) in shapes for (c, i) in dtypes for t in tokens]
 
 
@@ -438,7 +438,7 @@ def check_modes(modes: Sequence[str], device: torch.device) -> tuple[str, ...]:
         raise UsageError(f"unknown timing mode(s) {', '.join(unknown) or '(none given)'}; choose from "
                          f"{', '.join(MODES)}")
     if device.type != "cuda" and set(modes) - {"eager"}:
-        raise UsageError(f"--modes {','.join(modes)}: on {device.type} only the eager wall clock exists "
+        raise UsageError(Setting("modes"), f" {','.join(modes)}: on {device.type} only the eager wall clock exists "
                          "(graph replays and an L2 flush need a CUDA device)")
     return tuple(dict.fromkeys(modes))
 
@@ -490,9 +490,9 @@ def run_bench(
     ``progress``: told what runs (``describe(text)``) and when a variant's point is done
     (``advance()``), as capture's progress bar is."""
     if replays < 1 or eager_repeats < 1:
-        raise UsageError("--replays and --eager-repeats must be positive")
+        raise UsageError(Setting("replays"), " and ", Setting("eager_repeats"), " must be positive")
     if threads is not None and threads < 1:
-        raise UsageError("--threads must be positive")
+        raise UsageError(Setting("threads"), " must be positive")
     chosen = check_modes(modes, device) if modes else default_modes(device)
     with torch_threads(threads):
         return _run_bench(list(points), variants, device, replays=replays, eager_repeats=eager_repeats,

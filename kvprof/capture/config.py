@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from kvprof.argtypes import SCALE_MAX, SCALE_MIN
 from kvprof.capture.defaults import (
     CPU_DEFAULT_LAYERS,
     CPU_DEFAULT_THREADS,
@@ -28,7 +27,8 @@ from kvprof.capture.defaults import (
     DEFAULT_PREFILL_TOKENS,
 )
 from kvprof.core import variants
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError
+from kvprof.core.limits import SCALE_MAX, SCALE_MIN
 from kvprof.kvcache.dtypes import parse_dtype, short_name
 from kvprof.kvcache.guards import check_capture_values
 from kvprof.kvcache.models import RankShape, resolve_model
@@ -111,11 +111,11 @@ class CaptureConfig:
         if self.profiler not in PROFILERS:
             raise UsageError(f"unknown profiler {self.profiler!r}; choose from {', '.join(PROFILERS)}")
         if self.loc_dtype not in ("int32", "int64"):
-            raise UsageError(f"--loc-dtype must be int32 or int64, got {self.loc_dtype!r}")
+            raise UsageError(Setting("loc_dtype"), f" must be int32 or int64, got {self.loc_dtype!r}")
         if self.warmup < 0:
-            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+            raise UsageError(Setting("warmup"), f" must be >= 0, got {self.warmup}")
         if self.page_size < 1:
-            raise UsageError(f"--page-size must be >= 1, got {self.page_size}")
+            raise UsageError(Setting("page_size"), f" must be >= 1, got {self.page_size}")
         if not self.variants:
             raise UsageError("no variants to capture")
         from kvprof.kvcache.layer import CONTEXTS
@@ -123,11 +123,11 @@ class CaptureConfig:
         if self.context not in CONTEXTS:
             raise UsageError(f"unknown context {self.context!r}; choose from {', '.join(CONTEXTS)}")
         if self.context_len is not None and self.context_len < 1:
-            raise UsageError(f"--context-len must be positive, got {self.context_len}")
+            raise UsageError(Setting("context_len"), f" must be positive, got {self.context_len}")
         if self.reference_steps is not None and self.reference_steps < 1:
-            raise UsageError(f"--reference-steps must be at least 1, got {self.reference_steps}")
+            raise UsageError(Setting("reference_steps"), f" must be at least 1, got {self.reference_steps}")
         if self.nsys_graph_trace not in NSYS_GRAPH_TRACES:
-            raise UsageError(f"--nsys-graph-trace must be one of {', '.join(NSYS_GRAPH_TRACES)}, "
+            raise UsageError(Setting("nsys_graph_trace"), f" must be one of {', '.join(NSYS_GRAPH_TRACES)}, "
                              f"got {self.nsys_graph_trace!r}")
         for s in (self.k_scale, self.v_scale):
             if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
@@ -136,7 +136,7 @@ class CaptureConfig:
                                  f"them and their inverses), got {s}")
         self._check_layers()
         if self.threads is not None and self.threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {self.threads}")
+            raise UsageError(Setting("threads"), f" must be at least 1, got {self.threads}")
         self._check_ranks()
         check_capture_values(self)
         checked = self._with_layout_variants()
@@ -152,17 +152,18 @@ class CaptureConfig:
         if n is None:
             return
         if not 1 <= n <= MAX_RANKS:
-            raise UsageError(f"--ranks must be between 1 and {MAX_RANKS}, got {n}")
+            raise UsageError(Setting("ranks"), f" must be between 1 and {MAX_RANKS}, got {n}")
         if self.profiler != "torch":
-            raise UsageError("--ranks records torch.profiler traces only; use --profiler torch")
+            raise UsageError(Setting("ranks"), " records torch.profiler traces only; use ", Setting("profiler"),
+                             " torch")
 
     def _check_layers(self) -> None:
         if self.layers is None:
             return
         model = self.rank_shape()
         if not 1 <= self.layers <= model.layers:
-            raise UsageError(f"--layers must be between 1 and {model.layers} ({model.model} has {model.layers} "
-                             f"layers), got {self.layers}")
+            raise UsageError(Setting("layers"), f" must be between 1 and {model.layers} ({model.model} has "
+                             f"{model.layers} layers), got {self.layers}")
 
     def layers_on(self, device_type: str) -> int:
         """Layers each step writes (and, with --context layer, builds) on ``device_type``:
@@ -246,10 +247,11 @@ class CaptureConfig:
         if layout == "mha":
             return self
         if self.context != "none":
-            raise UsageError(f"--context {self.context} models MHA decoder layers; the {layout} layout captures writes "
-                             "only")
+            raise UsageError(Setting("context"), f" {self.context} models MHA decoder layers; the {layout} layout "
+                             "captures writes only")
         if layout == "mla" and (self.k_scale is not None or self.v_scale is not None):
-            raise UsageError("the mla layout takes no --k-scale/--v-scale (SGLang's MLA cache casts without scaling)")
+            raise UsageError("the mla layout takes no ", Setting("k_scale"), "/", Setting("v_scale"),
+                             " (SGLang's MLA cache casts without scaling)")
         if self.variants == list(DEFAULT_VARIANTS):
             return replace(self, variants=list(variants.capture_defaults(layout)))
         return self
@@ -269,8 +271,7 @@ class CaptureConfig:
     def phase_specs(self, graphs_possible: bool = True) -> list[PhaseSpec]:
         """The phases to run; an unresolved configuration (no ``resolved_for`` yet) runs the
         GPU's sizes (DEFAULT_DECODE_SIZES, DEFAULT_PREFILL_TOKENS) where they were left out."""
-        decode = self.decode_sizes if self.decode_sizes is not None else list(DEFAULT_DECODE_SIZES)
-        prefill = self.prefill_sizes if self.prefill_sizes is not None else [DEFAULT_PREFILL_TOKENS]
+        decode, prefill = self.decode_sizes_on("cuda"), self.prefill_sizes_on("cuda")  # as given once resolved
         return build_phases(
             self.phases, decode, prefill, self.steps,
             self.cuda_graph and graphs_possible, self.serving_steps, self.chunk,

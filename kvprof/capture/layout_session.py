@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvprof.capture.config import CaptureConfig
+from kvprof.capture.plan import CapturePlan
 from kvprof.capture.rope_session import RopeSession
 from kvprof.capture.session import MHASession, PreparedPhase, VariantSession
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError
 from kvprof.kvcache.contracts import Writer
 from kvprof.kvcache.instrument import make_layout_pool
 from kvprof.kvcache.layer import DecoderContext
@@ -38,11 +38,12 @@ PAGED_BLOCK_SIZE = 16  # vLLM's default block size, used unless --page-size says
 class LayoutSession(VariantSession[PoolT]):
     """``VariantSession`` for a layout other than MHA: writes only, no decoder context."""
 
-    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
+    def __init__(self, plan: CapturePlan, writer: Writer, device: torch.device, *, instrument: bool = True,
                  context: DecoderContext | None = None) -> None:
         if context is not None:
-            raise UsageError("--context layer models MHA decoder layers; the mla and paged layouts capture writes only")
-        super().__init__(config, writer, device, instrument=instrument)
+            raise UsageError(Setting("context"), " layer models MHA decoder layers; the mla and paged layouts capture "
+                             "writes only")
+        super().__init__(plan, writer, device, instrument=instrument)
 
     def _element_size(self) -> int:
         return torch.empty((), dtype=self.cache_dtype).element_size()
@@ -52,21 +53,21 @@ class MLASession(LayoutSession[MLAPool]):
     """SGLang's MLA pool written through ``set_mla_kv_buffer``, slots from the MHA allocator."""
 
     def make_pool(self, instrument: bool) -> MLAPool:
-        config, device = self.config, self.device
-        mla = MLA_PRESETS[config.model.strip().lower()]
-        size = config.pool_size or default_pool_size(self.phases, 1, mla.kv_lora_rank + mla.qk_rope_head_dim,
+        plan, device = self.plan, self.device
+        mla = MLA_PRESETS[plan.model.strip().lower()]
+        size = plan.pool_size or default_pool_size(self.phases, 1, mla.kv_lora_rank + mla.qk_rope_head_dim,
                                                      mla.layers, self._element_size(), device)
-        pool: MLAPool = make_layout_pool(self.layout.name, 
-            size, config.page_size, self.cache_dtype, mla.kv_lora_rank, mla.qk_rope_head_dim,
-            config.layers_on(device.type), device, writer=self.writer, check_slots=False, instrument=instrument,
+        pool: MLAPool = make_layout_pool(self.layout.name,
+            size, plan.page_size, self.cache_dtype, mla.kv_lora_rank, mla.qk_rope_head_dim,
+            plan.layers, device, writer=self.writer, check_slots=False, instrument=instrument,
             variant=self.writer.name)
-        self.allocator = SlotAllocator(pool.rows, config.slots, config.page_size, config.seed)
+        self.allocator = SlotAllocator(pool.rows, plan.slots, plan.page_size, plan.seed)
         return pool
 
     def prepare(self, spec: PhaseSpec, index: int) -> PreparedPhase:
         slots = self.allocator.steps(spec)
-        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
-        gen = torch.Generator(device="cpu").manual_seed(self.config.seed + index)
+        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.plan.loc_dtype)
+        gen = torch.Generator(device="cpu").manual_seed(self.plan.seed + index)
         latent = torch.randn((slots.shape[1], 1, self.pool.kv_cache_dim), generator=gen).to(
             dtype=self.input_dtype, device=self.device)
         # nope and rope as views of one latent tensor, as SGLang's DeepSeek model hands them over
@@ -82,19 +83,19 @@ class PagedSession(LayoutSession[PagedPool]):
     """vLLM's paged cache written through ``reshape_and_cache_flash``, slots off block tables."""
 
     def make_pool(self, instrument: bool) -> PagedPool:
-        config, device = self.config, self.device
+        plan, device = self.plan, self.device
         decode_pad = max((graph_size(p.tokens) for p in self.phases if p.phase == "decode"), default=1)
         largest = max([p.tokens for p in self.phases] + [decode_pad])
-        self.block_size = config.page_size if config.page_size > 1 else PAGED_BLOCK_SIZE
-        slots = config.pool_size or default_pool_size(self.phases, self.shape.head_num, 2 * self.shape.head_dim,
+        self.block_size = plan.page_size if plan.page_size > 1 else PAGED_BLOCK_SIZE
+        slots = plan.pool_size or default_pool_size(self.phases, self.shape.head_num, 2 * self.shape.head_dim,
                                                       self.shape.layers, self._element_size(), device)
         # room for the largest write's blocks, each request's last block part-filled
         blocks = max(-(-slots // self.block_size), 2 * (-(-largest // self.block_size)) + decode_pad + 8)
-        pool: PagedPool = make_layout_pool(self.layout.name, 
+        pool: PagedPool = make_layout_pool(self.layout.name,
             blocks, self.block_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
-            config.layers_on(device.type), device, writer=self.writer, check_slots=False, instrument=instrument,
+            plan.layers, device, writer=self.writer, check_slots=False, instrument=instrument,
             variant=self.writer.name)
-        self.tables = BlockTables(blocks, self.block_size, config.seed)
+        self.tables = BlockTables(blocks, self.block_size, plan.seed)
         return pool
 
     def _slots(self, spec: PhaseSpec) -> np.ndarray:
@@ -103,7 +104,7 @@ class PagedSession(LayoutSession[PagedPool]):
         if spec.phase == "decode":
             # contexts that leave every request room in the cache
             room = (blocks // max(spec.tokens, 1) - 2) * self.block_size
-            ctx = max(0, min(self.config.context_len_on(self.device.type), room))
+            ctx = max(0, min(self.plan.context_len, room))
             out = np.stack([self.tables.decode(spec.tokens, ctx) for _ in range(spec.steps)])
         else:
             chunk = min(spec.tokens, 2048)
@@ -113,8 +114,8 @@ class PagedSession(LayoutSession[PagedPool]):
 
     def prepare(self, spec: PhaseSpec, index: int) -> PreparedPhase:
         slots = self._slots(spec)
-        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
-        gen = torch.Generator(device="cpu").manual_seed(self.config.seed + index)
+        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.plan.loc_dtype)
+        gen = torch.Generator(device="cpu").manual_seed(self.plan.seed + index)
         amplitude = 1.0 if self.k_scale is None else float(self.k_scale)
         shape = (slots.shape[1], self.shape.head_num, self.shape.head_dim)
         k = (torch.randn(shape, generator=gen) * amplitude).to(dtype=self.input_dtype, device=self.device)
@@ -132,18 +133,18 @@ LAYOUT_SESSIONS: dict[str, type[LayoutSession[Any]]] = {"mla": MLASession, "page
 
 
 @contextmanager
-def session_for(config: CaptureConfig, writer: Writer, device: torch.device,
+def session_for(plan: CapturePlan, writer: Writer, device: torch.device,
                 **kw: Any) -> Iterator[VariantSession[Any]]:
-    """The session for ``config``'s layout (the MHA pool's, or an MLA or paged one), closed after the block."""
-    layout = config.layout_name()
+    """The session for ``plan``'s layout (the MHA pool's, or an MLA or paged one), closed after the block."""
+    layout = plan.layout
     session: VariantSession[Any]
     rope = layout == "mha" and get_layout(layout).contract_of(writer) == "rope"
     if rope and kw.get("context") is None:  # rope + store writes alone (in a layer: MHASession)
-        session = RopeSession(config, writer, device, **kw)
+        session = RopeSession(plan, writer, device, **kw)
     elif layout == "mha":
-        session = MHASession(config, writer, device, **kw)
+        session = MHASession(plan, writer, device, **kw)
     else:  # the MLA and paged layouts: their pools, slots and inputs
-        session = LAYOUT_SESSIONS[layout](config, writer, device, **kw)
+        session = LAYOUT_SESSIONS[layout](plan, writer, device, **kw)
     try:
         yield session
     finally:

@@ -20,10 +20,11 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from kvprof.capture.config import CaptureConfig
+from kvprof.capture.plan import CapturePlan, resolve_settings
 from kvprof.capture.session import MHASession
+from kvprof.capture.torch_pass import EventReader
 from kvprof.core.atomic import atomic_write_bytes
-from kvprof.core.errors import KvprofError
+from kvprof.core.errors import KvprofError, encoded
 from kvprof.core.run import PathReport, TraceMeta
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepTimings
@@ -38,9 +39,9 @@ class RankSession(MHASession):
     TP layer (attention output, MLP output). Without ``--context layer`` they reduce a
     stand-in of the hidden size (zeros, so repeated sums stay finite)."""
 
-    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *,
+    def __init__(self, plan: CapturePlan, writer: Writer, device: torch.device, *,
                  context: DecoderContext | None = None) -> None:
-        super().__init__(config, writer, device, context=context)
+        super().__init__(plan, writer, device, context=context)
         self.hidden = self.shape.hidden or self.shape.head_num * self.shape.head_dim * self.shape.tp
         self._stand_in: dict[int, torch.Tensor] = {}
 
@@ -72,31 +73,32 @@ class RankSession(MHASession):
         super().close()
 
 
-def run_rank(config: CaptureConfig, out: Path, rank: int, world: int, device: torch.device) -> dict[str, Any]:
+def run_rank(plan: CapturePlan, out: Path, rank: int, world: int, device: torch.device,
+             read_events: EventReader) -> dict[str, Any]:
     """Every runnable variant on this rank; returns this rank's part of the manifest."""
     from kvprof.capture.plan import make_context, plan_variants, trace_extra, variant_entry
     from kvprof.capture.torch_pass import run_torch_pass
     from kvprof.kvcache.devinfo import device_properties
     from kvprof.kvcache.dtypes import short_name
 
-    planned = plan_variants(config, device)
-    context = make_context(config, device)
+    planned = plan_variants(plan, device)
+    context = make_context(plan, device)
     props = device_properties(device)
-    timings = StepTimings(context=config.context, context_len=config.context_len if context else None)
+    timings = StepTimings(context=plan.context, context_len=plan.context_len if context else None)
     variants: dict[str, Any] = {}
     for p in planned:
         if p.reason is not None:
             continue
         info = p.writer.info()
-        meta = TraceMeta(variant=p.name, fused=info.fused, run_id=config.run_id, layout=config.layout_name(),
-                         cache_dtype=short_name(config.cache_torch_dtype()),
-                         input_dtype=short_name(config.input_torch_dtype()), device=props,
-                         model=config.rank_shape().as_dict(),
+        meta = TraceMeta(variant=p.name, fused=info.fused, run_id=plan.run_id, layout=plan.layout,
+                         cache_dtype=short_name(plan.cache_dtype),
+                         input_dtype=short_name(plan.input_dtype), device=props,
+                         model=plan.shape.as_dict(),
                          extra={"rank": rank, "world_size": world, **trace_extra(variant_entry(p))})
-        session = RankSession(config, p.writer, device, context=context)
+        session = RankSession(plan, p.writer, device, context=context)
         try:
-            res = run_torch_pass(session, out, meta, sync_events=config.torch_sync_events, rank=rank,
-                                 world_size=world, name=RunDir.torch_trace_name(p.name, rank))
+            res = run_torch_pass(session, out, meta, read_events=read_events, sync_events=plan.torch_sync_events,
+                                 rank=rank, world_size=world, name=RunDir.torch_trace_name(p.name, rank))
         finally:
             session.close()
         for rec in res.step_timings:
@@ -116,7 +118,7 @@ def record_failure(out: Path, rank: int, exc: BaseException) -> int:
     Written before the process group is torn down: the rank that fails first must have the
     earliest record, not the peers that only see its connection close afterwards."""
     code = exc.exit_code if isinstance(exc, KvprofError) else 1
-    line = " ".join(str(exc).split())[:500] if isinstance(exc, KvprofError) \
+    line = " ".join(encoded(exc).split())[:500] if isinstance(exc, KvprofError) \
         else " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
     path = RunDir(out).rank_error(rank)
     if not path.exists():  # the first record stands: a later teardown error is a consequence
@@ -127,23 +129,40 @@ def record_failure(out: Path, rank: int, exc: BaseException) -> int:
     return code if isinstance(code, int) and 0 < code < 128 else 1
 
 
+def _reader(spec: str) -> EventReader:
+    """The launcher's ``module:function`` for reading a step template's trace (a layer above
+    capture provides it; the name comes in as data)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        def unread(path: Path) -> Any:
+            raise KvprofError(f"no trace reader was given to this rank to read {path.name}")
+
+        return unread
+    fn: EventReader = getattr(importlib.import_module(module), name)
+    return fn
+
+
 def main(argv: list[str]) -> int:
     out, rank, world, backend = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     try:
-        config = CaptureConfig.from_dict(orjson.loads(RunDir(out).ranks_config.read_bytes()))
-        if config.threads is not None:  # resolved by the launcher (kvprof.capture.runtime)
-            torch.set_num_threads(config.threads)
         if backend == "nccl":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
+        # the launcher's plan again, on this rank's device
+        plan = resolve_settings(orjson.loads(RunDir(out).ranks_config.read_bytes()), device)
+        if plan.threads is not None:  # resolved by the launcher
+            torch.set_num_threads(plan.threads)
+        read_events = _reader(argv[4] if len(argv) > 4 else "")
         # a FileStore by absolute path, not a file:// URL: in "file://traces/x" the first folder of
         # a relative --out is read as a host and every rank waited for the others until TIMEOUT
         store = dist.FileStore(str(RunDir(out).ranks_store.resolve()), world)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=TIMEOUT)
         try:
-            doc = run_rank(config, out, rank, world, device)
+            doc = run_rank(plan, out, rank, world, device, read_events)
             dist.barrier()  # every rank finished its traces before any reports success
         except BaseException as exc:
             record_failure(out, rank, exc)

@@ -22,9 +22,9 @@ from pathlib import Path
 import orjson
 import torch
 
-from kvprof.capture.config import CaptureConfig
 from kvprof.capture.plan import (
     CapturedRun,
+    CapturePlan,
     base_manifest,
     plan_variants,
     scrub_files,
@@ -34,11 +34,10 @@ from kvprof.capture.plan import (
 )
 from kvprof.capture.runtime import Runtime
 from kvprof.core.atomic import atomic_directory, atomic_write_bytes
-from kvprof.core.errors import DeviceError, KvprofError, UsageError
+from kvprof.core.errors import DeviceError, KvprofError, Setting, UsageError, Words, decoded
 from kvprof.core.ranks import RankEntry
 from kvprof.core.run import Manifest, PathReport, VariantEntry
 from kvprof.core.rundir import RunDir
-from kvprof.kvcache.devinfo import resolve_device
 from kvprof.kvcache.guards import check_capture
 
 POLL_S = 0.1
@@ -49,19 +48,20 @@ class RankFailed(KvprofError):
     """A rank exited with an error; the exit code is the rank's own."""
 
 
-def backend_for(config: CaptureConfig) -> tuple[str, torch.device]:
+def backend_for(plan: CapturePlan) -> tuple[str, torch.device]:
     """NCCL on CUDA (one GPU per rank, which must exist), Gloo on CPU."""
-    device = resolve_device(config.device)
-    n = int(config.ranks or 1)
+    device = plan.device
+    n = int(plan.ranks or 1)
     if device.type == "cuda":
         if device.index not in (None, 0):
-            raise UsageError("--ranks puts rank r on cuda:r; pass --device cuda (or auto), not a single GPU")
+            raise UsageError(Setting("ranks"), " puts rank r on cuda:r; pass ", Setting("device"),
+                             " cuda (or auto), not a single GPU")
         have = torch.cuda.device_count()
         if n > have:
-            raise DeviceError(f"--ranks {n} needs {n} GPUs (one per rank); this machine has {have}")
+            raise DeviceError(Setting("ranks"), f" {n} needs {n} GPUs (one per rank); this machine has {have}")
         return "nccl", torch.device("cuda", 0)
     if device.type != "cpu":
-        raise UsageError(f"--ranks runs on CUDA (NCCL) or CPU (Gloo), not on {device.type}")
+        raise UsageError(Setting("ranks"), f" runs on CUDA (NCCL) or CPU (Gloo), not on {device.type}")
     return "gloo", device
 
 
@@ -100,8 +100,10 @@ def _record(tmp: Path, rank: int) -> tuple[float, int, str] | None:
 
 def _failure(tmp: Path, rank: int, code: int) -> RankFailed:
     record = _record(tmp, rank)
+    line: object
     if record is not None:
-        _, exit_code, line = record
+        _, exit_code, text = record
+        line = decoded(text)  # the settings it names, as the caller will spell them
     else:  # no record (killed, or failed before it could write one): the last line of its log
         exit_code, line = code, f"exited with status {code}"
         try:
@@ -110,7 +112,7 @@ def _failure(tmp: Path, rank: int, code: int) -> RankFailed:
                 line = f"{line}: {tail[-1].strip()[:300]}"
         except OSError:
             pass
-    err = RankFailed(f"rank {rank} failed: {line}; no run was kept")
+    err = RankFailed(f"rank {rank} failed: ", line, "; no run was kept")
     err.exit_code = exit_code if 0 < exit_code < 128 else 1
     return err
 
@@ -132,8 +134,9 @@ def first_failure(tmp: Path, procs: list[subprocess.Popen[bytes]], grace_s: floa
     return _failure(tmp, rank, int(procs[rank].poll() or 1))
 
 
-def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> None:
-    """Start every rank, wait for all; a failure stops the rest and the first one is raised."""
+def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None], read_events: str = "") -> None:
+    """Start every rank, wait for all; a failure stops the rest and the first one is raised.
+    ``read_events``: the ``module:function`` each rank reads its step templates' traces with."""
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     try:
@@ -141,7 +144,8 @@ def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> N
             fh = open(RunDir(tmp).rank_log(rank), "wb")  # noqa: SIM115 - closed below
             logs.append(fh)
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "kvprof.capture.rank_worker", str(tmp), str(rank), str(world), backend],
+                [sys.executable, "-m", "kvprof.capture.rank_worker", str(tmp), str(rank), str(world), backend,
+                 read_events],
                 env=rank_environment(rank, world), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                 start_new_session=True))
         log(f"started {world} rank(s) ({backend})")
@@ -158,14 +162,14 @@ def launch(tmp: Path, world: int, backend: str, log: Callable[[str], None]) -> N
             fh.close()
 
 
-def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, device: torch.device,
-                   runtime: Runtime | None = None) -> Manifest:
+def merge_manifest(plan: CapturePlan, tmp: Path, world: int, backend: str, device: torch.device,
+                   runtime: Runtime | None = None, names: Callable[[str], str] = str) -> Manifest:
     """Rank 0's entries as the variants (any reader opens the run), every rank under ``ranks``."""
-    manifest = base_manifest(config, device, runtime)
+    manifest = base_manifest(plan, device, runtime)
     # each rank sets the resolved count itself; None: every rank keeps torch's own choice
-    manifest.config["threads"] = config.threads
-    for p in plan_variants(config, device):
-        manifest.variants[p.name] = variant_entry(p)
+    manifest.config["threads"] = plan.threads
+    for p in plan_variants(plan, device):
+        manifest.variants[p.name] = variant_entry(p, names)
     manifest.world_size, manifest.backend = world, backend
     docs = [orjson.loads(RunDir(tmp).rank_result(r).read_bytes()) for r in range(world)]
     manifest.device = docs[0]["device"]
@@ -185,33 +189,32 @@ def merge_manifest(config: CaptureConfig, tmp: Path, world: int, backend: str, d
     return manifest
 
 
-def capture_ranks(config: CaptureConfig, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-                  runtime: Runtime | None = None) -> CapturedRun:
+def capture_ranks(plan: CapturePlan, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+                  runtime: Runtime | None = None, *, names: Callable[[str], str] = str,
+                  read_events: str = "") -> CapturedRun:
     """The multi-rank capture; same result as the one-process ``capture``. ``runtime``: what
-    ``kvprof.capture.runtime.prepare`` set up (each rank sets the same threads itself)."""
-    config = config.validate()
-    backend, device = backend_for(config)
-    world = int(config.ranks or 1)
-    for p in plan_variants(config, device):
+    ``kvprof.capture.runtime.start`` set up (each rank sets the same threads itself);
+    ``read_events``: the ``module:function`` the ranks read their step templates' traces with."""
+    backend, device = backend_for(plan)
+    world = int(plan.ranks or 1)
+    for p in plan_variants(plan, device):
         if p.reason is not None:
-            log(f"skipping {p.name}: {p.reason}")
-    check_capture(config, device)  # one rank's sizes and memory
-    config = config.with_run_id()
-    run_id = str(config.run_id)
-    final = Path(config.output) / run_id
+            log(Words(f"skipping {p.name}: ", p.reason))
+    check_capture(plan, device)  # one rank's sizes and memory
+    final = plan.final
     problems: list[KvprofError] = []
     sweep_stale(final.parent, log)
     with atomic_directory(final) as tmp:
         tmp = Path(tmp)
-        atomic_write_bytes(RunDir(tmp).ranks_config, orjson.dumps(config.as_dict()))
-        launch(tmp, world, backend, log)
-        manifest = merge_manifest(config, tmp, world, backend, device, runtime)
+        atomic_write_bytes(RunDir(tmp).ranks_config, orjson.dumps(dict(plan.settings)))
+        launch(tmp, world, backend, log, read_events)
+        manifest = merge_manifest(plan, tmp, world, backend, device, runtime, names)
         for f in list(tmp.iterdir()):  # the launcher's own files: not part of the run
             if RunDir.is_launcher_file(f.name):
                 f.unlink()
-        if config.scrub:
+        if plan.scrub:
             manifest.scrubbed = scrub_files(tmp)
-        manifest = scrub_manifest(manifest) if config.scrub else manifest
+        manifest = scrub_manifest(manifest) if plan.scrub else manifest
         RunDir(tmp).write_manifest(manifest)
     return CapturedRun(final, manifest, problems)
 

@@ -25,8 +25,8 @@ import math
 import numpy as np
 import torch
 
-from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
+from kvprof.capture.plan import CapturePlan
 from kvprof.capture.session import PreparedPhase, StepTimer
 from kvprof.core.timings import CONTROL, FREE_CONTROL, StepSamples
 from kvprof.kvcache.contracts import Writer
@@ -97,7 +97,7 @@ def _rows(x: torch.Tensor) -> np.ndarray:
     return raw.view(np.dtype((np.void, raw.shape[1]))) if raw.shape[1] else raw
 
 
-def run_reference_pass(config: CaptureConfig, writer: Writer, device: torch.device,
+def run_reference_pass(plan: CapturePlan, writer: Writer, device: torch.device,
                        context: DecoderContext | None = None) -> list[StepSamples]:
     """Timed steps per (phase, size, mode) for one writer; raises what the workload raises."""
     out: list[StepSamples] = []
@@ -105,8 +105,8 @@ def run_reference_pass(config: CaptureConfig, writer: Writer, device: torch.devi
     cpu = device.type == "cpu"
     timed = [*modes, CONTROL, FREE_CONTROL] if cpu else modes
     per_round = 1 if cpu else ROUND  # a CPU's speed changes within a series: alternate every step
-    n = config.reference_steps_on(device.type)
-    with session_for(config, writer, device, instrument=False, context=context) as session:
+    n = plan.reference_steps
+    with session_for(plan, writer, device, instrument=False, context=context) as session:
         for index, spec in enumerate(session.phases):
             prepared: PreparedPhase = session.prepare(spec, index)
             control = ControlStep(prepared, len(session.layers)) if cpu else None

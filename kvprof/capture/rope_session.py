@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvprof.capture.config import CaptureConfig
+from kvprof.capture.plan import CapturePlan
 from kvprof.capture.session import MHASession, PreparedPhase
 from kvprof.core.errors import UsageError
 from kvprof.kvcache.contracts import Writer
@@ -38,22 +38,22 @@ class RopePhase(PreparedPhase):
 class RopeSession(MHASession):
     """``MHASession`` whose writes go through ``set_kv_buffer_with_rope``."""
 
-    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
+    def __init__(self, plan: CapturePlan, writer: Writer, device: torch.device, *, instrument: bool = True,
                  context: DecoderContext | None = None) -> None:
         if context is not None:
             raise UsageError(f"{writer.name} in a decoder layer runs in MHASession (session_for picks it)")
-        super().__init__(config, writer, device, instrument=instrument, context=None)
+        super().__init__(plan, writer, device, instrument=instrument, context=None)
         self.q_heads = self.shape.q_head_num or self.shape.head_num
         # a table that covers every position a phase uses: decode requests at up to
-        # --context-len tokens, prefill chunks from position 0
-        self.max_position = max([self.config.context_len_on(device.type), *(p.tokens for p in self.phases)]) + 1
+        # the context length's tokens, prefill chunks from position 0
+        self.max_position = max([self.plan.context_len, *(p.tokens for p in self.phases)]) + 1
 
     def prepare(self, spec: PhaseSpec, index: int) -> RopePhase:
         slots = self.allocator.steps(spec)  # checked on the host once
-        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
+        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.plan.loc_dtype)
         tokens, hq, hk = spec.tokens, self.q_heads, self.shape.head_num
         dim, v_dim = self.shape.head_dim, self.shape.v_head_dim
-        gen = torch.Generator(device="cpu").manual_seed(self.config.seed + index)
+        gen = torch.Generator(device="cpu").manual_seed(self.plan.seed + index)
         amplitude = 1.0 if self.k_scale is None else float(self.k_scale)
         qkv = torch.randn((tokens, (hq + hk) * dim + hk * v_dim), generator=gen) * amplitude
         qkv = qkv.to(dtype=self.input_dtype, device=self.device)

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvprof.capture.config import CaptureConfig
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import (
     CapturedRun,
+    CapturePlan,
     PlannedVariant,
     base_manifest,
     check_replaceable,
@@ -31,10 +31,10 @@ from kvprof.capture.plan import (
     variant_entry,
 )
 from kvprof.capture.reference import run_reference_pass
-from kvprof.capture.runtime import Runtime, prepare
-from kvprof.capture.torch_pass import run_torch_pass
+from kvprof.capture.runtime import Runtime, start
+from kvprof.capture.torch_pass import EventReader, run_torch_pass
 from kvprof.core.atomic import atomic_directory
-from kvprof.core.errors import KvprofError, ToolError
+from kvprof.core.errors import KvprofError, Setting, ToolError, Words, rendered
 from kvprof.core.run import Manifest, PathReport, TraceMeta, VariantEntry
 from kvprof.core.rundir import RunDir
 from kvprof.core.timings import StepTimings
@@ -46,108 +46,118 @@ if TYPE_CHECKING:
     from kvprof.kvcache.layer import DecoderContext
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def capture(
-    config: CaptureConfig,
+    plan: CapturePlan,
     *,
     progress_factory: Callable[[int], Any] | None = None,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    log: Callable[[str], None] = _stderr,
+    names: Callable[[str], str] = str,
+    read_events: EventReader,
 ) -> CapturedRun:
-    """Run every variant and write the run directory; nothing is analysed (kvprof.api.capture does)."""
-    config, runtime = prepare(config)  # before any writer is built: Triton's interpreter on a CPU
-    if config.ranks is not None:  # one process per rank (kvprof.capture.ranks)
+    """Run every variant of ``plan`` (``kvprof.capture.plan.resolve``: the one resolution of a
+    ``CaptureConfig``) and write the run directory; nothing is analysed (kvprof.api.capture does).
+
+    ``names``: how what the run records (a variant's reason, a failed pass) spells a setting
+    (the field, unless the command line gives its flags); ``log`` gets ``Words`` it can render
+    likewise. ``read_events``: how a step's throwaway trace is read on CUDA (the trace readers,
+    which sit above capture, handed down by ``kvprof.api``)."""
+    runtime = start(plan.device, plan.threads)  # before any writer is built: Triton's interpreter on a CPU
+    if plan.ranks is not None:  # one process per rank (kvprof.capture.ranks)
         from kvprof.capture.ranks import capture_ranks
 
-        return capture_ranks(config, log=log, runtime=runtime)
-    with torch_threads(config.threads):
-        return _capture(config, runtime, progress_factory, log)
+        spec = f"{read_events.__module__}:{read_events.__qualname__}"  # each rank imports it by this name
+        return capture_ranks(plan, log=log, runtime=runtime, names=names, read_events=spec)
+    with torch_threads(plan.threads):
+        return _capture(plan, runtime, progress_factory, log, names, read_events)
 
 
-_OPTION = {"layers": "--layers", "threads": "--threads", "decode_sizes": "--batch-sizes",
-           "context_len": "--context-len", "prefill_sizes": "--prefill-tokens", "reference_steps": "--reference-steps"}
-
-
+# the device-dependent defaults the console names, and the phase whose size each one is
+_SHOWN = ("layers", "threads", "decode_sizes", "context_len", "prefill_sizes", "reference_steps")
 _PHASE_OF = {"decode_sizes": "decode", "context_len": "decode", "prefill_sizes": "prefill"}
 
 
-def defaults_line(config: CaptureConfig, device_type: str) -> str | None:
-    """With --context layer on a CPU, the smaller settings the capture chose for the options
+def defaults_line(plan: CapturePlan) -> Words | None:
+    """With context ``layer`` on a CPU, the smaller settings the capture chose for the options
     left out, so that a first run says what it ran (none on CUDA, where the defaults are the
     documented ones; the writes alone say their layers and threads in the first summary)."""
-    if device_type == "cuda" or config.context != "layer" or not config.device_defaults:
+    device_type = plan.device.type
+    if device_type == "cuda" or plan.context != "layer" or not plan.device_defaults:
         return None
-    model_layers = config.rank_shape().layers
-    parts = []
-    for key, value in config.device_defaults.items():
-        if key not in _OPTION:
+    parts: list[object] = []
+    for key, value in plan.device_defaults.items():
+        if key not in _SHOWN:
             continue
-        if key in ("decode_sizes", "context_len", "prefill_sizes") and _PHASE_OF[key] not in config.phases:
+        if key in _PHASE_OF and _PHASE_OF[key] not in plan.phase_names:
             continue  # a size of a phase that does not run
         shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-        parts.append(f"{_OPTION[key]} {shown}" + (f" (of {model_layers})" if key == "layers" else ""))
+        parts += [", " if parts else "", Setting(key), f" {shown}"
+                  + (f" (of {plan.shape.layers})" if key == "layers" else "")]
     if not parts:
         return None
-    return (f"on {device_type}: {', '.join(parts)} (defaults on a CPU, to finish in minutes; pass an option to "
-            "change it)")
+    return Words(f"on {device_type}: ", *parts,
+                 " (defaults on a CPU, to finish in minutes; pass an option to change it)")
 
 
-def _capture(config: CaptureConfig, runtime: Runtime, progress_factory: Callable[[int], Any] | None,
-             log: Callable[[str], None]) -> CapturedRun:
+def _capture(plan: CapturePlan, runtime: Runtime, progress_factory: Callable[[int], Any] | None,
+             log: Callable[[str], None], names: Callable[[str], str], read_events: EventReader) -> CapturedRun:
     device = runtime.device
-    planned = plan_variants(config, device)
-    check_capture(config, device)  # sizes and memory, before anything is allocated
-    config = config.with_run_id()
-    run_id = str(config.run_id)
-    final = Path(config.output) / run_id
-    check_replaceable(final, config.force)
+    planned = plan_variants(plan)
+    check_capture(plan, device)  # sizes and memory, before anything is allocated
+    final = plan.final
+    check_replaceable(final, plan.force)
     problems: list[KvprofError] = []
-    nsys_path = _nsys_or_problem(config, problems)
+    nsys_path = _nsys_or_problem(plan, problems)
     runnable = [p for p in planned if p.reason is None]
-    context = make_context(config, device)
-    line = defaults_line(config, device.type)  # once nothing more is refused: a refusal is one line
+    context = make_context(plan)
+    line = defaults_line(plan)  # once nothing more is refused: a refusal is one line
     if line:
         log(line)
     for p in planned:
         if p.reason is not None:
-            log(f"skipping {p.name}: {p.reason}")
+            log(Words(f"skipping {p.name}: ", p.reason))
     if context is not None:
-        log(f"--context layer: {context.kernels.describe()}")
+        log(Words(Setting("context"), f" layer: {context.kernels.describe()}"))
     sweep_stale(final.parent, log)
-    with atomic_directory(final, replace=config.force) as tmp:
+    with atomic_directory(final, replace=plan.force) as tmp:
         tmp = Path(tmp)
-        manifest = base_manifest(config, device, runtime, context)
+        manifest = base_manifest(plan, device, runtime, context)
         for p in planned:
-            manifest.variants[p.name] = variant_entry(p)
-        steps_per_variant = sum(ph.steps for ph in config.phase_specs(device.type == "cuda"))
+            manifest.variants[p.name] = variant_entry(p, names)
+        steps_per_variant = sum(ph.steps for ph in plan.phases)
         bar = progress_factory(steps_per_variant * len(runnable)) if progress_factory else None
-        timings = StepTimings(context=config.context, context_len=config.context_len if context else None)
+        timings = StepTimings(context=plan.context, context_len=plan.context_len if context else None)
         try:
             for p in runnable:
                 if bar is not None:
                     bar.describe(p.name)
-                if config.profiler in ("torch", "both"):
-                    _torch_pass(config, p, manifest, runtime, context, tmp, bar, timings)
-                _reference_pass(config, p, manifest.variants[p.name], runtime, context, timings, log)
+                if plan.profiler in ("torch", "both"):
+                    _torch_pass(plan, p, manifest, runtime, context, tmp, bar, timings, read_events)
+                _reference_pass(plan, p, manifest.variants[p.name], runtime, context, timings, log, names)
         finally:
             if bar is not None:
                 bar.close()
         if nsys_path is not None:
             from kvprof.capture.nsys_pass import run_nsys_passes
 
-            problems += run_nsys_passes(nsys_path, config, runnable, tmp, manifest, log, timings)
+            problems += run_nsys_passes(nsys_path, plan, runnable, tmp, manifest, log, timings, names)
         run = RunDir(tmp)
         manifest.files = {RunDir.TIMINGS_KEY: run.write_timings(timings)}
-        if config.scrub:
+        if plan.scrub:
             manifest.scrubbed = scrub_files(tmp)
-        manifest.problems = [str(e) for e in problems]
-        manifest = scrub_manifest(manifest) if config.scrub else manifest  # its paths name $HOME
+        manifest.problems = [rendered(e, names) for e in problems]
+        manifest = scrub_manifest(manifest) if plan.scrub else manifest  # its paths name $HOME
         run.write_manifest(manifest)
     return CapturedRun(final, manifest, problems)
 
 
-def _nsys_or_problem(config: CaptureConfig, problems: list[KvprofError]) -> Path | None:
-    """Where nsys is, when the profiler needs it. Not found: an error for ``--profiler nsys``;
+def _nsys_or_problem(plan: CapturePlan, problems: list[KvprofError]) -> Path | None:
+    """Where nsys is, when the profiler needs it. Not found: an error for profiler ``nsys``;
     a problem added to ``problems`` for ``both`` (the torch pass still runs)."""
-    if config.profiler not in ("nsys", "both"):
+    if plan.profiler not in ("nsys", "both"):
         return None
     from kvprof.tools.nsys import find_nsys
 
@@ -156,27 +166,27 @@ def _nsys_or_problem(config: CaptureConfig, problems: list[KvprofError]) -> Path
         err = ToolError(
             "Nsight Systems (nsys) not found on PATH, in KVPROF_NSYS or the usual install folders"
         )
-        if config.profiler == "nsys":
+        if plan.profiler == "nsys":
             raise err
         problems.append(err)
     return nsys_path
 
 
-def _torch_pass(config: CaptureConfig, p: PlannedVariant, manifest: Manifest, runtime: Runtime,
-                context: DecoderContext | None, tmp: Path, bar: Any, timings: StepTimings) -> None:
+def _torch_pass(plan: CapturePlan, p: PlannedVariant, manifest: Manifest, runtime: Runtime,
+                context: DecoderContext | None, tmp: Path, bar: Any, timings: StepTimings,
+                read_events: EventReader) -> None:
     """One variant under torch.profiler: its trace, paths and kernels per write go into its
     manifest entry, its step timings into ``timings``."""
     entry = manifest.variants[p.name]
     meta = TraceMeta(
-        variant=p.name, fused=entry.fused_claim, run_id=str(config.run_id), layout=config.layout_name(),
-        cache_dtype=short_name(config.cache_torch_dtype()),
-        input_dtype=short_name(config.input_torch_dtype()),
-        device=manifest.device, model=config.rank_shape().as_dict(),
+        variant=p.name, fused=entry.fused_claim, run_id=plan.run_id, layout=plan.layout,
+        cache_dtype=short_name(plan.cache_dtype), input_dtype=short_name(plan.input_dtype),
+        device=manifest.device, model=plan.shape.as_dict(),
         extra=trace_extra(entry),
     )
-    with session_for(config, p.writer, runtime.device, context=context) as session:
+    with session_for(plan, p.writer, runtime.device, context=context) as session:
         out = run_torch_pass(session, tmp, meta, on_step=bar.advance if bar else None,
-                             sync_events=config.torch_sync_events)
+                             sync_events=plan.torch_sync_events, read_events=read_events)
     entry.files["torch_trace"] = out.torch_trace
     entry.paths = dict(out.meta.paths)
     entry.kernels_per_write = dict(out.meta.kernels_per_write)
@@ -186,16 +196,17 @@ def _torch_pass(config: CaptureConfig, p: PlannedVariant, manifest: Manifest, ru
         timings.add(rec)
 
 
-def _reference_pass(config: CaptureConfig, p: PlannedVariant, entry: VariantEntry, runtime: Runtime,
-                    context: DecoderContext | None, timings: StepTimings, log: Callable[[str], None]) -> None:
+def _reference_pass(plan: CapturePlan, p: PlannedVariant, entry: VariantEntry, runtime: Runtime,
+                    context: DecoderContext | None, timings: StepTimings, log: Callable[[str], None],
+                    names: Callable[[str], str]) -> None:
     """The unperturbed figure every profiler's reading is held against; a failure is recorded
     in the variant's entry and logged, and the capture goes on."""
     try:
-        for rec in run_reference_pass(config, p.writer, runtime.device, context):
+        for rec in run_reference_pass(plan, p.writer, runtime.device, context):
             timings.add(rec)
     except (KvprofError, RuntimeError, ValueError) as exc:
-        entry.reference_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        entry.reference_error = f"{type(exc).__name__}: {rendered(exc, names)}".splitlines()[0]
         log(f"reference pass for {p.name} failed: {entry.reference_error}")
 
 
-__all__ = ["CapturedRun", "capture", "check_replaceable", "plan_variants", "sweep_stale"]
+__all__ = ["CapturedRun", "capture", "check_replaceable", "defaults_line", "plan_variants", "sweep_stale"]

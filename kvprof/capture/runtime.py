@@ -38,15 +38,22 @@ class Runtime:
         return {"threads": self.threads, "triton_interpret": self.triton_interpret}
 
 
+def start(device: torch.device, threads: int | None) -> Runtime:
+    """Set Triton's interpreter up for ``device`` (before any writer is built); the settings the
+    capture will run under (``threads``: the plan's, None for torch's own)."""
+    interpret = triton_interpreter(device)
+    return Runtime(device=device, threads=threads if threads is not None else torch.get_num_threads(),
+                   triton_interpret=interpret)
+
+
 def prepare(config: CaptureConfig) -> tuple[CaptureConfig, Runtime]:
-    """Validate ``config`` and resolve the device and the device-dependent defaults (a new,
-    resolved configuration; ``config`` itself is left as it was), set Triton's interpreter up."""
+    """The configuration form of a capture's start: ``config`` validated and resolved for its
+    device (a new configuration; ``config`` itself is left as it was), Triton's interpreter set
+    up. A capture itself resolves into a plan (``kvprof.capture.plan.resolve``) and calls ``start``."""
     checked = config.validate()
     device = resolve_device(checked.device)
     resolved = checked.resolved_for(device.type)
-    interpret = triton_interpreter(device)
-    threads = resolved.threads if resolved.threads is not None else torch.get_num_threads()
-    return resolved, Runtime(device=device, threads=threads, triton_interpret=interpret)
+    return resolved, start(device, resolved.threads)
 
 
-__all__ = ["TRITON_WRITER_MODULES", "Runtime", "prepare", "triton_interpreter"]
+__all__ = ["TRITON_WRITER_MODULES", "Runtime", "prepare", "start", "triton_interpreter"]

@@ -27,8 +27,8 @@ from typing import Generic
 
 import torch
 
-from kvprof.capture.config import CaptureConfig
-from kvprof.core.errors import UsageError
+from kvprof.capture.plan import CapturePlan
+from kvprof.core.errors import Setting, UsageError
 from kvprof.core.timings import CUDA_EVENTS, WALL
 from kvprof.kvcache.contracts import RopeKVWriter, Writer
 from kvprof.kvcache.instrument import make_pool, phase_range, step_range
@@ -105,20 +105,20 @@ class VariantSession(abc.ABC, Generic[PoolT]):
 
     pool: PoolT
 
-    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
+    def __init__(self, plan: CapturePlan, writer: Writer, device: torch.device, *, instrument: bool = True,
                  context: DecoderContext | None = None):
-        self.config = config
+        self.plan = plan
         self.context = context
         self.mode = "layer" if context is not None else "writes"
         self.writer = writer
         self.device = device
-        self.layout: Layout = get_layout(config.layout_name())
-        self.shape = config.rank_shape()
-        self.cache_dtype = config.cache_torch_dtype()
-        self.input_dtype = config.input_torch_dtype()
-        self.phases = config.phase_specs(graphs_possible=device.type == "cuda")
-        self.k_scale = config.k_scale
-        self.v_scale = config.v_scale
+        self.layout: Layout = get_layout(plan.layout)
+        self.shape = plan.shape
+        self.cache_dtype = plan.cache_dtype
+        self.input_dtype = plan.input_dtype
+        self.phases = list(plan.phases)
+        self.k_scale = plan.k_scale
+        self.v_scale = plan.v_scale
         self.pool = self.make_pool(instrument)
         writer.prepare(device)
         self.layers = list(range(self.pool.start_layer, self.pool.start_layer + self.pool.layer_num))
@@ -142,8 +142,8 @@ class VariantSession(abc.ABC, Generic[PoolT]):
         ``writes`` here (a decoder context models MHA layers: ``MHASession``)."""
         mode = mode or self.mode
         if mode != "writes":
-            raise UsageError(f"--context layer models MHA decoder layers; the {self.layout.name} layout captures "
-                             "writes only")
+            raise UsageError(Setting("context"), f" layer models MHA decoder layers; the {self.layout.name} layout "
+                             "captures writes only")
         self.write_step(loc, prepared.k, prepared.v)
 
     def before_step(self, prepared: PreparedPhase, loc: torch.Tensor, mode: str | None = None) -> None:
@@ -151,7 +151,7 @@ class VariantSession(abc.ABC, Generic[PoolT]):
 
     def warm_up(self, prepared: PreparedPhase, mode: str | None = None) -> None:
         """Eager warm-up steps (JIT compiles, allocator, autotuning) outside any measurement."""
-        for i in range(self.config.warmup):
+        for i in range(self.plan.warmup):
             loc = prepared.locs[i % prepared.spec.steps]
             self.before_step(prepared, loc, mode)
             self.step(prepared, loc, mode)
@@ -241,18 +241,18 @@ class MHASession(VariantSession[KVPool]):
 
     writer: KVWriter | RopeKVWriter  # type: ignore[assignment]
 
-    def __init__(self, config: CaptureConfig, writer: Writer, device: torch.device, *, instrument: bool = True,
+    def __init__(self, plan: CapturePlan, writer: Writer, device: torch.device, *, instrument: bool = True,
                  context: DecoderContext | None = None):
-        super().__init__(config, writer, device, instrument=instrument, context=context)
+        super().__init__(plan, writer, device, instrument=instrument, context=context)
         self.rope = isinstance(writer, RopeKVWriter)
         self.rotary: Rotary | None = context.rotary if context is not None else None  # the layer's
 
     def make_pool(self, instrument: bool) -> KVPool:
-        config, device, context = self.config, self.device, self.context
+        plan, device, context = self.plan, self.device, self.context
         elem = torch.empty((), dtype=self.cache_dtype).element_size()
         # slots per layer as for the whole model, so a step of fewer layers (--layers) writes
         # into the same per-layer pool a full step does
-        size = config.pool_size or default_pool_size(
+        size = plan.pool_size or default_pool_size(
             self.phases, self.shape.head_num, self.shape.head_dim + self.shape.v_head_dim,
             self.shape.layers, elem, device,
         )
@@ -260,25 +260,25 @@ class MHASession(VariantSession[KVPool]):
             decode = [p.tokens for p in self.phases if p.phase == "decode"]
             size = max(size, context.slots_needed(max(decode, default=1)) + 2 * max(p.tokens for p in self.phases))
         pool = make_pool(
-            size, config.page_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
-            config.layers_on(device.type), device, writer=self.writer, v_head_dim=self.shape.v_head_dim,
+            size, plan.page_size, self.cache_dtype, self.shape.head_num, self.shape.head_dim,
+            plan.layers, device, writer=self.writer, v_head_dim=self.shape.v_head_dim,
             check_slots=False, instrument=instrument, variant=self.writer.name,
         )
-        self.allocator = SlotAllocator(pool.rows, config.slots, config.page_size, config.seed)
+        self.allocator = SlotAllocator(pool.rows, plan.slots, plan.page_size, plan.seed)
         return pool
 
     def prepare(self, spec: PhaseSpec, index: int) -> PreparedPhase:
         slots = self.allocator.steps(spec)  # checked on the host once
-        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.config.torch_loc_dtype())
+        locs = torch.from_numpy(slots).to(device=self.device, dtype=self.plan.loc_dtype)
         amplitude = 1.0 if self.k_scale is None else float(self.k_scale)
         k, v = make_inputs(
             spec.tokens, self.shape.head_num, self.shape.head_dim, self.shape.v_head_dim,
-            self.input_dtype, self.device, seed=self.config.seed + index, scale=amplitude,
+            self.input_dtype, self.device, seed=self.plan.seed + index, scale=amplitude,
         )
         prepared = PreparedPhase(spec, locs, k, v)
         if self.rotary is not None:
             s = self.shape
-            gen = torch.Generator(device="cpu").manual_seed(self.config.seed + 1000 + index)
+            gen = torch.Generator(device="cpu").manual_seed(self.plan.seed + 1000 + index)
             qkv = torch.randn((spec.tokens, (s.q_head_num + 2 * s.head_num) * s.head_dim), generator=gen) * amplitude
             prepared.qkv = qkv.to(dtype=self.input_dtype, device=self.device)
             assert self.context is not None

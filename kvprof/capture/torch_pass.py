@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import torch
@@ -26,10 +26,17 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from kvprof.capture.session import PreparedPhase, StepTimer, VariantSession
 from kvprof.core.interrupts import signals_deferred
-from kvprof.core.run import TraceMeta
+from kvprof.core.run import TraceMeta, hta_metadata_json
 from kvprof.core.rundir import RunDir
+from kvprof.core.schema import GPU_WORK_KINDS
 from kvprof.core.timings import StepSamples
-from kvprof.trace.hta import hta_metadata_json
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# A Kineto trace file -> its event table (kvprof.core.schema), each write's activities
+# attributed: the trace readers' work, which sits above capture; ``kvprof.api`` hands it down.
+EventReader = Callable[[Path], "pd.DataFrame"]
 
 # Kineto (torch >= 2.13) writes a marker line to fd 2 whenever a profiler starts or stops,
 # "USDT:<date> <time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start": noise
@@ -88,7 +95,7 @@ def _experimental(sync_events: bool) -> Any:
         return None
 
 
-def step_template(session: VariantSession, prepared: PreparedPhase) -> dict[str, Any]:
+def step_template(session: VariantSession, prepared: PreparedPhase, read_events: EventReader) -> dict[str, Any]:
     """What one eager step launches, from a throwaway trace attributed by kvprof itself.
 
     Graph replays carry no per-write ranges, so the analysis cuts a replay by this
@@ -96,22 +103,18 @@ def step_template(session: VariantSession, prepared: PreparedPhase) -> dict[str,
     at ``write_positions`` belong to the write (all of them without a decoder context).
     ``kernels``/``memcpy``/``memset`` count one write's own activities. Measured, not
     assumed from the writer's claim; None where the step does not split evenly by layer.
+    ``read_events`` reads the throwaway trace (``EventReader``).
     """
     empty: dict[str, Any] = {"kernels": None, "memcpy": None, "memset": None}
     if session.device.type != "cuda":
         return empty
-    from kvprof.core.schema import GPU_WORK_KINDS
-    from kvprof.trace.attribution import attribute
-    from kvprof.trace.kineto import read_kineto
-    from kvprof.trace.table import to_frame
-
     with recording(profile(activities=_activities(session.device))) as prof:
         session.step(prepared, prepared.locs[0])
         session.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "template.json")
         prof.export_chrome_trace(path)
-        ev = to_frame(attribute(read_kineto(Path(path))).events)
+        ev = read_events(Path(path))
     work = ev[ev["kind"].isin(GPU_WORK_KINDS)].sort_values(["start_ns", "dur_ns"], kind="stable")
     layers = len(session.layers)
     if len(work) == 0 or len(work) % layers:
@@ -139,6 +142,8 @@ def run_torch_pass(
     session: VariantSession,
     out_dir: Path,
     metadata: TraceMeta,
+    *,
+    read_events: EventReader,
     on_step: Callable[[], None] | None = None,
     sync_events: bool = False,
     rank: int = 0,
@@ -149,14 +154,15 @@ def run_torch_pass(
 
     Each measured step is also timed as the reference pass times it (``step_timings`` in
     the result), so the profiler's slowdown of the run can be told from its reading error.
-    ``rank``/``world_size``/``name``: one rank's trace of a multi-rank capture.
+    ``rank``/``world_size``/``name``: one rank's trace of a multi-rank capture; ``read_events``:
+    how the step templates' throwaway traces are read (CUDA only).
     """
     prepared: list[PreparedPhase] = []
     templates: dict[str, dict[str, Any]] = {}
     for i, spec in enumerate(session.phases):
         p = session.prepare(spec, i)
         session.warm_up(p)
-        templates[f"{spec.phase} {spec.size}"] = step_template(session, p)
+        templates[f"{spec.phase} {spec.size}"] = step_template(session, p, read_events)
         if spec.graph:
             session.capture_graph(p)
         prepared.append(p)

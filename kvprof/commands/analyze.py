@@ -26,7 +26,8 @@ import argparse
 import os
 from pathlib import Path
 
-from kvprof.argtypes import output_file, output_folder, positive_float, positive_int
+from kvprof.commands.argtypes import output_file, output_folder, positive_float, positive_int
+from kvprof.report.renderers import ANALYSIS, formats
 from kvprof.report.terminal import add_format_arguments
 
 
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true",
                         help="replace the outputs of another input's analysis in the output folder (without it, "
                              "analyze refuses in one line: two traces of one folder would share its outputs)")
-    add_format_arguments(parser)
+    add_format_arguments(parser, formats(ANALYSIS))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,17 +21,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvprof.argtypes import (
-    fraction,
-    memory_gb,
-    memory_mb,
-    non_negative_float,
-    output_folder,
-    positive_ints,
-    repeat_count,
-    seed,
-    thread_count,
-)
 from kvprof.bench.grids import (
     CPU_GRID,
     CPU_QUICK_GRID,
@@ -44,7 +33,20 @@ from kvprof.bench.grids import (
     FAMILIES,
     GRID_SIZES,
 )
-from kvprof.core.bench_result import BenchTarget
+from kvprof.commands.argtypes import (
+    fraction,
+    memory_gb,
+    memory_mb,
+    non_negative_float,
+    output_folder,
+    positive_ints,
+    repeat_count,
+    seed,
+    thread_count,
+)
+from kvprof.core.bench_result import BenchResult, BenchTarget
+from kvprof.core.rundir import RunDir
+from kvprof.report.renderers import formats
 from kvprof.report.terminal import add_format_arguments
 
 
@@ -109,7 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=thread_count, default=None,
                    help=f"torch intra-op threads while timing (default: {CPU_THREADS} on CPU, so a time is the "
                         "writer's work and not threads contending for cores; torch's own default on CUDA); "
-                        "recorded in bench.json")
+                        f"recorded in {RunDir.BENCH}")
     p.add_argument("--replays", type=repeat_count, default=100, help="graph replays per point (default: %(default)s)")
     p.add_argument("--eager-repeats", type=repeat_count, default=20)
     p.add_argument("--modes", type=_modes, default=None,
@@ -122,17 +124,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse points that would need more (default: 80%% of available host memory, "
                         "90%% of the GPU's free memory)")
     p.add_argument("--out", type=output_folder, default=None,
-                   help="folder for bench.json and bench.csv (default: a new folder under ~/.cache/kvprof/bench)")
+                   help=f"folder for {RunDir.BENCH} and {RunDir.BENCH_CSV} (default: a new folder under "
+                        "~/.cache/kvprof/bench)")
     p.add_argument("--seed", type=seed, default=0,
                    help="random seed of the inputs, 0 .. 2**63-1 (default: %(default)s)")
     p.add_argument("--target-fixed-us", type=non_negative_float, default=BenchTarget.fixed_us,
                    help="the fused writes' target is this many µs + bytes / (fraction x copy rate) "
-                        "(default: %(default)s; recorded in bench.json)")
+                        f"(default: %(default)s; recorded in {RunDir.BENCH})")
     p.add_argument("--target-rate-fraction", type=fraction, default=BenchTarget.rate_fraction,
                    help="the fraction of the measured copy rate in that target (default: %(default)s)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress display (it shows only when stderr is a terminal)")
-    add_format_arguments(p)
+    import kvprof.bench.forms  # noqa: F401 - registers the forms of bench's result
+
+    add_format_arguments(p, formats(BenchResult))
 
 
 def default_out() -> Path:
@@ -145,7 +150,7 @@ def default_out() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof.progress import StepProgress
+    from kvprof.commands.progress import StepProgress
 
     # shown before torch loads (seconds on a small machine): what runs, then each point and variant
     bar = StepProgress(None, enabled=None if getattr(args, "progress", True) else False,
@@ -216,12 +221,13 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
              bar: Any = None) -> int:
     import sys
 
-    from kvprof.bench.render import render_table, to_csv
+    from kvprof.bench.render import to_csv
     from kvprof.bench.run import run_bench
     from kvprof.core.atomic import atomic_write_bytes, atomic_write_text
-    from kvprof.core.bench_result import BenchResult
-    from kvprof.report.terminal import note, print_json, print_text, table_console
+    from kvprof.report.renderers import Output, render
+    from kvprof.report.terminal import note, table_console
 
+    files = RunDir(out)
     given = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "bench" else []
     command = " ".join(["python -m kvprof bench", *given])
 
@@ -231,11 +237,11 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
         """bench.json after every point, marked ``complete: false`` until the last; bench.csv, which
         has no such mark, only for a complete run (an older one is removed at the first point)."""
         result.command = command
-        atomic_write_bytes(out / "bench.json", result.dumps())
+        atomic_write_bytes(files.bench, result.dumps())
         if result.complete:
-            atomic_write_text(out / "bench.csv", to_csv(result))
+            atomic_write_text(files.bench_csv, to_csv(result))
         elif not saved:
-            (out / "bench.csv").unlink(missing_ok=True)
+            files.bench_csv.unlink(missing_ok=True)
         saved[:] = [result]
 
     target = BenchTarget(args.target_fixed_us, args.target_rate_fraction)
@@ -249,13 +255,11 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
         save(result)
     except KeyboardInterrupt as exc:
         if saved:
-            exc.kept = (f"{out / 'bench.json'} keeps the {len(saved[0].records)} results measured, "  # type: ignore[attr-defined]
-                        "marked complete: false; bench.csv is written only for a complete run")
+            exc.kept = (f"{files.bench} keeps the {len(saved[0].records)} results measured, "  # type: ignore[attr-defined]
+                        f"marked complete: false; {RunDir.BENCH_CSV} is written only for a complete run")
         raise
-    if args.format == "json":
-        print_json(result.to_json())
-    elif args.format == "csv":
-        print_text(to_csv(result))
-    render_table(result, table_console(args.format))
-    note(args.format, f"wrote {out / 'bench.json'} and {out / 'bench.csv'}")
+    if args.format != "table":  # the document on stdout, the table for people on stderr
+        render(args.format, result, Output())
+    render("table", result, Output(console=table_console(args.format)))
+    note(args.format, f"wrote {files.bench} and {files.bench_csv}")
     return 0

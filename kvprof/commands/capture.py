@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
-from kvprof.argtypes import (
+from kvprof.commands import flag_namer
+from kvprof.commands.argtypes import (
     kv_scale,
     memory_gb,
     non_negative_int,
@@ -187,9 +189,22 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
     )
 
 
+def flags() -> Callable[[str], str]:
+    """A capture setting's field -> its flag here (``decode_sizes`` -> ``--batch-sizes``)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return flag_namer(parser)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvprof import api
-    from kvprof.progress import StepProgress
+    from kvprof.commands.progress import StepProgress
+    from kvprof.core.errors import rendered
+
+    names = flags()
+
+    def log(line: str) -> None:  # what the capture says as it goes, its settings as flags
+        print(rendered(line, names), file=sys.stderr)
 
     # shown at once (torch and the writers load for seconds on a small machine), then the
     # capture's steps per variant on the same bar
@@ -203,11 +218,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         result = api.capture(config, progress_factory=factory if bar is not None else None, analyse=args.summary,
-                             render=args.summary)
+                             render=args.summary, log=log, names=names)
     finally:
         if bar is not None:
             bar.close()
     print(f"run directory: {result.run_dir}")
     for problem in result.problems:
-        print(f"kvprof capture: error: {problem} (the torch.profiler results are kept)", file=sys.stderr)
+        print(f"kvprof capture: error: {rendered(problem, names)} (the torch.profiler results are kept)",
+              file=sys.stderr)
     return max((p.exit_code for p in result.problems), default=0)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvprof.argtypes import non_negative_float, output_file, output_folder, positive_float, positive_int
+from kvprof.commands.argtypes import non_negative_float, output_file, output_folder, positive_float, positive_int
 from kvprof.core.errors import (
     GATE_INCONCLUSIVE_EXIT_CODE,
     GATE_NOT_JUDGED_EXIT_CODE,
@@ -56,6 +56,7 @@ from kvprof.core.errors import (
     UsageError,
 )
 from kvprof.core.rundir import RunDir
+from kvprof.report.renderers import RunComparisonDoc, VariantComparisonDoc, formats
 from kvprof.report.terminal import add_format_arguments
 
 GATE_FAILED_EXIT_CODE = GATE_REGRESSED_EXIT_CODE
@@ -90,13 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(left out by default: the interpreter's time swings between identical runs)")
     parser.add_argument("--junit", type=output_file, default=None, metavar="FILE",
                         help="with --fail-if-slower: also write a JUnit XML report (one testcase per row)")
-    add_format_arguments(parser)
+    add_format_arguments(parser, formats(VariantComparisonDoc, RunComparisonDoc))
 
 
 def run(args: argparse.Namespace) -> int:
     from kvprof import api
     from kvprof.report.files import write_json
-    from kvprof.report.renderers import Output, RunComparisonDoc, VariantComparisonDoc, render
+    from kvprof.report.renderers import Output, render
     from kvprof.report.terminal import note, table_console
 
     if args.fail_if_slower is not None and not args.run2:

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvprof.argtypes import MAX_MEMORY_GB, memory_mb, output_folder, port_number
+from kvprof.commands.argtypes import MAX_MEMORY_GB, memory_mb, output_folder, port_number
 from kvprof.core.errors import ToolError, UsageError
 
 DEFAULT_PORT = 8501

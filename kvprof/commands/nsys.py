@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvprof.argtypes import positive_float
+from kvprof.commands.argtypes import positive_float
 
 # nsys's exit status when --duration ran out and it ended the command with SIGTERM (its
 # default --kill): 128 + 15, measured with nsys 2025.3.1 on the H200
@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvprof.core.errors import UsageError
+    from kvprof.core.rundir import RunDir
     from kvprof.tools.envsafe import child_environment, describe
     from kvprof.tools.nsys import check_profiled_command, export_sqlite, require_nsys, run_nsys_pass
     from kvprof.tools.scrub import scrub_path
@@ -62,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command to profile: give it after --, e.g. kvprof nsys --out prof -- python run.py")
     check_profiled_command(command)
-    base = Path(args.out)
-    if base.name.endswith(".nsys-rep"):
-        base = base.with_name(base.name[: -len(".nsys-rep")])
+    base = RunDir.nsys_base_of(Path(args.out))
     env = child_environment(pass_env=args.pass_env)
     nsys = require_nsys()
     print(f"kvprof nsys: {nsys}; the command gets {len(env)} variables: {', '.join(describe(env))}",
@@ -74,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         cuda_graph_trace=None if args.cuda_graph_trace == "none" else args.cuda_graph_trace,
         capture_range=args.capture_range, duration=args.duration,
     )
-    sqlite = export_sqlite(nsys, result.report, base.with_name(base.name + ".sqlite"), env=env)
+    sqlite = export_sqlite(nsys, result.report, RunDir.nsys_sqlite_of(base), env=env)
     scrubbed = scrub_path(sqlite)
     isolation = "isolated" if result.isolated else "NOT isolated: it may hold other processes' environments"
     print(f"report: {result.report} ({isolation})")

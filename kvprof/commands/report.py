@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvprof.argtypes import output_file
+from kvprof.commands.argtypes import output_file
 from kvprof.core.errors import ToolError, TraceError, UsageError
 from kvprof.core.rundir import RunDir
 from kvprof.core.summary import Summary

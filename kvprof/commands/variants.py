@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvprof.progress import StepProgress
+    from kvprof.commands.progress import StepProgress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def _fused_word(writer: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvprof.progress import StepProgress
+    from kvprof.commands.progress import StepProgress
 
     # shown at once on a terminal (torch and the writers load for seconds on a small machine),
     # as capture and bench do; gone before the table prints

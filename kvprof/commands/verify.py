@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from kvprof.argtypes import non_negative_int, positive_float, positive_int, positive_ints, seed
+from kvprof.commands.argtypes import non_negative_int, positive_float, positive_int, positive_ints, seed
 
 
 def _names(text: str) -> list[str]:
@@ -63,7 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--pdl: writes per token count (default: %(default)s)")
     p.add_argument("--tokens", type=positive_ints, default=[1, 7, 64, 512, 4096], metavar="N,...",
                    help="--pdl: token counts, the grid sizes (default: 1,7,64,512,4096)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
+    import kvprof.report.verify  # noqa: F401 - registers the forms of verify's results
+    from kvprof.core.verify import PdlResult, VerifyResult
+    from kvprof.report.renderers import formats
+
+    p.add_argument("--format", choices=formats(VerifyResult, PdlResult), default="table",
                    help="table (default), or the result as one JSON document on stdout")
 
 

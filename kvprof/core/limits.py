@@ -1,5 +1,5 @@
 """The bounds kvprof holds its inputs to, wherever they come from: the command line's argument
-types (``kvprof.argtypes``) refuse what is outside them at the argument, and the torch side's
+types (``kvprof.commands.argtypes``) refuse what is outside them at the argument, and the torch side's
 checks (``kvprof.kvcache.guards``) hold a configuration from the Python API to the same ones."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def finite_or_none(v: Any) -> float | None:
 def finite_positive(value: float | None, name: str) -> None:
     """A value from the Python API that must be a positive finite number, or None (raises ValueError).
 
-    The command line refuses the same values at the argument (``kvprof.argtypes``)."""
+    The command line refuses the same values at the argument (``kvprof.commands.argtypes``)."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

@@ -2,21 +2,19 @@
 
 A reader says its ``name``, the file ``suffixes`` it is found by in a folder, whether the
 first bytes of a file are its format (``sniff``), and ``read``s a file into a
-``kvprof.trace.model.Trace`` (the event table of kvprof.core.schema). The loader, the
-dashboard's upload filter and scrub ask this registry instead of keeping suffix lists.
+``kvprof.trace.model.Trace`` (the event table of kvprof.core.schema). The loader and the
+dashboard's upload filter ask this registry instead of keeping suffix lists.
 
-Third parties add a reader from their own package with an entry point in the group
-``kvprof.trace_readers`` (``name = "pkg.module:reader"``, an object with the four
-members); it is tried after the built-ins. The built-ins are named here by
-``module:attribute`` so that this module stays torch- and pandas-free: a reader's module
-is imported only when a file of its format is read.
+kvprof's own readers (Kineto JSON, nsys SQLite, .nsys-rep) are kvprof.trace.readers', which
+registers them here when kvprof.trace is imported (``register_builtin``): this module names
+no layer above it, and asking the registry before that import is an error, never a silent
+empty answer. Third parties add a reader from their own package with an entry point in the
+group ``kvprof.trace_readers`` (``name = "pkg.module:reader"``, an object with the four
+members); it is tried after the built-ins.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,55 +53,44 @@ class NotThisFormat(TraceError):
     a folder scan skips the file with a warning instead of failing."""
 
 
-@dataclass(frozen=True)
-class _Lazy:
-    """A built-in reader: sniffing here, reading in ``target`` (imported on first read)."""
-
-    name: str
-    suffixes: tuple[str, ...]
-    sniffer: Callable[[bytes, Path], bool]
-    target: str  # "module:attribute", an object with read()
-
-    def sniff(self, head: bytes, path: Path) -> bool:
-        return self.sniffer(head, path)
-
-    def read(self, path: Path, max_events: int, export_dir: Path | None = None) -> Trace:
-        module, _, attr = self.target.partition(":")
-        reader = getattr(importlib.import_module(module), attr)
-        return reader.read(path, max_events, export_dir)
-
-
-NSYS_REP_SUFFIXES = (".nsys-rep", ".qdrep")
-
-
-def _is_json(head: bytes, path: Path) -> bool:
-    """Gzip (a Chrome trace is the only gzip kvprof reads), or JSON text not named as an nsys report."""
-    if head[:2] == GZIP_MAGIC:
-        return True
-    return head.lstrip()[:1] in (b"{", b"[") and not path.name.endswith(NSYS_REP_SUFFIXES)
-
-
-# Tried in this order: content first (SQLite magic, gzip/JSON), the binary .nsys-rep by name.
-BUILTIN: tuple[TraceReader, ...] = (
-    _Lazy("nsys_sqlite", (".sqlite",), lambda head, path: head.startswith(SQLITE_MAGIC),
-          "kvprof.trace.readers:NSYS_SQLITE"),
-    _Lazy("kineto", (".json", ".json.gz"), _is_json, "kvprof.trace.readers:KINETO"),
-    _Lazy("nsys_rep", NSYS_REP_SUFFIXES, lambda head, path: path.name.endswith(NSYS_REP_SUFFIXES),
-          "kvprof.trace.readers:NSYS_REP"),
-)
+# The built-in formats' suffixes, which scrub (below the readers) also recognises files by;
+# kvprof.trace.readers defines the readers themselves.
+KINETO_SUFFIXES = (".json", ".json.gz")
 
 
 class ReaderRegistry:
-    def __init__(self, readers: tuple[TraceReader, ...] = BUILTIN) -> None:
-        self._readers: list[TraceReader] = list(readers)
+    """The readers of this process: the built-ins (registered by kvprof.trace), then the plugins."""
+
+    def __init__(self) -> None:
+        self._builtin: list[TraceReader] = []
+        self._plugins: list[TraceReader] = []
         self._entry_points_loaded = False
 
-    def register(self, reader: TraceReader) -> None:
+    @property
+    def _readers(self) -> list[TraceReader]:
+        if not self._builtin:
+            raise RuntimeError("no built-in trace reader is registered: import kvprof.trace first "
+                               "(kvprof.api.trace_readers() does)")
+        return [*self._builtin, *self._plugins]
+
+    def _check(self, reader: object) -> TraceReader:
         if not isinstance(reader, TraceReader):
             raise UsageError(f"{reader!r} is not a trace reader (needs name, suffixes, sniff, read)")
-        if any(r.name == reader.name for r in self._readers):
+        if any(r.name == reader.name for r in (*self._builtin, *self._plugins)):
             raise UsageError(f"a trace reader named {reader.name!r} is already registered")
-        self._readers.append(reader)
+        return reader
+
+    def register(self, reader: TraceReader) -> None:
+        """A plugin's reader: tried after the built-ins and the readers registered before it."""
+        self._plugins.append(self._check(reader))
+
+    def builtin(self) -> list[TraceReader]:
+        """kvprof's own readers registered so far (kvprof.trace.readers), in their order."""
+        return list(self._builtin)
+
+    def register_builtin(self, reader: TraceReader) -> None:
+        """One of kvprof's own readers (kvprof.trace.readers, when imported): tried before any plugin."""
+        self._builtin.append(self._check(reader))
 
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded:
@@ -153,15 +140,10 @@ class ReaderRegistry:
 REGISTRY = ReaderRegistry()
 
 
-def builtin_suffixes(name: str) -> tuple[str, ...]:
-    """A built-in reader's suffixes, without loading any plugin (for module-level constants)."""
-    return next(tuple(r.suffixes) for r in BUILTIN if r.name == name)
-
-
 def register(reader: Any) -> None:
     """Add a reader for this process (a package's entry point does it for every process)."""
     REGISTRY.register(reader)
 
 
-__all__ = ["BUILTIN", "builtin_suffixes", "ENTRY_POINT_GROUP", "REGISTRY", "NotThisFormat", "ReaderRegistry",
-           "TraceReader", "register"]
+__all__ = ["ENTRY_POINT_GROUP", "GZIP_MAGIC", "KINETO_SUFFIXES", "REGISTRY", "SNIFF_BYTES", "SQLITE_MAGIC",
+           "NotThisFormat", "ReaderRegistry", "TraceReader", "register"]

@@ -10,6 +10,7 @@ know are kept in ``extra`` so that a newer run read by an older kvprof loses not
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -353,6 +354,15 @@ _META_TYPES: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def hta_metadata_json(rank: int = 0, world_size: int = 1) -> str:
+    """The ``distributedInfo`` a captured trace carries (``prof.add_metadata_json("distributedInfo",
+    ...)``, inside the profile block), where HolisticTraceAnalysis reads its rank: HTA finds it
+    with the regex ``"rank":\\s+(\\d+)`` over the raw text, so it is written with a space after
+    the colon (``json.dumps`` does; ``orjson.dumps`` does not, and then HTA falls back to rank 0
+    with a warning)."""
+    return json.dumps({"backend": "none", "rank": int(rank), "world_size": int(world_size)})
+
+
 @dataclass
 class TraceMeta:
     """The ``kvprof`` key of a trace kvprof captured: enough to analyse it without its run folder.
@@ -404,4 +414,4 @@ class TraceMeta:
         return cls(variant=name, run_id=manifest.run_id, context=manifest.context, layout=manifest.layout)
 
 
-__all__ = ["Manifest", "PathReport", "TraceMeta", "VariantEntry", "captured_text", "plain_name"]
+__all__ = ["Manifest", "PathReport", "TraceMeta", "VariantEntry", "captured_text", "hta_metadata_json", "plain_name"]

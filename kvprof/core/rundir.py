@@ -15,6 +15,8 @@ through its readers for manifest.json and summary.json (so each is parsed one wa
           events.parquet, writes.parquet  (the marker that the set is whole) last
     <run>/hta/<variant>/                each variant's traces alone, as HolisticTraceAnalysis reads them
     <dir>/kvprof-<engine>.TP-<r>.pid-<p>.json an engine plugin's sidecar (sglang, vllm), beside its traces
+    <dir>/bench.json, bench.csv         ``kvprof bench``'s results (python -m kvprof.bench.layouts' too)
+    <base>.nsys-rep, <base>.sqlite      ``kvprof nsys --out BASE``'s report and its scrubbed export
 
 While a capture runs, its temporary folder also holds the rank launcher's and the nsys
 child's hidden hand-over files (``.rank<r>.json`` ...); none is left in a finished run.
@@ -54,14 +56,19 @@ class RunDir:
     # analyze's outputs, written as one set; SUMMARY first: the marker readers require
     OUTPUTS: ClassVar[tuple[str, ...]] = (SUMMARY, SUMMARY_CSV, EVENTS, WRITES)
     TIMINGS: ClassVar[str] = "step_timings.json"
-    TIMINGS_KEY: ClassVar[str] = "step_timings"  # the manifest's ``files`` key of the timings file
+    # the manifest's ``files`` key of the timings file, and the nsys child's result's key of its step times
+    TIMINGS_KEY: ClassVar[str] = "step_timings"
     HTA: ClassVar[str] = "hta"
     COMPARE: ClassVar[str] = "compare.json"  # what ``kvprof compare --out`` writes
-    BENCH: ClassVar[str] = "bench.json"  # what ``kvprof bench --out`` writes
+    BENCH: ClassVar[str] = "bench.json"  # what ``kvprof bench --out`` writes (and python -m kvprof.bench.layouts)
+    BENCH_CSV: ClassVar[str] = "bench.csv"  # the same results as a table, beside it
     # files a folder of traces may hold that are not traces (a reader must not try them as one)
     NOT_TRACES: ClassVar[tuple[str, ...]] = (MANIFEST, SUMMARY, BENCH, COMPARE)
     TORCH_TRACE_SUFFIX: ClassVar[str] = ".pt.trace.json.gz"
-    NSYS_SQLITE_SUFFIX: ClassVar[str] = ".sqlite"
+    NSYS_SQLITE_SUFFIX: ClassVar[str] = ".sqlite"  # an nsys report's SQLite export
+    NSYS_REP_SUFFIX: ClassVar[str] = ".nsys-rep"  # the report nsys writes (it adds the suffix itself)
+    NSYS_REP_SUFFIXES: ClassVar[tuple[str, ...]] = (NSYS_REP_SUFFIX, ".qdrep")  # .qdrep: older nsys versions
+    NSYS_STREAM_SUFFIX: ClassVar[str] = ".qdstrm"  # nsys's raw stream, left alone when its import fails
     SIDECAR_PREFIX: ClassVar[str] = "kvprof-sglang."  # the SGLang plugin's; any engine's: kvprof-<engine>.
     SIDECAR_RE: ClassVar[re.Pattern[str]] = re.compile(r"^kvprof-[a-z][a-z0-9_]*\.TP-[^/]+\.pid-\d+\.json$")
     # the rank launcher's hand-over files in the capture's temporary folder
@@ -90,6 +97,31 @@ class RunDir:
     def is_sidecar(cls, name: str) -> bool:
         """Any engine plugin's sidecar (and any ``kvprof-sglang.*.json``, as read before engines)."""
         return (name.startswith(cls.SIDECAR_PREFIX) and name.endswith(".json")) or bool(cls.SIDECAR_RE.match(name))
+
+    @classmethod
+    def nsys_base_of(cls, path: Path) -> Path:
+        """An ``nsys profile -o`` base: ``path`` without a trailing .nsys-rep (nsys adds it)."""
+        name = path.name
+        return path.with_name(name[: -len(cls.NSYS_REP_SUFFIX)]) if name.endswith(cls.NSYS_REP_SUFFIX) else path
+
+    @classmethod
+    def nsys_report_of(cls, base: Path) -> Path:
+        """The report nsys writes for the output base ``base``."""
+        return base.with_name(base.name + cls.NSYS_REP_SUFFIX)
+
+    @classmethod
+    def nsys_stream_of(cls, base: Path) -> Path:
+        return base.with_name(base.name + cls.NSYS_STREAM_SUFFIX)
+
+    @classmethod
+    def nsys_sqlite_of(cls, base: Path) -> Path:
+        """``base`` with the SQLite export's suffix added (``prof`` -> ``prof.sqlite``)."""
+        return base.with_name(base.name + cls.NSYS_SQLITE_SUFFIX)
+
+    @classmethod
+    def nsys_export_beside(cls, report: Path) -> Path:
+        """A report's SQLite export beside it: its last suffix replaced (``a.nsys-rep`` -> ``a.sqlite``)."""
+        return report.with_suffix(cls.NSYS_SQLITE_SUFFIX)
 
     @staticmethod
     def is_launcher_file(name: str) -> bool:
@@ -127,6 +159,14 @@ class RunDir:
     @property
     def compare(self) -> Path:
         return self.path / self.COMPARE
+
+    @property
+    def bench(self) -> Path:
+        return self.path / self.BENCH
+
+    @property
+    def bench_csv(self) -> Path:
+        return self.path / self.BENCH_CSV
 
     @property
     def hta(self) -> Path:

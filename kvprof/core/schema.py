@@ -65,6 +65,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from kvprof.core.sources import PROFILED, source_names
+
 KINDS = (
     "kernel",
     "memcpy",
@@ -85,14 +87,17 @@ KINDS = (
 #   graph_order  - replayed graph kernel, tied by its fixed position within the replay
 ATTRIBUTION_METHODS = ("range", "correlation", "graph_node", "graph_order")
 
-SOURCES = ("kineto", "nsys")
+SOURCES = source_names(PROFILED)
 
 # Rows that run on the GPU, and the subset that does work a write is measured by.
 GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
 GPU_WORK_KINDS = ("kernel", "memcpy", "memset")
 # Host calls that launch GPU work (their correlation id is shared with what they launched).
 LAUNCH_KINDS = ("runtime", "driver")
-GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
+# The graph-launch calls of the CUDA runtime and driver and of HIP (a ROCm torch.profiler trace
+# names its runtime rows hip*), each with its per-thread-default-stream variant.
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch",
+                      "cudaGraphLaunch_ptsz", "cuGraphLaunch_ptsz", "hipGraphLaunch_spt")
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 

@@ -20,8 +20,10 @@ from typing import Any
 
 import orjson
 
+from kvprof.core.sources import REFERENCE, SOURCES, source_names
+
 TIMINGS_SCHEMA = "kvprof.step_timings/1"
-PASSES = ("reference", "kineto", "nsys")  # the reference pass, then one per profiler source
+PASSES = source_names(SOURCES)  # the reference pass, then one per profiler source
 CONTROL = "control"  # a CPU reference pass's control series: the machine's speed between the steps
 # the same bytes stored by numpy, no torch: the machine's speed free of any code a variant runs
 # (torch's index_put is the index_put variant's own code; a slower torch slows CONTROL with it)
@@ -30,8 +32,7 @@ CONTROLS = (CONTROL, FREE_CONTROL)
 CUDA_EVENTS = "cuda_events"  # StepSamples.clock on a CUDA device (kvprof.capture.session.StepTimer)
 WALL = "wall"  # StepSamples.clock on a CPU: time.perf_counter_ns around the step
 CLOCK_WORDS = {CUDA_EVENTS: "CUDA events", WALL: "wall clock"}
-SOURCE_NAMES = {"reference": "the reference pass", "kineto": "torch.profiler (Kineto)",
-                "nsys": "Nsight Systems"}
+SOURCE_NAMES = {s.name: s.pass_words for s in SOURCES}
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class SourceTiming:
         """The source and its clock: "the reference pass (no profiler attached, wall clock)"."""
         if self.source is None:
             return "no source"
-        if self.source == "reference":
+        if self.source == REFERENCE.name:
             return "the reference pass (no profiler attached" + (f", {self.how})" if self.clock else ")")
         name = SOURCE_NAMES.get(self.source, self.source)
         return name if self.gpu or self.clock is None else f"{name}, {self.how}"
@@ -176,7 +177,7 @@ def source_timing(source: str | None, reference: Mapping[str, Any] | None,
     GPU event counts); kvprof.core.summary.Summary.timing is the same for a typed summary."""
     if source is None:
         return SourceTiming(None, None)
-    if source == "reference":
+    if source == REFERENCE.name:
         listed = reference.get("clock") if isinstance(reference, Mapping) else None
         clocks = sorted({str(c) for c in listed}) if isinstance(listed, list) else []
         return SourceTiming(source, clocks[0] if len(clocks) == 1 else "mixed" if clocks else None)

@@ -26,9 +26,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import streamlit as st
 
+from kvprof import api
 from kvprof.core.bench_result import bench_cache_root
 from kvprof.core.errors import KvprofError
-from kvprof.core.readers import REGISTRY as READERS
 from kvprof.core.rundir import RunDir, parse_summary
 from kvprof.core.schema import GPU_WORK_KINDS
 
@@ -61,7 +61,7 @@ OUTPUTS = (RunDir.SUMMARY, RunDir.WRITES, RunDir.EVENTS)  # what the pages read 
 def upload_suffixes() -> tuple[str, ...]:
     """What an upload may be named: every registered trace reader's suffixes (kvprof.core.readers),
     plus a bare .gz (a gzipped Chrome trace under another name: the content decides)."""
-    return (*READERS.suffixes(), ".gz")
+    return (*api.trace_readers().suffixes(), ".gz")
 
 # Columns of events.parquet the timeline and the overlap detail need (GPU work rows only).
 EVENT_COLUMNS = ("trace", "source", "kind", "name", "device", "stream", "start_ns", "dur_ns", "grid", "block",
@@ -151,7 +151,8 @@ def contained(root: Path, path: Path) -> Path:
 
 
 def _is_trace_name(name: str) -> bool:
-    return READERS.is_trace_name(name) and name not in RunDir.NOT_TRACES and not name.endswith(f".{RunDir.BENCH}")
+    return (api.trace_readers().is_trace_name(name) and name not in RunDir.NOT_TRACES
+            and not name.endswith(f".{RunDir.BENCH}"))
 
 
 def check_inputs(run_dir: Path, root: Path) -> None:
@@ -303,8 +304,6 @@ def stale_traces(run_dir: Path) -> list[str]:
 
 def analyse_to(source: Path, out: Path) -> Path:
     """kvprof's pipeline (kvprof.api): open -> analyze -> write the outputs into ``out``."""
-    from kvprof import api
-
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:

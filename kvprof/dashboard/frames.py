@@ -17,6 +17,7 @@ import pandas as pd
 from kvprof.analysis.compare import Benchmark, compare_groups
 from kvprof.analysis.figures import MEASURED, NOT_APPLICABLE, classify
 from kvprof.analysis.metrics import GROUP_COLUMNS, measured
+from kvprof.core.sources import TRUST_ORDER, source_names
 from kvprof.core.summary import VariantVerdict
 from kvprof.core.timings import SourceTiming, source_timing
 
@@ -115,7 +116,7 @@ def sources_in(groups: pd.DataFrame, summary: dict[str, Any] | None = None) -> l
     """Sources most trusted first (the analysis' order: the unprofiled reference, then the
     least perturbed profiler), so the page opens on the figure a step really pays."""
     src = sorted(groups["source"].dropna().astype(str).unique())
-    order = list((summary or {}).get("trusted_sources") or []) + ["reference", "nsys", "kineto"]
+    order = list((summary or {}).get("trusted_sources") or []) + list(source_names(TRUST_ORDER))
     return sorted(src, key=lambda s: (order.index(s) if s in order else len(order), s))
 
 

@@ -117,6 +117,8 @@ def _table_html(shown) -> str:  # noqa: ANN001
 class HtmlReport:
     """The landing view as one HTML file, written atomically to ``out.path``."""
 
+    writes_file = True
+
     def render(self, result: Landing, out: Output) -> None:
         with atomic_file(out.need_path(), "w") as fh:
             fh.write(render(result))

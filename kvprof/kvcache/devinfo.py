@@ -14,7 +14,7 @@ import torch
 
 import kvprof
 from kvprof.core.devices import DEVICE_PROPERTIES, SPEC_TABLE, computed_peak_gbs, spec_peak_gbs
-from kvprof.core.errors import DeviceError, UsageError
+from kvprof.core.errors import DeviceError, Setting, UsageError
 
 # kvprof's modules that decorate Triton kernels (@triton.jit) a capture or bench may run
 TRITON_WRITER_MODULES = ("kvprof.kvcache.writers.triton_convert", "kvprof.kvcache.writers.triton_kernel",
@@ -57,15 +57,15 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
-            raise DeviceError(f"--device {name} asked for, but {why} (torch {torch.__version__})")
+            raise DeviceError(Setting("device"), f" {name} asked for, but {why} (torch {torch.__version__})")
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
-            raise DeviceError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
+            raise DeviceError(Setting("device"), f" {name}: only {torch.cuda.device_count()} GPU(s) visible")
         return torch.device("cuda", index)
     if device.type != "cpu":
         raise UsageError(f"unsupported device {name!r}; use auto, cpu, cuda or cuda:N")
     if device.index not in (None, 0):  # torch has one CPU device; cpu:0 is it
-        raise UsageError(f"--device {name}: there is one CPU device, cpu (or cpu:0)")
+        raise UsageError(Setting("device"), f" {name}: there is one CPU device, cpu (or cpu:0)")
     return torch.device("cpu")  # without the index: tensors made on "cpu" report no index
 
 

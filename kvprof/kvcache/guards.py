@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from kvprof.core.errors import ResourceError, UsageError
+from kvprof.core.errors import ResourceError, Setting, UsageError, Words
 from kvprof.core.limits import MAX_MEMORY_GB, SEED_MAX, THREADS_PER_CPU, cpu_count, max_threads
 
 if TYPE_CHECKING:
@@ -29,9 +30,10 @@ if TYPE_CHECKING:
     from kvprof.kvcache.workload import PhaseSpec
 
 
-class CaptureConfig(Protocol):
-    """What the capture checks read of a capture's settings (kvprof.capture.config.CaptureConfig
-    is one): a protocol, so that this module, which the pool uses, does not depend on capture."""
+class CaptureValues(Protocol):
+    """What ``check_capture_values`` reads of a capture's settings as given
+    (kvprof.capture.config.CaptureConfig is one): a protocol, so that this module, which the
+    pool uses, does not depend on capture."""
 
     @property
     def run_id(self) -> str | None: ...
@@ -42,21 +44,36 @@ class CaptureConfig(Protocol):
     @property
     def serving_steps(self) -> int | None: ...
     @property
-    def page_size(self) -> int: ...
-    @property
-    def max_memory_gb(self) -> float | None: ...
-    @property
-    def warmup(self) -> int: ...
-    @property
     def seed(self) -> int: ...
     @property
     def threads(self) -> int | None: ...
-    def reference_steps_on(self, device_type: str) -> int: ...
-    def rank_shape(self) -> RankShape: ...
-    def phase_specs(self, graphs_possible: bool = True) -> list[PhaseSpec]: ...
-    def cache_torch_dtype(self) -> torch.dtype: ...
-    def input_torch_dtype(self) -> torch.dtype: ...
-    def layers_on(self, device_type: str) -> int: ...
+    @property
+    def max_memory_gb(self) -> float | None: ...
+
+
+class CaptureSizes(Protocol):
+    """What ``check_capture`` reads of a resolved capture (kvprof.capture.plan.CapturePlan is one)."""
+
+    @property
+    def shape(self) -> RankShape: ...
+    @property
+    def phases(self) -> Sequence[PhaseSpec]: ...
+    @property
+    def cache_dtype(self) -> torch.dtype: ...
+    @property
+    def input_dtype(self) -> torch.dtype: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def pool_size(self) -> int | None: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def reference_steps(self) -> int: ...
+    @property
+    def max_memory_gb(self) -> float | None: ...
 
 ENV_MAX_MEMORY_GB = "KVPROF_MAX_MEMORY_GB"
 HOST_FRACTION = 0.8
@@ -109,12 +126,12 @@ def _user_limit(max_memory_gb: float | None) -> int | None:
             max_memory_gb = float(env)
         except ValueError:
             raise UsageError(f"{ENV_MAX_MEMORY_GB}={env!r} is not a number of GB") from None
-        source = ENV_MAX_MEMORY_GB
+        source: str = ENV_MAX_MEMORY_GB
     else:
-        source = "--max-memory-gb"
+        source = Words(Setting("max_memory_gb"))
     if isinstance(max_memory_gb, bool) or not isinstance(max_memory_gb, (int, float)) \
             or not 0 < max_memory_gb <= MAX_MEMORY_GB:  # nan fails too
-        raise UsageError(f"{source} must be a positive number of GB up to {MAX_MEMORY_GB}, got {max_memory_gb}")
+        raise UsageError(source, f" must be a positive number of GB up to {MAX_MEMORY_GB}, got {max_memory_gb}")
     return int(max_memory_gb * GiB)
 
 
@@ -123,14 +140,14 @@ class MemoryLimit:
     """How many bytes an allocation may take, and where that number came from."""
 
     bytes: int
-    source: str  # for the message: "80% of available host memory", "--max-memory-gb"
+    source: str  # for the message: "80% of available host memory", the max_memory_gb setting (Words)
 
 
 def memory_limit(device: torch.device | str | None = None, max_memory_gb: float | None = None) -> MemoryLimit:
     """The limit for allocations on ``device`` (host memory for CPU or None)."""
     user = _user_limit(max_memory_gb)
     if user is not None:
-        return MemoryLimit(user, "--max-memory-gb" if max_memory_gb is not None else ENV_MAX_MEMORY_GB)
+        return MemoryLimit(user, Words(Setting("max_memory_gb")) if max_memory_gb is not None else ENV_MAX_MEMORY_GB)
     kind = getattr(device, "type", None) or (str(device).split(":")[0] if device is not None else "cpu")
     if kind == "cuda":
         import torch
@@ -149,8 +166,9 @@ def check_memory(estimate: int, limit: MemoryLimit, what: str) -> None:
     """ResourceError (one line: estimate, limit, how to raise it) when ``estimate`` is over."""
     if estimate > limit.bytes:
         raise ResourceError(
-            f"{what} would need about {gib(estimate)}; the limit is {gib(limit.bytes)} ({limit.source}). "
-            "Lower the sizes, or raise the limit with --max-memory-gb (KVPROF_MAX_MEMORY_GB for the API)")
+            what, f" would need about {gib(estimate)}; the limit is {gib(limit.bytes)} (", limit.source, "). "
+            "Lower the sizes, or raise the limit with ", Setting("max_memory_gb"),
+            " (KVPROF_MAX_MEMORY_GB for the API)")
 
 
 def check_layer_weights(per_layer: int, fixed: int, layers: int, limit: MemoryLimit, what: str) -> None:
@@ -161,13 +179,13 @@ def check_layer_weights(per_layer: int, fixed: int, layers: int, limit: MemoryLi
     if need <= limit.bytes:
         return
     fits = (limit.bytes - fixed) // per_layer if per_layer > 0 else 0
-    head = (f"{what} builds {layers} layer{'s' if layers != 1 else ''} of weights, about {gib(need)}; the limit is "
-            f"{gib(limit.bytes)} ({limit.source})")
+    head = Words(what, f" builds {layers} layer{'s' if layers != 1 else ''} of weights, about {gib(need)}; the limit "
+                 f"is {gib(limit.bytes)} (", limit.source, ")")
     if fits >= 1:
-        raise ResourceError(f"{head}. --layers {fits} fits ({gib(per_layer * fits + fixed)}); or raise the limit "
-                            "with --max-memory-gb")
-    raise ResourceError(f"{head}, and one layer needs {gib(per_layer + fixed)}. Pick a smaller --model or a "
-                        "larger --tp, or raise the limit with --max-memory-gb")
+        raise ResourceError(head, ". ", Setting("layers"), f" {fits} fits ({gib(per_layer * fits + fixed)}); or raise "
+                            "the limit with ", Setting("max_memory_gb"))
+    raise ResourceError(head, f", and one layer needs {gib(per_layer + fixed)}. Pick a smaller ", Setting("model"),
+                        " or a larger ", Setting("tp"), ", or raise the limit with ", Setting("max_memory_gb"))
 
 
 def pool_bytes(rows: int, layers: int, head_num: int, head_dim: int, v_head_dim: int, elem: int) -> int:
@@ -185,45 +203,45 @@ class CaptureEstimate:
     unprofiled_writes: int = 0  # warm-up and reference steps' writes
 
 
-def capture_estimate(config: CaptureConfig, device: torch.device) -> CaptureEstimate:
-    """Estimate a capture's memory from its config, without allocating anything."""
+def capture_estimate(config: CaptureSizes, device: torch.device) -> CaptureEstimate:
+    """Estimate a capture's memory from its resolved sizes, without allocating anything."""
     import torch
 
     from kvprof.kvcache.workload import default_pool_size
 
-    shape = config.rank_shape()
-    phases = config.phase_specs(graphs_possible=device.type == "cuda")
-    elem = torch.empty((), dtype=config.cache_torch_dtype()).element_size()
-    in_elem = torch.empty((), dtype=config.input_torch_dtype()).element_size()
+    shape = config.shape
+    phases = config.phases
+    elem = torch.empty((), dtype=config.cache_dtype).element_size()
+    in_elem = torch.empty((), dtype=config.input_dtype).element_size()
     dims = shape.head_dim + shape.v_head_dim
     # slots per layer as for the whole model (as the session sizes them), buffers and writes
     # only for the layers a step really writes (--layers; 2 by default on a CPU)
     size = config.pool_size or default_pool_size(phases, shape.head_num, dims, shape.layers, elem, device)
-    layers = config.layers_on(device.type)
+    layers = config.layers
     rows = size + config.page_size
     pool = pool_bytes(rows, layers, shape.head_num, shape.head_dim, shape.v_head_dim, elem)
     slots = sum(p.steps * p.tokens for p in phases) * 8
     inputs = sum(p.tokens for p in phases) * shape.head_num * dims * (in_elem + 4)  # float32 staging too
     writes = sum(p.steps for p in phases) * layers
-    unprofiled = (config.warmup + config.reference_steps_on(device.type)) * len(phases) * layers
+    unprofiled = (config.warmup + config.reference_steps) * len(phases) * layers
     device_bytes = pool + inputs + slots
     host_bytes = slots + writes * PROFILER_BYTES_PER_WRITE
     return CaptureEstimate(device_bytes, host_bytes, writes, unprofiled)
 
 
-def check_capture(config: CaptureConfig, device: torch.device) -> CaptureEstimate:
+def check_capture(config: CaptureSizes, device: torch.device) -> CaptureEstimate:
     """Refuse a capture whose trace could not be analysed or whose memory is not there."""
     est = capture_estimate(config, device)
     if est.profiled_writes > MAX_PROFILED_WRITES:
         raise ResourceError(
             f"this capture would profile {est.profiled_writes:,} writes per variant (steps x sizes x layers); "
             f"the limit is {MAX_PROFILED_WRITES:,}, about what analyze loads by default (4,000,000 events). "
-            "Lower --steps, the sizes or the phases")
+            "Lower ", Setting("steps"), ", the sizes or the phases")
     if est.unprofiled_writes > MAX_UNPROFILED_WRITES:
         raise ResourceError(
-            f"this capture would run {est.unprofiled_writes:,} unprofiled writes per variant ((--warmup + "
-            f"--reference-steps) x sizes x layers); the limit is {MAX_UNPROFILED_WRITES:,}. Lower --warmup or "
-            "--reference-steps")
+            f"this capture would run {est.unprofiled_writes:,} unprofiled writes per variant ((", Setting("warmup"),
+            " + ", Setting("reference_steps"), f") x sizes x layers); the limit is {MAX_UNPROFILED_WRITES:,}. Lower ",
+            Setting("warmup"), " or ", Setting("reference_steps"))
     max_gb = getattr(config, "max_memory_gb", None)
     if device.type == "cuda":
         check_memory(est.device_bytes, memory_limit(device, max_gb), f"the pool and inputs on {device}")
@@ -245,31 +263,31 @@ def check_run_id(run_id: str) -> str:
     characters, at most 128 characters (a path component may be 255 bytes; temporaries add
     a suffix)."""
     if not isinstance(run_id, str) or not run_id:
-        raise UsageError(f"--run-id must be a non-empty folder name, got {run_id!r}")
+        raise UsageError(Setting("run_id"), f" must be a non-empty folder name, got {run_id!r}")
     if len(run_id) > RUN_ID_MAX:
-        raise UsageError(f"--run-id is {len(run_id)} characters; at most {RUN_ID_MAX}")
+        raise UsageError(Setting("run_id"), f" is {len(run_id)} characters; at most {RUN_ID_MAX}")
     if not _RUN_ID.match(run_id):
-        raise UsageError(f"--run-id {run_id!r} is not a plain folder name: use letters, digits, '.', '_', '+', '-' "
-                         "(no '/', no leading '.' or '-', no spaces or control characters)")
+        raise UsageError(Setting("run_id"), f" {run_id!r} is not a plain folder name: use letters, digits, '.', '_', "
+                         "'+', '-' (no '/', no leading '.' or '-', no spaces or control characters)")
     return run_id
 
 
-def check_capture_values(config: CaptureConfig) -> None:
+def check_capture_values(config: CaptureValues) -> None:
     """Values that would otherwise be taken quietly (0 as "default", an empty phase list, a path as run id)."""
     if config.run_id is not None:
         check_run_id(config.run_id)
     if not config.phases:
-        raise UsageError("--phase names no phase; choose from decode, prefill, serving")
-    for name, value in (("--pool-size", config.pool_size), ("--serving-steps", config.serving_steps)):
+        raise UsageError(Setting("phases"), " names no phase; choose from decode, prefill, serving")
+    for name, value in (("pool_size", config.pool_size), ("serving_steps", config.serving_steps)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise UsageError(f"{name} must be a positive integer, got {value!r}")
+            raise UsageError(Setting(name), f" must be a positive integer, got {value!r}")
     if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not 0 <= config.seed <= SEED_MAX:
-        raise UsageError(f"--seed must be an integer from 0 to {SEED_MAX}, got {config.seed!r}")
+        raise UsageError(Setting("seed"), f" must be an integer from 0 to {SEED_MAX}, got {config.seed!r}")
     threads = config.threads
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or not 1 <= threads <= max_threads()):
-        raise UsageError(f"--threads must be from 1 to {max_threads()} ({THREADS_PER_CPU} x {cpu_count()} CPUs), "
-                         f"got {threads!r}")
+        raise UsageError(Setting("threads"), f" must be from 1 to {max_threads()} ({THREADS_PER_CPU} x {cpu_count()} "
+                         f"CPUs), got {threads!r}")
     max_gb = getattr(config, "max_memory_gb", None)
     if max_gb is not None:
         _user_limit(max_gb)

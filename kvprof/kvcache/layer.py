@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError
 from kvprof.core.layer_kernels import SGLANG_DECODE, TORCH_ROTARY, TORCH_SDPA, TRITON_ROTARY, LayerKernels
 from kvprof.kvcache.models import LLAMA31_ROPE, RankShape, RopeSpec
 
@@ -231,18 +231,18 @@ class DecoderContext:
                  seed: int = 0, *, attention: str = "auto", rotary: str = "auto",
                  k_scale: float | None = None, v_scale: float | None = None, layers: int | None = None) -> None:
         if min(shape.hidden, shape.q_head_num, shape.intermediate) < 1:
-            raise UsageError(f"model {shape.model!r} has no layer shapes for --context layer")
+            raise UsageError(f"model {shape.model!r} has no layer shapes for ", Setting("context"), " layer")
         if shape.q_head_num % shape.head_num:
             raise UsageError(f"{shape.q_head_num} query heads per rank do not share {shape.head_num} KV heads evenly")
         if shape.v_head_dim != shape.head_dim:
-            raise UsageError("--context layer needs V rows as wide as K rows")
+            raise UsageError(Setting("context"), " layer needs V rows as wide as K rows")
         if shape.head_dim % 2:
-            raise UsageError(f"--context layer rotates head dims in pairs; {shape.head_dim} is odd")
+            raise UsageError(Setting("context"), f" layer rotates head dims in pairs; {shape.head_dim} is odd")
         if context_len < 1:
-            raise UsageError(f"--context-len must be positive, got {context_len}")
+            raise UsageError(Setting("context_len"), f" must be positive, got {context_len}")
         built = shape.layers if layers is None else layers
         if not 1 <= built <= shape.layers:
-            raise UsageError(f"--layers must be between 1 and {shape.layers}, got {built}")
+            raise UsageError(Setting("layers"), f" must be between 1 and {shape.layers}, got {built}")
         self.shape = shape
         self.dtype = _layer_dtype(dtype)
         self.device = device

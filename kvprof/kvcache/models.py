@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
 
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError
 
 ROPE_TYPES = ("default", "llama3")  # config.json's rope_scaling.rope_type; "default": no scaling
 
@@ -75,7 +75,7 @@ class ModelSpec:
 
     def per_rank(self, tp: int) -> RankShape:
         if not isinstance(tp, int) or tp < 1:
-            raise UsageError(f"--tp must be a positive integer, got {tp!r}")
+            raise UsageError(Setting("tp"), f" must be a positive integer, got {tp!r}")
         return RankShape(
             model=self.name,
             tp=tp,

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError
 
 PHASES = ("decode", "prefill", "serving")
 SLOT_PATTERNS = ("random", "contiguous", "paged")
@@ -64,7 +64,7 @@ def build_phases(
 ) -> list[PhaseSpec]:
     """Expand phase names into (phase, size) blocks; 'serving' is 10 x 4096 in, 1024 out."""
     if steps < 1:
-        raise UsageError(f"--steps must be at least 1, got {steps}")
+        raise UsageError(Setting("steps"), f" must be at least 1, got {steps}")
     for s in (*decode_sizes, *prefill_sizes, chunk):
         if s < 1:
             raise UsageError(f"sizes must be positive, got {s}")
@@ -101,7 +101,7 @@ class SlotAllocator:
         if self.pattern not in SLOT_PATTERNS:
             raise UsageError(f"unknown slot pattern {self.pattern!r}; choose from {', '.join(SLOT_PATTERNS)}")
         if self.pattern == "paged" and self.page_size < 2:
-            raise UsageError("the paged slot pattern needs --page-size of 2 or more")
+            raise UsageError("the paged slot pattern needs ", Setting("page_size"), " of 2 or more")
         self._rng = np.random.default_rng(self.seed)
 
     @property
@@ -114,8 +114,8 @@ class SlotAllocator:
         tokens, steps = phase.tokens, phase.steps
         if tokens > self.usable:
             raise UsageError(
-                f"{phase.key} needs {tokens} slots per write but the pool has {self.usable}; raise --pool-size"
-            )
+                f"{phase.key} needs {tokens} slots per write but the pool has {self.usable}; raise ",
+                Setting("pool_size"))
         if self.pattern == "contiguous":
             flat = (np.arange(steps * tokens, dtype=np.int64) % self.usable) + self.page_size
             out = flat.reshape(steps, tokens)

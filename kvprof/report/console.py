@@ -14,6 +14,7 @@ from rich.table import Table
 
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.rundir import RunDir
+from kvprof.core.sources import SOURCES
 from kvprof.core.summary import Summary, VariantVerdict
 from kvprof.core.text import markup
 from kvprof.core.timings import WALL, SourceTiming
@@ -34,7 +35,7 @@ from kvprof.report.cells import (
 from kvprof.report.layer_steps import render_layer_steps
 from kvprof.report.ranks import render_ranks
 
-SOURCE_NAMES = {"reference": "the unprofiled reference", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
+SOURCE_NAMES = {s.name: s.prose for s in SOURCES}
 
 WRITE_COLS = (
     Col("variant", justify="left"), Col("phase", justify="left"), Col("size", "batch or tokens"),

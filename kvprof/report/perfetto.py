@@ -46,7 +46,7 @@ import pandas as pd
 
 from kvprof.analysis.figures import MARK, fmt_number
 from kvprof.core.atomic import atomic_file
-from kvprof.core.errors import ToolError
+from kvprof.core.errors import Setting, ToolError
 from kvprof.core.schema import GPU_WORK_KINDS
 from kvprof.core.summary import VariantVerdict
 from kvprof.core.text import printable
@@ -74,7 +74,7 @@ def _protos() -> Any:
     try:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2
     except ImportError:
-        raise ToolError("--perfetto needs the perfetto package: pip install 'kvcache-profiler[perfetto]' "
+        raise ToolError(Setting("perfetto"), " needs the perfetto package: pip install 'kvcache-profiler[perfetto]' "
                         "(or pip install perfetto)") from None
     return perfetto_trace_pb2
 

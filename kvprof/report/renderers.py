@@ -9,6 +9,11 @@ which form it wants instead of choosing code by if/elif. Options a form needs
 The tables and documents are built where they were (kvprof.report.console, .files, .gate,
 .write_kernels); the HTML report's renderer is kvprof.dashboard.html_report's, registered
 when that module is imported (the dashboard sits above this layer).
+
+The registry is also where the commands' ``--format`` choices come from (``formats``), read
+while the parser is built: so this module imports no result type whose module brings pandas.
+Those are named by ``module:qualname`` (ANALYSIS, GATE_RESULT), which matches the type itself
+when a result is rendered.
 """
 
 from __future__ import annotations
@@ -19,13 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from kvprof.analysis.gate import GateResult
-from kvprof.analysis.summary import Analysis
 from kvprof.core.errors import UsageError
 from kvprof.core.text import markup, printable
 
 if TYPE_CHECKING:  # rich is imported when a table is printed, not for a json or csv document
     from rich.console import Console
+
+    # pandas: imported when a result is built, not while a parser reads the forms (``ANALYSIS``)
+    from kvprof.analysis.gate import GateResult
+    from kvprof.analysis.summary import Analysis
+
+# Result types named as ``module:qualname``, whose modules are too heavy to import for their name.
+ANALYSIS = "kvprof.analysis.summary:Analysis"
+GATE_RESULT = "kvprof.analysis.gate:GateResult"
 
 
 @dataclass(frozen=True)
@@ -49,45 +60,78 @@ class Output:
 
 
 class Renderer(Protocol):
-    """One output form of one result type (``register`` names both)."""
+    """One output form of one result type (``register`` names both). A form that writes a file
+    (junit, html) says so with a class attribute ``writes_file = True``: it is an option of its
+    own, not a ``--format`` choice."""
 
     def render(self, result: Any, out: Output) -> None: ...
 
 
-_REGISTRY: dict[tuple[type, str], type[Renderer]] = {}
+# (result type's key, form) -> renderer, in registration order
+_REGISTRY: dict[tuple[str, str], type[Renderer]] = {}
 
 RendererT = TypeVar("RendererT", bound=Renderer)
+ResultType = type | str  # a result type, or its "module:qualname"
 
 
-def register(name: str, result_type: type) -> Callable[[type[RendererT]], type[RendererT]]:
+def result_key(result_type: ResultType) -> str:
+    """``module:qualname`` of a result type (a name given as one is kept)."""
+    return result_type if isinstance(result_type, str) else f"{result_type.__module__}:{result_type.__qualname__}"
+
+
+def _keys(result_type: ResultType) -> list[str]:
+    """The type's key, then its bases' (a subclass finds its bases' forms)."""
+    return [result_type] if isinstance(result_type, str) else [result_key(t) for t in result_type.__mro__]
+
+
+def _type_name(result_type: ResultType) -> str:
+    return result_key(result_type).rpartition(":")[2]
+
+
+def register(name: str, result_type: ResultType) -> Callable[[type[RendererT]], type[RendererT]]:
     """Class decorator: the class renders ``result_type`` (and its subclasses) as ``name``
     (table, json, csv, junit, html); one renderer per pair."""
+    key = result_key(result_type)
 
     def add(cls: type[RendererT]) -> type[RendererT]:
-        known = _REGISTRY.get((result_type, name))
+        known = _REGISTRY.get((key, name))
         # the same class again is a module imported anew (a reload), not a second renderer
         if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"a {name!r} renderer for {result_type.__name__} is already registered")
-        _REGISTRY[(result_type, name)] = cls
+            raise ValueError(f"a {name!r} renderer for {_type_name(result_type)} is already registered")
+        _REGISTRY[(key, name)] = cls
         return cls
 
     return add
 
 
-def names(result_type: type) -> list[str]:
-    """The forms ``result_type`` can be rendered in (its own and its bases')."""
-    bases = result_type.__mro__
-    return sorted({name for (t, name) in _REGISTRY if t in bases})
+def names(result_type: ResultType) -> list[str]:
+    """The forms ``result_type`` can be rendered in (its own and its bases'), sorted."""
+    keys = _keys(result_type)
+    return sorted({name for (k, name) in _REGISTRY if k in keys})
+
+
+def formats(*result_types: ResultType) -> tuple[str, ...]:
+    """The ``--format`` choices of a command whose result is any of ``result_types``: the forms
+    each can print (not those that write a file), in the order they were registered, the
+    type's own before its bases'."""
+    found: list[list[str]] = []
+    for result_type in result_types:
+        forms: list[str] = []
+        for key in _keys(result_type):
+            forms += [name for (k, name), cls in _REGISTRY.items()
+                      if k == key and name not in forms and not getattr(cls, "writes_file", False)]
+        found.append(forms)
+    return tuple(f for f in found[0] if all(f in other for other in found[1:])) if found else ()
 
 
 def get_renderer(name: str, result_type: type, **options: Any) -> Renderer:
     """The renderer of ``result_type`` (or its nearest base) called ``name``, built with ``options``."""
-    for t in result_type.__mro__:
-        cls = _REGISTRY.get((t, name))
+    for key in _keys(result_type):
+        cls = _REGISTRY.get((key, name))
         if cls is not None:
             return cls(**options)
     known = ", ".join(names(result_type)) or "none"
-    raise UsageError(f"no {name!r} output for {result_type.__name__} (one of: {known})")
+    raise UsageError(f"no {name!r} output for {_type_name(result_type)} (one of: {known})")
 
 
 def render(name: str, result: Any, out: Output, **options: Any) -> None:
@@ -117,7 +161,7 @@ class RunComparisonDoc(ComparisonDoc):
 
 # --- analyze -----------------------------------------------------------------------------------------
 
-@register("table", Analysis)
+@register("table", ANALYSIS)
 class AnalysisTable:
     """The console view: one table per source, verdicts, comparison, warnings, write kernels by name."""
 
@@ -130,7 +174,7 @@ class AnalysisTable:
         render_write_kernels(result.summary.write_kernels, con)
 
 
-@register("json", Analysis)
+@register("json", ANALYSIS)
 class AnalysisJson:
     """summary.json's document on stdout."""
 
@@ -140,7 +184,7 @@ class AnalysisJson:
         print_json(result.summary.to_json())
 
 
-@register("csv", Analysis)
+@register("csv", ANALYSIS)
 class AnalysisCsv:
     """summary.csv's table on stdout."""
 
@@ -225,7 +269,7 @@ def _runs_lines(runs: dict[str, Any]) -> list[str]:
 
 # --- the regression gate -----------------------------------------------------------------------------
 
-@register("table", GateResult)
+@register("table", GATE_RESULT)
 class GateTable:
     """Why the runs cannot be compared, the regressed rows, the rows too noisy to judge and the
     rows over the threshold that stay inside the noise (one line each: a CI log is read as it
@@ -301,9 +345,11 @@ def _grouped(lines: list[str]) -> list[str]:
     return [f"{v} ({', '.join(points)}): {why}" for (v, why), points in by.items()]
 
 
-@register("junit", GateResult)
+@register("junit", GATE_RESULT)
 class GateJunit:
     """The JUnit XML report, written atomically to ``out.path`` and named on the console."""
+
+    writes_file = True
 
     def __init__(self, base: str, new: str) -> None:
         self.base, self.new = base, new
@@ -317,5 +363,5 @@ class GateJunit:
         print(f"wrote {path}", file=out.console.file if out.console is not None else sys.stdout)
 
 
-__all__ = ["ComparisonDoc", "Output", "Renderer", "RunComparisonDoc", "VariantComparisonDoc", "get_renderer", "names",
-           "register", "render"]
+__all__ = ["ANALYSIS", "GATE_RESULT", "ComparisonDoc", "Output", "Renderer", "ResultType", "RunComparisonDoc",
+           "VariantComparisonDoc", "formats", "get_renderer", "names", "register", "render", "result_key"]

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # rich is imported when a table is printed, not by the parser or a --json run
     from rich.console import Console
 
-FORMATS = ("table", "json", "csv")
 PIPE_WIDTH = 120  # wide enough for most tables, narrow enough for a CI log viewer
 
 
@@ -50,11 +49,18 @@ def make_console(stderr: bool = False) -> Console:
     return pipe_console(stderr=stderr, width=PIPE_WIDTH)
 
 
-def add_format_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=FORMATS, default="table",
-                        help="table (default), or one json / csv document on stdout with everything "
+def add_format_arguments(parser: argparse.ArgumentParser, forms: Sequence[str]) -> None:
+    """``--format`` with the forms the command's result renders in (kvprof.report.renderers.formats:
+    table first, the default, then the documents), and ``--json`` for short."""
+    if not forms or forms[0] != "table":
+        raise ValueError(f"--format needs the table form first, the default; the result renders as {list(forms)}")
+    documents = [f for f in forms if f != "table"]
+    parser.add_argument("--format", choices=tuple(forms), default="table",
+                        help=f"table (default), or one {' / '.join(documents)} document on stdout with everything "
                              "else on stderr")
-    parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    if "json" in documents:
+        parser.add_argument("--json", dest="format", action="store_const", const="json",
+                            help="same as --format json")
 
 
 def table_console(fmt: str) -> Console:
@@ -96,5 +102,5 @@ def print_text(text: str) -> None:
     sys.stdout.flush()
 
 
-__all__ = ["FORMATS", "PIPE_WIDTH", "add_format_arguments", "csv_text", "make_console", "note",
+__all__ = ["PIPE_WIDTH", "add_format_arguments", "csv_text", "make_console", "note",
            "print_json", "print_text", "table_console"]

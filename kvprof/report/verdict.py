@@ -19,13 +19,14 @@ from kvprof.core import variants
 from kvprof.core.layer_kernels import LayerKernels
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.run import Manifest
+from kvprof.core.sources import SOURCES, TRUST_ORDER, source_names
 from kvprof.core.summary import Summary
 from kvprof.core.text import printable
 from kvprof.report.cells import NA, Cell, Col, cpu_run, print_table, table
 from kvprof.report.layer_steps import saving_lines
 
-SHORT_SOURCE = {"reference": "ref", "kineto": "torch", "nsys": "nsys"}
-SOURCE_WORDS = {"reference": "no profiler", "kineto": "torch.profiler", "nsys": "Nsight Systems"}
+SHORT_SOURCE = {s.name: s.short for s in SOURCES}
+SOURCE_WORDS = {s.name: s.tool for s in SOURCES}
 PHASES = ("decode", "prefill", "serving")
 DASHBOARD = "python -m kvprof dashboard"
 DASHBOARD_MODULES = ("streamlit", "plotly")  # what the dashboard extra installs
@@ -88,7 +89,7 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     cmp = summary.comparison or {}
     baseline = str(cmp.get("baseline") or variants.BASELINE)
     layers = cmp.get("layers")
-    order = list(summary.trusted_sources) + [s for s in ("reference", "nsys", "kineto")
+    order = list(summary.trusted_sources) + [s for s in source_names(TRUST_ORDER)
                                               if s not in summary.trusted_sources]
     by: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
     for g in summary.groups:

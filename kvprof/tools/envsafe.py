@@ -40,7 +40,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError
 
 log = logging.getLogger("kvprof")
 
@@ -183,7 +183,7 @@ def child_environment(
     env = {name: value for name, value in base.items() if _allowed(name, value)}
     for name in pass_env:
         if not _NAME.match(name):
-            raise UsageError(f"--pass-env {name!r}: give an exact variable name (letters, digits, _)")
+            raise UsageError(Setting("pass_env"), f" {name!r}: give an exact variable name (letters, digits, _)")
         if name not in base:
             log.warning("--pass-env %s: not set in this environment, nothing passed", name)
             continue

@@ -34,6 +34,7 @@ from typing import IO
 
 from kvprof.core.atomic import atomic_path
 from kvprof.core.errors import ToolError, TraceError, UsageError
+from kvprof.core.rundir import RunDir
 from kvprof.core.text import printable
 from kvprof.tools import envsafe
 
@@ -317,11 +318,9 @@ def run_nsys_pass(
 def _fresh_report_paths(output_base: Path | str) -> tuple[Path, Path, Path]:
     """``(base, <base>.nsys-rep, <base>.qdstrm)``, the folder made and any old report or stream
     deleted (--force-overwrite semantics: a stale one would pass for new)."""
-    base = Path(output_base)
-    if base.name.endswith(".nsys-rep"):
-        base = base.with_name(base.name[: -len(".nsys-rep")])
+    base = RunDir.nsys_base_of(Path(output_base))
     base.parent.mkdir(parents=True, exist_ok=True)
-    report, stream = base.with_name(base.name + ".nsys-rep"), base.with_name(base.name + ".qdstrm")
+    report, stream = RunDir.nsys_report_of(base), RunDir.nsys_stream_of(base)
     for stale in (report, stream):
         stale.unlink(missing_ok=True)
     return base, report, stream
@@ -451,7 +450,7 @@ def export_sqlite(
             raise ToolError(f"cannot run nsys at {nsys}: {exc.strerror or exc}") from None
         except subprocess.TimeoutExpired:
             raise ToolError(f"nsys export of {rep} timed out after {timeout:g} s") from None
-        appended = tmp.with_name(tmp.name + ".sqlite")  # in case nsys adds its own suffix
+        appended = RunDir.nsys_sqlite_of(tmp)  # in case nsys adds its own suffix
         if not tmp.exists() and appended.exists():
             appended.replace(tmp)
         appended.unlink(missing_ok=True)
@@ -475,7 +474,7 @@ def exported(rep_path: Path | str, out_dir: Path | str | None = None) -> Iterato
     removed when the block ends.
     """
     rep = Path(rep_path)
-    sibling = rep.with_suffix(".sqlite")
+    sibling = RunDir.nsys_export_beside(rep)
     if complete_sqlite(sibling) and sibling.stat().st_mtime >= rep.stat().st_mtime:
         yield sibling
         return
@@ -484,7 +483,7 @@ def exported(rep_path: Path | str, out_dir: Path | str | None = None) -> Iterato
         raise ToolError(f"{rep.name}: nsys not found (set KVPROF_NSYS or put nsys on PATH), or pass the "
                         "exported .sqlite (nsys export --type sqlite)")
     if out_dir is not None:
-        yield export_sqlite(nsys, rep, Path(out_dir) / (rep.stem + ".sqlite"))
+        yield export_sqlite(nsys, rep, Path(out_dir) / sibling.name)
         return
     with tempfile.TemporaryDirectory(prefix="kvprof-export-") as tmp:
-        yield export_sqlite(nsys, rep, Path(tmp) / (rep.stem + ".sqlite"))
+        yield export_sqlite(nsys, rep, Path(tmp) / sibling.name)

@@ -1,9 +1,7 @@
 """What HolisticTraceAnalysis (HTA 0.5) needs from a kvprof run, in one place.
 
-HTA finds a trace's rank with the regex ``"rank":\\s+(\\d+)`` over the raw text: the
-``distributedInfo`` metadata must exist and be written with a space after the colon
-(``json.dumps`` does; ``orjson.dumps`` does not, and then HTA falls back to rank 0 with
-a warning).
+HTA finds a trace's rank in the ``distributedInfo`` metadata a captured trace carries
+(``kvprof.core.run.hta_metadata_json``, written by capture).
 
 ``TraceAnalysis(trace_dir=D)`` reads every ``.json`` and ``.gz`` file in ``D`` as one
 trace per rank, so a run folder (manifest.json, summary.json, step_timings.json and one
@@ -16,18 +14,12 @@ copy to another machine would break.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
 from kvprof.core.run import Manifest, plain_name
 from kvprof.core.rundir import RunDir
-
-
-def hta_metadata_json(rank: int = 0, world_size: int = 1) -> str:
-    """The string for ``prof.add_metadata_json("distributedInfo", ...)`` (inside the profile block)."""
-    return json.dumps({"backend": "none", "rank": int(rank), "world_size": int(world_size)})
 
 
 def variant_traces(manifest: Manifest) -> dict[str, list[str]]:
@@ -71,4 +63,4 @@ def write_hta_folders(run_dir: Path) -> dict[str, Path]:
     return {variant: run.hta_folder(variant) for variant in traces}
 
 
-__all__ = ["hta_metadata_json", "variant_traces", "write_hta_folders"]
+__all__ = ["variant_traces", "write_hta_folders"]

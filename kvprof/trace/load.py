@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvprof.core.errors import TraceError, UsageError
+from kvprof.core.errors import Setting, TraceError, UsageError
 from kvprof.core.files import open_regular, require_regular
 from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat, TraceReader
 from kvprof.core.run import Manifest, TraceMeta, VariantEntry
@@ -200,8 +200,9 @@ def load_dir(d: Path, max_events: int = DEFAULT_MAX_EVENTS) -> Loaded:
     merged = [p for p in files if _SGLANG_MERGED.match(p.name)]
     if merged and any(sglang_rank(p.name) is not None for p in files):
         files = [p for p in files if p not in merged]  # the per-rank files hold the same events
-    sqlite_stems = {p.name[: -len(".sqlite")] for p in files if p.name.endswith(".sqlite")}
-    files = [p for p in files if not (p.name.endswith(".nsys-rep") and p.name[: -len(".nsys-rep")] in sqlite_stems)]
+    exports = {p.name for p in files if p.name.endswith(RunDir.NSYS_SQLITE_SUFFIX)}
+    files = [p for p in files if not (p.name.endswith(RunDir.NSYS_REP_SUFFIX)
+                                      and RunDir.nsys_sqlite_of(RunDir.nsys_base_of(p)).name in exports)]
     loaded = Loaded(input=d, kind="dir", traces=[])
     for p in merged:
         if p not in files:
@@ -225,7 +226,7 @@ def load(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> 
     if not p.exists():
         raise UsageError(f"no such file or directory: {p}")
     if max_events <= 0:
-        raise UsageError(f"--max-events must be positive, got {max_events}")
+        raise UsageError(Setting("max_events"), f" must be positive, got {max_events}")
     if p.is_dir():
         return load_run(p, max_events) if RunDir(p).is_run() else load_dir(p, max_events)
     require_regular(p, "a trace")  # a FIFO or a device would block or never end

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from kvprof.core.rundir import RunDir
 from kvprof.dashboard import charts, data, frames, landing
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.tables import labelled
@@ -57,11 +58,11 @@ def _bench_files(ctx: Context) -> dict[str, tuple[Path, Path]]:
 
 
 def _bench_sweep(ctx: Context) -> None:
-    st.markdown("#### From kvprof bench results (bench.json under the root and in kvprof bench's own folder)")
+    st.markdown(f"#### From kvprof bench results ({RunDir.BENCH} under the root and in kvprof bench's own folder)")
     found = _bench_files(ctx)
     if not found:
         where = f"under {md(ctx.root)} or " if ctx.root is not None else ""
-        st.info(f"No bench.json {where}in {md(data.root_label(data.bench_cache_root()))}, where "
+        st.info(f"No {RunDir.BENCH} {where}in {md(data.root_label(data.bench_cache_root()))}, where "
                 "`python -m kvprof bench` writes its results (or under this root with `--out ROOT/bench-NAME`).")
         return
     labels = {lab: f for lab, (_, f) in found.items()}

@@ -81,7 +81,8 @@ from urllib.parse import quote
 import orjson
 
 from kvprof.core.errors import ResourceError
-from kvprof.core.readers import builtin_suffixes
+from kvprof.core.readers import KINETO_SUFFIXES
+from kvprof.core.rundir import RunDir
 from kvprof.tools import envsafe
 from kvprof.tools.scrub.normalize import strip_nuls, views
 
@@ -91,14 +92,14 @@ HOST_MARKER = "[kvprof: host]"
 HOME = "~"
 HOST_KEYS = ("host_name", "hostname", "hostName", "host")
 
-# Trace formats as the trace-reader registry names them, plus what else scrub rewrites.
-SQLITE_SUFFIXES = (*builtin_suffixes("nsys_sqlite"), ".sqlite3", ".db")
-JSON_SUFFIXES = builtin_suffixes("kineto")
+# Trace formats as the trace readers and the run directory name them, plus what else scrub rewrites.
+SQLITE_SUFFIXES = (RunDir.NSYS_SQLITE_SUFFIX, ".sqlite3", ".db")
+JSON_SUFFIXES = KINETO_SUFFIXES
 TEXT_SUFFIXES = (".log", ".txt", ".csv", ".log.gz", ".txt.gz", ".csv.gz")  # logs kept gzipped too
 PARQUET_SUFFIXES = (".parquet",)
 ZIP_SUFFIXES = (".zip", ".npz")
 ZIP_MAGIC = b"PK\x03\x04"
-REPORT_SUFFIXES = (*builtin_suffixes("nsys_rep"), ".qdstrm")
+REPORT_SUFFIXES = (*RunDir.NSYS_REP_SUFFIXES, RunDir.NSYS_STREAM_SUFFIX)
 SIDECARS = ("-wal", "-shm", "-journal")
 
 # What scrub reads into memory from one file at most (a JSON trace after gunzip, a log): a
