@@ -119,11 +119,17 @@ def test_a_writer_that_writes_twice_fails_the_gate(writer_runs, capsys):
     gate = json.loads(out)["gate"]
     rows = {r["variant"]: r for r in gate["rows"]}
     assert rc == 1, err
-    assert rows["gate_writer.make"]["regressed"] and rows["gate_writer.make"]["low_pct"] > 20, rows
-    assert not rows["index_put"]["regressed"] and not rows[CONTROL_ROW]["regressed"], rows
-    assert "gate_writer.make" in err and "regressed" in err
-    # the other way round it is faster: no regression
-    assert main(["compare", str(new), str(base), "--fail-if-slower", THRESHOLD]) in (0, 8)
+    writer = rows["gate_writer.make"]
+    assert writer["regressed"] and writer["low_pct"] > 20, rows
+    # the unchanged rows of this one pair are not asserted unregressed: a row is judged on its interval however
+    # wide, and how often an unchanged row falls outside its interval is a rate (lab/gate_false_fails.py, over
+    # hundreds of pairs), not something one pair can show; what one pair shows is that the writer's row stands out
+    assert all(r["judged_pct"] < writer["low_pct"] for v, r in rows.items() if v != "gate_writer.make"), rows
+    assert "regressed: gate_writer.make decode 1" in err
+    # the other way round the writer is faster: its row does not regress
+    main(["compare", str(new), str(base), "--fail-if-slower", THRESHOLD, "--json"])
+    back = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["gate"]["rows"]}
+    assert not back["gate_writer.make"]["regressed"] and back["gate_writer.make"]["judged_pct"] < 0, back
 
 
 def test_a_torch_that_became_slower_fails_the_gate(writer_runs, capsys):
