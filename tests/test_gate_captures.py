@@ -7,9 +7,8 @@ whose family-wise interval reaches both sides of the threshold is "too noisy to 
 (inconclusive). A row is judged on its interval however wide, so an unchanged row falls
 outside it at a rate (lab/gate_false_fails.py: 1 of 264 identical pairs at the default 10
 steps, on a decode 64 control row); the identical captures here time decode 1 only, whose
-rows fell outside in none of those pairs. The threshold is 10 %, the one docs/formats.md gives for a shared CPU
-(lab/gate_false_fails.py: 0 false fails in 110 ordered pairs of identical captures, over 10
-and over 60 reference steps, at loads of 10-20 on the 2 cores). Triton's interpreter is left
+rows fell outside in none of those pairs. The threshold is 10 %, the one docs/formats.md
+gives for a shared CPU. Triton's interpreter is left
 out (its time swings by 3x between identical runs). A real slowdown must still fail: a
 third-party writer (``--writer module:factory``) whose NEW version stores every K and V
 twice -- twice the writer's own work per call; what a write costs the step rises by about
