@@ -120,6 +120,51 @@ def control_spread(opened: list[Any]) -> None:
         print(f"  {key[0]} {key[1]} {key[2]}".ljust(34) + " ".join(cells))
 
 
+def judge_pool(name: str, pairs: list[tuple[tuple[Any, Any], tuple[Any, Any]]], threshold: float) -> None:
+    """Every (BASE, NEW) pair of one pool judged: the verdicts, the rows that regressed or were too
+    noisy to judge, the steps the gate asked for, and (identical pairs) each false fail."""
+    from kvprof import api
+
+    verdicts: Counter[str] = Counter()
+    rows_failed: Counter[str] = Counter()
+    rows_noisy: Counter[str] = Counter()
+    worst: list[str] = []
+    widest = 0.0
+    needed: list[int] = []  # per inconclusive pair: the reference steps the gate says would settle it
+    stuck = 0  # inconclusive pairs with a row that no step count settles
+    for (ob, ab), (on, an) in pairs:
+        gate = api.regression_gate(ab, an, threshold, base_run=ob, new_run=on)
+        verdicts[gate.verdict] += 1
+        if gate.verdict == "inconclusive":
+            steps, rows_stuck = gate.steps_needed
+            needed += [steps] if steps is not None else []
+            stuck += bool(rows_stuck)
+        for r in gate.rows:
+            if r.low_pct is not None and r.high_pct is not None:
+                widest = max(widest, r.high_pct - r.low_pct)
+            if r.regressed:
+                rows_failed[f"{r.variant} {r.phase} {r.size}"] += 1
+            elif r.status == "inconclusive":
+                rows_noisy[f"{r.variant} {r.phase} {r.size}"] += 1
+        if name == "same" and gate.verdict == "regressed":
+            worst += [f"  {ob.manifest.run_id} -> {on.manifest.run_id}: {r.variant} {r.phase} {r.size} "
+                      f"{r.judged_pct:+.1f} % ({r.low_pct:+.1f} .. {r.high_pct:+.1f})" for r in gate.regressed]
+    rows = len(gate.rows) + len(gate.unjudged)
+    print(f"{name:5s} {len(pairs):4d} pairs, {rows} rows each: "
+          + ", ".join(f"{v} {verdicts[v]}" for v in ("passed", "inconclusive", "regressed", "not judged"))
+          + f"; widest interval {widest:.1f} points")
+    if needed or stuck:
+        q = sorted(needed)
+        print(f"      inconclusive pairs: the gate asks for --reference-steps {q[len(q) // 2] if q else 'n/a'} "
+              f"(median), {q[-1] if q else 'n/a'} (max) in {len(q)} pairs; a row no step count settles in {stuck}")
+    for row, n in sorted(rows_failed.items()):
+        print(f"      regressed in {n:4d} pairs: {row}")
+    for row, n in sorted(rows_noisy.items()):
+        print(f"      too noisy in {n:4d} pairs: {row}")
+    for line in worst:
+        print(line)
+
+
 def judge(root: Path, threshold: float) -> int:
     from kvprof import api
 
@@ -137,37 +182,8 @@ def judge(root: Path, threshold: float) -> int:
     for name, pairs in (("same", list(itertools.permutations(same, 2))),
                         ("twice", list(itertools.product(same, runs["twice"]))),
                         ("torch", list(itertools.product(same, runs["torch"])))):
-        if not pairs:
-            continue
-        verdicts: Counter[str] = Counter()
-        rows_failed: Counter[str] = Counter()
-        rows_noisy: Counter[str] = Counter()
-        worst: list[str] = []
-        widest = 0.0
-        for (ob, ab), (on, an) in pairs:
-            gate = api.regression_gate(ab, an, threshold, base_run=ob, new_run=on)
-            verdicts[gate.verdict] += 1
-            for r in gate.rows:
-                if r.low_pct is not None and r.high_pct is not None:
-                    widest = max(widest, r.high_pct - r.low_pct)
-                if r.regressed:
-                    rows_failed[f"{r.variant} {r.phase} {r.size}"] += 1
-                elif r.status == "inconclusive":
-                    rows_noisy[f"{r.variant} {r.phase} {r.size}"] += 1
-            if name == "same" and gate.verdict == "regressed":
-                worst += [f"  {ob.manifest.run_id} -> {on.manifest.run_id}: {r.variant} {r.phase} {r.size} "
-                          f"{r.judged_pct:+.1f} % ({r.low_pct:+.1f} .. {r.high_pct:+.1f})"
-                          for r in gate.regressed]
-        rows = len(gate.rows) + len(gate.unjudged)
-        print(f"{name:5s} {len(pairs):4d} pairs, {rows} rows each: "
-              + ", ".join(f"{v} {verdicts[v]}" for v in ("passed", "inconclusive", "regressed", "not judged"))
-              + f"; widest interval {widest:.1f} points")
-        for row, n in sorted(rows_failed.items()):
-            print(f"      regressed in {n:4d} pairs: {row}")
-        for row, n in sorted(rows_noisy.items()):
-            print(f"      too noisy in {n:4d} pairs: {row}")
-        for line in worst:
-            print(line)
+        if pairs:
+            judge_pool(name, pairs, threshold)
     if runs["torch"]:  # what the gate did before its control was checked: torch's control divided, unchecked
         unchecked: Counter[str] = Counter(
             api.regression_gate(ab, an, threshold, base_run=ob, new_run=on, check_control=False).verdict

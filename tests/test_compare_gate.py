@@ -471,3 +471,69 @@ def test_a_shift_within_the_level_noise_of_a_series_is_not_a_regression():
     gate = regression_gate(run(1.0, 0.0, 1), run(1.2, 0.0, 7), 10)
     row = next(r for r in gate.rows if r.variant == "index_put")
     assert row.regressed and gate.verdict == "regressed" and row.level_pct < 1
+
+
+# --- rows the noise allows a decision on are judged; only the rest are inconclusive --------------------
+
+def test_a_2x_slowdown_on_scattered_steps_regresses_though_its_interval_is_wide():
+    # 10 steps scattering by +-35 % each (a loaded 2-core machine): the interval of a 2x slowdown is wide (noise far
+    # above 10 %) but all of it is above 10 %: a regression, not "too noisy to judge"
+    base = side(jitter(20_000, seed=1, rel=0.35), control=jitter(4_000, seed=2))
+    new = side(jitter(40_000, seed=3, rel=0.35), control=jitter(4_000, seed=4))
+    gate = regression_gate(base, new, 10)
+    row = next(r for r in gate.rows if r.variant == "index_put")
+    assert row.noise_pct > 10 and row.low_pct > 10 and row.high_pct > 2 * row.low_pct
+    assert row.status == "regressed" and row.regressed and gate.verdict == "regressed"
+
+
+def test_a_wide_interval_wholly_under_the_threshold_passes():
+    # twice as fast, on the same scattered steps: the interval is as wide, and all of it is under 10 %
+    base = side(jitter(20_000, seed=1, rel=0.35), control=jitter(4_000, seed=2))
+    new = side(jitter(10_000, seed=3, rel=0.35), control=jitter(4_000, seed=4))
+    gate = regression_gate(base, new, 10)
+    row = next(r for r in gate.rows if r.variant == "index_put")
+    assert row.noise_pct > 10 and row.high_pct <= 10
+    assert row.status == "passed" and gate.verdict == "passed" and row.steps_needed is None
+
+
+def test_an_inconclusive_row_says_how_many_steps_would_settle_it(capsys):
+    # identical scatter of +-30 % over 10 steps: inconclusive; the steps it names, timed, settle it
+    def pair(n, seeds):
+        return (side(jitter(20_000, n=n, seed=seeds[0], rel=0.3), control=jitter(4_000, n=n, seed=2)),
+                side(jitter(20_000, n=n, seed=seeds[1], rel=0.3), control=jitter(4_000, n=n, seed=4)))
+
+    gate = regression_gate(*pair(10, (1, 3)), 10)
+    row = next(r for r in gate.rows if r.variant == "index_put")
+    assert row.status == "inconclusive" and row.steps == 10 and row.steps_needed > 10
+    assert gate.steps_needed == (row.steps_needed, []) and gate.to_json()["steps_needed"] == row.steps_needed
+    for seeds in ((1, 3), (5, 7), (9, 11)):
+        settled = regression_gate(*pair(row.steps_needed, seeds), 10)
+        assert settled.verdict == "passed", [(r.variant, r.status, r.noise_pct) for r in settled.rows]
+    from kvprof.report.gate import row_text
+    from kvprof.report.renderers import Output, render
+    from kvprof.report.terminal import table_console
+
+    assert f"about {row.steps_needed} reference steps in both runs would settle it; 10 were timed" in row_text(row, 10)
+    render("table", gate, Output(console=table_console("table")), inconclusive_exit_code=8)
+    out = capsys.readouterr().out
+    assert f"capture both runs with --reference-steps {row.steps_needed} to settle 1 of them" in " ".join(out.split())
+
+
+def test_a_row_whose_level_noise_alone_exceeds_the_threshold_needs_no_step_count():
+    # the controls of one run sit 16 % apart (where their tensors landed): no number of steps narrows that
+    def run(seed):
+        recs = []
+        for i, variant in enumerate(("index_put", "two_stream")):
+            level = 1.08 if i else 0.92
+            for mode, centre in (("writes", 20_000 * level), (CONTROL, 10_000 * level), (FREE_CONTROL, 4_000)):
+                recs.append(StepSamples(variant=variant, pass_="reference", phase="decode", size=1, mode=mode,
+                                        graph=False, writes_per_step=WPS, clock="wall",
+                                        samples_ns=tuple(jitter(centre, n=30, seed=seed + i, rel=0.01))))
+        t = StepTimings(records=recs)
+        return GateRun(groups=reference_groups(t), summary=Summary(input="x", input_kind="run",
+                                                                   reference={"clock": ["wall"]}), timings=t)
+
+    gate = regression_gate(run(1), run(7), 10)
+    noisy = [r for r in gate.rows if r.status == "inconclusive"]
+    assert noisy and all(r.steps_needed is None and r.level_pct > 5 for r in noisy)
+    assert gate.steps_needed == (None, noisy)

@@ -11,12 +11,20 @@ figure is ``cost_per_write_ns`` (what a write costs the step, the figure analyze
 Every row gets an interval for its slowdown, and the intervals of one gate are family-wise:
 with m rows judged on per-step samples, each is the central 1 - FAMILY_ALPHA / m bootstrap
 interval (Bonferroni), so that identical runs put some row outside its interval at most
-FAMILY_ALPHA of the time however many rows there are. A row is then
+FAMILY_ALPHA of the time however many rows there are. A row with such an interval is then
 
-- inconclusive when its noise, half its interval's width (as a ratio: ``GateRow.noise_pct``),
-  exceeds PCT (too noisy to judge: neither "regressed" nor "passed" can be said);
-- regressed when its slowdown and the low end of its interval are above PCT;
-- passed otherwise.
+- regressed when its slowdown and the low end of its interval are above PCT, however wide the
+  interval (it already holds the noise: a 2x slowdown whose interval is +40 .. +300 % is a
+  regression at 10 %, not "too noisy");
+- passed when the high end of its interval is at or under PCT, or its noise, half its
+  interval's width (as a ratio: ``GateRow.noise_pct``), is;
+- inconclusive otherwise: the interval reaches both sides of PCT and is wider than it (too
+  noisy to judge: neither "regressed" nor "passed" can be said). ``steps_needed`` says how many
+  reference steps in both runs would bring its noise within PCT, or is None where the level
+  noise alone (which steps do not average out) is as wide as PCT.
+
+A row of step IQRs (no probability attached) is inconclusive whenever its noise exceeds PCT,
+else regressed or passed as above.
 
 The interval is, by what both runs hold:
 
@@ -95,7 +103,9 @@ class GateRow:
 
     ``judged_pct`` is the slowdown the verdict is on, ``low_pct``/``high_pct`` its interval at
     ``confidence`` (the family-wise level); ``status`` "passed", "regressed" or "inconclusive"
-    (``noise_pct`` above the threshold). ``noise`` "control" (per-step samples and both runs'
+    (the interval reaches both sides of the threshold and ``noise_pct`` is above it; ``steps``:
+    the reference steps the row was judged on, ``steps_needed``: the steps that would settle
+    it, None where no step count would). ``noise`` "control" (per-step samples and both runs'
     control series: the cost over the machine's speed; ``drift_pct``: how much slower NEW's
     machine ran torch's control), "control check" (the row CONTROL_ROW: torch's control over
     the numpy control; ``drift_pct``: how much slower NEW's machine ran the numpy one),
@@ -125,6 +135,8 @@ class GateRow:
     status: str = "passed"
     confidence: float | None = None
     level_pct: float | None = None
+    steps: int | None = None
+    steps_needed: int | None = None
 
     @property
     def noise_pct(self) -> float | None:
@@ -164,6 +176,15 @@ class GateResult:
         return [r for r in self.rows if r.status == "inconclusive"]
 
     @property
+    def steps_needed(self) -> tuple[int | None, list[GateRow]]:
+        """(the reference steps in both runs that would settle every inconclusive row that more
+        steps can settle, None if none can; the inconclusive rows on per-step samples that no
+        step count settles: the level noise alone is as wide as the threshold, or it is 0)."""
+        can = [r.steps_needed for r in self.inconclusive if r.steps_needed is not None]
+        stuck = [r for r in self.inconclusive if r.steps_needed is None and r.confidence is not None]
+        return (max(can) if can else None), stuck
+
+    @property
     def comparable(self) -> bool:
         return not self.not_comparable
 
@@ -185,19 +206,22 @@ class GateResult:
         return {"threshold_pct": self.threshold_pct, "verdict": self.verdict, "passed": self.passed,
                 "comparable": self.comparable, "family_alpha": FAMILY_ALPHA, "rule": RULE,
                 "rows": [r.to_json() for r in self.rows], "unjudged": self.unjudged,
-                "left_out": self.left_out, "not_comparable": self.not_comparable, "notes": self.notes}
+                "left_out": self.left_out, "not_comparable": self.not_comparable, "notes": self.notes,
+                "steps_needed": self.steps_needed[0]}
 
 
-RULE = ("inconclusive when the row's noise, half its interval as a ratio (sqrt((100 + high_pct) / (100 + low_pct)) "
-        "- 1), exceeds threshold_pct; else regressed when judged_pct and low_pct, the low end of its interval, are "
-        "above threshold_pct. Intervals are family-wise: with m rows on per-step samples, each is the central "
-        "1 - family_alpha / m bootstrap interval. noise control: the cost per write over the control series (each "
-        "step over torch's index_put timed beside it), the interval widened by level_pct, the spread of the "
-        "variants' control levels within each run; noise control check: the control itself over the "
-        "control_numpy series (numpy, no torch), every variant's steps pooled, so that a slower torch is a "
-        "regression; noise bootstrap: the median difference per write, also in a profiled pass both runs timed "
-        "(confirm_low_pct); noise iqr: the slowdown +- spread_ns (both runs' step IQR per write); rows of unknown "
-        "noise are not judged")
+RULE = ("regressed when judged_pct and low_pct, the low end of its interval, are above threshold_pct (noise iqr: "
+        "and its noise is within threshold_pct); passed when high_pct is at or under threshold_pct (not for noise "
+        "iqr) or the row's noise, half its interval as a ratio (sqrt((100 + high_pct) / (100 + low_pct)) - 1), "
+        "is; inconclusive otherwise, with steps_needed: the reference steps in both runs that would bring the "
+        "noise within threshold_pct (null where the level noise alone is that wide). Intervals are family-wise: "
+        "with m rows on per-step samples, each is the central 1 - family_alpha / m bootstrap interval. noise "
+        "control: the cost per write over the control series (each step over torch's index_put timed beside it), "
+        "the interval widened by level_pct, the spread of the variants' control levels within each run; noise "
+        "control check: the control itself over the control_numpy series (numpy, no torch), every variant's steps "
+        "pooled, so that a slower torch is a regression; noise bootstrap: the median difference per write, also "
+        "in a profiled pass both runs timed (confirm_low_pct); noise iqr: the slowdown +- spread_ns (both runs' "
+        "step IQR per write); rows of unknown noise are not judged")
 
 
 # -- comparability ---------------------------------------------------------------------------
@@ -530,10 +554,12 @@ def _judge(base: GateRun, new: GateRun, rb: dict[str, Any], rn: dict[str, Any], 
         row.noise = "control"
         row.drift_pct = (sn[CONTROL].median_ns / sb[CONTROL].median_ns - 1) * 100.0
         row.judged_pct = (float(np.median(rn_)) / float(np.median(rb_)) - 1) * 100.0
+        row.steps = min(len(rb_), len(rn_))
         return _Pending(row, draws=_ratio_draws(rb_, rn_))
     draws = _difference_draws(sb, sn, base_ns) if sb and sn else None
     if draws is not None:
         row.noise = "bootstrap"
+        row.steps = min(len((s.get("layer") or s["writes"]).samples_ns) for s in (sb, sn))
         pending = _Pending(row, draws=draws)
         for p in source_names(PROFILED):  # the same steps timed at another moment of each run
             conf = _difference_draws(_series(base.timings, p, variant, phase, size),
@@ -555,6 +581,7 @@ def _control_checks(base: GateRun, new: GateRun, points: list[tuple[str, int]]) 
     out: list[_Pending] = []
     for phase, size in points:
         pooled: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # torch's, numpy's, torch over numpy
+        steps = []
         for run in (base, new):
             torch_, numpy_, per = [], [], 1
             for r in run.timings.records if run.timings is not None else ():
@@ -568,6 +595,7 @@ def _control_checks(base: GateRun, new: GateRun, points: list[tuple[str, int]]) 
                 per = max(1, r.writes_per_step)
             if not torch_:
                 break
+            steps.append(min(len(x) for x in torch_))
             t, f = np.concatenate(torch_) / per, np.concatenate(numpy_) / per
             pooled.append((t, f, t / f))
         if len(pooled) != 2:
@@ -579,7 +607,7 @@ def _control_checks(base: GateRun, new: GateRun, points: list[tuple[str, int]]) 
                       drift_pct=(float(np.median(fn)) / float(np.median(fb)) - 1) * 100.0,
                       judged_pct=(float(np.median(rn)) / float(np.median(rb)) - 1) * 100.0, noise="control check",
                       low_pct=None, high_pct=None, confirmed_in=None, confirm_low_pct=None, base_iqr_ns=None,
-                      new_iqr_ns=None, spread_ns=None, regressed=False)
+                      new_iqr_ns=None, spread_ns=None, regressed=False, steps=min(steps))
         out.append(_Pending(row, draws=_ratio_draws(rb, rn)))
     return out
 
@@ -604,12 +632,12 @@ def _level_noise(base: GateRun, new: GateRun) -> dict[tuple[str, int], float]:
     return {key: math.sqrt(sum(v) / len(v)) for key, v in spreads.items() if len(v) == 2}
 
 
-def _widened(row: GateRow, level: float, confidence: float) -> None:
+def _widened(row: GateRow, level: float, confidence: float) -> float:
     """The row's interval widened, in log space, by the level noise of the four series a ratio of
     two runs holds (each run's step series and its control: 2 x ``level`` in all), at the
-    family's confidence."""
+    family's confidence; returns that widening (log units, 0 where nothing was widened)."""
     if row.low_pct is None or row.high_pct is None or row.low_pct <= -100:
-        return
+        return 0.0
     z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
     extra = z * 2 * level
     centre = math.log1p(row.judged_pct / 100)
@@ -618,33 +646,63 @@ def _widened(row: GateRow, level: float, confidence: float) -> None:
     hi = centre + math.hypot(max(0.0, hi - centre), extra)
     row.low_pct, row.high_pct = math.expm1(lo) * 100, math.expm1(hi) * 100
     row.level_pct = math.expm1(level) * 100
+    return extra
+
+
+def _steps_needed(steps: int | None, low_pct: float, high_pct: float, extra: float,
+                  threshold_pct: float) -> int | None:
+    """The reference steps (in both runs) at which a row's noise would be within the threshold,
+    from its bootstrap interval over ``steps`` steps (``low_pct`` .. ``high_pct``, before the level
+    noise): the bootstrap's half-width (log units) shrinks as 1/sqrt(steps), the level noise's
+    ``extra`` does not. None where no step count can do it (the level noise alone is at the
+    threshold) or the interval says nothing of its width (it reaches -100 %)."""
+    if not steps or low_pct <= -100:
+        return None
+    allowed = math.log1p(threshold_pct / 100)
+    if extra >= allowed:
+        return None
+    half = (math.log1p(high_pct / 100) - math.log1p(low_pct / 100)) / 2
+    return max(steps, math.ceil(steps * half * half / (allowed * allowed - extra * extra)))
 
 
 def _decide(pending: list[_Pending], threshold_pct: float) -> None:
-    """Each row's family-wise interval, then its status: inconclusive when its noise exceeds the
-    threshold, regressed when the slowdown and the interval's low end are above it."""
+    """Each row's family-wise interval, then its status. A row with a family-wise interval (one
+    read from bootstrap draws) regresses when its slowdown and its interval's low end are above
+    the threshold, however wide the interval: the interval already holds the noise, so a real
+    2x slowdown is caught on a noisy machine. It passes when its interval's high end is at or
+    under the threshold, or its noise is; the rest are inconclusive (the interval reaches both
+    sides of the threshold and is wider than it), with the steps that would settle them
+    (``steps_needed``). A row of step IQRs (no probability attached) must have its noise within
+    the threshold to be judged either way."""
     family = sum(1 for p in pending if p.draws is not None)
     confidence = 1 - FAMILY_ALPHA / max(1, family)
     tail = (1 - confidence) / 2 * 100
     for p in pending:
         row = p.row
+        extra = 0.0
         if p.draws is not None:
             row.confidence = confidence
             row.low_pct, row.high_pct = (float(x) for x in np.percentile(p.draws, [tail, 100 - tail]))
+            boot = (row.low_pct, row.high_pct)
             if p.level is not None:
-                _widened(row, p.level, confidence)
+                extra = _widened(row, p.level, confidence)
         if p.confirm is not None:
             row.confirm_low_pct = float(np.percentile(p.confirm, tail))
         noise = row.noise_pct
-        if noise is None:
+        if noise is None or row.low_pct is None or row.high_pct is None:
             continue
-        above = row.judged_pct > threshold_pct and row.low_pct is not None and row.low_pct > threshold_pct
+        above = row.judged_pct > threshold_pct and row.low_pct > threshold_pct
         if row.confirm_low_pct is not None:
             above = above and row.confirm_low_pct > threshold_pct
-        if noise > threshold_pct:
-            row.status = "inconclusive"
-        elif above:
+        family_wise = p.draws is not None
+        if above and (family_wise or noise <= threshold_pct):
             row.status, row.regressed = "regressed", True
+        elif noise <= threshold_pct or (family_wise and row.high_pct <= threshold_pct):
+            row.status = "passed"
+        else:
+            row.status = "inconclusive"
+            if family_wise:
+                row.steps_needed = _steps_needed(row.steps, *boot, extra, threshold_pct)
 
 
 __all__ = ["CONTROL_ROW", "FAMILY_ALPHA", "GateResult", "GateRow", "GateRun", "check_timings", "comparability",

@@ -23,9 +23,11 @@ The regression gate, for CI: kvprof compare BASE NEW --fail-if-slower PCT judges
 variant x phase x size on the most trusted source both runs measured (BASE's
 trusted_sources: the unprofiled reference first). Each row gets an interval for its
 slowdown, family-wise (each row's at 1 - 0.05/m for m rows: judging a dozen rows at once
-does not multiply false fails). A row is inconclusive when its noise, half its interval,
-exceeds PCT (too noisy to judge); else it regresses when its slowdown and the low end of
-its interval are above PCT. On a CPU each step is divided by torch's index_put timed
+does not multiply false fails). A row regresses when its slowdown and the low end of its
+interval are above PCT, however wide the interval; it passes when the interval's high end,
+or its noise (half its interval), is at or under PCT; the rest are inconclusive (too noisy
+to judge), and the gate says how many reference steps in both captures would settle them
+(--reference-steps N). On a CPU each step is divided by torch's index_put timed
 beside it (the interval widened by how far the variants' control levels spread within a
 run), and a row per phase x size checks that control against numpy's (no torch: a torch
 that became slower is a regression like any other); on a
@@ -82,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-files", action="store_true", help="write nothing even with --out")
     parser.add_argument("--fail-if-slower", type=non_negative_float, default=None, metavar="PCT",
                         help="with RUN2: exit 1 when any variant x phase x size of RUN2 is slower than in RUN by "
-                             "more than PCT %% beyond the runs' noise, 8 when none is but a row's noise exceeds PCT "
-                             "(inconclusive), 7 when the runs cannot be compared")
+                             "more than PCT %% beyond the runs' noise, 8 when none is but a row's interval reaches "
+                             "both sides of PCT (inconclusive), 7 when the runs cannot be compared")
     parser.add_argument("--include-interpreted", action="store_true",
                         help="with --fail-if-slower: also judge variants that ran under Triton's interpreter "
                              "(left out by default: the interpreter's time swings between identical runs)")

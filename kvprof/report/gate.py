@@ -51,8 +51,14 @@ def noise_text(r: GateRow) -> str:
 
 
 def row_text(r: GateRow, threshold_pct: float) -> str:
-    noisy = (f"; noise +-{r.noise_pct:.1f} % exceeds the threshold" if r.status == "inconclusive"
-             and r.noise_pct is not None else "")
+    noisy = ""
+    if r.status == "inconclusive" and r.noise_pct is not None:
+        noisy = f"; noise +-{r.noise_pct:.1f} % exceeds the threshold"
+        if r.steps_needed is not None:
+            noisy += f" (about {r.steps_needed} reference steps in both runs would settle it; {r.steps} were timed)"
+        elif r.level_pct is not None and r.confidence is not None:
+            noisy += (f" (the level noise, +-{r.level_pct:.1f} % a series, which more steps do not average out, "
+                      "is as wide by itself)")
     return (f"{printable(r.variant)} {printable(r.phase)} {r.size} ({printable(r.source)}): "
             f"{_us(r.base_ns)} -> {_us(r.new_ns)} µs per write, "
             f"{r.slower_pct:+.1f} % (threshold {threshold_pct:g} %); {noise_text(r)}{noisy}")

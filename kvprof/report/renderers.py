@@ -310,9 +310,9 @@ class GateTable:
             line = f"gate: {len(gate.regressed)} of {len(gate.rows)} rows {rule}"
         elif verdict == "inconclusive":
             code = "" if self.inconclusive_exit_code is None else f"; exit {self.inconclusive_exit_code}"
-            line = (f"gate: inconclusive, too noisy to judge: none of {len(gate.rows)} rows {rule}, but the noise "
-                    f"of {len(gate.inconclusive)} exceeds {gate.threshold_pct:g} % (time more steps, or a quieter "
-                    f"machine){code}")
+            line = (f"gate: inconclusive, too noisy to judge: none of {len(gate.rows)} rows {rule}, but the "
+                    f"interval of {len(gate.inconclusive)} reaches both sides of {gate.threshold_pct:g} % "
+                    f"({_settle(gate)}){code}")
         else:
             line = f"gate: passed, none of {len(gate.rows)} rows {rule}"
         con.print(line, soft_wrap=True)
@@ -320,6 +320,19 @@ class GateTable:
             con.print(f"[yellow]not judged:[/yellow] {markup(why)}", soft_wrap=True)
         for why in _grouped(gate.left_out):
             con.print(f"[yellow]left out:[/yellow] {markup(why)}", soft_wrap=True)
+
+
+def _settle(gate: GateResult) -> str:
+    """What would settle a gate's inconclusive rows: the reference steps, or nothing but a quieter
+    machine."""
+    steps, stuck = gate.steps_needed
+    how = []
+    if steps is not None:
+        how.append(f"capture both runs with --reference-steps {steps} to settle "
+                   f"{len(gate.inconclusive) - len(stuck)} of them")
+    if stuck:
+        how.append(f"{len(stuck)} no step count settles (a quieter machine, or a larger threshold)")
+    return "; ".join(how) or "time more steps, or a quieter machine"
 
 
 def _grouped(lines: list[str]) -> list[str]:
