@@ -409,9 +409,11 @@ def test_layout_bench_runs_and_reads_like_the_mha_bench(tmp_path) -> None:
 
 
 def _table_shapes(fn, fp8: bool) -> list:
-    """Every shape a table hands out, over token counts and row lengths."""
-    return sorted({fn(t, row, fp8) for t in (1, 8, 64, 512, 4096, 1 << 20) for row in (128, 576, 1024, 8192)},
-                  key=repr)
+    """Every shape a table hands out, over every card's row, token counts and row lengths."""
+    from kvprof.kvcache.writers.layout_tables import MLA_TABLES, PAGED_TABLES
+
+    return sorted({fn(t, row, fp8, card) for card in (*MLA_TABLES, *PAGED_TABLES)
+                   for t in (1, 8, 64, 512, 4096, 1 << 20) for row in (128, 576, 1024, 8192)}, key=repr)
 
 
 @pytest.mark.parametrize("fp8", [False, True])

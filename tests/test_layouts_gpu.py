@@ -24,12 +24,19 @@ def _every_value(dtype: torch.dtype, cols: int) -> torch.Tensor:
     return x.view(-1, cols).cuda()
 
 
+def _skip_unsupported(name: str, layout: str, cache: torch.dtype, inp: torch.dtype) -> None:
+    """Skip (with its reason) a peer that refuses this point; kvprof's writers never do."""
+    reason = registry.create_writer(layout, name).unsupported_reason(torch.device("cuda"), cache, inp)
+    if reason and name.startswith(("vllm_", "sglang_")):
+        pytest.skip(reason)
+
+
 def _mla_pair(name: str, cache: torch.dtype, rank: int = 512, rope: int = 64, rows: int = 40000):
     return [MLAPool(rows, 1, cache, rank, rope, 1, "cuda", writer=registry.create_writer("mla", w))
             for w in ("mla_index_put", name)]
 
 
-@pytest.mark.parametrize("name", ["mla_triton", "mla_cuda", "sglang_mla"])
+@pytest.mark.parametrize("name", ["mla_triton", "mla_cuda", "sglang_mla", "vllm_concat_and_cache_mla"])
 @pytest.mark.parametrize("cache,inp", [(torch.bfloat16, torch.bfloat16), (torch.float8_e4m3fn, torch.bfloat16),
                                        (torch.float8_e5m2, torch.bfloat16), (torch.float8_e4m3fn, torch.float16),
                                        (torch.float8_e4m3fn, torch.float32)])
@@ -48,10 +55,11 @@ def test_mla_fused_matches_reference_on_gpu(name: str, cache, inp, tokens: int) 
     assert torch.equal(pools[0].kv_buffer[0], pools[1].kv_buffer[0])
 
 
-@pytest.mark.parametrize("name", ["mla_triton", "mla_cuda"])
+@pytest.mark.parametrize("name", ["mla_triton", "mla_cuda", "vllm_concat_and_cache_mla"])
 @pytest.mark.parametrize("cache", FP8)
 @pytest.mark.parametrize("inp", [torch.bfloat16, torch.float16])
 def test_mla_fused_converts_every_value(name, cache, inp) -> None:
+    _skip_unsupported(name, "mla", cache, inp)
     rows = _every_value(inp, 576)
     pools = _mla_pair(name, cache, rows=rows.shape[0] + 1)
     loc = torch.arange(1, rows.shape[0] + 1, device="cuda")
@@ -65,13 +73,14 @@ def _paged_pair(name: str, cache: torch.dtype, heads: int, dim: int, blocks: int
             for w in ("paged_index_put", name)]
 
 
-@pytest.mark.parametrize("name", ["paged_triton", "paged_cuda", "paged_unfused"])
+@pytest.mark.parametrize("name", ["paged_triton", "paged_cuda", "paged_unfused", "vllm_reshape_and_cache_flash"])
 @pytest.mark.parametrize("cache,inp", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
                                        (torch.float8_e4m3fn, torch.bfloat16), (torch.float8_e5m2, torch.bfloat16),
                                        (torch.float8_e4m3fn, torch.float32)])
 @pytest.mark.parametrize("heads,dim", [(1, 128), (8, 128), (2, 96)])
 @pytest.mark.parametrize("tokens", [1, 13, 512, 4096])
 def test_paged_fused_matches_reference_on_gpu(name: str, cache, inp, heads: int, dim: int, tokens: int) -> None:
+    _skip_unsupported(name, "paged", cache, inp)
     pools = _paged_pair(name, cache, heads, dim)
     tables = BlockTables(4096, 16, seed=tokens)
     slots = torch.from_numpy(tables.decode(tokens, 100) if tokens <= 512 else tables.prefill(tokens)).cuda()
@@ -86,11 +95,12 @@ def test_paged_fused_matches_reference_on_gpu(name: str, cache, inp, heads: int,
     assert torch.equal(pools[0].value_cache[0], pools[1].value_cache[0])
 
 
-@pytest.mark.parametrize("name", ["paged_triton", "paged_cuda"])
+@pytest.mark.parametrize("name", ["paged_triton", "paged_cuda", "vllm_reshape_and_cache_flash"])
 @pytest.mark.parametrize("cache", FP8)
 @pytest.mark.parametrize("inp", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scale", [1.0, 0.37, 3.0])
 def test_paged_fused_converts_every_value(name, cache, inp, scale: float) -> None:
+    _skip_unsupported(name, "paged", cache, inp)
     rows = _every_value(inp, 128)
     pools = _paged_pair(name, cache, 1, 128, blocks=rows.shape[0] // 16 + 1)
     slots = torch.arange(rows.shape[0], device="cuda")
@@ -101,9 +111,11 @@ def test_paged_fused_converts_every_value(name, cache, inp, scale: float) -> Non
 
 @pytest.mark.parametrize("layout,name", [("mla", "mla_triton"), ("mla", "mla_cuda"), ("mla", "mla_cat_copy"),
                                          ("paged", "paged_triton"), ("paged", "paged_cuda"),
-                                         ("paged", "paged_unfused")])
+                                         ("paged", "paged_unfused"), ("mla", "vllm_concat_and_cache_mla"),
+                                         ("paged", "vllm_reshape_and_cache_flash")])
 def test_writers_replay_in_cuda_graphs(layout: str, name: str) -> None:
     """Captured once, replayed with new slots and inputs written into the captured tensors."""
+    _skip_unsupported(name, layout, torch.float8_e4m3fn, torch.bfloat16)
     if layout == "mla":
         pools = _mla_pair(name, torch.float8_e4m3fn, rows=1000)
         latent = torch.zeros((64, 1, 576), dtype=torch.bfloat16, device="cuda")
@@ -138,3 +150,33 @@ def test_writers_replay_in_cuda_graphs(layout: str, name: str) -> None:
     a = ref.kv_buffer[0] if layout == "mla" else ref.key_cache[0]
     b = got.kv_buffer[0] if layout == "mla" else got.key_cache[0]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("layout", ["mla", "paged"])
+@pytest.mark.parametrize("skip", [0, -1])
+def test_vllm_peers_int32_slots_and_skip(layout: str, skip: int) -> None:
+    """int32 slots are widened (vLLM's kernels read int64); MLA: the reserved slot 0 is never
+    written by the skip kernel, and with no reserved slot vLLM's kernel runs verbatim."""
+    name = "vllm_concat_and_cache_mla" if layout == "mla" else "vllm_reshape_and_cache_flash"
+    _skip_unsupported(name, layout, torch.bfloat16, torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    if layout == "mla":
+        pools = _mla_pair(name, torch.bfloat16, rows=300)
+        latent = torch.randn((64, 1, 576), generator=gen).to(torch.bfloat16).cuda()
+        loc = torch.randperm(300, generator=gen)[:64].to(torch.int32).cuda()
+        loc[3] = 0
+        for p in pools:
+            if skip == 0:
+                p.set_mla_kv_buffer(0, loc, latent[..., :512], latent[..., 512:])
+            else:
+                p.set_kv_buffer(0, loc, latent)
+        assert torch.equal(pools[0].kv_buffer[0], pools[1].kv_buffer[0])
+        assert dict(pools[1].path_counts) == {"slots_int64_then_fused": 1}
+    else:
+        pools = _paged_pair(name, torch.bfloat16, 1, 128, blocks=40)
+        rows = torch.randn((64, 1, 128), generator=gen).to(torch.bfloat16).cuda()
+        loc = torch.randperm(640, generator=gen)[:64].to(torch.int32).cuda()
+        loc[::7] = -1
+        for p in pools:
+            p.reshape_and_cache_flash(0, rows, rows, loc)
+        assert torch.equal(pools[0].key_cache[0], pools[1].key_cache[0])

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from kvprof.bench.run import writes_per_graph
-from kvprof.bench.timing import copy_rate_gbs, time_eager, time_graph
+from kvprof.bench.timing import copy_rate_gbs, time_cold, time_eager, time_graph
 from kvprof.core.atomic import atomic_write_bytes
 from kvprof.core.bench_result import BenchTarget
 from kvprof.core.errors import KvprofError, UsageError
@@ -39,6 +39,8 @@ from kvprof.kvcache.layouts.layout import get_layout
 from kvprof.kvcache.layouts.workload import BlockTables
 from kvprof.kvcache.mla_pool import MLAPool
 from kvprof.kvcache.paged_pool import PagedPool
+from kvprof.kvcache.writers.card_tables import describe as describe_tables, tables_report
+from kvprof.kvcache.writers.triton_launch import launch_counts
 
 TARGET = BenchTarget()  # the MHA bench's default target: 1.2 µs + bytes / (0.9 x copy rate)
 TOKENS = (1, 8, 64, 512, 4096, 32768)
@@ -128,11 +130,16 @@ class LayoutCase:
         return None
 
 
-def bench_point(case: LayoutCase, variant: str, writer: Any, replays: int, eager_repeats: int) -> list[dict[str, Any]]:
+MODES = ("graph", "eager", "cold")  # cold: one write after an L2 flush (kvprof.bench.timing.time_cold)
+DEFAULT_MODES = ("graph", "eager")
+
+
+def bench_point(case: LayoutCase, variant: str, writer: Any, replays: int, eager_repeats: int,
+                modes: Sequence[str] = DEFAULT_MODES) -> list[dict[str, Any]]:
     point = case.point
     base = {**asdict(point), "shape": point.shape, "dtype": point.dtype_label, "variant": variant,
             "bytes": point.bytes_moved(), "writes_per_sample": case.writes}
-    modes = ("graph", "eager") if case.device.type == "cuda" else ("eager",)
+    modes = tuple(modes) if case.device.type == "cuda" else ("eager",)
     if isinstance(writer, KvprofError):
         return [{**base, "mode": m, "status": "unavailable", "reason": str(writer)} for m in modes]
     reason = writer.unsupported_reason(case.device, case.cache, case.inp)
@@ -155,8 +162,13 @@ def bench_point(case: LayoutCase, variant: str, writer: Any, replays: int, eager
     for mode in modes:
         pool.path_counts.clear()
         try:
-            t = time_graph(step, case.writes, replays) if mode == "graph" else time_eager(
-                step, case.writes, eager_repeats, case.device)
+            if mode == "graph":
+                t = time_graph(step, case.writes, replays)
+            elif mode == "cold":
+                first = case.locs[0]
+                t = time_cold(lambda: case.write(pool, first), replays, case.device)  # noqa: F821
+            else:
+                t = time_eager(step, case.writes, eager_repeats, case.device)
         except Exception as exc:  # noqa: BLE001
             out.append({**base, "mode": mode, "status": "failed",
                         "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]})
@@ -189,7 +201,13 @@ def derive(records: list[dict[str, Any]], rate: float) -> list[dict[str, Any]]:
 
 
 def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TOKENS, replays: int = 100,
-        eager_repeats: int = 20, pool_bytes: int = 512 << 20, on_record: Any = None) -> dict[str, Any]:
+        eager_repeats: int = 20, pool_bytes: int = 512 << 20, on_record: Any = None,
+        modes: Sequence[str] = DEFAULT_MODES, only: Sequence[str] | None = None) -> dict[str, Any]:
+    """``modes``: which timings (of :data:`MODES`); ``only``: the variants to run (default: the
+    layout's unfused path, peers and kvprof's writers)."""
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise UsageError(f"unknown mode {bad[0] if bad else '(none)'!r}; choose from {', '.join(MODES)}")
     rate = copy_rate_gbs(device)
     records: list[dict[str, Any]] = []
     names: list[str] = []
@@ -198,6 +216,8 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
             raise UsageError(f"the layout bench covers mla and paged, not {layout!r}")
         layout_def = get_layout(layout)
         variants = [layout_def.unfused, *layout_def.peers, *layout_def.fused]
+        if only is not None:
+            variants = [v for v in variants if v in only]
         names += variants
         writers: dict[str, Any] = {}
         for v in variants:
@@ -209,7 +229,7 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
             for t in tokens:
                 case = LayoutCase(LayoutPoint(layout, cache, inp, t), device, pool_bytes, seed=i * 1000 + t)
                 for v in variants:
-                    recs = bench_point(case, v, writers[v], replays, eager_repeats)
+                    recs = bench_point(case, v, writers[v], replays, eager_repeats, modes)
                     records += recs
                     if on_record:
                         for r in recs:
@@ -220,39 +240,51 @@ def run(layouts: Sequence[str], device: torch.device, tokens: Sequence[int] = TO
     return {"kind": "kvprof-layout-bench", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device_properties(device), "versions": versions(), "copy_rate_gbs": rate,
             "limits": {"copy_rate_gbs": rate},  # as the MHA bench's, so the dashboard's Sweeps page reads it
+            "launch_tables": tables_report(device), "launches": launch_counts(),
             "target": f"{TARGET.describe()}",
             "settings": {"replays": replays, "eager_repeats": eager_repeats,
-                         "pool_bytes": pool_bytes, "variants": names,
+                         "pool_bytes": pool_bytes, "variants": names, "modes": list(modes),
                          "mla_shape": MLA_SHAPE, "paged_shape": PAGED_SHAPE},
             "records": derive(records, rate)}
 
 
 def verdicts(result: dict[str, Any]) -> list[str]:
-    """One line per layout, dtype and fused writer: target met, faster than unfused, vs peers."""
+    """One line per mode, layout, dtype and fused writer: target met, faster than unfused, vs
+    peers (with where it is slower than a peer and by how much). Graph and cold modes where
+    measured, else eager."""
     lines = []
-    recs = [r for r in result["records"] if r.get("mode") == ("graph" if any(
-        x.get("mode") == "graph" for x in result["records"]) else "eager")]
-    for layout in ("mla", "paged"):
-        layout_def = get_layout(layout)
-        for fused in layout_def.fused:
-            mine = [r for r in recs if r["layout"] == layout and r["variant"] == fused]
-            if not mine:
-                continue
-            bad = [r for r in mine if r.get("status") != "ok"]
-            ok = [r for r in mine if r.get("status") == "ok"]
-            miss = [f"{r['dtype']} x{r['tokens']}" for r in ok if not r["meets_target"]]
-            slower = [f"{r['dtype']} x{r['tokens']}" for r in ok if r["ratio_to"].get(layout_def.unfused, 2) <= 1]
-            line = (f"{layout} {fused}: target met at {len(ok) - len(miss)}/{len(mine)} points"
-                    + (f" (missed: {', '.join(miss)})" if miss else "")
-                    + f"; faster than {layout_def.unfused} at {len(ok) - len(slower)}/{len(mine)}"
-                    + (f" (not: {', '.join(slower)})" if slower else ""))
-            for peer in layout_def.peers:
-                vs = [r["ratio_to"][peer] for r in ok if peer in r["ratio_to"]]
-                if vs:
-                    line += f"; vs {peer}: no slower at {sum(x >= 1 for x in vs)}/{len(vs)} (min ratio {min(vs):.2f})"
-            if bad:
-                line += f"; {len(bad)} points not ok ({bad[0]['status']}: {bad[0].get('reason', '')})"
-            lines.append(line)
+    present = {x.get("mode") for x in result["records"]}
+    timed = [m for m in ("graph", "cold") if m in present] or ["eager"]
+    for mode in timed:
+        recs = [r for r in result["records"] if r.get("mode") == mode]
+        for layout in ("mla", "paged"):
+            layout_def = get_layout(layout)
+            for fused in layout_def.fused:
+                mine = [r for r in recs if r["layout"] == layout and r["variant"] == fused]
+                if not mine:
+                    continue
+                bad = [r for r in mine if r.get("status") != "ok"]
+                ok = [r for r in mine if r.get("status") == "ok"]
+                miss = [f"{r['dtype']} x{r['tokens']}" for r in ok if not r["meets_target"]]
+                slower = [f"{r['dtype']} x{r['tokens']}" for r in ok
+                          if r["ratio_to"].get(layout_def.unfused, 2) <= 1]
+                line = (f"{mode} {layout} {fused}: target met at {len(ok) - len(miss)}/{len(mine)} points"
+                        + (f" (missed: {', '.join(miss)})" if miss else "")
+                        + f"; faster than {layout_def.unfused} at {len(ok) - len(slower)}/{len(mine)}"
+                        + (f" (not: {', '.join(slower)})" if slower else ""))
+                for peer in layout_def.peers:
+                    pairs = [(r, r["ratio_to"][peer]) for r in ok if peer in r["ratio_to"]]
+                    if pairs:
+                        vs = [x for _, x in pairs]
+                        line += (f"; vs {peer}: no slower at {sum(x >= 1 for x in vs)}/{len(vs)}"
+                                 f" (min ratio {min(vs):.2f})")
+                        lost = [f"{r['dtype']} x{r['tokens']} {r['median_us']:.2f} vs "
+                                f"{r['median_us'] * x:.2f} us" for r, x in pairs if x < 1]
+                        if lost:
+                            line += f" (slower: {'; '.join(lost)})"
+                if bad:
+                    line += f"; {len(bad)} points not ok ({bad[0]['status']}: {bad[0].get('reason', '')})"
+                lines.append(line)
     return lines
 
 
@@ -290,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"of {', '.join(MODES)} (comma-separated)")
+    ap.add_argument("--variants", default=None, help="only these variants (comma-separated; default: all)")
     ap.add_argument("--out", default=None, help=f"directory for {RunDir.BENCH} and {RunDir.BENCH_CSV}")
     args = ap.parse_args(argv)
     try:
@@ -297,7 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokens = [int(x) for x in args.tokens.split(",")]
         if not tokens or min(tokens) < 1 or args.replays < 1:
             raise UsageError("--tokens and --replays must be positive")
+        only = [x.strip() for x in args.variants.split(",") if x.strip()] if args.variants else None
         result = run(layouts, torch.device(args.device), tokens, replays=args.replays,
+                     modes=[x.strip() for x in args.modes.split(",") if x.strip()], only=only,
                      on_record=lambda r: print(f"  {r['layout']} {r['dtype']} x{r['tokens']} {r['variant']} "
                                                f"{r['mode']}: {r.get('median_us', r.get('status'))}", flush=True))
     except (KvprofError, ValueError) as exc:
@@ -305,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(table(result))
     print(f"copy rate {result['copy_rate_gbs']:.0f} GB/s; target {result['target']}")
+    print(describe_tables(result["launch_tables"]))
     print("\n".join(verdicts(result)))
     if args.out:
         write_files(result, Path(args.out))
