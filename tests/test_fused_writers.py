@@ -411,11 +411,15 @@ def test_fp8_cast_only_on_layouts_checked_against_triton_3_6_ptxas():
     assert not tk.fp8_cast_safe(16, 16, 16, 16, 4, 2, 16, 16)  # 1 element per thread
     for rk, bt, nw in ((128, 1, 1), (128, 4, 2), (128, 16, 4), (1024, 1, 4), (1024, 2, 4), (4096, 1, 8)):
         assert tk.fp8_cast_safe(rk, rk, rk, rk, bt, nw, rk, rk)
-    for rk in (128, 1024, 4096):  # the tables' own choices for the common shapes
-        for tokens in (1, 8, 64, 512, 4096, 32768):
-            cfg = tf.pick_config(2 * rk * 2, tokens, fp8=True)
-            chunk = rk // cfg.split
-            assert tk.fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, chunk, chunk), (rk, tokens, cfg)
+    from kvprof.kvcache.writers.triton_tables import STORE_TABLES
+
+    for card in STORE_TABLES:  # every card's fp8 table: its own choices for the common shapes
+        for rk in (128, 1024, 4096):
+            for tokens in (1, 8, 64, 512, 4096, 32768):
+                cfg = tf.pick_config(2 * rk * 2, tokens, fp8=True, card=card)
+                chunk = rk // cfg.split
+                assert tk.fp8_cast_safe(rk, rk, rk, rk, cfg.block_t, cfg.num_warps, chunk, chunk), (card, rk, tokens,
+                                                                                                      cfg)
 
 
 @needs_interpreter

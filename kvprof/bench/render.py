@@ -20,6 +20,7 @@ from rich.table import Table
 from kvprof.analysis.figures import MARK, classify, derived
 from kvprof.bench.run import KVPROF_FUSED, ROPE_KVPROF_FUSED, fused_verdicts, rope_verdicts
 from kvprof.core.bench_result import BenchResult, BenchRow
+from kvprof.kvcache.writers.card_tables import describe as describe_tables
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -234,6 +235,8 @@ def _head_line(result: BenchResult, cuda: bool) -> str:
                 + ("" if cuda else " (CUDA-graph replays on a GPU; not judged here)"))
     if is_rope(result):
         head.append("rope family: each write rotates q and k (read and written back), reads v, writes two cache rows")
+    if result.launch_tables:
+        head.append(describe_tables(result.launch_tables))
     return "  ".join(head)
 
 

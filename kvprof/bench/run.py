@@ -30,6 +30,8 @@ from kvprof.kvcache.devinfo import device_properties, torch_threads, versions
 from kvprof.kvcache.dtypes import parse_dtype, short_name
 from kvprof.kvcache.pool import KVPool
 from kvprof.kvcache.writers import create_writer, writer_names
+from kvprof.kvcache.writers.card_tables import tables_report
+from kvprof.kvcache.writers.triton_launch import launch_counts
 
 BENCH_VARIANTS = variants.DEFAULT_BENCH_VARIANTS
 # sgl-kernel's store_kv_cache, as the op (where it installs) or as its own kernels launched from
@@ -180,6 +182,15 @@ class BenchCase:
         k = torch.randn((point.tokens, point.heads, point.dim), generator=gen)
         v = torch.randn((point.tokens, point.heads, point.dim), generator=gen)
         self.k, self.v = k.to(self.inp).to(device), v.to(self.inp).to(device)
+
+    def own_inputs(self) -> BenchCase:
+        """The same point with its own copy of the rows, for a writer that changes the rows it is
+        given (``KVWriter.modifies_inputs``: SGLang's generic write divides them in place), so
+        the variants after it write the rows every variant was given. Its replays then divide
+        its copy again and again: the values change, the kernels' work does not."""
+        own = copy.copy(self)
+        own.k, own.v = self.k.clone(), self.v.clone()
+        return own
 
     def pool(self, writer_name: str, writer: Any, rows: int | None = None) -> KVPool:
         return KVPool(rows or self.rows, 1, self.cache, self.point.heads, self.point.dim, 1, self.device,
@@ -341,6 +352,7 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
         status = "not installed" if "not installed" in reason else "unavailable"
         return [row(m, status, reason=reason) for m in modes]
     writer.prepare(case.device)
+    case, extra_cases = _inputs_for(writer, case, extra_cases)
     wrong = case.check(writer)
     if wrong:
         return [row(m, "wrong", reason=wrong) for m in modes]
@@ -389,6 +401,13 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
         out.append(rec)
     del pool
     return out
+
+
+def _inputs_for(writer: Any, case: BenchCase, extra: Sequence[BenchCase]) -> tuple[BenchCase, Sequence[BenchCase]]:
+    """The cases as ``writer`` gets them: its own copy of the rows where it changes them."""
+    if getattr(writer, "modifies_inputs", False):
+        return case.own_inputs(), [c.own_inputs() for c in extra]
+    return case, extra
 
 
 def _time_other_allocation(case: BenchCase, variant: str, writer: Any, replays: int) -> Timing:
@@ -535,13 +554,15 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
                                                              *ROPE_KVPROF_FUSED]},
                              torch_threads=torch.get_num_threads(), modes=list(modes), interpreted=interpreted)
 
+    tables = tables_report(device)
+
     def result(complete: bool) -> BenchResult:
         return BenchResult(
             records=derive([copy.copy(r) for r in records], limits, target), settings=settings,
             device=device_properties(device), versions=versions(), limits=limits,
             # where a peer's kernels come from (sgl_kernel_cubin: the wheel and the cubin's hash)
             sources=sources, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            complete=complete)
+            complete=complete, launch_tables=tables, launches=launch_counts())
 
     for i, point in enumerate(points):
         if on_point:

@@ -195,6 +195,10 @@ class BenchResult:
     versions: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, float | None] = field(default_factory=dict)  # copy rate, empty-node costs
     sources: dict[str, Any] = field(default_factory=dict)  # where a peer's kernels came from
+    # which card's launch tables kvprof's Triton writers took (kvprof.kvcache.writers.card_tables.tables_report)
+    launch_tables: dict[str, Any] = field(default_factory=dict)
+    # kvprof's Triton kernels' launches: compiled path, Triton's path by reason (triton_launch.launch_counts)
+    launches: dict[str, Any] = field(default_factory=dict)
     date: str = ""
     complete: bool = True
     command: str | None = None
@@ -214,6 +218,10 @@ class BenchResult:
                                "device": self.device, "versions": self.versions, "limits": self.limits,
                                "sources": self.sources, "settings": self.settings.to_json(),
                                "records": [r.to_json() for r in self.records]}
+        if self.launch_tables:
+            doc["launch_tables"] = self.launch_tables
+        if self.launches:
+            doc["launches"] = self.launches
         if self.command is not None:
             doc["command"] = self.command
         return doc
@@ -235,7 +243,8 @@ class BenchResult:
                    device=dict(doc.get("device") or {}), versions=dict(doc.get("versions") or {}),
                    limits=dict(doc.get("limits") or {}), sources=dict(doc.get("sources") or {}),
                    date=str(doc.get("date") or ""), complete=bool(doc.get("complete", True)),
-                   command=doc.get("command"))
+                   command=doc.get("command"), launch_tables=dict(doc.get("launch_tables") or {}),
+                   launches=dict(doc.get("launches") or {}))
 
 
 __all__ = ["BENCH_KIND", "MODES", "BenchResult", "BenchRow", "BenchSettings", "BenchTarget"]

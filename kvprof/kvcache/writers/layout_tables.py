@@ -40,23 +40,41 @@ _PAGED_MID = [(512, LayoutShape(1, 4)), (_ANY, LayoutShape(2, 4))]  # rows of 51
 _PAGED_LONG = [(8, LayoutShape(1, 8, 4)), (64, LayoutShape(1, 4, 4)), (_ANY, LayoutShape(1, 16))]
 
 
-def _pick(table: list[tuple[int, LayoutShape]], tokens: int) -> LayoutShape:
+ShapeTable = list[tuple[int, LayoutShape]]
+# Per card (kvprof.kvcache.writers.card_tables: a device takes its card's row, else "fallback"):
+# MLA (16-bit, fp8, short rows) and paged (16-bit, fp8, mid rows, long rows).
+MLA_TABLES: dict[str, tuple[ShapeTable, ShapeTable, ShapeTable]] = {
+    "H200": (_MLA_16BIT, _MLA_FP8, _MLA_SHORT), "fallback": (_MLA_16BIT, _MLA_FP8, _MLA_SHORT)}
+PAGED_TABLES: dict[str, tuple[ShapeTable, ShapeTable, ShapeTable, ShapeTable]] = {
+    "H200": (_PAGED_16BIT, _PAGED_FP8, _PAGED_MID, _PAGED_LONG),
+    "fallback": (_PAGED_16BIT, _PAGED_FP8, _PAGED_MID, _PAGED_LONG)}
+SOURCES: dict[str, str] = {
+    "H200": "lab/tune_layouts.py on an H200, 2026-12-03 (lab/results/tune-layouts-2026-12-03.txt)",
+    "fallback": "the H200 row",
+}
+FALLBACK_WHY = "the only card these shapes were measured on (H200)"
+
+
+def _pick(table: ShapeTable, tokens: int) -> LayoutShape:
     return next(shape for bound, shape in table if tokens <= bound)
 
 
-def mla_shape(tokens: int, row_elems: int, fp8: bool) -> LayoutShape:
+def mla_shape(tokens: int, row_elems: int, fp8: bool, card: str | None = None) -> LayoutShape:
     """The MLA write's shape for ``tokens`` latent rows of ``row_elems`` values (``fp8``: the
-    cache is fp8, converted in the kernel)."""
+    cache is fp8, converted in the kernel) from the card's row (``card_tables.device_card``)."""
+    wide, narrow, short = MLA_TABLES.get(card or "fallback") or MLA_TABLES["fallback"]
     if row_elems < 256:
-        return _pick(_MLA_SHORT, tokens)
-    return _pick(_MLA_FP8 if fp8 else _MLA_16BIT, tokens)
+        return _pick(short, tokens)
+    return _pick(narrow if fp8 else wide, tokens)
 
 
-def paged_shape(tokens: int, row_elems: int, fp8: bool) -> LayoutShape:
+def paged_shape(tokens: int, row_elems: int, fp8: bool, card: str | None = None) -> LayoutShape:
     """The paged write's shape for ``tokens`` tokens of K and V rows of ``row_elems`` values."""
+    b16, b8, mid, long = PAGED_TABLES.get(card or "fallback") or PAGED_TABLES["fallback"]
     if row_elems <= 512:  # e.g. 1 head x 128 (Llama-3.1-70B at TP 8), the tuned case
-        return _pick(_PAGED_FP8 if fp8 else _PAGED_16BIT, tokens)
-    return _pick(_PAGED_MID if row_elems <= 4096 else _PAGED_LONG, tokens)
+        return _pick(b8 if fp8 else b16, tokens)
+    return _pick(mid if row_elems <= 4096 else long, tokens)
 
 
-__all__ = ["LayoutShape", "mla_shape", "paged_shape"]
+__all__ = ["FALLBACK_WHY", "MLA_TABLES", "PAGED_TABLES", "SOURCES", "LayoutShape", "ShapeTable", "mla_shape",
+           "paged_shape"]

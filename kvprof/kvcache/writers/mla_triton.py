@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kvprof.kvcache.contracts import MLAWriter
+from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import (
     fp8_bits,
     hw_cast_safe,
@@ -28,6 +29,7 @@ from kvprof.kvcache.writers.fp8_jit import (
 )
 from kvprof.kvcache.writers.layout_tables import mla_shape
 from kvprof.kvcache.writers.triton_convert import triton_missing
+from kvprof.kvcache.writers.triton_launch import launcher_for
 
 FUSED = "fused"
 _SAME, _TO_E4M3, _TO_E5M2 = 0, 1, 2
@@ -116,7 +118,8 @@ class MLATritonWriter(MLAWriter):
         conv = _SAME if nope.dtype == dtype else (_TO_E4M3 if dtype == torch.float8_e4m3fn else _TO_E5M2)
         r, p = nope.shape[-1], rope.shape[-1]
         rows = kv_buf.shape[0]
-        shape = mla_shape(tokens, r + p, fp8=conv != _SAME)
+        card = device_card(kv_buf.device)[0] if kv_buf.is_cuda else None  # this card's tables (card_tables)
+        shape = mla_shape(tokens, r + p, fp8=conv != _SAME, card=card)
         bt, warps = self.block_t or shape.block_t, self.num_warps or shape.num_warps
         stream = shape.stream if self.stream is None else self.stream
         block_r, block_p = triton.next_power_of_2(r), triton.next_power_of_2(p)
@@ -127,10 +130,10 @@ class MLATritonWriter(MLAWriter):
         hw_p = compiled and bool(conv) and hw_cast_safe(p, ps, bt * block_p, warps)
         pdl = compiled and (self.pdl if self.pdl is not None else pdl_capable(kv_buf.device))
         wide = rows * (r + p) >= 2**31 or (tokens + bt) * max(ns, ps) >= 2**31
-        _mla_store_kernel[(triton.cdiv(tokens, bt),)](
-            kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps, R=r, P=p, BLOCK_R=block_r, BLOCK_P=block_p,
-            BLOCK_T=bt, CONV=conv, SAT=conv == _TO_E4M3 and torch_e4m3_saturates(), HW_R=hw_r, HW_P=hw_p,
-            WIDE=wide, PDL=pdl, STREAM=stream, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+        launcher_for(_mla_store_kernel, "_mla_store_kernel").launch(
+            (-(-tokens // bt),), (kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps),
+            (r, p, block_r, block_p, bt, conv, conv == _TO_E4M3 and torch_e4m3_saturates(), hw_r, hw_p, wide, pdl,
+             stream), warps, pdl)
         return FUSED
 
 

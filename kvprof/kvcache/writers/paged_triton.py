@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kvprof.kvcache.contracts import PagedWriter
+from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import (
     fp8_bits,
     hw_cast_safe,
@@ -27,6 +28,7 @@ from kvprof.kvcache.writers.fp8_jit import (
 )
 from kvprof.kvcache.writers.layout_tables import paged_shape
 from kvprof.kvcache.writers.triton_convert import triton_missing
+from kvprof.kvcache.writers.triton_launch import launcher_for
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -98,7 +100,7 @@ class PagedTritonWriter(PagedWriter):
         rw = k_cache.shape[2] * k_cache.shape[3]
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-        shape = paged_shape(tokens, rw, fp8=fp8)
+        shape = paged_shape(tokens, rw, fp8=fp8, card=device_card(k_cache.device)[0] if k_cache.is_cuda else None)
         bt, warps, split = (self.block_t or shape.block_t, self.num_warps or shape.num_warps,
                             self.split or shape.split)
         block = triton.next_power_of_2(rw)
@@ -113,9 +115,8 @@ class PagedTritonWriter(PagedWriter):
         wide = num_slots * rw >= 2**31 or (tokens + bt) * max(ks, vs, rw) >= 2**31
         if k_scale is None:
             k_scale = v_scale = slots  # never read: FP8 is off
-        _paged_store_kernel[(triton.cdiv(tokens, bt), split)](
-            k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots, ks, vs,
-            RW=rw, BLOCK=chunk, FULL=block == rw, BLOCK_T=bt, FP8=fp8,
-            E4M3=dtype == torch.float8_e4m3fn, HW=hw, WIDE=wide,
-            PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+        launcher_for(_paged_store_kernel, "_paged_store_kernel").launch(
+            (-(-tokens // bt), split),
+            (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots, ks, vs),
+            (rw, chunk, block == rw, bt, fp8, dtype == torch.float8_e4m3fn, hw, wide, pdl), warps, pdl)
         return FUSED

@@ -58,9 +58,23 @@ ROPE_TABLE: RopeTable = [
 ]
 
 
-def pick_rope_config(head_dim: int, tokens: int, table: RopeTable | None = None) -> RopeConfig:
-    """The table's shape for a head size and a token count."""
-    for max_dim, max_tokens, cfg in table or ROPE_TABLE:
+# Per card (kvprof.kvcache.writers.card_tables: a device takes its card's row, else "fallback").
+ROPE_TABLES: dict[str, RopeTable] = {"H200": ROPE_TABLE, "fallback": ROPE_TABLE}
+SOURCES: dict[str, str] = {
+    "H200": "lab/rope_bench.py on an H200, 2026-12-04 (lab/results/rope-tune-{decode,prefill}-2026-12-04.txt)",
+    "fallback": "the H200 row",
+}
+FALLBACK_WHY = "the only card these shapes were measured on (H200)"
+
+
+def rope_table(card: str | None) -> RopeTable:
+    """The card row's table (``card_tables.device_card``), else the fallback."""
+    return ROPE_TABLES.get(card or "fallback") or ROPE_TABLES["fallback"]
+
+
+def pick_rope_config(head_dim: int, tokens: int, table: RopeTable | None = None, card: str | None = None) -> RopeConfig:
+    """The table's shape for a head size and a token count (``table`` None: the card's row)."""
+    for max_dim, max_tokens, cfg in table or rope_table(card):
         if head_dim <= max_dim and tokens <= max_tokens:
             return cfg
     return RopeConfig(1, 1, 4)
@@ -78,4 +92,5 @@ def interpreted_rope_config(heads: int, head_elements: int, tokens: int) -> Rope
     return RopeConfig(block_t, block_h, 4)
 
 
-__all__ = ["ROPE_TABLE", "RopeConfig", "RopeTable", "interpreted_rope_config", "pick_rope_config"]
+__all__ = ["FALLBACK_WHY", "ROPE_TABLE", "ROPE_TABLES", "SOURCES", "RopeConfig", "RopeTable", "interpreted_rope_config",
+           "pick_rope_config", "rope_table"]

@@ -28,8 +28,15 @@ from kvprof.core.vocab import ROPE_FUSED
 from kvprof.kvcache.contracts import ROPE_INPUTS, KVWriter, RopeKVWriter, WriterInfo, checked_impl
 from kvprof.kvcache.validation import check_buffers_inputs
 from kvprof.kvcache.writers import rope_triton_kernel as kernel
+from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import hw_cast_safe, placement_reason, uses_pdl
-from kvprof.kvcache.writers.rope_tables import RopeConfig, RopeTable, interpreted_rope_config, pick_rope_config
+from kvprof.kvcache.writers.rope_tables import (
+    RopeConfig,
+    RopeTable,
+    interpreted_rope_config,
+    pick_rope_config,
+    rope_table,
+)
 from kvprof.kvcache.writers.triton_convert import (
     FP8_DTYPES,
     INSTALL_HINT,
@@ -42,6 +49,7 @@ from kvprof.kvcache.writers.triton_convert import (
     triton,
     triton_missing,
 )
+from kvprof.kvcache.writers.triton_launch import launcher_for
 
 
 class TritonRope:
@@ -113,18 +121,22 @@ class TritonRope:
         widths = (half if is_neox else rope_dim, dim - rope_dim, v_dim)
         fp8_tiles_aligned = is_neox and dim % 16 == 0 and v_dim % 16 == 0 and all(w % 16 == 0 for w in widths)
         pow2_ok = not same and k.dtype in (torch.bfloat16, torch.float32) and fp8_out
+        # the launch table of this card's row (kvprof.kvcache.writers.card_tables), or its fallback
+        table = self.table or (rope_table(device_card(k.device)[0]) if compiled else None)
         plan = (mode, same, half, block_half, block_p, block_dv, hw and fp8_out, fp8_tiles_aligned, cols, widths,
-                pow2_ok, {"launch_pdl": True} if pdl else {}, interpreted)
+                pow2_ok, bool(pdl), interpreted, table)
         self._plans[key] = plan
         return plan
 
-    def launch_shape(self, tokens: int, heads: int, dim: int, head_elements: int, interpreted: bool) -> RopeConfig:
-        """The forced shape, the interpreter's (few large programs), or the table's."""
+    def launch_shape(self, tokens: int, heads: int, dim: int, head_elements: int, interpreted: bool,
+                     table: RopeTable | None = None) -> RopeConfig:
+        """The forced shape, the interpreter's (few large programs), or the table's (``table``:
+        the card's, default the writer's own or the fallback)."""
         if self.config is not None:
             return self.config
         if interpreted:
             return interpreted_rope_config(heads, head_elements, tokens)
-        return pick_rope_config(dim, tokens, self.table)
+        return pick_rope_config(dim, tokens, table or self.table)
 
     def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, k_buf: torch.Tensor | None,
                v_buf: torch.Tensor | None, loc: torch.Tensor | None, positions: torch.Tensor,
@@ -136,25 +148,27 @@ class TritonRope:
         if tokens == 0:
             return
         heads_q = q.shape[1]
-        heads_k, dim = k.shape[1], k.shape[2]
+        _, heads_k, dim = k.shape
         if store:
             assert k_buf is not None and v_buf is not None and v is not None and loc is not None
             v_dim, rows = v_buf.shape[2], k_buf.shape[0]
         else:
             v_dim, rows = dim, 0
-        rope_dim = cos_sin_cache.shape[1]
+        cs_rows, rope_dim = cos_sin_cache.shape
         key = (q.dtype, k.dtype, dtype, heads_q, heads_k, dim, v_dim, rows, rope_dim, is_neox, store, k.device)
         plan = self._plans.get(key) or self._plan(key, q, k, heads_k, dim, v_dim, rows, rope_dim, is_neox,
                                                   dtype, store)
-        (mode, same, half, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, pow2_ok, extra,
-         interpreted) = plan
+        (mode, same, half, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, pow2_ok, pdl,
+         interpreted, table) = plan
         k_inv = v_inv = 1.0
         if store:
             assert k_buf is not None and v_buf is not None and v is not None and loc is not None
             if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
                 raise ValueError(f"{self.name} needs contiguous K/V cache buffers")
-            if v.stride(2) != 1:
+            v_strides = v.stride()
+            if v_strides[2] != 1:
                 v = v.contiguous()  # read only: a copy changes nothing the caller sees
+                v_strides = v.stride()
             if k_scale is not None and not same:
                 mode |= kernel.MODE_K_SCALED
                 k_inv = cached_inverse(k_scale)
@@ -165,30 +179,29 @@ class TritonRope:
                     and pow2_exact(v_inv)):
                 mode |= kernel.MODE_POW2
             k_out, v_out, slots = k_buf, v_buf, loc
-            v_st, v_sh, loc_st = v.stride(0), v.stride(1), loc.stride(0)
+            v_st, v_sh, loc_st = v_strides[0], v_strides[1], loc.stride(0)
         else:
             k_out, v_out, slots, v = k, k, positions, k  # placeholders: STORE=0 compiles them out
             v_st = v_sh = loc_st = 0
         cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim,
-                                max(2 * block_half + block_p, block_dv), interpreted)
+                                max(2 * block_half + block_p, block_dv), interpreted, table)
         block_t, num_warps = cfg.block_t, cfg.num_warps
         block_hq, block_hk = min(cfg.block_h, next_pow2(heads_q)), min(cfg.block_h, next_pow2(heads_k))
         if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_hk * c, num_warps)
                                                      for c, w in zip(cols, widths) if w)):
             mode |= kernel.MODE_FP8_INT
-        reach = (tokens + block_t) * max(abs(q.stride(0)), abs(k.stride(0)), abs(v_st), 1)
+        q_st, q_sh = q.stride()[:2]
+        k_st, k_sh = k.stride()[:2]
+        reach = (tokens + block_t) * max(abs(q_st), abs(k_st), abs(v_st), 1)
         if rows * heads_k * max(dim, v_dim) > INT32_MAX or reach > INT32_MAX or cos_sin_cache.numel() > INT32_MAX:
             mode |= kernel.MODE_WIDE
-        grid = (triton.cdiv(tokens, block_t), triton.cdiv(heads_q, block_hq) + triton.cdiv(heads_k, block_hk))
-        kernel.rope_kv_kernel[grid](
-            q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows, cos_sin_cache.shape[0],
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_st, v_sh, loc_st, positions.stride(0),
-            cos_sin_cache.stride(0),
-            HQ=heads_q, HK=heads_k, D=dim, DV=v_dim, HALF=half, BLOCK_HALF=block_half, BLOCK_P=block_p,
-            BLOCK_DV=block_dv, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, MODE=mode, num_warps=num_warps,
-            enable_fp_fusion=False,
-            **extra,
-        )
+        grid = (-(-tokens // block_t), -(-heads_q // block_hq) + -(-heads_k // block_hk))
+        launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME).launch(
+            grid,
+            (q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows, cs_rows,
+             q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, positions.stride(0), cos_sin_cache.stride(0)),
+            (heads_q, heads_k, dim, v_dim, half, block_half, block_p, block_dv, block_t, block_hq, block_hk, mode),
+            num_warps, pdl, fp_fusion=False)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                is_neox: bool) -> None:

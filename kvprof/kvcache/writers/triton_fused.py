@@ -21,6 +21,7 @@ import torch
 
 from kvprof.kvcache.contracts import FUSED, KVWriter, WriterInfo
 from kvprof.kvcache.writers import triton_kernel as kernel
+from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import placement_reason, uses_pdl
 from kvprof.kvcache.writers.triton_convert import (
     FP8_DTYPES,
@@ -44,12 +45,15 @@ from kvprof.kvcache.writers.triton_kernel import (
     MODE_V_SCALED,
     MODE_WIDE,
 )
+from kvprof.kvcache.writers.triton_launch import launcher_for
 from kvprof.kvcache.writers.triton_tables import (
     TRITON_TABLE,
     TRITON_TABLE_FP8,
+    Table,
     TritonConfig,
     interpreted_config,
     pick_config,
+    store_tables,
 )
 
 
@@ -81,6 +85,7 @@ class TritonFusedWriter(KVWriter):
         self.pdl = pdl
         self.packed_fp8 = bool(packed_fp8)
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._shapes: dict[tuple[Any, ...], TritonConfig] = {}  # (tokens, plan key) -> the table's shape
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -127,8 +132,10 @@ class TritonFusedWriter(KVWriter):
         if self.packed_fp8 and kernel.packed_e4m3(hw, in_dtype, dtype):
             base |= MODE_PACKED  # ignored where a launch takes FP8_INT
         pow2_ok = not same and in_dtype in (torch.bfloat16, torch.float32) and dtype in FP8_DTYPES
+        # the launch table of this card's row (kvprof.kvcache.writers.card_tables), or its fallback
+        tables = store_tables(device_card(k_buf.device)[0]) if compiled else None
         plan = (rows, rk, rv, next_pow2(rk), next_pow2(rv), (rk + rv) * in_size, base, same,
-                {"launch_pdl": True} if pdl else {}, fp8_hw, pow2_ok, dtype in FP8_DTYPES, interpreted)
+                bool(pdl), fp8_hw, pow2_ok, dtype in FP8_DTYPES, interpreted, tables)
         self._plans[key] = plan
         return plan
 
@@ -148,9 +155,9 @@ class TritonFusedWriter(KVWriter):
             return FUSED
         key = (k_buf.shape, v_buf.shape, k_buf.device, cache_k.dtype, dtype)
         plan = self._plans.get(key) or self._plan(k_buf, v_buf, cache_k.dtype, dtype, key)
-        rows, rk, rv, bk, bv, row_bytes, mode, same, extra, fp8_hw, pow2_ok, fp8_out, interpreted = plan
-        cache_k = _rows(cache_k)
-        cache_v = _rows(cache_v)
+        rows, rk, rv, bk, bv, row_bytes, mode, same, pdl, fp8_hw, pow2_ok, fp8_out, interpreted, tables = plan
+        cache_k, k_stride = _rows(cache_k)
+        cache_v, v_stride = _rows(cache_v)
         if k_scale is not None and not same:
             mode |= MODE_K_SCALED
             k_inv = cached_inverse(k_scale)
@@ -163,9 +170,16 @@ class TritonFusedWriter(KVWriter):
             v_inv = 1.0
         if pow2_ok and mode & (MODE_K_SCALED | MODE_V_SCALED) and pow2_exact(k_inv) and pow2_exact(v_inv):
             mode |= MODE_POW2
-        cfg = self.config or self.launch_shape(tokens, row_bytes, bk + bv, fp8_out, interpreted)
+        cfg = self.config
+        if cfg is None:
+            shape_key = (tokens, key)
+            cfg = self._shapes.get(shape_key)
+            if cfg is None:
+                if len(self._shapes) > 4096:  # prefill token counts are many: bounded memo
+                    self._shapes.clear()
+                cfg = self._shapes[shape_key] = self.launch_shape(tokens, row_bytes, bk + bv, fp8_out, interpreted,
+                                                                  tables)
         block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
-        k_stride, v_stride = cache_k.stride(0), cache_v.stride(0)
         if fp8_hw and not kernel.fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split,
                                                bv // split):
             mode |= MODE_FP8_INT
@@ -173,21 +187,22 @@ class TritonFusedWriter(KVWriter):
             mode |= MODE_WIDE
         if cfg.stream:
             mode |= MODE_STREAM
-        kernel.store_kv_kernel[(triton.cdiv(tokens, block_t), split)](
-            k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride,
-            RK=rk, RV=rv, BLOCK_K=bk, BLOCK_V=bv, BLOCK_T=block_t, SPLIT=split, MODE=mode,
-            num_warps=num_warps, **extra,
-        )
+        launcher_for(kernel.store_kv_kernel, KERNEL_NAME).launch(
+            ((tokens + block_t - 1) // block_t, split),
+            (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride),
+            (rk, rv, bk, bv, block_t, split, mode), num_warps, pdl)
         return FUSED
 
 
     @staticmethod
-    def launch_shape(tokens: int, row_bytes: int, row_elements: int, fp8: bool, interpreted: bool) -> TritonConfig:
-        """The GPU tables' shape, or under Triton's interpreter its own (few large programs:
-        the interpreter pays per program, not per element; see triton_tables)."""
+    def launch_shape(tokens: int, row_bytes: int, row_elements: int, fp8: bool, interpreted: bool,
+                     tables: tuple[Table, Table] | None = None) -> TritonConfig:
+        """The GPU tables' shape (``tables``: a card's (16-bit, fp8) tables, default the
+        fallback's), or under Triton's interpreter its own (few large programs: the
+        interpreter pays per program, not per element; see triton_tables)."""
         if interpreted:
             return interpreted_config(row_elements, tokens)
-        return pick_config(row_bytes, tokens, fp8=fp8)
+        return pick_config(row_bytes, tokens, table=tables[1 if fp8 else 0] if tables else None, fp8=fp8)
 
     def info(self) -> WriterInfo:
         """``extra["interpreted"]`` when the kernel runs under Triton's interpreter (on the host,
@@ -198,11 +213,14 @@ class TritonFusedWriter(KVWriter):
         return info
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """Rows must be contiguous after the token dimension (any token stride); copy if not."""
-    if t.stride(-1) != 1 or (t.dim() == 3 and t.stride(1) != t.shape[2]) or t.dim() > 3:
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Rows must be contiguous after the token dimension (any token stride); copy if not.
+    Returns the tensor and its token stride (one ``stride()`` call: the eager write's host path)."""
+    st = t.stride()
+    if st[-1] != 1 or len(st) > 3 or (len(st) == 3 and st[1] != t.shape[2]):
         t = t.contiguous()
-    return t
+        st = t.stride()
+    return t, st[0]
 
 
 __all__ = ["INSTALL_HINT", "KINDS", "TRITON_TABLE", "TRITON_TABLE_FP8", "TritonConfig", "TritonFusedWriter",

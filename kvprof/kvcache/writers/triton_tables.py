@@ -102,14 +102,34 @@ def interpreted_config(row_elements: int, tokens: int) -> TritonConfig:
     return TritonConfig(block_t, 4, 1)
 
 
-def pick_config(row_bytes: int, tokens: int, table: Table | None = None, fp8: bool = False) -> TritonConfig:
+# Per card (kvprof.kvcache.writers.card_tables: a device takes its card's row, else "fallback"):
+# (16-bit table, fp8 table). The H200 row is the tables above.
+STORE_TABLES: dict[str, tuple[Table, Table]] = {
+    "H200": (TRITON_TABLE, TRITON_TABLE_FP8),
+    "fallback": (TRITON_TABLE, TRITON_TABLE_FP8),
+}
+SOURCES: dict[str, str] = {
+    "H200": "lab/tune_fused.py on an H200, 2026-12-02 (lab/results/tune-2026-12-02.txt, tune-fp8-, tune-fewtokens-)",
+    "fallback": "the H200 row",
+}
+FALLBACK_WHY = "the only card these shapes were measured on when it was chosen (H200)"
+
+
+def store_tables(card: str | None) -> tuple[Table, Table]:
+    """(16-bit table, fp8 table) for a card row name (``card_tables.device_card``), else the fallback."""
+    return STORE_TABLES.get(card or "fallback") or STORE_TABLES["fallback"]
+
+
+def pick_config(row_bytes: int, tokens: int, table: Table | None = None, fp8: bool = False,
+                card: str | None = None) -> TritonConfig:
     """The table's config for one token's K+V input bytes and the token count (``fp8``: the
-    cache is fp8, converted in the kernel)."""
-    for max_row, max_tokens, cfg in table or (TRITON_TABLE_FP8 if fp8 else TRITON_TABLE):
+    cache is fp8, converted in the kernel). ``table`` given: that table; else the card's row
+    (``card``: a row name of ``STORE_TABLES``; None: the fallback)."""
+    for max_row, max_tokens, cfg in table or store_tables(card)[1 if fp8 else 0]:
         if row_bytes <= max_row and tokens <= max_tokens:
             return cfg
     return TritonConfig(1, 8)
 
 
-__all__ = ["INTERPRETED_TILE", "TRITON_TABLE", "TRITON_TABLE_FP8", "Table", "TritonConfig", "interpreted_config",
-           "pick_config"]
+__all__ = ["FALLBACK_WHY", "INTERPRETED_TILE", "SOURCES", "STORE_TABLES", "TRITON_TABLE", "TRITON_TABLE_FP8", "Table",
+           "TritonConfig", "interpreted_config", "pick_config", "store_tables"]

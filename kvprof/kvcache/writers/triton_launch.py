@@ -1,0 +1,277 @@
+"""A compiled launcher for kvprof's Triton kernels: the eager write's host path without
+Triton's per-call launch machinery.
+
+``kernel[grid](*args, **constexprs)`` runs Triton's ``JITFunction.run`` on every call: it
+binds the arguments, specialises each one, formats the options into the kernel cache's key,
+checks the kernel's globals and builds launch metadata before the launch itself, tens of
+µs of host time per write. A :class:`CompiledLauncher` makes the first launch of each
+specialisation through that path (which compiles or loads the kernel and returns Triton's
+``CompiledKernel``), keeps the ``CompiledKernel`` under its own key, and launches later
+calls with the same key through the kernel's own launcher (``CompiledKernel.run``, the call
+``JITFunction.run`` ends with), on the stream and device Triton would use.
+
+The key is at least as fine as Triton's specialisation: per tensor its dtype and whether
+its address is a multiple of 16; per scalar its Python type, and per int whether it is 1,
+whether it is a multiple of 16 (both only where Triton specialises the parameter) and which
+of int32/int64/uint64 holds it; every constexpr value and launch option; the current device.
+So the kernel a key finds is the one Triton's own cache would have launched. Launch
+options go to the first (JIT) launch: the number of warps, programmatic dependent launch
+(``launch_pdl``, which Triton compiles into the ``CompiledKernel``'s launch metadata) and
+``enable_fp_fusion``.
+
+Every call that takes the JIT path is counted with its reason (:func:`launch_counts`):
+a specialisation seen for the first time, a launch hook set (Triton's profiler hooks need
+its own path), arguments whose key cannot be formed. Under Triton's interpreter
+(``TRITON_INTERPRET=1``, the CPU path) and with ``KVPROF_TRITON_LAUNCHER=0`` in the
+environment at import (or :func:`set_enabled` False) every call takes Triton's own path,
+counted under that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ENV_DISABLE = "KVPROF_TRITON_LAUNCHER"  # "0": every launch through Triton's JITFunction.run
+
+# reasons a call took Triton's own path
+FIRST = "first launch of a specialisation"
+HOOK = "a Triton launch hook is set"
+UNKEYED = "arguments without a key (a type the key does not know)"
+INTERPRETED = "Triton's interpreter"
+DISABLED = f"{ENV_DISABLE}=0"
+UNSUPPORTED = "this Triton has no CompiledKernel.run taking every parameter (3.3+)"
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_REGISTRY: list[CompiledLauncher] = []
+_LOCK = threading.Lock()
+
+
+def triton_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string; (0, 0) where it does not read."""
+    try:
+        major, minor = text.split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except ValueError:
+        return 0, 0
+
+
+def _disabled_by_env() -> bool:
+    return os.environ.get(ENV_DISABLE, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+_ON = not _disabled_by_env()  # read once, at import (a per-call read of the environment costs the path)
+
+
+def set_enabled(on: bool) -> bool:
+    """Turn the compiled path on or off for every launcher (off: every call takes Triton's
+    path, counted under ``KVPROF_TRITON_LAUNCHER=0``); returns the previous setting."""
+    global _ON
+    before, _ON = _ON, bool(on)
+    return before
+
+
+def _int_class(v: int) -> int:
+    """0: int32, 1: int64, 2: uint64 (Triton's three integer argument types)."""
+    if _INT32[0] <= v <= _INT32[1]:
+        return 0
+    return 2 if v >= 1 << 63 else 1
+
+
+def key_source(example: Sequence[Any], specialized: Sequence[bool]) -> str:
+    """The body of the key function for arguments shaped like ``example`` (``a``: the
+    argument tuple): per tensor its dtype and 16-byte alignment, per int its type, class and
+    (where ``specialized``) ==1 and %16, per float or bool its type, else the value itself."""
+    parts: list[str] = []
+    for i, (value, spec) in enumerate(zip(example, specialized)):
+        a = f"a[{i}]"
+        if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+            parts.append(f"{a}.dtype, not {a}.data_ptr() & 15")
+        elif type(value) is int:  # int32 (True) or cls + 2 (int64 3, uint64 4): never equal to True
+            cls = f"(-2147483648 <= {a} <= 2147483647 or cls({a}) + 2)"
+            parts.append(f"type({a}), {a} == 1, not {a} & 15, {cls}" if spec else f"type({a}), {cls}")
+        elif isinstance(value, (bool, float)):
+            parts.append(f"type({a})")
+        else:
+            parts.append(a)
+    return "lambda a: (" + ", ".join(parts) + (",)" if len(parts) == 1 else ")")
+
+
+class CompiledLauncher:
+    """Launches one ``@triton.jit`` kernel; see the module's docstring.
+
+    ``launch(grid, args, consts, num_warps, pdl, fp_fusion)``: ``args`` the runtime
+    arguments in the kernel's order, ``consts`` the values of its constexpr parameters that
+    follow them, in order (every constexpr given: no defaults)."""
+
+    def __init__(self, fn: Any, name: str, *, compiled: bool | None = None,
+                 device: Callable[[], int] | None = None, stream: Callable[[int], int] | None = None,
+                 hooks: Callable[[], bool] | None = None) -> None:
+        """``compiled``/``device``/``stream``/``hooks`` are for tests (a fake kernel on a CPU):
+        by default they come from Triton (``compiled``: the kernel is not the interpreter's)."""
+        self.fn = fn
+        self.name = name
+        self._kernels: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+        self._keyfn: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None
+        self._const_names: tuple[str, ...] | None = None
+        self._compiled = compiled
+        self._off: str | None = None  # why every call takes Triton's path, for good
+        self._device, self._stream, self._hooks = device, stream, hooks
+        self.fast = 0
+        self.slow: Counter[str] = Counter()
+        _REGISTRY.append(self)
+
+    # -- set-up, once -------------------------------------------------------------------
+    def _setup(self) -> str | None:
+        """None when the fast path may run, else why every call takes Triton's path."""
+        if self._compiled is None:
+            try:
+                from triton.runtime.interpreter import InterpretedFunction
+            except ImportError:
+                InterpretedFunction = ()  # noqa: N806  (no interpreter: nothing is one)
+            self._compiled = not isinstance(self.fn, InterpretedFunction)
+        if not self._compiled:
+            return INTERPRETED
+        if self._device is None or self._stream is None or self._hooks is None:
+            try:
+                import triton
+                from triton import knobs
+                from triton.runtime import driver
+            except ImportError:
+                return UNSUPPORTED
+            if triton_version(triton.__version__) < (3, 3):  # constexprs joined the launcher's arguments in 3.3
+                return UNSUPPORTED
+            active = driver.active
+            # the current device as Triton reads it (torch.cuda.current_device), without its lazy-init
+            # check: the fast path runs only after a launch through Triton's path initialised CUDA
+            import torch
+
+            self._device = self._device or getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device
+            self._stream = self._stream or active.get_current_stream
+            runtime = knobs.runtime
+            self._hooks = self._hooks or (lambda: runtime.launch_enter_hook is not None
+                                          or runtime.launch_exit_hook is not None)
+        return None
+
+    def _names(self, nargs: int, nconsts: int) -> tuple[str, ...]:
+        names = tuple(getattr(self.fn, "arg_names", ()))
+        if len(names) != nargs + nconsts:
+            raise TypeError(f"{self.name}: {nargs} arguments and {nconsts} constexprs given, the kernel has "
+                            f"{len(names)} parameters")
+        return names[nargs:]
+
+    def _make_key(self, args: Sequence[Any]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+        skip = set()
+        for p in getattr(self.fn, "do_not_specialize", ()) or ():
+            skip.add(p if isinstance(p, int) else list(getattr(self.fn, "arg_names", [])).index(p))
+        src = key_source(args, [i not in skip for i in range(len(args))])
+        return eval(src, {"cls": _int_class, "type": type})  # type: ignore[no-any-return]  # noqa: S307
+
+    # -- the call -----------------------------------------------------------------------
+    def launch(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
+               pdl: bool = False, fp_fusion: bool = True) -> None:
+        keyfn = self._keyfn
+        if keyfn is None or not _ON:
+            self._first(grid, args, consts, num_warps, pdl, fp_fusion)
+            return
+        if self._hooks():  # type: ignore[misc]
+            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, HOOK)
+            return
+        try:
+            key = (self._device(), consts, num_warps, pdl, fp_fusion, keyfn(args))  # type: ignore[misc]
+            found = self._kernels.get(key)
+        except (AttributeError, TypeError):  # an argument of another kind than the first call's
+            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, UNKEYED)
+            return
+        if found is None:
+            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, key, FIRST)
+            return
+        run, function, packed = found
+        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+            self._stream(key[0]), function, packed, None, None, None, *args, *consts)  # type: ignore[misc]
+        self.fast += 1
+
+    def _first(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
+               pdl: bool, fp_fusion: bool) -> None:
+        """Until the key exists: Triton's path, with the reason the key does not (yet) exist."""
+        reason = self._off
+        if reason is None:
+            reason = DISABLED if not _ON else self._setup()
+            if reason is None:
+                try:
+                    self._const_names = self._names(len(args), len(consts))
+                    self._keyfn = self._make_key(args)
+                except (TypeError, ValueError, SyntaxError) as exc:
+                    reason = f"{UNKEYED}: {exc}"
+            if reason is not None and reason != DISABLED:
+                self._off = reason  # for good: the kernel or this Triton does not change
+        elif not _ON:
+            reason = DISABLED
+        if reason is not None:
+            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, reason)
+            return
+        self.launch(grid, args, consts, num_warps, pdl, fp_fusion)
+
+    def _jit(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
+             pdl: bool, fp_fusion: bool, key: tuple[Any, ...] | None, reason: str) -> None:
+        """Triton's own launch (``JITFunction.run``); with ``key``, its ``CompiledKernel`` is kept."""
+        self.slow[reason] += 1
+        names = self._const_names or self._names(len(args), len(consts))
+        options: dict[str, Any] = {"num_warps": num_warps}
+        if pdl:
+            options["launch_pdl"] = True
+        if not fp_fusion:
+            options["enable_fp_fusion"] = False
+        kernel = self.fn[grid](*args, **dict(zip(names, consts)), **options)
+        if key is None or kernel is None:
+            return
+        run = getattr(kernel, "run", None)
+        if run is None or not hasattr(kernel, "packed_metadata") or not hasattr(kernel, "function"):
+            self._keyfn, self._off = None, UNSUPPORTED  # every later call: Triton's path
+            return
+        meta = getattr(kernel, "metadata", None)
+        if meta is not None and bool(getattr(meta, "launch_pdl", pdl)) != bool(pdl):
+            return  # a kernel whose launch attribute is not the one asked for is never reused
+        self._kernels[key] = (run, kernel.function, kernel.packed_metadata)
+
+    def counts(self) -> dict[str, Any]:
+        """Launches on the compiled path, and Triton's path by reason; kernels kept."""
+        return {"compiled": self.fast, "triton": dict(self.slow), "kernels": len(self._kernels)}
+
+
+_BY_FN: dict[int, CompiledLauncher] = {}
+
+
+def launcher_for(fn: Any, name: str | None = None) -> CompiledLauncher:
+    """The one launcher of kernel ``fn`` (made on first use): writers look it up per call, so
+    a kernel replaced at run time (lab's probes do) gets its own."""
+    found = _BY_FN.get(id(fn))
+    if found is None or found.fn is not fn:
+        with _LOCK:
+            found = _BY_FN.get(id(fn))
+            if found is None or found.fn is not fn:
+                found = _BY_FN[id(fn)] = CompiledLauncher(fn, name or str(getattr(fn, "__name__", "kernel")))
+    return found
+
+
+def launch_counts() -> dict[str, dict[str, Any]]:
+    """Every launcher's counts, by kernel name (launchers of one kernel summed)."""
+    out: dict[str, dict[str, Any]] = {}
+    with _LOCK:
+        launchers = list(_REGISTRY)
+    for launcher in launchers:
+        c = launcher.counts()
+        if not c["compiled"] and not c["triton"]:
+            continue
+        mine = out.setdefault(launcher.name, {"compiled": 0, "triton": {}, "kernels": 0})
+        mine["compiled"] += c["compiled"]
+        mine["kernels"] += c["kernels"]
+        for reason, n in c["triton"].items():
+            mine["triton"][reason] = mine["triton"].get(reason, 0) + n
+    return out
+
+
+__all__ = ["ENV_DISABLE", "CompiledLauncher", "key_source", "launch_counts", "launcher_for", "set_enabled"]
