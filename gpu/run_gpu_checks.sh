@@ -3,7 +3,7 @@
 #   bash gpu/prepare_carry.sh orjson==3.13.0   # where a registry is reachable, once: fills .gpu/
 #   there, with .gpu/ beside the checkout:  source .gpu/env.sh; bash gpu/run_gpu_checks.sh [steps...]
 # Steps (default: env capture bench tests): env smoke tests capture settings layer layer-order bench rope
-# rope-bench peers verify shadow writer-checks dsv4, and the lab probes (lab/README.md) tune floor ablation facts.
+# rope-bench peers verify shadow writer-checks perf1 perf2 vllm-peers dsv4, and the lab probes (lab/README.md) tune floor ablation facts.
 # Results go to $OUT; logs are tee'd so a timeout still returns what ran.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -159,6 +159,31 @@ PY
     done
     ( cd /tmp/kvprof-layer-order && tar czf "$OUT/layer-order.tgz" */manifest.json */summary.json */step_timings.json )
     ;;
+  perf2)
+    stamp perf2
+    # (1) what a write itself adds to the Llama-3.1-70B TP8 decoder layer (batch 1/10/64, CUDA graphs,
+    # PDL where the writer launches with it), apart from its neighbours' run-to-run variation: the
+    # variants in rotated orders, both graphs (with and without the write) timed by CUDA events and
+    # traced, per-kernel medians of the other kernels compared (lab/layer_own_time.py); bf16 and fp8
+    # caches, so that (2) the fused quantising writes' saving against SGLang's own set_kv_buffer
+    # (div_ in place, .to, .view, store_cache) is set against what its conversion costs.
+    # (3) bench's fp8 points of the decode row shape beside SGLang's writes; (4) the same in a capture.
+    # Hard limits: 270 + 60 + 80 s after SGLang's install from .whl (first call on a fresh machine).
+    sglang_path
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 OUT=$OUT timeout ${PERF2_OWN_TIMEOUT:-270} \
+      python3 lab/layer_own_time.py --budget-s ${PERF2_OWN_BUDGET:-210} ${PERF2_OWN_ARGS:-} 2>&1 | tee "$OUT/layer-own-time.txt"
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${PERF2_BENCH_TIMEOUT:-60} python3 -m kvprof bench \
+      --variants triton_fused,store_kv_fused,cuda_fused,sglang_store_cache,sglang_set_kv_buffer,set_kv_buffer_torch \
+      --modes graph --shapes 1x128 --dtypes 'fp8_e4m3<-bf16' --tokens 1,10,64 --out "$OUT/bench-fp8" 2>&1 \
+      | tee "$OUT/bench-fp8.txt"
+    rm -rf /tmp/kvprof-perf2
+    PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout ${PERF2_CAPTURE_TIMEOUT:-80} \
+      python3 -m kvprof capture --model llama-3.1-70b --tp 8 --context layer --context-len 4096 \
+      --cache-dtype fp8_e4m3 --k-scale 0.5 --v-scale 0.5 --variants sglang_set_kv_buffer,triton_fused \
+      --phase decode --batch-sizes 1,10,64 --steps 3 --warmup 2 --reference-steps 30 --profiler torch \
+      --out /tmp/kvprof-perf2 --run-id fp8-layer --no-progress 2>&1 | tee "$OUT/capture-fp8-layer.txt"
+    ( cd /tmp/kvprof-perf2 2>/dev/null && tar czf "$OUT/capture-fp8-layer.tgz" */manifest.json */summary.json */step_timings.json )
+    ;;
   bench)
     stamp bench
     # BENCH_ARGS narrows the grid (e.g. --variants cuda_fused --tokens 1,64) for a quick look
@@ -250,6 +275,87 @@ PY
     { timeout ${WRITER_CHECKS_TIMEOUT:-150} python3 benchmarks/bench_writer_checks.py --device cuda
       timeout ${WRITER_CHECKS_TIMEOUT:-150} python3 benchmarks/bench_writer_checks.py --device cpu; } 2>&1 \
       | tee "$OUT/writer-checks.txt"
+    ;;
+  perf1)
+    stamp perf1
+    # Launch tables per card and eager launches, within PERF1_BUDGET (480) s on one card:
+    # 1. the compiled launcher's and the card tables' GPU tests (same bytes with the launcher on
+    #    and off, the kept kernel is Triton's own, graph capture of the compiled path);
+    # 2. kvprof bench's eager mode for every fused writer (store, rope + store, MLA and paged), then
+    #    the Triton writers again with KVPROF_TRITON_LAUNCHER=0 (Triton's own launch path) to compare;
+    # 3. rope + store at 4096 tokens: the table's launch shape beside candidates (lab/rope_bench.py);
+    # 4. lab/tune_cards.py with the seconds left: every candidate launch shape at the grid points the
+    #    tables decide (32x128 first), the rows to commit for this card, and kvprof's best and its
+    #    table's shape against SGLang's JIT store_cache, graph replays and after an L2 flush.
+    sglang_path
+    p1_start=$SECONDS
+    p1_budget=${PERF1_BUDGET:-480}
+    p1_left() { echo $(( p1_budget - (SECONDS - p1_start) )); }
+    p1_run() {  # p1_run SECONDS NAME CMD...: at most SECONDS (and never past the budget), output to $OUT/NAME.txt
+      local limit=$1 name=$2; shift 2
+      local left; left=$(( $(p1_left) - 5 ))
+      [ "$left" -lt "$limit" ] && limit=$left
+      if [ "$limit" -lt 10 ]; then echo "perf1: no time left for $name" | tee -a "$OUT/perf1.txt"; return; fi
+      echo "== $(date -u +%H:%M:%S) $name (limit ${limit}s): $*" | tee -a "$OUT/perf1.txt"
+      PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout -k 5 "$limit" "$@" > "$OUT/$name.txt" 2>&1
+      echo "   exit $? after $(( SECONDS - p1_start ))s" | tee -a "$OUT/perf1.txt"
+    }
+    p1_run 60 perf1-tests python3 -m pytest tests/test_triton_launch.py tests/test_card_tables.py -m gpu -q \
+      -p no:cacheprovider -rs
+    p1_run 55 perf1-eager-store python3 -m kvprof bench --modes eager \
+      --variants index_put,triton_fused,cuda_fused,store_kv_fused --shapes 8x128 --dtypes "bf16,fp8_e4m3<-bf16" \
+      --tokens 1,64,4096 --eager-repeats 20 --out "$OUT/perf1-eager-store"
+    p1_run 55 perf1-eager-rope python3 -m kvprof bench --family rope --modes eager \
+      --variants rope_then_triton_fused,rope_triton_fused,rope_cuda_fused --shapes 8x1x128 --dtypes bf16 \
+      --tokens 1,64,4096 --eager-repeats 20 --out "$OUT/perf1-eager-rope"
+    p1_run 60 perf1-eager-layouts python3 -m kvprof.bench.layouts --tokens 1,64 --replays 20 \
+      --out "$OUT/perf1-eager-layouts"
+    p1_run 30 perf1-eager-store-jit env KVPROF_TRITON_LAUNCHER=0 python3 -m kvprof bench --modes eager \
+      --variants triton_fused --shapes 8x128 --dtypes bf16 --tokens 1,4096 --eager-repeats 20 \
+      --out "$OUT/perf1-eager-store-jit"
+    p1_run 30 perf1-eager-rope-jit env KVPROF_TRITON_LAUNCHER=0 python3 -m kvprof bench --family rope --modes eager \
+      --variants rope_triton_fused --shapes 8x1x128 --dtypes bf16 --tokens 1,4096 --eager-repeats 20 \
+      --out "$OUT/perf1-eager-rope-jit"
+    # rope + store at 4096 tokens (Llama-3.1-70B TP8 per rank, 80 layers from CUDA graphs): the table's
+    # shape beside candidate prefill shapes (block_t.block_h.warps), to bring it toward its copy floor
+    p1_run 70 perf1-rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=perf1-rope-4096.json OUT="$OUT" \
+      ROPE_VARIANTS=rope_triton_fused,rope_triton_fused@2.1.2,rope_triton_fused@4.1.2,rope_triton_fused@4.1.4,\
+rope_triton_fused@8.1.4,rope_triton_fused@8.1.8,rope_triton_fused@16.1.4,rope_triton_fused@16.1.16,\
+rope_triton_fused@32.1.8,rope_triton_fused@32.1.16,rope_triton_fused@8.2.8,rope_triton_fused@16.2.8 \
+      python3 lab/rope_bench.py
+    # the sweep gets what is left; it starts no point after CARDS_BUDGET_S and rewrites its JSON after each
+    p1_sweep=$(( $(p1_left) - 10 ))
+    p1_run "$p1_sweep" perf1-cards env CARDS_BUDGET_S="${CARDS_BUDGET_S:-$(( p1_sweep - 45 ))}" OUT="$OUT" \
+      python3 lab/tune_cards.py
+    cat "$OUT/perf1.txt"
+    ;;
+  vllm-peers)
+    stamp vllm-peers
+    # vLLM's reshape_and_cache_flash and concat_and_cache_mla kernels, compiled from vLLM's source
+    # (extracted here into .gpu/vllm: python -m kvprof.kvcache.writers.vllm_src_extract VLLM_SRC),
+    # against kvprof's paged and MLA writers: build, bench (graph replays and cold, each point
+    # checked bitwise against the reference first), verify, GPU tests. At most ~470 s.
+    D=$OUT/vllm-peers; mkdir -p "$D"
+    export KVPROF_VLLM_SRC=${KVPROF_VLLM_SRC:-$PWD/.gpu/vllm} TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/kvprof-ext}
+    cp "$KVPROF_VLLM_SRC/SOURCE.json" "$D/vllm-source.json" 2>/dev/null || echo "no $KVPROF_VLLM_SRC/SOURCE.json" | tee "$D/build.txt"
+    # the two ops build at once (vLLM's kernels; kvprof's layout_store for paged_cuda/mla_cuda)
+    for mod in vllm_peers layout_cuda; do
+      timeout ${BUILD_TIMEOUT:-170} python3 -c "
+import time; t = time.time()
+from kvprof.kvcache.writers.$mod import load_extension
+m, e = load_extension(); print('$mod build', round(time.time() - t, 1), 's:', e or 'ok')
+raise SystemExit(1 if e else 0)" > "$D/build-$mod.txt" 2>&1 &
+    done
+    wait
+    cat "$D"/build-*.txt
+    cp "$TORCH_EXTENSIONS_DIR"/kvprof_vllm_peers_*/build.log "$D/build-vllm_peers.log" 2>/dev/null
+    timeout ${BENCH_TIMEOUT:-210} python3 -m kvprof.bench.layouts --layout paged,mla --modes graph,cold --replays 40 \
+      --variants paged_triton,paged_cuda,vllm_reshape_and_cache_flash,mla_triton,mla_cuda,vllm_concat_and_cache_mla \
+      --out "$D/bench" 2>&1 | tee "$D/bench.txt" | tail -40
+    timeout ${VERIFY_TIMEOUT:-45} python3 -m kvprof verify --variants vllm_reshape_and_cache_flash,vllm_concat_and_cache_mla \
+      --device cuda --budget 30 2>&1 | tee "$D/verify.txt" | tail -12
+    TRITON_INTERPRET=0 timeout ${TESTS_TIMEOUT:-60} python3 -m pytest tests/test_layouts_gpu.py -m gpu -q -rs -x \
+      -p no:cacheprovider -k vllm 2>&1 | tee "$D/gpu-tests.txt" | tail -8
     ;;
   dsv4)
     stamp dsv4

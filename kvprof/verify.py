@@ -366,7 +366,7 @@ def run_case(case: Case, writer: Writer, reference: Writer, device: torch.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wrong_qk, detail_qk, stored_k = _rope_check(case, x, got) if case.contract == "rope" else (0, "", got.k)
-    changed = _inputs_changed(case, x, got)
+    changed = _inputs_changed(case, _as_declared(case, writer, x), got)
     if changed:
         wrong_qk += sum(n for _, n in changed)
         detail_qk = "; ".join(filter(None, [detail_qk, "changed its input " + ", ".join(
@@ -410,6 +410,22 @@ def _refused(case: Case, exc: BaseException, bufs: list[tuple[str, torch.Tensor]
         return Outcome(WRONG, rows, sum(int((b != b0).sum()) for (_, b), b0 in zip(bufs, initial)),
                        f"refused ({_one_line(exc)}) after changing {where}")
     return Outcome(REFUSED, detail=_one_line(exc))
+
+
+def _as_declared(case: Case, writer: Writer, x: Inputs) -> Inputs:
+    """The inputs as the write may leave them: as they were, or, for a writer that declares it
+    changes its rows (``KVWriter.modifies_inputs``: SGLang's generic write), k and v divided by
+    the scale in place where it converts them to the cache's dtype -- exactly that, nothing else
+    (rows whose elements share memory, which ``div_`` cannot write, stay as they were)."""
+    scale = x.scale
+    if (not getattr(writer, "modifies_inputs", False) or case.contract == "rope" or case.inp == case.cache
+            or scale is None):
+        return x
+    out = x.copy()
+    for t in (out.k, out.v):
+        if int(torch._debug_has_internal_overlap(t)) != 1:
+            t.div_(scale)
+    return out
 
 
 def _inputs_changed(case: Case, x: Inputs, got: Inputs) -> list[tuple[str, int]]:

@@ -134,6 +134,14 @@ class ScalesInPlace(_Store):
         return path
 
 
+class DeclaresButZeroes(ScalesInPlace):
+    """Says it changes its rows (``modifies_inputs``, as SGLang's generic write, which divides
+    them by the scale in place) but zeroes K instead: a change other than the declared one."""
+
+    name = "declares_but_zeroes"
+    modifies_inputs = True
+
+
 class RefusesCleanly(KVWriter):
     name = "refuses_cleanly"
 
@@ -278,6 +286,10 @@ def skips_dummy_slot() -> KVWriter:
 
 def scales_in_place() -> KVWriter:
     return ScalesInPlace()
+
+
+def declares_but_zeroes() -> KVWriter:
+    return DeclaresButZeroes()
 
 
 def refuses_cleanly() -> KVWriter:

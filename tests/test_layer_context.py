@@ -212,6 +212,17 @@ def test_step_savings_are_medians_and_iqrs_of_the_reference_steps():
     assert step_savings(StepTimings(context="none", records=t.records)) == []  # writes back to back: none
 
 
+def test_step_savings_against_sglangs_generic_write():
+    """An fp8 cache: SGLang's set_kv_buffer (four conversion kernels, then its store) is a reference,
+    so a capture with it and a fused quantising writer reports that writer's saving against it."""
+    steps = {"sglang_set_kv_buffer": [12.4e6] * 5, "triton_fused": [12.0e6] * 5}
+    t = StepTimings(context="layer", records=[r for v in steps for r in (
+        _samples(v, "layer", steps[v]), _samples(v, "layer_no_write", [11e6] * 4))])
+    (s,) = step_savings(t)
+    assert (s.variant, s.against) == ("triton_fused", "sglang_set_kv_buffer")
+    assert s.saving_ns == pytest.approx(0.4e6) and s.projected_ns is None
+
+
 def _layer_trace(variant: str, layer: list[KernelSpec], positions: list[int], tmp: Path) -> tuple:
     spec = TraceSpec(variant=variant, phases=[PhaseSpec("decode", 10, 2, graph=True)], write=WriteSpec(layer),
                      fused=True, with_sync=False)

@@ -32,21 +32,24 @@ def run(name: str, seed: int = 0, cases: int = CASES, budget: float = 300.0, **k
 
 PLANTS = {"off_by_one", "one_wrong_byte", "contiguous_loc", "strided_storage", "neighbour_slot", "skips_v",
           "refuses_after_writing", "refuses_cleanly", "paged_contiguous_loc", "mla_writes_skipped", "torch_rope",
-          "stale_k_rope", "fma_rope", "sloppy_rope", "first_token_wins", "skips_dummy_slot", "scales_in_place"}
+          "stale_k_rope", "fma_rope", "sloppy_rope", "first_token_wins", "skips_dummy_slot", "scales_in_place",
+          "declares_but_zeroes"}
 
 
 # --- planted writers ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", ["off_by_one", "neighbour_slot", "skips_v", "scales_in_place"])
+@pytest.mark.parametrize("name", ["off_by_one", "neighbour_slot", "skips_v", "scales_in_place",
+                                  "declares_but_zeroes"])
 def test_row_plants_are_wrong_in_every_case_with_tokens(name, seed):
-    """Off by one row, a neighbour's row written too, V skipped, the caller's K changed in place:
-    every case that writes a token is wrong."""
+    """Off by one row, a neighbour's row written too, V skipped, the caller's K changed in place
+    (also by a writer that declares it divides its rows in place, as SGLang's does, and zeroes
+    them instead): every case that writes a token is wrong."""
     result = run(name, seed)
     (tally,) = result.writers
     assert (tally.cases, tally.wrong, tally.ok, tally.errors) == (CASES, CASES - EMPTY, EMPTY, 0)
     assert all(f.outcome == WRONG and f.wrong_rows > 0 for f in result.failures)
-    if name == "scales_in_place":  # the cache is right: only the input is named
+    if name in ("scales_in_place", "declares_but_zeroes"):  # the cache is right: only the input is named
         assert all(f.wrong_bytes == 0 and "changed its input k" in f.detail for f in result.failures)
     else:
         assert all(f.wrong_bytes > 0 for f in result.failures)
@@ -126,6 +129,16 @@ def test_right_writers_pass(name):
     assert result.passed, result.failures[:1]
     (tally,) = result.writers
     assert tally.cases == CASES and tally.ok + tally.refused == CASES and tally.ok >= CASES - 2
+
+
+def test_sglangs_generic_write_as_torch_ops_passes_with_its_declared_division():
+    """set_kv_buffer_torch divides the caller's K and V by the scale in place where it converts
+    them (KVWriter.modifies_inputs, SGLang's div_): held to exactly that change, it passes (it was
+    wrong in every converting case before verify knew the declaration)."""
+    result = run("set_kv_buffer_torch", seed=3, cases=24)
+    assert result.passed, result.failures[:1]
+    (tally,) = result.writers
+    assert tally.ok + tally.refused == 24
 
 
 @pytest.mark.slow

@@ -181,8 +181,10 @@ def test_a_name_is_keyed_by_its_layout():
 
 
 def test_builtins_of_every_layout_are_in_the_one_registry():
-    assert writer_names("mla") == ["mla_index_put", "mla_cat_copy", "sglang_mla", "mla_triton", "mla_cuda"]
-    assert writer_names("paged") == ["paged_index_put", "paged_unfused", "paged_triton", "paged_cuda"]
+    assert writer_names("mla") == ["mla_index_put", "mla_cat_copy", "sglang_mla", "vllm_concat_and_cache_mla",
+                                   "mla_triton", "mla_cuda"]
+    assert writer_names("paged") == ["paged_index_put", "paged_unfused", "vllm_reshape_and_cache_flash",
+                                     "paged_triton", "paged_cuda"]
     assert isinstance(create_writer("mla_index_put", layout="mla"), MLAWriter)
     with pytest.raises(UsageError, match="not a writer of the mha layout"):
         create_writer("mla_index_put")

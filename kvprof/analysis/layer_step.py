@@ -6,7 +6,9 @@ Pure functions; no torch.
 - ``step_savings``: from the unprofiled reference pass (``step_timings.json``), per variant
   and (phase, size), the layer step's saving against each reference variant -- ``two_stream``
   (the store engines ran before fused writes) and ``rope_then_triton_fused`` (the rotary,
-  then the fused store: what a write fused into the rotary is measured against) -- as the
+  then the fused store: what a write fused into the rotary is measured against) and
+  ``sglang_set_kv_buffer`` (SGLang's own generic write: with an fp8 cache it divides and
+  converts the rows in four kernels before its store, what a fused quantising write saves) -- as the
   reference's median step minus the variant's, with its spread (the two steps' IQRs in
   quadrature: the variants run one after another, so their steps do not pair), the
   projection from the same units timed alone (the writes-only steps' difference) and the
@@ -34,7 +36,7 @@ from kvprof.analysis.early_start import latest_end_before, predecessors
 from kvprof.analysis.gpu_groups import stream_lanes
 from kvprof.core.timings import StepSamples, StepTimings
 
-AGAINST = ("two_stream", "rope_then_triton_fused")
+AGAINST = ("two_stream", "rope_then_triton_fused", "sglang_set_kv_buffer")
 _REFERENCE = "reference"
 
 

@@ -14,6 +14,9 @@ ROPE_FUSED = "fused_into_rope"
 TWO_COPIES = "two_copies"
 TWO_STREAMS = "two_streams"
 COMPILED = "compiled"  # torch.compile's output: the kernel count decides whether it fused
+# The rows converted to the cache's dtype by separate kernels (SGLang's generic fp8 write: div_,
+# .to), then stored: not one launch, whatever the store's own launch count.
+CONVERT_THEN_STORE = "convert_then_store"
 FALLBACK_PREFIX = "fallback:"
 
 

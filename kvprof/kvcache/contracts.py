@@ -156,6 +156,10 @@ class KVWriter(ChecksItsCalls, abc.ABC):
     # takes what it copies (a strided ``loc``), so the pool skips its Python checks on the hot
     # path and runs them only to word an error.
     validates_inputs: bool = False
+    # True: ``write`` changes the caller's ``cache_k``/``cache_v`` (SGLang's generic write divides
+    # them by the scale in place). A caller that hands the same rows to several writers gives such
+    # a writer its own copies (bench does); in a layer the rows are made again each step.
+    modifies_inputs: bool = False
     # a substring of its kernel's name as traces show it (one kernel per write), where known: the
     # SGLang plugin records it with each write captured into a CUDA graph, so a trace's replayed
     # kernels can be tied to those writes (kvprof.core.sidecar.GraphWrite)
