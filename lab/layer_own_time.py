@@ -157,19 +157,20 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return float(s.median()), float(s.quantile(0.75) - s.quantile(0.25)) if len(s) >= 4 else math.nan
 
 
-def one_capture(config: Any, variant: str, rotation: int, device: torch.device, context: Any, args: argparse.Namespace,
+def one_capture(plan: Any, dtype: str, variant: str, rotation: int, device: torch.device, context: Any,
+                args: argparse.Namespace,
                 folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     from kvprof.capture.layout_session import session_for
     from kvprof.kvcache.layouts.registry import create_writer
 
-    writer = create_writer(config.layout_name(), variant)
-    reason = writer.unsupported_reason(device, config.cache_torch_dtype(), config.input_torch_dtype())
+    writer = create_writer(plan.layout, variant)
+    reason = writer.unsupported_reason(device, plan.cache_dtype, plan.input_dtype)
     if reason:
         return [], [], {"skipped": reason}
     kernels: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     info: dict[str, Any] = {"pdl": writer.launches_pdl(device)}
-    with session_for(config, writer, device, instrument=False, context=context) as session:
+    with session_for(plan, writer, device, instrument=False, context=context) as session:
         layers = len(session.layers)
         for index, spec in enumerate(session.phases):
             prepared = session.prepare(spec, index)
@@ -180,7 +181,7 @@ def one_capture(config: Any, variant: str, rotation: int, device: torch.device, 
                 for i in range(3):
                     session.run_step(prepared, i, mode)
             session.synchronize()
-            key = {"dtype": config.cache_dtype, "variant": variant, "rotation": rotation, "size": spec.size}
+            key = {"dtype": dtype, "variant": variant, "rotation": rotation, "size": spec.size}
             for mode, samples in time_modes(session, prepared, device, args.steps).items():
                 med, iqr = _stats(samples)
                 steps.append({**key, "mode": mode, "median_ns": med, "iqr_ns": iqr, "layers": layers})
@@ -315,7 +316,7 @@ def main() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from kvprof.capture.config import CaptureConfig
-    from kvprof.capture.plan import make_context
+    from kvprof.capture.plan import make_context, resolve
     from kvprof.capture.runtime import prepare
 
     out = Path(os.environ.get("OUT", "/tmp/kvprof-layer-own"))
@@ -352,17 +353,18 @@ def run(args: argparse.Namespace) -> int:
             k_scale=args.scale if fp8 else None, v_scale=args.scale if fp8 else None, context="layer",
             context_len=args.context_len, reference_steps=args.steps, layers=args.layers, profiler="torch")
         config, runtime = prepare(config)
-        context = make_context(config, runtime.device)
+        plan = resolve(config, runtime.device)
+        context = make_context(plan, runtime.device)
         if context is not None and doc.get("kernels_desc") is None:
             doc["kernels_desc"] = context.kernels.describe()
             print(f"--context layer: {doc['kernels_desc']}", flush=True)
-        setups.append((config, runtime.device, context))
+        setups.append((dtype, plan, runtime.device, context))
     print(f"contexts built: {time.monotonic() - start:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for rotation in range(args.rotations):
             order = variants[rotation % len(variants):] + variants[: rotation % len(variants)]
-            for config, device, context in setups:
-                orders[(config.cache_dtype, rotation)] = order
+            for dtype, plan, device, context in setups:
+                orders[(dtype, rotation)] = order
                 for variant in order:
                     if time.monotonic() - start > args.budget_s:
                         print(f"budget of {args.budget_s:.0f} s spent: no more captures", flush=True)
@@ -371,16 +373,16 @@ def run(args: argparse.Namespace) -> int:
                         return 0
                     t0 = time.monotonic()
                     try:
-                        k, s, info = one_capture(config, variant, rotation, device, context, args, Path(tmp))
+                        k, s, info = one_capture(plan, dtype, variant, rotation, device, context, args, Path(tmp))
                     except Exception as exc:  # noqa: BLE001 - one capture failing leaves the others
                         k, s, info = [], [], {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
                     kernels += k
                     steps += s
                     if s:
                         doc["layers"] = s[0]["layers"]
-                    doc["captures"].append({"dtype": config.cache_dtype, "rotation": rotation, "variant": variant,
+                    doc["captures"].append({"dtype": dtype, "rotation": rotation, "variant": variant,
                                             "seconds": round(time.monotonic() - t0, 1), **info})
-                    print(f"{config.cache_dtype} rotation {rotation} {variant}: {time.monotonic() - t0:.1f} s "
+                    print(f"{dtype} rotation {rotation} {variant}: {time.monotonic() - t0:.1f} s "
                           f"{info}", flush=True)
                     save()
     save()

@@ -121,9 +121,9 @@ class SglangSetKVBufferWriter(KVWriter):
         return super().unsupported_reason(device, dtype, input_dtype)
 
     def launches_pdl(self, device: torch.device) -> bool | None:
-        """SGLang's store_cache decides (its JIT kernel launches with PDL where the card has
-        it); the conversion's torch kernels launch without."""
-        return None
+        """Off CUDA, SGLang's own copies: no PDL. On CUDA SGLang's store_cache decides (its JIT
+        kernel launches with PDL where the card has it; the conversion's torch kernels without)."""
+        return None if device.type == "cuda" else False
 
     def _pool(self, k_buf: torch.Tensor, v_buf: torch.Tensor, dtype: torch.dtype) -> Any:
         heads, dim, v_dim = k_buf.shape[1], k_buf.shape[2], v_buf.shape[2]
