@@ -84,8 +84,10 @@ def test_every_sidecar_key_is_documented():
     """The SGLang plugin's sidecar: every key of the document and of its pools, device and graphs."""
     import msgspec
 
-    from kvprof.core.sidecar import CapturedGraph, GraphWrite, Sidecar, SidecarDevice, SidecarLedger, SidecarPool
+    from kvprof.core.sidecar import (CapturedGraph, GraphWrite, ShadowMismatch, Sidecar, SidecarDevice, SidecarLedger,
+                                     SidecarPool, SidecarShadow)
 
-    for struct in (Sidecar, SidecarPool, SidecarDevice, CapturedGraph, GraphWrite, SidecarLedger):
+    for struct in (Sidecar, SidecarPool, SidecarDevice, CapturedGraph, GraphWrite, SidecarLedger, SidecarShadow,
+                   ShadowMismatch):
         assert missing(f.encode_name for f in msgspec.structs.fields(struct)) == [], struct.__name__
     assert "`kvprof.engine_sidecar/1`" in DOC.read_text() and "`kvprof.sglang_sidecar/1`" in DOC.read_text()
