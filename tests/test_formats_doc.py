@@ -84,8 +84,16 @@ def test_every_sidecar_key_is_documented():
     """The SGLang plugin's sidecar: every key of the document and of its pools, device and graphs."""
     import msgspec
 
-    from kvprof.core.sidecar import (CapturedGraph, GraphWrite, ShadowMismatch, Sidecar, SidecarDevice, SidecarLedger,
-                                     SidecarPool, SidecarShadow)
+    from kvprof.core.sidecar import (
+        CapturedGraph,
+        GraphWrite,
+        ShadowMismatch,
+        Sidecar,
+        SidecarDevice,
+        SidecarLedger,
+        SidecarPool,
+        SidecarShadow,
+    )
 
     for struct in (Sidecar, SidecarPool, SidecarDevice, CapturedGraph, GraphWrite, SidecarLedger, SidecarShadow,
                    ShadowMismatch):

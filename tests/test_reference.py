@@ -238,3 +238,40 @@ def test_a_failed_reference_pass_is_recorded_not_fatal(tmp_path, capsys, monkeyp
     assert any("no reference figures" in w for w in summary["warnings"])
     assert not [g for g in summary["groups"] if g["source"] == "reference"]
     assert "reference pass for index_put failed" in capsys.readouterr().err
+
+
+def test_a_cpu_reference_pass_draws_its_mode_order_afresh_each_step(monkeypatch):
+    """A fixed order lets a scheduler's time slice land on one mode at every round (each step of
+    one series preempted, none of another's); the order is drawn per step, the same for a seed."""
+    import torch
+
+    from kvprof.capture import reference
+    from kvprof.capture.config import CaptureConfig
+    from kvprof.capture.plan import resolve
+    from kvprof.kvcache.layouts.registry import create_writer
+
+    real = reference.StepTimer
+    cpu = torch.device("cpu")
+
+    def orders(seed: int) -> list[tuple[int, ...]]:
+        made: list[object] = []  # timers in the order the pass makes them: writes, control, control_numpy
+        started: list[int] = []
+
+        def timer(device, steps):
+            t = real(device, steps)
+            start, me = t.start, len(made)
+            made.append(t)
+            t.start = lambda: (started.append(me), start())[1]  # type: ignore[method-assign]
+            return t
+
+        monkeypatch.setattr(reference, "StepTimer", timer)
+        plan = resolve(CaptureConfig(model="tiny=2x1x64", tp=1, phases=["decode"], decode_sizes=[1], device="cpu",
+                                     reference_steps=8, seed=seed), cpu)
+        out = reference.run_reference_pass(plan, create_writer("mha", "index_put"), cpu)
+        assert [(s.mode, len(s.samples_ns)) for s in out] == [("writes", 8), ("control", 8), ("control_numpy", 8)]
+        return [tuple(started[i:i + 3]) for i in range(0, len(started), 3)]
+
+    first = orders(0)
+    assert len(first) == 8 and all(sorted(r) == [0, 1, 2] for r in first)
+    assert len(set(first)) > 1  # not one fixed order
+    assert orders(0) == first  # the same for a seed

@@ -7,20 +7,22 @@ wall clock on CPU). Modes are interleaved in rounds so that a drift in clocks or
 them alike. With a decoder context it also times the same layers without the write
 (the rest of the step) and the writes alone (the projection's per-write input).
 
-On a CPU the modes alternate step by step, and a ``control`` series is timed between
-them: the step's K and V stored at the step's slots of a scratch tensor, once per layer,
-by torch's own index_put (the same bytes and memory pattern, none of kvprof's pool or
-writer code), and a second, ``control_numpy``, the same bytes at the same slots stored by
-numpy (no torch at all: a torch that became slower slows the first control with the index_put
-variant, never this one). A shared machine runs one process slower than
-another for its whole life, or for a stretch of steps; the controls slow with it, so the
-regression gate can tell a slower machine from slower code (kvprof.analysis.gate;
-docs/formats.md has what was measured).
-"""
+On a CPU the modes alternate step by step, in an order drawn afresh each step (seeded by the
+capture's seed): a process sharing a core gets time slices of about one fixed length, so
+with a fixed order it is preempted at the same point of every round and one mode can take
+every preemption while another takes none. A ``control`` series is timed between them: the
+step's K and V stored at the step's slots of a scratch tensor, once per layer, by torch's
+own index_put (the same bytes and memory pattern, none of kvprof's pool or writer code), and
+a second, ``control_numpy``, the same bytes at the same slots stored by numpy (no torch at
+all: a torch that became slower slows the first control with the index_put variant, never
+this one). A shared machine runs one process slower than another for its whole life, or for
+a stretch of steps; the controls slow with it, so the regression gate can tell a slower
+machine from slower code (kvprof.analysis.gate; docs/formats.md has what was measured)."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import torch
@@ -124,9 +126,13 @@ def run_reference_pass(plan: CapturePlan, writer: Writer, device: torch.device,
             session.synchronize()
             timers = {mode: StepTimer(device, n) for mode in timed}
             done = 0
+            order = random.Random(plan.seed * 1_000_003 + index)
             for _ in range(math.ceil(n / per_round)):
                 count = min(per_round, n - done)
-                for mode in timed:
+                this_round = list(timed)
+                if cpu:
+                    order.shuffle(this_round)
+                for mode in this_round:
                     timer = timers[mode]
                     if spec.graph and device.type == "cuda":
                         torch.cuda._sleep(HEAD_START_CYCLES)
