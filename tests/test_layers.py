@@ -1,9 +1,11 @@
 """The architecture rules import-linter's contracts cannot state, checked on the source.
 
 Which layer may import which is in pyproject.toml's ``[tool.importlinter]`` contracts (CI runs
-``lint-imports``; docs/architecture.md lists them). Here: no import cycle among kvprof's
-modules, no private name imported across packages, and only the run directory spells a run's
-file names. Every import counts, at the top, inside a function or under TYPE_CHECKING.
+``lint-imports``; docs/architecture.md lists them). Here, on grimp's graph plus an edge for every
+module kvprof loads by a name: no import cycle, no edge up either stack, every contract kept.
+Every import counts, at the top, inside a function or under TYPE_CHECKING. And: no private name
+imported across packages, only the run directory spells a run's file names, and only the
+command line spells a ``--flag``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -513,3 +516,111 @@ def test_every_load_by_a_computed_name_is_accounted_for(tmp_path: Path) -> None:
     (planted / "a.py").write_text('import importlib\nMOD = "kvprof.b"\nimportlib.import_module(MOD)\n'
                                   'importlib.import_module(f"kvprof.pages.{n}")\n__import__(".".join(["kvprof", n]))\n')
     assert _computed_loads(planted) == {"a.py": ["5: '.'.join(['kvprof', n])"]}
+
+
+# -- flags only in kvprof/commands ------------------------------------------------------------------
+#
+# A message from below kvprof/commands names a setting by its field (kvprof.core.errors.Setting) and
+# the command line spells it as its flag (kvprof.commands.flag_namer), so no string in code outside
+# the command line spells a `--flag`. Docstrings and comments may (they are about the code).
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+# The command line itself: kvprof/commands, and kvprof/cli.py, which builds the program's parser
+# (``--version``) and argparse's one-line error (``see kvprof --help``).
+COMMAND_LINE = ("commands/", "cli.py")
+
+# Flags of other programs that kvprof runs, each where kvprof builds their command line:
+# module -> (the flags, why). Each flag listed is spelled there (the test fails on a stale one).
+OTHER_PROGRAMS = {
+    "tools/nsys.py": (frozenset({
+        "--sample", "--cpuctxsw", "--force-overwrite", "--export", "--capture-range-end", "--type", "--trace",
+        "--cuda-graph-trace", "--capture-range", "--duration", "--output", "--version",
+        "--pid", "--fork", "--mount-proc", "--kill-child", "--user", "--map-root-user"}),
+        "the argv of nsys profile, nsys export and nsys --version, and of unshare, and the errors that quote "
+        "those command lines: nsys's and unshare's own options"),
+    "kvcache/writers/sgl_cubin_extract.py": (
+        frozenset({"--no-deps", "--only-binary", "--python-version", "--platform"}),
+        "the argv of pip download, which fetches the sgl-kernel wheel"),
+    "api.py": (frozenset({"--port"}),
+               "the argv of the child python -m kvprof dashboard that dashboard_server starts, as a shell would "
+               "write it (test_the_flags_kvprof_passes_to_its_own_child_are_its_commands checks the option)"),
+}
+
+
+def _flag_strings(root: Path, others: dict[str, tuple[frozenset[str], str]]) -> list[str]:
+    """Each `--flag` in a string of code under ``root`` (a literal, or an f-string's literal text
+    taken whole) outside the command line, save another program's: ``others``' flags in their
+    module, and the flags of a parser a module builds for itself (an ``ArgumentParser`` made
+    there: its own ``python -m`` program or script), in that module or in a string that runs it
+    (``-m`` and the module's name)."""
+    trees = {f.relative_to(root).as_posix(): ast.parse(f.read_text()) for f in sorted(root.rglob("*.py"))}
+    programs = {}
+    for rel, tree in trees.items():
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        if any(_called(c) == "ArgumentParser" for c in calls):
+            programs[_module(root / rel, root)] = {a.value for c in calls if _called(c) == "add_argument"
+                                                   for a in c.args if isinstance(a, ast.Constant)}
+    found = []
+    for rel, tree in trees.items():
+        if rel.startswith(COMMAND_LINE):
+            continue
+        own = programs.get(_module(root / rel, root), set()) | others.get(rel, (frozenset(), ""))[0]
+        skip = _docstrings(tree) | {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.JoinedStr):
+                text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                text = node.value
+            else:
+                continue
+            run = set().union(*(flags for m, flags in programs.items() if f"-m {m}" in text))
+            for flag in FLAG.findall(text):
+                if flag not in own | run:
+                    found.append((node.lineno, f"{root.name}/{rel}:{node.lineno}: {flag} in {text!r}"))
+    return [line for _, line in sorted(found, key=lambda x: (x[1].split(":")[0], x[0]))]
+
+
+def test_no_string_outside_the_command_line_spells_a_flag() -> None:
+    """A setting a message names is a ``Setting`` part, spelled as a flag by kvprof.commands; what
+    remains are other programs' flags where kvprof runs them."""
+    assert _flag_strings(PKG, OTHER_PROGRAMS) == []
+
+
+def test_each_other_programs_flag_is_spelled_where_it_is_listed() -> None:
+    """No stale entry: OTHER_PROGRAMS allows exactly the flags its modules spell."""
+    unlisted = _flag_strings(PKG, {})
+    for rel, (flags, _) in OTHER_PROGRAMS.items():
+        spelled = {line.split(": ", 1)[1].split(" in ", 1)[0] for line in unlisted if line.startswith(f"kvprof/{rel}:")}
+        assert spelled == flags, rel
+
+
+def test_the_flags_kvprof_passes_to_its_own_child_are_its_commands() -> None:
+    """api.dashboard_server's ``--port`` is an option of ``kvprof dashboard``."""
+    from kvprof.cli import build_parser
+    from kvprof.commands import flag_names
+
+    assert "--port" in flag_names(build_parser("dashboard")).values()
+
+
+def test_the_flag_search_sees_what_the_command_line_would_spell(tmp_path: Path) -> None:
+    pkg = tmp_path / "kvprof"
+    (pkg / "commands").mkdir(parents=True)
+    (pkg / "commands" / "run.py").write_text('HELP = "--warmup must be >= 0"\n')
+    (pkg / "cli.py").write_text('p.add_argument("--version")\n')
+    (pkg / "low.py").write_text(
+        '"""Says --warmup in its docstring."""\n# and --warmup in a comment\n'
+        'def f(n):\n    """--steps too."""\n    raise UsageError("--warmup must be >= 0")\n'
+        'def g(n):\n    return f"raise --max-events {n:,} on a machine with more memory"\n')
+    (pkg / "prog.py").write_text('import argparse\nap = argparse.ArgumentParser()\nap.add_argument("--out")\n'
+                                 'if bad:\n    raise SystemExit("--out must be a folder")\n')
+    (pkg / "hint.py").write_text('A = "run python -m kvprof.prog --out DIR"\nB = "run python -m kvprof.prog --in DIR"\n'
+                                 'C = ["--out", "x"]\n')
+    (pkg / "tool.py").write_text('ARGV = ["nsys", "--trace=cuda", "--layers"]\n')
+    assert _flag_strings(pkg, {"tool.py": (frozenset({"--trace"}), "nsys")}) == [
+        "kvprof/hint.py:2: --in in 'run python -m kvprof.prog --in DIR'",
+        "kvprof/hint.py:3: --out in '--out'",
+        "kvprof/low.py:5: --warmup in '--warmup must be >= 0'",
+        "kvprof/low.py:7: --max-events in 'raise --max-events {} on a machine with more memory'",
+        "kvprof/tool.py:1: --layers in '--layers'",
+    ]
