@@ -87,7 +87,7 @@ def benchmark(layers: int | None = None, itl_before_ms: float | None = None,
 
 
 def check_write_kernel_regex(regex: str | None) -> None:
-    """UsageError for a --write-kernels pattern that does not compile (none given: nothing to check,
+    """UsageError for a write-kernel pattern that does not compile (none given: nothing to check,
     and nothing imported: the analysis module brings pandas, which analyze imports while its trace
     is read ahead)."""
     if regex is None:
@@ -99,9 +99,11 @@ def check_write_kernel_regex(regex: str | None) -> None:
 
 def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None = None,
             layers: int | None = None, write_kernels: bool = False,
-            write_kernel_regex: str | None = None) -> Analysis:
+            write_kernel_regex: str | None = None, names: Callable[[str], str] = str) -> Analysis:
     """kvprof's one analysis; ``write_kernels``: also classify KV-write kernels by name
-    (``write_kernel_regex`` adds a user pattern; a bad one is refused before any work)."""
+    (``write_kernel_regex`` adds a user pattern; a bad one is refused before any work; the
+    summary records where it came from as ``names`` spells the setting: default its field, the
+    command line passes its flags)."""
     from kvprof.analysis.jsonsafe import clean
     from kvprof.analysis.summary import analyze as _analyze
 
@@ -111,7 +113,8 @@ def analyze(loaded: Loaded, baseline: str | None = None, bench: Benchmark | None
     if write_kernels:
         from kvprof.analysis.write_kernels import agree_replay_warnings, write_kernel_summary
 
-        result.summary.write_kernels = clean(write_kernel_summary(loaded, write_kernel_regex, result.writes))
+        result.summary.write_kernels = clean(write_kernel_summary(loaded, write_kernel_regex, result.writes,
+                                                                  names))
         # attribution's "graph replays ... not tied to writes" said again with what the steps tie
         result.summary.warnings = agree_replay_warnings(result.summary.warnings, result.summary.write_kernels)
     return result
@@ -228,12 +231,13 @@ def compare_runs(before: Analysis, after: Analysis, pairs: list[tuple[str, str]]
 
 def regression_gate(base: Analysis, new: Analysis, threshold_pct: float, *, base_run: Loaded | None = None,
                     new_run: Loaded | None = None, include_interpreted: bool = False,
-                    check_control: bool = True) -> GateResult:
+                    check_control: bool = True, names: Callable[[str], str] = str) -> GateResult:
     """Each variant x phase x size of ``new`` against ``base`` on the most trusted source both
     measured (``base``'s trusted_sources), once the runs are comparable: regressed when slower
     by more than ``threshold_pct`` percent beyond the noise (kvprof.analysis.gate). ``base_run``/
     ``new_run``: the opened runs, for their per-step samples and manifests. ``check_control=False``
-    only to measure what an unchecked control lets through (lab/gate_false_fails.py)."""
+    only to measure what an unchecked control lets through (lab/gate_false_fails.py). ``names``:
+    how the result spells a setting it names (default its field; the command line passes its flags)."""
     from kvprof.analysis.gate import GateRun, regression_gate as _gate
 
     def side(result: Analysis, loaded: Loaded | None) -> GateRun:
@@ -243,7 +247,7 @@ def regression_gate(base: Analysis, new: Analysis, threshold_pct: float, *, base
 
     return _gate(side(base, base_run), side(new, new_run), threshold_pct,
                  source_order=base.summary.trusted_sources, include_interpreted=include_interpreted,
-                 check_control=check_control)
+                 check_control=check_control, names=names)
 
 
 def comparability(before: Analysis, after: Analysis, before_run: Loaded | None = None,
@@ -348,13 +352,15 @@ def _after_capture(layers: int, scrub: bool, result: CaptureResult, analyse: boo
 
 def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *, device: str = "auto",
            budget_s: float = 40.0, cases: int = 200, seed: int = 0, case: int | None = None,
-           started: float | None = None) -> VerifyResult:
+           started: float | None = None, names: Callable[[str], str] = str) -> VerifyResult:
     """Differential testing of writers against their layout's reference (``kvprof.verify``):
     ``variants`` registered names or ``module:function`` specs (None: every registered writer
     that runs on ``device``), at most ``cases`` each, until ``budget_s`` seconds have passed;
     ``case``: only that case of each; ``started``: the ``time.perf_counter()`` the budget counts
-    from (default: now). On a CPU the Triton writers run in Triton's interpreter
-    (set here when the environment does not say, before any writer is imported)."""
+    from (default: now); ``names``: how a failing case's rerun command spells these settings
+    (default their names here; the command line passes its flags). On a CPU the Triton writers
+    run in Triton's interpreter (set here when the environment does not say, before any writer
+    is imported)."""
     from kvprof.kvcache.devinfo import resolve_device, triton_interpreter
 
     dev = resolve_device(device)
@@ -362,7 +368,7 @@ def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None 
     from kvprof.verify import verify as _verify
 
     return _verify(variants, layouts, device=dev, budget_s=budget_s, cases=cases, seed=seed, case=case,
-                   interpreted=interpreted, started=started)
+                   interpreted=interpreted, started=started, names=names)
 
 
 def verify_pdl(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *,
@@ -406,7 +412,7 @@ def render_capture(result: CaptureResult, names: Callable[[str], str] = str) -> 
         console.print(f"[yellow]analysis of the capture failed: {rendered(result.analysis_error, names)}[/] "
                       f"(run `kvprof analyze {result.run_dir}`)")
         return
-    render_first_run(result.summary, console, result.manifest, str(result.run_dir))
+    render_first_run(result.summary, console, result.manifest, str(result.run_dir), names)
 
 
 def hta_folders(run_dir: str | os.PathLike[str]) -> dict[str, Path]:

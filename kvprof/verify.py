@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from kvprof.core.errors import DeviceError, KvprofError, UsageError
+from kvprof.core.errors import DeviceError, KvprofError, Setting, UsageError, Words
 from kvprof.core.verify import ERROR, OK, REFUSED, WRONG, CaseReport, VerifyResult, WriterTally
 from kvprof.kvcache.contracts import LAYOUTS, Writer
 from kvprof.kvcache.dtypes import FP8_DTYPES, short_name
@@ -662,19 +662,23 @@ def targets(variants: Sequence[str] | None, layouts: Sequence[str] | None,
     return runnable, skipped
 
 
-def reproduce_command(device: torch.device, layout: str, spec: str, seed: int, index: int) -> str:
-    return (f"python -m kvprof verify --device {device.type} --layout {layout} --variants {spec} --seed {seed} "
-            f"--case {index}")
+def reproduce_command(device: torch.device, layout: str, spec: str, seed: int, index: int,
+                      names: Callable[[str], str] = str) -> str:
+    """The command that reruns exactly one case, its settings spelled by ``names``."""
+    return Words("python -m kvprof verify ", Setting("device"), f" {device.type} ", Setting("layouts"), f" {layout} ",
+                 Setting("variants"), f" {spec} ", Setting("seed"), f" {seed} ", Setting("case"),
+                 f" {index}").render(names)
 
 
 def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None = None, *,
            device: torch.device, budget_s: float = DEFAULT_BUDGET_S, cases: int = DEFAULT_CASES, seed: int = 0,
            case: int | None = None, interpreted: bool = False, started: float | None = None,
-           clock: Callable[[], float] = time.perf_counter) -> VerifyResult:
+           clock: Callable[[], float] = time.perf_counter, names: Callable[[str], str] = str) -> VerifyResult:
     """Run cases of every writer asked for (each its first case before any its second, the
     quickest-built first; then least time spent first) until each ran ``cases`` or ``budget_s`` has passed since the
     start (writer builds included; ``started``: a ``clock()`` value to count from instead of now);
-    ``case``: run only that case of each writer."""
+    ``case``: run only that case of each writer; ``names``: how a failing case's rerun command
+    spells its settings."""
     start = clock() if started is None else started
     result = VerifyResult(device=str(device), seed=seed, budget_s=budget_s, cases_per_writer=cases,
                           interpreted=interpreted)
@@ -708,7 +712,7 @@ def verify(variants: Sequence[str] | None = None, layouts: Sequence[str] | None 
         t.tally.seconds += clock() - began
         report = CaseReport(t.layout, t.spec, t.contract, t.next_index, out.outcome, c.text(), out.wrong_rows,
                             out.wrong_bytes, out.detail, reproduce_command(device, t.layout, t.spec, seed,
-                                                                           t.next_index))
+                                                                           t.next_index, names))
         if out.outcome in (WRONG, ERROR):
             result.failures.append(report)
         if case is not None:

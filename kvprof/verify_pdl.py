@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kvprof.core.errors import DeviceError
+from kvprof.core.errors import DeviceError, Setting, Words
 from kvprof.core.verify import PdlResult, PdlTally
 from kvprof.kvcache.contracts import Writer
 from kvprof.kvcache.layouts.layout import Layout, get_layout
@@ -40,19 +40,21 @@ MAX_POSITION = 8192
 _KERNEL: Any = None
 
 
-def pdl_refusal(device: torch.device) -> str | None:
-    """Why this device cannot run the check (one line), None when it can."""
+def pdl_refusal(device: torch.device) -> Words | None:
+    """Why this device cannot run the check (one line, naming the check by its setting), None
+    when it can."""
     import os
 
+    check = ("verify ", Setting("pdl"))
     if device.type != "cuda":
-        return (f"verify --pdl needs a CUDA GPU with programmatic dependent launch (sm_90+); the device is "
-                f"{device.type}")
+        return Words(*check, f" needs a CUDA GPU with programmatic dependent launch (sm_90+); the device is "
+                     f"{device.type}")
     major, minor = torch.cuda.get_device_capability(device)
     if major < 9:
-        return f"verify --pdl needs sm_90+ (programmatic dependent launch); {torch.cuda.get_device_name(device)} is " \
-               f"sm_{major}{minor}"
+        return Words(*check, f" needs sm_90+ (programmatic dependent launch); {torch.cuda.get_device_name(device)} "
+                     f"is sm_{major}{minor}")
     if os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no", "off"):
-        return "verify --pdl needs compiled kernels: TRITON_INTERPRET is set"
+        return Words(*check, " needs compiled kernels: TRITON_INTERPRET is set")
     return None
 
 

@@ -296,9 +296,9 @@ def test_triton_interpreter_is_set_only_on_a_cpu_and_only_when_unset(monkeypatch
     import torch
 
     from kvprof.capture import runtime
+    from kvprof.kvcache import devinfo
 
-    for name in runtime.TRITON_WRITER_MODULES:
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(devinfo, "TRITON_WRITER_MODULES", set())  # no Triton writer imported yet
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert runtime.triton_interpreter(torch.device("cuda")) is None and "TRITON_INTERPRET" not in os.environ
     assert runtime.triton_interpreter(torch.device("cpu")) == "set by kvprof"
@@ -308,7 +308,30 @@ def test_triton_interpreter_is_set_only_on_a_cpu_and_only_when_unset(monkeypatch
     assert runtime.triton_interpreter(torch.device("cpu")) is None and os.environ["TRITON_INTERPRET"] == "0"
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setitem(sys.modules, "kvprof.kvcache.writers.triton_kernel", object())  # imported before: too late
+    devinfo.decorates_triton_kernels("kvprof.kvcache.writers.triton_kernel")
     assert runtime.triton_interpreter(torch.device("cpu")) is None and "TRITON_INTERPRET" not in os.environ
+
+
+def test_every_triton_writer_module_says_so_when_imported():
+    """A writer module that decorates Triton kernels registers itself with kvprof.kvcache.devinfo
+    as it is imported (devinfo sits below the writers and names none of them), so that
+    triton_interpreter knows when it is too late to set TRITON_INTERPRET."""
+    import ast
+    import importlib
+
+    from kvprof.kvcache import devinfo
+
+    trees = {f"kvprof.kvcache.writers.{p.stem}": ast.parse(p.read_text())
+             for p in (Path(devinfo.__file__).parent / "writers").glob("*.py")}
+    decorating = sorted(m for m, tree in trees.items() if any(
+        isinstance(n, ast.FunctionDef) and any(ast.unparse(d).startswith("triton.jit") for d in n.decorator_list)
+        for n in ast.walk(tree)))
+    registering = sorted(m for m, tree in trees.items() if any(
+        isinstance(n, ast.Call) and getattr(n.func, "id", None) == "decorates_triton_kernels" for n in ast.walk(tree)))
+    assert decorating and registering == decorating
+    importlib.import_module("kvprof.kvcache.writers.triton_kernel")
+    assert {"kvprof.kvcache.writers.triton_convert", "kvprof.kvcache.writers.triton_kernel"} <= \
+        devinfo.TRITON_WRITER_MODULES
 
 
 def test_capture_restores_torch_threads(tmp_path):

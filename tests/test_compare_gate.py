@@ -195,8 +195,14 @@ def test_interpreted_rows_are_left_out_unless_asked():
     new = side(jitter(30e6, seed=3), control=jitter(4_000, seed=4), variant="triton_fused", manifest=m)
     gate = regression_gate(base, new, 10)
     assert gate.rows == [] and not gate.passed
+    # the setting that would judge it, by its field (Python) or as compare's flag (the command line)
     assert gate.left_out == ["triton_fused decode 1: ran under Triton's interpreter (its time is numpy's on the "
-                             "host, not the kernel's); --include-interpreted judges it"]
+                             "host, not the kernel's); include_interpreted judges it"]
+    from kvprof.commands.compare import flags
+
+    assert regression_gate(base, new, 10, names=flags()).left_out == [
+        "triton_fused decode 1: ran under Triton's interpreter (its time is numpy's on the host, not the kernel's); "
+        "--include-interpreted judges it"]
     gate = regression_gate(base, new, 10, include_interpreted=True)
     assert [r.variant for r in gate.regressed] == ["triton_fused"]
 
@@ -514,9 +520,15 @@ def test_an_inconclusive_row_says_how_many_steps_would_settle_it(capsys):
     from kvprof.report.terminal import table_console
 
     assert f"about {row.steps_needed} reference steps in both runs would settle it; 10 were timed" in row_text(row, 10)
-    render("table", gate, Output(console=table_console("table")), inconclusive_exit_code=8)
+    from kvprof.commands.compare import flags
+
+    # compare names capture's setting as capture's flag
+    render("table", gate, Output(console=table_console("table"), names=flags()), inconclusive_exit_code=8)
     out = capsys.readouterr().out
     assert f"capture both runs with --reference-steps {row.steps_needed} to settle 1 of them" in " ".join(out.split())
+    render("table", gate, Output(console=table_console("table")), inconclusive_exit_code=8)
+    out = capsys.readouterr().out
+    assert f"capture both runs with reference_steps {row.steps_needed} to settle 1 of them" in " ".join(out.split())
 
 
 def test_a_row_whose_level_noise_alone_exceeds_the_threshold_needs_no_step_count():

@@ -96,8 +96,11 @@ def test_kvprof_own_write_kernels_are_found_by_the_names_its_traces_show():
 
 
 def test_bad_regex_is_a_usage_error():
-    with pytest.raises(UsageError, match="--write-kernels"):
+    """Called from Python the error names the setting by its field (the command line: its flag,
+    test_bad_write_kernels_regex_is_one_line)."""
+    with pytest.raises(UsageError, match="^write_kernel_regex: not a regular expression"):
         patterns_with("store_(")
+    assert patterns_with("store_")[0].source == "write_kernel_regex"
 
 
 def test_real_traces_without_ranges_two_ranks(tmp_path: Path):
@@ -194,6 +197,9 @@ def test_synthesized_sglang_folder_per_rank_and_step(tmp_path: Path, capsys: pyt
     fams = {(t["rank"], f["family"]): f["kernels"] for t in wk["traces"] for f in t["families"]}
     assert fams == {(0, "sglang_store_cache"): 8, (0, "user"): 8, (1, "sglang_store_cache"): 8, (1, "user"): 8}
     assert wk["sidecars"][0]["tp_size"] == 2
+    # the user's pattern's source, as the command line records it: its flag
+    assert wk["patterns"][0] == {"family": "user", "regex": "^nvjet_", "kernels_per_write": 1,
+                                 "source": "--write-kernels"}
 
 
 def test_bad_write_kernels_regex_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -61,6 +61,7 @@ time in numpy, which swung by a factor of 3 between identical runs) are left out
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 from typing import Any
@@ -68,7 +69,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvprof.core.errors import TraceError
+from kvprof.core.errors import Setting, TraceError, Words
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.run import Manifest
 from kvprof.core.sources import PROFILED, TRUST_ORDER, source_names
@@ -470,11 +471,12 @@ def _timed(run: GateRun, mode: str) -> bool:
 
 def regression_gate(base: GateRun | pd.DataFrame, new: GateRun | pd.DataFrame, threshold_pct: float,
                     source_order: list[str] | None = None, include_interpreted: bool = False,
-                    check_control: bool = True) -> GateResult:
+                    check_control: bool = True, names: Callable[[str], str] = str) -> GateResult:
     """``base``/``new``: the runs (or just their group tables, kvprof.analysis.metrics.GROUP_COLUMNS);
     ``source_order``: BASE's trusted_sources. ``check_control=False`` divides by torch's control
     unchecked (what the gate did before the check; lab/gate_false_fails.py measures what that
-    lets through). Raises TraceError for step timings no clock gives (``check_timings``)."""
+    lets through). ``names``: how a row left out spells the setting that would judge it.
+    Raises TraceError for step timings no clock gives (``check_timings``)."""
     if not (math.isfinite(threshold_pct) and threshold_pct >= 0):
         raise ValueError(f"threshold must be a finite percentage >= 0, got {threshold_pct}")
     base, new = _as_run(base), _as_run(new)
@@ -500,8 +502,9 @@ def regression_gate(base: GateRun | pd.DataFrame, new: GateRun | pd.DataFrame, t
     for variant, phase, size in points:
         where = f"{variant} {phase} {size}"
         if variant in interpreted and not include_interpreted:
-            out.left_out.append(f"{where}: ran under Triton's interpreter (its time is numpy's on the host, "
-                                "not the kernel's); --include-interpreted judges it")
+            out.left_out.append(Words(f"{where}: ran under Triton's interpreter (its time is numpy's on the host, "
+                                      "not the kernel's); ", Setting("include_interpreted"),
+                                      " judges it").render(names))
             continue
         common = sorted({k[3] for k in b if k[:3] == (variant, phase, size)}
                         & {k[3] for k in n if k[:3] == (variant, phase, size)},

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ import regex
 from kvprof.analysis.engine_steps import GPU_STEPS, find_steps, step_layer_table
 from kvprof.analysis.gpu_groups import short_kernel_name
 from kvprof.core import variants
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError, Words
 from kvprof.trace.attribution_parts import untied_replays_warning
 from kvprof.trace.intervals import busy_and_overlap
 
@@ -98,15 +99,20 @@ def match_budget_s() -> float:
     return budget
 
 
-def patterns_with(user_regex: str | None) -> list[WritePattern]:
-    """The user's pattern (first, one kernel per write) and the built-ins; a bad regex is a UsageError."""
+# the setting the user's pattern is (``kvprof.api.analyze``'s ``write_kernel_regex``)
+USER_PATTERN = Setting("write_kernel_regex")
+
+
+def patterns_with(user_regex: str | None, names: Callable[[str], str] = str) -> list[WritePattern]:
+    """The user's pattern (first, one kernel per write; its source is its setting, spelled by
+    ``names``) and the built-ins; a bad regex is a UsageError."""
     out = list(BUILTIN_PATTERNS)
     if user_regex:
         try:
             regex.compile(user_regex)
         except (regex.error, OverflowError, RecursionError) as exc:
-            raise UsageError(f"--write-kernels: not a regular expression ({exc})") from None
-        out.insert(0, WritePattern("user", user_regex, 1, "--write-kernels"))
+            raise UsageError(USER_PATTERN, f": not a regular expression ({exc})") from None
+        out.insert(0, WritePattern("user", user_regex, 1, Words(USER_PATTERN).render(names)))
     return out
 
 
@@ -131,9 +137,9 @@ def classify(names: pd.Series, patterns: list[WritePattern], budget_s: float | N
             try:
                 hit = rx.search(n, timeout=max(deadline - time.monotonic(), 1e-3))
             except TimeoutError:
-                which = f"--write-kernels {p.regex!r}" if p.name == "user" else f"the pattern {p.name!r}"
+                which = (USER_PATTERN, f" {p.regex!r}") if p.name == "user" else (f"the pattern {p.name!r}",)
                 raise UsageError(
-                    f"{which}: matching {len(table):,} kernel names took more than {budget:g} s (nested "
+                    *which, f": matching {len(table):,} kernel names took more than {budget:g} s (nested "
                     f"repeats such as (a+)+ backtrack without end); simplify it, or raise {MATCH_BUDGET_ENV}"
                 ) from None
             if hit:
@@ -386,12 +392,13 @@ def stepless_writes(writes: pd.DataFrame | None, ranks: dict[str, Any]) -> list[
 
 
 def write_kernel_summary(loaded: Any, user_regex: str | None = None,
-                         writes: pd.DataFrame | None = None) -> dict[str, Any]:
+                         writes: pd.DataFrame | None = None, names: Callable[[str], str] = str) -> dict[str, Any]:
     """``summary["write_kernels"]``: per trace (rank), the name-classified KV-write kernels, and
-    the kvprof-ranged writes outside any kvprof step (``writes``: analyze's per-write table)."""
+    the kvprof-ranged writes outside any kvprof step (``writes``: analyze's per-write table;
+    ``names``: how the user's pattern's source spells its setting)."""
     from kvprof.trace.table import to_frame
 
-    patterns = patterns_with(user_regex)
+    patterns = patterns_with(user_regex, names)
     traces = []
     for t in loaded.traces:
         ev = to_frame(t.events)

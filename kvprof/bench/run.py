@@ -24,7 +24,7 @@ from kvprof.bench import grids
 from kvprof.bench.timing import Timing, copy_rate_gbs, empty_node_us, time_cold, time_eager, time_graph
 from kvprof.core import variants
 from kvprof.core.bench_result import BenchResult, BenchRow, BenchSettings, BenchTarget
-from kvprof.core.errors import KvprofError, Setting, UsageError
+from kvprof.core.errors import KvprofError, Setting, UsageError, Words, rendered
 from kvprof.kvcache.contracts import RopeKVWriter, checked_impl
 from kvprof.kvcache.devinfo import device_properties, torch_threads, versions
 from kvprof.kvcache.dtypes import parse_dtype, short_name
@@ -199,7 +199,7 @@ class BenchCase:
     def family_reason(self, writer: Any) -> str | None:
         """Why ``writer`` is not timed at this point's family, else None."""
         if isinstance(writer, RopeKVWriter):
-            return "it rotates q and k with the write: time it with kvprof bench --family rope"
+            return Words("it rotates q and k with the write: time it with kvprof bench ", Setting("family"), " rope")
         return None
 
     def write(self, pool: KVPool, loc: torch.Tensor) -> None:
@@ -333,10 +333,12 @@ def floor_allocations(point: BenchPoint, variant: str, device: torch.device) -> 
 
 
 def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eager_repeats: int,
-                  extra_cases: Sequence[BenchCase] = (), modes: Sequence[str] | None = None) -> list[BenchRow]:
+                  extra_cases: Sequence[BenchCase] = (), modes: Sequence[str] | None = None,
+                  names: Callable[[str], str] = str) -> list[BenchRow]:
     """``writer`` is built once per run (compiled writers then compile once, not per point);
     ``extra_cases``: the same point in other allocations, graph-timed too (see FLOOR_ALLOCATIONS);
-    ``modes``: which timings (default :func:`default_modes`; "cold" is one write after an L2 flush)."""
+    ``modes``: which timings (default :func:`default_modes`; "cold" is one write after an L2 flush);
+    ``names``: how a row's reason spells a setting it names."""
     point = case.point
     modes = tuple(modes or default_modes(case.device))
 
@@ -350,7 +352,7 @@ def bench_variant(case: BenchCase, variant: str, writer: Any, replays: int, eage
     reason = case.family_reason(writer) or writer.unsupported_reason(case.device, case.cache, case.inp)
     if reason:
         status = "not installed" if "not installed" in reason else "unavailable"
-        return [row(m, status, reason=reason) for m in modes]
+        return [row(m, status, reason=rendered(reason, names)) for m in modes]
     writer.prepare(case.device)
     case, extra_cases = _inputs_for(writer, case, extra_cases)
     wrong = case.check(writer)
@@ -501,13 +503,15 @@ def run_bench(
     threads: int | None = None,
     modes: Sequence[str] | None = None,
     progress: Any = None,
+    names: Callable[[str], str] = str,
 ) -> BenchResult:
     """``target``: what the fused writes are judged against (default :class:`BenchTarget`);
     ``on_partial`` gets the result so far after every point (``complete`` False), so a run
     cut short by a time limit still leaves every point it measured. ``threads``: torch's
     intra-op threads while timing (None: as they are); the result records the number used.
     ``progress``: told what runs (``describe(text)``) and when a variant's point is done
-    (``advance()``), as capture's progress bar is."""
+    (``advance()``), as capture's progress bar is. ``names``: how a row's reason spells a
+    setting it names (default its field; the command line passes its flags)."""
     if replays < 1 or eager_repeats < 1:
         raise UsageError(Setting("replays"), " and ", Setting("eager_repeats"), " must be positive")
     if threads is not None and threads < 1:
@@ -516,7 +520,7 @@ def run_bench(
     with torch_threads(threads):
         return _run_bench(list(points), variants, device, replays=replays, eager_repeats=eager_repeats,
                           pool_bytes=pool_bytes, seed=seed, target=target or BenchTarget(), on_point=on_point,
-                          on_partial=on_partial, modes=chosen, progress=progress)
+                          on_partial=on_partial, modes=chosen, progress=progress, names=names)
 
 
 def point_label(point: BenchPoint) -> str:
@@ -528,7 +532,7 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
                eager_repeats: int, pool_bytes: int, seed: int, target: BenchTarget,
                on_point: Callable[[BenchPoint], None] | None,
                on_partial: Callable[[BenchResult], None] | None, modes: tuple[str, ...],
-               progress: Any = None) -> BenchResult:
+               progress: Any = None, names: Callable[[str], str] = str) -> BenchResult:
     if progress is not None:
         progress.describe("copy rate")
     limits: dict[str, Any] = {"copy_rate_gbs": copy_rate_gbs(device), **empty_node_us(device)}
@@ -576,7 +580,7 @@ def _run_bench(points: list[BenchPoint], variants: Sequence[str], device: torch.
             if progress is not None:
                 progress.describe(f"{point_label(point)}: {variant}{' *' if variant in interpreted else ''}")
             records += bench_variant(case, variant, writers[variant], replays, eager_repeats, extra[: n - 1],
-                                     modes)
+                                     modes, names)
             if progress is not None:
                 progress.advance()
         del case, extra

@@ -41,7 +41,7 @@ def run_nsys_passes(
     and returned, never raised."""
     problems: list[KvprofError] = []
     package_root = str(Path(kvprof.__file__).resolve().parent.parent)
-    env = child_environment(pass_env=list(plan.pass_env))
+    env = child_environment(pass_env=list(plan.pass_env), names=names)
     env["PYTHONPATH"] = package_root + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["KVPROF_CHILD"] = "1"
     manifest.nsys = {"path": str(nsys), "version": nsys_version(nsys), "child_environment": describe(env)}

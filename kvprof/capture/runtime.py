@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kvprof.capture.config import CaptureConfig
-from kvprof.kvcache.devinfo import TRITON_WRITER_MODULES, resolve_device, triton_interpreter
+from kvprof.kvcache.devinfo import resolve_device, triton_interpreter
 
 
 @dataclass(frozen=True)
@@ -56,4 +56,4 @@ def prepare(config: CaptureConfig) -> tuple[CaptureConfig, Runtime]:
     return resolved, start(device, resolved.threads)
 
 
-__all__ = ["TRITON_WRITER_MODULES", "Runtime", "prepare", "start", "triton_interpreter"]
+__all__ = ["Runtime", "prepare", "start", "triton_interpreter"]

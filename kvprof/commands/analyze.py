@@ -26,9 +26,9 @@ import argparse
 import os
 from pathlib import Path
 
+from kvprof.commands import add_format_arguments, command_flags
 from kvprof.commands.argtypes import output_file, output_folder, positive_float, positive_int
 from kvprof.report.renderers import ANALYSIS, formats
-from kvprof.report.terminal import add_format_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,13 +83,14 @@ def run(args: argparse.Namespace) -> int:
     from kvprof.report.terminal import note, table_console
 
     loaded = api.open_run(Path(args.path), max_events)
+    names = command_flags(add_arguments)
     result = api.analyze(loaded, baseline=args.baseline,
                          bench=api.benchmark(args.layers, args.itl_before, args.itl_after), layers=args.layers,
-                         write_kernels=True, write_kernel_regex=args.write_kernels)
+                         write_kernels=True, write_kernel_regex=args.write_kernels, names=names)
     if not (args.quiet and args.format == "table"):  # --quiet leaves out the tables, never a document
         # rich is imported only where a table is printed
         console = table_console(args.format) if args.format == "table" else None
-        render(args.format, result, Output(console=console))
+        render(args.format, result, Output(console=console, names=names))
     if args.perfetto is not None:
         note(args.format, str(api.write_perfetto(loaded, result, args.perfetto)))
     if args.no_files:

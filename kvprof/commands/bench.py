@@ -33,6 +33,7 @@ from kvprof.bench.grids import (
     FAMILIES,
     GRID_SIZES,
 )
+from kvprof.commands import add_format_arguments, command_flags
 from kvprof.commands.argtypes import (
     fraction,
     memory_gb,
@@ -47,7 +48,6 @@ from kvprof.commands.argtypes import (
 from kvprof.core.bench_result import BenchResult, BenchTarget
 from kvprof.core.rundir import RunDir
 from kvprof.report.renderers import formats
-from kvprof.report.terminal import add_format_arguments
 
 
 def _ints(text: str) -> list[int]:
@@ -249,7 +249,8 @@ def _measure(args: argparse.Namespace, points: list[Any], variants: list[str], d
     try:
         result = run_bench(points, variants, device, replays=args.replays, eager_repeats=args.eager_repeats,
                            pool_bytes=args.pool_mb << 20, seed=args.seed, target=target, on_partial=save,
-                           threads=threads, modes=getattr(args, "modes", None), progress=bar)
+                           threads=threads, modes=getattr(args, "modes", None), progress=bar,
+                           names=command_flags(add_arguments))
         if bar is not None:
             bar.close()  # before the table: the bar is transient and would be drawn over it
         save(result)

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from kvprof.commands import flag_namer
+from kvprof.commands import command_flags
 from kvprof.commands.argtypes import (
     kv_scale,
     memory_gb,
@@ -191,9 +191,7 @@ def config_from_args(args: argparse.Namespace):  # noqa: ANN201
 
 def flags() -> Callable[[str], str]:
     """A capture setting's field -> its flag here (``decode_sizes`` -> ``--batch-sizes``)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_arguments(parser)
-    return flag_namer(parser)
+    return command_flags(add_arguments)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,8 +46,10 @@ writes a JUnit XML report with one testcase per row.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
+from kvprof.commands import add_format_arguments, command_flags
 from kvprof.commands.argtypes import non_negative_float, output_file, output_folder, positive_float, positive_int
 from kvprof.core.errors import (
     GATE_INCONCLUSIVE_EXIT_CODE,
@@ -57,7 +59,6 @@ from kvprof.core.errors import (
 )
 from kvprof.core.rundir import RunDir
 from kvprof.report.renderers import RunComparisonDoc, VariantComparisonDoc, formats
-from kvprof.report.terminal import add_format_arguments
 
 GATE_FAILED_EXIT_CODE = GATE_REGRESSED_EXIT_CODE
 NOT_COMPARABLE_EXIT_CODE = GATE_NOT_JUDGED_EXIT_CODE  # the runs differ in what they measure, or no row has a noise
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--junit needs --fail-if-slower PCT")
     if args.include_interpreted and args.fail_if_slower is None:
         raise UsageError("--include-interpreted needs --fail-if-slower PCT")
+    names = flags()
     me = api.DEFAULT_MAX_EVENTS if args.max_events is None else args.max_events
     bench = api.benchmark(args.layers, args.itl_before, args.itl_after)
     baseline = None if args.run2 else args.baseline
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                               for side, a in (("before", first), ("after", second))}
         if args.fail_if_slower is not None:
             gate = api.regression_gate(first, second, args.fail_if_slower, base_run=first_run, new_run=second_run,
-                                       include_interpreted=args.include_interpreted)
+                                       include_interpreted=args.include_interpreted, names=names)
             doc["gate"] = api.clean(gate.to_json())
             differ: list[str] = []
         else:
@@ -138,9 +140,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         doc = api.compare_variants(first, args.baseline, bench, args.layers)
         result = VariantComparisonDoc(doc)
-    render(args.format, result, Output(console=con))
+    render(args.format, result, Output(console=con, names=names))
     if gate is not None:
-        _report_gate(gate, args)
+        _report_gate(gate, args, names)
     if args.out is not None and not args.no_files:
         out = RunDir(args.out).compare
         write_json(out, doc)
@@ -160,11 +162,19 @@ def _identity(path: str, loaded: Any) -> dict[str, Any]:
             "captured_at": m.captured_at if m is not None else None, "captured": captured_text(m)}
 
 
-def _report_gate(gate: Any, args: argparse.Namespace) -> None:
+def flags() -> Callable[[str], str]:
+    """A setting's field -> its flag: compare's own, then capture's (the gate's advice names
+    capture's reference steps)."""
+    from kvprof.commands.capture import add_arguments as capture_arguments
+
+    return command_flags(add_arguments, capture_arguments)
+
+
+def _report_gate(gate: Any, args: argparse.Namespace, names: Callable[[str], str]) -> None:
     from kvprof.report.renderers import Output, render
     from kvprof.report.terminal import table_console
 
-    out = Output(console=table_console(args.format), path=args.junit)
+    out = Output(console=table_console(args.format), path=args.junit, names=names)
     render("table", gate, out, exit_code=NOT_COMPARABLE_EXIT_CODE, inconclusive_exit_code=GATE_INCONCLUSIVE_EXIT_CODE)
     if args.junit is not None:
         render("junit", gate, out, base=str(args.run), new=str(args.run2))

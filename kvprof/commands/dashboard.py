@@ -13,12 +13,14 @@ pip install -e '.[dashboard]'. Ctrl-C stops it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from kvprof.commands.argtypes import MAX_MEMORY_GB, memory_mb, output_folder, port_number
 from kvprof.core.errors import ToolError, UsageError
+from kvprof.dashboard.settings import ENV_FLAGS, NAMED
 
 DEFAULT_PORT = 8501
 DEFAULT_MAX_UPLOAD_MB = 200
@@ -88,6 +90,10 @@ def streamlit_command(args: argparse.Namespace, app: Path | None = None) -> tupl
     if roots:
         env["KVPROF_DASHBOARD_ROOTS"] = os.pathsep.join(str(r) for r in roots)
     env["KVPROF_DASHBOARD_MAX_UPLOAD_MB"] = str(args.max_upload_mb)
+    from kvprof.commands.report import page_flags
+
+    names = page_flags()
+    env[ENV_FLAGS] = json.dumps({field: names(field) for field in NAMED})  # the pages spell them as flags
     if args.cache_dir:
         env["KVPROF_DASHBOARD_CACHE"] = str(args.cache_dir.expanduser().resolve())
     cmd = [

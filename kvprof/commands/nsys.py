@@ -25,6 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvprof.commands import command_flags
 from kvprof.commands.argtypes import positive_float
 
 # nsys's exit status when --duration ran out and it ended the command with SIGTERM (its
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no command to profile: give it after --, e.g. kvprof nsys --out prof -- python run.py")
     check_profiled_command(command)
     base = RunDir.nsys_base_of(Path(args.out))
-    env = child_environment(pass_env=args.pass_env)
+    env = child_environment(pass_env=args.pass_env, names=command_flags(add_arguments))
     nsys = require_nsys()
     print(f"kvprof nsys: {nsys}; the command gets {len(env)} variables: {', '.join(describe(env))}",
           file=sys.stderr, flush=True)

@@ -9,8 +9,10 @@ extra); imports neither torch nor streamlit.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
+from kvprof.commands import command_flags
 from kvprof.commands.argtypes import output_file
 from kvprof.core.errors import ToolError, TraceError, UsageError
 from kvprof.core.rundir import RunDir
@@ -22,6 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", type=output_file, required=True, metavar="OUT.html", help="where to write the report")
     p.add_argument("--source", default=None, help="reference, nsys or kineto (default: the most trusted present)")
     p.add_argument("--baseline", default=None, help="variant the savings are against (default: analyze's)")
+
+
+def page_flags() -> Callable[[str], str]:
+    """A setting's field -> its flag, for the settings the dashboard's pages and the HTML report
+    name (kvprof.dashboard.settings.NAMED): capture's (what to capture to fill a view), this
+    command's, bench's. ``kvprof dashboard`` hands them to its server."""
+    from kvprof.commands import bench, capture
+
+    return command_flags(capture.add_arguments, add_arguments, bench.add_arguments)
 
 
 def load_run(run: Path) -> tuple[Summary, object]:
@@ -65,6 +76,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--baseline {args.baseline}: this run has {', '.join(sorted(variants))}")
     land = build(args.run.resolve().name, doc, writes, args.source, None, args.baseline)
     land.notes[:0] = summary.invalid
-    render("html", land, Output(path=args.html))
+    render("html", land, Output(path=args.html, names=page_flags()))
     print(f"kvprof report: {args.html} ({args.html.stat().st_size / 2**20:.1f} MB, source {land.source})")
     return 0

@@ -28,7 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprof.core.errors import KvprofError, UsageError
+from kvprof.commands import command_flags
+from kvprof.core.errors import KvprofError, UsageError, rendered
 from kvprof.tools.scrub import CheckReport, ScrubReport, check_path, file_kind, scrub_path, scrub_tree
 from kvprof.tools.scrub.check import COVERED
 from kvprof.tools.scrub.rules import DEFAULT_MAX_BYTES, Rules, format_bytes
@@ -100,7 +101,7 @@ class _Outcome:
     only_reports: bool = True
 
     def failed(self, exc: KvprofError) -> None:
-        print(f"kvprof scrub: {_shown(str(exc))}", file=sys.stderr)
+        print(f"kvprof scrub: {_shown(rendered(exc, command_flags(add_arguments)))}", file=sys.stderr)
         self.exit_code = self.exit_code or exc.exit_code
         self.only_reports = False
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from kvprof.commands import command_flags
 from kvprof.commands.argtypes import non_negative_int, positive_float, positive_int, positive_ints, seed
 
 
@@ -80,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pdl:
         return _run_pdl(args)
+    names = command_flags(add_arguments)
     result = api.verify(args.variants, args.layout, device=args.device, budget_s=args.budget, cases=args.cases,
-                        seed=args.seed, case=args.case, started=args.started)
+                        seed=args.seed, case=args.case, started=args.started, names=names)
     console = table_console(args.format)
-    render(args.format, result, Output(console=console if args.format == "table" else None))
+    render(args.format, result, Output(console=console if args.format == "table" else None, names=names))
     if args.format != "table":  # the verdict for people, beside the document
         console.print(verdict_line(result), soft_wrap=True, highlight=False, markup=False)
     if not result.passed:
@@ -105,10 +107,11 @@ def _run_pdl(args: argparse.Namespace) -> int:
         raise UsageError("--case reruns a case of the differential run; --pdl has none")
     result = api.verify_pdl(args.variants, args.layout, device=args.device, trials=args.trials, tokens=args.tokens,
                             seed=args.seed)
+    names = command_flags(add_arguments)
     console = table_console(args.format)
-    render(args.format, result, Output(console=console if args.format == "table" else None))
+    render(args.format, result, Output(console=console if args.format == "table" else None, names=names))
     if args.format != "table":
-        console.print(pdl_verdict(result), soft_wrap=True, highlight=False, markup=False)
+        console.print(pdl_verdict(result, names), soft_wrap=True, highlight=False, markup=False)
     if not result.passed:
         raise WrongWriteError(f"{result.stale} stale reads after griddepcontrol.wait")
     return 0

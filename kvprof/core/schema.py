@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from kvprof.core.errors import Setting
 from kvprof.core.sources import PROFILED, source_names
 
 KINDS = (
@@ -137,6 +138,7 @@ SCHEMA = pa.schema(
 # Events a trace may hold before a reader refuses it (memory bound: ~100 bytes a row in the
 # table, several times that while parsing). ``--max-events`` overrides it.
 DEFAULT_MAX_EVENTS = 4_000_000
+MAX_EVENTS = Setting("max_events")  # the setting that raises it (kvprof.api.open_run's max_events)
 # JSON values one parse may create, per allowed event (DEFAULT_MAX_EVENTS x 4 = 16M values, at
 # most ~125 bytes each once parsed: ~2 GB). torch.profiler's traces, one event per line, are
 # parsed in pieces of 50,000 events (~23 values each), far below it; a trace in another layout

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from kvprof import __version__
 from kvprof.core.atomic import atomic_file
+from kvprof.core.errors import rendered
 from kvprof.dashboard.engine_view import EngineView
 from kvprof.dashboard.landing import Landing
 from kvprof.dashboard.layer_view import GAP_INTRO, PDL_INTRO, ROPE_INTRO, LayerView
@@ -37,22 +38,23 @@ def _table(df) -> str:  # noqa: ANN001
     return display(df).to_html(index=False, escape=True, border=0)
 
 
-def _layer_sections(view: LayerView, figure: Callable[[go.Figure], str]) -> list[str]:
-    """The rotary-fusion and PDL sections of a run that has either: chart or why, notes, table."""
+def _layer_sections(view: LayerView, figure: Callable[[go.Figure], str], names: Callable[[str], str]) -> list[str]:
+    """The rotary-fusion and PDL sections of a run that has either: chart or why, notes (the
+    settings they name spelled by ``names``), table."""
     e = html.escape
     parts = []
     if view.has_rope:
         parts.append(f"<h2 id='rope'>Rotary fused into the write</h2><p class='note'>{e(ROPE_INTRO)}</p>")
         rope = view.figure("rope")
         parts += [figure(rope)] if rope is not None else []
-        parts += [f"<p class='note'>{e(n)}</p>" for n in view.rope_notes]
+        parts += [f"<p class='note'>{e(rendered(n, names))}</p>" for n in view.rope_notes]
         if len(view.rope_text):
             parts.append(_table_html(view.rope_text))
     if view.has_layer:
         parts.append(f"<h2 id='pdl'>In the decoder layer: what PDL hides</h2><p class='note'>{e(PDL_INTRO)}</p>")
         pdl = view.figure("pdl")
         parts += [figure(pdl)] if pdl is not None else []
-        parts += [f"<p class='note'>{e(n)}</p>" for n in view.pdl_notes]
+        parts += [f"<p class='note'>{e(rendered(n, names))}</p>" for n in view.pdl_notes]
         if len(view.pdl_text):
             parts.append(_table_html(view.pdl_text))
         if view.gap_notes:
@@ -81,8 +83,9 @@ def engine_sections(views: list[EngineView], figure: Callable[[go.Figure], str])
     return parts
 
 
-def render(land: Landing) -> str:
-    """The HTML document for one landing view, then the run's decoder-layer views where it has them."""
+def render(land: Landing, names: Callable[[str], str] = str) -> str:
+    """The HTML document for one landing view, then the run's decoder-layer views where it has them
+    (``names``: how a note spells a setting it names)."""
     e = html.escape
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>kvprof report · {e(land.run)}"
              f"</title><style>{CSS}</style></head><body>",
@@ -103,7 +106,7 @@ def render(land: Landing) -> str:
     parts.append("<h2>Per variant and phase</h2>" + _table_html(landing_table(land.frame, land.timing)))
     parts.append("<h2>Fused or fell back</h2>" + _table(land.verdicts))
     if land.layer is not None and not land.layer.empty:
-        parts += _layer_sections(land.layer, figure)
+        parts += _layer_sections(land.layer, figure, names)
     parts += engine_sections(land.engine, figure)
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -121,4 +124,4 @@ class HtmlReport:
 
     def render(self, result: Landing, out: Output) -> None:
         with atomic_file(out.need_path(), "w") as fh:
-            fh.write(render(result))
+            fh.write(render(result, out.names))

@@ -46,13 +46,15 @@ from kvprof.analysis.figures import (
 )
 from kvprof.analysis.layer_step import LayerSteps
 from kvprof.core import variants as V
+from kvprof.core.errors import Setting, Words
 from kvprof.dashboard import charts, frames, tables
 
 ROPE_COLUMNS = ("variant", "against", "source", "phase", "size", "phase_size", "variant_us", "against_us",
                 "saving_ms", "saving_spread_ms", "how", "why", "variant_kind", "against_kind", "saving_kind")
 PDL_COLUMNS = ("variant", "source", "phase", "size", "phase_size", "writes", "early", "same_stream", "early_pct",
                "overlap_us", "critical_us", "second_stream", "wait_us")
-CAPTURE_ROPE = "--variants rope_then_triton_fused,rope_triton_fused"
+# what a capture asks for to fill the rotary view (the setting as Words parts: the pages spell it)
+CAPTURE_ROPE = (Setting("variants"), " rope_then_triton_fused,rope_triton_fused")
 ROPE_VARIANTS = V.ROPE_VARIANTS
 # what each view is, in a sentence (the report's and the page's)
 ROPE_INTRO = ("Each variant whose one launch rotates q and k and writes K and V, against the rotary and the write as "
@@ -227,7 +229,7 @@ class LayerView:
     pdl_source: str | None = None  # the traced source the PDL chart is drawn from
     has_layer: bool = False  # the run has summary.json's layer_steps (--context layer)
     figures: list[tuple[str, go.Figure]] = field(default_factory=list)  # ("rope" | "pdl", figure)
-    rope_notes: list[str] = field(default_factory=list)
+    rope_notes: list[str] = field(default_factory=list)  # a note naming a setting is Words (pages spell it)
     pdl_notes: list[str] = field(default_factory=list)
     gap_notes: list[str] = field(default_factory=list)  # layer_steps' account of measured vs projected
 
@@ -251,8 +253,9 @@ def _gpu_traces(summary: dict[str, Any]) -> bool:
 def _rope_view(view: LayerView, summary: dict[str, Any], source: str | None) -> None:
     fused, separate = view.rope_variants
     if not fused and not separate:
-        view.rope_notes.append("no rotary variant in this run: capture with " + CAPTURE_ROPE + " (and the peers) "
-                               "to compare the rotary fused into the write with the two as separate kernels.")
+        view.rope_notes.append(Words("no rotary variant in this run: capture with ", *CAPTURE_ROPE,
+                                     " (and the peers) to compare the rotary fused into the write with the two as "
+                                     "separate kernels."))
         return
     if not fused or not separate:
         have, need = ("fused into the rotary", "the rotary and the write as separate kernels (rope_then_*)") \
@@ -285,8 +288,8 @@ def _rope_view(view: LayerView, summary: dict[str, Any], source: str | None) -> 
 
 def _pdl_view(view: LayerView, summary: dict[str, Any], source: str | None, steps: LayerSteps | None) -> None:
     if steps is None:
-        view.pdl_notes.append("no decoder-layer context in this run: what PDL hides shows in a run captured with "
-                              "--context layer.")
+        view.pdl_notes.append(Words("no decoder-layer context in this run: what PDL hides shows in a run captured "
+                                    "with ", Setting("context"), " layer."))
         return
     df = view.pdl
     if df.empty:

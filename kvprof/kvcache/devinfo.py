@@ -16,10 +16,17 @@ import kvprof
 from kvprof.core.devices import DEVICE_PROPERTIES, SPEC_TABLE, computed_peak_gbs, spec_peak_gbs
 from kvprof.core.errors import DeviceError, Setting, UsageError
 
-# kvprof's modules that decorate Triton kernels (@triton.jit) a capture or bench may run
-TRITON_WRITER_MODULES = ("kvprof.kvcache.writers.triton_convert", "kvprof.kvcache.writers.triton_kernel",
-                         "kvprof.kvcache.writers.paged_triton",
-                         "kvprof.kvcache.writers.mla_triton", "kvprof.kvcache.writers.fp8_jit")
+# kvprof's modules that decorate Triton kernels (@triton.jit) a capture or bench may run, each
+# registered by the module itself when it is imported (``decorates_triton_kernels``): the writers
+# sit above this module, which names none of them
+TRITON_WRITER_MODULES: set[str] = set()
+
+
+def decorates_triton_kernels(module: str) -> None:
+    """Called by a writer module of kvprof's as it is imported, before it decorates its Triton
+    kernels (Triton reads ``TRITON_INTERPRET`` then): once it is imported, ``triton_interpreter``
+    leaves the variable alone."""
+    TRITON_WRITER_MODULES.add(module)
 
 
 def _truthy(value: str) -> bool:

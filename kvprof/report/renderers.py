@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from kvprof.core.errors import UsageError
+from kvprof.core.errors import Setting, UsageError, Words
 from kvprof.core.text import markup, printable
 
 if TYPE_CHECKING:  # rich is imported when a table is printed, not for a json or csv document
@@ -41,12 +41,15 @@ GATE_RESULT = "kvprof.analysis.gate:GateResult"
 
 @dataclass(frozen=True)
 class Output:
-    """Where a renderer writes. ``console``: tables and lines for people (stdout with --format
-    table, stderr when stdout holds a document; kvprof.report.terminal.table_console). A
-    document form (json, csv) writes stdout itself; a file form (junit, html) writes ``path``."""
+    """Where a renderer writes. ``console``: tables and lines for people (stdout with the table
+    form, stderr when stdout holds a document; kvprof.report.terminal.table_console). A
+    document form (json, csv) writes stdout itself; a file form (junit, html) writes ``path``.
+    ``names``: how a line spells a setting it names (``kvprof.core.errors.Setting``): by its
+    field, or as the command line passes, by its flag."""
 
     console: Console | None = None
     path: Path | None = None
+    names: Callable[[str], str] = str
 
     def need_console(self) -> Console:
         if self.console is None:
@@ -171,7 +174,7 @@ class AnalysisTable:
 
         con = out.need_console()
         render_summary(result.summary, con)
-        render_write_kernels(result.summary.write_kernels, con)
+        render_write_kernels(result.summary.write_kernels, con, out.names)
 
 
 @register("json", ANALYSIS)
@@ -312,7 +315,7 @@ class GateTable:
             code = "" if self.inconclusive_exit_code is None else f"; exit {self.inconclusive_exit_code}"
             line = (f"gate: inconclusive, too noisy to judge: none of {len(gate.rows)} rows {rule}, but the "
                     f"interval of {len(gate.inconclusive)} reaches both sides of {gate.threshold_pct:g} % "
-                    f"({_settle(gate)}){code}")
+                    f"({_settle(gate, out.names)}){code}")
         else:
             line = f"gate: passed, none of {len(gate.rows)} rows {rule}"
         con.print(line, soft_wrap=True)
@@ -322,14 +325,14 @@ class GateTable:
             con.print(f"[yellow]left out:[/yellow] {markup(why)}", soft_wrap=True)
 
 
-def _settle(gate: GateResult) -> str:
-    """What would settle a gate's inconclusive rows: the reference steps, or nothing but a quieter
-    machine."""
+def _settle(gate: GateResult, names: Callable[[str], str]) -> str:
+    """What would settle a gate's inconclusive rows: the reference steps (a setting of capture's,
+    spelled by ``names``), or nothing but a quieter machine."""
     steps, stuck = gate.steps_needed
     how = []
     if steps is not None:
-        how.append(f"capture both runs with --reference-steps {steps} to settle "
-                   f"{len(gate.inconclusive) - len(stuck)} of them")
+        how.append(Words("capture both runs with ", Setting("reference_steps"), f" {steps} to settle "
+                         f"{len(gate.inconclusive) - len(stuck)} of them").render(names))
     if stuck:
         how.append(f"{len(stuck)} no step count settles (a quieter machine, or a larger threshold)")
     return "; ".join(how) or "time more steps, or a quieter machine"

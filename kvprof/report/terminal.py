@@ -10,7 +10,6 @@ bench. With json or csv, stdout carries exactly one document and everything else
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import os
@@ -47,20 +46,6 @@ def make_console(stderr: bool = False) -> Console:
     if con.is_terminal or (os.environ.get("COLUMNS") or "").isdigit():
         return con
     return pipe_console(stderr=stderr, width=PIPE_WIDTH)
-
-
-def add_format_arguments(parser: argparse.ArgumentParser, forms: Sequence[str]) -> None:
-    """``--format`` with the forms the command's result renders in (kvprof.report.renderers.formats:
-    table first, the default, then the documents), and ``--json`` for short."""
-    if not forms or forms[0] != "table":
-        raise ValueError(f"--format needs the table form first, the default; the result renders as {list(forms)}")
-    documents = [f for f in forms if f != "table"]
-    parser.add_argument("--format", choices=tuple(forms), default="table",
-                        help=f"table (default), or one {' / '.join(documents)} document on stdout with everything "
-                             "else on stderr")
-    if "json" in documents:
-        parser.add_argument("--json", dest="format", action="store_const", const="json",
-                            help="same as --format json")
 
 
 def table_console(fmt: str) -> Console:
@@ -102,5 +87,5 @@ def print_text(text: str) -> None:
     sys.stdout.flush()
 
 
-__all__ = ["PIPE_WIDTH", "add_format_arguments", "csv_text", "make_console", "note",
+__all__ = ["PIPE_WIDTH", "csv_text", "make_console", "note",
            "print_json", "print_text", "table_console"]

@@ -11,11 +11,13 @@ Triton's interpreter).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
 
 from kvprof.core import variants
+from kvprof.core.errors import Setting, Words
 from kvprof.core.layer_kernels import LayerKernels
 from kvprof.core.numbers import finite_or_none
 from kvprof.core.run import Manifest
@@ -156,8 +158,9 @@ def compact_rows(summary: Summary, manifest: Manifest | None = None) -> tuple[li
     return cols, rows
 
 
-def run_line(manifest: Manifest | None) -> str | None:
-    """What ran, from the manifest: model, layers per step, threads, device, interpreter."""
+def run_line(manifest: Manifest | None, names: Callable[[str], str] = str) -> str | None:
+    """What ran, from the manifest: model, layers per step, threads, device, interpreter (the
+    capture settings it names spelled by ``names``)."""
     if manifest is None:
         return None
     cfg = manifest.config or {}
@@ -169,9 +172,11 @@ def run_line(manifest: Manifest | None) -> str | None:
              f" ({manifest.device.get('type') or '?'})"]
     if isinstance(ran, int) and isinstance(model_layers, int):
         parts.append(f"each step wrote {ran} of the model's {model_layers} layers"
-                     + (" (--layers; per-write figures do not depend on it)" if ran != model_layers else ""))
+                     + (Words(" (", Setting("layers"), "; per-write figures do not depend on it)").render(names)
+                        if ran != model_layers else ""))
     if cfg.get("context") == "layer":
-        parts.append("each write inside a decoder layer (--context layer): µs/write is what it adds to the layer")
+        parts.append(Words("each write inside a decoder layer (", Setting("context"),
+                           " layer): µs/write is what it adds to the layer").render(names))
         kernels = LayerKernels.from_json((cfg.get("resolved") or {}).get("layer"))
         if kernels is not None:
             parts.append(kernels.describe())
@@ -262,9 +267,10 @@ def render_verdict(summary: Summary, console: Any, manifest: Manifest | None = N
 
 
 def render_first_run(summary: Summary, console: Any, manifest: Manifest | None = None,
-                     run_dir: str | None = None) -> None:
-    """The capture's whole summary: what ran, the compact table, the verdict, where next."""
-    line = run_line(manifest)
+                     run_dir: str | None = None, names: Callable[[str], str] = str) -> None:
+    """The capture's whole summary: what ran, the compact table, the verdict, where next
+    (``names`` spells the settings it names)."""
+    line = run_line(manifest, names)
     if line:
         console.print(Text(printable(line)))
     cols, rows = compact_rows(summary, manifest)

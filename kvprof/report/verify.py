@@ -3,6 +3,9 @@ its reproduction) or as one JSON document; registered with ``kvprof.report.rende
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from kvprof.core.errors import Setting, Words
 from kvprof.core.text import markup
 from kvprof.core.verify import FAILING, CaseReport, PdlResult, VerifyResult
 from kvprof.report.renderers import Output, register
@@ -77,12 +80,13 @@ class VerifyJson:
         print_json(result.to_json())
 
 
-def pdl_verdict(result: PdlResult) -> str:
+def pdl_verdict(result: PdlResult, names: Callable[[str], str] = str) -> str:
+    """The PDL check in one line (``names`` spells the setting that asks for it)."""
     ran = [w for w in result.writers if w.skipped is None]
     reads = sum(w.reads for w in ran)
-    head = (f"verify --pdl: {reads:,} dependent reads after griddepcontrol.wait, {len(ran)} writers on "
-            f"{result.device}, "
-            f"{result.trials} writes per token count {','.join(map(str, result.tokens))}, {result.elapsed_s:.1f} s")
+    head = Words("verify ", Setting("pdl"), f": {reads:,} dependent reads after griddepcontrol.wait, {len(ran)} "
+                 f"writers on {result.device}, {result.trials} writes per token count "
+                 f"{','.join(map(str, result.tokens))}, {result.elapsed_s:.1f} s").render(names)
     if not result.passed:
         bad = ", ".join(f"{w.writer} {w.stale:,}" for w in ran if w.stale)
         return f"{head}; FAILED: {result.stale:,} stale reads ({bad})"
@@ -108,7 +112,7 @@ class PdlTable:
         for w in result.writers:
             if w.skipped is not None:
                 con.print(markup(f"not run: {w.layout}/{w.writer}: {w.skipped}"), soft_wrap=True, highlight=False)
-        con.print(markup(pdl_verdict(result)), soft_wrap=True, highlight=False)
+        con.print(markup(pdl_verdict(result, out.names)), soft_wrap=True, highlight=False)
 
 
 @register("json", PdlResult)

@@ -3,15 +3,18 @@ kvprof write ranges outside kvprof steps, the SGLang plugin's write paths, KV-wr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from kvprof.core.errors import Setting, Words
 from kvprof.core.text import markup, printable
 from kvprof.report.cells import FitCol, fit_table, print_table
 
 
-def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
+def render_write_kernels(section: dict[str, Any] | None, console: Any, names: Callable[[str], str] = str) -> None:
     """Per rank: kvprof-ranged writes outside kvprof steps, and the kernels matched by name
-    (nothing for a summary made without the write-kernel section)."""
+    (nothing for a summary made without the write-kernel section); ``names`` spells the user's
+    pattern's setting."""
     if section is None:
         return
 
@@ -33,8 +36,8 @@ def render_write_kernels(section: dict[str, Any] | None, console: Any) -> None:
     if not rows:
         if any(t.get("gpu") and not t.get("kvprof_writes") for t in section.get("traces") or []):
             console.print("KV-write kernels by name: none matched"
-                          + (f" (--write-kernels {markup(repr(section['user_regex']))})"
-                             if section.get("user_regex") else ""))
+                          + (Words(" (", Setting("write_kernel_regex"), f" {markup(repr(section['user_regex']))})")
+                             .render(names) if section.get("user_regex") else ""))
         return
     cols = [FitCol("rank"), FitCol("family", "left"), FitCol("kernels", drop=6), FitCol("writes", drop=7),
             FitCol("GPU µs", drop=5), FitCol("µs/write"), FitCol("share of GPU", drop=4), FitCol("steps", drop=2),

@@ -38,11 +38,13 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from kvprof.core.errors import Setting, UsageError
+from kvprof.core.errors import Setting, UsageError, Words
 
 log = logging.getLogger("kvprof")
+
+PASS_ENV = Setting("pass_env")  # the setting that passes a variable on purpose (capture, nsys)
 
 # kvprof's own variables: the only KVPROF_* names a child receives.
 KVPROF_VARIABLES: tuple[str, ...] = ("KVPROF_NSYS", "KVPROF_CHILD", "KVPROF_RUN_SPEC", "KVPROF_CACHE_DIR",
@@ -164,34 +166,31 @@ def allowed_environment(base: Mapping[str, str] | None = None) -> dict[str, str]
     return {name: value for name, value in base.items() if allowed(name, value)}
 
 
-def _allowed(name: str, value: str) -> bool:
+def _allowed(name: str, value: str, names: Callable[[str], str]) -> bool:
     if allowed(name, value):
         return True
     if name.startswith(ALLOWED_PREFIXES):
-        log.warning(
-            "not passing %s to the profiled process: it looks like a secret "
-            "(--pass-env %s passes it on purpose)", name, name,
-        )
+        log.warning(Words("not passing %s to the profiled process: it looks like a secret (", PASS_ENV,
+                          " %s passes it on purpose)").render(names), name, name)
     return False
 
 
 def child_environment(
-    base: Mapping[str, str] | None = None, pass_env: Sequence[str] = ()
+    base: Mapping[str, str] | None = None, pass_env: Sequence[str] = (), names: Callable[[str], str] = str
 ) -> dict[str, str]:
-    """The explicit environment for a child that capture starts (rules: module docstring)."""
+    """The explicit environment for a child that capture starts (rules: module docstring);
+    ``names``: how its warnings spell the setting that passes a variable on purpose."""
     base = os.environ if base is None else base
-    env = {name: value for name, value in base.items() if _allowed(name, value)}
+    env = {name: value for name, value in base.items() if _allowed(name, value, names)}
     for name in pass_env:
         if not _NAME.match(name):
-            raise UsageError(Setting("pass_env"), f" {name!r}: give an exact variable name (letters, digits, _)")
+            raise UsageError(PASS_ENV, f" {name!r}: give an exact variable name (letters, digits, _)")
         if name not in base:
-            log.warning("--pass-env %s: not set in this environment, nothing passed", name)
+            log.warning(Words(PASS_ENV, " %s: not set in this environment, nothing passed").render(names), name)
             continue
         if looks_secret(name, base[name]):
-            log.warning(
-                "--pass-env %s looks like a secret: the .nsys-rep will hold its value "
-                "(scrub cleans exports, not .nsys-rep files)", name,
-            )
+            log.warning(Words(PASS_ENV, " %s looks like a secret: the .nsys-rep will hold its value "
+                              "(scrub cleans exports, not .nsys-rep files)").render(names), name)
         env[name] = base[name]
     return env
 

@@ -28,7 +28,7 @@ import orjson
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
 from kvprof.core.readers import REGISTRY, SNIFF_BYTES, NotThisFormat
-from kvprof.core.schema import DEFAULT_MAX_EVENTS, JSON_VALUES_PER_EVENT, MAX_TRACE_MB_ENV, max_trace_bytes
+from kvprof.core.schema import DEFAULT_MAX_EVENTS, JSON_VALUES_PER_EVENT, MAX_EVENTS, MAX_TRACE_MB_ENV, max_trace_bytes
 
 _READ = 1 << 20  # compressed bytes read at a time
 _CHUNK = 16 << 20  # most bytes decompressed (or read) at a time
@@ -159,8 +159,8 @@ def _read_bytes(p: Path, max_events: int, limit: int) -> bytearray:
                 if count > max_events:
                     raise TraceError(
                         f"{p.name}: more than {max_events:,} events (counted {count:,} in the first "
-                        f"{len(data) >> 20} MiB); too large to load here: capture a shorter "
-                        "window, or raise --max-events on a machine with more memory"
+                        f"{len(data) >> 20} MiB); too large to load here: capture a shorter window, or raise ",
+                        MAX_EVENTS, " on a machine with more memory"
                     )
     except (EOFError, zlib.error) as exc:
         raise TraceError(f"{p.name}: truncated or corrupt gzip ({exc or type(exc).__name__})") from None
@@ -188,8 +188,8 @@ def check_values(data: bytes | bytearray, name: str, max_events: int, lo: int = 
     if n > cap:
         raise TraceError(
             f"{name}: up to {n:,} JSON values to parse at once, more than {cap:,} ({JSON_VALUES_PER_EVENT} per "
-            f"event of --max-events {max_events:,}); torch.profiler's layout (one event per line) is parsed in "
-            "pieces: write the trace that way, or raise --max-events on a machine with more memory")
+            "event of ", MAX_EVENTS, f" {max_events:,}); torch.profiler's layout (one event per line) is parsed in "
+            "pieces: write the trace that way, or raise ", MAX_EVENTS, " on a machine with more memory")
 
 
 def parse_document(data: bytes | bytearray, name: str, max_events: int = DEFAULT_MAX_EVENTS) -> dict[str, Any]:
@@ -254,7 +254,7 @@ def split_events(data: bytes | bytearray, name: str,
         starts.append(s.start() + 1)
         if len(starts) > max_events:
             raise TraceError(f"{name}: more than {max_events:,} events; too large to load here: capture a "
-                             "shorter window, or raise --max-events on a machine with more memory")
+                             "shorter window, or raise ", MAX_EVENTS, " on a machine with more memory")
     return doc, starts, lb, rb
 
 

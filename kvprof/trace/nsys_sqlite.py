@@ -26,7 +26,7 @@ import pandas as pd
 from kvprof.core.devices import NSYS_DEVICE_INFO
 from kvprof.core.errors import TraceError
 from kvprof.core.files import open_regular
-from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS
+from kvprof.core.schema import DEFAULT_MAX_EVENTS, KINDS, MAX_EVENTS
 from kvprof.trace.model import Trace
 from kvprof.trace.table import build_table
 
@@ -301,7 +301,7 @@ def _check_rows(db: sqlite3.Connection, p: Path, max_events: int) -> None:
     rows = sum(db.execute(f"SELECT COUNT(*) FROM [{t}]").fetchone()[0] for t in ROW_TABLES if t in tables)
     if rows > max_events:
         raise TraceError(f"{p.name}: {rows:,} rows to read, more than {max_events:,} events; too large to load "
-                         "here: capture a shorter window, or raise --max-events on a machine with more memory")
+                         "here: capture a shorter window, or raise ", MAX_EVENTS, " on a machine with more memory")
 
 
 def read_nsys_sqlite(path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> Trace:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from kvprof.analysis.compare import Benchmark
+from kvprof.core.errors import Setting, Words
 from kvprof.dashboard import frames, landing, memo
+from kvprof.dashboard.settings import setting_names
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.tables import landing_table, observer_table, overview_table
 from kvprof.dashboard.ui import md, show_figure, show_table
@@ -15,7 +17,7 @@ from kvprof.dashboard.views.common import device_line, esc, intro, need_run, no_
 def _report_html(ctx: Context, land: landing.Landing) -> bytes:
     from kvprof.dashboard.html_report import render
 
-    return render(land).encode()
+    return render(land, setting_names()).encode()
 
 
 def render(ctx: Context) -> None:
@@ -75,7 +77,8 @@ def render(ctx: Context) -> None:
     st.download_button("Download this view as an HTML report", data=lambda: _report_html(ctx, land),
                        file_name=f"kvprof-report-{ctx.run.label.replace('/', '-')}.html", mime="text/html",
                        key="landing-report", on_click="ignore",
-                       help="self-contained (Plotly inlined): the same as `kvprof report RUN --html OUT.html`")
+                       help=Words("self-contained (Plotly inlined): the same as `kvprof report RUN ", Setting("html"),
+                                  " OUT.html`").render(setting_names()))
 
     st.markdown("#### Fused or fell back")
     show_table(land.verdicts, f"verdicts-{ctx.run.label}")

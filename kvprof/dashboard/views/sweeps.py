@@ -7,8 +7,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from kvprof.core.errors import Setting, Words
 from kvprof.core.rundir import RunDir
 from kvprof.dashboard import charts, data, frames, landing
+from kvprof.dashboard.settings import setting_names
 from kvprof.dashboard.state import Context
 from kvprof.dashboard.tables import labelled
 from kvprof.dashboard.ui import md, show_figure, show_table
@@ -29,7 +31,8 @@ def _run_sweep(ctx: Context) -> None:
     p = pts[pts["phase"] == phase].rename(columns={"us_per_write": "us"})
     if p["tokens"].nunique() < 2:
         st.info(f"{md(phase)}: one size only ({int(p['tokens'].iloc[0])} tokens); a sweep needs several "
-                "(capture --batch-sizes 1,10,64 / --prefill-tokens ...).")
+                + Words("(capture ", Setting("decode_sizes"), " 1,10,64 / ", Setting("prefill_sizes"),
+                        " ...).").render(setting_names()))
     dev = summary.get("device") or {}
     rates = {f"floor at peak {dev['peak_bandwidth_gbs']:,.0f} GB/s": dev.get("peak_bandwidth_gbs")} \
         if dev.get("peak_bandwidth_gbs") else {}
@@ -63,7 +66,8 @@ def _bench_sweep(ctx: Context) -> None:
     if not found:
         where = f"under {md(ctx.root)} or " if ctx.root is not None else ""
         st.info(f"No {RunDir.BENCH} {where}in {md(data.root_label(data.bench_cache_root()))}, where "
-                "`python -m kvprof bench` writes its results (or under this root with `--out ROOT/bench-NAME`).")
+                + Words("`python -m kvprof bench` writes its results (or under this root with `", Setting("out"),
+                        " ROOT/bench-NAME`).").render(setting_names()))
         return
     labels = {lab: f for lab, (_, f) in found.items()}
     root_r = ctx.root.resolve() if ctx.root is not None else None

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import os
 
+from kvprof.kvcache.devinfo import decorates_triton_kernels
 from kvprof.kvcache.writers.triton_convert import e4m3_saturates, tl, triton  # triton is None where it does not import
+
+decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
 # the torch overflow rule the fused kernels follow: the MHA writer's probe, shared
 torch_e4m3_saturates = e4m3_saturates

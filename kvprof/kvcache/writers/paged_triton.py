@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kvprof.kvcache.contracts import PagedWriter
+from kvprof.kvcache.devinfo import decorates_triton_kernels
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import (
     fp8_bits,
@@ -29,6 +30,8 @@ from kvprof.kvcache.writers.fp8_jit import (
 from kvprof.kvcache.writers.layout_tables import paged_shape
 from kvprof.kvcache.writers.triton_convert import triton_missing
 from kvprof.kvcache.writers.triton_launch import launcher_for
+
+decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
 FUSED = "fused"
 _INPUTS = (torch.float32, torch.bfloat16, torch.float16)

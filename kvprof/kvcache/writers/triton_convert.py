@@ -22,7 +22,10 @@ import math
 
 import torch
 
+from kvprof.kvcache.devinfo import decorates_triton_kernels
 from kvprof.kvcache.dtypes import inverse_scale
+
+decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
 try:  # triton is optional (pip install kvcache-profiler[triton])
     import triton

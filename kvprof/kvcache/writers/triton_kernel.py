@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from kvprof.kvcache.devinfo import decorates_triton_kernels
 from kvprof.kvcache.writers.triton_convert import e4m3_saturates, triton
+
+decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
 if triton is not None:
     import triton.language as tl

@@ -8,7 +8,10 @@ SASS is the same as with the lines written out in each (``lab/sass_offline.py`` 
 
 from __future__ import annotations
 
+from kvprof.kvcache.devinfo import decorates_triton_kernels
 from kvprof.kvcache.writers.triton_convert import triton
+
+decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
 if triton is not None:
     import triton.language as tl

@@ -80,7 +80,7 @@ from urllib.parse import quote
 
 import orjson
 
-from kvprof.core.errors import ResourceError
+from kvprof.core.errors import ResourceError, Setting
 from kvprof.core.readers import KINETO_SUFFIXES
 from kvprof.core.rundir import RunDir
 from kvprof.tools import envsafe
@@ -174,8 +174,8 @@ def format_bytes(n: int) -> str:
 
 
 def too_big(path: Path, max_bytes: int, what: str = "holds") -> ResourceError:
-    return ResourceError(f"{path}: {what} more than {format_bytes(max_bytes)}, scrub's limit for one file "
-                         "(--max-bytes raises it)")
+    return ResourceError(f"{path}: {what} more than {format_bytes(max_bytes)}, scrub's limit for one file (",
+                         Setting("max_bytes"), " raises it)")
 
 
 _CLASSES = (str.islower, str.isupper, str.isdigit)
