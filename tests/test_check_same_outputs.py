@@ -36,7 +36,7 @@ NO_PATHS = ({}, {})
 def _summary(**changes):
     doc = {
         "captured_at": "2026-12-06T20:03:57+00:00",
-        "input": "/tmp/kvprof-same-x/out-base/run",
+        "input": "out-base/run",
         "rows": [{"variant": "index_put", "phase": "decode", "size": 1, "median_us": 30.6, "ratio": 1.22,
                   "writes": 8}],
         "host_calls_by_name": [{"name": "aten::index_put_", "count": 16, "total_ns": 900},
@@ -50,13 +50,14 @@ def _masked_difference(a, b, masks, literals=NO_PATHS):
     return cso.json_difference(cso.mask_json(a, masks, literals[0]), cso.mask_json(b, masks, literals[1]))
 
 
-def test_timings_dates_and_paths_are_masked_in_measured_outputs():
+def test_timings_dates_and_paths_are_masked_in_measured_outputs(tmp_path):
     a = _summary()
+    a["input"] = str(tmp_path / "out-base" / "run")
     b = _summary(median_us=11.9, ratio=0.8)
     b["captured_at"] = "2026-12-07T01:02:03+00:00"
-    b["input"] = "/tmp/kvprof-same-x/out-head/run"
+    b["input"] = str(tmp_path / "out-head" / "run")
     b["host_calls_by_name"].reverse()  # ranked by a time: the order follows the timings
-    literals = ({"/tmp/kvprof-same-x/out-base": "<OUT>"}, {"/tmp/kvprof-same-x/out-head": "<OUT>"})
+    literals = ({str(tmp_path / "out-base"): "<OUT>"}, {str(tmp_path / "out-head"): "<OUT>"})
     assert _masked_difference(a, b, cso.MEASURED, literals) is None
 
 
@@ -83,10 +84,11 @@ def test_strict_outputs_keep_their_timings():
     assert _masked_difference(a, b, cso.STRICT) is not None
 
 
-def test_text_masks_dates_uuids_and_paths_but_not_words():
-    a = 'captured 2026-12-06T20:03:57+00:00 in /tmp/t/out-base\n<div id="70c70211-fd62-46b0-97ec-6d36ef008336">\n'
-    b = 'captured 2026-12-07 01:02 in /tmp/t/out-head\n<div id="cacccacb-5d59-47d4-9c3f-9b02ac46248b">\n'
-    lit = ({"/tmp/t/out-base": "<OUT>"}, {"/tmp/t/out-head": "<OUT>"})
+def test_text_masks_dates_uuids_and_paths_but_not_words(tmp_path):
+    base, head = str(tmp_path / "out-base"), str(tmp_path / "out-head")
+    a = f'captured 2026-12-06T20:03:57+00:00 in {base}\n<div id="70c70211-fd62-46b0-97ec-6d36ef008336">\n'
+    b = f'captured 2026-12-07 01:02 in {head}\n<div id="cacccacb-5d59-47d4-9c3f-9b02ac46248b">\n'
+    lit = ({base: "<OUT>"}, {head: "<OUT>"})
     ma, mb = cso.mask_text(a, cso.STRICT, lit[0]), cso.mask_text(b, cso.STRICT, lit[1])
     assert cso.text_difference(ma, mb) is None
     found = cso.text_difference(ma + "fused: yes\n", mb + "fused: no\n")
