@@ -699,6 +699,24 @@ def render(rows: Sequence[Row], absent: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({e})") from None
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> Any:  # one line, exit 2
@@ -709,8 +727,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--base", required=True, help="the ref before the change")
     p.add_argument("--head", help="the ref after it (default: this repository's working tree)")
     p.add_argument("--keep", metavar="DIR", help="keep both sides' outputs in DIR (must not exist) to look at them")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per command (default 600)")
-    p.add_argument("--only", metavar="REGEX", help="run only the commands whose label matches (to look into one)")
+    p.add_argument("--timeout", type=_seconds, default=600, help="seconds per command (default 600)")
+    p.add_argument("--only", metavar="REGEX", type=_regex,
+                   help="run only the commands whose label matches (to look into one)")
     p.add_argument("--differences-only", action="store_true", help="list only the files that are not the same")
     return p.parse_args(argv)
 

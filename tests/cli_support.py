@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,13 @@ def end(proc: subprocess.Popen) -> None:
     """Whatever happened in the test, the child does not outlive it."""
     if proc.poll() is None:
         proc.kill()
+        proc.wait(30)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """``end`` for a child started with ``start_new_session=True``: its own children too."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
 
 

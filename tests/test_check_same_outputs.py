@@ -7,8 +7,6 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from cli_support import end_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "check_same_outputs.py"
@@ -183,10 +183,22 @@ def test_head_against_itself_is_the_same(tmp_path):
     try:
         out, err = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_group(proc)
     assert proc.returncode == 0, out[-3000:] + err[-2000:]
     assert "SAME: " in out and " 0 differ" in out
     listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     assert "kvprof-same-" not in listed  # its worktrees are gone
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--only", "("], "argument --only: '(' is not a regular expression"),
+    (["--timeout", "0"], "argument --timeout: '0' is not a number of seconds above 0"),
+    (["--timeout", "nan"], "argument --timeout: 'nan' is not a number of seconds above 0"),
+    (["--base", "no-such-ref-here"], "'no-such-ref-here' is not a commit of this repository"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(args, says):
+    argv = args if "--base" in args else ["--base", "HEAD", *args]
+    proc = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr and "Traceback" not in proc.stderr

@@ -17,6 +17,7 @@ import orjson
 import pandas as pd
 import pytest
 
+from cli_support import end_group
 from kvprof.capture.defaults import CPU_DEFAULT_LAYERS
 from kvprof.cli import main
 
@@ -99,9 +100,7 @@ def test_a_failing_rank_leaves_no_run_and_one_line(tmp_path):
     try:
         _out, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_group(proc)
     lines = err.decode().strip().splitlines()
     assert proc.returncode != 0
     assert lines[-1].startswith("kvprof capture: error: rank 1 failed: RuntimeError: rank one cannot write")
