@@ -23,6 +23,7 @@ captures. ``--keep DIR`` keeps the pools; ``--judge DIR`` judges kept pools agai
 capturing. The load average is printed as sampled during the captures.
 
     python lab/gate_false_fails.py [--runs 10] [--regressed 3] [--busy 6] [--threshold 10]
+    python lab/gate_false_fails.py --judge DIR [--judge-steps N]   # kept pools, on their first N steps
 
 docs/formats.md quotes its saved output (lab/results/).
 """
@@ -165,19 +166,34 @@ def judge_pool(name: str, pairs: list[tuple[tuple[Any, Any], tuple[Any, Any]]], 
         print(line)
 
 
-def judge(root: Path, threshold: float) -> int:
+def first_steps(opened: Any, steps: int) -> Any:
+    """The run as if its reference pass had stopped after ``steps`` steps: each reference series
+    cut to its first ``steps`` samples (the pass times every mode once per step, so the first N
+    steps of a longer pass are the steps a pass of N would have timed)."""
+    from dataclasses import replace
+
+    if opened.timings is not None:
+        opened.timings.records = [replace(r, samples_ns=r.samples_ns[:steps]) if r.pass_ == "reference" else r
+                                  for r in opened.timings.records]
+    return opened
+
+
+def judge(root: Path, threshold: float, steps: int | None = None) -> int:
     from kvprof import api
 
     runs: dict[str, list[tuple[Any, Any]]] = {}
     for pool in POOLS:
         folders = sorted(p for p in (root / pool).glob(f"{pool}*") if p.is_dir()) if (root / pool).is_dir() else []
         opened = [api.open_run(f) for f in folders]
+        if steps is not None:
+            opened = [first_steps(o, steps) for o in opened]
         runs[pool] = [(o, api.analyze(o)) for o in opened]
     same = runs["same"]
     if len(same) < 2:
         print(f"gate_false_fails: fewer than 2 identical runs under {root / 'same'}", file=sys.stderr)
         return 1
-    print(f"threshold {threshold:g} %; {', '.join(f'{len(runs[p])} {p}' for p in POOLS)} runs")
+    print(f"threshold {threshold:g} %; {', '.join(f'{len(runs[p])} {p}' for p in POOLS)} runs"
+          + (f"; each reference series cut to its first {steps} steps" if steps is not None else ""))
     control_spread([o for o, _ in same])
     for name, pairs in (("same", list(itertools.permutations(same, 2))),
                         ("twice", list(itertools.product(same, runs["twice"]))),
@@ -208,14 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threshold", type=float, default=10.0, help="the gate's PCT (default: %(default)s)")
     p.add_argument("--keep", type=Path, default=None, help="keep the captured pools in this folder")
     p.add_argument("--judge", type=Path, default=None, help="judge the pools kept in this folder, capture nothing")
+    p.add_argument("--judge-steps", type=int, default=None,
+                   help="with --judge: judge each run on the first N steps of its reference pass")
     args = p.parse_args(argv)
     if (args.runs < 2 or args.regressed < 0 or args.busy < 0 or not args.threshold >= 0
-            or (args.reference_steps is not None and args.reference_steps < 4)):
-        print("gate_false_fails: --runs >= 2, --regressed >= 0, --busy >= 0, --threshold >= 0, --reference-steps >= 4",
+            or (args.reference_steps is not None and args.reference_steps < 4)
+            or (args.judge_steps is not None and (args.judge_steps < 4 or args.judge is None))):
+        print("gate_false_fails: --runs >= 2, --regressed >= 0, --busy >= 0, --threshold >= 0, --reference-steps >= 4, "
+              "--judge-steps >= 4 (with --judge)",
               file=sys.stderr)
         return 1
     if args.judge is not None:
-        return judge(args.judge, args.threshold)
+        return judge(args.judge, args.threshold, args.judge_steps)
     root = args.keep or Path(tempfile.mkdtemp(prefix="kvprof-gate-pairs-"))
     try:
         steps = f" --reference-steps {args.reference_steps}" if args.reference_steps else ""

@@ -40,8 +40,9 @@ The interval is, by what both runs hold:
   regresses that row. Torch's control is the divisor because it tracks the machine at
   least as well (lab/gate_false_fails.py prints each control's spread between identical
   runs), the numpy one checks it. A series' level also moves with where its tensors landed,
-  which no number of steps averages out: the spread of the variants' control levels within
-  each run (``_level_noise``) widens these intervals;
+  which no number of steps averages out: the spread across a run's variants of their torch
+  control over their numpy control (each its own allocation; ``_level_noise``) widens these
+  intervals;
 - per-step samples without both controls (a GPU's CUDA events; a CPU capture older than
   ``control_numpy``, whose control cannot be checked): the interval of NEW's median cost per
   write minus BASE's, as a percentage of BASE's cost, which must also hold in the step
@@ -218,7 +219,8 @@ RULE = ("regressed when judged_pct and low_pct, the low end of its interval, are
         "noise within threshold_pct (null where the level noise alone is that wide). Intervals are family-wise: "
         "with m rows on per-step samples, each is the central 1 - family_alpha / m bootstrap interval. noise "
         "control: the cost per write over the control series (each step over torch's index_put timed beside it), "
-        "the interval widened by level_pct, the spread of the variants' control levels within each run; noise "
+        "the interval widened by level_pct, the spread across each run's variants of torch's control over "
+        "numpy's; noise "
         "control check: the control itself over the control_numpy series (numpy, no torch), every variant's steps "
         "pooled, so that a slower torch is a regression; noise bootstrap: the median difference per write, also "
         "in a profiled pass both runs timed (confirm_low_pct); noise iqr: the slowdown +- spread_ns (both runs' "
@@ -617,20 +619,35 @@ def _control_checks(base: GateRun, new: GateRun, points: list[tuple[str, int]]) 
 
 def _level_noise(base: GateRun, new: GateRun) -> dict[tuple[str, int], float]:
     """Per (phase, size): how far the level of one timed series can sit from another's in the same
-    process, in log units -- the standard deviation, across the variants of a run, of their
-    control series' medians (each variant's control is its own allocation of the same stores),
-    pooled over both runs. A series' level moves with where its tensors landed, which no amount
-    of steps averages out: between identical captures under load, decode rows over their
-    control moved by up to 7 % (lab/gate_false_fails.py) while 60 steps gave intervals of a
-    few points. Needs two variants' controls in each run; absent otherwise."""
+    process, in log units. A series' level moves with where its tensors landed, which no amount
+    of steps averages out. Each variant of a run times its own allocations of the same stores by
+    torch (``control``) and by numpy (``control_numpy``), step by step beside each other: the
+    spread across the variants of log(median of torch's step over numpy's) is that of two
+    series' levels (divided by sqrt 2 for one), with the machine's load cancelled in each step's
+    ratio. Pooled over both runs (variances). Where a run timed no numpy series (captured before
+    it was added), the spread of the control medians themselves is taken: it also holds the load
+    of the moments each variant was timed at (on a 2-core machine under load, 1-37 % against
+    0.1-9.5 % from the ratios, lab/gate_false_fails.py), so it only widens. Needs two variants'
+    controls in each run; absent otherwise."""
     spreads: dict[tuple[str, int], list[float]] = {}
     for run in (base, new):
-        medians: dict[tuple[str, int], list[float]] = {}
-        for r in run.timings.select(pass_="reference") if run.timings is not None else ():
-            if r.mode == CONTROL and r.samples_ns:
-                medians.setdefault((r.phase, r.size), []).append(math.log(r.median_ns))
-        for key, logs in medians.items():
-            if len(logs) >= 2:
+        levels: dict[tuple[str, int], list[float]] = {}
+        ratio_levels: dict[tuple[str, int], list[float]] = {}
+        records = run.timings.select(pass_="reference") if run.timings is not None else []
+        numpy_ = {(r.variant, r.phase, r.size): r for r in records if r.mode == FREE_CONTROL}
+        for r in records:
+            if r.mode != CONTROL or not r.samples_ns:
+                continue
+            levels.setdefault((r.phase, r.size), []).append(math.log(r.median_ns))
+            twin = numpy_.get((r.variant, r.phase, r.size))
+            if twin is not None and len(twin.samples_ns) == len(r.samples_ns):
+                ratio = np.asarray(r.samples_ns, dtype=float) / np.asarray(twin.samples_ns, dtype=float)
+                ratio_levels.setdefault((r.phase, r.size), []).append(math.log(float(np.median(ratio))))
+        for key, logs in levels.items():
+            paired = ratio_levels.get(key, [])
+            if len(paired) == len(logs) and len(paired) >= 2:
+                spreads.setdefault(key, []).append(float(np.var(paired, ddof=1)) / 2)
+            elif len(logs) >= 2:
                 spreads.setdefault(key, []).append(float(np.var(logs, ddof=1)))
     return {key: math.sqrt(sum(v) / len(v)) for key, v in spreads.items() if len(v) == 2}
 

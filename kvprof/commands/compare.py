@@ -28,10 +28,10 @@ interval are above PCT, however wide the interval; it passes when the interval's
 or its noise (half its interval), is at or under PCT; the rest are inconclusive (too noisy
 to judge), and the gate says how many reference steps in both captures would settle them
 (--reference-steps N). On a CPU each step is divided by torch's index_put timed
-beside it (the interval widened by how far the variants' control levels spread within a
-run), and a row per phase x size checks that control against numpy's (no torch: a torch
-that became slower is a regression like any other); on a
-GPU the interval is that of the median difference per write over the reference pass's
+beside it (the interval widened by how far the variants' levels spread within a run:
+torch's control over numpy's, each its own allocation), and a row per phase x size
+checks that control against numpy's (no torch: a torch that became slower is a
+regression like any other); on a GPU the interval is that of the median difference per write over the reference pass's
 per-step samples, which must also hold in a profiled pass both runs timed; without
 samples it is the slowdown +- both runs' step IQRs per write; rows of unknown noise are
 not judged. Rows of variants that ran under Triton's interpreter are left out
