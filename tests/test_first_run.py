@@ -70,7 +70,8 @@ def test_the_console_line_names_each_cpu_default():
     assert line is not None
     shown = rendered(line, flags())  # as the command line prints it: each setting as its flag
     for part in (f"--layers {CPU_DEFAULT_LAYERS} (of 80)", f"--context-len {CPU_LAYER_CONTEXT_LEN}",
-                 f"--prefill-tokens {CPU_LAYER_PREFILL_TOKENS}", f"--reference-steps {CPU_LAYER_REFERENCE_STEPS}"):
+                 f"--prefill-tokens {CPU_LAYER_PREFILL_TOKENS}",
+                 f"--reference-steps {CPU_LAYER_REFERENCE_STEPS} to 100 (on while a point's steps took under 0.5 s)"):
         assert part in shown
     # through the Python API, the fields a CaptureConfig is given
     assert f"context_len {CPU_LAYER_CONTEXT_LEN}" in str(line) and "--" not in str(line)

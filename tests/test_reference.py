@@ -275,3 +275,60 @@ def test_a_cpu_reference_pass_draws_its_mode_order_afresh_each_step(monkeypatch)
     assert len(first) == 8 and all(sorted(r) == [0, 1, 2] for r in first)
     assert len(set(first)) > 1  # not one fixed order
     assert orders(0) == first  # the same for a seed
+
+
+def test_a_cpu_reference_pass_left_to_its_defaults_goes_on_within_its_budget(monkeypatch):
+    # on a CPU with --reference-steps left out, a point's pass times its --steps count, then goes on while its
+    # timed steps took under the budget, up to CPU_REFERENCE_STEPS_UP_TO: every mode the same count. Given
+    # --reference-steps N, exactly N; on CUDA, exactly the default
+    import torch
+
+    from kvprof.capture import reference
+    from kvprof.capture.config import DEFAULT_REFERENCE_STEPS, CaptureConfig
+    from kvprof.capture.defaults import CPU_REFERENCE_STEPS_UP_TO
+    from kvprof.capture.plan import resolve
+    from kvprof.kvcache.layouts.registry import create_writer
+
+    cpu = torch.device("cpu")
+    config = CaptureConfig(model="tiny=2x1x64", tp=1, phases=["decode"], decode_sizes=[1], device="cpu", steps=6)
+    plan = resolve(config, cpu)
+    assert (plan.reference_steps, plan.reference_steps_up_to) == (6, CPU_REFERENCE_STEPS_UP_TO)
+    assert plan.device_defaults["reference_steps_up_to"] == CPU_REFERENCE_STEPS_UP_TO
+    exact = resolve(CaptureConfig(**{**config.__dict__, "reference_steps": 12}), cpu)
+    assert (exact.reference_steps, exact.reference_steps_up_to) == (12, 12)
+    assert "reference_steps_up_to" not in exact.device_defaults
+    on_gpu = CaptureConfig(**{**config.__dict__, "device": "cuda"}).validate().resolved_for("cuda")
+    assert (on_gpu.reference_steps, on_gpu.reference_steps_up_to) == (DEFAULT_REFERENCE_STEPS, None)
+
+    def counts(budget_s: float, p=plan) -> set[int]:
+        monkeypatch.setattr(reference, "CPU_REFERENCE_BUDGET_S", budget_s)
+        out = reference.run_reference_pass(p, create_writer("mha", "index_put"), cpu)
+        assert [s.mode for s in out] == ["writes", "control", "control_numpy"]
+        return {len(s.samples_ns) for s in out}
+
+    assert counts(0.0) == {6}  # no time left: the steps asked for
+    assert counts(1e9) == {CPU_REFERENCE_STEPS_UP_TO}  # time to spare: all of them
+    assert counts(1e9, exact) == {12}  # given: exactly that many
+
+
+def test_the_gate_reads_a_series_within_the_manifests_range_and_refuses_one_outside():
+    # a CPU capture's manifest records reference_steps 10 and reference_steps_up_to 100: series of 10 to 100
+    # steps are what it ran, 9 or 101 were edited
+    from kvprof.analysis.gate import GateRun, check_timings
+    from kvprof.core.errors import TraceError
+    from kvprof.core.run import Manifest
+
+    manifest = Manifest(run_id="r", config={"resolved": {"device_defaults": {
+        "reference_steps": 10, "reference_steps_up_to": 100}}})
+
+    def run(n: int) -> GateRun:
+        recs = [StepSamples(variant="index_put", pass_="reference", phase="decode", size=1, mode=mode, graph=False,
+                            writes_per_step=2, clock="wall", samples_ns=tuple([1000.0] * n))
+                for mode in ("writes", "control")]
+        return GateRun(groups=pd.DataFrame(), timings=StepTimings(records=recs), manifest=manifest)
+
+    for n in (10, 55, 100):
+        check_timings(run(n), "NEW")
+    for n in (9, 101):
+        with pytest.raises(TraceError, match=f"has series of {n} steps where the manifest says 10 to 100"):
+            check_timings(run(n), "NEW")

@@ -22,6 +22,7 @@ from kvprof.capture.defaults import (
     CPU_LAYER_DECODE_SIZES,
     CPU_LAYER_PREFILL_TOKENS,
     CPU_LAYER_REFERENCE_STEPS,
+    CPU_REFERENCE_STEPS_UP_TO,
     DEFAULT_CONTEXT_LEN,
     DEFAULT_DECODE_SIZES,
     DEFAULT_PREFILL_TOKENS,
@@ -81,6 +82,9 @@ class CaptureConfig:
     # where each step is wall-clock Python (tens of ms a write under Triton's interpreter),
     # CPU_LAYER_REFERENCE_STEPS there with --context layer (each step runs the layers' GEMMs)
     reference_steps: int | None = None
+    # timed on while a point's timed steps took under CPU_REFERENCE_BUDGET_S, up to this many;
+    # None: exactly reference_steps. Filled in on a CPU where reference_steps was left out
+    reference_steps_up_to: int | None = None
     torch_sync_events: bool = False  # torch.profiler's cuda_sync events (stream waits)
     nsys_graph_trace: str = "node"  # nsys --cuda-graph-trace: node (per-write kernels) or graph
     run_id: str | None = None
@@ -126,6 +130,8 @@ class CaptureConfig:
             raise UsageError(Setting("context_len"), f" must be positive, got {self.context_len}")
         if self.reference_steps is not None and self.reference_steps < 1:
             raise UsageError(Setting("reference_steps"), f" must be at least 1, got {self.reference_steps}")
+        if self.reference_steps_up_to is not None and self.reference_steps_up_to < 1:
+            raise UsageError(f"reference_steps_up_to must be at least 1, got {self.reference_steps_up_to}")
         if self.nsys_graph_trace not in NSYS_GRAPH_TRACES:
             raise UsageError(Setting("nsys_graph_trace"), f" must be one of {', '.join(NSYS_GRAPH_TRACES)}, "
                              f"got {self.nsys_graph_trace!r}")
@@ -213,8 +219,10 @@ class CaptureConfig:
         resolved = replace(
             self, layers=self.layers_on(device_type), threads=self.threads_on(device_type),
             context_len=self.context_len_on(device_type), decode_sizes=self.decode_sizes_on(device_type),
-            prefill_sizes=self.prefill_sizes_on(device_type), reference_steps=self.reference_steps_on(device_type))
-        keys = ("layers", "threads", "context_len", "decode_sizes", "prefill_sizes", "reference_steps")
+            prefill_sizes=self.prefill_sizes_on(device_type), reference_steps=self.reference_steps_on(device_type),
+            reference_steps_up_to=self.reference_steps_up_to_on(device_type))
+        keys = ("layers", "threads", "context_len", "decode_sizes", "prefill_sizes", "reference_steps",
+                "reference_steps_up_to")
         filled = {k: getattr(resolved, k) for k in keys
                   if getattr(self, k) is None and getattr(resolved, k) is not None}
         return replace(resolved, device_defaults={**self.device_defaults, **filled})
@@ -225,6 +233,15 @@ class CaptureConfig:
         if device_type == "cuda":
             return DEFAULT_REFERENCE_STEPS
         return min(CPU_LAYER_REFERENCE_STEPS, self.steps) if self.context == "layer" else self.steps
+
+    def reference_steps_up_to_on(self, device_type: str) -> int | None:
+        """How far a point's reference pass may go on past ``reference_steps`` within its time
+        budget: on a CPU where neither was given, CPU_REFERENCE_STEPS_UP_TO; else exactly."""
+        if self.reference_steps_up_to is not None:
+            return max(self.reference_steps_up_to, self.reference_steps_on(device_type))
+        if self.reference_steps is not None or device_type == "cuda":
+            return None
+        return max(CPU_REFERENCE_STEPS_UP_TO, self.reference_steps_on(device_type))
 
     def rank_shape(self) -> RankShape:
         from kvprof.kvcache.layouts.registry import MLA_PRESETS

@@ -24,7 +24,17 @@ CPU_LAYER_DECODE_SIZES = (1, 10)
 CPU_LAYER_CONTEXT_LEN = 256
 CPU_LAYER_PREFILL_TOKENS = 16
 CPU_LAYER_REFERENCE_STEPS = 3
+# On a CPU, unless --reference-steps says: after those first steps (the --steps count, or
+# CPU_LAYER_REFERENCE_STEPS), a point's reference pass goes on timing steps while its timed steps
+# have taken less than CPU_REFERENCE_BUDGET_S, up to CPU_REFERENCE_STEPS_UP_TO. A decode step of
+# a compiled writer takes microseconds, so it gets all of them for a fraction of a second; a step
+# under Triton's interpreter or inside a decoder layer takes tens of milliseconds and stops near
+# the first ones. The regression gate needs them on a loaded CPU: over 10 steps it leaves more
+# real regressions inconclusive (docs/formats.md has the measurement).
+CPU_REFERENCE_STEPS_UP_TO = 100
+CPU_REFERENCE_BUDGET_S = 0.5
 
 __all__ = ["CPU_DEFAULT_LAYERS", "CPU_DEFAULT_THREADS", "CPU_LAYER_CONTEXT_LEN", "CPU_LAYER_DECODE_SIZES",
-           "CPU_LAYER_PREFILL_TOKENS", "CPU_LAYER_REFERENCE_STEPS", "DEFAULT_CONTEXT_LEN", "DEFAULT_DECODE_SIZES",
+           "CPU_LAYER_PREFILL_TOKENS", "CPU_LAYER_REFERENCE_STEPS", "CPU_REFERENCE_BUDGET_S",
+           "CPU_REFERENCE_STEPS_UP_TO", "DEFAULT_CONTEXT_LEN", "DEFAULT_DECODE_SIZES",
            "DEFAULT_PREFILL_TOKENS"]

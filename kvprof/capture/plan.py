@@ -63,7 +63,9 @@ class CapturePlan:
     threads: int | None  # torch's CPU threads during the capture; None: torch's own (CUDA)
     context: str  # none, or layer (a decoder layer around each write)
     context_len: int  # cached tokens per decode request
-    reference_steps: int  # timed unprofiled steps per (phase, size) and mode
+    reference_steps: int  # timed unprofiled steps per (phase, size) and mode, at least
+    # at most, timed past reference_steps while within the CPU's budget (== reference_steps: exactly)
+    reference_steps_up_to: int
     steps: int
     warmup: int
     seed: int
@@ -119,6 +121,7 @@ def resolve(config: CaptureConfig, device: torch.device | None = None) -> Captur
         phases=tuple(resolved.phase_specs(graphs_possible=device.type == "cuda")),
         phase_names=tuple(resolved.phases), layers=resolved.layers, threads=resolved.threads,
         context=resolved.context, context_len=resolved.context_len, reference_steps=resolved.reference_steps,
+        reference_steps_up_to=resolved.reference_steps_up_to or resolved.reference_steps,
         steps=resolved.steps, warmup=resolved.warmup, seed=resolved.seed, slots=resolved.slots,
         page_size=resolved.page_size, pool_size=resolved.pool_size, k_scale=resolved.k_scale,
         v_scale=resolved.v_scale, max_memory_gb=resolved.max_memory_gb, variants=tuple(resolved.variants),

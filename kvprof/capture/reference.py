@@ -17,16 +17,22 @@ a second, ``control_numpy``, the same bytes at the same slots stored by numpy (n
 all: a torch that became slower slows the first control with the index_put variant, never
 this one). A shared machine runs one process slower than another for its whole life, or for
 a stretch of steps; the controls slow with it, so the regression gate can tell a slower
-machine from slower code (kvprof.analysis.gate; docs/formats.md has what was measured)."""
+machine from slower code (kvprof.analysis.gate; docs/formats.md has what was measured).
+
+Where the plan allows more steps than it asks for (a CPU capture left to its defaults), a
+point's pass goes on past ``reference_steps``, round by round, while its timed steps have
+taken less than CPU_REFERENCE_BUDGET_S, up to ``reference_steps_up_to``: every mode of the
+point gets the same count, cheap points many steps, slow ones the first few."""
 
 from __future__ import annotations
 
-import math
 import random
+import time
 
 import numpy as np
 import torch
 
+from kvprof.capture.defaults import CPU_REFERENCE_BUDGET_S
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import CapturePlan
 from kvprof.capture.session import PreparedPhase, StepTimer
@@ -107,7 +113,7 @@ def run_reference_pass(plan: CapturePlan, writer: Writer, device: torch.device,
     cpu = device.type == "cpu"
     timed = [*modes, CONTROL, FREE_CONTROL] if cpu else modes
     per_round = 1 if cpu else ROUND  # a CPU's speed changes within a series: alternate every step
-    n = plan.reference_steps
+    n, up_to = plan.reference_steps, max(plan.reference_steps, plan.reference_steps_up_to)
     with session_for(plan, writer, device, instrument=False, context=context) as session:
         for index, spec in enumerate(session.phases):
             prepared: PreparedPhase = session.prepare(spec, index)
@@ -124,11 +130,13 @@ def run_reference_pass(plan: CapturePlan, writer: Writer, device: torch.device,
                     control.step(i)
                     free.step(i)
             session.synchronize()
-            timers = {mode: StepTimer(device, n) for mode in timed}
+            timers = {mode: StepTimer(device, up_to) for mode in timed}
             done = 0
             order = random.Random(plan.seed * 1_000_003 + index)
-            for _ in range(math.ceil(n / per_round)):
-                count = min(per_round, n - done)
+            started = time.perf_counter()
+            # the steps asked for, then (where the plan allows more) on while within the budget
+            while done < n or (done < up_to and time.perf_counter() - started < CPU_REFERENCE_BUDGET_S):
+                count = min(per_round, (n if done < n else up_to) - done)
                 this_round = list(timed)
                 if cpu:
                     order.shuffle(this_round)

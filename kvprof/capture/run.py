@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvprof.capture.defaults import CPU_REFERENCE_BUDGET_S
 from kvprof.capture.layout_session import session_for
 from kvprof.capture.plan import (
     CapturedRun,
@@ -94,6 +95,9 @@ def defaults_line(plan: CapturePlan) -> Words | None:
         if key in _PHASE_OF and _PHASE_OF[key] not in plan.phase_names:
             continue  # a size of a phase that does not run
         shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        up_to = plan.device_defaults.get("reference_steps_up_to")
+        if key == "reference_steps" and up_to is not None and up_to > value:
+            shown += f" to {up_to} (on while a point's steps took under {CPU_REFERENCE_BUDGET_S:g} s)"
         parts += [", " if parts else "", Setting(key), f" {shown}"
                   + (f" (of {plan.shape.layers})" if key == "layers" else "")]
     if not parts:

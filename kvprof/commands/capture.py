@@ -59,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         CPU_LAYER_DECODE_SIZES,
         CPU_LAYER_PREFILL_TOKENS,
         CPU_LAYER_REFERENCE_STEPS,
+        CPU_REFERENCE_BUDGET_S,
+        CPU_REFERENCE_STEPS_UP_TO,
         DEFAULT_CONTEXT_LEN,
         DEFAULT_DECODE_SIZES,
         DEFAULT_PREFILL_TOKENS,
@@ -120,7 +122,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "second thread made small writes swing; torch's own on CUDA; at most 4 per CPU)")
     w.add_argument("--reference-steps", type=positive_int, default=None,
                    help="unprofiled steps timed per phase and size for the reference figures (default: 100 on "
-                        f"CUDA, the --steps count on CPU, {CPU_LAYER_REFERENCE_STEPS} there with --context layer)")
+                        f"CUDA; on a CPU the --steps count ({CPU_LAYER_REFERENCE_STEPS} with --context layer), then "
+                        f"more while a point's timed steps took under {CPU_REFERENCE_BUDGET_S:g} s, up to "
+                        f"{CPU_REFERENCE_STEPS_UP_TO}; given, exactly N)")
 
     d = p.add_argument_group("write")
     d.add_argument("--variants", type=_names, default=None,

@@ -73,6 +73,8 @@ class CaptureSizes(Protocol):
     @property
     def reference_steps(self) -> int: ...
     @property
+    def reference_steps_up_to(self) -> int: ...
+    @property
     def max_memory_gb(self) -> float | None: ...
 
 ENV_MAX_MEMORY_GB = "KVPROF_MAX_MEMORY_GB"
@@ -223,7 +225,7 @@ def capture_estimate(config: CaptureSizes, device: torch.device) -> CaptureEstim
     slots = sum(p.steps * p.tokens for p in phases) * 8
     inputs = sum(p.tokens for p in phases) * shape.head_num * dims * (in_elem + 4)  # float32 staging too
     writes = sum(p.steps for p in phases) * layers
-    unprofiled = (config.warmup + config.reference_steps) * len(phases) * layers
+    unprofiled = (config.warmup + max(config.reference_steps, config.reference_steps_up_to)) * len(phases) * layers
     device_bytes = pool + inputs + slots
     host_bytes = slots + writes * PROFILER_BYTES_PER_WRITE
     return CaptureEstimate(device_bytes, host_bytes, writes, unprofiled)
