@@ -631,9 +631,9 @@ def _level_noise(base: GateRun, new: GateRun) -> dict[tuple[str, int], float]:
     series' levels (divided by sqrt 2 for one), with the machine's load cancelled in each step's
     ratio. Pooled over both runs (variances). Where a run timed no numpy series (captured before
     it was added), the spread of the control medians themselves is taken: it also holds the load
-    of the moments each variant was timed at (on a 2-core machine under load, 1-37 % against
-    0.1-9.5 % from the ratios, lab/gate_false_fails.py), so it only widens. Needs two variants'
-    controls in each run; absent otherwise."""
+    of the moments each variant was timed at, so it only widens (docs/formats.md has both,
+    measured by lab/gate_false_fails.py). Needs two variants' controls in each run; absent
+    otherwise."""
     spreads: dict[tuple[str, int], list[float]] = {}
     for run in (base, new):
         levels: dict[tuple[str, int], list[float]] = {}
