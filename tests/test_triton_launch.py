@@ -140,6 +140,33 @@ def test_a_launch_hook_takes_triton_s_path_and_nothing_is_kept():
     assert la.counts()["triton"] == {FIRST: 1, HOOK: 1}
 
 
+def test_an_empty_hook_chain_is_no_hook_and_a_chain_with_a_call_is():
+    # Triton 3.5 on: launch_enter_hook / launch_exit_hook are HookChain objects, never None; an empty chain does
+    # nothing, so it must not send every launch through Triton's path (it did on an H100 with Triton 3.6).
+    # Up to 3.4 the knob is None or a callable
+    from triton.knobs import HookChain
+
+    from kvprof.kvcache.writers.triton_launch import hook_set
+
+    chain = HookChain()
+    assert not hook_set(chain) and not hook_set(None)
+    chain.add(lambda *a: None)
+    assert hook_set(chain) and hook_set(lambda *a: None)
+    # and the launcher's own check, as _setup builds it from Triton's knobs
+    from triton import knobs
+
+    la = CompiledLauncher(lambda: None, "fake", compiled=True, device=lambda: 0, stream=lambda d: 0)
+    assert la._setup() is None and la._hooks is not None
+    assert not la._hooks() or knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls
+    hook = lambda *a: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert la._hooks()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert not la._hooks()
+
+
 def test_interpreter_and_the_switch_always_take_triton_s_path(monkeypatch):
     fn, la = make(compiled=False)
     out = torch.zeros(8)
