@@ -6,10 +6,11 @@ marked ``*`` with the note, and nothing (rate, ratio, saving) is derived from it
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import pytest
 
-from kvprof.dashboard import charts, frames, tables
+go = pytest.importorskip("plotly.graph_objects")  # the dashboard extra (a GPU machine may lack it)
+
+from kvprof.dashboard import charts, frames, tables  # noqa: E402
 
 INTERP_NOTE = "ran in Triton's interpreter"
 NEG_NOTE = "not drawn, n/a (negative: noise): index_put"

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kvprof.analysis.write_kernels import write_kernel_summary
-from kvprof.dashboard.engine_view import engine_views
-from kvprof.dashboard.html_report import engine_sections
-from kvprof.trace.load import load
-from kvprof.trace.synthetic import EngineReplaySpec, build_engine, dumps
+pytest.importorskip("plotly")  # the dashboard extra (a GPU machine may lack it)
+
+from kvprof.analysis.write_kernels import write_kernel_summary  # noqa: E402
+from kvprof.dashboard.engine_view import engine_views  # noqa: E402
+from kvprof.dashboard.html_report import engine_sections  # noqa: E402
+from kvprof.trace.load import load  # noqa: E402
+from kvprof.trace.synthetic import EngineReplaySpec, build_engine, dumps  # noqa: E402
 
 
 def _summary(tmp: Path, spec: EngineReplaySpec) -> dict:

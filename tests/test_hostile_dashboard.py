@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvprof.dashboard import data
+pytest.importorskip("streamlit")  # the dashboard extra (a GPU machine may lack it)
+
+from kvprof.dashboard import data  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "layer-rope-cpu"
 

@@ -90,7 +90,8 @@ def _mla_run(name: str, case) -> None:
              for w in (registry.create_writer("mla", "mla_index_put"), writer)]
     gen = torch.Generator().manual_seed(seed)
     slots = torch.randperm(size + 1, generator=gen)[:tokens]
-    if with_zero and tokens:
+    if with_zero and tokens:  # slot 0 once: two tokens there would leave the winner to each writer's order
+        slots = torch.randperm(size, generator=gen)[:tokens] + 1
         slots[tokens // 2] = 0
     loc = slots.to(loc_dtype)
     for p in pools:  # a first write, so skipped rows must keep non-zero contents
