@@ -102,14 +102,49 @@ def interpreted_config(row_elements: int, tokens: int) -> TritonConfig:
     return TritonConfig(block_t, 4, 1)
 
 
+# The H100 SXM's rows: lab/tune_cards.py on an H100 80GB HBM3 (132 SMs), 2026-12-06, 36 points x 17
+# candidate shapes, 3 captures each; each point's fastest shape (docs/benchmarks.md has its table
+# against SGLang's store_cache).
+B16_H100_SXM: Table = [
+    (1024, 1, TritonConfig(8, 8)),
+    (1024, 64, TritonConfig(4, 4)),
+    (1024, 512, TritonConfig(4, 1)),
+    (1024, 4096, TritonConfig(16, 16)),
+    (1024, _ANY, TritonConfig(32, 8)),
+    (8192, 1, TritonConfig(1, 8)),
+    (8192, 8, TritonConfig(1, 4, 2)),
+    (8192, 64, TritonConfig(1, 8)),
+    (8192, 512, TritonConfig(1, 4)),
+    (8192, 4096, TritonConfig(4, 8)),
+    (8192, _ANY, TritonConfig(1, 4)),
+    (_ANY, 1, TritonConfig(1, 1, 16)),
+    (_ANY, 64, TritonConfig(1, 8, 4)),
+    (_ANY, _ANY, TritonConfig(1, 16)),
+]
+FP8_H100_SXM: Table = [
+    (1024, 1, TritonConfig(8, 8)),
+    (1024, 64, TritonConfig(4, 4)),
+    (1024, 4096, TritonConfig(8, 4)),
+    (1024, _ANY, TritonConfig(16, 4)),
+    (8192, 8, TritonConfig(1, 4, 2)),
+    (8192, 512, TritonConfig(1, 4)),
+    (8192, 4096, TritonConfig(2, 4)),
+    (8192, _ANY, TritonConfig(1, 4)),
+    (_ANY, 64, TritonConfig(1, 8, 4)),
+    (_ANY, _ANY, TritonConfig(1, 16)),
+]
+
+
 # Per card (kvprof.kvcache.writers.card_tables: a device takes its card's row, else "fallback"):
 # (16-bit table, fp8 table). The H200 row is the tables above.
 STORE_TABLES: dict[str, tuple[Table, Table]] = {
     "H200": (TRITON_TABLE, TRITON_TABLE_FP8),
+    "H100-SXM": (B16_H100_SXM, FP8_H100_SXM),
     "fallback": (TRITON_TABLE, TRITON_TABLE_FP8),
 }
 SOURCES: dict[str, str] = {
     "H200": "lab/tune_fused.py on an H200, 2026-12-02 (lab/results/tune-2026-12-02.txt, tune-fp8-, tune-fewtokens-)",
+    "H100-SXM": "lab/tune_cards.py on an H100, 2026-12-06 (lab/results/h100-2026-12-06/cards-H100-SXM.json.gz)",
     "fallback": "the H200 row",
 }
 FALLBACK_WHY = "the only card these shapes were measured on when it was chosen (H200)"
