@@ -403,9 +403,11 @@ class Task:
     after_captures: bool = True
 
 
+# --reference-steps given: on a CPU its default goes on within a time budget, so the step count (and
+# every figure counted over the steps) would follow the machine's speed, not the code
 SMALL_CAPTURE = ["--tp", "1", "--phase", "decode,prefill", "--batch-sizes", "1", "--prefill-tokens", "8",
-                 "--steps", "2", "--warmup", "1", "--device", "cpu", "--seed", "0", "--run-id", "fresh",
-                 "--no-progress"]
+                 "--steps", "2", "--reference-steps", "2", "--warmup", "1", "--device", "cpu", "--seed", "0",
+                 "--run-id", "fresh", "--no-progress"]
 CAPTURES = {  # small model, fixed seed: one per cache layout
     "mha": ["--model", "2x1x64", "--variants", "index_put,two_stream,triton_fused"],
     "paged": ["--model", "2x1x64", "--engine", "vllm", "--variants", "paged_unfused,paged_triton"],
