@@ -123,7 +123,9 @@ def test_a_writer_that_writes_twice_fails_the_gate(writer_runs, capsys):
     rows = {r["variant"]: r for r in gate["rows"]}
     assert rc == 1, err
     writer = rows["gate_writer.make"]
-    assert writer["regressed"] and writer["low_pct"] > 20, rows
+    # regressed: its slowdown and its interval's low end above the threshold. How far above is a matter of
+    # the machine's load (12.7 % once beside other jobs): lab/gate_false_fails.py measures it over many pairs
+    assert writer["regressed"] and writer["low_pct"] > float(THRESHOLD), rows
     # the unchanged rows of this one pair are not asserted unregressed: a row is judged on its interval however
     # wide, and how often an unchanged row falls outside its interval is a rate (lab/gate_false_fails.py, over
     # hundreds of pairs), not something one pair can show; what one pair shows is that the writer's row stands out
@@ -143,5 +145,5 @@ def test_a_torch_that_became_slower_fails_the_gate(writer_runs, capsys):
     out, err = capsys.readouterr()
     rows = {r["variant"]: r for r in json.loads(out)["gate"]["rows"]}
     assert rc == 1, err
-    assert rows[CONTROL_ROW]["regressed"] and rows[CONTROL_ROW]["low_pct"] > 20, rows
+    assert rows[CONTROL_ROW]["regressed"] and rows[CONTROL_ROW]["low_pct"] > float(THRESHOLD), rows
     assert f"regressed: {CONTROL_ROW} decode 1" in err
