@@ -452,6 +452,18 @@ def test_tampered_step_timings_are_refused_with_exit_3(cpu_run, capsys, tmp_path
             else "NEW's step timings: index_put reference decode 1") in err, err
 
 
+def timed(series, n=30, seed=0, rel=0.01):
+    """A CPU run's reference pass at decode 1: per variant, its modes' step centres (ns); each variant's
+    steps scatter by ``rel`` with its own seed, every mode of a variant alike."""
+    recs = [StepSamples(variant=variant, pass_="reference", phase="decode", size=1, mode=mode, graph=False,
+                        writes_per_step=WPS, clock="wall",
+                        samples_ns=tuple(jitter(centre, n=n, seed=seed + i, rel=rel)))
+            for i, (variant, modes) in enumerate(series.items()) for mode, centre in modes.items()]
+    t = StepTimings(records=recs)
+    return GateRun(groups=reference_groups(t), summary=Summary(input="x", input_kind="run",
+                                                               reference={"clock": ["wall"]}), timings=t)
+
+
 def test_a_shift_within_the_level_noise_of_a_series_is_not_a_regression():
     # two variants per run, each with its own controls: their torch controls sit 16 % apart over the numpy controls
     # beside them within one run (where their tensors landed), which no number of steps averages out: one series'
@@ -459,17 +471,10 @@ def test_a_shift_within_the_level_noise_of_a_series_is_not_a_regression():
     # steps that scatter by 1 %, is within that noise: inconclusive, not regressed; with the controls of one run at
     # one level the same shift regresses
     def run(shift, spread, seed):
-        recs = []
-        for i, variant in enumerate(("index_put", "two_stream")):
-            level = 1 + (spread if i else -spread)
-            for mode, centre in (("writes", 20_000 * level * (shift if i == 0 else 1)), (CONTROL, 10_000 * level),
-                                 (FREE_CONTROL, 4_000)):
-                recs.append(StepSamples(variant=variant, pass_="reference", phase="decode", size=1, mode=mode,
-                                        graph=False, writes_per_step=WPS, clock="wall",
-                                        samples_ns=tuple(jitter(centre, n=30, seed=seed + i, rel=0.01))))
-        t = StepTimings(records=recs)
-        return GateRun(groups=reference_groups(t), summary=Summary(input="x", input_kind="run",
-                                                                   reference={"clock": ["wall"]}), timings=t)
+        low, high = 1 - spread, 1 + spread
+        return timed({"index_put": {"writes": 20_000 * low * shift, CONTROL: 10_000 * low, FREE_CONTROL: 4_000},
+                      "two_stream": {"writes": 20_000 * high, CONTROL: 10_000 * high, FREE_CONTROL: 4_000}},
+                     seed=seed)
 
     gate = regression_gate(run(1.0, 0.08, 1), run(1.2, 0.08, 7), 10)
     row = next(r for r in gate.rows if r.variant == "index_put")
@@ -487,18 +492,11 @@ def test_load_that_differs_between_the_variants_timed_is_not_level_noise():
     # regresses. Judged on the controls' medians alone (a run timed before control_numpy) it would read as 18 %
     # of level noise.
     def run(work, seed, numpy_=True):
-        recs = []
-        for i, variant in enumerate(("index_put", "two_stream", "gate_writer")):
-            load = (1.0, 1.3, 0.9)[i]
-            modes = [("writes", 20_000 * load * (work if i == 2 else 1)), (CONTROL, 10_000 * load)]
-            modes += [(FREE_CONTROL, 4_000 * load)] if numpy_ else []
-            for mode, centre in modes:
-                recs.append(StepSamples(variant=variant, pass_="reference", phase="decode", size=1, mode=mode,
-                                        graph=False, writes_per_step=WPS, clock="wall",
-                                        samples_ns=tuple(jitter(centre, n=10, seed=seed + i, rel=0.02))))
-        t = StepTimings(records=recs)
-        return GateRun(groups=reference_groups(t), summary=Summary(input="x", input_kind="run",
-                                                                   reference={"clock": ["wall"]}), timings=t)
+        series = {}
+        for variant, load, own in (("index_put", 1.0, 1), ("two_stream", 1.3, 1), ("gate_writer", 0.9, work)):
+            series[variant] = {"writes": 20_000 * load * own, CONTROL: 10_000 * load,
+                               **({FREE_CONTROL: 4_000 * load} if numpy_ else {})}
+        return timed(series, n=10, seed=seed, rel=0.02)
 
     gate = regression_gate(run(1.0, 1), run(1.6, 7), 10)
     row = next(r for r in gate.rows if r.variant == "gate_writer")
@@ -565,16 +563,8 @@ def test_an_inconclusive_row_says_how_many_steps_would_settle_it(capsys):
 def test_a_row_whose_level_noise_alone_exceeds_the_threshold_needs_no_step_count():
     # the controls of one run sit 16 % apart (where their tensors landed): no number of steps narrows that
     def run(seed):
-        recs = []
-        for i, variant in enumerate(("index_put", "two_stream")):
-            level = 1.08 if i else 0.92
-            for mode, centre in (("writes", 20_000 * level), (CONTROL, 10_000 * level), (FREE_CONTROL, 4_000)):
-                recs.append(StepSamples(variant=variant, pass_="reference", phase="decode", size=1, mode=mode,
-                                        graph=False, writes_per_step=WPS, clock="wall",
-                                        samples_ns=tuple(jitter(centre, n=30, seed=seed + i, rel=0.01))))
-        t = StepTimings(records=recs)
-        return GateRun(groups=reference_groups(t), summary=Summary(input="x", input_kind="run",
-                                                                   reference={"clock": ["wall"]}), timings=t)
+        return timed({variant: {"writes": 20_000 * level, CONTROL: 10_000 * level, FREE_CONTROL: 4_000}
+                      for variant, level in (("index_put", 0.92), ("two_stream", 1.08))}, seed=seed)
 
     gate = regression_gate(run(1), run(7), 10)
     noisy = [r for r in gate.rows if r.status == "inconclusive"]

@@ -360,13 +360,13 @@ def check_timings(run: GateRun, name: str) -> None:
             raise TraceError(f"{where} holds a step of {bad} ns (a step takes a positive, finite time); "
                              "the timings were edited or corrupted, the gate judges nothing")
         counts.setdefault((r.variant, r.pass_, r.phase, r.size), set()).add(len(r.samples_ns))
-    low = int(steps) if steps is not None else None
-    high = max(low, int(up_to)) if low is not None and up_to is not None else low
+    # the reference counts the manifest allows: exactly reference_steps, or up to reference_steps_up_to
+    bounds = None if steps is None else (int(steps), max(int(steps), int(up_to or steps)))
     for (variant, pass_, phase, size), n in counts.items():
-        checked = pass_ == "reference" and low is not None and high is not None
-        if len(n) > 1 or (checked and n and not all(low <= c <= high for c in n)):  # type: ignore[operator]
-            want = ("" if not checked else f" where the manifest says {low}" if low == high
-                    else f" where the manifest says {low} to {high}")
+        checked = bounds if pass_ == "reference" else None
+        if len(n) > 1 or (checked is not None and not all(checked[0] <= c <= checked[1] for c in n)):
+            want = ("" if checked is None else f" where the manifest says {checked[0]}" if checked[0] == checked[1]
+                    else f" where the manifest says {checked[0]} to {checked[1]}")
             raise TraceError(f"{name}'s step timings: {variant} {pass_} {phase} {size} has series of "
                              f"{', '.join(map(str, sorted(n)))} steps{want}; the timings were edited or "
                              "corrupted, the gate judges nothing")

@@ -84,9 +84,8 @@ def _int_class(v: int) -> int:
 def hook_set(hook: Any) -> bool:
     """Whether a Triton launch hook would run: a callable (Triton up to 3.4: None when unset), or
     a ``HookChain`` holding calls (3.5 on: the knob is always a chain, empty when nothing is
-    set; the launcher still calls an empty one, which does nothing). On Triton 3.6 the chain
-    read as "set" sent every launch through Triton's path (measured on an H100: 0 compiled
-    launches of 19,372)."""
+    set; the launcher still calls an empty one, which does nothing). Read as "set", an empty
+    chain sent every launch through Triton's path (docs/benchmarks.md, "Eager launches")."""
     if hook is None:
         return False
     calls = getattr(hook, "calls", None)
