@@ -380,8 +380,13 @@ def test_the_overlap_check_never_takes_tensors_that_share_a_byte(data: Any) -> N
     one_stride = fa[3] == 1 or fb[3] == 1 or (fa[1] == fb[1] and fa[1] > 0)
     if _exact(a) and _exact(b) and one_stride:
         assert said == meets
-    if torch._debug_has_internal_overlap(a) == 1:
-        return  # a written tensor whose own elements overlap: refused for that (tested below)
+    # a written tensor whose own elements overlap is refused for that: always where torch says
+    # so or where it is rows of one dense block each (rows closer than their width), never else
+    self_overlap = len(_addresses(a)) < a.numel() * a.element_size()
+    if self_overlap and (_exact(a) or torch._debug_has_internal_overlap(a) == 1):
+        with pytest.raises(ValueError, match="a is written and more than one of its elements"):
+            check_disjoint({"a": a}, {"b": b})
+        return
     if said:
         with pytest.raises(ValueError, match="b shares memory with a"):
             check_disjoint({"a": a}, {"b": b})
@@ -651,6 +656,48 @@ def test_every_rope_writer_called_directly_rotates_and_stores_the_reference_or_n
         _run_rope_direct(writer, case, device)
 
     run()
+
+
+def _outcome(fn: Any) -> Any:
+    """What a check returned (q, k and v as their address, shape and strides; loc and positions,
+    contiguous copies where strided, as their values) or the error it raised."""
+    try:
+        q, k, v, loc, positions = fn()
+    except ValueError as exc:
+        return ("refused", str(exc))
+    return (*((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in (q, k, v)),
+            *((t.tolist(), t.dtype, t.is_contiguous()) for t in (loc, positions)))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(case=_rope_cases(), flat=st.sampled_from(["", "q", "k", "v", "qkv"]),
+       scale=st.sampled_from([None, 0.5, 2, -1.0, float("inf"), "tensor"]))
+def test_the_rope_checks_common_call_written_out_decides_as_the_full_checks(case: dict[str, Any], flat: str,
+                                                                             scale: Any) -> None:
+    """check_rope_call's fast path (the common call, written out) returns what the full checks
+    return, and refuses what they refuse in the same words: any call, faults, 2-D q/k/v and
+    every kind of scale included."""
+    from kvprof.kvcache import contracts
+
+    call = _rope_call(case)
+    call.pop("slots")
+    for name in flat:
+        t = call[name]
+        if t.dim() == 3 and t.shape[1] * t.shape[2]:
+            try:
+                call[name] = t.view(t.shape[0], -1)
+            except RuntimeError:
+                pass
+    k_scale = torch.tensor([0.5]) if scale == "tensor" else scale
+
+    def check() -> Any:
+        return contracts.check_rope_call(**call, dtype=case["cache"], k_scale=k_scale, v_scale=k_scale)
+
+    fast = _outcome(check)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(contracts, "_rope_call_fast", lambda *a: None)
+        full = _outcome(check)
+    assert fast == full
 
 
 # -- a writer that cannot be built, a head dim the rotary cannot take: one line, no traceback -----

@@ -40,6 +40,7 @@ from kvprof.core.errors import UsageError
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path  # noqa: F401
 from kvprof.kvcache.dtypes import short_name
 from kvprof.kvcache.validation import (
+    _STORE,
     check_apart,
     check_buffer_pair,
     check_buffers,
@@ -336,6 +337,11 @@ def check_rope_call(
     table would read memory beyond it. Returns q, k, v (as ``check_rope_inputs``) and loc and
     positions contiguous (copied where strided, as the store contract's ``loc``), so a writer
     may read them as consecutive values."""
+    fast = _rope_call_fast(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, dtype, k_scale, v_scale)
+    if fast is not None:
+        check_index_range("loc", loc, 0, k_buf.shape[0])
+        check_index_range("positions", positions, 0, cos_sin_cache.shape[0], "position")
+        return fast
     check_buffer_pair(dtype, k_buf, v_buf)
     device = k_buf.device
     q, k, v = check_rope_inputs(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache,
@@ -349,6 +355,87 @@ def check_rope_call(
     if not positions.is_contiguous():
         positions = positions.contiguous()
     return q, k, v, loc, positions
+
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_INF = float("inf")
+
+
+def _rope_call_fast(
+    q: Any, k: Any, v: Any, k_buf: Any, v_buf: Any, loc: Any, positions: Any, cos_sin_cache: Any,
+    dtype: torch.dtype, k_scale: object, v_scale: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """:func:`check_rope_call`'s common call written out, about a third of its attribute reads
+    (a rope write through a pool runs it on every eager call): plain tensors on one device,
+    [T, H, D] or [T, H * D] q/k/v with unit stride in D, contiguous int32/int64 loc and
+    positions, scales None or positive floats. Returns what check_rope_call returns; None for
+    anything else, whose checks (or refusal) the full path then runs. It refuses nothing
+    itself but through :func:`check_disjoint`, which the full path would reach with the same
+    tensors and so word the same way."""
+    t_cls = torch.Tensor
+    if (q.__class__ is not t_cls or k.__class__ is not t_cls or v.__class__ is not t_cls
+            or loc.__class__ is not t_cls or positions.__class__ is not t_cls
+            or cos_sin_cache.__class__ is not t_cls or not _plain_scales(k_scale, v_scale)):
+        return None
+    rows = _buffer_pair_fast(dtype, k_buf, v_buf)
+    if rows is None:
+        return None
+    heads, dim, v_dim = rows
+    device = k_buf.device
+    if (q.device != device or k.device != device or v.device != device or loc.device != device
+            or positions.device != device or cos_sin_cache.device != device):
+        return None
+    if loc.dtype not in _INDEX_DTYPES or positions.dtype not in _INDEX_DTYPES:
+        return None
+    l_shape = loc.shape
+    if len(l_shape) != 1 or positions.shape != l_shape or not loc.is_contiguous() or not positions.is_contiguous():
+        return None
+    tokens = l_shape[0]
+    if not (tokens and heads and dim and v_dim):
+        return None
+    try:  # [T, H * D] as [T, H, D] (a view: q and k are rotated in place)
+        q = q.view(tokens, -1, dim) if q.dim() == 2 else q
+        k = k.view(tokens, -1, dim) if k.dim() == 2 else k
+        v = v.view(tokens, -1, v_dim) if v.dim() == 2 else v
+    except RuntimeError:
+        return None
+    q_shape, k_dtype = q.shape, k.dtype
+    if (len(q_shape) != 3 or q_shape[0] != tokens or q_shape[2] != dim or not q_shape[1]
+            or k.shape != (tokens, heads, dim) or v.shape != (tokens, heads, v_dim)
+            or k_dtype not in ROPE_INPUTS or q.dtype not in ROPE_INPUTS or v.dtype is not k_dtype
+            or q.stride(2) != 1 or k.stride(2) != 1):
+        return None
+    if cos_sin_cache.dtype is not torch.float32 or cos_sin_cache.dim() != 2 or cos_sin_cache.stride(1) != 1:
+        return None
+    rope_dim = cos_sin_cache.shape[1]
+    if rope_dim < 2 or rope_dim % 2 or rope_dim > dim:
+        return None
+    check_disjoint({"q": q, "k": k, "k_buf": k_buf, "v_buf": v_buf},
+                   {"v": v, "loc": loc, "positions": positions, "cos_sin_cache": cos_sin_cache})
+    return q, k, v, loc, positions
+
+
+def _plain_scales(*scales: object) -> bool:
+    """Every scale None or a positive finite float (what the common call passes)."""
+    return all(s is None or (s.__class__ is float and 0.0 < s < _INF) for s in scales)  # type: ignore[operator]
+
+
+def _buffer_pair_fast(dtype: torch.dtype, k_buf: Any, v_buf: Any) -> tuple[int, int, int] | None:
+    """(heads, dim, v_dim) of K and V buffers that :func:`check_buffer_pair` takes without a
+    word, found with fewer reads; None for anything else."""
+    t_cls = torch.Tensor
+    store = _STORE.get(dtype)
+    if (store is None or k_buf.__class__ is not t_cls or v_buf.__class__ is not t_cls or k_buf.dtype is not store
+            or v_buf.dtype is not store or not k_buf.is_contiguous() or not v_buf.is_contiguous()
+            or v_buf.device != k_buf.device):
+        return None
+    k_shape, v_shape = k_buf.shape, v_buf.shape
+    if len(k_shape) != 3 or len(v_shape) != 3 or k_shape[0] != v_shape[0] or k_shape[1] != v_shape[1]:
+        return None
+    k_lo, v_lo = k_buf.data_ptr(), v_buf.data_ptr()
+    if k_lo < v_lo + v_buf.nbytes and v_lo < k_lo + k_buf.nbytes:
+        return None
+    return k_shape[1], k_shape[2], v_shape[2]
 
 
 def check_rope_inputs(

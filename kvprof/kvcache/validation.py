@@ -263,11 +263,19 @@ def _rows_form(t: torch.Tensor) -> tuple[int, int, int, int]:
     bytes, ``stride`` apart, when every dim after the first is dense (views along the last dim
     of one tensor, such as q, k and v split out of a QKV projection, have this form); else its
     whole span as one row."""
+    if t.is_contiguous():
+        first = t.data_ptr()
+        return first, t.nbytes, t.nbytes, 1
+    return _strided_form(t)
+
+
+def _strided_form(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """:func:`_rows_form` of a tensor that is not contiguous."""
     first = t.data_ptr()
     size = t.element_size()
-    if t.is_contiguous():
-        return first, t.nbytes, t.nbytes, 1
     shape, stride = t.shape, t.stride()
+    if len(shape) == 3 and (shape[2] == 1 or stride[2] == 1) and (shape[1] == 1 or stride[1] == shape[2]):
+        return first, stride[0] * size, shape[1] * shape[2] * size, shape[0]  # [tokens, heads, dim] rows
     dense = 1
     for i in range(len(shape) - 1, 0, -1):
         if shape[i] != 1 and stride[i] != dense:
@@ -306,26 +314,36 @@ def check_disjoint(written: dict[str, torch.Tensor | None], read: dict[str, torc
     differently would disagree. One check over every pair, whatever the tensors are; read-only
     inputs may share memory with each other. A written tensor whose own elements overlap (an
     expanded view) is refused too."""
-    spans: list[tuple[int, int, str, torch.Tensor, bool]] = []
-    for name, t in written.items():
-        if t is None or not t.numel():
-            continue
-        if t.dim() and torch._debug_has_internal_overlap(t) == 1:
-            raise ValueError(f"{name} is written and more than one of its elements is one memory location "
-                             "(an expanded view); pass a copy (.clone())")
-        spans.append((*byte_span(t), name, t, True))
-    for name, t in read.items():
-        if t is None or not t.numel():
-            continue
-        spans.append((*byte_span(t), name, t, False))
-    # only tensors whose spans meet can share a byte: sorted by first byte, each is compared
-    # with those that start before its span ends (none, for tensors of separate allocations)
+    # each tensor's rows form once (a contiguous one is its own single row and cannot overlap
+    # itself); then only tensors whose spans meet are compared, pair by pair
+    spans: list[tuple[int, int, str, tuple[int, int, int, int], bool]] = []
+    for writes, group in ((True, written), (False, read)):
+        for name, t in group.items():
+            if t is None:
+                continue
+            if t.is_contiguous():
+                size = t.nbytes
+                if size:
+                    first = t.data_ptr()
+                    spans.append((first, first + size, name, (first, size, size, 1), writes))
+                continue
+            if not t.numel():
+                continue
+            form = _strided_form(t)
+            # dense rows overlap one another iff they are closer than their width; any other
+            # form is torch's to judge
+            if writes and ((form[1] < form[2]) if form[3] > 1 else torch._debug_has_internal_overlap(t) == 1):
+                raise ValueError(f"{name} is written and more than one of its elements is one memory location "
+                                 "(an expanded view); pass a copy (.clone())")
+            spans.append((form[0], form[0] + (form[3] - 1) * form[1] + form[2], name, form, writes))
+    # sorted by first byte, each is compared with those that start before its span ends (none,
+    # for tensors of separate allocations)
     spans.sort(key=lambda e: e[0])
-    for i, (_, hi, name, t, writes) in enumerate(spans):
-        for lo_j, _, other, u, other_writes in spans[i + 1:]:
+    for i, (_, hi, name, form, writes) in enumerate(spans):
+        for lo_j, _, other, other_form, other_writes in spans[i + 1:]:
             if lo_j >= hi:
                 break
-            if (writes or other_writes) and _meet(_rows_form(t), _rows_form(u)):
+            if (writes or other_writes) and _meet(form, other_form):
                 w, r = (name, other) if writes else (other, name)
                 raise ValueError(f"{r} shares memory with {w}, which the write changes; pass a copy (.clone())")
 
