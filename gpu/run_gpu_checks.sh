@@ -290,12 +290,15 @@ PY
     # 4. lab/tune_cards.py with the seconds left: every candidate launch shape at the grid points the
     #    tables decide (32x128 first), the rows to commit for this card, and kvprof's best and its
     #    table's shape against SGLang's JIT store_cache, graph replays and after an L2 flush.
+    # PERF1_PARTS picks parts (default: tests eager rope-4096 cards)
     sglang_path
+    p1_parts=" ${PERF1_PARTS:-tests eager rope-4096 cards} "
     p1_start=$SECONDS
     p1_budget=${PERF1_BUDGET:-480}
     p1_left() { echo $(( p1_budget - (SECONDS - p1_start) )); }
-    p1_run() {  # p1_run SECONDS NAME CMD...: at most SECONDS (and never past the budget), output to $OUT/NAME.txt
-      local limit=$1 name=$2; shift 2
+    p1_run() {  # p1_run PART SECONDS NAME CMD...: at most SECONDS (and never past the budget), output to $OUT/NAME.txt
+      case $p1_parts in *" $1 "*) ;; *) return ;; esac
+      local limit=$2 name=$3; shift 3
       local left; left=$(( $(p1_left) - 5 ))
       [ "$left" -lt "$limit" ] && limit=$left
       if [ "$limit" -lt 10 ]; then echo "perf1: no time left for $name" | tee -a "$OUT/perf1.txt"; return; fi
@@ -303,32 +306,32 @@ PY
       PYTHONPATH=$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH} TRITON_INTERPRET=0 timeout -k 5 "$limit" "$@" > "$OUT/$name.txt" 2>&1
       echo "   exit $? after $(( SECONDS - p1_start ))s" | tee -a "$OUT/perf1.txt"
     }
-    p1_run 60 perf1-tests python3 -m pytest tests/test_triton_launch.py tests/test_card_tables.py -m gpu -q \
+    p1_run tests 60 perf1-tests python3 -m pytest tests/test_triton_launch.py tests/test_card_tables.py -m gpu -q \
       -p no:cacheprovider -rs
-    p1_run 55 perf1-eager-store python3 -m kvprof bench --modes eager \
+    p1_run eager 55 perf1-eager-store python3 -m kvprof bench --modes eager \
       --variants index_put,triton_fused,cuda_fused,store_kv_fused --shapes 8x128 --dtypes "bf16,fp8_e4m3<-bf16" \
       --tokens 1,64,4096 --eager-repeats 20 --out "$OUT/perf1-eager-store"
-    p1_run 55 perf1-eager-rope python3 -m kvprof bench --family rope --modes eager \
+    p1_run eager 55 perf1-eager-rope python3 -m kvprof bench --family rope --modes eager \
       --variants rope_then_triton_fused,rope_triton_fused,rope_cuda_fused --shapes 8x1x128 --dtypes bf16 \
       --tokens 1,64,4096 --eager-repeats 20 --out "$OUT/perf1-eager-rope"
-    p1_run 60 perf1-eager-layouts python3 -m kvprof.bench.layouts --tokens 1,64 --replays 20 \
+    p1_run eager 60 perf1-eager-layouts python3 -m kvprof.bench.layouts --tokens 1,64 --replays 20 \
       --out "$OUT/perf1-eager-layouts"
-    p1_run 30 perf1-eager-store-jit env KVPROF_TRITON_LAUNCHER=0 python3 -m kvprof bench --modes eager \
+    p1_run eager 30 perf1-eager-store-jit env KVPROF_TRITON_LAUNCHER=0 python3 -m kvprof bench --modes eager \
       --variants triton_fused --shapes 8x128 --dtypes bf16 --tokens 1,4096 --eager-repeats 20 \
       --out "$OUT/perf1-eager-store-jit"
-    p1_run 30 perf1-eager-rope-jit env KVPROF_TRITON_LAUNCHER=0 python3 -m kvprof bench --family rope --modes eager \
+    p1_run eager 30 perf1-eager-rope-jit env KVPROF_TRITON_LAUNCHER=0 python3 -m kvprof bench --family rope --modes eager \
       --variants rope_triton_fused --shapes 8x1x128 --dtypes bf16 --tokens 1,4096 --eager-repeats 20 \
       --out "$OUT/perf1-eager-rope-jit"
     # rope + store at 4096 tokens (Llama-3.1-70B TP8 per rank, 80 layers from CUDA graphs): the table's
     # shape beside candidate prefill shapes (block_t.block_h.warps), to bring it toward its copy floor
-    p1_run 70 perf1-rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=perf1-rope-4096.json OUT="$OUT" \
+    p1_run rope-4096 70 perf1-rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=perf1-rope-4096.json OUT="$OUT" \
       ROPE_VARIANTS=rope_triton_fused,rope_triton_fused@2.1.2,rope_triton_fused@4.1.2,rope_triton_fused@4.1.4,\
 rope_triton_fused@8.1.4,rope_triton_fused@8.1.8,rope_triton_fused@16.1.4,rope_triton_fused@16.1.16,\
 rope_triton_fused@32.1.8,rope_triton_fused@32.1.16,rope_triton_fused@8.2.8,rope_triton_fused@16.2.8 \
       python3 lab/rope_bench.py
     # the sweep gets what is left; it starts no point after CARDS_BUDGET_S and rewrites its JSON after each
     p1_sweep=$(( $(p1_left) - 10 ))
-    p1_run "$p1_sweep" perf1-cards env CARDS_BUDGET_S="${CARDS_BUDGET_S:-$(( p1_sweep - 45 ))}" OUT="$OUT" \
+    p1_run cards "$p1_sweep" perf1-cards env CARDS_BUDGET_S="${CARDS_BUDGET_S:-$(( p1_sweep - 45 ))}" OUT="$OUT" \
       python3 lab/tune_cards.py
     cat "$OUT/perf1.txt"
     ;;
