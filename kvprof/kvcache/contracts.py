@@ -40,7 +40,7 @@ from kvprof.core.errors import UsageError
 from kvprof.core.vocab import FALLBACK_PREFIX, FUSED, ROPE_FUSED, TWO_COPIES, TWO_STREAMS, is_fused_path  # noqa: F401
 from kvprof.kvcache.dtypes import short_name
 from kvprof.kvcache.validation import (
-    _STORE,
+    buffer_pair_rows,
     check_apart,
     check_buffer_pair,
     check_buffers,
@@ -377,7 +377,7 @@ def _rope_call_fast(
             or loc.__class__ is not t_cls or positions.__class__ is not t_cls
             or cos_sin_cache.__class__ is not t_cls or not _plain_scales(k_scale, v_scale)):
         return None
-    rows = _buffer_pair_fast(dtype, k_buf, v_buf)
+    rows = buffer_pair_rows(dtype, k_buf, v_buf)
     if rows is None:
         return None
     heads, dim, v_dim = rows
@@ -418,24 +418,6 @@ def _rope_call_fast(
 def _plain_scales(*scales: object) -> bool:
     """Every scale None or a positive finite float (what the common call passes)."""
     return all(s is None or (s.__class__ is float and 0.0 < s < _INF) for s in scales)  # type: ignore[operator]
-
-
-def _buffer_pair_fast(dtype: torch.dtype, k_buf: Any, v_buf: Any) -> tuple[int, int, int] | None:
-    """(heads, dim, v_dim) of K and V buffers that :func:`check_buffer_pair` takes without a
-    word, found with fewer reads; None for anything else."""
-    t_cls = torch.Tensor
-    store = _STORE.get(dtype)
-    if (store is None or k_buf.__class__ is not t_cls or v_buf.__class__ is not t_cls or k_buf.dtype is not store
-            or v_buf.dtype is not store or not k_buf.is_contiguous() or not v_buf.is_contiguous()
-            or v_buf.device != k_buf.device):
-        return None
-    k_shape, v_shape = k_buf.shape, v_buf.shape
-    if len(k_shape) != 3 or len(v_shape) != 3 or k_shape[0] != v_shape[0] or k_shape[1] != v_shape[1]:
-        return None
-    k_lo, v_lo = k_buf.data_ptr(), v_buf.data_ptr()
-    if k_lo < v_lo + v_buf.nbytes and v_lo < k_lo + k_buf.nbytes:
-        return None
-    return k_shape[1], k_shape[2], v_shape[2]
 
 
 def check_rope_inputs(

@@ -201,25 +201,35 @@ def check_buffers(dtype: object, rank: int, **buffers: object) -> torch.device:
     return device
 
 
-def check_buffer_pair(dtype: object, k_buf: object, v_buf: object) -> None:
-    """:func:`check_buffers` for an MHA cache's K and V buffers (3-D, the same rows and heads),
-    written out for the common call: about a dozen attribute reads when they are fine."""
+def buffer_pair_rows(dtype: object, k_buf: Any, v_buf: Any) -> tuple[int, int, int] | None:
+    """``(heads, dim, v_dim)`` of an MHA cache's K and V buffers that :func:`check_buffer_pair`
+    takes, found in about a dozen attribute reads (the common call: plain tensors); None for
+    anything else, which :func:`check_buffer_pair` then takes or words."""
+    t_cls = torch.Tensor
     store = _STORE.get(dtype)  # type: ignore[call-overload]
-    if (store is None or k_buf.__class__ is not torch.Tensor or v_buf.__class__ is not torch.Tensor
-            or k_buf.dtype is not store or v_buf.dtype is not store  # type: ignore[attr-defined]
-            or not k_buf.is_contiguous() or not v_buf.is_contiguous()):  # type: ignore[attr-defined]
-        check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)  # a subclass of Tensor, or the error worded
-    assert isinstance(k_buf, torch.Tensor) and isinstance(v_buf, torch.Tensor)
+    if (store is None or k_buf.__class__ is not t_cls or v_buf.__class__ is not t_cls or k_buf.dtype is not store
+            or v_buf.dtype is not store or not k_buf.is_contiguous() or not v_buf.is_contiguous()
+            or v_buf.device != k_buf.device):
+        return None
     k_shape, v_shape = k_buf.shape, v_buf.shape
     if len(k_shape) != 3 or len(v_shape) != 3 or k_shape[0] != v_shape[0] or k_shape[1] != v_shape[1]:
-        check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)
-        raise ValueError(f"k_buf {tuple(k_shape)} and v_buf {tuple(v_shape)} must have the same rows and heads")
-    if k_buf.get_device() != v_buf.get_device() or k_buf.device != v_buf.device:
-        raise ValueError(f"v_buf is on {v_buf.device}, the other cache buffer on {k_buf.device}")
-    k_lo = k_buf.data_ptr()
-    v_lo = v_buf.data_ptr()
+        return None
+    k_lo, v_lo = k_buf.data_ptr(), v_buf.data_ptr()
     if k_lo < v_lo + v_buf.nbytes and v_lo < k_lo + k_buf.nbytes:
-        raise ValueError("v_buf shares memory with k_buf: the write would store into both")
+        return None
+    return k_shape[1], k_shape[2], v_shape[2]
+
+
+def check_buffer_pair(dtype: object, k_buf: object, v_buf: object) -> None:
+    """:func:`check_buffers` for an MHA cache's K and V buffers (3-D, the same rows and heads);
+    the common call costs :func:`buffer_pair_rows`."""
+    if buffer_pair_rows(dtype, k_buf, v_buf) is not None:
+        return
+    check_buffers(dtype, 3, k_buf=k_buf, v_buf=v_buf)  # dtype, rank, contiguity, device, overlap worded
+    assert isinstance(k_buf, torch.Tensor) and isinstance(v_buf, torch.Tensor)
+    k_shape, v_shape = k_buf.shape, v_buf.shape
+    if k_shape[0] != v_shape[0] or k_shape[1] != v_shape[1]:
+        raise ValueError(f"k_buf {tuple(k_shape)} and v_buf {tuple(v_shape)} must have the same rows and heads")
 
 
 def check_scale(name: str, scale: object, device: torch.device, where: str = "the cache") -> None:
