@@ -612,6 +612,10 @@ def _run_rope_direct(writer: RopeKVWriter, case: dict[str, Any], device: torch.d
     if fault == "k inside k_buf" and not call["k"].data_ptr() == call["k_buf"].data_ptr():
         fault = None  # the buffer's dtype is not k's: no view of it makes a k
     supported = writer.unsupported_reason(device, case["cache"], call["k"].dtype) is None
+    shape_reason = getattr(writer, "shape_reason", None)  # a peer kernel's own shape limits (SGLang's asserts)
+    if supported and shape_reason is not None:
+        supported = shape_reason(call["q"], call["k"], call["v"], call["k_buf"], call["v_buf"],
+                                 call["cos_sin_cache"], case["neox"]) is None
     refuse = fault not in (None, "loc strided") or not supported
     rq = rk = None
     if not refuse:
