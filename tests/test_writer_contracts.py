@@ -674,7 +674,7 @@ def _outcome(fn: Any) -> Any:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-@given(case=_rope_cases(), flat=st.sampled_from(["", "q", "k", "v", "qkv"]),
+@given(case=_rope_cases(), flat=st.sampled_from(["", "q", "k", "v", "qkv", "q/2", "k/2", "v/2"]),
        scale=st.sampled_from([None, 0.5, 2, -1.0, float("inf"), "tensor"]))
 def test_the_rope_checks_common_call_written_out_decides_as_the_full_checks(case: dict[str, Any], flat: str,
                                                                              scale: Any) -> None:
@@ -685,11 +685,13 @@ def test_the_rope_checks_common_call_written_out_decides_as_the_full_checks(case
 
     call = _rope_call(case)
     call.pop("slots")
-    for name in flat:
+    halve = flat.endswith("/2")  # flat with twice the tokens: a 2-D view the checks must not take
+    for name in flat.removesuffix("/2"):
         t = call[name]
         if t.dim() == 3 and t.shape[1] * t.shape[2]:
             try:
-                call[name] = t.view(t.shape[0], -1)
+                call[name] = t.reshape(-1, t.shape[1] * t.shape[2] // 2) if halve and t.shape[2] % 2 == 0 \
+                    else t.view(t.shape[0], -1)
             except RuntimeError:
                 pass
     k_scale = torch.tensor([0.5]) if scale == "tensor" else scale

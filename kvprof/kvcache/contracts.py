@@ -393,12 +393,10 @@ def _rope_call_fast(
     tokens = l_shape[0]
     if not (tokens and heads and dim and v_dim):
         return None
-    try:  # [T, H * D] as [T, H, D] (a view: q and k are rotated in place)
-        q = q.view(tokens, -1, dim) if q.dim() == 2 else q
-        k = k.view(tokens, -1, dim) if k.dim() == 2 else k
-        v = v.view(tokens, -1, v_dim) if v.dim() == 2 else v
-    except RuntimeError:
-        return None
+    if q.dim() == 2 or k.dim() == 2 or v.dim() == 2:  # [T, H * D] as [T, H, D], as _heads takes it
+        q, k, v = _heads_view(q, tokens, dim), _heads_view(k, tokens, dim), _heads_view(v, tokens, v_dim)
+        if q is None or k is None or v is None:
+            return None
     q_shape, k_dtype = q.shape, k.dtype
     if (len(q_shape) != 3 or q_shape[0] != tokens or q_shape[2] != dim or not q_shape[1]
             or k.shape != (tokens, heads, dim) or v.shape != (tokens, heads, v_dim)
@@ -413,6 +411,20 @@ def _rope_call_fast(
     check_disjoint({"q": q, "k": k, "k_buf": k_buf, "v_buf": v_buf},
                    {"v": v, "loc": loc, "positions": positions, "cos_sin_cache": cos_sin_cache})
     return q, k, v, loc, positions
+
+
+def _heads_view(t: torch.Tensor, tokens: int, dim: int) -> torch.Tensor | None:
+    """A 2-D ``[tokens, heads * dim]`` tensor as its ``[tokens, heads, dim]`` view (any other
+    rank as it is); None where :func:`_heads` would leave it 2-D or refuse it."""
+    if t.dim() != 2:
+        return t
+    shape = t.shape
+    if shape[0] != tokens or shape[1] % dim:
+        return None
+    try:
+        return t.view(tokens, shape[1] // dim, dim)
+    except RuntimeError:
+        return None
 
 
 def _plain_scales(*scales: object) -> bool:
