@@ -290,9 +290,15 @@ PY
     # 4. lab/tune_cards.py with the seconds left: every candidate launch shape at the grid points the
     #    tables decide (32x128 first), the rows to commit for this card, and kvprof's best and its
     #    table's shape against SGLang's JIT store_cache, graph replays and after an L2 flush.
-    # PERF1_PARTS picks parts (default: tests eager rope-4096 cards)
-    sglang_path
+    # PERF1_PARTS picks parts (default: tests eager rope-4096 cards); a name not among them is refused
     p1_parts=" ${PERF1_PARTS:-tests eager rope-4096 cards} "
+    p1_bad=$(for part in $p1_parts; do case $part in tests|eager|rope-4096|cards) ;; *) echo "$part" ;; esac; done)
+    if [ -n "$p1_bad" ]; then
+      echo "perf1: unknown PERF1_PARTS $(echo $p1_bad) (known: tests eager rope-4096 cards)" | tee -a "$OUT/perf1.txt" >&2
+      bad_input=1
+      continue
+    fi
+    sglang_path
     p1_start=$SECONDS
     p1_budget=${PERF1_BUDGET:-480}
     p1_left() { echo $(( p1_budget - (SECONDS - p1_start) )); }
@@ -373,7 +379,8 @@ raise SystemExit(1 if e else 0)" > "$D/build-$mod.txt" 2>&1 &
       timeout ${DSV4_TIMEOUT:-300} python3 gpu/sglang_dsv4.py --out "$OUT/dsv4" 2>&1 | tee "$OUT/dsv4.txt"
     echo "dsv4: exit ${PIPESTATUS[0]}" | tee -a "$OUT/dsv4.txt"
     ;;
-  *) echo "unknown step $step" ;;
+  *) echo "unknown step $step" >&2; bad_input=1 ;;
   esac
 done
 stamp done
+exit $(( ${bad_input:-0} * 2 ))  # an unknown step or part: exit 2 after the rest ran
