@@ -369,9 +369,9 @@ def _rope_call_fast(
     (a rope write through a pool runs it on every eager call): plain tensors on one device,
     [T, H, D] or [T, H * D] q/k/v with unit stride in D, contiguous int32/int64 loc and
     positions, scales None or positive floats. Returns what check_rope_call returns; None for
-    anything else, whose checks (or refusal) the full path then runs. It refuses nothing
-    itself but through :func:`check_disjoint`, which the full path would reach with the same
-    tensors and so word the same way."""
+    anything else, whose checks (or refusal) the full path then runs. It refuses only through
+    :func:`_heads` and :func:`check_disjoint`, which the full path reaches with the same
+    tensors after checks this call has passed, and so words the same way."""
     t_cls = torch.Tensor
     if (q.__class__ is not t_cls or k.__class__ is not t_cls or v.__class__ is not t_cls
             or loc.__class__ is not t_cls or positions.__class__ is not t_cls
@@ -393,10 +393,8 @@ def _rope_call_fast(
     tokens = l_shape[0]
     if not (tokens and heads and dim and v_dim):
         return None
-    if q.dim() == 2 or k.dim() == 2 or v.dim() == 2:  # [T, H * D] as [T, H, D], as _heads takes it
-        q, k, v = _heads_view(q, tokens, dim), _heads_view(k, tokens, dim), _heads_view(v, tokens, v_dim)
-        if q is None or k is None or v is None:
-            return None
+    if q.dim() == 2 or k.dim() == 2 or v.dim() == 2:  # [T, H * D] as [T, H, D], as the full checks take it
+        q, k, v = _heads(q, "q", tokens, dim), _heads(k, "k", tokens, dim), _heads(v, "v", tokens, v_dim)
     q_shape, k_dtype = q.shape, k.dtype
     if (len(q_shape) != 3 or q_shape[0] != tokens or q_shape[2] != dim or not q_shape[1]
             or k.shape != (tokens, heads, dim) or v.shape != (tokens, heads, v_dim)
@@ -411,20 +409,6 @@ def _rope_call_fast(
     check_disjoint({"q": q, "k": k, "k_buf": k_buf, "v_buf": v_buf},
                    {"v": v, "loc": loc, "positions": positions, "cos_sin_cache": cos_sin_cache})
     return q, k, v, loc, positions
-
-
-def _heads_view(t: torch.Tensor, tokens: int, dim: int) -> torch.Tensor | None:
-    """A 2-D ``[tokens, heads * dim]`` tensor as its ``[tokens, heads, dim]`` view (any other
-    rank as it is); None where :func:`_heads` would leave it 2-D or refuse it."""
-    if t.dim() != 2:
-        return t
-    shape = t.shape
-    if shape[0] != tokens or shape[1] % dim:
-        return None
-    try:
-        return t.view(tokens, shape[1] // dim, dim)
-    except RuntimeError:
-        return None
 
 
 def _plain_scales(*scales: object) -> bool:
