@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The per-card tables of docs/benchmarks.md, docs/results.md and docs/layouts.md on one card, in one
+# call within CARD_BUDGET seconds (default 560): each part gets at most its own limit and never runs
+# past the budget; what a part wrote before its limit stays.
+#   source .gpu/env.sh; OUT=/tmp/out bash gpu/card_tables.sh [parts...]
+# Parts (default: env peers-32 peers-1-8 own rope-4096):
+#   env        the card and versions
+#   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
+#              bf16 and fp8, CUDA-graph replays and after an L2 flush (this card's launch-table row)
+#   peers-1-8  the same for 1x128 and 8x128 rows
+#   own        lab/layer_own_time.py: what the fused write adds to the Llama-3.1-70B TP8 decoder layer
+#              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
+#              node and SGLang's set_kv_buffer (the fp8 saving)
+#   rope-4096  lab/rope_bench.py at 4096 tokens: rope + store beside the rotary alone (kvprof's, SGLang's)
+#   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged)
+# Everything ends up in $OUT/card-tables.tgz (the device returns few files); the log in $OUT/card-tables.txt.
+set -uo pipefail
+OUT=${OUT:-/tmp/kvprof-gpu}
+R=$OUT/card-tables
+mkdir -p "$R"
+parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
+for part in $parts; do
+  case $part in env|peers-32|peers-1-8|own|rope-4096|eager) ;;
+    *) echo "card_tables.sh: unknown part $part (known: env peers-32 peers-1-8 own rope-4096 eager)" >&2; exit 2 ;;
+  esac
+done
+start=$SECONDS
+budget=${CARD_BUDGET:-560}
+log=$OUT/card-tables.txt
+if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
+SP=$PWD
+if [ -d /tmp/site/sglang ]; then
+  SP=$SP:/tmp/site
+  PYTHONPATH=$SP python3 -c "import sgl_kernel" 2>/dev/null || SP=$SP:$PWD/gpu/sgl_kernel_stub
+fi
+export TRITON_INTERPRET=0 PYTHONPATH=$SP${PYTHONPATH:+:$PYTHONPATH}
+run() {  # run PART LIMIT NAME CMD...: output to $R/NAME.txt
+  case $parts in *" $1 "*) ;; *) return ;; esac
+  local limit=$2 name=$3; shift 3
+  local left=$(( budget - (SECONDS - start) - 5 ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then echo "no time left for $name" | tee -a "$log"; return; fi
+  echo "== $(date -u +%H:%M:%S) $name (limit ${limit}s): $*" | tee -a "$log"
+  timeout -k 5 "$limit" "$@" > "$R/$name.txt" 2>&1
+  echo "   exit $? after $(( SECONDS - start ))s" | tee -a "$log"
+}
+run env 30 env bash gpu/run_gpu_checks.sh env
+peers=(python3 -m kvprof bench --variants triton_fused,store_kv_fused,cuda_fused,sglang_store_cache
+       --modes graph,cold --dtypes "bf16,fp8_e4m3<-bf16")
+run peers-32 150 bench-peers-32x128 "${peers[@]}" --shapes 32x128 --out "$R/bench-peers-32x128"
+run peers-1-8 120 bench-peers-1-8x128 "${peers[@]}" --shapes 1x128,8x128 --out "$R/bench-peers-1-8x128"
+run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s "${OWN_BUDGET:-190}" \
+  --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
+run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
+  ROPE_VARIANTS=rotary:sglang,rotary:kvprof,rope_triton_fused,rope_cuda_fused python3 lab/rope_bench.py
+run eager 55 eager-store python3 -m kvprof bench --modes eager \
+  --variants index_put,triton_fused,cuda_fused,store_kv_fused --shapes 8x128 --dtypes "bf16,fp8_e4m3<-bf16" \
+  --tokens 1,64,4096 --eager-repeats 20 --out "$R/eager-store"
+run eager 55 eager-rope python3 -m kvprof bench --family rope --modes eager \
+  --variants rope_then_triton_fused,rope_triton_fused,rope_cuda_fused --shapes 8x1x128 --dtypes bf16 \
+  --tokens 1,64,4096 --eager-repeats 20 --out "$R/eager-rope"
+run eager 90 eager-layouts python3 -m kvprof.bench.layouts --tokens 1,64 --replays 20 --out "$R/eager-layouts"
+cp "$log" "$R/" 2>/dev/null
+tar czf "$OUT/card-tables.tgz" -C "$OUT" card-tables && rm -rf "$R"
+echo "wrote $OUT/card-tables.tgz after $(( SECONDS - start ))s"
