@@ -74,7 +74,9 @@ def test_second_call_with_the_same_key_takes_the_compiled_path_with_triton_s_arg
     k = fn.kernels[0]
     # grid padded to three, the current stream, the kernel's function and metadata, no hooks, then
     # every parameter in order (constexprs after the runtime arguments, as JITFunction.run passes them)
-    assert compiled == (9, 1, 1, 1234, k.function, k.packed_metadata, None, None, None, out, 5, 7, 0.5, 16, True)
+    # (a tensor as its address, read once for the key)
+    assert compiled == (9, 1, 1, 1234, k.function, k.packed_metadata, None, None, None, out.data_ptr(), 5, 7, 0.5,
+                        16, True)
     assert la.counts() == {"compiled": 1, "triton": {FIRST: 1}, "kernels": 1}
 
 
@@ -106,6 +108,128 @@ def test_anything_triton_specialises_on_makes_a_new_key(change):
     la.launch((1,), args, consts, warps, pdl, fusion)
     assert kinds(fn) == ["jit", "jit"]
     assert la.counts()["triton"] == {FIRST: 2}
+
+
+class HostOrCuda:
+    """A tensor stand-in that says it is a CUDA tensor (no CUDA device on the CPU suite)."""
+
+    dtype = torch.float32
+    is_cuda = True
+
+    def data_ptr(self) -> int:
+        return 4096
+
+
+def test_a_host_tensor_where_a_cuda_one_was_takes_triton_s_path():
+    # the launcher gets addresses, not tensors: a host tensor must not reach a kept CUDA kernel
+    fn, la = make()
+    la.launch((1,), (HostOrCuda(), 5, 7, 0.5), (16, True), 4)
+    la.launch((1,), (torch.zeros(1024)[:64], 5, 7, 0.5), (16, True), 4)
+    assert kinds(fn) == ["jit", "jit"]
+    assert la.counts()["triton"] == {FIRST: 2}
+
+
+# CudaLauncher.__call__ as Triton 3.3, 3.4 and 3.5-3.6 wrote it (backends/nvidia/driver.py), and
+# the form 3.7 on has (a generic launch function taking the kernel's signature): the direct call
+# must pass what each passes, or not be taken
+LAUNCHERS = {
+    "3.3": """
+def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+    if self.global_scratch_size > 0:
+        global_scratch = _allocation._allocator(gridX * gridY * gridZ * self.global_scratch_size, 0, stream)
+    else:
+        global_scratch = None
+    self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, global_scratch, *args)
+""",
+    "3.4": """
+def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+    if self.global_scratch_size > 0:
+        global_scratch = _allocation._allocator(gridX * self.num_ctas * self.global_scratch_size, 0, stream)
+    else:
+        global_scratch = None
+    self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                global_scratch, *args)
+""",
+    "3.6": """
+def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+    def allocate_scratch(size, align, allocator):
+        if size > 0:
+            return allocator.get()(gridX * gridY * gridZ * self.num_ctas * size, align, stream)
+        return None
+    global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
+    profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+                                       _allocation._profile_allocator)
+    self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                global_scratch, profile_scratch, *args)
+""",
+    "3.9": """
+def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
+             launch_exit_hook, *args):
+    global_scratch = None
+    profile_scratch = None
+    self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                kernel_metadata, launch_metadata, launch_enter_hook, launch_exit_hook, global_scratch,
+                profile_scratch, self.arg_annotations, self.kernel_signature, args)
+""",
+}
+
+
+def fake_cuda_launcher(version: str, scratch: int = 0) -> object:
+    scope: dict = {"_allocation": SimpleNamespace(_allocator=None, _profile_allocator=None)}
+    exec(LAUNCHERS[version], scope)  # noqa: S102
+    cls = type("CudaLauncher", (), {"__call__": scope["__call__"]})
+    run = cls()
+    run.calls = []
+    run.launch = lambda *a: run.calls.append(a)
+    run.global_scratch_size = scratch
+    run.global_scratch_align = run.profile_scratch_align = 1
+    run.profile_scratch_size = 0
+    run.num_ctas = 1
+    run.launch_cooperative_grid = False
+    run.launch_pdl = True
+    run.arg_annotations = run.kernel_signature = None
+    return run
+
+
+@pytest.mark.parametrize("version", ["3.3", "3.4", "3.6"])
+def test_the_direct_launch_passes_what_triton_s_launcher_passes(version):
+    run = fake_cuda_launcher(version)
+    found = tl_.direct_launch(run)
+    assert found is not None
+    launch, prefix = found
+    rest = (("packed",), None, None, None, 4096, 5, 7, 0.5, 16, True)
+    run(3, 1, 1, 77, "fn", *rest)  # Triton's own call
+    launch(3, 1, 1, 77, "fn", *prefix, *rest)  # the direct one
+    assert run.calls[0] == run.calls[1]
+
+
+@pytest.mark.parametrize("version, scratch", [("3.9", 0), ("3.6", 128)])
+def test_no_direct_launch_where_the_launcher_has_another_form_or_allocates(version, scratch):
+    assert tl_.direct_launch(fake_cuda_launcher(version, scratch)) is None
+    assert tl_.direct_launch(FakeCompiled(False, []).run) is None
+
+
+def test_a_kept_kernel_with_a_direct_launch_is_launched_through_it():
+    fn, la = make()
+    run = fake_cuda_launcher("3.6")
+    orig = fn.__getitem__
+
+    def with_launcher(grid):
+        def call(*args, **kw):
+            k = orig(grid)(*args, **kw)
+            k.run = run
+            return k
+        return call
+
+    fn.__class__ = type("Direct", (FakeJit,), {"__getitem__": lambda self, grid: with_launcher(grid)})
+    out = torch.zeros(64)
+    for _ in range(3):
+        la.launch((2,), (out, 5, 7, 0.5), (16, True), 4, pdl=True)
+    k = fn.kernels[0]
+    expected = (2, 1, 1, 1234, k.function, False, True, None, None, k.packed_metadata, None, None, None,
+                out.data_ptr(), 5, 7, 0.5, 16, True)
+    assert run.calls == [expected, expected]
+    assert la.counts() == {"compiled": 2, "triton": {FIRST: 1}, "kernels": 1}
 
 
 def test_an_unspecialised_int_may_change_within_its_type():
@@ -234,8 +358,11 @@ ints = st.one_of(st.integers(-(2**33), 2**33), st.sampled_from([0, 1, 16, 2**31 
 @settings(max_examples=60, deadline=None)
 @given(a=ints, b=ints, spec=st.booleans())
 def test_equal_keys_mean_equal_triton_specialisations(a, b, spec):
-    key = eval(key_source((a,), (spec,)), {"cls": tl_._int_class, "type": type})  # noqa: S307
-    if key((a,)) == key((b,)):
+    scope = {"cls": tl_._int_class, "type": type}
+    exec(key_source((a,), (spec,)), scope)  # noqa: S102
+    key = scope["key"]
+    assert key((a,))[1] == (a,)  # an int goes to the launch as it is
+    if key((a,))[0] == key((b,))[0]:
         assert triton_int_spec(a, spec) == triton_int_spec(b, spec)
 
 
@@ -323,7 +450,7 @@ def test_gpu_a_kept_kernel_is_the_one_in_triton_s_cache():
     torch.cuda.synchronize()
     entry = triton_kernel.store_kv_kernel.device_caches[torch.cuda.current_device()]
     triton_kernels = entry[0] if isinstance(entry, tuple) else entry
-    kept = {id(run) for run, _, _ in la._kernels.values()}
+    kept = {id(run) for run, *_ in la._kernels.values()}
     cached = {id(k.run) for k in triton_kernels.values() if hasattr(k, "run")}
     assert kept and kept <= cached
 

@@ -8,10 +8,17 @@ checks the kernel's globals and builds launch metadata before the launch itself,
 specialisation through that path (which compiles or loads the kernel and returns Triton's
 ``CompiledKernel``), keeps the ``CompiledKernel`` under its own key, and launches later
 calls with the same key through the kernel's own launcher (``CompiledKernel.run``, the call
-``JITFunction.run`` ends with), on the stream and device Triton would use.
+``JITFunction.run`` ends with), on the stream and device Triton would use. Two more layers
+of that call are skipped where they do nothing for these kernels: each tensor goes to the
+launcher as its address, read once for the key (Triton's C launcher otherwise calls
+``data_ptr`` again and asks the driver whether each pointer is a device pointer: the key
+holds whether each tensor is a CUDA tensor, so a host tensor where a CUDA one was takes
+Triton's path and its error), and where ``run`` is Triton 3.3-3.6's ``CudaLauncher``
+allocating no scratch memory, its C launch function is called directly
+(:func:`direct_launch`).
 
-The key is at least as fine as Triton's specialisation: per tensor its dtype and whether
-its address is a multiple of 16; per scalar its Python type, and per int whether it is 1,
+The key is at least as fine as Triton's specialisation: per tensor its dtype, device type and
+whether its address is a multiple of 16; per scalar its Python type, and per int whether it is 1,
 whether it is a multiple of 16 (both only where Triton specialises the parameter) and which
 of int32/int64/uint64 holds it; every constexpr value and launch option; the current device.
 So the kernel a key finds is the one Triton's own cache would have launched. Launch
@@ -93,22 +100,70 @@ def hook_set(hook: Any) -> bool:
 
 
 def key_source(example: Sequence[Any], specialized: Sequence[bool]) -> str:
-    """The body of the key function for arguments shaped like ``example`` (``a``: the
-    argument tuple): per tensor its dtype and 16-byte alignment, per int its type, class and
-    (where ``specialized``) ==1 and %16, per float or bool its type, else the value itself."""
+    """The source of the key function for arguments shaped like ``example`` (``a``: the
+    argument tuple). It returns (key, launch arguments): the key holds per tensor its dtype,
+    whether it is a CUDA tensor and its 16-byte alignment, per int its type, class and (where
+    ``specialized``) ==1 and %16, per float or bool its type, else the value itself; the
+    launch arguments are ``a`` with each tensor replaced by its address, read once here (the
+    launcher then neither calls ``data_ptr`` again nor asks the driver about the pointer)."""
     parts: list[str] = []
+    body: list[str] = []
+    call: list[str] = []
     for i, (value, spec) in enumerate(zip(example, specialized)):
-        a = f"a[{i}]"
+        a = f"a{i}"
         if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
-            parts.append(f"{a}.dtype, not {a}.data_ptr() & 15")
-        elif type(value) is int:  # int32 (True) or cls + 2 (int64 3, uint64 4): never equal to True
+            body.append(f"    p{i} = {a}.data_ptr()")
+            parts.append(f"{a}.dtype, {a}.is_cuda, not p{i} & 15")
+            call.append(f"p{i}")
+            continue
+        call.append(a)
+        if type(value) is int:
+            # one number per int: -1 for 1; else %16 (0/1) + 2 x its class (int32 1, int64 3, uint64 4)
             cls = f"(-2147483648 <= {a} <= 2147483647 or cls({a}) + 2)"
-            parts.append(f"type({a}), {a} == 1, not {a} & 15, {cls}" if spec else f"type({a}), {cls}")
+            parts.append(f"type({a}), -1 if {a} == 1 else (not {a} & 15) + 2 * {cls}" if spec
+                         else f"type({a}), {cls}")
         elif isinstance(value, (bool, float)):
             parts.append(f"type({a})")
         else:
             parts.append(a)
-    return "lambda a: (" + ", ".join(parts) + (",)" if len(parts) == 1 else ")")
+
+    def tup(items: list[str]) -> str:
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+    names = [f"a{i}" for i in range(len(example))]
+    unpack = f"    {', '.join(names)}{',' if len(names) == 1 else ''} = a" if names else "    pass"
+    return "\n".join(["def key(a):", unpack, *body, f"    return {tup(parts)}, {tup(call)}", ""])
+
+
+def direct_launch(run: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """Triton's per-kernel C launch function behind ``CompiledKernel.run`` and the arguments
+    ``run`` (a ``CudaLauncher``, Triton 3.3-3.6) puts between the function and the kernel's
+    metadata, or None where ``run`` is not of that form or would allocate scratch memory.
+
+    ``CudaLauncher.__call__`` builds two closures, allocates no scratch for these kernels and
+    calls ``launch(gridX, gridY, gridZ, stream, function, cooperative[, pdl], global_scratch
+    [, profile_scratch], *rest)``; which optional arguments it passes is read from the names
+    its code uses. Calling ``launch`` directly skips that Python layer."""
+    launch = getattr(run, "launch", None)
+    code = getattr(type(run).__dict__.get("__call__"), "__code__", None)
+    if launch is None or code is None or type(run).__name__ != "CudaLauncher":
+        return None
+    if code.co_varnames[:code.co_argcount] != ("self", "gridX", "gridY", "gridZ", "stream", "function") \
+            or not code.co_flags & 0x04:  # *args
+        return None
+    names = set(code.co_names)
+    if not {"launch", "launch_cooperative_grid", "global_scratch_size"} <= names or names & {
+            "arg_annotations", "kernel_signature", "gsan_enabled"}:  # 3.7 on: another launch function
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 0):
+        return None
+    prefix: list[Any] = [bool(run.launch_cooperative_grid)]
+    if "launch_pdl" in names:
+        prefix.append(bool(run.launch_pdl))
+    prefix.append(None)  # global scratch
+    if "profile_scratch_size" in names:
+        prefix.append(None)
+    return launch, tuple(prefix)
 
 
 class CompiledLauncher:
@@ -125,8 +180,8 @@ class CompiledLauncher:
         by default they come from Triton (``compiled``: the kernel is not the interpreter's)."""
         self.fn = fn
         self.name = name
-        self._kernels: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
-        self._keyfn: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None
+        self._kernels: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
+        self._keyfn: Callable[[Sequence[Any]], tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None
         self._const_names: tuple[str, ...] | None = None
         self._compiled = compiled
         self._off: str | None = None  # why every call takes Triton's path, for good
@@ -176,12 +231,13 @@ class CompiledLauncher:
                             f"{len(names)} parameters")
         return names[nargs:]
 
-    def _make_key(self, args: Sequence[Any]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    def _make_key(self, args: Sequence[Any]) -> Callable[[Sequence[Any]], tuple[tuple[Any, ...], tuple[Any, ...]]]:
         skip = set()
         for p in getattr(self.fn, "do_not_specialize", ()) or ():
             skip.add(p if isinstance(p, int) else list(getattr(self.fn, "arg_names", [])).index(p))
-        src = key_source(args, [i not in skip for i in range(len(args))])
-        return eval(src, {"cls": _int_class, "type": type})  # type: ignore[no-any-return]  # noqa: S307
+        scope: dict[str, Any] = {"cls": _int_class, "type": type}
+        exec(key_source(args, [i not in skip for i in range(len(args))]), scope)  # noqa: S102
+        return scope["key"]  # type: ignore[no-any-return]
 
     # -- the call -----------------------------------------------------------------------
     def launch(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
@@ -194,17 +250,24 @@ class CompiledLauncher:
             self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, HOOK)
             return
         try:
-            key = (self._device(), consts, num_warps, pdl, fp_fusion, keyfn(args))  # type: ignore[misc]
+            arg_key, call = keyfn(args)
+            device = self._device()  # type: ignore[misc]
+            key = (device, consts, num_warps, pdl, fp_fusion, arg_key)
             found = self._kernels.get(key)
-        except (AttributeError, TypeError):  # an argument of another kind than the first call's
+        except (AttributeError, TypeError, ValueError):  # arguments of another kind or number than the first call's
             self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, UNKEYED)
             return
         if found is None:
             self._jit(grid, args, consts, num_warps, pdl, fp_fusion, key, FIRST)
             return
-        run, function, packed = found
-        run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-            self._stream(key[0]), function, packed, None, None, None, *args, *consts)  # type: ignore[misc]
+        run, function, packed, direct = found
+        gy = grid[1] if len(grid) > 1 else 1
+        gz = grid[2] if len(grid) > 2 else 1
+        stream = self._stream(device)  # type: ignore[misc]
+        if direct is not None:
+            direct[0](grid[0], gy, gz, stream, function, *direct[1], packed, None, None, None, *call, *consts)
+        else:
+            run(grid[0], gy, gz, stream, function, packed, None, None, None, *call, *consts)
         self.fast += 1
 
     def _first(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
@@ -248,7 +311,7 @@ class CompiledLauncher:
         meta = getattr(kernel, "metadata", None)
         if meta is not None and bool(getattr(meta, "launch_pdl", pdl)) != bool(pdl):
             return  # a kernel whose launch attribute is not the one asked for is never reused
-        self._kernels[key] = (run, kernel.function, kernel.packed_metadata)
+        self._kernels[key] = (run, kernel.function, kernel.packed_metadata, direct_launch(run))
 
     def counts(self) -> dict[str, Any]:
         """Launches on the compiled path, and Triton's path by reason; kernels kept."""
@@ -287,5 +350,5 @@ def launch_counts() -> dict[str, dict[str, Any]]:
     return out
 
 
-__all__ = ["ENV_DISABLE", "CompiledLauncher", "hook_set", "key_source", "launch_counts", "launcher_for",
-           "set_enabled"]
+__all__ = ["ENV_DISABLE", "CompiledLauncher", "direct_launch", "hook_set", "key_source", "launch_counts",
+           "launcher_for", "set_enabled"]
