@@ -42,10 +42,9 @@ from kvprof.kvcache.writers.triton_convert import (
     INSTALL_HINT,
     INT32_MAX,
     KINDS,
-    cached_inverse,
     e4m3_saturates,
+    inverse_pow2,
     next_pow2,
-    pow2_exact,
     triton,
     triton_missing,
 )
@@ -73,6 +72,7 @@ class TritonRope:
         self.convert = convert
         self.pdl = pdl
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # (tokens, plan key) -> launch shape
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -138,6 +138,26 @@ class TritonRope:
             return interpreted_rope_config(heads, head_elements, tokens)
         return pick_rope_config(dim, tokens, table or self.table)
 
+    def _launch_plan(self, shape_key: tuple[Any, ...], tokens: int, heads_q: int, heads_k: int, dim: int,
+                     plan: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The launch shape of ``tokens`` under ``plan``, its grid and the fp8 encode it needs:
+        computed once per (tokens, plan), as the store's writer memoises its shapes."""
+        (_, _, _, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, _, _, interpreted,
+         table) = plan
+        cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim, max(2 * block_half + block_p, block_dv),
+                                interpreted, table)
+        block_t, num_warps = cfg.block_t, cfg.num_warps
+        block_hq, block_hk = min(cfg.block_h, next_pow2(heads_q)), min(cfg.block_h, next_pow2(heads_k))
+        fp8_mode = 0
+        if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_hk * c, num_warps)
+                                                     for c, w in zip(cols, widths) if w)):
+            fp8_mode = kernel.MODE_FP8_INT
+        grid = (-(-tokens // block_t), -(-heads_q // block_hq) + -(-heads_k // block_hk))
+        if len(self._shapes) > 4096:  # prefill token counts are many: bounded memo
+            self._shapes.clear()
+        shape = self._shapes[shape_key] = (block_t, num_warps, block_hq, block_hk, grid, fp8_mode)
+        return shape
+
     def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, k_buf: torch.Tensor | None,
                v_buf: torch.Tensor | None, loc: torch.Tensor | None, positions: torch.Tensor,
                cos_sin_cache: torch.Tensor, is_neox: bool, dtype: torch.dtype | None,
@@ -169,33 +189,32 @@ class TritonRope:
             if v_strides[2] != 1:
                 v = v.contiguous()  # read only: a copy changes nothing the caller sees
                 v_strides = v.stride()
-            if k_scale is not None and not same:
-                mode |= kernel.MODE_K_SCALED
-                k_inv = cached_inverse(k_scale)
-            if v_scale is not None and not same:
-                mode |= kernel.MODE_V_SCALED
-                v_inv = cached_inverse(v_scale)
-            if (pow2_ok and mode & (kernel.MODE_K_SCALED | kernel.MODE_V_SCALED) and pow2_exact(k_inv)
-                    and pow2_exact(v_inv)):
-                mode |= kernel.MODE_POW2
+            if not same and (k_scale is not None or v_scale is not None):
+                k_pow2 = v_pow2 = True
+                if k_scale is not None:
+                    mode |= kernel.MODE_K_SCALED
+                    k_inv, k_pow2 = inverse_pow2(k_scale)
+                if v_scale is not None:
+                    mode |= kernel.MODE_V_SCALED
+                    v_inv, v_pow2 = inverse_pow2(v_scale)
+                if pow2_ok and k_pow2 and v_pow2:
+                    mode |= kernel.MODE_POW2
             k_out, v_out, slots = k_buf, v_buf, loc
             v_st, v_sh, loc_st = v_strides[0], v_strides[1], loc.stride(0)
         else:
             k_out, v_out, slots, v = k, k, positions, k  # placeholders: STORE=0 compiles them out
             v_st = v_sh = loc_st = 0
-        cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim,
-                                max(2 * block_half + block_p, block_dv), interpreted, table)
-        block_t, num_warps = cfg.block_t, cfg.num_warps
-        block_hq, block_hk = min(cfg.block_h, next_pow2(heads_q)), min(cfg.block_h, next_pow2(heads_k))
-        if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_hk * c, num_warps)
-                                                     for c, w in zip(cols, widths) if w)):
-            mode |= kernel.MODE_FP8_INT
+        shape_key = (tokens, key)
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            shape = self._launch_plan(shape_key, tokens, heads_q, heads_k, dim, plan)
+        block_t, num_warps, block_hq, block_hk, grid, fp8_mode = shape
+        mode |= fp8_mode
         q_st, q_sh = q.stride()[:2]
         k_st, k_sh = k.stride()[:2]
         reach = (tokens + block_t) * max(abs(q_st), abs(k_st), abs(v_st), 1)
         if rows * heads_k * max(dim, v_dim) > INT32_MAX or reach > INT32_MAX or cos_sin_cache.numel() > INT32_MAX:
             mode |= kernel.MODE_WIDE
-        grid = (-(-tokens // block_t), -(-heads_q // block_hq) + -(-heads_k // block_hk))
         launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME).launch(
             grid,
             (q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows, cs_rows,

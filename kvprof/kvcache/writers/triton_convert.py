@@ -102,6 +102,24 @@ def cached_inverse(scale: float | torch.Tensor) -> float:
     return inv
 
 
+_INV_POW2_CACHE: dict[float, tuple[float, bool]] = {}
+
+
+def inverse_pow2(scale: float | torch.Tensor) -> tuple[float, bool]:
+    """(:func:`cached_inverse`, :func:`pow2_exact` of it): one lookup on the host hot path for a
+    Python number (memoised), both computed for a tensor."""
+    if isinstance(scale, torch.Tensor):
+        inv = inverse_scale(scale)
+        return inv, pow2_exact(inv)
+    found = _INV_POW2_CACHE.get(scale)
+    if found is None:
+        inv = inverse_scale(scale)
+        found = (inv, pow2_exact(inv))
+        if len(_INV_POW2_CACHE) < 4096:
+            _INV_POW2_CACHE[scale] = found
+    return found
+
+
 if triton is not None:
     F32: tl.constexpr = tl.constexpr(0)
     BF16: tl.constexpr = tl.constexpr(1)

@@ -28,10 +28,9 @@ from kvprof.kvcache.writers.triton_convert import (
     INSTALL_HINT,
     INT32_MAX,
     KINDS,
-    cached_inverse,
     e4m3_saturates,
+    inverse_pow2,
     next_pow2,
-    pow2_exact,
     triton,
     triton_missing,
 )
@@ -156,20 +155,19 @@ class TritonFusedWriter(KVWriter):
         key = (k_buf.shape, v_buf.shape, k_buf.device, cache_k.dtype, dtype)
         plan = self._plans.get(key) or self._plan(k_buf, v_buf, cache_k.dtype, dtype, key)
         rows, rk, rv, bk, bv, row_bytes, mode, same, pdl, fp8_hw, pow2_ok, fp8_out, interpreted, tables = plan
-        cache_k, k_stride = _rows(cache_k)
-        cache_v, v_stride = _rows(cache_v)
-        if k_scale is not None and not same:
-            mode |= MODE_K_SCALED
-            k_inv = cached_inverse(k_scale)
-        else:
-            k_inv = 1.0
-        if v_scale is not None and not same:
-            mode |= MODE_V_SCALED
-            v_inv = cached_inverse(v_scale)
-        else:
-            v_inv = 1.0
-        if pow2_ok and mode & (MODE_K_SCALED | MODE_V_SCALED) and pow2_exact(k_inv) and pow2_exact(v_inv):
-            mode |= MODE_POW2
+        cache_k, k_stride = _rows(cache_k, rk)
+        cache_v, v_stride = _rows(cache_v, rv)
+        k_inv = v_inv = 1.0
+        if not same and (k_scale is not None or v_scale is not None):
+            k_pow2 = v_pow2 = True
+            if k_scale is not None:
+                mode |= MODE_K_SCALED
+                k_inv, k_pow2 = inverse_pow2(k_scale)
+            if v_scale is not None:
+                mode |= MODE_V_SCALED
+                v_inv, v_pow2 = inverse_pow2(v_scale)
+            if pow2_ok and k_pow2 and v_pow2:
+                mode |= MODE_POW2
         cfg = self.config
         if cfg is None:
             shape_key = (tokens, key)
@@ -213,9 +211,12 @@ class TritonFusedWriter(KVWriter):
         return info
 
 
-def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _rows(t: torch.Tensor, row: int) -> tuple[torch.Tensor, int]:
     """Rows must be contiguous after the token dimension (any token stride); copy if not.
-    Returns the tensor and its token stride (one ``stride()`` call: the eager write's host path)."""
+    Returns the tensor and its token stride (``row``, a row's elements, where the whole tensor
+    is contiguous: one call on the eager write's host path)."""
+    if t.is_contiguous():
+        return t, row
     st = t.stride()
     if st[-1] != 1 or len(st) > 3 or (len(st) == 3 and st[1] != t.shape[2]):
         t = t.contiguous()
