@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Where an eager Triton write's host time goes, layer by layer of its launch path.
+
+    cd <repo> && OUT=/tmp/out python lab/eager_split.py [--tokens 1,64] [--calls 200] [--repeats 30]
+
+Why it exists: ``kvprof bench --modes eager`` times a whole write (10.4 µs for triton_fused on
+an H100 host against 4.1 µs for the compiled CUDA op) and says nothing of where the time goes
+between kvprof's Python, the compiled launcher's key and Triton's own launch layers. Here each
+layer is timed alone on the same arguments, host µs per call (the loop of ``--calls`` calls
+before a synchronize, median and IQR over ``--repeats``), on a CUDA device:
+
+- ``writer``: ``TritonFusedWriter.write_unchecked`` (what bench's "writer alone" times);
+- ``launcher``: the compiled launcher's ``launch`` with the arguments the writer passes;
+- ``key``: the launcher's key function alone;
+- ``run(tensors)`` / ``run(addresses)``: Triton's ``CompiledKernel.run`` of the kept kernel,
+  given the tensors (Triton's C launcher calls ``data_ptr`` and asks the driver about each
+  pointer) or their addresses;
+- ``launch(addresses)``: the C launch function behind ``run``, called directly (Triton 3.3-3.6);
+- ``cuda_fused``: the compiled CUDA op's write, for reference; ``empty``: one empty Triton
+  kernel through the same direct launch (the floor of any launch through Triton's C launcher).
+
+Writes ``$OUT/eager-split.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def timed(fn: Callable[[], object], calls: int, repeats: int, sync: Callable[[], None]) -> dict[str, float]:
+    """Host µs per call: ``calls`` calls timed, then a synchronize (not timed), ``repeats`` times."""
+    for _ in range(3):
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0 / calls)
+        sync()
+    q = statistics.quantiles(samples, n=4)
+    return {"median_us": statistics.median(samples), "iqr_us": q[2] - q[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="1,64")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--dtypes", default="bf16,fp8_e4m3")
+    args = ap.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("eager_split.py: needs a CUDA device")
+    from kvprof.kvcache.dtypes import parse_dtype, store_dtype_for
+    from kvprof.kvcache.writers import triton_kernel
+    from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter
+    from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
+    from kvprof.kvcache.writers.triton_launch import direct_launch, launcher_for
+
+    dev = torch.device("cuda")
+    sync = torch.cuda.synchronize
+    heads, dim, rows = 8, 128, 4097
+    results: list[dict[str, Any]] = []
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; host µs per call, "
+          f"{args.calls} calls x {args.repeats} repeats: median (IQR)")
+    print(f"{'dtype':<9} {'tokens':>6}  {'layer':<20} {'µs':>7} {'IQR':>6}")
+    empty = _empty_kernel()
+    for dname in args.dtypes.split(","):
+        dtype = parse_dtype(dname)
+        scale = None if dtype == torch.bfloat16 else 0.5
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            k_buf = torch.zeros(rows, heads, dim, dtype=store_dtype_for(dtype), device=dev)
+            v_buf = torch.zeros_like(k_buf)
+            x = torch.randn(tokens, heads, dim, device=dev).to(torch.bfloat16)
+            loc = (torch.randperm(rows - 1, device=dev)[:tokens] + 1)
+            writer = TritonFusedWriter()
+            writer.write(k_buf, v_buf, loc, x, x, dtype, scale, scale)  # compiles, keeps the kernel
+            la = launcher_for(triton_kernel.store_kv_kernel)
+            seen: list[tuple[Any, ...]] = []
+            real = la.launch
+            la.launch = lambda *a: seen.append(a)  # type: ignore[method-assign]
+            writer.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale)
+            del la.launch
+            grid, targs, consts, warps, pdl = seen[0][:5]
+            real(grid, targs, consts, warps, pdl)
+            sync()
+            assert la._keyfn is not None
+            arg_key, addresses = la._keyfn(targs)
+            key = (torch.cuda.current_device(), consts, warps, pdl, True, arg_key)
+            run, function, packed, direct = la._kernels[key]
+            stream = torch.cuda.current_stream().cuda_stream
+            gy = grid[1] if len(grid) > 1 else 1
+            layers: dict[str, Callable[[], object]] = {
+                "writer": lambda: writer.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale),
+                "launcher": lambda: real(grid, targs, consts, warps, pdl),
+                "key": lambda: la._keyfn(targs),  # type: ignore[misc]
+                "run(tensors)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None, *targs,
+                                            *consts),
+                "run(addresses)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None,
+                                              *addresses, *consts),
+            }
+            found = direct or direct_launch(run)
+            if found is not None:
+                launch, prefix = found
+                layers["launch(addresses)"] = lambda: launch(grid[0], gy, 1, stream, function, *prefix, packed, None,
+                                                             None, None, *addresses, *consts)
+            cuda = CudaFusedWriter()
+            if not cuda.unsupported_reason(dev, dtype, torch.bfloat16):
+                cuda.prepare(dev)
+                layers["cuda_fused"] = lambda: cuda.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale)
+            if empty is not None:
+                layers["empty"] = empty
+            for name, fn in layers.items():
+                r = timed(fn, args.calls, args.repeats, sync)
+                results.append({"dtype": dname, "tokens": tokens, "layer": name, **r})
+                print(f"{dname:<9} {tokens:>6}  {name:<20} {r['median_us']:7.2f} {r['iqr_us']:6.2f}", flush=True)
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "calls": args.calls,
+            "repeats": args.repeats, "direct": found is not None}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu")) / "eager-split.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    print(f"wrote {dest}")
+
+
+def _empty_kernel() -> Callable[[], object] | None:
+    """One empty Triton kernel (one program) through its C launch function, or None."""
+    try:
+        import torch
+        import triton
+        import triton.language as tl  # noqa: F401
+
+        @triton.jit
+        def empty_kernel(x):  # type: ignore[no-untyped-def]
+            pass
+
+        buf = torch.zeros(16, device="cuda")
+        k = empty_kernel[(1,)](buf)
+        from kvprof.kvcache.writers.triton_launch import direct_launch
+
+        found = direct_launch(k.run)
+        if found is None:
+            return None
+        launch, prefix = found
+        stream = torch.cuda.current_stream().cuda_stream
+        ptr = buf.data_ptr()
+        return lambda: launch(1, 1, 1, stream, k.function, *prefix, k.packed_metadata, None, None, None, ptr)
+    except Exception as exc:  # noqa: BLE001 - the floor is optional
+        print(f"(no empty kernel: {type(exc).__name__}: {exc})")
+        return None
+
+
+if __name__ == "__main__":
+    main()
