@@ -12,6 +12,8 @@ slots outside ``[0, rows)`` and the skipped slot are masked in the kernel.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kvprof.kvcache.contracts import MLAWriter
@@ -93,6 +95,7 @@ class MLATritonWriter(MLAWriter):
         ``pdl``: programmatic dependent launch; None turns it on where it exists (compiled
         kernel, sm_90+), as kvprof's MHA writer does."""
         self.block_t, self.num_warps, self.pdl, self.stream = block_t, num_warps, pdl, stream
+        self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -112,12 +115,30 @@ class MLATritonWriter(MLAWriter):
         return None
 
     def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
-        reason = _conversion_reason(nope.dtype, dtype)
-        if reason:  # refused whatever the token count
-            raise ValueError(reason)
         tokens = loc.shape[0]
+        ns, ps = nope.stride(0), rope.stride(0)
+        key = (tokens, kv_buf.shape, kv_buf.get_device(), nope.dtype, dtype, nope.shape[-1], rope.shape[-1], ns, ps)
+        plan = self._plans.get(key) or self._plan(key, kv_buf, nope, rope, dtype, tokens, ns, ps)
+        grid, rows, consts, warps, pdl = plan
+        if rows >= 0:
+            launcher_for(_mla_store_kernel, "_mla_store_kernel").launch(
+                grid, (kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps), consts, warps, pdl)
+        return FUSED
+
+    def _plan(self, key: tuple[Any, ...], kv_buf: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor,
+              dtype: torch.dtype, tokens: int, ns: int, ps: int) -> tuple[Any, ...]:
+        """Everything a write of ``tokens`` tokens launches with but the tensors: computed once
+        per (tokens, buffer, dtypes, widths, strides), as the MHA writers memoise theirs
+        (the eager write's host path). A conversion it has not is refused at any token count."""
+        reason = _conversion_reason(nope.dtype, dtype)
+        if reason:
+            raise ValueError(reason)
+        if len(self._plans) > 4096:  # prefill token counts are many: bounded memo
+            self._plans.clear()
         if tokens == 0:
-            return FUSED
+            empty: tuple[Any, ...] = ((0,), -1, (), 0, False)  # nothing to launch
+            self._plans[key] = empty
+            return empty
         conv = _SAME if nope.dtype == dtype else (_TO_E4M3 if dtype == torch.float8_e4m3fn else _TO_E5M2)
         r, p = nope.shape[-1], rope.shape[-1]
         rows = kv_buf.shape[0]
@@ -126,18 +147,16 @@ class MLATritonWriter(MLAWriter):
         bt, warps = self.block_t or shape.block_t, self.num_warps or shape.num_warps
         stream = shape.stream if self.stream is None else self.stream
         block_r, block_p = triton.next_power_of_2(r), triton.next_power_of_2(p)
-        ns, ps = nope.stride(0), rope.stride(0)
         compiled = kv_buf.is_cuda and not interpreted(_mla_store_kernel)
         # the hardware fp8 cast per part, where its register layout is known-good
         hw_r = compiled and bool(conv) and hw_cast_safe(r, ns, bt * block_r, warps)
         hw_p = compiled and bool(conv) and hw_cast_safe(p, ps, bt * block_p, warps)
         pdl = compiled and (self.pdl if self.pdl is not None else pdl_capable(kv_buf.device))
         wide = rows * (r + p) >= 2**31 or (tokens + bt) * max(ns, ps) >= 2**31
-        launcher_for(_mla_store_kernel, "_mla_store_kernel").launch(
-            (-(-tokens // bt),), (kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps),
-            (r, p, block_r, block_p, bt, conv, conv == _TO_E4M3 and torch_e4m3_saturates(), hw_r, hw_p, wide, pdl,
-             stream), warps, pdl)
-        return FUSED
+        consts = (r, p, block_r, block_p, bt, conv, conv == _TO_E4M3 and torch_e4m3_saturates(), hw_r, hw_p, wide,
+                  pdl, stream)
+        plan = self._plans[key] = ((-(-tokens // bt),), rows, consts, warps, pdl)
+        return plan
 
 
 def _conversion_reason(input_dtype: torch.dtype, dtype: torch.dtype) -> str | None:

@@ -12,6 +12,8 @@ previous kernel's tail; the kernel waits before its first load.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kvprof.kvcache.contracts import PagedWriter
@@ -77,6 +79,7 @@ class PagedTritonWriter(PagedWriter):
         """``block_t``/``num_warps``/``split`` force one launch shape (tuning); ``pdl``:
         programmatic dependent launch, None: on where it exists (compiled kernel, sm_90+)."""
         self.block_t, self.num_warps, self.split, self.pdl = block_t, num_warps, split, pdl
+        self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -100,6 +103,21 @@ class PagedTritonWriter(PagedWriter):
         tokens = slots.shape[0]
         if tokens == 0:
             return FUSED
+        ks, vs = key.stride(0), value.stride(0)
+        plan_key = (tokens, k_cache.shape, k_cache.get_device(), dtype, ks, vs)
+        plan = self._plans.get(plan_key) or self._plan(plan_key, k_cache, dtype, tokens, ks, vs)
+        grid, num_slots, consts, warps, pdl = plan
+        if k_scale is None:
+            k_scale = v_scale = slots  # never read: FP8 is off
+        launcher_for(_paged_store_kernel, "_paged_store_kernel").launch(
+            grid, (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots, ks, vs), consts, warps,
+            pdl)
+        return FUSED
+
+    def _plan(self, plan_key: tuple[Any, ...], k_cache: torch.Tensor, dtype: torch.dtype, tokens: int, ks: int,
+              vs: int) -> tuple[Any, ...]:
+        """Everything a write of ``tokens`` tokens launches with but the tensors and scales:
+        computed once per (tokens, cache, dtype, strides), as the MHA writers memoise theirs."""
         rw = k_cache.shape[2] * k_cache.shape[3]
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -108,7 +126,6 @@ class PagedTritonWriter(PagedWriter):
                             self.split or shape.split)
         block = triton.next_power_of_2(rw)
         split = max(1, min(split, block // 16))
-        ks, vs = key.stride(0), value.stride(0)
         compiled = k_cache.is_cuda and not interpreted(_paged_store_kernel)
         hw = compiled
         pdl = compiled and (self.pdl if self.pdl is not None else pdl_capable(k_cache.device))
@@ -116,10 +133,9 @@ class PagedTritonWriter(PagedWriter):
         if hw and fp8 and not (hw_cast_safe(rw, ks, bt * chunk, warps) and hw_cast_safe(rw, vs, bt * chunk, warps)):
             hw = False
         wide = num_slots * rw >= 2**31 or (tokens + bt) * max(ks, vs, rw) >= 2**31
-        if k_scale is None:
-            k_scale = v_scale = slots  # never read: FP8 is off
-        launcher_for(_paged_store_kernel, "_paged_store_kernel").launch(
-            (-(-tokens // bt), split),
-            (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots, ks, vs),
-            (rw, chunk, block == rw, bt, fp8, dtype == torch.float8_e4m3fn, hw, wide, pdl), warps, pdl)
-        return FUSED
+        if len(self._plans) > 4096:  # prefill token counts are many: bounded memo
+            self._plans.clear()
+        plan = self._plans[plan_key] = ((-(-tokens // bt), split), num_slots,
+                                        (rw, chunk, block == rw, bt, fp8, dtype == torch.float8_e4m3fn, hw, wide, pdl),
+                                        warps, pdl)
+        return plan
