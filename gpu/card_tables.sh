@@ -12,7 +12,8 @@
 #              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
 #              node and SGLang's set_kv_buffer (the fp8 saving)
 #   rope-4096  lab/rope_bench.py at 4096 tokens: rope + store beside the rotary alone (kvprof's, SGLang's)
-#   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged)
+#   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
+#              lab/eager_split.py: an eager Triton write's host time, layer by layer of its launch path
 # Everything ends up in $OUT/card-tables.tgz (the device returns few files); the log in $OUT/card-tables.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -53,6 +54,7 @@ run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s
   --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
 run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
   ROPE_VARIANTS=rotary:sglang,rotary:kvprof,rope_triton_fused,rope_cuda_fused python3 lab/rope_bench.py
+run eager 60 eager-split env OUT="$R" python3 lab/eager_split.py
 run eager 55 eager-store python3 -m kvprof bench --modes eager \
   --variants index_put,triton_fused,cuda_fused,store_kv_fused --shapes 8x128 --dtypes "bf16,fp8_e4m3<-bf16" \
   --tokens 1,64,4096 --eager-repeats 20 --out "$R/eager-store"
