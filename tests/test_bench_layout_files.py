@@ -12,7 +12,7 @@ import pytest
 from kvprof.core.rundir import RunDir
 
 COLS = ["layout", "shape", "dtype", "tokens", "mode", "variant", "status", "median_us", "iqr_us", "host_us",
-        "target_us", "meets_target", "gbs", "bytes", "reason"]
+        "writer_host_us", "target_us", "meets_target", "gbs", "bytes", "reason"]
 
 
 def _result(reason: object = "") -> dict:
@@ -54,3 +54,21 @@ def test_a_failed_write_keeps_the_previous_table_whole(tmp_path: Path) -> None:
         write_files(_result(reason=_Unwritable(7)), tmp_path)
     assert (tmp_path / RunDir.BENCH_CSV).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([RunDir.BENCH, RunDir.BENCH_CSV])
+
+
+@pytest.mark.parametrize("layout, variant", [("mla", "mla_cat_copy"), ("paged", "paged_unfused")])
+def test_an_eager_point_times_the_writer_alone_beside_the_pool(layout: str, variant: str) -> None:
+    """Eager rows carry the host time of the writer's own launch path (no pool or contract checks),
+    as the MHA bench's "writer alone" column does, and the text table shows both."""
+    import torch
+
+    from kvprof.bench.layouts import LayoutCase, LayoutPoint, bench_point, table
+    from kvprof.kvcache.layouts import registry
+
+    case = LayoutCase(LayoutPoint(layout, "bf16", "bf16", 4), torch.device("cpu"), 1 << 20, 0)
+    writer = registry.create_writer(layout, variant)
+    (rec,) = bench_point(case, variant, writer, replays=2, eager_repeats=3, modes=("eager",))
+    assert rec["status"] == "ok", rec
+    assert rec["writer_host_us"] > 0 and rec["writer_host_iqr_us"] >= 0 and rec["host_us"] > 0
+    text = table({"records": [dict(rec, target_us=1.0, gbs=1.0, meets_target=False)]})
+    assert f"{rec['host_us']:7.2f} / {rec['writer_host_us']:.2f}" in text

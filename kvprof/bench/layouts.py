@@ -32,6 +32,7 @@ from kvprof.core.atomic import atomic_write_bytes
 from kvprof.core.bench_result import BenchTarget
 from kvprof.core.errors import KvprofError, UsageError
 from kvprof.core.rundir import RunDir
+from kvprof.kvcache.contracts import RESERVED_SKIP_SLOT, checked_impl
 from kvprof.kvcache.devinfo import device_properties, versions
 from kvprof.kvcache.dtypes import parse_dtype
 from kvprof.kvcache.layouts import registry
@@ -114,6 +115,18 @@ class LayoutCase:
         else:
             pool.reshape_and_cache_flash(0, *self.args, loc, self.scale, self.scale)
 
+    def writer_write(self, pool: Any, writer: Any, loc: torch.Tensor) -> None:
+        """The pool's write on the writer's own launch path: the call the pool makes, without
+        the pool's checks or the contract's (``write_unchecked``), as the MHA bench's
+        "writer alone" times it."""
+        write = checked_impl(writer)
+        if self.point.layout == "mla":
+            write(pool.kv_buffer[0], loc, *self.args, self.cache, RESERVED_SKIP_SLOT)
+        else:
+            fp8 = self.scale is not None
+            ks = pool._scale(self.scale) if fp8 else None
+            write(pool.key_cache[0], pool.value_cache[0], loc, *self.args, self.cache, ks, ks)
+
     def check(self, writer: Any) -> str | None:
         """None when ``writer`` leaves the pool bitwise equal to the layout's reference."""
         reference = get_layout(self.point.layout).reference
@@ -158,6 +171,10 @@ def bench_point(case: LayoutCase, variant: str, writer: Any, replays: int, eager
         for loc in case.locs:
             case.write(pool, loc)  # noqa: F821 (freed by `del pool` after its last call)
 
+    def writer_step() -> None:
+        for loc in case.locs:
+            case.writer_write(pool, writer, loc)  # noqa: F821
+
     out = []
     for mode in modes:
         pool.path_counts.clear()
@@ -177,6 +194,8 @@ def bench_point(case: LayoutCase, variant: str, writer: Any, replays: int, eager
                "paths": dict(pool.path_counts)}
         if t.host_us is not None:
             rec["host_us"] = t.host_us
+            w = time_eager(writer_step, case.writes, eager_repeats, case.device)
+            rec["writer_host_us"], rec["writer_host_iqr_us"] = w.host_us, w.host_spread_us
         out.append(rec)
     del pool
     return out
@@ -289,7 +308,8 @@ def verdicts(result: dict[str, Any]) -> list[str]:
 
 
 def table(result: dict[str, Any]) -> str:
-    head = f"{'layout':6} {'dtype':13} {'tokens':>6} {'mode':5} {'variant':15} {'us':>9} {'target':>8} {'GB/s':>7} ok"
+    head = (f"{'layout':6} {'dtype':13} {'tokens':>6} {'mode':5} {'variant':15} {'us':>9} {'target':>8} {'GB/s':>7} ok"
+            "   host us (pool / writer alone)")
     rows = [head]
     for r in result["records"]:
         if r.get("status") != "ok":
@@ -298,7 +318,9 @@ def table(result: dict[str, Any]) -> str:
             continue
         rows.append(f"{r['layout']:6} {r['dtype']:13} {r['tokens']:>6} {r['mode']:5} {r['variant']:15} "
                     f"{r['median_us']:9.3f} {r['target_us']:8.3f} {r['gbs']:7.0f} "
-                    f"{'yes' if r['meets_target'] else 'NO'}")
+                    f"{'yes' if r['meets_target'] else 'NO '}"
+                    + (f"  {r['host_us']:7.2f} / {r['writer_host_us']:.2f}" if r.get("writer_host_us") is not None
+                       else ""))
     return "\n".join(rows)
 
 
@@ -308,7 +330,7 @@ def write_files(result: dict[str, Any], out: Path) -> None:
     files = RunDir(out)
     atomic_write_bytes(files.bench, (json.dumps(result, indent=1, default=str) + "\n").encode())
     cols = ["layout", "shape", "dtype", "tokens", "mode", "variant", "status", "median_us", "iqr_us", "host_us",
-            "target_us", "meets_target", "gbs", "bytes", "reason"]
+            "writer_host_us", "target_us", "meets_target", "gbs", "bytes", "reason"]
     table = io.StringIO(newline="")
     w = csv.DictWriter(table, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
