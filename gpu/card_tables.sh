@@ -3,8 +3,10 @@
 # call within CARD_BUDGET seconds (default 560): each part gets at most its own limit and never runs
 # past the budget; what a part wrote before its limit stays.
 #   source .gpu/env.sh; OUT=/tmp/out bash gpu/card_tables.sh [parts...]
-# Parts (default: env peers-32 peers-1-8 own rope-4096):
+# Parts, run in this order (default: env peers-32 peers-1-8 own rope-4096):
 #   env        the card and versions
+#   tests      the GPU tests of the compiled Triton launcher and kvprof's Triton writers (bitwise
+#              against their references, the launcher on and off, graph capture)
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
 #              bf16 and fp8, CUDA-graph replays and after an L2 flush (this card's launch-table row)
 #   peers-1-8  the same for 1x128 and 8x128 rows
@@ -21,8 +23,8 @@ R=$OUT/card-tables
 mkdir -p "$R"
 parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
 for part in $parts; do
-  case $part in env|peers-32|peers-1-8|own|rope-4096|eager) ;;
-    *) echo "card_tables.sh: unknown part $part (known: env peers-32 peers-1-8 own rope-4096 eager)" >&2; exit 2 ;;
+  case $part in env|tests|peers-32|peers-1-8|own|rope-4096|eager) ;;
+    *) echo "card_tables.sh: unknown part $part (known: env tests peers-32 peers-1-8 own rope-4096 eager)" >&2; exit 2 ;;
   esac
 done
 start=$SECONDS
@@ -46,14 +48,8 @@ run() {  # run PART LIMIT NAME CMD...: output to $R/NAME.txt
   echo "   exit $? after $(( SECONDS - start ))s" | tee -a "$log"
 }
 run env 30 env bash gpu/run_gpu_checks.sh env
-peers=(python3 -m kvprof bench --variants triton_fused,store_kv_fused,cuda_fused,sglang_store_cache
-       --modes graph,cold --dtypes "bf16,fp8_e4m3<-bf16")
-run peers-32 150 bench-peers-32x128 "${peers[@]}" --shapes 32x128 --out "$R/bench-peers-32x128"
-run peers-1-8 120 bench-peers-1-8x128 "${peers[@]}" --shapes 1x128,8x128 --out "$R/bench-peers-1-8x128"
-run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s "${OWN_BUDGET:-190}" \
-  --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
-run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
-  ROPE_VARIANTS=rotary:sglang,rotary:kvprof,rope_triton_fused,rope_cuda_fused python3 lab/rope_bench.py
+run tests 150 gpu-tests python3 -m pytest tests/test_triton_launch.py tests/test_fused_writers.py tests/test_rope_gpu.py \
+  tests/test_layouts_gpu.py -m gpu -k "triton and not sgl and not sglang" -q -p no:cacheprovider -rfs --maxfail=5
 run eager 60 eager-split env OUT="$R" python3 lab/eager_split.py
 run eager 55 eager-store python3 -m kvprof bench --modes eager \
   --variants index_put,triton_fused,cuda_fused,store_kv_fused --shapes 8x128 --dtypes "bf16,fp8_e4m3<-bf16" \
@@ -62,6 +58,14 @@ run eager 55 eager-rope python3 -m kvprof bench --family rope --modes eager \
   --variants rope_then_triton_fused,rope_triton_fused,rope_cuda_fused --shapes 8x1x128 --dtypes bf16 \
   --tokens 1,64,4096 --eager-repeats 20 --out "$R/eager-rope"
 run eager 90 eager-layouts python3 -m kvprof.bench.layouts --tokens 1,64 --replays 20 --out "$R/eager-layouts"
+peers=(python3 -m kvprof bench --variants triton_fused,store_kv_fused,cuda_fused,sglang_store_cache
+       --modes graph,cold --dtypes "bf16,fp8_e4m3<-bf16")
+run peers-32 150 bench-peers-32x128 "${peers[@]}" --shapes 32x128 --out "$R/bench-peers-32x128"
+run peers-1-8 120 bench-peers-1-8x128 "${peers[@]}" --shapes 1x128,8x128 --out "$R/bench-peers-1-8x128"
+run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s "${OWN_BUDGET:-190}" \
+  --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
+run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
+  ROPE_VARIANTS=rotary:sglang,rotary:kvprof,rope_triton_fused,rope_cuda_fused python3 lab/rope_bench.py
 cp "$log" "$R/" 2>/dev/null
 tar czf "$OUT/card-tables.tgz" -C "$OUT" card-tables && rm -rf "$R"
 echo "wrote $OUT/card-tables.tgz after $(( SECONDS - start ))s"
