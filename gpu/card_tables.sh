@@ -3,10 +3,12 @@
 # call within CARD_BUDGET seconds (default 560): each part gets at most its own limit and never runs
 # past the budget; what a part wrote before its limit stays.
 #   source .gpu/env.sh; OUT=/tmp/out bash gpu/card_tables.sh [parts...]
-# Parts, run in this order (default: env peers-32 peers-1-8 own rope-4096):
+# Parts, run in this order whatever order they are named in (default: env peers-32 peers-1-8 own rope-4096):
 #   env        the card and versions
 #   tests      the GPU tests of the compiled Triton launcher and kvprof's Triton writers (bitwise
 #              against their references, the launcher on and off, graph capture)
+#   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
+#              lab/eager_split.py: an eager Triton write's host time, layer by layer of its launch path
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
 #              bf16 and fp8, CUDA-graph replays and after an L2 flush (this card's launch-table row)
 #   peers-1-8  the same for 1x128 and 8x128 rows
@@ -14,8 +16,6 @@
 #              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
 #              node and SGLang's set_kv_buffer (the fp8 saving)
 #   rope-4096  lab/rope_bench.py at 4096 tokens: rope + store beside the rotary alone (kvprof's, SGLang's)
-#   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
-#              lab/eager_split.py: an eager Triton write's host time, layer by layer of its launch path
 # Everything ends up in $OUT/card-tables.tgz (the device returns few files); the log in $OUT/card-tables.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
