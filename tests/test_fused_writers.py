@@ -271,6 +271,38 @@ def test_triton_fused_large_writes(cache, inp, heads, dim, vdim, tokens):
 
 
 @needs_interpreter
+def test_triton_fused_launch_bits_follow_each_call_s_strides(monkeypatch):
+    """The launch is memoised per token count with the bits of rows packed at their width; a
+    call whose rows have another token stride gets its own bits (Triton's packed fp8 cast only
+    where the layout is known-good, triton_kernel.fp8_cast_safe), and the next packed call the
+    memoised ones. ``convert="hw"`` takes the GPU's cast decision on a CPU; nothing launches."""
+    from kvprof.kvcache.writers import triton_fused as tf
+    from kvprof.kvcache.writers.triton_kernel import MODE_FP8_INT, MODE_WIDE
+
+    calls: list[tuple] = []
+
+    class Capture:
+        def launch(self, grid, args, consts, num_warps, pdl=False, fp_fusion=True):
+            calls.append((grid, args[9], args[10], consts[-1]))
+
+    monkeypatch.setattr(tf, "launcher_for", lambda fn, name=None: Capture())
+    w = tf.TritonFusedWriter(convert="hw")
+    k_buf = torch.zeros(64, 8, 128, dtype=torch.uint8)
+    v_buf = torch.zeros_like(k_buf)
+    loc = torch.arange(4)
+    packed = torch.randn(4, 8, 128).to(torch.bfloat16)
+    odd = torch.randn(4, 8 * 128 + 8).to(torch.bfloat16)[:, :1024].view(4, 8, 128)  # token stride 1032
+    for rows in (packed, odd, packed, odd):
+        w.write(k_buf, v_buf, loc, rows, rows, torch.float8_e4m3fn, 0.5, 0.5)
+    strides = [(c[1], c[2]) for c in calls]
+    assert strides == [(1024, 1024), (1032, 1032), (1024, 1024), (1032, 1032)]
+    fp8_int = [bool(c[3] & MODE_FP8_INT) for c in calls]
+    assert fp8_int == [False, True, False, True]  # 1032 is no multiple of 16: the integer encode
+    assert not any(c[3] & MODE_WIDE for c in calls)
+    assert len({c[0] for c in calls}) == 1  # one grid for one token count
+
+
+@needs_interpreter
 def test_triton_fused_zero_tokens_writes_nothing():
     w = create_writer("triton_fused")
     k_buf = torch.zeros(8, 1, 4, dtype=torch.bfloat16)

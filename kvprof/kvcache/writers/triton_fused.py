@@ -84,7 +84,7 @@ class TritonFusedWriter(KVWriter):
         self.pdl = pdl
         self.packed_fp8 = bool(packed_fp8)
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        self._shapes: dict[tuple[Any, ...], TritonConfig] = {}  # (tokens, plan key) -> the table's shape
+        self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # (tokens, plan key) -> the launch
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -168,29 +168,33 @@ class TritonFusedWriter(KVWriter):
                 v_inv, v_pow2 = inverse_pow2(v_scale)
             if pow2_ok and k_pow2 and v_pow2:
                 mode |= MODE_POW2
-        cfg = self.config
-        if cfg is None:
-            shape_key = (tokens, key)
-            cfg = self._shapes.get(shape_key)
-            if cfg is None:
-                if len(self._shapes) > 4096:  # prefill token counts are many: bounded memo
-                    self._shapes.clear()
-                cfg = self._shapes[shape_key] = self.launch_shape(tokens, row_bytes, bk + bv, fp8_out, interpreted,
-                                                                  tables)
-        block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
-        if fp8_hw and not kernel.fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split,
-                                               bv // split):
-            mode |= MODE_FP8_INT
-        if rows * max(rk, rv) > INT32_MAX or (tokens + block_t) * max(k_stride, v_stride, rk, rv) > INT32_MAX:
-            mode |= MODE_WIDE
-        if cfg.stream:
-            mode |= MODE_STREAM
+        shape_key = (tokens, key)
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            shape = self._launch_plan(shape_key, tokens, plan)
+        block_t, num_warps, split, grid, packed_bits = shape
+        if k_stride == rk and v_stride == rv:
+            mode |= packed_bits
+        else:  # rows not packed: the bits that depend on the token strides, per call
+            mode |= _stride_bits(plan, tokens, block_t, num_warps, split, k_stride, v_stride) | (
+                packed_bits & MODE_STREAM)
         launcher_for(kernel.store_kv_kernel, KERNEL_NAME).launch(
-            ((tokens + block_t - 1) // block_t, split),
-            (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride),
+            grid, (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride),
             (rk, rv, bk, bv, block_t, split, mode), num_warps, pdl)
         return FUSED
 
+
+    def _launch_plan(self, shape_key: tuple[Any, ...], tokens: int, plan: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The launch of ``tokens`` under ``plan``: shape, grid and the mode bits that hold for
+        rows packed at their width (the common call), once per (tokens, plan); bounded memo."""
+        _, rk, rv, bk, bv, row_bytes, _, _, _, _, _, fp8_out, interpreted, tables = plan
+        cfg = self.config or self.launch_shape(tokens, row_bytes, bk + bv, fp8_out, interpreted, tables)
+        block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
+        bits = _stride_bits(plan, tokens, block_t, num_warps, split, rk, rv) | (MODE_STREAM if cfg.stream else 0)
+        if len(self._shapes) > 4096:  # prefill token counts are many: bounded memo
+            self._shapes.clear()
+        shape = self._shapes[shape_key] = (block_t, num_warps, split, ((tokens + block_t - 1) // block_t, split), bits)
+        return shape
 
     @staticmethod
     def launch_shape(tokens: int, row_bytes: int, row_elements: int, fp8: bool, interpreted: bool,
@@ -209,6 +213,20 @@ class TritonFusedWriter(KVWriter):
         if triton is not None and kernel.interpreted():
             info.extra["interpreted"] = "Triton's interpreter on the host"
         return info
+
+
+def _stride_bits(plan: tuple[Any, ...], tokens: int, block_t: int, num_warps: int, split: int, k_stride: int,
+                 v_stride: int) -> int:
+    """The mode bits that depend on the rows' token strides: the exact integer fp8 encode where
+    Triton's packed cast is not known-good for the layout (triton_kernel.fp8_cast_safe), and
+    64-bit offsets where 32 bits would overflow."""
+    rows, rk, rv, bk, bv = plan[:5]
+    bits = 0
+    if plan[9] and not kernel.fp8_cast_safe(rk, rv, k_stride, v_stride, block_t, num_warps, bk // split, bv // split):
+        bits |= MODE_FP8_INT
+    if rows * max(rk, rv) > INT32_MAX or (tokens + block_t) * max(k_stride, v_stride, rk, rv) > INT32_MAX:
+        bits |= MODE_WIDE
+    return bits
 
 
 def _rows(t: torch.Tensor, row: int) -> tuple[torch.Tensor, int]:
