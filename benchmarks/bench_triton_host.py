@@ -1,0 +1,136 @@
+"""Host cost per call of kvprof's Triton writers' own Python, the launch left out (any CPU).
+
+An eager Triton write is the writer's Python (its plan and shape memos, strides, scales, the
+mode bits), then the compiled launcher (``kvprof.kvcache.writers.triton_launch``: the key,
+then Triton's C launch). On a GPU ``lab/eager_split.py`` times those layers; this times the
+first two without a GPU: each writer's ``write_unchecked`` with its launcher replaced by one
+that keeps the kernel's arguments under the launcher's own key (``CompiledLauncher`` over a
+stand-in kernel whose launch does nothing), so what is timed is kvprof's part of the host
+path. ``triton_fused`` runs twice: as the interpreter plans it and with ``convert="hw"``, the
+GPU's fp8 cast decision (the per-call layout check a GPU write makes).
+
+Prints medians (and IQRs) of repeated timed loops, µs per call, measured in this one run.
+
+    TRITON_INTERPRET=1 python benchmarks/bench_triton_host.py [--calls 20000] [--repeats 7] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the writers plan as on a CPU; nothing is launched
+
+import torch  # noqa: E402
+
+from kvprof.kvcache.writers import mla_triton, paged_triton, rope_triton, triton_fused, triton_launch  # noqa: E402
+from kvprof.kvcache.writers.rope_reference import cos_sin_table  # noqa: E402
+
+
+class _Kept:
+    """A kept kernel whose launch does nothing."""
+
+    function = 0
+    packed_metadata = (4, 1, 0)
+    metadata = None
+
+    def run(self, *args: Any) -> None:
+        return None
+
+
+class _Kernel:
+    """Stands in for a ``@triton.jit`` kernel: its parameters, and a first launch that keeps ``_Kept``."""
+
+    def __init__(self, fn: Any) -> None:
+        self.arg_names = list(fn.arg_names)
+        self.do_not_specialize = list(getattr(fn, "do_not_specialize", []) or [])
+
+    def __getitem__(self, grid: Any) -> Callable[..., _Kept]:
+        return lambda *args, **kwargs: _Kept()
+
+
+def _launcher(fn: Any) -> triton_launch.CompiledLauncher:
+    return triton_launch.CompiledLauncher(_Kernel(fn), "stand-in", compiled=True, device=lambda: 0,
+                                          stream=lambda d: 0, hooks=lambda: False)
+
+
+def _timed(fn: Callable[[], object], calls: int, repeats: int) -> tuple[float, float]:
+    for _ in range(min(calls, 2000)):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0 / calls)
+    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+    return statistics.median(samples), q[2] - q[0]
+
+
+def cases(tokens: int) -> dict[str, Callable[[], object]]:
+    """Writer name -> one write of ``tokens`` tokens with the launch stubbed."""
+    out: dict[str, Callable[[], object]] = {}
+    store = _launcher(triton_fused.kernel.store_kv_kernel)
+    triton_fused.launcher_for = lambda fn, name=None: store  # type: ignore[assignment]
+    x = torch.randn(tokens, 8, 128).to(torch.bfloat16)
+    loc = torch.arange(tokens)
+    slots = loc + 1  # MLA's slot 0 is skipped
+    for label, convert in (("", "auto"), (" hw", "hw")):
+        for dname, dtype, scale in (("bf16", torch.bfloat16, None), ("fp8", torch.float8_e4m3fn, 0.5)):
+            w = triton_fused.TritonFusedWriter(convert=convert)
+            buf = torch.zeros(4 * tokens + 1, 8, 128, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.uint8)
+            vbuf = torch.zeros_like(buf)
+            out[f"triton_fused{label} {dname}"] = (
+                lambda w=w, buf=buf, vbuf=vbuf, dtype=dtype, scale=scale:
+                w.write_unchecked(buf, vbuf, loc, x, x, dtype, scale, scale))
+    rope = _launcher(rope_triton.kernel.rope_kv_kernel)
+    rope_triton.launcher_for = lambda fn, name=None: rope  # type: ignore[assignment]
+    qkv = torch.randn(tokens, 10 * 128).to(torch.bfloat16)
+    q, k, v = (qkv[:, :1024].view(tokens, 8, 128), qkv[:, 1024:1152].view(tokens, 1, 128),
+               qkv[:, 1152:].view(tokens, 1, 128))
+    kb = torch.zeros(4 * tokens + 1, 1, 128, dtype=torch.bfloat16)
+    vb = torch.zeros_like(kb)
+    cs = cos_sin_table(8192, 128)
+    rw = rope_triton.RopeTritonFusedWriter()
+    out["rope_triton_fused bf16"] = lambda: rw.write_unchecked(q, k, v, kb, vb, slots, loc, cs, True, torch.bfloat16,
+                                                               None, None)
+    mla = _launcher(mla_triton._mla_store_kernel)
+    mla_triton.launcher_for = lambda fn, name=None: mla  # type: ignore[assignment]
+    mw = mla_triton.MLATritonWriter()
+    kv = torch.zeros(4 * tokens + 2, 1, 576, dtype=torch.bfloat16)
+    latent = torch.randn(tokens, 1, 576).to(torch.bfloat16)
+    nope, rope_part = latent[..., :512], latent[..., 512:]
+    out["mla_triton bf16"] = lambda: mw.write_unchecked(kv, slots, nope, rope_part, torch.bfloat16, 0)
+    paged = _launcher(paged_triton._paged_store_kernel)
+    paged_triton.launcher_for = lambda fn, name=None: paged  # type: ignore[assignment]
+    pw = paged_triton.PagedTritonWriter()
+    kc = torch.zeros(-(-(8 * tokens + 64) // 16), 16, 8, 128, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    out["paged_triton bf16"] = lambda: pw.write_unchecked(kc, vc, loc, x, x, torch.bfloat16, None, None)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    if args.calls < 1 or args.repeats < 1 or args.tokens < 1:
+        raise SystemExit("bench_triton_host.py: --calls, --repeats and --tokens must be positive")
+    print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, Python "
+          f"{platform.python_version()}; {args.tokens} tokens, median (IQR) of {args.repeats} x {args.calls} calls, "
+          "µs per call, the launch stubbed")
+    print(f"{'writer':<26} {'µs':>7} {'IQR':>6}")
+    for name, fn in cases(args.tokens).items():
+        median, iqr = _timed(fn, args.calls, args.repeats)
+        print(f"{name:<26} {median:7.2f} {iqr:6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
