@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +26,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the writers plan as on a CPU; 
 
 import torch  # noqa: E402
 
+from kvprof.bench.timing import time_eager  # noqa: E402
 from kvprof.kvcache.writers import mla_triton, paged_triton, rope_triton, triton_fused, triton_launch  # noqa: E402
 from kvprof.kvcache.writers.rope_reference import cos_sin_table  # noqa: E402
 
@@ -60,16 +59,17 @@ def _launcher(fn: Any) -> triton_launch.CompiledLauncher:
 
 
 def _timed(fn: Callable[[], object], calls: int, repeats: int) -> tuple[float, float]:
-    for _ in range(min(calls, 2000)):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter_ns()
+    """µs per call, median and IQR of ``repeats`` loops of ``calls`` calls (the bench's own
+    eager timing, ``kvprof.bench.timing.time_eager``; on a CPU there is nothing to synchronize)."""
+
+    def loop() -> None:
         for _ in range(calls):
             fn()
-        samples.append((time.perf_counter_ns() - t0) / 1000.0 / calls)
-    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
-    return statistics.median(samples), q[2] - q[0]
+
+    for _ in range(2000):  # the first calls keep the kernel and fill the memos
+        fn()
+    t = time_eager(loop, calls, repeats, torch.device("cpu"))
+    return t.host_us, t.host_spread_us  # type: ignore[return-value]
 
 
 def cases(tokens: int) -> dict[str, Callable[[], object]]:

@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,20 +35,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def timed(fn: Callable[[], object], calls: int, repeats: int, sync: Callable[[], None]) -> dict[str, float]:
-    """Host µs per call: ``calls`` calls timed, then a synchronize (not timed), ``repeats`` times."""
-    for _ in range(3):
-        fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter_ns()
+def timed(fn: Callable[[], object], calls: int, repeats: int, device: Any) -> dict[str, float]:
+    """Host µs per call: ``calls`` calls timed, then a synchronize (not timed), ``repeats``
+    times (``kvprof.bench.timing.time_eager``, the bench's own eager timing)."""
+    from kvprof.bench.timing import time_eager
+
+    def loop() -> None:
         for _ in range(calls):
             fn()
-        samples.append((time.perf_counter_ns() - t0) / 1000.0 / calls)
-        sync()
-    q = statistics.quantiles(samples, n=4)
-    return {"median_us": statistics.median(samples), "iqr_us": q[2] - q[0]}
+
+    t = time_eager(loop, calls, repeats, device)
+    return {"median_us": t.host_us, "iqr_us": t.host_spread_us}
 
 
 def main() -> None:
@@ -60,11 +55,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--dtypes", default="bf16,fp8_e4m3")
     args = ap.parse_args()
+    try:
+        token_counts = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        raise SystemExit(f"eager_split.py: --tokens must be integers separated by commas, got {args.tokens!r}") \
+            from None
+    if min(token_counts) < 1 or args.calls < 1 or args.repeats < 4:
+        raise SystemExit("eager_split.py: tokens and --calls must be positive, --repeats at least 4 (an IQR)")
 
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("eager_split.py: needs a CUDA device")
+    from kvprof.core.atomic import atomic_write_text
     from kvprof.kvcache.dtypes import parse_dtype, store_dtype_for
     from kvprof.kvcache.writers import triton_kernel
     from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter
@@ -72,17 +75,20 @@ def main() -> None:
     from kvprof.kvcache.writers.triton_launch import direct_launch, launcher_for
 
     dev = torch.device("cuda")
-    sync = torch.cuda.synchronize
+    try:
+        dtypes = [(name, parse_dtype(name)) for name in args.dtypes.split(",")]
+    except Exception as exc:  # noqa: BLE001 - said in one line
+        raise SystemExit(f"eager_split.py: --dtypes: {exc}") from None
     heads, dim, rows = 8, 128, 4097
     results: list[dict[str, Any]] = []
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; host µs per call, "
           f"{args.calls} calls x {args.repeats} repeats: median (IQR)")
     print(f"{'dtype':<9} {'tokens':>6}  {'layer':<20} {'µs':>7} {'IQR':>6}")
     empty = _empty_kernel()
-    for dname in args.dtypes.split(","):
-        dtype = parse_dtype(dname)
+    direct_found = False
+    for dname, dtype in dtypes:
         scale = None if dtype == torch.bfloat16 else 0.5
-        for tokens in (int(t) for t in args.tokens.split(",")):
+        for tokens in token_counts:
             k_buf = torch.zeros(rows, heads, dim, dtype=store_dtype_for(dtype), device=dev)
             v_buf = torch.zeros_like(k_buf)
             x = torch.randn(tokens, heads, dim, device=dev).to(torch.bfloat16)
@@ -97,7 +103,7 @@ def main() -> None:
             del la.launch
             grid, targs, consts, warps, pdl = seen[0][:5]
             real(grid, targs, consts, warps, pdl)
-            sync()
+            torch.cuda.synchronize()
             assert la._keyfn is not None
             arg_key, addresses = la._keyfn(targs)
             key = (torch.cuda.current_device(), consts, warps, pdl, True, arg_key)
@@ -115,6 +121,7 @@ def main() -> None:
             }
             found = direct or direct_launch(run)
             if found is not None:
+                direct_found = True
                 launch, prefix = found
                 layers["launch(addresses)"] = lambda: launch(grid[0], gy, 1, stream, function, *prefix, packed, None,
                                                              None, None, *addresses, *consts)
@@ -125,11 +132,11 @@ def main() -> None:
             if empty is not None:
                 layers["empty"] = empty
             for name, fn in layers.items():
-                r = timed(fn, args.calls, args.repeats, sync)
+                r = timed(fn, args.calls, args.repeats, dev)
                 results.append({"dtype": dname, "tokens": tokens, "layer": name, **r})
                 print(f"{dname:<9} {tokens:>6}  {name:<20} {r['median_us']:7.2f} {r['iqr_us']:6.2f}", flush=True)
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "calls": args.calls,
-            "repeats": args.repeats, "direct": found is not None}
+            "repeats": args.repeats, "direct": direct_found}
     try:
         import triton
 
@@ -138,7 +145,7 @@ def main() -> None:
         pass
     dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu")) / "eager-split.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    atomic_write_text(dest, json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     print(f"wrote {dest}")
 
 
