@@ -20,15 +20,16 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
 R=$OUT/card-tables
-mkdir -p "$R"
 parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
 for part in $parts; do
-  case $part in env|tests|peers-32|peers-1-8|own|rope-4096|eager) ;;
-    *) echo "card_tables.sh: unknown part $part (known: env tests peers-32 peers-1-8 own rope-4096 eager)" >&2; exit 2 ;;
+  case $part in env|tests|eager|peers-32|peers-1-8|own|rope-4096) ;;
+    *) echo "card_tables.sh: unknown part $part (known: env tests eager peers-32 peers-1-8 own rope-4096)" >&2; exit 2 ;;
   esac
 done
-start=$SECONDS
 budget=${CARD_BUDGET:-560}
+case $budget in ''|*[!0-9]*) echo "card_tables.sh: CARD_BUDGET must be whole seconds, got '$budget'" >&2; exit 2 ;; esac
+start=$SECONDS
+mkdir -p "$R"
 log=$OUT/card-tables.txt
 if [ -d .whl ] && [ ! -d /tmp/site/sglang ]; then bash gpu/sglang_check.sh install >/dev/null 2>&1; fi
 SP=$PWD

@@ -31,3 +31,21 @@ def test_an_unknown_perf1_part_runs_nothing_and_exits_2(tmp_path: Path, parts: s
     assert done.returncode == 2
     assert done.stderr.strip() == "perf1: unknown PERF1_PARTS eagr (known: tests eager rope-4096 cards)"
     assert not any(p.name.startswith("perf1-") for p in tmp_path.iterdir())  # no part ran
+
+
+CARD_TABLES = ROOT / "gpu" / "card_tables.sh"
+
+
+@pytest.mark.parametrize("args, env, said", [
+    (["env", "eagr"], {}, "card_tables.sh: unknown part eagr (known: env tests eager peers-32 peers-1-8 own "
+                          "rope-4096)"),
+    (["env"], {"CARD_BUDGET": "5m"}, "card_tables.sh: CARD_BUDGET must be whole seconds, got '5m'"),
+])
+def test_card_tables_refuses_an_unknown_part_or_budget_and_writes_nothing(tmp_path: Path, args: list[str],
+                                                                         env: dict[str, str], said: str) -> None:
+    """gpu/card_tables.sh says a bad part or budget in one line, exits 2 and leaves $OUT empty."""
+    done = subprocess.run(["bash", str(CARD_TABLES), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OUT": str(tmp_path), **env})
+    assert done.returncode == 2
+    assert done.stderr.strip() == said
+    assert list(tmp_path.iterdir()) == []
