@@ -70,8 +70,10 @@ def assert_rotated(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def run_and_check(writer, device, cache_dtype=torch.bfloat16, is_neox=True, k_scale=None, v_scale=None,
-                  loc_view=None, pos_view=None, **shape):
+                  loc_view=None, pos_view=None, v_view=None, **shape):
     q, k, v, cs, pos, loc = make_case(device, **shape)
+    if v_view is not None:
+        v = v_view(v)
     if loc_view is not None:
         loc = loc_view(loc)
     if pos_view is not None:
@@ -146,6 +148,26 @@ def test_strided_loc_and_positions_write_the_right_rows(pos_dtype):
     run_and_check(rt.RopeTritonFusedWriter(), "cpu", pos_dtype=pos_dtype,
                   loc_view=lambda t: torch.stack([t, torch.zeros_like(t)], 1).reshape(-1)[::2],
                   pos_view=lambda t: torch.stack([t, t.flip(0)], 1).reshape(-1)[::2])
+
+
+@needs_interpreter
+def test_one_writer_follows_each_call_s_scales_strides_and_dtypes():
+    """The launch is memoised per call key (shapes, strides, dtypes, which scales are given),
+    the scales' values read per call: one writer called in turn with what changes between an
+    engine's calls of one shape -- scales given or not, power-of-two or not, a tensor scale, a
+    v whose head dim is strided, another cache dtype -- writes each call's rows as the
+    reference does."""
+    w = rt.RopeTritonFusedWriter()
+    strided_v = (lambda t: torch.stack([t, t], -1).reshape(*t.shape[:-1], -1)[..., ::2])  # noqa: E731
+    e4m3 = torch.float8_e4m3fn
+    calls = [dict(), dict(cache_dtype=e4m3, k_scale=0.5, v_scale=0.5), dict(cache_dtype=e4m3, k_scale=0.7),
+             dict(cache_dtype=e4m3), dict(cache_dtype=e4m3, k_scale=0.5, v_scale=0.25, v_view=strided_v),
+             dict(cache_dtype=e4m3, k_scale=torch.tensor(0.7), v_scale=0.5),
+             dict(v_view=strided_v), dict(cache_dtype=torch.float16), dict()]
+    for call in calls:
+        assert run_and_check(w, "cpu", rope_dim=16, **call) == ROPE_FUSED
+    # the last call's key is the first's; the tensor scale's (not a power of two) is the 0.5/0.5 call's
+    assert len(w.kernel._calls) == 7
 
 
 @needs_interpreter

@@ -72,7 +72,7 @@ class TritonRope:
         self.convert = convert
         self.pdl = pdl
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # (tokens, plan key) -> launch shape
+        self._calls: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a call's shapes, strides, dtypes -> its launch
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -138,10 +138,9 @@ class TritonRope:
             return interpreted_rope_config(heads, head_elements, tokens)
         return pick_rope_config(dim, tokens, table or self.table)
 
-    def _launch_plan(self, shape_key: tuple[Any, ...], tokens: int, heads_q: int, heads_k: int, dim: int,
+    def _launch_plan(self, tokens: int, heads_q: int, heads_k: int, dim: int,
                      plan: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The launch shape of ``tokens`` under ``plan``, its grid and the fp8 encode it needs:
-        computed once per (tokens, plan), as the store's writer memoises its shapes."""
+        """The launch shape of ``tokens`` under ``plan``, its grid and the fp8 encode it needs."""
         (_, _, _, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, _, _, interpreted,
          table) = plan
         cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim, max(2 * block_half + block_p, block_dv),
@@ -153,24 +152,69 @@ class TritonRope:
                                                      for c, w in zip(cols, widths) if w)):
             fp8_mode = kernel.MODE_FP8_INT
         grid = (-(-tokens // block_t), -(-heads_q // block_hq) + -(-heads_k // block_hk))
-        if len(self._shapes) > 4096:  # prefill token counts are many: bounded memo
-            self._shapes.clear()
-        shape = self._shapes[shape_key] = (block_t, num_warps, block_hq, block_hk, grid, fp8_mode)
-        return shape
+        return block_t, num_warps, block_hq, block_hk, grid, fp8_mode
 
     def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, k_buf: torch.Tensor | None,
                v_buf: torch.Tensor | None, loc: torch.Tensor | None, positions: torch.Tensor,
                cos_sin_cache: torch.Tensor, is_neox: bool, dtype: torch.dtype | None,
                k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
                store: bool = True) -> None:
-        """Rotate q and k in place and, with ``store``, write the rotated k and v at ``loc``."""
+        """Rotate q and k in place and, with ``store``, write the rotated k and v at ``loc``.
+
+        Everything but the tensors' addresses and the scales follows from the call's shapes,
+        strides, dtypes and device: one key of those finds the launch's grid, integer arguments
+        and constexprs (:meth:`_call_plan`, once per key), so an eager write reads each
+        attribute once and computes nothing else."""
         tokens = positions.shape[0]
         if tokens == 0:
             return
+        if store:
+            assert k_buf is not None and v_buf is not None and v is not None and loc is not None
+            if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
+                raise ValueError(f"{self.name} needs contiguous K/V cache buffers")
+            call_key = (tokens, q.shape, k.shape, q.stride(), k.stride(), v.shape, v.stride(), v_buf.shape,
+                        k_buf.shape[0], loc.stride(0), positions.stride(0), cos_sin_cache.shape,
+                        cos_sin_cache.stride(0), q.dtype, k.dtype, dtype, is_neox, k.get_device(),
+                        k_scale is None, v_scale is None)
+        else:
+            call_key = (tokens, q.shape, k.shape, q.stride(), k.stride(), None, None, None, 0, 0,
+                        positions.stride(0), cos_sin_cache.shape, cos_sin_cache.stride(0), q.dtype, k.dtype,
+                        None, is_neox, k.get_device(), True, True)
+        call = self._calls.get(call_key)
+        if call is None:
+            call = self._call_plan(call_key, q, k, v, k_buf, v_buf, positions, cos_sin_cache, is_neox, dtype,
+                                   store)
+        grid, ints, consts, pow2_consts, copy_v, scaled, num_warps, pdl = call
+        k_inv = v_inv = 1.0
+        if scaled:
+            k_pow2 = v_pow2 = True
+            if k_scale is not None:
+                k_inv, k_pow2 = inverse_pow2(k_scale)
+            if v_scale is not None:
+                v_inv, v_pow2 = inverse_pow2(v_scale)
+            if pow2_consts is not None and k_pow2 and v_pow2:
+                consts = pow2_consts
+        if store:
+            if copy_v:
+                v = v.contiguous()  # type: ignore[union-attr]  # read only: a copy changes nothing the caller sees
+            args = (q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, k_inv, v_inv, *ints)
+        else:  # placeholders: STORE=0 compiles them out
+            args = (q, k, k, k, k, positions, positions, cos_sin_cache, k_inv, v_inv, *ints)
+        launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME).launch(grid, args, consts, num_warps, pdl,
+                                                                        fp_fusion=False)
+
+    def _call_plan(self, call_key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
+                   k_buf: torch.Tensor | None, v_buf: torch.Tensor | None, positions: torch.Tensor,
+                   cos_sin_cache: torch.Tensor, is_neox: bool, dtype: torch.dtype | None,
+                   store: bool) -> tuple[Any, ...]:
+        """What :meth:`launch` needs of a call keyed by ``call_key``: the grid, the integer
+        arguments, the constexprs (with the fp8 power-of-two bit where the scales allow it),
+        whether v is copied to unit stride, whether the scales apply, warps and PDL."""
+        tokens = positions.shape[0]
         heads_q = q.shape[1]
         _, heads_k, dim = k.shape
         if store:
-            assert k_buf is not None and v_buf is not None and v is not None and loc is not None
+            assert k_buf is not None and v_buf is not None and v is not None
             v_dim, rows = v_buf.shape[2], k_buf.shape[0]
         else:
             v_dim, rows = dim, 0
@@ -178,49 +222,39 @@ class TritonRope:
         key = (q.dtype, k.dtype, dtype, heads_q, heads_k, dim, v_dim, rows, rope_dim, is_neox, store, k.device)
         plan = self._plans.get(key) or self._plan(key, q, k, heads_k, dim, v_dim, rows, rope_dim, is_neox,
                                                   dtype, store)
-        (mode, same, half, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, pow2_ok, pdl,
-         interpreted, table) = plan
-        k_inv = v_inv = 1.0
+        (mode, same, half, block_half, block_p, block_dv, _, _, _, _, pow2_ok, pdl, _, _) = plan
+        copy_v = False
+        v_st = v_sh = loc_st = 0
+        scaled = False
         if store:
-            assert k_buf is not None and v_buf is not None and v is not None and loc is not None
-            if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
-                raise ValueError(f"{self.name} needs contiguous K/V cache buffers")
+            assert v is not None
             v_strides = v.stride()
-            if v_strides[2] != 1:
-                v = v.contiguous()  # read only: a copy changes nothing the caller sees
-                v_strides = v.stride()
-            if not same and (k_scale is not None or v_scale is not None):
-                k_pow2 = v_pow2 = True
-                if k_scale is not None:
-                    mode |= kernel.MODE_K_SCALED
-                    k_inv, k_pow2 = inverse_pow2(k_scale)
-                if v_scale is not None:
-                    mode |= kernel.MODE_V_SCALED
-                    v_inv, v_pow2 = inverse_pow2(v_scale)
-                if pow2_ok and k_pow2 and v_pow2:
-                    mode |= kernel.MODE_POW2
-            k_out, v_out, slots = k_buf, v_buf, loc
-            v_st, v_sh, loc_st = v_strides[0], v_strides[1], loc.stride(0)
-        else:
-            k_out, v_out, slots, v = k, k, positions, k  # placeholders: STORE=0 compiles them out
-            v_st = v_sh = loc_st = 0
-        shape_key = (tokens, key)
-        shape = self._shapes.get(shape_key)
-        if shape is None:
-            shape = self._launch_plan(shape_key, tokens, heads_q, heads_k, dim, plan)
-        block_t, num_warps, block_hq, block_hk, grid, fp8_mode = shape
+            copy_v = v_strides[2] != 1
+            if copy_v:
+                v_strides = v.contiguous().stride()
+            v_st, v_sh = v_strides[0], v_strides[1]
+            loc_st = call_key[9]
+            k_scaled, v_scaled = not call_key[18], not call_key[19]
+            scaled = not same and (k_scaled or v_scaled)
+            if scaled:
+                mode |= (kernel.MODE_K_SCALED if k_scaled else 0) | (kernel.MODE_V_SCALED if v_scaled else 0)
+        block_t, num_warps, block_hq, block_hk, grid, fp8_mode = self._launch_plan(
+            tokens, heads_q, heads_k, dim, plan)
         mode |= fp8_mode
         q_st, q_sh = q.stride()[:2]
         k_st, k_sh = k.stride()[:2]
         reach = (tokens + block_t) * max(abs(q_st), abs(k_st), abs(v_st), 1)
         if rows * heads_k * max(dim, v_dim) > INT32_MAX or reach > INT32_MAX or cos_sin_cache.numel() > INT32_MAX:
             mode |= kernel.MODE_WIDE
-        launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME).launch(
-            grid,
-            (q, k, v, k_out, v_out, slots, positions, cos_sin_cache, k_inv, v_inv, tokens, rows, cs_rows,
-             q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, positions.stride(0), cos_sin_cache.stride(0)),
-            (heads_q, heads_k, dim, v_dim, half, block_half, block_p, block_dv, block_t, block_hq, block_hk, mode),
-            num_warps, pdl, fp_fusion=False)
+        ints = (tokens, rows, cs_rows, q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, positions.stride(0),
+                cos_sin_cache.stride(0))
+        consts = (heads_q, heads_k, dim, v_dim, half, block_half, block_p, block_dv, block_t, block_hq, block_hk,
+                  mode)
+        pow2_consts = consts[:-1] + (mode | kernel.MODE_POW2,) if scaled and pow2_ok else None
+        if len(self._calls) > 4096:  # prefill token counts are many: bounded memo
+            self._calls.clear()
+        call = self._calls[call_key] = (grid, ints, consts, pow2_consts, copy_v, scaled, num_warps, pdl)
+        return call
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                is_neox: bool) -> None:
