@@ -168,6 +168,7 @@ class TritonRope:
         tokens = positions.shape[0]
         if tokens == 0:
             return
+        call_key: tuple[Any, ...]
         if store:
             assert k_buf is not None and v_buf is not None and v is not None and loc is not None
             if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
