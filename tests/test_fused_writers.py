@@ -302,6 +302,36 @@ def test_triton_fused_launch_bits_follow_each_call_s_strides(monkeypatch):
     assert len({c[0] for c in calls}) == 1  # one grid for one token count
 
 
+def test_triton_fused_strided_rows_keep_the_plan_s_own_bits(monkeypatch):
+    """fp8 inputs always take the integer routines (a bit of the plan, not of the strides), and
+    a pow2 scale's bit is the call's: a call with strided rows recomputes its stride bits
+    without dropping either, and the packed call after it gets the memoised ones back."""
+    from kvprof.kvcache.writers import triton_fused as tf
+    from kvprof.kvcache.writers.triton_kernel import MODE_FP8_INT, MODE_POW2
+
+    modes: list[int] = []
+
+    class Capture:
+        def launch(self, grid, args, consts, num_warps, pdl=False, fp_fusion=True):
+            modes.append(consts[-1])
+
+    monkeypatch.setattr(tf, "launcher_for", lambda fn, name=None: Capture())
+    w = tf.TritonFusedWriter(convert="hw")
+    k_buf = torch.zeros(64, 8, 128, dtype=torch.uint8)
+    loc = torch.arange(4)
+    packed = torch.randn(4, 8, 128).to(torch.float8_e4m3fn)
+    odd = torch.randn(4, 8 * 128 + 16).to(torch.float8_e4m3fn)[:, :1024].view(4, 8, 128)  # token stride 1040
+    for rows in (packed, odd, packed):
+        w.write(k_buf, k_buf.clone(), loc, rows, rows, torch.float8_e5m2, None, None)
+    assert all(m & MODE_FP8_INT for m in modes) and modes[0] == modes[2]
+    modes.clear()
+    x = torch.randn(4, 8, 128).to(torch.bfloat16)
+    strided = torch.randn(4, 8 * 128 + 16).to(torch.bfloat16)[:, :1024].view(4, 8, 128)
+    for rows, scale in ((x, 0.5), (strided, 0.5), (strided, 0.7), (x, 0.5)):
+        w.write(k_buf, k_buf.clone(), loc, rows, rows, torch.float8_e4m3fn, scale, scale)
+    assert [bool(m & MODE_POW2) for m in modes] == [True, True, False, True] and modes[0] == modes[3]
+
+
 @needs_interpreter
 def test_triton_fused_zero_tokens_writes_nothing():
     w = create_writer("triton_fused")

@@ -84,7 +84,7 @@ class TritonFusedWriter(KVWriter):
         self.pdl = pdl
         self.packed_fp8 = bool(packed_fp8)
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # (tokens, plan key) -> the launch
+        self._calls: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a call's tokens, buffers, dtypes -> its launch
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -152,49 +152,58 @@ class TritonFusedWriter(KVWriter):
         tokens = loc.shape[0]
         if tokens == 0:
             return FUSED
-        key = (k_buf.shape, v_buf.shape, k_buf.device, cache_k.dtype, dtype)
-        plan = self._plans.get(key) or self._plan(k_buf, v_buf, cache_k.dtype, dtype, key)
-        rows, rk, rv, bk, bv, row_bytes, mode, same, pdl, fp8_hw, pow2_ok, fp8_out, interpreted, tables = plan
+        call = self._calls.get((tokens, k_buf.shape, v_buf.shape, k_buf.get_device(), cache_k.dtype, dtype,
+                                k_scale is None, v_scale is None))
+        if call is None:
+            call = self._call_plan(tokens, k_buf, v_buf, cache_k.dtype, dtype, k_scale is None, v_scale is None)
+        rows, rk, rv, grid, consts, pow2_consts, scaled, num_warps, pdl, stride_mode = call
         cache_k, k_stride = _rows(cache_k, rk)
         cache_v, v_stride = _rows(cache_v, rv)
         k_inv = v_inv = 1.0
-        if not same and (k_scale is not None or v_scale is not None):
+        if scaled:
             k_pow2 = v_pow2 = True
             if k_scale is not None:
-                mode |= MODE_K_SCALED
                 k_inv, k_pow2 = inverse_pow2(k_scale)
             if v_scale is not None:
-                mode |= MODE_V_SCALED
                 v_inv, v_pow2 = inverse_pow2(v_scale)
-            if pow2_ok and k_pow2 and v_pow2:
-                mode |= MODE_POW2
-        shape_key = (tokens, key)
-        shape = self._shapes.get(shape_key)
-        if shape is None:
-            shape = self._launch_plan(shape_key, tokens, plan)
-        block_t, num_warps, split, grid, packed_bits = shape
-        if k_stride == rk and v_stride == rv:
-            mode |= packed_bits
-        else:  # rows not packed: the bits that depend on the token strides, per call
-            mode |= _stride_bits(plan, tokens, block_t, num_warps, split, k_stride, v_stride) | (
-                packed_bits & MODE_STREAM)
+            if pow2_consts is not None and k_pow2 and v_pow2:
+                consts = pow2_consts
+        if k_stride != rk or v_stride != rv:  # rows not packed: the bits that depend on the token strides
+            plan, block_t, split, unpacked = stride_mode
+            consts = consts[:-1] + (unpacked | (consts[-1] & MODE_POW2) | _stride_bits(
+                plan, tokens, block_t, num_warps, split, k_stride, v_stride),)
         launcher_for(kernel.store_kv_kernel, KERNEL_NAME).launch(
-            grid, (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride),
-            (rk, rv, bk, bv, block_t, split, mode), num_warps, pdl)
+            grid, (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride), consts,
+            num_warps, pdl)
         return FUSED
 
-
-    def _launch_plan(self, shape_key: tuple[Any, ...], tokens: int, plan: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The launch of ``tokens`` under ``plan``: shape, grid and the mode bits that hold for
-        rows packed at their width (the common call), once per (tokens, plan); bounded memo."""
-        _, rk, rv, bk, bv, row_bytes, _, _, _, _, _, fp8_out, interpreted, tables = plan
+    def _call_plan(self, tokens: int, k_buf: torch.Tensor, v_buf: torch.Tensor, in_dtype: torch.dtype,
+                   dtype: torch.dtype, no_k_scale: bool, no_v_scale: bool) -> tuple[Any, ...]:
+        """What :meth:`write` needs of a call of ``tokens`` rows into these buffers, once per
+        (tokens, buffer shapes, device, dtypes, which scales are given): the grid, the
+        constexprs of rows packed at their width (the common call; with the fp8 power-of-two
+        bit in ``pow2_consts`` where the scales allow it), and what a call with other token
+        strides needs to redo its stride bits. Bounded memo: prefill token counts are many."""
+        key = (k_buf.shape, v_buf.shape, k_buf.device, in_dtype, dtype)
+        plan = self._plans.get(key) or self._plan(k_buf, v_buf, in_dtype, dtype, key)
+        rows, rk, rv, bk, bv, row_bytes, mode, same, pdl, _, pow2_ok, fp8_out, interpreted, tables = plan
         cfg = self.config or self.launch_shape(tokens, row_bytes, bk + bv, fp8_out, interpreted, tables)
         block_t, num_warps, split = cfg.block_t, cfg.num_warps, min(cfg.split, bk, bv)
-        bits = _stride_bits(plan, tokens, block_t, num_warps, split, rk, rv) | (MODE_STREAM if cfg.stream else 0)
-        if len(self._shapes) > 4096:  # prefill token counts are many: bounded memo
-            self._shapes.clear()
-        shape = self._shapes[shape_key] = (block_t, num_warps, split, ((tokens + block_t - 1) // block_t, split), bits)
-        return shape
+        scaled = not same and not (no_k_scale and no_v_scale)
+        if scaled:
+            mode |= (0 if no_k_scale else MODE_K_SCALED) | (0 if no_v_scale else MODE_V_SCALED)
+        if cfg.stream:
+            mode |= MODE_STREAM
+        packed = mode | _stride_bits(plan, tokens, block_t, num_warps, split, rk, rv)
+        consts = (rk, rv, bk, bv, block_t, split, packed)
+        pow2_consts = consts[:-1] + (packed | MODE_POW2,) if scaled and pow2_ok else None
+        if len(self._calls) > 4096:
+            self._calls.clear()
+        call = (rows, rk, rv, ((tokens + block_t - 1) // block_t, split), consts, pow2_consts, scaled, num_warps, pdl,
+                (plan, block_t, split, mode))
+        self._calls[(tokens, k_buf.shape, v_buf.shape, k_buf.get_device(), in_dtype, dtype, no_k_scale,
+                     no_v_scale)] = call
+        return call
 
     @staticmethod
     def launch_shape(tokens: int, row_bytes: int, row_elements: int, fp8: bool, interpreted: bool,
