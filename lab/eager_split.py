@@ -9,7 +9,9 @@ between kvprof's Python, the compiled launcher's key and Triton's own launch lay
 layer is timed alone on the same arguments, host µs per call (the loop of ``--calls`` calls
 before a synchronize, median and IQR over ``--repeats``), on a CUDA device:
 
-- ``writer``: ``TritonFusedWriter.write_unchecked`` (what bench's "writer alone" times);
+- ``writer``: the writer's ``write_unchecked`` (what bench's "writer alone" times):
+  ``triton_fused`` (8x128 rows) for each ``--dtypes``, and ``rope_triton_fused`` (8 q heads, 1
+  k/v head of 128, bf16; ``--rope``) for bf16;
 - ``launcher``: the compiled launcher's ``launch`` with the arguments the writer passes;
 - ``key``: the launcher's key function alone;
 - ``run(tensors)`` / ``run(addresses)``: Triton's ``CompiledKernel.run`` of the kept kernel,
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--dtypes", default="bf16,fp8_e4m3")
+    ap.add_argument("--no-rope", dest="rope", action="store_false", help="leave out rope_triton_fused")
     args = ap.parse_args()
     try:
         token_counts = [int(t) for t in args.tokens.split(",")]
@@ -69,8 +72,10 @@ def main() -> None:
         raise SystemExit("eager_split.py: needs a CUDA device")
     from kvprof.core.atomic import atomic_write_text
     from kvprof.kvcache.dtypes import parse_dtype, store_dtype_for
-    from kvprof.kvcache.writers import triton_kernel
+    from kvprof.kvcache.writers import rope_triton_kernel, triton_kernel
     from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter
+    from kvprof.kvcache.writers.rope_reference import cos_sin_table
+    from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
     from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
     from kvprof.kvcache.writers.triton_launch import direct_launch, launcher_for
 
@@ -83,9 +88,10 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; host µs per call, "
           f"{args.calls} calls x {args.repeats} repeats: median (IQR)")
-    print(f"{'dtype':<9} {'tokens':>6}  {'layer':<20} {'µs':>7} {'IQR':>6}")
+    print(f"{'writer':<18} {'dtype':<9} {'tokens':>6}  {'layer':<18} {'µs':>7} {'IQR':>6}")
     empty = _empty_kernel()
     direct_found = False
+    cases: list[tuple[str, str, int, Callable[[], object], Callable[[], object] | None, Any]] = []
     for dname, dtype in dtypes:
         scale = None if dtype == torch.bfloat16 else 0.5
         for tokens in token_counts:
@@ -94,47 +100,71 @@ def main() -> None:
             x = torch.randn(tokens, heads, dim, device=dev).to(torch.bfloat16)
             loc = (torch.randperm(rows - 1, device=dev)[:tokens] + 1)
             writer = TritonFusedWriter()
-            writer.write(k_buf, v_buf, loc, x, x, dtype, scale, scale)  # compiles, keeps the kernel
-            la = launcher_for(triton_kernel.store_kv_kernel)
-            seen: list[tuple[Any, ...]] = []
-            real = la.launch
-            la.launch = lambda *a: seen.append(a)  # type: ignore[method-assign]
-            writer.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale)
-            del la.launch
-            grid, targs, consts, warps, pdl = seen[0][:5]
-            real(grid, targs, consts, warps, pdl)
-            torch.cuda.synchronize()
-            assert la._keyfn is not None
-            arg_key, addresses = la._keyfn(targs)
-            key = (torch.cuda.current_device(), consts, warps, pdl, True, arg_key)
-            run, function, packed, direct = la._kernels[key]
-            stream = torch.cuda.current_stream().cuda_stream
-            gy = grid[1] if len(grid) > 1 else 1
-            layers: dict[str, Callable[[], object]] = {
-                "writer": lambda: writer.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale),
-                "launcher": lambda: real(grid, targs, consts, warps, pdl),
-                "key": lambda: la._keyfn(targs),  # type: ignore[misc]
-                "run(tensors)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None, *targs,
-                                            *consts),
-                "run(addresses)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None,
-                                              *addresses, *consts),
-            }
-            found = direct or direct_launch(run)
-            if found is not None:
-                direct_found = True
-                launch, prefix = found
-                layers["launch(addresses)"] = lambda: launch(grid[0], gy, 1, stream, function, *prefix, packed, None,
-                                                             None, None, *addresses, *consts)
             cuda = CudaFusedWriter()
+            cuda_write: Callable[[], object] | None = None
             if not cuda.unsupported_reason(dev, dtype, torch.bfloat16):
                 cuda.prepare(dev)
-                layers["cuda_fused"] = lambda: cuda.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale)
-            if empty is not None:
-                layers["empty"] = empty
-            for name, fn in layers.items():
-                r = timed(fn, args.calls, args.repeats, dev)
-                results.append({"dtype": dname, "tokens": tokens, "layer": name, **r})
-                print(f"{dname:<9} {tokens:>6}  {name:<20} {r['median_us']:7.2f} {r['iqr_us']:6.2f}", flush=True)
+                cuda_write = (lambda cuda=cuda, k_buf=k_buf, v_buf=v_buf, loc=loc, x=x, dtype=dtype,  # noqa: E731
+                              scale=scale: cuda.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale))
+            cases.append(("triton_fused", dname, tokens,
+                          lambda writer=writer, k_buf=k_buf, v_buf=v_buf, loc=loc, x=x, dtype=dtype, scale=scale:
+                          writer.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale),
+                          cuda_write, triton_kernel.store_kv_kernel))
+            if dtype == torch.bfloat16 and args.rope:
+                qkv = torch.randn(tokens, 10 * dim, device=dev).to(torch.bfloat16)
+                q, k, v = (qkv[:, :8 * dim].view(tokens, 8, dim), qkv[:, 8 * dim:9 * dim].view(tokens, 1, dim),
+                           qkv[:, 9 * dim:].view(tokens, 1, dim))
+                kb = torch.zeros(rows, 1, dim, dtype=torch.bfloat16, device=dev)
+                vb = torch.zeros_like(kb)
+                pos = torch.arange(tokens, device=dev)
+                cs = cos_sin_table(8192, dim).to(dev)
+                rw = RopeTritonFusedWriter()
+                cases.append(("rope_triton_fused", dname, tokens,
+                              lambda rw=rw, q=q, k=k, v=v, kb=kb, vb=vb, loc=loc, pos=pos, cs=cs:
+                              rw.write_unchecked(q, k, v, kb, vb, loc, pos, cs, True, torch.bfloat16, None, None),
+                              None, rope_triton_kernel.rope_kv_kernel))
+    for wname, dname, tokens, write, cuda_write, kernel_fn in cases:
+        write()  # compiles, keeps the kernel
+        la = launcher_for(kernel_fn)
+        seen: list[tuple[Any, ...]] = []
+        real = la.launch
+        la.launch = lambda *a, **kw: seen.append(a + (kw.get("fp_fusion", True),))  # type: ignore[method-assign]
+        write()
+        del la.launch
+        grid, targs, consts, warps, pdl = seen[0][:5]
+        fusion = seen[0][-1]
+        real(grid, targs, consts, warps, pdl, fusion)
+        torch.cuda.synchronize()
+        assert la._keyfn is not None
+        arg_key, addresses = la._keyfn(targs)
+        key = (torch.cuda.current_device(), consts, warps, pdl, fusion, arg_key)
+        run, function, packed, direct = la._kernels[key]
+        stream = torch.cuda.current_stream().cuda_stream
+        gy = grid[1] if len(grid) > 1 else 1
+        layers: dict[str, Callable[[], object]] = {
+            "writer": write,
+            "launcher": lambda: real(grid, targs, consts, warps, pdl, fusion),
+            "key": lambda: la._keyfn(targs),  # type: ignore[misc]
+            "run(tensors)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None, *targs,
+                                        *consts),
+            "run(addresses)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None,
+                                          *addresses, *consts),
+        }
+        found = direct or direct_launch(run)
+        if found is not None:
+            direct_found = True
+            launch, prefix = found
+            layers["launch(addresses)"] = lambda: launch(grid[0], gy, 1, stream, function, *prefix, packed, None,
+                                                         None, None, *addresses, *consts)
+        if cuda_write is not None:
+            layers["cuda_fused"] = cuda_write
+        if empty is not None:
+            layers["empty"] = empty
+        for name, fn in layers.items():
+            r = timed(fn, args.calls, args.repeats, dev)
+            results.append({"writer": wname, "dtype": dname, "tokens": tokens, "layer": name, **r})
+            print(f"{wname:<18} {dname:<9} {tokens:>6}  {name:<18} {r['median_us']:7.2f} {r['iqr_us']:6.2f}",
+                  flush=True)
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "calls": args.calls,
             "repeats": args.repeats, "direct": direct_found}
     try:
