@@ -71,12 +71,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("eager_split.py: needs a CUDA device")
     from kvprof.core.atomic import atomic_write_text
-    from kvprof.kvcache.dtypes import parse_dtype, store_dtype_for
-    from kvprof.kvcache.writers import rope_triton_kernel, triton_kernel
-    from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter
-    from kvprof.kvcache.writers.rope_reference import cos_sin_table
-    from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
-    from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
+    from kvprof.kvcache.dtypes import parse_dtype
     from kvprof.kvcache.writers.triton_launch import direct_launch, launcher_for
 
     dev = torch.device("cuda")
@@ -84,78 +79,50 @@ def main() -> None:
         dtypes = [(name, parse_dtype(name)) for name in args.dtypes.split(",")]
     except Exception as exc:  # noqa: BLE001 - said in one line
         raise SystemExit(f"eager_split.py: --dtypes: {exc}") from None
-    heads, dim, rows = 8, 128, 4097
     results: list[dict[str, Any]] = []
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; host µs per call, "
           f"{args.calls} calls x {args.repeats} repeats: median (IQR)")
     print(f"{'writer':<18} {'dtype':<9} {'tokens':>6}  {'layer':<18} {'µs':>7} {'IQR':>6}")
     empty = _empty_kernel()
     direct_found = False
-    cases: list[tuple[str, str, int, Callable[[], object], Callable[[], object] | None, Any]] = []
-    for dname, dtype in dtypes:
-        scale = None if dtype == torch.bfloat16 else 0.5
-        for tokens in token_counts:
-            k_buf = torch.zeros(rows, heads, dim, dtype=store_dtype_for(dtype), device=dev)
-            v_buf = torch.zeros_like(k_buf)
-            x = torch.randn(tokens, heads, dim, device=dev).to(torch.bfloat16)
-            loc = (torch.randperm(rows - 1, device=dev)[:tokens] + 1)
-            writer = TritonFusedWriter()
-            cuda = CudaFusedWriter()
-            cuda_write: Callable[[], object] | None = None
-            if not cuda.unsupported_reason(dev, dtype, torch.bfloat16):
-                cuda.prepare(dev)
-                cuda_write = (lambda cuda=cuda, k_buf=k_buf, v_buf=v_buf, loc=loc, x=x, dtype=dtype,  # noqa: E731
-                              scale=scale: cuda.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale))
-            cases.append(("triton_fused", dname, tokens,
-                          lambda writer=writer, k_buf=k_buf, v_buf=v_buf, loc=loc, x=x, dtype=dtype, scale=scale:
-                          writer.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale),
-                          cuda_write, triton_kernel.store_kv_kernel))
-            if dtype == torch.bfloat16 and args.rope:
-                qkv = torch.randn(tokens, 10 * dim, device=dev).to(torch.bfloat16)
-                q, k, v = (qkv[:, :8 * dim].view(tokens, 8, dim), qkv[:, 8 * dim:9 * dim].view(tokens, 1, dim),
-                           qkv[:, 9 * dim:].view(tokens, 1, dim))
-                kb = torch.zeros(rows, 1, dim, dtype=torch.bfloat16, device=dev)
-                vb = torch.zeros_like(kb)
-                pos = torch.arange(tokens, device=dev)
-                cs = cos_sin_table(8192, dim).to(dev)
-                rw = RopeTritonFusedWriter()
-                cases.append(("rope_triton_fused", dname, tokens,
-                              lambda rw=rw, q=q, k=k, v=v, kb=kb, vb=vb, loc=loc, pos=pos, cs=cs:
-                              rw.write_unchecked(q, k, v, kb, vb, loc, pos, cs, True, torch.bfloat16, None, None),
-                              None, rope_triton_kernel.rope_kv_kernel))
+    cases = _cases(dtypes, token_counts, args.rope, dev)
     for wname, dname, tokens, write, cuda_write, kernel_fn in cases:
         write()  # compiles, keeps the kernel
         la = launcher_for(kernel_fn)
         seen: list[tuple[Any, ...]] = []
         real = la.launch
-        la.launch = lambda *a, **kw: seen.append(a + (kw.get("fp_fusion", True),))  # type: ignore[method-assign]
+
+        def spy(grid: Any, args: Any, consts: Any, num_warps: int, pdl: bool = False, fp_fusion: bool = True,
+                fixed: tuple[int, ...] = ()) -> None:
+            seen.append((grid, args, consts, num_warps, pdl, fp_fusion, fixed))
+
+        la.launch = spy  # type: ignore[method-assign]
         write()
         del la.launch
-        grid, targs, consts, warps, pdl = seen[0][:5]
-        fusion = seen[0][-1]
-        real(grid, targs, consts, warps, pdl, fusion)
+        grid, targs, consts, warps, pdl, fusion, fixed = seen[0]
+        real(grid, targs, consts, warps, pdl, fusion, fixed)
         torch.cuda.synchronize()
         assert la._keyfn is not None
         arg_key, addresses = la._keyfn(targs)
-        key = (torch.cuda.current_device(), consts, warps, pdl, fusion, arg_key)
+        key = (torch.cuda.current_device(), consts, warps, pdl, fusion, arg_key, fixed)
         run, function, packed, direct = la._kernels[key]
         stream = torch.cuda.current_stream().cuda_stream
         gy = grid[1] if len(grid) > 1 else 1
         layers: dict[str, Callable[[], object]] = {
             "writer": write,
-            "launcher": lambda: real(grid, targs, consts, warps, pdl, fusion),
+            "launcher": lambda: real(grid, targs, consts, warps, pdl, fusion, fixed),
             "key": lambda: la._keyfn(targs),  # type: ignore[misc]
             "run(tensors)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None, *targs,
-                                        *consts),
+                                        *fixed, *consts),
             "run(addresses)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None,
-                                          *addresses, *consts),
+                                          *addresses, *fixed, *consts),
         }
         found = direct or direct_launch(run)
         if found is not None:
             direct_found = True
             launch, prefix = found
             layers["launch(addresses)"] = lambda: launch(grid[0], gy, 1, stream, function, *prefix, packed, None,
-                                                         None, None, *addresses, *consts)
+                                                         None, None, *addresses, *fixed, *consts)
         if cuda_write is not None:
             layers["cuda_fused"] = cuda_write
         if empty is not None:
@@ -177,6 +144,57 @@ def main() -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest, json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     print(f"wrote {dest}")
+
+
+Case = tuple[str, str, int, Callable[[], object], Callable[[], object] | None, Any]
+
+
+def _cases(dtypes: list[tuple[str, Any]], token_counts: list[int], rope: bool, dev: Any) -> list[Case]:
+    """(writer, dtype name, tokens, the write, the compiled CUDA op's write or None, the kernel)
+    for triton_fused per dtype and token count, and rope_triton_fused per token count in bf16."""
+    import torch
+
+    from kvprof.kvcache.dtypes import store_dtype_for
+    from kvprof.kvcache.writers import rope_triton_kernel, triton_kernel
+    from kvprof.kvcache.writers.cuda_fused import CudaFusedWriter
+    from kvprof.kvcache.writers.rope_reference import cos_sin_table
+    from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
+    from kvprof.kvcache.writers.triton_fused import TritonFusedWriter
+
+    heads, dim, rows = 8, 128, 4097
+    cases: list[Case] = []
+    for dname, dtype in dtypes:
+        scale = None if dtype == torch.bfloat16 else 0.5
+        for tokens in token_counts:
+            k_buf = torch.zeros(rows, heads, dim, dtype=store_dtype_for(dtype), device=dev)
+            v_buf = torch.zeros_like(k_buf)
+            x = torch.randn(tokens, heads, dim, device=dev).to(torch.bfloat16)
+            loc = (torch.randperm(rows - 1, device=dev)[:tokens] + 1)
+            writer = TritonFusedWriter()
+            cuda = CudaFusedWriter()
+            cuda_write: Callable[[], object] | None = None
+            if not cuda.unsupported_reason(dev, dtype, torch.bfloat16):
+                cuda.prepare(dev)
+                cuda_write = (lambda cuda=cuda, k_buf=k_buf, v_buf=v_buf, loc=loc, x=x, dtype=dtype,  # noqa: E731
+                              scale=scale: cuda.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale))
+            cases.append(("triton_fused", dname, tokens,
+                          lambda writer=writer, k_buf=k_buf, v_buf=v_buf, loc=loc, x=x, dtype=dtype, scale=scale:
+                          writer.write_unchecked(k_buf, v_buf, loc, x, x, dtype, scale, scale),
+                          cuda_write, triton_kernel.store_kv_kernel))
+            if dtype == torch.bfloat16 and rope:
+                qkv = torch.randn(tokens, 10 * dim, device=dev).to(torch.bfloat16)
+                q, k, v = (qkv[:, :8 * dim].view(tokens, 8, dim), qkv[:, 8 * dim:9 * dim].view(tokens, 1, dim),
+                           qkv[:, 9 * dim:].view(tokens, 1, dim))
+                kb = torch.zeros(rows, 1, dim, dtype=torch.bfloat16, device=dev)
+                vb = torch.zeros_like(kb)
+                pos = torch.arange(tokens, device=dev)
+                cs = cos_sin_table(8192, dim).to(dev)
+                rw = RopeTritonFusedWriter()
+                cases.append(("rope_triton_fused", dname, tokens,
+                              lambda rw=rw, q=q, k=k, v=v, kb=kb, vb=vb, loc=loc, pos=pos, cs=cs:
+                              rw.write_unchecked(q, k, v, kb, vb, loc, pos, cs, True, torch.bfloat16, None, None),
+                              None, rope_triton_kernel.rope_kv_kernel))
+    return cases
 
 
 def _empty_kernel() -> Callable[[], object] | None:

@@ -282,8 +282,8 @@ def test_triton_fused_launch_bits_follow_each_call_s_strides(monkeypatch):
     calls: list[tuple] = []
 
     class Capture:
-        def launch(self, grid, args, consts, num_warps, pdl=False, fp_fusion=True):
-            calls.append((grid, args[9], args[10], consts[-1]))
+        def launch(self, grid, args, consts, num_warps, pdl=False, fp_fusion=True, fixed=()):
+            calls.append((grid, fixed[1], fixed[2], consts[-1]))
 
     monkeypatch.setattr(tf, "launcher_for", lambda fn, name=None: Capture())
     w = tf.TritonFusedWriter(convert="hw")
@@ -312,7 +312,7 @@ def test_triton_fused_strided_rows_keep_the_plan_s_own_bits(monkeypatch):
     modes: list[int] = []
 
     class Capture:
-        def launch(self, grid, args, consts, num_warps, pdl=False, fp_fusion=True):
+        def launch(self, grid, args, consts, num_warps, pdl=False, fp_fusion=True, fixed=()):
             modes.append(consts[-1])
 
     monkeypatch.setattr(tf, "launcher_for", lambda fn, name=None: Capture())

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -230,6 +231,52 @@ def test_a_kept_kernel_with_a_direct_launch_is_launched_through_it():
                 out.data_ptr(), 5, 7, 0.5, 16, True)
     assert run.calls == [expected, expected]
     assert la.counts() == {"compiled": 2, "triton": {FIRST: 1}, "kernels": 1}
+
+
+def test_fixed_ints_follow_the_arguments_in_order_and_are_keyed_by_value():
+    # (out, n) keyed per call; m and x given as fixed: the launch gets every parameter in the
+    # kernel's order, the same values find the kept kernel, any other value makes a new key
+    fn, la = make()
+    out = torch.zeros(64)
+    la.launch((1,), (out, 5), (16, True), 4, False, True, (7, 3))
+    la.launch((1,), (out, 5), (16, True), 4, False, True, (7, 3))
+    assert kinds(fn) == ["jit", "compiled"]
+    assert fn.log[0][2] == (out, 5, 7, 3)
+    assert fn.log[1][1][9:] == (out.data_ptr(), 5, 7, 3, 16, True)
+    la.launch((1,), (out, 5), (16, True), 4, False, True, (8, 3))  # m is not specialised, but keyed by value
+    la.launch((1,), (out, 5), (16, True), 4, False, True, (8, 3))
+    assert kinds(fn)[2:] == ["jit", "compiled"]
+    assert la.counts() == {"compiled": 2, "triton": {FIRST: 2}, "kernels": 2}
+
+
+@pytest.mark.parametrize("odd", [3.0, True, np.int64(3)], ids=["float", "bool", "numpy"])
+def test_a_fixed_value_that_is_no_python_int_takes_triton_s_path_and_is_never_kept(odd):
+    fn, la = make()
+    out = torch.zeros(64)
+    for _ in range(2):
+        la.launch((1,), (out, 5), (16, True), 4, False, True, (7, odd))
+    assert kinds(fn) == ["jit", "jit"]
+    assert la.counts() == {"compiled": 0, "triton": {UNKEYED: 2}, "kernels": 0}
+
+
+def test_a_float_equal_to_a_kept_fixed_int_goes_back_to_triton_when_the_launcher_refuses_it():
+    fn, la = make()
+    out = torch.zeros(64)
+    la.launch((1,), (out, 5), (16, True), 4, False, True, (7, 3))
+    k = fn.kernels[0]
+
+    def parse(*args):  # Triton's C launcher parses every argument before it launches
+        if any(type(a) is float for a in args[9:13]):
+            raise TypeError("'float' object cannot be interpreted as an integer")
+        fn.log.append(("compiled", args))
+
+    k.run = parse
+    la._kernels = {key: (parse, *rest) for key, (_, *rest) in la._kernels.items()}
+    la.launch((1,), (out, 5), (16, True), 4, False, True, (7, 3.0))  # hash(3.0) == hash(3): the kept kernel
+    la.launch((1,), (out, 5), (16, True), 4, False, True, (7, 3))
+    assert kinds(fn) == ["jit", "jit", "compiled"]
+    assert fn.log[1][2] == (out, 5, 7, 3.0)  # Triton gets the float as it was given
+    assert la.counts()["triton"] == {FIRST: 1, UNKEYED: 1}
 
 
 def test_an_unspecialised_int_may_change_within_its_type():

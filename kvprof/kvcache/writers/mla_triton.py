@@ -120,9 +120,9 @@ class MLATritonWriter(MLAWriter):
         key = (tokens, kv_buf.shape, kv_buf.get_device(), nope.dtype, dtype, nope.shape[-1], rope.shape[-1], ns, ps)
         plan = self._plans.get(key) or self._plan(key, kv_buf, nope, rope, dtype, tokens, ns, ps)
         grid, rows, consts, warps, pdl = plan
-        if rows >= 0:
+        if rows >= 0:  # the buffer's rows, the skipped slot and the strides: fixed for a model, keyed by value
             launcher_for(_mla_store_kernel, "_mla_store_kernel").launch(
-                grid, (kv_buf, loc, nope, rope, tokens, rows, skip, ns, ps), consts, warps, pdl)
+                grid, (kv_buf, loc, nope, rope, tokens), consts, warps, pdl, True, (rows, skip, ns, ps))
         return FUSED
 
     def _plan(self, key: tuple[Any, ...], kv_buf: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor,

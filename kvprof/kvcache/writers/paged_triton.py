@@ -106,12 +106,12 @@ class PagedTritonWriter(PagedWriter):
         ks, vs = key.stride(0), value.stride(0)
         plan_key = (tokens, k_cache.shape, k_cache.get_device(), dtype, ks, vs)
         plan = self._plans.get(plan_key) or self._plan(plan_key, k_cache, dtype, tokens, ks, vs)
-        grid, num_slots, consts, warps, pdl = plan
+        grid, fixed, consts, warps, pdl = plan
         if k_scale is None:
             k_scale = v_scale = slots  # never read: FP8 is off
+        # the cache's slots and the token strides: fixed for a model, keyed by value
         launcher_for(_paged_store_kernel, "_paged_store_kernel").launch(
-            grid, (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens, num_slots, ks, vs), consts, warps,
-            pdl)
+            grid, (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens), consts, warps, pdl, True, fixed)
         return FUSED
 
     def _plan(self, plan_key: tuple[Any, ...], k_cache: torch.Tensor, dtype: torch.dtype, tokens: int, ks: int,
@@ -135,7 +135,7 @@ class PagedTritonWriter(PagedWriter):
         wide = num_slots * rw >= 2**31 or (tokens + bt) * max(ks, vs, rw) >= 2**31
         if len(self._plans) > 4096:  # prefill token counts are many: bounded memo
             self._plans.clear()
-        plan = self._plans[plan_key] = ((-(-tokens // bt), split), num_slots,
+        plan = self._plans[plan_key] = ((-(-tokens // bt), split), (num_slots, ks, vs),
                                         (rw, chunk, block == rw, bt, fp8, dtype == torch.float8_e4m3fn, hw, wide, pdl),
                                         warps, pdl)
         return plan

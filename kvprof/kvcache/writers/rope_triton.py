@@ -185,7 +185,7 @@ class TritonRope:
         if call is None:
             call = self._call_plan(call_key, q, k, v, k_buf, v_buf, positions, cos_sin_cache, is_neox, dtype,
                                    store)
-        grid, ints, consts, pow2_consts, copy_v, scaled, num_warps, pdl = call
+        grid, fixed, consts, pow2_consts, copy_v, scaled, num_warps, pdl = call
         k_inv = v_inv = 1.0
         if scaled:
             k_pow2 = v_pow2 = True
@@ -198,18 +198,19 @@ class TritonRope:
         if store:
             if copy_v:
                 v = v.contiguous()  # type: ignore[union-attr]  # read only: a copy changes nothing the caller sees
-            args = (q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, k_inv, v_inv, *ints)
+            args = (q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, k_inv, v_inv, tokens)
         else:  # placeholders: STORE=0 compiles them out
-            args = (q, k, k, k, k, positions, positions, cos_sin_cache, k_inv, v_inv, *ints)
-        launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME).launch(grid, args, consts, num_warps, pdl,
-                                                                        fp_fusion=False)
+            args = (q, k, k, k, k, positions, positions, cos_sin_cache, k_inv, v_inv, tokens)
+        # the rows, the table's rows and the strides: fixed for a model, keyed by value
+        launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME).launch(grid, args, consts, num_warps, pdl, False,
+                                                                        fixed)
 
     def _call_plan(self, call_key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
                    k_buf: torch.Tensor | None, v_buf: torch.Tensor | None, positions: torch.Tensor,
                    cos_sin_cache: torch.Tensor, is_neox: bool, dtype: torch.dtype | None,
                    store: bool) -> tuple[Any, ...]:
         """What :meth:`launch` needs of a call keyed by ``call_key``: the grid, the integer
-        arguments, the constexprs (with the fp8 power-of-two bit where the scales allow it),
+        arguments after ``tokens``, the constexprs (with the fp8 power-of-two bit where the scales allow it),
         whether v is copied to unit stride, whether the scales apply, warps and PDL."""
         tokens = positions.shape[0]
         heads_q = q.shape[1]
@@ -247,14 +248,14 @@ class TritonRope:
         reach = (tokens + block_t) * max(abs(q_st), abs(k_st), abs(v_st), 1)
         if rows * heads_k * max(dim, v_dim) > INT32_MAX or reach > INT32_MAX or cos_sin_cache.numel() > INT32_MAX:
             mode |= kernel.MODE_WIDE
-        ints = (tokens, rows, cs_rows, q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, positions.stride(0),
-                cos_sin_cache.stride(0))
+        fixed = (rows, cs_rows, q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, positions.stride(0),
+                 cos_sin_cache.stride(0))
         consts = (heads_q, heads_k, dim, v_dim, half, block_half, block_p, block_dv, block_t, block_hq, block_hk,
                   mode)
         pow2_consts = consts[:-1] + (mode | kernel.MODE_POW2,) if scaled and pow2_ok else None
         if len(self._calls) > 4096:  # prefill token counts are many: bounded memo
             self._calls.clear()
-        call = self._calls[call_key] = (grid, ints, consts, pow2_consts, copy_v, scaled, num_warps, pdl)
+        call = self._calls[call_key] = (grid, fixed, consts, pow2_consts, copy_v, scaled, num_warps, pdl)
         return call
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,

@@ -156,7 +156,7 @@ class TritonFusedWriter(KVWriter):
                                 k_scale is None, v_scale is None))
         if call is None:
             call = self._call_plan(tokens, k_buf, v_buf, cache_k.dtype, dtype, k_scale is None, v_scale is None)
-        rows, rk, rv, grid, consts, pow2_consts, scaled, num_warps, pdl, stride_mode = call
+        rows, rk, rv, grid, consts, pow2_consts, scaled, num_warps, pdl, stride_mode, fixed = call
         cache_k, k_stride = _rows(cache_k, rk)
         cache_v, v_stride = _rows(cache_v, rv)
         k_inv = v_inv = 1.0
@@ -172,9 +172,10 @@ class TritonFusedWriter(KVWriter):
             plan, block_t, split, unpacked = stride_mode
             consts = consts[:-1] + (unpacked | (consts[-1] & MODE_POW2) | _stride_bits(
                 plan, tokens, block_t, num_warps, split, k_stride, v_stride),)
+            fixed = (rows, k_stride, v_stride)
+        # the cache's rows and the token strides: fixed for a model, keyed by value
         launcher_for(kernel.store_kv_kernel, KERNEL_NAME).launch(
-            grid, (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens, rows, k_stride, v_stride), consts,
-            num_warps, pdl)
+            grid, (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens), consts, num_warps, pdl, True, fixed)
         return FUSED
 
     def _call_plan(self, tokens: int, k_buf: torch.Tensor, v_buf: torch.Tensor, in_dtype: torch.dtype,
@@ -200,7 +201,7 @@ class TritonFusedWriter(KVWriter):
         if len(self._calls) > 4096:
             self._calls.clear()
         call = (rows, rk, rv, ((tokens + block_t - 1) // block_t, split), consts, pow2_consts, scaled, num_warps, pdl,
-                (plan, block_t, split, mode))
+                (plan, block_t, split, mode), (rows, rk, rv))
         self._calls[(tokens, k_buf.shape, v_buf.shape, k_buf.get_device(), in_dtype, dtype, no_k_scale,
                      no_v_scale)] = call
         return call

@@ -241,44 +241,57 @@ class CompiledLauncher:
 
     # -- the call -----------------------------------------------------------------------
     def launch(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
-               pdl: bool = False, fp_fusion: bool = True) -> None:
+               pdl: bool = False, fp_fusion: bool = True, fixed: tuple[int, ...] = ()) -> None:
+        """``fixed``: int arguments that follow ``args`` and change rarely (a model's strides, a
+        cache's rows), keyed by their values: a caller that passes the same values call after
+        call skips their per-int key. Only Python ints: an int's value decides everything
+        Triton specialises it on, so a key holding the value is at least as fine."""
         keyfn = self._keyfn
         if keyfn is None or not _ON:
-            self._first(grid, args, consts, num_warps, pdl, fp_fusion)
+            self._first(grid, args, consts, num_warps, pdl, fp_fusion, fixed)
             return
         if self._hooks():  # type: ignore[misc]
-            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, HOOK)
+            self._jit(grid, args + fixed, consts, num_warps, pdl, fp_fusion, None, HOOK)
             return
         try:
             arg_key, call = keyfn(args)
             device = self._device()  # type: ignore[misc]
-            key = (device, consts, num_warps, pdl, fp_fusion, arg_key)
+            key = (device, consts, num_warps, pdl, fp_fusion, arg_key, fixed)
             found = self._kernels.get(key)
         except (AttributeError, TypeError, ValueError):  # arguments of another kind or number than the first call's
-            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, UNKEYED)
+            self._jit(grid, args + fixed, consts, num_warps, pdl, fp_fusion, None, UNKEYED)
             return
         if found is None:
-            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, key, FIRST)
+            if fixed and any(type(i) is not int for i in fixed):  # keyed by value: ints only
+                self._jit(grid, args + fixed, consts, num_warps, pdl, fp_fusion, None, UNKEYED)
+                return
+            self._jit(grid, args + fixed, consts, num_warps, pdl, fp_fusion, key, FIRST)
             return
         run, function, packed, direct = found
         gy = grid[1] if len(grid) > 1 else 1
         gz = grid[2] if len(grid) > 2 else 1
         stream = self._stream(device)  # type: ignore[misc]
-        if direct is not None:
-            direct[0](grid[0], gy, gz, stream, function, *direct[1], packed, None, None, None, *call, *consts)
-        else:
-            run(grid[0], gy, gz, stream, function, packed, None, None, None, *call, *consts)
+        try:
+            if direct is not None:
+                direct[0](grid[0], gy, gz, stream, function, *direct[1], packed, None, None, None, *call, *fixed,
+                          *consts)
+            else:
+                run(grid[0], gy, gz, stream, function, packed, None, None, None, *call, *fixed, *consts)
+        except TypeError:  # refused before launching, as the C launcher parses its arguments first: a
+            # fixed value equal to a kept int but of another type (3.0 for 3) -- Triton's path
+            self._jit(grid, args + fixed, consts, num_warps, pdl, fp_fusion, None, UNKEYED)
+            return
         self.fast += 1
 
     def _first(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
-               pdl: bool, fp_fusion: bool) -> None:
+               pdl: bool, fp_fusion: bool, fixed: tuple[int, ...] = ()) -> None:
         """Until the key exists: Triton's path, with the reason the key does not (yet) exist."""
         reason = self._off
         if reason is None:
             reason = DISABLED if not _ON else self._setup()
             if reason is None:
                 try:
-                    self._const_names = self._names(len(args), len(consts))
+                    self._const_names = self._names(len(args) + len(fixed), len(consts))
                     self._keyfn = self._make_key(args)
                 except (TypeError, ValueError, SyntaxError) as exc:
                     reason = f"{UNKEYED}: {exc}"
@@ -287,9 +300,9 @@ class CompiledLauncher:
         elif not _ON:
             reason = DISABLED
         if reason is not None:
-            self._jit(grid, args, consts, num_warps, pdl, fp_fusion, None, reason)
+            self._jit(grid, args + fixed, consts, num_warps, pdl, fp_fusion, None, reason)
             return
-        self.launch(grid, args, consts, num_warps, pdl, fp_fusion)
+        self.launch(grid, args, consts, num_warps, pdl, fp_fusion, fixed)
 
     def _jit(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
              pdl: bool, fp_fusion: bool, key: tuple[Any, ...] | None, reason: str) -> None:
