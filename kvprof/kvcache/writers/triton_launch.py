@@ -20,7 +20,9 @@ allocating no scratch memory, its C launch function is called directly
 The key is at least as fine as Triton's specialisation: per tensor its dtype, device type and
 whether its address is a multiple of 16; per scalar its Python type, and per int whether it is 1,
 whether it is a multiple of 16 (both only where Triton specialises the parameter) and which
-of int32/int64/uint64 holds it; every constexpr value and launch option; the current device.
+of int32/int64/uint64 holds it; the value of each int a caller passes as ``fixed`` (those
+that stay the same for a model, such as strides: their values decide their specialisation);
+every constexpr value and launch option; the current device.
 So the kernel a key finds is the one Triton's own cache would have launched. Launch
 options go to the first (JIT) launch: the number of warps, programmatic dependent launch
 (``launch_pdl``, which Triton compiles into the ``CompiledKernel``'s launch metadata) and
