@@ -43,8 +43,8 @@ from kvprof.kvcache.writers.triton_convert import (
     INT32_MAX,
     KINDS,
     e4m3_saturates,
-    inverse_pow2,
     next_pow2,
+    scaled_launch,
     triton,
     triton_missing,
 )
@@ -188,13 +188,7 @@ class TritonRope:
         grid, fixed, consts, pow2_consts, copy_v, scaled, num_warps, pdl = call
         k_inv = v_inv = 1.0
         if scaled:
-            k_pow2 = v_pow2 = True
-            if k_scale is not None:
-                k_inv, k_pow2 = inverse_pow2(k_scale)
-            if v_scale is not None:
-                v_inv, v_pow2 = inverse_pow2(v_scale)
-            if pow2_consts is not None and k_pow2 and v_pow2:
-                consts = pow2_consts
+            k_inv, v_inv, consts = scaled_launch(k_scale, v_scale, consts, pow2_consts)
         if store:
             if copy_v:
                 v = v.contiguous()  # type: ignore[union-attr]  # read only: a copy changes nothing the caller sees

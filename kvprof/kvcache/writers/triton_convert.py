@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 
@@ -119,6 +120,20 @@ def inverse_pow2(scale: float | torch.Tensor) -> tuple[float, bool]:
             _INV_POW2_CACHE[scale] = found
     return found
 
+
+
+def scaled_launch(k_scale: float | torch.Tensor | None, v_scale: float | torch.Tensor | None,
+                  consts: tuple[Any, ...], pow2_consts: tuple[Any, ...] | None) -> tuple[float, float, tuple[Any, ...]]:
+    """A scaled fp8 write's (1/k_scale, 1/v_scale, constexprs): ``pow2_consts`` (the plan's
+    variant with the power-of-two bit, or None where it has none) where both inverses are
+    powers of two, a scale not given counting as one; else ``consts``."""
+    k_inv = v_inv = 1.0
+    k_pow2 = v_pow2 = True
+    if k_scale is not None:
+        k_inv, k_pow2 = inverse_pow2(k_scale)
+    if v_scale is not None:
+        v_inv, v_pow2 = inverse_pow2(v_scale)
+    return k_inv, v_inv, (pow2_consts if pow2_consts is not None and k_pow2 and v_pow2 else consts)
 
 if triton is not None:
     F32: tl.constexpr = tl.constexpr(0)

@@ -29,8 +29,8 @@ from kvprof.kvcache.writers.triton_convert import (
     INT32_MAX,
     KINDS,
     e4m3_saturates,
-    inverse_pow2,
     next_pow2,
+    scaled_launch,
     triton,
     triton_missing,
 )
@@ -161,13 +161,7 @@ class TritonFusedWriter(KVWriter):
         cache_v, v_stride = _rows(cache_v, rv)
         k_inv = v_inv = 1.0
         if scaled:
-            k_pow2 = v_pow2 = True
-            if k_scale is not None:
-                k_inv, k_pow2 = inverse_pow2(k_scale)
-            if v_scale is not None:
-                v_inv, v_pow2 = inverse_pow2(v_scale)
-            if pow2_consts is not None and k_pow2 and v_pow2:
-                consts = pow2_consts
+            k_inv, v_inv, consts = scaled_launch(k_scale, v_scale, consts, pow2_consts)
         if k_stride != rk or v_stride != rv:  # rows not packed: the bits that depend on the token strides
             plan, block_t, split, unpacked = stride_mode
             consts = consts[:-1] + (unpacked | (consts[-1] & MODE_POW2) | _stride_bits(
