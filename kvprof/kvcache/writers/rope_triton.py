@@ -183,8 +183,8 @@ class TritonRope:
                         None, is_neox, k.get_device(), True, True)
         call = self._calls.get(call_key)
         if call is None:
-            call = self._call_plan(call_key, q, k, v, k_buf, v_buf, positions, cos_sin_cache, is_neox, dtype,
-                                   store)
+            call = self._call_plan(call_key, q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, dtype,
+                                   k_scale is not None, v_scale is not None, store)
         grid, fixed, consts, pow2_consts, copy_v, scaled, num_warps, pdl = call
         k_inv = v_inv = 1.0
         if scaled:
@@ -200,9 +200,9 @@ class TritonRope:
                                                                         fixed)
 
     def _call_plan(self, call_key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
-                   k_buf: torch.Tensor | None, v_buf: torch.Tensor | None, positions: torch.Tensor,
-                   cos_sin_cache: torch.Tensor, is_neox: bool, dtype: torch.dtype | None,
-                   store: bool) -> tuple[Any, ...]:
+                   k_buf: torch.Tensor | None, v_buf: torch.Tensor | None, loc: torch.Tensor | None,
+                   positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool, dtype: torch.dtype | None,
+                   k_scaled: bool, v_scaled: bool, store: bool) -> tuple[Any, ...]:
         """What :meth:`launch` needs of a call keyed by ``call_key``: the grid, the integer
         arguments after ``tokens``, the constexprs (with the fp8 power-of-two bit where the scales allow it),
         whether v is copied to unit stride, whether the scales apply, warps and PDL."""
@@ -223,14 +223,13 @@ class TritonRope:
         v_st = v_sh = loc_st = 0
         scaled = False
         if store:
-            assert v is not None
+            assert v is not None and loc is not None
             v_strides = v.stride()
             copy_v = v_strides[2] != 1
             if copy_v:
                 v_strides = v.contiguous().stride()
             v_st, v_sh = v_strides[0], v_strides[1]
-            loc_st = call_key[9]
-            k_scaled, v_scaled = not call_key[18], not call_key[19]
+            loc_st = loc.stride(0)
             scaled = not same and (k_scaled or v_scaled)
             if scaled:
                 mode |= (kernel.MODE_K_SCALED if k_scaled else 0) | (kernel.MODE_V_SCALED if v_scaled else 0)

@@ -246,8 +246,11 @@ class CompiledLauncher:
                pdl: bool = False, fp_fusion: bool = True, fixed: tuple[int, ...] = ()) -> None:
         """``fixed``: int arguments that follow ``args`` and change rarely (a model's strides, a
         cache's rows), keyed by their values: a caller that passes the same values call after
-        call skips their per-int key. Only Python ints: an int's value decides everything
-        Triton specialises it on, so a key holding the value is at least as fine."""
+        call skips their per-int key. Python ints: an int's value decides everything Triton
+        specialises it on, so a key holding the value is at least as fine. A value of another
+        type is never kept; one equal to a kept int (``True`` for 1, ``3.0`` for 3) finds that
+        kernel, whose C launcher takes ``True`` as 1 and refuses a float before launching (a
+        ``TypeError``: the call then takes Triton's path, counted as unkeyed)."""
         keyfn = self._keyfn
         if keyfn is None or not _ON:
             self._first(grid, args, consts, num_warps, pdl, fp_fusion, fixed)
