@@ -121,7 +121,6 @@ def inverse_pow2(scale: float | torch.Tensor) -> tuple[float, bool]:
     return found
 
 
-
 def scaled_launch(k_scale: float | torch.Tensor | None, v_scale: float | torch.Tensor | None,
                   consts: tuple[Any, ...], pow2_consts: tuple[Any, ...] | None) -> tuple[float, float, tuple[Any, ...]]:
     """A scaled fp8 write's (1/k_scale, 1/v_scale, constexprs): ``pow2_consts`` (the plan's
