@@ -9,7 +9,10 @@ stand-in kernel whose launch does nothing), so what is timed is kvprof's part of
 path. ``triton_fused`` runs twice: as the interpreter plans it and with ``convert="hw"``, the
 GPU's fp8 cast decision (the per-call layout check a GPU write makes).
 
-Prints medians (and IQRs) of repeated timed loops, µs per call, measured in this one run.
+Each writer runs twice: keyed by its own Python (the C++ signature helper left out) and keyed
+by the signature of its tensors (``triton_launch.SIGNATURE``, built here if a C++ compiler is
+found), which launches through the kept kernel's ``SignedLaunch``. Prints medians (and IQRs) of
+repeated timed loops, µs per call, measured in this one run, and their ratio.
 
     TRITON_INTERPRET=1 python benchmarks/bench_triton_host.py [--calls 20000] [--repeats 7] [--tokens 64]
 """
@@ -126,10 +129,21 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, Python "
           f"{platform.python_version()}; {args.tokens} tokens, median (IQR) of {args.repeats} x {args.calls} calls, "
           "µs per call, the launch stubbed")
-    print(f"{'writer':<26} {'µs':>7} {'IQR':>6}")
-    for name, fn in cases(args.tokens).items():
-        median, iqr = _timed(fn, args.calls, args.repeats)
-        print(f"{name:<26} {median:7.2f} {iqr:6.2f}", flush=True)
+    why = triton_launch.load_signature()
+    signature = triton_launch.SIGNATURE
+    print(f"the launcher's C++ signature helper: {why or 'built'}")
+    print(f"{'writer':<26} {'python key':>10} {'IQR':>6} {'signed':>7} {'IQR':>6} {'ratio':>6}")
+    rows: dict[str, list[float]] = {}
+    for mode in ("python", "signed"):
+        triton_launch.SIGNATURE = signature if mode == "signed" else None
+        if mode == "signed" and signature is None:
+            break
+        for name, fn in cases(args.tokens).items():
+            rows.setdefault(name, []).extend(_timed(fn, args.calls, args.repeats))
+    triton_launch.SIGNATURE = signature
+    for name, r in rows.items():
+        signed = f"{r[2]:7.2f} {r[3]:6.2f} {r[0] / r[2]:6.2f}" if len(r) == 4 else "   n/a"
+        print(f"{name:<26} {r[0]:10.2f} {r[1]:6.2f} {signed}", flush=True)
 
 
 if __name__ == "__main__":

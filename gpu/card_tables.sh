@@ -6,7 +6,8 @@
 # Parts, run in this order whatever order they are named in (default: env peers-32 peers-1-8 own rope-4096):
 #   env        the card and versions
 #   tests      the GPU tests of the compiled Triton launcher and kvprof's Triton writers (bitwise
-#              against their references, the launcher on and off, graph capture)
+#              against their references, the launcher on and off, signed launches against the
+#              Python path, graph capture); tests and eager first build the C++ signature helper
 #   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
 #              lab/eager_split.py: an eager Triton write's host time, layer by layer of its launch path
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
@@ -49,8 +50,14 @@ run() {  # run PART LIMIT NAME CMD...: output to $R/NAME.txt
   echo "   exit $? after $(( SECONDS - start ))s" | tee -a "$log"
 }
 run env 30 env bash gpu/run_gpu_checks.sh env
-run tests 150 gpu-tests python3 -m pytest tests/test_triton_launch.py tests/test_fused_writers.py tests/test_rope_gpu.py \
-  tests/test_layouts_gpu.py -m gpu -k "triton and not sgl and not sglang" -q -p no:cacheprovider -rfs --maxfail=5
+# the launcher's C++ signature helper, built once (tens of seconds) before anything is timed
+for part in tests eager; do
+  case $parts in *" $part "*) run $part 120 signature-helper python3 -c "from kvprof.kvcache.writers import \
+triton_launch as t; print('signature helper:', t.load_signature() or 'built')"; break ;; esac
+done
+run tests 150 gpu-tests python3 -m pytest tests/test_triton_launch.py tests/test_signed_launch.py \
+  tests/test_fused_writers.py tests/test_rope_gpu.py tests/test_layouts_gpu.py -m gpu \
+  -k "triton and not sgl and not sglang or signed" -q -p no:cacheprovider -rfs --maxfail=5
 run eager 60 eager-split env OUT="$R" python3 lab/eager_split.py
 run eager 55 eager-store python3 -m kvprof bench --modes eager \
   --variants index_put,triton_fused,cuda_fused,store_kv_fused --shapes 8x128 --dtypes "bf16,fp8_e4m3<-bf16" \

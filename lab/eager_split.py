@@ -11,7 +11,10 @@ before a synchronize, median and IQR over ``--repeats``), on a CUDA device:
 
 - ``writer``: the writer's ``write_unchecked`` (what bench's "writer alone" times):
   ``triton_fused`` (8x128 rows) for each ``--dtypes``, and ``rope_triton_fused`` (8 q heads, 1
-  k/v head of 128, bf16; ``--rope``) for bf16;
+  k/v head of 128, bf16; ``--rope``) for bf16: with the launcher's C++ signature helper, the
+  call keyed by its tensors' signature and launched through the kept kernel's SignedLaunch;
+- ``writer (python key)``: the same write with the helper left out (the writer's own Python
+  key, then the launcher's);
 - ``launcher``: the compiled launcher's ``launch`` with the arguments the writer passes;
 - ``key``: the launcher's key function alone;
 - ``run(tensors)`` / ``run(addresses)``: Triton's ``CompiledKernel.run`` of the kept kernel,
@@ -72,6 +75,7 @@ def main() -> None:
         raise SystemExit("eager_split.py: needs a CUDA device")
     from kvprof.core.atomic import atomic_write_text
     from kvprof.kvcache.dtypes import parse_dtype
+    from kvprof.kvcache.writers import triton_launch
     from kvprof.kvcache.writers.triton_launch import direct_launch, launcher_for
 
     dev = torch.device("cuda")
@@ -82,7 +86,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; host µs per call, "
           f"{args.calls} calls x {args.repeats} repeats: median (IQR)")
-    print(f"{'writer':<18} {'dtype':<9} {'tokens':>6}  {'layer':<18} {'µs':>7} {'IQR':>6}")
+    print(f"{'writer':<18} {'dtype':<9} {'tokens':>6}  {'layer':<20} {'µs':>7} {'IQR':>6}")
     empty = _empty_kernel()
     direct_found = False
     cases = _cases(dtypes, token_counts, args.rope, dev)
@@ -96,9 +100,21 @@ def main() -> None:
                 fixed: tuple[int, ...] = ()) -> None:
             seen.append((grid, args, consts, num_warps, pdl, fp_fusion, fixed))
 
+        signature = triton_launch.SIGNATURE
+        triton_launch.SIGNATURE = None  # the Python path, which calls launch
+
+        def python_key(write: Callable[[], object] = write, signature: Any = signature) -> None:
+            triton_launch.SIGNATURE = None
+            try:
+                write()
+            finally:
+                triton_launch.SIGNATURE = signature
+
         la.launch = spy  # type: ignore[method-assign]
         write()
         del la.launch
+        triton_launch.SIGNATURE = signature
+        write()  # keeps the signed launch (where the helper is built)
         grid, targs, consts, warps, pdl, fusion, fixed = seen[0]
         real(grid, targs, consts, warps, pdl, fusion, fixed)
         torch.cuda.synchronize()
@@ -110,6 +126,7 @@ def main() -> None:
         gy = grid[1] if len(grid) > 1 else 1
         layers: dict[str, Callable[[], object]] = {
             "writer": write,
+            "writer (python key)": python_key,
             "launcher": lambda: real(grid, targs, consts, warps, pdl, fusion, fixed),
             "key": lambda: la._keyfn(targs),  # type: ignore[misc]
             "run(tensors)": lambda: run(grid[0], gy, 1, stream, function, packed, None, None, None, *targs,
@@ -130,10 +147,10 @@ def main() -> None:
         for name, fn in layers.items():
             r = timed(fn, args.calls, args.repeats, dev)
             results.append({"writer": wname, "dtype": dname, "tokens": tokens, "layer": name, **r})
-            print(f"{wname:<18} {dname:<9} {tokens:>6}  {name:<18} {r['median_us']:7.2f} {r['iqr_us']:6.2f}",
+            print(f"{wname:<18} {dname:<9} {tokens:>6}  {name:<20} {r['median_us']:7.2f} {r['iqr_us']:6.2f}",
                   flush=True)
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "calls": args.calls,
-            "repeats": args.repeats, "direct": direct_found}
+            "repeats": args.repeats, "direct": direct_found, "signature": triton_launch.signature_state()}
     try:
         import triton
 
@@ -143,6 +160,8 @@ def main() -> None:
     dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu")) / "eager-split.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest, json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    print(f"signature helper: {triton_launch.signature_state()}; signed launches: "
+          f"{sum(c.get('signed', 0) for c in triton_launch.launch_counts().values())}")
     print(f"wrote {dest}")
 
 

@@ -78,7 +78,7 @@ def test_second_call_with_the_same_key_takes_the_compiled_path_with_triton_s_arg
     # (a tensor as its address, read once for the key)
     assert compiled == (9, 1, 1, 1234, k.function, k.packed_metadata, None, None, None, out.data_ptr(), 5, 7, 0.5,
                         16, True)
-    assert la.counts() == {"compiled": 1, "triton": {FIRST: 1}, "kernels": 1}
+    assert la.counts() == {"compiled": 1, "signed": 0, "triton": {FIRST: 1}, "kernels": 1}
 
 
 @pytest.mark.parametrize("change", ["alignment", "dtype", "int_one", "int_16", "int64", "const", "warps", "pdl",
@@ -230,7 +230,7 @@ def test_a_kept_kernel_with_a_direct_launch_is_launched_through_it():
     expected = (2, 1, 1, 1234, k.function, False, True, None, None, k.packed_metadata, None, None, None,
                 out.data_ptr(), 5, 7, 0.5, 16, True)
     assert run.calls == [expected, expected]
-    assert la.counts() == {"compiled": 2, "triton": {FIRST: 1}, "kernels": 1}
+    assert la.counts() == {"compiled": 2, "signed": 0, "triton": {FIRST: 1}, "kernels": 1}
 
 
 def test_fixed_ints_follow_the_arguments_in_order_and_are_keyed_by_value():
@@ -246,7 +246,7 @@ def test_fixed_ints_follow_the_arguments_in_order_and_are_keyed_by_value():
     la.launch((1,), (out, 5), (16, True), 4, False, True, (8, 3))  # m is not specialised, but keyed by value
     la.launch((1,), (out, 5), (16, True), 4, False, True, (8, 3))
     assert kinds(fn)[2:] == ["jit", "compiled"]
-    assert la.counts() == {"compiled": 2, "triton": {FIRST: 2}, "kernels": 2}
+    assert la.counts() == {"compiled": 2, "signed": 0, "triton": {FIRST: 2}, "kernels": 2}
 
 
 @pytest.mark.parametrize("odd", [3.0, True, np.int64(3)], ids=["float", "bool", "numpy"])
@@ -256,7 +256,7 @@ def test_a_fixed_value_that_is_no_python_int_takes_triton_s_path_and_is_never_ke
     for _ in range(2):
         la.launch((1,), (out, 5), (16, True), 4, False, True, (7, odd))
     assert kinds(fn) == ["jit", "jit"]
-    assert la.counts() == {"compiled": 0, "triton": {UNKEYED: 2}, "kernels": 0}
+    assert la.counts() == {"compiled": 0, "signed": 0, "triton": {UNKEYED: 2}, "kernels": 0}
 
 
 def test_a_float_equal_to_a_kept_fixed_int_goes_back_to_triton_when_the_launcher_refuses_it():

@@ -1,4 +1,5 @@
-"""kvprof's compiled CUDA ops, built at first use the same way for every op.
+"""kvprof's compiled ops, built at first use the same way for every op: the CUDA ops, and
+the host-only C++ helper of the Triton launcher (``cuda=False``: a C++ compiler, no CUDA).
 
 ``torch.utils.cpp_extension.load`` into ``$TORCH_EXTENSIONS_DIR`` or
 ``~/.cache/kvprof/torch_extensions/<op>_torch<version>_cu<version>``, ``-O3``, sm_90 plus the
@@ -70,10 +71,13 @@ def output_to(log: Path) -> Iterator[None]:
 class CudaOp:
     """One compiled op: ``load()`` gives (module, None) or (None, a one-line reason), built once.
 
-    ``label`` names the op in the reason; ``cuda_flags`` are added after ``-O3`` and the archs."""
+    ``label`` names the op in the reason; ``cuda_flags`` are added after ``-O3`` and the archs;
+    ``cuda=False``: C++ sources only, built wherever a C++ compiler is (no GPU, no nvcc)."""
 
-    def __init__(self, name: str, sources: Sequence[Path], label: str, cuda_flags: Sequence[str] = ()) -> None:
+    def __init__(self, name: str, sources: Sequence[Path], label: str, cuda_flags: Sequence[str] = (),
+                 cuda: bool = True) -> None:
         self.name, self.sources, self.label, self.cuda_flags = name, list(sources), label, list(cuda_flags)
+        self.cuda = cuda
         self.module: Any = None
         self.error: str | None = None
 
@@ -86,7 +90,12 @@ class CudaOp:
     def load(self) -> tuple[Any, str | None]:
         if self.module is not None or self.error is not None:
             return self.module, self.error
-        if not torch.cuda.is_available():
+        if not self.cuda:
+            if shutil.which(os.environ.get("CXX") or "c++") is None:
+                self.error = f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) found"
+            else:
+                self.module, self.error = self._build()
+        elif not torch.cuda.is_available():
             self.error = "needs CUDA (torch.cuda is not available)"
         elif find_nvcc() is None:
             self.error = "no CUDA compiler (nvcc) found"
@@ -102,9 +111,10 @@ class CudaOp:
             from torch.utils.cpp_extension import load
 
             with output_to(log):
+                cuda_flags = ["-O3", *arch_flags(), *self.cuda_flags] if self.cuda else None
                 module = load(name=self.name, sources=[str(s) for s in self.sources], extra_cflags=["-O3"],
-                              extra_cuda_cflags=["-O3", *arch_flags(), *self.cuda_flags],
-                              build_directory=str(directory), verbose=True)
+                              extra_cuda_cflags=cuda_flags, build_directory=str(directory), verbose=True,
+                              with_cuda=self.cuda)
         except Exception as exc:  # compiler error, missing ninja, ABI mismatch...
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
             return None, f"{self.label} build failed ({type(exc).__name__}: {first}); see {log}"

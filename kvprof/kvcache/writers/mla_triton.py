@@ -18,6 +18,7 @@ import torch
 
 from kvprof.kvcache.contracts import MLAWriter
 from kvprof.kvcache.devinfo import decorates_triton_kernels
+from kvprof.kvcache.writers import triton_launch
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import (
     fp8_bits,
@@ -96,6 +97,8 @@ class MLATritonWriter(MLAWriter):
         kernel, sm_90+), as kvprof's MHA writer does."""
         self.block_t, self.num_warps, self.pdl, self.stream = block_t, num_warps, pdl, stream
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # the tensors' C++ signature, the dtype and the skipped slot -> (kept launch, the ints after the tensors)
+        self._signed: dict[tuple[Any, ...], tuple[triton_launch.SignedLaunch, tuple[Any, ...]]] = {}
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -115,14 +118,28 @@ class MLATritonWriter(MLAWriter):
         return None
 
     def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
+        signed = None
+        if triton_launch.SIGNATURE is not None:  # the launcher's C++ helper: one call reads the four tensors
+            signed = triton_launch.SIGNATURE(kv_buf, loc, nope, rope)
+            if signed is not None:
+                hit = self._signed.get((signed[0], dtype, skip, type(skip)))
+                if hit is not None and hit[0](_mla_store_kernel, (*signed[1], *hit[1])):
+                    return FUSED
         tokens = loc.shape[0]
         ns, ps = nope.stride(0), rope.stride(0)
         key = (tokens, kv_buf.shape, kv_buf.get_device(), nope.dtype, dtype, nope.shape[-1], rope.shape[-1], ns, ps)
         plan = self._plans.get(key) or self._plan(key, kv_buf, nope, rope, dtype, tokens, ns, ps)
         grid, rows, consts, warps, pdl = plan
         if rows >= 0:  # the buffer's rows, the skipped slot and the strides: fixed for a model, keyed by value
-            launcher_for(_mla_store_kernel, "_mla_store_kernel").launch(
-                grid, (kv_buf, loc, nope, rope, tokens), consts, warps, pdl, True, (rows, skip, ns, ps))
+            launcher = launcher_for(_mla_store_kernel, "_mla_store_kernel")
+            args, fixed = (kv_buf, loc, nope, rope, tokens), (rows, skip, ns, ps)
+            launcher.launch(grid, args, consts, warps, pdl, True, fixed)
+            found = None if signed is None else launcher.signed(grid, args, consts, warps, pdl, True, fixed,
+                                                                fn=_mla_store_kernel)
+            if found is not None:
+                if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
+                    self._signed.clear()
+                self._signed[(signed[0], dtype, skip, type(skip))] = (found, (tokens, *fixed, *consts))
         return FUSED
 
     def _plan(self, key: tuple[Any, ...], kv_buf: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor,

@@ -18,6 +18,7 @@ import torch
 
 from kvprof.kvcache.contracts import PagedWriter
 from kvprof.kvcache.devinfo import decorates_triton_kernels
+from kvprof.kvcache.writers import triton_launch
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import (
     fp8_bits,
@@ -80,6 +81,8 @@ class PagedTritonWriter(PagedWriter):
         programmatic dependent launch, None: on where it exists (compiled kernel, sm_90+)."""
         self.block_t, self.num_warps, self.split, self.pdl = block_t, num_warps, split, pdl
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # the tensors' C++ signature, the dtype and whether scales are given -> (kept launch, the ints after them)
+        self._signed: dict[tuple[Any, ...], tuple[triton_launch.SignedLaunch, tuple[Any, ...]]] = {}
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -100,6 +103,16 @@ class PagedTritonWriter(PagedWriter):
         return None
 
     def write(self, k_cache, v_cache, slots, key, value, dtype, k_scale, v_scale):  # type: ignore[override]
+        signed = None
+        if triton_launch.SIGNATURE is not None:  # the launcher's C++ helper: one call reads every tensor
+            signed = (triton_launch.SIGNATURE(k_cache, v_cache, slots, key, value) if k_scale is None else
+                      triton_launch.SIGNATURE(k_cache, v_cache, slots, key, value, k_scale, v_scale))
+            if signed is not None:
+                hit = self._signed.get((signed[0], dtype, k_scale is None))
+                if hit is not None:
+                    ptrs = signed[1] if k_scale is not None else (*signed[1], signed[1][2], signed[1][2])
+                    if hit[0](_paged_store_kernel, (*ptrs, *hit[1])):
+                        return FUSED
         tokens = slots.shape[0]
         if tokens == 0:
             return FUSED
@@ -107,11 +120,19 @@ class PagedTritonWriter(PagedWriter):
         plan_key = (tokens, k_cache.shape, k_cache.get_device(), dtype, ks, vs)
         plan = self._plans.get(plan_key) or self._plan(plan_key, k_cache, dtype, tokens, ks, vs)
         grid, fixed, consts, warps, pdl = plan
-        if k_scale is None:
+        no_scale = k_scale is None
+        if no_scale:
             k_scale = v_scale = slots  # never read: FP8 is off
         # the cache's slots and the token strides: fixed for a model, keyed by value
-        launcher_for(_paged_store_kernel, "_paged_store_kernel").launch(
-            grid, (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens), consts, warps, pdl, True, fixed)
+        launcher = launcher_for(_paged_store_kernel, "_paged_store_kernel")
+        args = (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens)
+        launcher.launch(grid, args, consts, warps, pdl, True, fixed)
+        found = None if signed is None else launcher.signed(grid, args, consts, warps, pdl, True, fixed,
+                                                            fn=_paged_store_kernel)
+        if found is not None:
+            if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
+                self._signed.clear()
+            self._signed[(signed[0], dtype, no_scale)] = (found, (tokens, *fixed, *consts))
         return FUSED
 
     def _plan(self, plan_key: tuple[Any, ...], k_cache: torch.Tensor, dtype: torch.dtype, tokens: int, ks: int,

@@ -27,7 +27,7 @@ from kvprof.core.errors import UsageError
 from kvprof.core.vocab import ROPE_FUSED
 from kvprof.kvcache.contracts import ROPE_INPUTS, KVWriter, RopeKVWriter, WriterInfo, checked_impl
 from kvprof.kvcache.validation import check_buffers_inputs
-from kvprof.kvcache.writers import rope_triton_kernel as kernel
+from kvprof.kvcache.writers import rope_triton_kernel as kernel, triton_launch
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import hw_cast_safe, placement_reason, uses_pdl
 from kvprof.kvcache.writers.rope_tables import (
@@ -73,6 +73,8 @@ class TritonRope:
         self.pdl = pdl
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a call's shapes, strides, dtypes -> its launch
+        # the tensors' C++ signature and the other arguments -> (the call's launch, its tail, kept launches)
+        self._signed: dict[tuple[Any, ...], tuple[tuple[Any, ...], tuple[Any, ...], dict[Any, Any]]] = {}
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -164,7 +166,25 @@ class TritonRope:
         Everything but the tensors' addresses and the scales follows from the call's shapes,
         strides, dtypes and device: one key of those finds the launch's grid, integer arguments
         and constexprs (:meth:`_call_plan`, once per key), so an eager write reads each
-        attribute once and computes nothing else."""
+        attribute once and computes nothing else. Where the launcher's C++ signature helper is
+        built, the key is the signature of the eight tensors (one call) and the launch the
+        kept kernel's (:class:`triton_launch.SignedLaunch`); the attributes are read only the
+        first time."""
+        signed = None
+        if store and triton_launch.SIGNATURE is not None:
+            signed = triton_launch.SIGNATURE(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache)
+            if signed is not None:
+                hit = self._signed.get((signed[0], dtype, is_neox, k_scale is None, v_scale is None))
+                if hit is not None:
+                    planned, tail, kept = hit
+                    consts = planned[2]
+                    k_inv = v_inv = 1.0
+                    if planned[5]:
+                        k_inv, v_inv, consts = scaled_launch(k_scale, v_scale, consts, planned[3])
+                    launch = kept.get(consts)
+                    if launch is not None and launch(kernel.rope_kv_kernel, (*signed[1], k_inv, v_inv, *tail,
+                                                                             *consts)):
+                        return
         tokens = positions.shape[0]
         if tokens == 0:
             return
@@ -196,8 +216,25 @@ class TritonRope:
         else:  # placeholders: STORE=0 compiles them out
             args = (q, k, k, k, k, positions, positions, cos_sin_cache, k_inv, v_inv, tokens)
         # the rows, the table's rows and the strides: fixed for a model, keyed by value
-        launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME).launch(grid, args, consts, num_warps, pdl, False,
-                                                                        fixed)
+        launcher = launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME)
+        launcher.launch(grid, args, consts, num_warps, pdl, False, fixed)
+        if signed is not None and not copy_v:  # v copied: the kernel got another tensor than the one signed
+            self._keep_signed(signed[0], dtype, is_neox, k_scale is None, v_scale is None, call, tokens, launcher,
+                              grid, args, consts)
+
+    def _keep_signed(self, sig: bytes, dtype: torch.dtype | None, is_neox: bool, no_k_scale: bool, no_v_scale: bool,
+                     call: tuple[Any, ...], tokens: int, launcher: triton_launch.CompiledLauncher,
+                     grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...]) -> None:
+        """Keep the kernel the launch just made under the call's signature and these constexprs."""
+        key = (sig, dtype, is_neox, no_k_scale, no_v_scale)
+        hit = self._signed.get(key)
+        if hit is None:
+            if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
+                self._signed.clear()
+            hit = self._signed[key] = (call, (tokens, *call[1]), {})
+        launch = launcher.signed(grid, args, consts, call[6], call[7], False, call[1], fn=kernel.rope_kv_kernel)
+        if launch is not None:
+            hit[2][consts] = launch
 
     def _call_plan(self, call_key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
                    k_buf: torch.Tensor | None, v_buf: torch.Tensor | None, loc: torch.Tensor | None,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvprof.kvcache.contracts import FUSED, KVWriter, WriterInfo
-from kvprof.kvcache.writers import triton_kernel as kernel
+from kvprof.kvcache.writers import triton_kernel as kernel, triton_launch
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import placement_reason, uses_pdl
 from kvprof.kvcache.writers.triton_convert import (
@@ -85,6 +85,9 @@ class TritonFusedWriter(KVWriter):
         self.packed_fp8 = bool(packed_fp8)
         self._plans: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a call's tokens, buffers, dtypes -> its launch
+        # the tensors' C++ signature and the other arguments -> ((constexprs, their power-of-two variant,
+        # scaled, the ints after the scales), the kept launches by constexprs)
+        self._signed: dict[tuple[Any, ...], tuple[tuple[Any, ...], dict[Any, Any]]] = {}
 
     def launches_pdl(self, device: torch.device) -> bool:
         """PDL where the compiled kernel runs on sm_90+ (``pdl=None``), or as forced."""
@@ -149,6 +152,20 @@ class TritonFusedWriter(KVWriter):
         k_scale: float | torch.Tensor | None = None,
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
+        signed = None
+        if triton_launch.SIGNATURE is not None:  # the launcher's C++ helper: one call reads the five tensors
+            signed = triton_launch.SIGNATURE(k_buf, v_buf, loc, cache_k, cache_v)
+            if signed is not None:
+                hit = self._signed.get((signed[0], dtype, k_scale is None, v_scale is None))
+                if hit is not None:
+                    (consts, pow2_consts, scaled, tail), kept = hit
+                    k_inv = v_inv = 1.0
+                    if scaled:
+                        k_inv, v_inv, consts = scaled_launch(k_scale, v_scale, consts, pow2_consts)
+                    launch = kept.get(consts)
+                    if launch is not None and launch(kernel.store_kv_kernel, (*signed[1], k_inv, v_inv, *tail,
+                                                                              *consts)):
+                        return FUSED
         tokens = loc.shape[0]
         if tokens == 0:
             return FUSED
@@ -157,6 +174,7 @@ class TritonFusedWriter(KVWriter):
         if call is None:
             call = self._call_plan(tokens, k_buf, v_buf, cache_k.dtype, dtype, k_scale is None, v_scale is None)
         rows, rk, rv, grid, consts, pow2_consts, scaled, num_warps, pdl, stride_mode, fixed = call
+        in_k, in_v = cache_k, cache_v
         cache_k, k_stride = _rows(cache_k, rk)
         cache_v, v_stride = _rows(cache_v, rv)
         k_inv = v_inv = 1.0
@@ -168,8 +186,22 @@ class TritonFusedWriter(KVWriter):
                 plan, tokens, block_t, num_warps, split, k_stride, v_stride),)
             fixed = (rows, k_stride, v_stride)
         # the cache's rows and the token strides: fixed for a model, keyed by value
-        launcher_for(kernel.store_kv_kernel, KERNEL_NAME).launch(
-            grid, (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens), consts, num_warps, pdl, True, fixed)
+        launcher = launcher_for(kernel.store_kv_kernel, KERNEL_NAME)
+        args = (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens)
+        launcher.launch(grid, args, consts, num_warps, pdl, True, fixed)
+        if signed is not None and cache_k is in_k and cache_v is in_v:  # rows copied: not the tensors signed
+            key = (signed[0], dtype, k_scale is None, v_scale is None)
+            hit = self._signed.get(key)
+            if hit is None:
+                if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
+                    self._signed.clear()
+                # this signature's constexprs (its rows' stride bits) without and with the power-of-two bit
+                plain = consts[:-1] + (consts[-1] & ~MODE_POW2,)
+                pow2 = None if pow2_consts is None else consts[:-1] + (consts[-1] | MODE_POW2,)
+                hit = self._signed[key] = ((plain, pow2, scaled, (tokens, *fixed)), {})
+            found = launcher.signed(grid, args, consts, num_warps, pdl, True, fixed, fn=kernel.store_kv_kernel)
+            if found is not None:
+                hit[1][consts] = found
         return FUSED
 
     def _call_plan(self, tokens: int, k_buf: torch.Tensor, v_buf: torch.Tensor, in_dtype: torch.dtype,

@@ -28,6 +28,17 @@ options go to the first (JIT) launch: the number of warps, programmatic dependen
 (``launch_pdl``, which Triton compiles into the ``CompiledKernel``'s launch metadata) and
 ``enable_fp_fusion``.
 
+A writer can skip its own Python as well (:class:`SignedLaunch`): ``signature(*tensors)``, a
+C++ helper built at the first compiled launch (:mod:`kvprof.kvcache.writers.cuda_build`,
+``csrc/tensor_signature.cpp``), reads every tensor's dtype, device, shape, strides, 16-byte
+alignment and address in one call, a fraction of a µs where Python's attribute reads take
+several; a writer keys its call plan by those bytes and its other arguments, and keeps, per plan
+and constexprs, the kernel a launch through :meth:`CompiledLauncher.launch` kept
+(:meth:`CompiledLauncher.signed`). Equal bytes mean everything that key holds of the tensors is
+equal, so the kept kernel is the one the key would find. Without a C++ compiler, with
+``KVPROF_TRITON_SIGNATURE=0`` at import, or for tensors it does not read (a subclass, no
+storage), writers take their Python path (:func:`signature_state` says why).
+
 Every call that takes the JIT path is counted with its reason (:func:`launch_counts`):
 a specialisation seen for the first time, a launch hook set (Triton's profiler hooks need
 its own path), arguments whose key cannot be formed. Under Triton's interpreter
@@ -45,6 +56,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 ENV_DISABLE = "KVPROF_TRITON_LAUNCHER"  # "0": every launch through Triton's JITFunction.run
+ENV_SIGNATURE = "KVPROF_TRITON_SIGNATURE"  # "0": writers key every call in Python (no C++ helper built)
 
 # reasons a call took Triton's own path
 FIRST = "first launch of a specialisation"
@@ -68,11 +80,44 @@ def triton_version(text: str) -> tuple[int, int]:
         return 0, 0
 
 
-def _disabled_by_env() -> bool:
-    return os.environ.get(ENV_DISABLE, "1").strip().lower() in ("0", "false", "no", "off")
+def _disabled_by_env(name: str = ENV_DISABLE) -> bool:
+    return os.environ.get(name, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 _ON = not _disabled_by_env()  # read once, at import (a per-call read of the environment costs the path)
+
+# signature(*tensors) -> (bytes, addresses) | None, once built (writers read it per call); why not, else
+SIGNATURE: Callable[..., tuple[bytes, tuple[int, ...]] | None] | None = None
+_signature_why: str | None = f"{ENV_SIGNATURE}=0" if _disabled_by_env(ENV_SIGNATURE) else None
+_signature_tried = _signature_why is not None
+
+
+def load_signature() -> str | None:
+    """Build (first time on this machine: tens of seconds) or load the C++ signature helper,
+    once per process; None when writers may use it, else why not (one line)."""
+    global SIGNATURE, _signature_why, _signature_tried
+    with _LOCK:
+        if not _signature_tried:
+            _signature_tried = True
+            from pathlib import Path
+
+            from kvprof.kvcache.writers.cuda_build import CudaOp
+
+            source = Path(__file__).resolve().parent / "csrc" / "tensor_signature.cpp"
+            module, error = CudaOp("kvprof_tensor_signature", [source], "the tensor signature helper",
+                                   cuda=False).load()
+            SIGNATURE = getattr(module, "signature", None) if error is None else None
+            _signature_why = error if SIGNATURE is None else None
+            if SIGNATURE is None and _signature_why is None:
+                _signature_why = "the tensor signature helper has no signature function"
+    return _signature_why
+
+
+def signature_state() -> str:
+    """Whether writers key their calls by the C++ signature: 'on', 'not loaded yet' or why not."""
+    if SIGNATURE is not None:
+        return "on"
+    return _signature_why or "not loaded yet"
 
 
 def set_enabled(on: bool) -> bool:
@@ -189,6 +234,7 @@ class CompiledLauncher:
         self._off: str | None = None  # why every call takes Triton's path, for good
         self._device, self._stream, self._hooks = device, stream, hooks
         self.fast = 0
+        self.signed_calls = 0  # of ``fast``: launched by a writer's SignedLaunch
         self.slow: Counter[str] = Counter()
         _REGISTRY.append(self)
 
@@ -224,6 +270,7 @@ class CompiledLauncher:
 
             self._device = self._device or getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device
             self._stream = self._stream or active.get_current_stream
+        load_signature()  # the writers' fast path; a failure only leaves them on their Python path
         return None
 
     def _names(self, nargs: int, nconsts: int) -> tuple[str, ...]:
@@ -331,9 +378,71 @@ class CompiledLauncher:
             return  # a kernel whose launch attribute is not the one asked for is never reused
         self._kernels[key] = (run, kernel.function, kernel.packed_metadata, direct_launch(run))
 
+    def signed(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
+               pdl: bool = False, fp_fusion: bool = True, fixed: tuple[int, ...] = (),
+               fn: Any = None) -> SignedLaunch | None:
+        """After a :meth:`launch` with these arguments: the kernel it kept, as a
+        :class:`SignedLaunch` of this grid on the current device; None where none was kept
+        (Triton's path, a key not formed, a non-int fixed value). ``fn``: the kernel the caller
+        looked this launcher up by (default the launcher's own)."""
+        if self._keyfn is None or not _ON or any(type(i) is not int for i in fixed):
+            return None
+        try:
+            arg_key, _ = self._keyfn(args)
+            device = self._device()  # type: ignore[misc]
+            found = self._kernels.get((device, consts, num_warps, pdl, fp_fusion, arg_key, fixed))
+        except (AttributeError, TypeError, ValueError):
+            return None
+        if found is None:
+            return None
+        gy = grid[1] if len(grid) > 1 else 1
+        gz = grid[2] if len(grid) > 2 else 1
+        return SignedLaunch(self, self.fn if fn is None else fn, (grid[0], gy, gz), device, found)
+
     def counts(self) -> dict[str, Any]:
-        """Launches on the compiled path, and Triton's path by reason; kernels kept."""
-        return {"compiled": self.fast, "triton": dict(self.slow), "kernels": len(self._kernels)}
+        """Launches on the compiled path (of them, by a writer's SignedLaunch), Triton's path by reason, kept."""
+        return {"compiled": self.fast, "signed": self.signed_calls, "triton": dict(self.slow),
+                "kernels": len(self._kernels)}
+
+
+class SignedLaunch:
+    """A kept kernel's launch for one call plan of a writer, made again without a key.
+
+    A writer keeps it under the C++ signature of the call's tensors (``SIGNATURE``) and its
+    other arguments, which together decide everything the launcher's key holds: calling it
+    with the call's arguments (the tensors' addresses in place of the tensors) launches what
+    :meth:`CompiledLauncher.launch` would. ``False`` (nothing launched; the writer takes its
+    Python path) where that path would not take this kernel: the launcher switched off, a
+    launch hook set, another current device, the kernel replaced (``fn``), or the C launcher
+    refusing an argument."""
+
+    __slots__ = ("device", "fn", "grid", "kept", "launcher")
+
+    def __init__(self, launcher: CompiledLauncher, fn: Any, grid: tuple[int, int, int], device: int,
+                 kept: tuple[Any, Any, Any, Any]) -> None:
+        self.launcher, self.fn, self.grid, self.device, self.kept = launcher, fn, grid, device, kept
+
+    def __call__(self, fn: Any, call: tuple[Any, ...]) -> bool:
+        """Launch ``call`` if ``fn`` is still the kernel it was kept for; whether it did."""
+        launcher = self.launcher
+        if fn is not self.fn or not _ON or launcher._hooks():  # type: ignore[misc]
+            return False
+        device = launcher._device()  # type: ignore[misc]
+        if device != self.device:
+            return False
+        run, function, packed, direct = self.kept
+        gx, gy, gz = self.grid
+        stream = launcher._stream(device)  # type: ignore[misc]
+        try:
+            if direct is not None:
+                direct[0](gx, gy, gz, stream, function, *direct[1], packed, None, None, None, *call)
+            else:
+                run(gx, gy, gz, stream, function, packed, None, None, None, *call)
+        except TypeError:  # refused before launching (the C launcher parses its arguments first)
+            return False
+        launcher.fast += 1
+        launcher.signed_calls += 1
+        return True
 
 
 _BY_FN: dict[int, CompiledLauncher] = {}
@@ -360,13 +469,14 @@ def launch_counts() -> dict[str, dict[str, Any]]:
         c = launcher.counts()
         if not c["compiled"] and not c["triton"]:
             continue
-        mine = out.setdefault(launcher.name, {"compiled": 0, "triton": {}, "kernels": 0})
+        mine = out.setdefault(launcher.name, {"compiled": 0, "signed": 0, "triton": {}, "kernels": 0})
         mine["compiled"] += c["compiled"]
+        mine["signed"] += c["signed"]
         mine["kernels"] += c["kernels"]
         for reason, n in c["triton"].items():
             mine["triton"][reason] = mine["triton"].get(reason, 0) + n
     return out
 
 
-__all__ = ["ENV_DISABLE", "CompiledLauncher", "direct_launch", "hook_set", "key_source", "launch_counts",
-           "launcher_for", "set_enabled"]
+__all__ = ["ENV_DISABLE", "ENV_SIGNATURE", "CompiledLauncher", "SignedLaunch", "direct_launch", "hook_set",
+           "key_source", "launch_counts", "launcher_for", "load_signature", "set_enabled", "signature_state"]
