@@ -10,6 +10,8 @@
 #              Python path, graph capture); tests and eager first build the C++ signature helper
 #   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
 #              lab/eager_split.py: an eager Triton write's host time, layer by layer of its launch path
+#   prefill    kvprof capture of an eager 1/64/4096-token prefill of the writes alone through the pool,
+#              triton_fused (signed launches, then KVPROF_TRITON_SIGNATURE=0), cuda_fused, store_kv_fused
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
 #              bf16 and fp8, CUDA-graph replays and after an L2 flush (this card's launch-table row)
 #   peers-1-8  the same for 1x128 and 8x128 rows
@@ -23,8 +25,9 @@ OUT=${OUT:-/tmp/kvprof-gpu}
 R=$OUT/card-tables
 parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
 for part in $parts; do
-  case $part in env|tests|eager|peers-32|peers-1-8|own|rope-4096) ;;
-    *) echo "card_tables.sh: unknown part $part (known: env tests eager peers-32 peers-1-8 own rope-4096)" >&2; exit 2 ;;
+  case $part in env|tests|eager|prefill|peers-32|peers-1-8|own|rope-4096) ;;
+    *) echo "card_tables.sh: unknown part $part (known: env tests eager prefill peers-32 peers-1-8 own rope-4096)" >&2
+       exit 2 ;;
   esac
 done
 budget=${CARD_BUDGET:-560}
@@ -51,7 +54,7 @@ run() {  # run PART LIMIT NAME CMD...: output to $R/NAME.txt
 }
 run env 30 env bash gpu/run_gpu_checks.sh env
 # the launcher's C++ signature helper, built once (tens of seconds) before anything is timed
-for part in tests eager; do
+for part in tests eager prefill; do
   case $parts in *" $part "*) run $part 120 signature-helper python3 -c "from kvprof.kvcache.writers import \
 triton_launch as t; print('signature helper:', t.load_signature() or 'built')"; break ;; esac
 done
@@ -66,6 +69,16 @@ run eager 55 eager-rope python3 -m kvprof bench --family rope --modes eager \
   --variants rope_then_triton_fused,rope_triton_fused,rope_cuda_fused --shapes 8x1x128 --dtypes bf16 \
   --tokens 1,64,4096 --eager-repeats 20 --out "$R/eager-rope"
 run eager 90 eager-layouts python3 -m kvprof.bench.layouts --tokens 1,64 --replays 20 --out "$R/eager-layouts"
+# a prefill of the writes alone through the pool, eager, each fused store writer: the Triton writers
+# with their signed launches and with the C++ signature helper left out (the reference's µs per write
+# is the host's launch path where the write is shorter on the GPU; torch.profiler's host launch)
+prefill=(python3 -m kvprof capture --phase prefill --prefill-tokens 1,64,4096 --variants
+         triton_fused,cuda_fused,store_kv_fused --profiler torch --steps 5 --reference-steps 100 --no-progress)
+run prefill 120 prefill-signed "${prefill[@]}" --out /tmp/kvprof-prefill --run-id signed --force
+run prefill 120 prefill-python env KVPROF_TRITON_SIGNATURE=0 "${prefill[@]}" --out /tmp/kvprof-prefill \
+  --run-id python --force
+run prefill 60 prefill-analyze bash -c 'for r in signed python; do echo "== $r"; python3 -m kvprof analyze \
+  /tmp/kvprof-prefill/$r; done'
 peers=(python3 -m kvprof bench --variants triton_fused,store_kv_fused,cuda_fused,sglang_store_cache
        --modes graph,cold --dtypes "bf16,fp8_e4m3<-bf16")
 run peers-32 150 bench-peers-32x128 "${peers[@]}" --shapes 32x128 --out "$R/bench-peers-32x128"
