@@ -33,7 +33,7 @@ from kvprof.kvcache.writers.fp8_jit import (
 )
 from kvprof.kvcache.writers.layout_tables import mla_shape
 from kvprof.kvcache.writers.triton_convert import triton_missing
-from kvprof.kvcache.writers.triton_launch import launcher_for
+from kvprof.kvcache.writers.triton_launch import keep, launcher_for
 
 decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
@@ -133,13 +133,12 @@ class MLATritonWriter(MLAWriter):
         if rows >= 0:  # the buffer's rows, the skipped slot and the strides: fixed for a model, keyed by value
             launcher = launcher_for(_mla_store_kernel, "_mla_store_kernel")
             args, fixed = (kv_buf, loc, nope, rope, tokens), (rows, skip, ns, ps)
-            launcher.launch(grid, args, consts, warps, pdl, True, fixed)
-            found = None if signed is None else launcher.signed(grid, args, consts, warps, pdl, True, fixed,
-                                                                fn=_mla_store_kernel)
+            if signed is None:
+                launcher.launch(grid, args, consts, warps, pdl, True, fixed)
+                return FUSED
+            found = launcher.launch_signed(grid, args, consts, warps, pdl, True, fixed, _mla_store_kernel)
             if found is not None:
-                if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
-                    self._signed.clear()
-                self._signed[(signed[0], dtype, skip, type(skip))] = (found, (tokens, *fixed, *consts))
+                keep(self._signed, (signed[0], dtype, skip, type(skip)), (found, (tokens, *fixed, *consts)))
         return FUSED
 
     def _plan(self, key: tuple[Any, ...], kv_buf: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor,

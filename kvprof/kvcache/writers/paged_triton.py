@@ -32,7 +32,7 @@ from kvprof.kvcache.writers.fp8_jit import (
 )
 from kvprof.kvcache.writers.layout_tables import paged_shape
 from kvprof.kvcache.writers.triton_convert import triton_missing
-from kvprof.kvcache.writers.triton_launch import launcher_for
+from kvprof.kvcache.writers.triton_launch import keep, launcher_for
 
 decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
@@ -126,13 +126,12 @@ class PagedTritonWriter(PagedWriter):
         # the cache's slots and the token strides: fixed for a model, keyed by value
         launcher = launcher_for(_paged_store_kernel, "_paged_store_kernel")
         args = (k_cache, v_cache, slots, key, value, k_scale, v_scale, tokens)
-        launcher.launch(grid, args, consts, warps, pdl, True, fixed)
-        found = None if signed is None else launcher.signed(grid, args, consts, warps, pdl, True, fixed,
-                                                            fn=_paged_store_kernel)
+        if signed is None:
+            launcher.launch(grid, args, consts, warps, pdl, True, fixed)
+            return FUSED
+        found = launcher.launch_signed(grid, args, consts, warps, pdl, True, fixed, _paged_store_kernel)
         if found is not None:
-            if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
-                self._signed.clear()
-            self._signed[(signed[0], dtype, no_scale)] = (found, (tokens, *fixed, *consts))
+            keep(self._signed, (signed[0], dtype, no_scale), (found, (tokens, *fixed, *consts)))
         return FUSED
 
     def _plan(self, plan_key: tuple[Any, ...], k_cache: torch.Tensor, dtype: torch.dtype, tokens: int, ks: int,

@@ -48,7 +48,7 @@ from kvprof.kvcache.writers.triton_convert import (
     triton,
     triton_missing,
 )
-from kvprof.kvcache.writers.triton_launch import launcher_for
+from kvprof.kvcache.writers.triton_launch import keep, launcher_for
 
 
 class TritonRope:
@@ -217,22 +217,13 @@ class TritonRope:
             args = (q, k, k, k, k, positions, positions, cos_sin_cache, k_inv, v_inv, tokens)
         # the rows, the table's rows and the strides: fixed for a model, keyed by value
         launcher = launcher_for(kernel.rope_kv_kernel, kernel.KERNEL_NAME)
-        launcher.launch(grid, args, consts, num_warps, pdl, False, fixed)
-        if signed is not None and not copy_v:  # v copied: the kernel got another tensor than the one signed
-            self._keep_signed(signed[0], dtype, is_neox, k_scale is None, v_scale is None, call, tokens, launcher,
-                              grid, args, consts)
-
-    def _keep_signed(self, sig: bytes, dtype: torch.dtype | None, is_neox: bool, no_k_scale: bool, no_v_scale: bool,
-                     call: tuple[Any, ...], tokens: int, launcher: triton_launch.CompiledLauncher,
-                     grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...]) -> None:
-        """Keep the kernel the launch just made under the call's signature and these constexprs."""
-        key = (sig, dtype, is_neox, no_k_scale, no_v_scale)
-        hit = self._signed.get(key)
-        if hit is None:
-            if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
-                self._signed.clear()
-            hit = self._signed[key] = (call, (tokens, *call[1]), {})
-        launch = launcher.signed(grid, args, consts, call[6], call[7], False, call[1], fn=kernel.rope_kv_kernel)
+        if signed is None or copy_v:  # v copied: the kernel gets another tensor than the one signed
+            launcher.launch(grid, args, consts, num_warps, pdl, False, fixed)
+            return
+        launch = launcher.launch_signed(grid, args, consts, num_warps, pdl, False, fixed, kernel.rope_kv_kernel)
+        # kept under the call's signature and these constexprs (the plan's, or its power-of-two variant)
+        key = (signed[0], dtype, is_neox, k_scale is None, v_scale is None)
+        hit = self._signed.get(key) or keep(self._signed, key, (call, (tokens, *fixed), {}))
         if launch is not None:
             hit[2][consts] = launch
 
@@ -283,10 +274,7 @@ class TritonRope:
         consts = (heads_q, heads_k, dim, v_dim, half, block_half, block_p, block_dv, block_t, block_hq, block_hk,
                   mode)
         pow2_consts = consts[:-1] + (mode | kernel.MODE_POW2,) if scaled and pow2_ok else None
-        if len(self._calls) > 4096:  # prefill token counts are many: bounded memo
-            self._calls.clear()
-        call = self._calls[call_key] = (grid, fixed, consts, pow2_consts, copy_v, scaled, num_warps, pdl)
-        return call
+        return keep(self._calls, call_key, (grid, fixed, consts, pow2_consts, copy_v, scaled, num_warps, pdl))
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                is_neox: bool) -> None:

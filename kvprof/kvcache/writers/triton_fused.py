@@ -44,7 +44,7 @@ from kvprof.kvcache.writers.triton_kernel import (
     MODE_V_SCALED,
     MODE_WIDE,
 )
-from kvprof.kvcache.writers.triton_launch import launcher_for
+from kvprof.kvcache.writers.triton_launch import keep, launcher_for
 from kvprof.kvcache.writers.triton_tables import (
     TRITON_TABLE,
     TRITON_TABLE_FP8,
@@ -188,20 +188,18 @@ class TritonFusedWriter(KVWriter):
         # the cache's rows and the token strides: fixed for a model, keyed by value
         launcher = launcher_for(kernel.store_kv_kernel, KERNEL_NAME)
         args = (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, tokens)
-        launcher.launch(grid, args, consts, num_warps, pdl, True, fixed)
-        if signed is not None and cache_k is in_k and cache_v is in_v:  # rows copied: not the tensors signed
-            key = (signed[0], dtype, k_scale is None, v_scale is None)
-            hit = self._signed.get(key)
-            if hit is None:
-                if len(self._signed) > 4096:  # prefill token counts are many: bounded memo
-                    self._signed.clear()
-                # this signature's constexprs (its rows' stride bits) without and with the power-of-two bit
-                plain = consts[:-1] + (consts[-1] & ~MODE_POW2,)
-                pow2 = None if pow2_consts is None else consts[:-1] + (consts[-1] | MODE_POW2,)
-                hit = self._signed[key] = ((plain, pow2, scaled, (tokens, *fixed)), {})
-            found = launcher.signed(grid, args, consts, num_warps, pdl, True, fixed, fn=kernel.store_kv_kernel)
-            if found is not None:
-                hit[1][consts] = found
+        if signed is None or cache_k is not in_k or cache_v is not in_v:  # rows copied: not the tensors signed
+            launcher.launch(grid, args, consts, num_warps, pdl, True, fixed)
+            return FUSED
+        found = launcher.launch_signed(grid, args, consts, num_warps, pdl, True, fixed, kernel.store_kv_kernel)
+        key = (signed[0], dtype, k_scale is None, v_scale is None)
+        hit = self._signed.get(key)
+        if hit is None:  # this signature's constexprs (its rows' stride bits) without and with the power-of-two bit
+            plain = consts[:-1] + (consts[-1] & ~MODE_POW2,)
+            pow2 = None if pow2_consts is None else consts[:-1] + (consts[-1] | MODE_POW2,)
+            hit = keep(self._signed, key, ((plain, pow2, scaled, (tokens, *fixed)), {}))
+        if found is not None:
+            hit[1][consts] = found
         return FUSED
 
     def _call_plan(self, tokens: int, k_buf: torch.Tensor, v_buf: torch.Tensor, in_dtype: torch.dtype,

@@ -399,6 +399,12 @@ class CompiledLauncher:
         gz = grid[2] if len(grid) > 2 else 1
         return SignedLaunch(self, self.fn if fn is None else fn, (grid[0], gy, gz), device, found)
 
+    def launch_signed(self, grid: tuple[int, ...], args: tuple[Any, ...], consts: tuple[Any, ...], num_warps: int,
+                      pdl: bool, fp_fusion: bool, fixed: tuple[int, ...], fn: Any) -> SignedLaunch | None:
+        """:meth:`launch`, then :meth:`signed` for the same arguments (a writer's first call of a plan)."""
+        self.launch(grid, args, consts, num_warps, pdl, fp_fusion, fixed)
+        return self.signed(grid, args, consts, num_warps, pdl, fp_fusion, fixed, fn)
+
     def counts(self) -> dict[str, Any]:
         """Launches on the compiled path (of them, by a writer's SignedLaunch), Triton's path by reason, kept."""
         return {"compiled": self.fast, "signed": self.signed_calls, "triton": dict(self.slow),
@@ -445,6 +451,17 @@ class SignedLaunch:
         return True
 
 
+MEMO_LIMIT = 4096  # entries of a writer's memo: prefill token counts are many
+
+
+def keep(memo: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Store ``value`` under ``key`` in a writer's bounded memo (cleared past ``MEMO_LIMIT``); returns it."""
+    if len(memo) > MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 _BY_FN: dict[int, CompiledLauncher] = {}
 
 
@@ -479,4 +496,4 @@ def launch_counts() -> dict[str, dict[str, Any]]:
 
 
 __all__ = ["ENV_DISABLE", "ENV_SIGNATURE", "CompiledLauncher", "SignedLaunch", "direct_launch", "hook_set",
-           "key_source", "launch_counts", "launcher_for", "load_signature", "set_enabled", "signature_state"]
+           "keep", "key_source", "launch_counts", "launcher_for", "load_signature", "set_enabled", "signature_state"]
