@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,16 @@ def test_it_times_each_triton_writer_with_the_launch_stubbed() -> None:
                         "--repeats", "2", "--tokens", "4"], capture_output=True, text=True, timeout=300, env=env,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    rows = {line.rsplit(None, 2)[0]: float(line.split()[-2]) for line in r.stdout.splitlines()[2:] if line.strip()}
+    lines = r.stdout.splitlines()
+    built = lines[1] == "the launcher's C++ signature helper: built"
+    rows = {}
+    for line in lines[3:]:
+        m = re.fullmatch(r"(.+?)\s+([\d.]+)\s+([\d.]+)\s+(?:([\d.]+)\s+([\d.]+)\s+([\d.]+)|n/a)", line.strip())
+        assert m, line
+        rows[m[1]] = (float(m[2]), None if m[4] is None else float(m[4]))
     assert set(rows) == {"triton_fused bf16", "triton_fused fp8", "triton_fused hw bf16", "triton_fused hw fp8",
                          "rope_triton_fused bf16", "mla_triton bf16", "paged_triton bf16"}
-    assert all(us > 0 for us in rows.values())
+    assert all(python > 0 and (signed is not None and signed > 0) == built for python, signed in rows.values())
 
 
 def test_bad_counts_are_refused_in_one_line() -> None:

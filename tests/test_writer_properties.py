@@ -424,3 +424,27 @@ def test_cuda_fused_copies_what_its_op_refuses_then_launches(monkeypatch: pytest
     assert not k_buf[[0, 2, 3, 4, 6, 7, 8, 10]].any()
     with pytest.raises(RuntimeError, match="out of resources"):  # any other refusal is the op's own
         writer.write_unchecked(k_buf, v_buf, torch.arange(12)[1::4], x.float(), x.float(), torch.bfloat16)
+
+
+@pytest.mark.slow
+def test_torch_compile_writes_more_combinations_than_one_compiled_function_may_recompile() -> None:
+    """torch.compile counts recompiles per code object and raises past its limit (8): the
+    torch_compile writer compiles one function per combination of dtypes, ranks and contiguity,
+    so one writer takes every combination a process writes (twelve converting dtype pairs here;
+    before, the ninth raised "recompile limit exceeded")."""
+    from kvprof.kvcache.dtypes import convert_for_cache, store_dtype_for
+
+    torch._dynamo.reset()
+    writer = registry.create_variant("mha", "torch_compile")
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    combos = [(c, i) for c in (*floats, torch.float8_e4m3fn, torch.float8_e5m2) for i in floats if c != i]
+    assert len(combos) > 8
+    for cache, inp in combos:
+        k_buf = torch.zeros(16, 2, 8, dtype=store_dtype_for(cache))
+        v_buf = torch.zeros_like(k_buf)
+        x = torch.randn(3, 2, 8).to(inp)
+        loc = torch.tensor([1, 5, 9])
+        writer.write(k_buf, v_buf, loc, x, x, cache, 0.5, 0.5)
+        want = convert_for_cache(x, cache, 0.5)
+        assert torch.equal(k_buf[loc], want) and torch.equal(v_buf[loc], want), (cache, inp)
+        assert int((k_buf != 0).flatten(1).any(1).sum()) <= 3

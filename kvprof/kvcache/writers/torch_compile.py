@@ -7,7 +7,9 @@ kernel count says what it became.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -39,12 +41,22 @@ class TorchCompileWriter(KVWriter):
         # compiled at the first write, not here: torch.compile imports Dynamo (seconds on a small
         # CPU), which listing the variants (``kvprof variants``) or checking support never needs
         self._mode = mode
-        self._compiled: dict[str, Callable[..., None]] = {}
+        self._compiled: dict[tuple[Any, ...], Callable[..., None]] = {}
 
-    def _compiled_fn(self, fn: Callable[..., None]) -> Callable[..., None]:
-        if fn.__name__ not in self._compiled:
-            self._compiled[fn.__name__] = torch.compile(fn, mode=self._mode, fullgraph=True, dynamic=True)
-        return self._compiled[fn.__name__]
+    def _compiled_fn(self, fn: Callable[..., None], *args: Any) -> Callable[..., None]:
+        """``fn`` compiled for calls like ``args``: one compiled function per combination of the
+        tensors' dtypes, ranks and contiguity and the other arguments' dtypes, each over a code
+        object of its own. torch.compile keeps its cache, and counts recompiles against its
+        limit (8), per code object: one function for every combination a process writes would
+        pass the limit and raise (it did, under the property tests' random dtypes)."""
+        key = (fn.__name__, *((a.dtype, a.dim(), a.is_contiguous()) if isinstance(a, torch.Tensor) else
+                              (a if isinstance(a, torch.dtype) else type(a)) for a in args))
+        found = self._compiled.get(key)
+        if found is None:
+            own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
+                                     fn.__closure__)
+            found = self._compiled[key] = torch.compile(own, mode=self._mode, fullgraph=True, dynamic=True)
+        return found
 
     def write(
         self,
@@ -58,9 +70,11 @@ class TorchCompileWriter(KVWriter):
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
         if cache_k.dtype == dtype:  # the pool guarantees cache_v has cache_k's dtype
-            self._compiled_fn(_store)(k_buf, v_buf, loc, cache_k.view(k_buf.dtype), cache_v.view(v_buf.dtype))
+            plain = (k_buf, v_buf, loc, cache_k.view(k_buf.dtype), cache_v.view(v_buf.dtype))
+            self._compiled_fn(_store, *plain)(*plain)
         else:
             k_inv = inverse_scale(k_scale)
             v_inv = inverse_scale(v_scale)
-            self._compiled_fn(_store_converted)(k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, k_buf.dtype)
+            args = (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, k_buf.dtype)
+            self._compiled_fn(_store_converted, *args)(*args)
         return COMPILED
