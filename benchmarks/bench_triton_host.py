@@ -144,6 +144,21 @@ def main() -> None:
     for name, r in rows.items():
         signed = f"{r[2]:7.2f} {r[3]:6.2f} {r[0] / r[2]:6.2f}" if len(r) == 4 else "   n/a"
         print(f"{name:<26} {r[0]:10.2f} {r[1]:6.2f} {signed}", flush=True)
+    # the helper alone on the rope write's eight tensors, beside the same reads from Python
+    qkv = torch.randn(args.tokens, 10 * 128).to(torch.bfloat16)
+    tensors = (qkv[:, :1024].view(args.tokens, 8, 128), qkv[:, 1024:1152].view(args.tokens, 1, 128),
+               qkv[:, 1152:].view(args.tokens, 1, 128), torch.zeros(9, 1, 128), torch.zeros(9, 1, 128),
+               torch.arange(args.tokens), torch.arange(args.tokens), cos_sin_table(8192, 128))
+
+    def python_reads() -> object:
+        return tuple((t.dtype, t.is_cuda, t.data_ptr(), t.shape, t.stride()) for t in tensors)
+
+    reads = _timed(python_reads, args.calls, args.repeats)
+    line = f"# eight tensors' dtype, device, address, shape and strides: Python {reads[0]:.2f} µs"
+    if signature is not None:
+        helper = _timed(lambda: signature(*tensors), args.calls, args.repeats)
+        line += f", the C++ helper {helper[0]:.2f} µs"
+    print(line)
 
 
 if __name__ == "__main__":

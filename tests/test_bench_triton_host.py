@@ -20,7 +20,8 @@ def test_it_times_each_triton_writer_with_the_launch_stubbed() -> None:
     lines = r.stdout.splitlines()
     built = lines[1] == "the launcher's C++ signature helper: built"
     rows = {}
-    for line in lines[3:]:
+    assert lines[-1].startswith("# eight tensors' dtype, device, address, shape and strides: Python ")
+    for line in lines[3:-1]:
         m = re.fullmatch(r"(.+?)\s+([\d.]+)\s+([\d.]+)\s+(?:([\d.]+)\s+([\d.]+)\s+([\d.]+)|n/a)", line.strip())
         assert m, line
         rows[m[1]] = (float(m[2]), None if m[4] is None else float(m[4]))
