@@ -172,6 +172,25 @@ def test_rope_triton_fused_launches_what_its_python_path_launches(monkeypatch, s
     assert len(log) == 3 and launcher.signed_calls == 0
 
 
+def test_the_rotary_alone_launches_what_its_python_path_launches(monkeypatch, signature):
+    """The rotary kernel of rope_then_* (``TritonRope.rotate``): q, k, positions and the table
+    signed, the kernel's placeholder pointers repeated as the Python path repeats them."""
+    from kvprof.kvcache.writers import rope_triton
+    from kvprof.kvcache.writers.rope_reference import cos_sin_table
+
+    cs = cos_sin_table(256, 128)
+    calls = []
+    for tokens in (1, 16, 17):
+        for offset in (0, 1):
+            qkv = torch.randn(tokens, 10 * 128 + offset).to(torch.bfloat16)[:, offset:]
+            q, k = qkv[:, :1024].view(tokens, 8, 128), qkv[:, 1024:1152].view(tokens, 1, 128)
+            pos = torch.arange(tokens) * 3
+            for neox in (True, False):
+                calls.append(lambda w, fn, a=(q, k, pos, cs, neox): w.rotary.rotate(*a))
+    _same_launches(monkeypatch, signature, rope_triton, rope_triton.kernel.rope_kv_kernel, calls,
+                   lambda: rope_triton.RopeThenStoreWriter("index_put"))
+
+
 @pytest.mark.parametrize("convert", ["auto", "hw"])  # hw: the GPU's fp8 cast decision, per stride
 def test_triton_fused_launches_what_its_python_path_launches(monkeypatch, signature, convert):
     from kvprof.kvcache.writers import triton_fused

@@ -169,22 +169,14 @@ class TritonRope:
         attribute once and computes nothing else. Where the launcher's C++ signature helper is
         built, the key is the signature of the eight tensors (one call) and the launch the
         kept kernel's (:class:`triton_launch.SignedLaunch`); the attributes are read only the
-        first time."""
+        first time. The rotary alone signs q, k, positions and the table (its other pointers
+        repeat k and positions: placeholders the kernel compiles out)."""
         signed = None
-        if store and triton_launch.SIGNATURE is not None:
-            signed = triton_launch.SIGNATURE(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache)
-            if signed is not None:
-                hit = self._signed.get((signed[0], dtype, is_neox, k_scale is None, v_scale is None))
-                if hit is not None:
-                    planned, tail, kept = hit
-                    consts = planned[2]
-                    k_inv = v_inv = 1.0
-                    if planned[5]:
-                        k_inv, v_inv, consts = scaled_launch(k_scale, v_scale, consts, planned[3])
-                    launch = kept.get(consts)
-                    if launch is not None and launch(kernel.rope_kv_kernel, (*signed[1], k_inv, v_inv, *tail,
-                                                                             *consts)):
-                        return
+        if triton_launch.SIGNATURE is not None:
+            signed = (triton_launch.SIGNATURE(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache) if store else
+                      triton_launch.SIGNATURE(q, k, positions, cos_sin_cache))
+            if signed is not None and self._launch_kept(signed, dtype, is_neox, k_scale, v_scale, store):
+                return
         tokens = positions.shape[0]
         if tokens == 0:
             return
@@ -226,6 +218,23 @@ class TritonRope:
         hit = self._signed.get(key) or keep(self._signed, key, (call, (tokens, *fixed), {}))
         if launch is not None:
             hit[2][consts] = launch
+
+    def _launch_kept(self, signed: tuple[bytes, tuple[int, ...]], dtype: torch.dtype | None, is_neox: bool,
+                     k_scale: float | torch.Tensor | None, v_scale: float | torch.Tensor | None, store: bool) -> bool:
+        """Launch a call whose plan and kernel are kept under its signature; whether it did."""
+        hit = self._signed.get((signed[0], dtype, is_neox, k_scale is None, v_scale is None))
+        if hit is None:
+            return False
+        planned, tail, kept = hit
+        consts = planned[2]
+        k_inv = v_inv = 1.0
+        if planned[5]:
+            k_inv, v_inv, consts = scaled_launch(k_scale, v_scale, consts, planned[3])
+        launch = kept.get(consts)
+        ptrs = signed[1]
+        if not store:  # q, k, positions, the table: as the kernel takes them, k and positions repeated
+            ptrs = (ptrs[0], ptrs[1], ptrs[1], ptrs[1], ptrs[1], ptrs[2], ptrs[2], ptrs[3])
+        return launch is not None and bool(launch(kernel.rope_kv_kernel, (*ptrs, k_inv, v_inv, *tail, *consts)))
 
     def _call_plan(self, call_key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
                    k_buf: torch.Tensor | None, v_buf: torch.Tensor | None, loc: torch.Tensor | None,
