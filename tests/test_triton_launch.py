@@ -521,3 +521,12 @@ def test_gpu_graph_capture_of_the_compiled_path():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(k_buf[loc], x) and torch.equal(v_buf[loc], x)
+
+
+def test_the_counts_read_as_one_line_old_runs_included():
+    counts = {"a": {"compiled": 10, "signed": 8, "triton": {FIRST: 2}, "kernels": 2},
+              "b": {"compiled": 5, "triton": {FIRST: 1, HOOK: 3}, "kernels": 1}}  # a run from before signed launches
+    assert tl_.describe_counts(counts) == (
+        "kvprof's Triton launches: 8 signed, 7 compiled by key, 6 through Triton "
+        f"({FIRST} 3; {HOOK} 3)")
+    assert tl_.describe_counts({}) == "kvprof's Triton launches: 0 signed, 0 compiled by key, 0 through Triton"

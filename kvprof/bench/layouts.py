@@ -41,7 +41,7 @@ from kvprof.kvcache.layouts.workload import BlockTables
 from kvprof.kvcache.mla_pool import MLAPool
 from kvprof.kvcache.paged_pool import PagedPool
 from kvprof.kvcache.writers.card_tables import describe as describe_tables, tables_report
-from kvprof.kvcache.writers.triton_launch import launch_counts
+from kvprof.kvcache.writers.triton_launch import describe_counts, launch_counts
 
 TARGET = BenchTarget()  # the MHA bench's default target: 1.2 µs + bytes / (0.9 x copy rate)
 TOKENS = (1, 8, 64, 512, 4096, 32768)
@@ -364,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(result))
     print(f"copy rate {result['copy_rate_gbs']:.0f} GB/s; target {result['target']}")
     print(describe_tables(result["launch_tables"]))
+    if result["launches"]:
+        print(describe_counts(result["launches"]))
     print("\n".join(verdicts(result)))
     if args.out:
         write_files(result, Path(args.out))

@@ -21,6 +21,7 @@ from kvprof.analysis.figures import MARK, classify, derived
 from kvprof.bench.run import KVPROF_FUSED, ROPE_KVPROF_FUSED, fused_verdicts, rope_verdicts
 from kvprof.core.bench_result import BenchResult, BenchRow
 from kvprof.kvcache.writers.card_tables import describe as describe_tables
+from kvprof.kvcache.writers.triton_launch import describe_counts
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -237,6 +238,8 @@ def _head_line(result: BenchResult, cuda: bool) -> str:
         head.append("rope family: each write rotates q and k (read and written back), reads v, writes two cache rows")
     if result.launch_tables:
         head.append(describe_tables(result.launch_tables))
+    if result.launches:
+        head.append(describe_counts(result.launches))
     return "  ".join(head)
 
 

@@ -495,5 +495,19 @@ def launch_counts() -> dict[str, dict[str, Any]]:
     return out
 
 
-__all__ = ["ENV_DISABLE", "ENV_SIGNATURE", "CompiledLauncher", "SignedLaunch", "direct_launch", "hook_set",
-           "keep", "key_source", "launch_counts", "launcher_for", "load_signature", "set_enabled", "signature_state"]
+def describe_counts(counts: dict[str, dict[str, Any]]) -> str:
+    """One line of :func:`launch_counts` (or ``bench.json``'s ``launches``), every kernel summed:
+    whether an eager run took the signed, the compiled or Triton's own path, and why Triton's."""
+    compiled = sum(int(c.get("compiled", 0)) for c in counts.values())
+    signed = sum(int(c.get("signed", 0)) for c in counts.values())
+    reasons: Counter[str] = Counter()
+    for c in counts.values():
+        reasons.update({str(k): int(v) for k, v in (c.get("triton") or {}).items()})
+    why = "; ".join(f"{reason} {n:,}" for reason, n in reasons.most_common())
+    return (f"kvprof's Triton launches: {signed:,} signed, {compiled - signed:,} compiled by key, "
+            f"{sum(reasons.values()):,} through Triton" + (f" ({why})" if why else ""))
+
+
+__all__ = ["ENV_DISABLE", "ENV_SIGNATURE", "CompiledLauncher", "SignedLaunch", "describe_counts", "direct_launch",
+           "hook_set", "keep", "key_source", "launch_counts", "launcher_for", "load_signature", "set_enabled",
+           "signature_state"]
