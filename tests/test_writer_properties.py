@@ -448,3 +448,20 @@ def test_torch_compile_writes_more_combinations_than_one_compiled_function_may_r
         want = convert_for_cache(x, cache, 0.5)
         assert torch.equal(k_buf[loc], want) and torch.equal(v_buf[loc], want), (cache, inp)
         assert int((k_buf != 0).flatten(1).any(1).sum()) <= 3
+
+
+@pytest.mark.slow
+def test_torch_compile_takes_a_fresh_function_where_one_combination_reaches_the_recompile_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within one combination of dtypes, a size of 1 is a guard of its own (0/1 specialisation):
+    with the limit at 1, the second token count recompiles past it; the writer starts a fresh
+    function for the combination and writes the rows."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    writer = registry.create_variant("mha", "torch_compile")
+    k_buf, v_buf = torch.zeros(16, 2, 8, dtype=torch.bfloat16), torch.zeros(16, 2, 8, dtype=torch.bfloat16)
+    for slots in ([1, 5, 9], [3]):
+        x = torch.randn(len(slots), 2, 8).to(torch.bfloat16)
+        loc = torch.tensor(slots)
+        writer.write(k_buf, v_buf, loc, x, x, torch.bfloat16)
+        assert torch.equal(k_buf[loc], x) and torch.equal(v_buf[loc], x)

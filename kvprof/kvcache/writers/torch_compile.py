@@ -43,20 +43,26 @@ class TorchCompileWriter(KVWriter):
         self._mode = mode
         self._compiled: dict[tuple[Any, ...], Callable[..., None]] = {}
 
-    def _compiled_fn(self, fn: Callable[..., None], *args: Any) -> Callable[..., None]:
-        """``fn`` compiled for calls like ``args``: one compiled function per combination of the
-        tensors' dtypes, ranks and contiguity and the other arguments' dtypes, each over a code
-        object of its own. torch.compile keeps its cache, and counts recompiles against its
-        limit (8), per code object: one function for every combination a process writes would
-        pass the limit and raise (it did, under the property tests' random dtypes)."""
+    def _run(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` compiled for calls like ``args``: one compiled function per combination of
+        the tensors' dtypes, ranks and contiguity and the other arguments' dtypes, each over a code
+        object of its own. torch.compile keeps its cache, and counts recompiles against its limit
+        (8), per code object: one function for every combination a process writes would pass the
+        limit and raise (it did, under the property tests' random dtypes). Where one combination
+        still reaches it (other guards: sizes of 1, devices, strides), the combination gets a fresh
+        function; with ``fullgraph`` the limit raises before anything runs."""
         key = (fn.__name__, *((a.dtype, a.dim(), a.is_contiguous()) if isinstance(a, torch.Tensor) else
                               (a if isinstance(a, torch.dtype) else type(a)) for a in args))
-        found = self._compiled.get(key)
-        if found is None:
-            own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
-                                     fn.__closure__)
-            found = self._compiled[key] = torch.compile(own, mode=self._mode, fullgraph=True, dynamic=True)
-        return found
+        compiled = self._compiled.get(key) or self._compile(fn, key)
+        try:
+            compiled(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            self._compile(fn, key)(*args)
+
+    def _compile(self, fn: Callable[..., None], key: tuple[Any, ...]) -> Callable[..., None]:
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        compiled = self._compiled[key] = torch.compile(own, mode=self._mode, fullgraph=True, dynamic=True)
+        return compiled
 
     def write(
         self,
@@ -70,11 +76,9 @@ class TorchCompileWriter(KVWriter):
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
         if cache_k.dtype == dtype:  # the pool guarantees cache_v has cache_k's dtype
-            plain = (k_buf, v_buf, loc, cache_k.view(k_buf.dtype), cache_v.view(v_buf.dtype))
-            self._compiled_fn(_store, *plain)(*plain)
+            self._run(_store, k_buf, v_buf, loc, cache_k.view(k_buf.dtype), cache_v.view(v_buf.dtype))
         else:
             k_inv = inverse_scale(k_scale)
             v_inv = inverse_scale(v_scale)
-            args = (k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, k_buf.dtype)
-            self._compiled_fn(_store_converted, *args)(*args)
+            self._run(_store_converted, k_buf, v_buf, loc, cache_k, cache_v, k_inv, v_inv, dtype, k_buf.dtype)
         return COMPILED
