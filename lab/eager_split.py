@@ -111,9 +111,11 @@ def main() -> None:
                 triton_launch.SIGNATURE = signature
 
         la.launch = spy  # type: ignore[method-assign]
-        write()
-        del la.launch
-        triton_launch.SIGNATURE = signature
+        try:
+            write()
+        finally:
+            del la.launch
+            triton_launch.SIGNATURE = signature
         write()  # keeps the signed launch (where the helper is built)
         grid, targs, consts, warps, pdl, fusion, fixed = seen[0]
         real(grid, targs, consts, warps, pdl, fusion, fixed)

@@ -93,7 +93,7 @@ _signature_tried = _signature_why is not None
 
 
 def load_signature() -> str | None:
-    """Build (first time on this machine: tens of seconds) or load the C++ signature helper,
+    """Build (the first time on a machine) or load the C++ signature helper,
     once per process; None when writers may use it, else why not (one line)."""
     global SIGNATURE, _signature_why, _signature_tried
     with _LOCK:
