@@ -451,17 +451,18 @@ def test_torch_compile_writes_more_combinations_than_one_compiled_function_may_r
 
 
 @pytest.mark.slow
-def test_torch_compile_takes_a_fresh_function_where_one_combination_reaches_the_recompile_limit(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_compile_takes_a_fresh_function_where_one_combination_reaches_the_recompile_limit() -> None:
     """Within one combination of dtypes, a size of 1 is a guard of its own (0/1 specialisation):
     with the limit at 1, the second token count recompiles past it; the writer starts a fresh
-    function for the combination and writes the rows."""
+    function for the combination and writes the rows. (Dynamo's config is patched through its
+    own context manager: pytest's monkeypatch deletes a config entry on undo.)"""
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     writer = registry.create_variant("mha", "torch_compile")
     k_buf, v_buf = torch.zeros(16, 2, 8, dtype=torch.bfloat16), torch.zeros(16, 2, 8, dtype=torch.bfloat16)
-    for slots in ([1, 5, 9], [3]):
-        x = torch.randn(len(slots), 2, 8).to(torch.bfloat16)
-        loc = torch.tensor(slots)
-        writer.write(k_buf, v_buf, loc, x, x, torch.bfloat16)
-        assert torch.equal(k_buf[loc], x) and torch.equal(v_buf[loc], x)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for slots in ([1, 5, 9], [3]):
+            x = torch.randn(len(slots), 2, 8).to(torch.bfloat16)
+            loc = torch.tensor(slots)
+            writer.write(k_buf, v_buf, loc, x, x, torch.bfloat16)
+            assert torch.equal(k_buf[loc], x) and torch.equal(v_buf[loc], x)
+    assert torch._dynamo.config.recompile_limit == 8
