@@ -10,7 +10,7 @@ path. ``triton_fused`` runs twice: as the interpreter plans it and with ``conver
 GPU's fp8 cast decision (the per-call layout check a GPU write makes).
 
 Each writer runs twice: keyed by its own Python (the C++ signature helper left out) and keyed
-by the signature of its tensors (``triton_launch.SIGNATURE``, built here if a C++ compiler is
+by the signature of its tensors (``kvprof.kvcache.signature.SIGNATURE``, built here if a C++ compiler is
 found), which launches through the kept kernel's ``SignedLaunch``. Prints medians (and IQRs) of
 repeated timed loops, µs per call, measured in this one run, and their ratio.
 
@@ -30,6 +30,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the writers plan as on a CPU; 
 import torch  # noqa: E402
 
 from kvprof.bench.timing import time_eager  # noqa: E402
+from kvprof.kvcache import signature as tensor_signature  # noqa: E402
 from kvprof.kvcache.writers import mla_triton, paged_triton, rope_triton, triton_fused, triton_launch  # noqa: E402
 from kvprof.kvcache.writers.rope_reference import cos_sin_table  # noqa: E402
 
@@ -129,18 +130,18 @@ def main() -> None:
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, Python "
           f"{platform.python_version()}; {args.tokens} tokens, median (IQR) of {args.repeats} x {args.calls} calls, "
           "µs per call, the launch stubbed")
-    why = triton_launch.load_signature()
-    signature = triton_launch.SIGNATURE
+    why = tensor_signature.load()
+    signature = tensor_signature.SIGNATURE
     print(f"the launcher's C++ signature helper: {why or 'built'}")
     print(f"{'writer':<26} {'python key':>10} {'IQR':>6} {'signed':>7} {'IQR':>6} {'ratio':>6}")
     rows: dict[str, list[float]] = {}
     for mode in ("python", "signed"):
-        triton_launch.SIGNATURE = signature if mode == "signed" else None
+        tensor_signature.SIGNATURE = signature if mode == "signed" else None
         if mode == "signed" and signature is None:
             break
         for name, fn in cases(args.tokens).items():
             rows.setdefault(name, []).extend(_timed(fn, args.calls, args.repeats))
-    triton_launch.SIGNATURE = signature
+    tensor_signature.SIGNATURE = signature
     for name, r in rows.items():
         signed = f"{r[2]:7.2f} {r[3]:6.2f} {r[0] / r[2]:6.2f}" if len(r) == 4 else "   n/a"
         print(f"{name:<26} {r[0]:10.2f} {r[1]:6.2f} {signed}", flush=True)

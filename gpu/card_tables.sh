@@ -55,8 +55,8 @@ run() {  # run PART LIMIT NAME CMD...: output to $R/NAME.txt
 run env 30 env bash gpu/run_gpu_checks.sh env
 # the launcher's C++ signature helper, built once (tens of seconds) before anything is timed
 for part in tests eager prefill; do
-  case $parts in *" $part "*) run $part 120 signature-helper python3 -c "from kvprof.kvcache.writers import \
-triton_launch as t; print('signature helper:', t.load_signature() or 'built')"; break ;; esac
+  case $parts in *" $part "*) run $part 120 signature-helper python3 -c "from kvprof.kvcache import \
+signature as s; print('signature helper:', s.load() or 'built')"; break ;; esac
 done
 run tests 150 gpu-tests python3 -m pytest tests/test_triton_launch.py tests/test_signed_launch.py \
   tests/test_fused_writers.py tests/test_rope_gpu.py tests/test_layouts_gpu.py -m gpu \

@@ -74,6 +74,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("eager_split.py: needs a CUDA device")
     from kvprof.core.atomic import atomic_write_text
+    from kvprof.kvcache import signature as tensor_signature
     from kvprof.kvcache.dtypes import parse_dtype
     from kvprof.kvcache.writers import triton_launch
     from kvprof.kvcache.writers.triton_launch import direct_launch, launcher_for
@@ -100,22 +101,22 @@ def main() -> None:
                 fixed: tuple[int, ...] = ()) -> None:
             seen.append((grid, args, consts, num_warps, pdl, fp_fusion, fixed))
 
-        signature = triton_launch.SIGNATURE
-        triton_launch.SIGNATURE = None  # the Python path, which calls launch
+        signature = tensor_signature.SIGNATURE
+        tensor_signature.SIGNATURE = None  # the Python path, which calls launch
 
         def python_key(write: Callable[[], object] = write, signature: Any = signature) -> None:
-            triton_launch.SIGNATURE = None
+            tensor_signature.SIGNATURE = None
             try:
                 write()
             finally:
-                triton_launch.SIGNATURE = signature
+                tensor_signature.SIGNATURE = signature
 
         la.launch = spy  # type: ignore[method-assign]
         try:
             write()
         finally:
             del la.launch
-            triton_launch.SIGNATURE = signature
+            tensor_signature.SIGNATURE = signature
         write()  # keeps the signed launch (where the helper is built)
         grid, targs, consts, warps, pdl, fusion, fixed = seen[0]
         real(grid, targs, consts, warps, pdl, fusion, fixed)
@@ -152,7 +153,7 @@ def main() -> None:
             print(f"{wname:<18} {dname:<9} {tokens:>6}  {name:<20} {r['median_us']:7.2f} {r['iqr_us']:6.2f}",
                   flush=True)
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "calls": args.calls,
-            "repeats": args.repeats, "direct": direct_found, "signature": triton_launch.signature_state()}
+            "repeats": args.repeats, "direct": direct_found, "signature": tensor_signature.state()}
     try:
         import triton
 
@@ -162,7 +163,7 @@ def main() -> None:
     dest = Path(os.environ.get("OUT", "/tmp/kvprof-gpu")) / "eager-split.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest, json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
-    print(f"signature helper: {triton_launch.signature_state()}; signed launches: "
+    print(f"signature helper: {tensor_signature.state()}; signed launches: "
           f"{sum(c.get('signed', 0) for c in triton_launch.launch_counts().values())}")
     print(f"wrote {dest}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Iterator
@@ -36,3 +37,18 @@ def _recursion_limit() -> Iterator[None]:
     limit = sys.getrecursionlimit()
     yield
     sys.setrecursionlimit(limit)
+
+
+@pytest.fixture(scope="session")
+def signature_helper() -> object:
+    """kvprof.kvcache.signature with its C++ helper loaded (built once per machine), or the
+    test skipped where it cannot be (switched off, no C++ compiler)."""
+    from kvprof.kvcache import signature
+
+    if signature.state() == f"{signature.ENV_SIGNATURE}=0":
+        pytest.skip(f"{signature.ENV_SIGNATURE}=0 in the environment")
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler to build the signature helper")
+    why = signature.load()
+    assert why is None, why
+    return signature

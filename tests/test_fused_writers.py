@@ -531,11 +531,11 @@ def test_cuda_fused_zero_tokens_launches_nothing():
 
 @pytest.mark.parametrize("module", ["cuda_fused", "layout_cuda"])
 def test_cuda_op_build_problems_are_one_line(monkeypatch, tmp_path, module):
-    """Both compiled ops (kvprof.kvcache.writers.cuda_build): no nvcc
+    """Both compiled ops (kvprof.kvcache.cuda_build): no nvcc
     or a failing build, is one line naming the log."""
     import importlib
 
-    from kvprof.kvcache.writers import cuda_build as cb
+    from kvprof.kvcache import cuda_build as cb
 
     op = importlib.import_module(f"kvprof.kvcache.writers.{module}")._OP
     monkeypatch.setattr(op, "module", None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvprof.kvcache.writers.cuda_build import op_refusal
+from kvprof.kvcache.cuda_build import op_refusal
 from kvprof.kvcache.writers.rope_cuda import RopeCudaWriter
 
 CSRC = Path(__file__).resolve().parents[1] / "kvprof" / "kvcache" / "writers" / "csrc"

@@ -10,25 +10,19 @@ test_rope_gpu.py, test_layouts_gpu.py) run the real kernels with the helper on."
 
 from __future__ import annotations
 
-import shutil
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from kvprof.kvcache import signature as sig_
 from kvprof.kvcache.writers import triton_launch as tl_
 
 
 @pytest.fixture(scope="module")
-def signature():
-    if tl_._disabled_by_env(tl_.ENV_SIGNATURE):
-        pytest.skip(f"{tl_.ENV_SIGNATURE}=0 in the environment")
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler to build the signature helper")
-    why = tl_.load_signature()
-    assert why is None, why
-    return tl_.SIGNATURE
+def signature(signature_helper):
+    return signature_helper.SIGNATURE
 
 
 # -- the helper ------------------------------------------------------------------------------------
@@ -106,7 +100,7 @@ def _launches(monkeypatch, module: Any, fn: Any, calls: list, make_writer, signe
                                     stream=lambda d: 0, hooks=lambda: False)
     monkeypatch.setattr(module, "launcher_for", lambda f, name=None: launcher)
     if not signed:
-        monkeypatch.setattr(tl_, "SIGNATURE", None)
+        monkeypatch.setattr(sig_, "SIGNATURE", None)
     writer = make_writer()
     launcher.signed_at = []  # type: ignore[attr-defined]  # signed launches before each call
     for call in calls:
@@ -338,7 +332,7 @@ def test_gpu_signed_launches_write_the_bytes_of_the_python_path(monkeypatch, sig
     for name, make, call, case in _gpu_cases():
         w = make()
         signed = [call(w) for _ in range(3)]  # the first keeps the kernel, the others are signed launches
-        monkeypatch.setattr(tl_, "SIGNATURE", None)
+        monkeypatch.setattr(sig_, "SIGNATURE", None)
         python = call(make())
         monkeypatch.undo()
         torch.cuda.synchronize()

@@ -7,7 +7,7 @@ packed into one integer. The kernel converts the dtype as torch does (``__float2
 ``__float2half_rn``, c10's fp8 rule), so results are bitwise ``convert_for_cache``'s for
 non-NaN inputs.
 
-Build: :mod:`kvprof.kvcache.writers.cuda_build` (first use, ``-O3``, sm_90 plus the current
+Build: :mod:`kvprof.kvcache.cuda_build` (first use, ``-O3``, sm_90 plus the current
 device's arch), with ``-Xptxas -v`` so that ``build.log`` also holds the register counts.
 
 Programmatic dependent launch is on by default on sm_90+ (the kernel waits with
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from kvprof.kvcache.contracts import FUSED, KVWriter
+from kvprof.kvcache.cuda_build import CudaOp, op_refusal
 from kvprof.kvcache.validation import check_buffers_inputs
-from kvprof.kvcache.writers.cuda_build import CudaOp, op_refusal
 from kvprof.kvcache.writers.fp8_jit import uses_pdl
 from kvprof.kvcache.writers.triton_convert import KINDS, cached_inverse
 

@@ -3,7 +3,7 @@ first use: the eager launch path (one pybind call into a ``<<<>>>`` launch) besi
 writers' (a Triton launch from Python costs ~15 µs of host time). Same bits as the Triton
 writers and the references: SGLang's cast for MLA, vLLM's division and saturation for paged.
 
-Build: :mod:`kvprof.kvcache.writers.cuda_build` (first use, ``-O3``, sm_90 plus the current
+Build: :mod:`kvprof.kvcache.cuda_build` (first use, ``-O3``, sm_90 plus the current
 device's arch, the output in ``build.log``); a failed build is one line and the writer
 reports itself unavailable with it.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from kvprof.kvcache.contracts import MLAWriter, PagedWriter
-from kvprof.kvcache.writers.cuda_build import CudaOp, op_refusal
+from kvprof.kvcache.cuda_build import CudaOp, op_refusal
 from kvprof.kvcache.writers.fp8_jit import torch_e4m3_saturates
 
 CSRC = Path(__file__).with_name("csrc")

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import MLAWriter
 from kvprof.kvcache.devinfo import decorates_triton_kernels
+from kvprof.kvcache.signature import keep
 from kvprof.kvcache.writers import triton_launch
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import (
@@ -33,7 +35,7 @@ from kvprof.kvcache.writers.fp8_jit import (
 )
 from kvprof.kvcache.writers.layout_tables import mla_shape
 from kvprof.kvcache.writers.triton_convert import triton_missing
-from kvprof.kvcache.writers.triton_launch import keep, launcher_for
+from kvprof.kvcache.writers.triton_launch import launcher_for
 
 decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
@@ -119,8 +121,8 @@ class MLATritonWriter(MLAWriter):
 
     def write(self, kv_buf, loc, nope, rope, dtype, skip):  # type: ignore[override]
         signed = None
-        if triton_launch.SIGNATURE is not None:  # the launcher's C++ helper: one call reads the four tensors
-            signed = triton_launch.SIGNATURE(kv_buf, loc, nope, rope)
+        if signature.SIGNATURE is not None:  # the launcher's C++ helper: one call reads the four tensors
+            signed = signature.SIGNATURE(kv_buf, loc, nope, rope)
             if signed is not None:
                 hit = self._signed.get((signed[0], dtype, skip, type(skip)))
                 if hit is not None and hit[0](_mla_store_kernel, (*signed[1], *hit[1])):

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import PagedWriter
 from kvprof.kvcache.devinfo import decorates_triton_kernels
+from kvprof.kvcache.signature import keep
 from kvprof.kvcache.writers import triton_launch
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import (
@@ -32,7 +34,7 @@ from kvprof.kvcache.writers.fp8_jit import (
 )
 from kvprof.kvcache.writers.layout_tables import paged_shape
 from kvprof.kvcache.writers.triton_convert import triton_missing
-from kvprof.kvcache.writers.triton_launch import keep, launcher_for
+from kvprof.kvcache.writers.triton_launch import launcher_for
 
 decorates_triton_kernels(__name__)  # before its kernels are decorated: Triton reads TRITON_INTERPRET then
 
@@ -104,9 +106,9 @@ class PagedTritonWriter(PagedWriter):
 
     def write(self, k_cache, v_cache, slots, key, value, dtype, k_scale, v_scale):  # type: ignore[override]
         signed = None
-        if triton_launch.SIGNATURE is not None:  # the launcher's C++ helper: one call reads every tensor
-            signed = (triton_launch.SIGNATURE(k_cache, v_cache, slots, key, value) if k_scale is None else
-                      triton_launch.SIGNATURE(k_cache, v_cache, slots, key, value, k_scale, v_scale))
+        if signature.SIGNATURE is not None:  # the launcher's C++ helper: one call reads every tensor
+            signed = (signature.SIGNATURE(k_cache, v_cache, slots, key, value) if k_scale is None else
+                      signature.SIGNATURE(k_cache, v_cache, slots, key, value, k_scale, v_scale))
             if signed is not None:
                 hit = self._signed.get((signed[0], dtype, k_scale is None))
                 if hit is not None:

@@ -13,7 +13,7 @@ x 128) is 88 threads in one block, where a warp per row would idle most lanes.
 
 Programmatic dependent launch is on by default on sm_90+ (``griddepcontrol.wait`` before the
 first load); ``pdl=False``/``True`` forces it, so its effect can be measured. Build:
-:mod:`kvprof.kvcache.writers.cuda_build` (``-Xptxas -v``: ``build.log`` holds the register counts).
+:mod:`kvprof.kvcache.cuda_build` (``-Xptxas -v``: ``build.log`` holds the register counts).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from kvprof.core.vocab import ROPE_FUSED
 from kvprof.kvcache.contracts import RopeKVWriter
-from kvprof.kvcache.writers.cuda_build import CudaOp, op_refusal
+from kvprof.kvcache.cuda_build import CudaOp, op_refusal
 from kvprof.kvcache.writers.cuda_fused import CudaConfig
 from kvprof.kvcache.writers.fp8_jit import uses_pdl
 from kvprof.kvcache.writers.triton_convert import KINDS, cached_inverse

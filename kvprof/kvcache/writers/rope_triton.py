@@ -25,9 +25,11 @@ import torch
 
 from kvprof.core.errors import UsageError
 from kvprof.core.vocab import ROPE_FUSED
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import ROPE_INPUTS, KVWriter, RopeKVWriter, WriterInfo, checked_impl
+from kvprof.kvcache.signature import keep
 from kvprof.kvcache.validation import check_buffers_inputs
-from kvprof.kvcache.writers import rope_triton_kernel as kernel, triton_launch
+from kvprof.kvcache.writers import rope_triton_kernel as kernel
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import hw_cast_safe, placement_reason, uses_pdl
 from kvprof.kvcache.writers.rope_tables import (
@@ -48,7 +50,7 @@ from kvprof.kvcache.writers.triton_convert import (
     triton,
     triton_missing,
 )
-from kvprof.kvcache.writers.triton_launch import keep, launcher_for
+from kvprof.kvcache.writers.triton_launch import launcher_for
 
 
 class TritonRope:
@@ -172,9 +174,9 @@ class TritonRope:
         first time. The rotary alone signs q, k, positions and the table (its other pointers
         repeat k and positions: placeholders the kernel compiles out)."""
         signed = None
-        if triton_launch.SIGNATURE is not None:
-            signed = (triton_launch.SIGNATURE(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache) if store else
-                      triton_launch.SIGNATURE(q, k, positions, cos_sin_cache))
+        if signature.SIGNATURE is not None:
+            signed = (signature.SIGNATURE(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache) if store else
+                      signature.SIGNATURE(q, k, positions, cos_sin_cache))
             if signed is not None and self._launch_kept(signed, dtype, is_neox, k_scale, v_scale, store):
                 return
         tokens = positions.shape[0]

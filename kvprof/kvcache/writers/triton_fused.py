@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import FUSED, KVWriter, WriterInfo
-from kvprof.kvcache.writers import triton_kernel as kernel, triton_launch
+from kvprof.kvcache.signature import keep
+from kvprof.kvcache.writers import triton_kernel as kernel
 from kvprof.kvcache.writers.card_tables import device_card
 from kvprof.kvcache.writers.fp8_jit import placement_reason, uses_pdl
 from kvprof.kvcache.writers.triton_convert import (
@@ -44,7 +46,7 @@ from kvprof.kvcache.writers.triton_kernel import (
     MODE_V_SCALED,
     MODE_WIDE,
 )
-from kvprof.kvcache.writers.triton_launch import keep, launcher_for
+from kvprof.kvcache.writers.triton_launch import launcher_for
 from kvprof.kvcache.writers.triton_tables import (
     TRITON_TABLE,
     TRITON_TABLE_FP8,
@@ -153,8 +155,8 @@ class TritonFusedWriter(KVWriter):
         v_scale: float | torch.Tensor | None = None,
     ) -> str:
         signed = None
-        if triton_launch.SIGNATURE is not None:  # the launcher's C++ helper: one call reads the five tensors
-            signed = triton_launch.SIGNATURE(k_buf, v_buf, loc, cache_k, cache_v)
+        if signature.SIGNATURE is not None:  # the launcher's C++ helper: one call reads the five tensors
+            signed = signature.SIGNATURE(k_buf, v_buf, loc, cache_k, cache_v)
             if signed is not None:
                 hit = self._signed.get((signed[0], dtype, k_scale is None, v_scale is None))
                 if hit is not None:

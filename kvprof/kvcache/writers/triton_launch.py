@@ -28,16 +28,16 @@ options go to the first (JIT) launch: the number of warps, programmatic dependen
 (``launch_pdl``, which Triton compiles into the ``CompiledKernel``'s launch metadata) and
 ``enable_fp_fusion``.
 
-A writer can skip its own Python as well (:class:`SignedLaunch`): ``signature(*tensors)``, a
-C++ helper built at the first compiled launch (:mod:`kvprof.kvcache.writers.cuda_build`,
-``csrc/tensor_signature.cpp``), reads every tensor's dtype, device, shape, strides, 16-byte
-alignment and address in one call, a fraction of a µs where Python's attribute reads take
-several; a writer keys its call plan by those bytes and its other arguments, and keeps, per plan
-and constexprs, the kernel a launch through :meth:`CompiledLauncher.launch` kept
-(:meth:`CompiledLauncher.signed`). Equal bytes mean everything that key holds of the tensors is
-equal, so the kept kernel is the one the key would find. Without a C++ compiler, with
-``KVPROF_TRITON_SIGNATURE=0`` at import, or for tensors it does not read (a subclass, no
-storage), writers take their Python path (:func:`signature_state` says why).
+A writer can skip its own Python as well (:class:`SignedLaunch`): the C++ signature of its
+tensors (:mod:`kvprof.kvcache.signature`, loaded at the first compiled launch) reads every
+tensor's dtype, device, shape, strides, 16-byte alignment and address in one call, a fraction
+of a µs where Python's attribute reads take several; a writer keys its call plan by those
+bytes and its other arguments, and keeps, per plan and constexprs, the kernel a launch through
+:meth:`CompiledLauncher.launch` kept (:meth:`CompiledLauncher.signed`). Equal bytes mean
+everything that key holds of the tensors is equal, so the kept kernel is the one the key would
+find. Without a C++ compiler, with ``KVPROF_TRITON_SIGNATURE=0`` at import, or for tensors it
+does not read (a subclass, no storage), writers take their Python path (``signature.state()``
+says why).
 
 Every call that takes the JIT path is counted with its reason (:func:`launch_counts`):
 a specialisation seen for the first time, a launch hook set (Triton's profiler hooks need
@@ -55,8 +55,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvprof.kvcache import signature
+
 ENV_DISABLE = "KVPROF_TRITON_LAUNCHER"  # "0": every launch through Triton's JITFunction.run
-ENV_SIGNATURE = "KVPROF_TRITON_SIGNATURE"  # "0": writers key every call in Python (no C++ helper built)
 
 # reasons a call took Triton's own path
 FIRST = "first launch of a specialisation"
@@ -85,40 +86,6 @@ def _disabled_by_env(name: str = ENV_DISABLE) -> bool:
 
 
 _ON = not _disabled_by_env()  # read once, at import (a per-call read of the environment costs the path)
-
-# signature(*tensors) -> (bytes, addresses) | None, once built (writers read it per call); why not, else
-SIGNATURE: Callable[..., tuple[bytes, tuple[int, ...]] | None] | None = None
-_signature_why: str | None = f"{ENV_SIGNATURE}=0" if _disabled_by_env(ENV_SIGNATURE) else None
-_signature_tried = _signature_why is not None
-
-
-def load_signature() -> str | None:
-    """Build (the first time on a machine) or load the C++ signature helper,
-    once per process; None when writers may use it, else why not (one line)."""
-    global SIGNATURE, _signature_why, _signature_tried
-    with _LOCK:
-        if not _signature_tried:
-            _signature_tried = True
-            from pathlib import Path
-
-            from kvprof.kvcache.writers.cuda_build import CudaOp
-
-            source = Path(__file__).resolve().parent / "csrc" / "tensor_signature.cpp"
-            module, error = CudaOp("kvprof_tensor_signature", [source], "the tensor signature helper",
-                                   cuda=False).load()
-            SIGNATURE = getattr(module, "signature", None) if error is None else None
-            _signature_why = error if SIGNATURE is None else None
-            if SIGNATURE is None and _signature_why is None:
-                _signature_why = "the tensor signature helper has no signature function"
-    return _signature_why
-
-
-def signature_state() -> str:
-    """Whether writers key their calls by the C++ signature: 'on', 'not loaded yet' or why not."""
-    if SIGNATURE is not None:
-        return "on"
-    return _signature_why or "not loaded yet"
-
 
 def set_enabled(on: bool) -> bool:
     """Turn the compiled path on or off for every launcher (off: every call takes Triton's
@@ -270,7 +237,7 @@ class CompiledLauncher:
 
             self._device = self._device or getattr(torch._C, "_cuda_getDevice", None) or active.get_current_device
             self._stream = self._stream or active.get_current_stream
-        load_signature()  # the writers' fast path; a failure only leaves them on their Python path
+        signature.load()  # the writers' fast path; a failure only leaves them on their Python path
         return None
 
     def _names(self, nargs: int, nconsts: int) -> tuple[str, ...]:
@@ -451,17 +418,6 @@ class SignedLaunch:
         return True
 
 
-MEMO_LIMIT = 4096  # entries of a writer's memo: prefill token counts are many
-
-
-def keep(memo: dict[Any, Any], key: Any, value: Any) -> Any:
-    """Store ``value`` under ``key`` in a writer's bounded memo (cleared past ``MEMO_LIMIT``); returns it."""
-    if len(memo) > MEMO_LIMIT:
-        memo.clear()
-    memo[key] = value
-    return value
-
-
 _BY_FN: dict[int, CompiledLauncher] = {}
 
 
@@ -508,6 +464,5 @@ def describe_counts(counts: dict[str, dict[str, Any]]) -> str:
             f"{sum(reasons.values()):,} through Triton" + (f" ({why})" if why else ""))
 
 
-__all__ = ["ENV_DISABLE", "ENV_SIGNATURE", "CompiledLauncher", "SignedLaunch", "describe_counts", "direct_launch",
-           "hook_set", "keep", "key_source", "launch_counts", "launcher_for", "load_signature", "set_enabled",
-           "signature_state"]
+__all__ = ["ENV_DISABLE", "CompiledLauncher", "SignedLaunch", "describe_counts", "direct_launch", "hook_set",
+           "key_source", "launch_counts", "launcher_for", "set_enabled"]

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kvprof.kvcache.contracts import MLAWriter, PagedWriter
-from kvprof.kvcache.writers.cuda_build import CudaOp, op_refusal
+from kvprof.kvcache.cuda_build import CudaOp, op_refusal
 from kvprof.kvcache.writers.fp8_jit import torch_e4m3_saturates
 
 CSRC = Path(__file__).with_name("csrc")
