@@ -4,8 +4,11 @@ Each contract (MHA store ``KVWriter``, ``MLAWriter``, ``PagedWriter``, the rope 
 ``RopeKVWriter``) checks a call before its writer's own ``write`` runs
 (``kvprof.kvcache.contracts.ChecksItsCalls``). A writer that does nothing isolates that cost:
 ``write`` (checked) minus ``write_unchecked`` (the writer's own, as the pools call it after
-their checks) is what the checks add per call. ``check_write`` alone is timed too, and the
-MHA pool's own checks (``check_write_inputs``) beside them for scale. On a CPU the checks
+their checks) is what the checks add per call: in Python on every call ("write", the C++ call
+key left out), and kept per call key ("kept write": ``checked_call`` takes a passed call's
+result for the same tensors and arguments and reads only the values; one call repeated, as an
+engine's layers repeat theirs). ``check_write`` alone is timed too, and the MHA pool's own checks
+(``check_write_inputs``) beside them for scale. On a CPU the checks
 also read the slots (and positions) to refuse one out of range: that part grows with the
 token count (a list's min/max up to 64 tokens, ``torch.aminmax`` above), so three token
 counts are timed; on a GPU the values are not read (a sync) and the cost is flat.
@@ -26,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import KVWriter, MLAWriter, PagedWriter, RopeKVWriter
 from kvprof.kvcache.validation import check_write_inputs
 from kvprof.kvcache.writers.rope_reference import cos_sin_table
@@ -120,18 +124,26 @@ def main() -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"device {device} ({where}), torch {torch.__version__}, Python {platform.python_version()}; "
           f"median of {args.repeats} x {args.calls} calls, ns per call ({args.clock} clock)")
-    head = (f"{'contract':<28} {'tokens':>6} {'unchecked':>10} {'write':>10} {'checks add':>10} {'check_write':>11} "
-            f"{'pool check':>10}")
+    why = signature.load()
+    call_key = signature.CALL_KEY
+    print(f"the C++ call key (checked_call's memo): {why or 'built'}")
+    head = (f"{'contract':<28} {'tokens':>6} {'unchecked':>10} {'write':>10} {'checks add':>10} {'kept write':>10} "
+            f"{'kept add':>9} {'check_write':>11} {'pool check':>10}")
     print(head)
     print("-" * len(head))
     for tokens in (int(t) for t in args.tokens.split(",")):
         for contract, writer, call, pool_check in cases(tokens, device):
             unchecked = per_call_ns(lambda w=writer, c=call: w.write_unchecked(*c), args.calls, args.repeats, clock)
+            signature.CALL_KEY = None  # every call checked in Python
             checked = per_call_ns(lambda w=writer, c=call: w.write(*c), args.calls, args.repeats, clock)
+            signature.CALL_KEY = call_key
+            kept = (per_call_ns(lambda w=writer, c=call: w.write(*c), args.calls, args.repeats, clock)
+                    if call_key is not None else None)
             alone = per_call_ns(lambda w=writer, c=call: w.check_write(*c), args.calls, args.repeats, clock)
             pool = per_call_ns(pool_check, args.calls, args.repeats, clock) if pool_check else None
+            kept_cols = f"{kept:>10.0f} {kept - unchecked:>9.0f}" if kept is not None else f"{'n/a':>10} {'':>9}"
             print(f"{contract:<28} {tokens:>6} {unchecked:>10.0f} {checked:>10.0f} {checked - unchecked:>10.0f} "
-                  f"{alone:>11.0f} {'' if pool is None else f'{pool:.0f}':>10}")
+                  f"{kept_cols} {alone:>11.0f} {'' if pool is None else f'{pool:.0f}':>10}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@
 #   env        the card and versions
 #   tests      the GPU tests of the compiled Triton launcher and kvprof's Triton writers (bitwise
 #              against their references, the launcher on and off, signed launches against the
-#              Python path, graph capture); tests and eager first build the C++ signature helper
-#   eager      kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
+#              Python path, graph capture), and every kvprof writer through its pool and called
+#              directly (reference rows or a refusal); tests and eager first build the C++ signature helper
+#   eager      the contracts' checks per call, in Python and kept per call key (bench_writer_checks.py);
+#              kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
 #              lab/eager_split.py: an eager Triton write's host time, layer by layer of its launch path
 #   prefill    kvprof capture of an eager 1/64/4096-token prefill of the writes alone through the pool,
 #              triton_fused (signed launches, then KVPROF_TRITON_SIGNATURE=0), cuda_fused, store_kv_fused
@@ -61,6 +63,12 @@ done
 run tests 150 gpu-tests python3 -m pytest tests/test_triton_launch.py tests/test_signed_launch.py \
   tests/test_fused_writers.py tests/test_rope_gpu.py tests/test_layouts_gpu.py -m gpu \
   -k "triton and not sgl and not sglang or signed" -q -p no:cacheprovider -rfs --maxfail=5
+# every writer of kvprof's through its pool and called directly, on the GPU (the contracts'
+# checks kept per call key once the helper is loaded: the first CUDA write loads it)
+run tests 120 gpu-pool-tests python3 -m pytest tests/test_writer_properties.py tests/test_writer_contracts.py -m gpu \
+  -k "index_put or fused or mla_triton or mla_cuda or paged_triton or paged_cuda" -q -p no:cacheprovider -rfs \
+  --maxfail=5
+run eager 60 writer-checks python3 benchmarks/bench_writer_checks.py --device cuda --calls 5000 --repeats 7
 run eager 60 eager-split env OUT="$R" python3 lab/eager_split.py
 run eager 55 eager-store python3 -m kvprof bench --modes eager \
   --variants index_put,triton_fused,cuda_fused,store_kv_fused --shapes 8x128 --dtypes "bf16,fp8_e4m3<-bf16" \

@@ -567,19 +567,25 @@ def test_layer_true_is_not_layer_one():
 
 @pytest.mark.parametrize("writer", ["index_put", "triton_fused"])
 def test_unchecked_out_of_range_slots_follow_the_documented_guarantee(writer):
-    """check_slots=False: index_put raises for slot >= rows; triton_fused skips it; neither
-    writes outside the buffers (the pool's docstring says which does what)."""
+    """check_slots=False: on a CPU the writer's contract still refuses a slot >= rows, one
+    line, nothing written; past the checks (the writer's own write, as on CUDA where the
+    slots are the caller's) index_put raises for it and triton_fused skips it; neither writes
+    outside the buffers (the pool's docstring says which does what)."""
     from kvprof.kvcache.pool import KVPool
     from kvprof.kvcache.writers import create_writer
 
     pool = KVPool(16, 1, torch.bfloat16, 1, 8, 1, writer=create_writer(writer), check_slots=False)
     k = torch.ones(2, 1, 8, dtype=torch.bfloat16)
     loc = torch.tensor([3, pool.rows + 5])
+    with pytest.raises(ValueError, match=f"loc has slot {pool.rows + 5}, outside"):
+        pool.set_kv_buffer(0, loc, k, k)
+    assert not pool.k_buffer[0].any()
+    unchecked = pool.writer.write_unchecked
     if writer == "index_put":
         with pytest.raises(IndexError):
-            pool.set_kv_buffer(0, loc, k, k)
+            unchecked(pool.k_buffer[0], pool.v_buffer[0], loc, k, k, torch.bfloat16)
     else:
-        pool.set_kv_buffer(0, loc, k, k)
+        unchecked(pool.k_buffer[0], pool.v_buffer[0], loc, k, k, torch.bfloat16)
         assert pool.k_buffer[0][3].eq(1).all()  # the good row is written, the bad one skipped
         assert int(pool.k_buffer[0].ne(0).any(dim=-1).sum()) == 1
 

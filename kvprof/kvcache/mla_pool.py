@@ -123,7 +123,8 @@ class MLAPool:
         row = check_rows(cache_k, "cache_k", loc.shape[0], 1, self.kv_cache_dim, self.device)
         check_apart((self.kv_buffer[idx],), loc=loc, cache_k=row)
         r = self.kv_lora_rank
-        path = checked_impl(self.writer)(self.kv_buffer[idx], loc, row[..., :r], row[..., r:], self.dtype, NO_SKIP)
+        # the writer's own checks too (kept per call key): on a CPU they read the slots
+        path = self.writer.write(self.kv_buffer[idx], loc, row[..., :r], row[..., r:], self.dtype, NO_SKIP)
         self.path_counts[path] += 1
 
     def set_mla_kv_buffer(self, layer: Any, loc: torch.Tensor, cache_k_nope: torch.Tensor,
@@ -131,6 +132,25 @@ class MLAPool:
         """Write ``cache_k_nope`` and ``cache_k_rope`` side by side into the rows at ``loc``
         (slot 0 skipped, as SGLang does)."""
         idx = layer_index(layer, layer_id_override, self.start_layer, self.layer_num)
+        if not self.check_slots:
+            # the writer's contract checks what the pool's checks do once nope is kv_lora_rank
+            # wide (the buffer is the pool's), kept per call key (checked_call); the pool's checks
+            # run only to word a refusal
+            try:
+                args = self.writer.checked_call(self.kv_buffer[idx], loc, cache_k_nope, cache_k_rope, self.dtype,
+                                                RESERVED_SKIP_SLOT)
+            except ValueError:
+                self._checked(idx, loc, cache_k_nope, cache_k_rope)
+                raise
+            if args[2].shape[-1] == self.kv_lora_rank:
+                self.path_counts[checked_impl(self.writer)(*args)] += 1
+                return
+        # the pool's checks, then the writer's own (kept per call key): on a CPU they read the slots
+        path = self.writer.write(*self._checked(idx, loc, cache_k_nope, cache_k_rope))
+        self.path_counts[path] += 1
+
+    def _checked(self, idx: int, loc: Any, cache_k_nope: Any, cache_k_rope: Any) -> tuple[Any, ...]:
+        """The pool's checks, in SGLang's terms; the writer's arguments."""
         loc = self._check_loc(loc)
         tokens = loc.shape[0]
         nope = check_rows(cache_k_nope, "cache_k_nope", tokens, 1, self.kv_lora_rank, self.device)
@@ -138,8 +158,7 @@ class MLAPool:
         if nope.dtype != rope.dtype:
             raise ValueError(f"cache_k_nope is {nope.dtype} but cache_k_rope is {rope.dtype}")
         check_apart((self.kv_buffer[idx],), loc=loc, cache_k_nope=nope, cache_k_rope=rope)
-        path = checked_impl(self.writer)(self.kv_buffer[idx], loc, nope, rope, self.dtype, RESERVED_SKIP_SLOT)
-        self.path_counts[path] += 1
+        return self.kv_buffer[idx], loc, nope, rope, self.dtype, RESERVED_SKIP_SLOT
 
     def _check_loc(self, loc: Any) -> torch.Tensor:
         loc = check_loc(loc, self.device)

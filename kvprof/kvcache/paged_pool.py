@@ -76,6 +76,7 @@ class PagedPool:
         self.check_slots = check_slots
         self.path_counts: Counter[str] = Counter()
         self._scales: dict[float, torch.Tensor] = {}
+        self._fp8 = is_fp8(dtype)
         shape = (num_blocks, block_size, head_num, head_dim)
         self.key_cache = [torch.zeros(shape, dtype=self.store_dtype, device=device) for _ in range(layer_num)]
         self.value_cache = [torch.zeros(shape, dtype=self.store_dtype, device=device) for _ in range(layer_num)]
@@ -112,6 +113,31 @@ class PagedPool:
                                 slot_mapping: torch.Tensor, k_scale: Any = None, v_scale: Any = None) -> None:
         """vLLM's write, argument order and all (the caches are the layer's)."""
         idx = layer_index(layer, None, self.start_layer, self.layer_num)
+        fp8 = self._fp8
+        if self.check_slots or (not fp8 and (k_scale is not None or v_scale is not None)):
+            # the pool's checks, then the writer's own (kept per call key): on a CPU they read the slots
+            self.path_counts[self.writer.write(*self._checked(idx, key, value, slot_mapping, k_scale, v_scale))] += 1
+            return
+        # the writer's contract checks what the pool's checks do (the caches are the pool's, the
+        # scales' values checked here), kept per call key (checked_call); the pool's checks run
+        # only to word a refusal
+        try:
+            ks = vs = None
+            if fp8:
+                check_scale_value("k_scale", k_scale, self.device)
+                check_scale_value("v_scale", v_scale, self.device)
+                ks, vs = self._scale(k_scale), self._scale(v_scale)
+            args = self.writer.checked_call(self.key_cache[idx], self.value_cache[idx], slot_mapping, key,
+                                            value, self.dtype, ks, vs)
+        except ValueError:
+            self._checked(idx, key, value, slot_mapping, k_scale, v_scale)
+            raise
+        path = checked_impl(self.writer)(*args)
+        self.path_counts[path] += 1
+
+    def _checked(self, idx: int, key: Any, value: Any, slot_mapping: Any, k_scale: Any,
+                 v_scale: Any) -> tuple[Any, ...]:
+        """The pool's checks, in vLLM's terms; the writer's arguments."""
         slot_mapping = check_loc(slot_mapping, self.device, "slot_mapping")
         tokens = slot_mapping.shape[0]
         key = check_rows(key, "key", tokens, self.head_num, self.head_dim, self.device, at_least=True)
@@ -137,9 +163,7 @@ class PagedPool:
         if tokens:
             check_apart((self.key_cache[idx], self.value_cache[idx]), slot_mapping=slot_mapping, key=key,
                         value=value, k_scale=ks, v_scale=vs)
-        path = checked_impl(self.writer)(self.key_cache[idx], self.value_cache[idx], slot_mapping, key, value,
-                                 self.dtype, ks, vs)
-        self.path_counts[path] += 1
+        return self.key_cache[idx], self.value_cache[idx], slot_mapping, key, value, self.dtype, ks, vs
 
     def write_layer(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_scale: Any = None, v_scale: Any = None) -> None:

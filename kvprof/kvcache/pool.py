@@ -29,10 +29,11 @@ class KVPool:
     ``check_slots`` validates slot values on every write (one device sync on CUDA; skipped
     while a CUDA graph is being captured, where a sync is illegal). Workloads that build
     their slots on the host check them once there and turn it off for the hot path.
-    With it off, slots in ``[0, rows)`` are the caller's promise; a slot outside is never
-    written outside the buffers, but writers differ in what they do with it: ``index_put``
-    and ``two_stream`` raise torch's IndexError for a slot >= rows (a device-side assert on
-    CUDA) and, like Python indexing, write a negative slot to row ``rows + slot``; the
+    With it off, on a CPU the writer's contract still refuses a slot outside ``[0, rows)``
+    (reading the slots costs no sync there); on CUDA slots in ``[0, rows)`` are the caller's
+    promise: a slot outside is never written outside the buffers, but writers differ in what
+    they do with it: ``index_put`` and ``two_stream`` hit torch's device-side assert for a
+    slot >= rows and, like Python indexing, write a negative slot to row ``rows + slot``; the
     Triton and CUDA fused writers skip the row (their kernels mask ``0 <= slot < rows``).
 
     Every other input is checked before any kernel runs (:func:`check_write_inputs`), so a
@@ -209,11 +210,23 @@ class KVPool:
             except Exception:
                 self._validate(idx, loc, cache_k, cache_v)  # the pool's one-line ValueError for bad input
                 raise  # the inputs were fine: the writer's own error
-        else:
+        elif self.check_slots or self._rope_writer:
             loc, cache_k, cache_v = self._validate(idx, loc, cache_k, cache_v)
-            path = self._write(
+            # the writer's own checks too (kept per call key): on a CPU they read the slots
+            path = store.write(
                 self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
             )
+        else:
+            # the writer's contract checks what the pool's checks do and more, kept per call key
+            # (checked_call: a repeated call is one C++ call and a lookup); the pool's checks run
+            # only to word a refusal in its terms
+            try:
+                args = store.checked_call(self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v,
+                                          self.dtype, k_scale, v_scale)
+            except ValueError:
+                self._validate(idx, loc, cache_k, cache_v)
+                raise
+            path = self._write(*args)
         self.path_counts[path] += 1
 
     def set_kv_buffer_with_rope(
@@ -249,8 +262,9 @@ class KVPool:
         writer: RopeKVWriter = self.writer  # type: ignore[assignment]
         # the writer's own contract checks everything, its unsupported_reason included, before
         # anything is rotated; on a CPU that takes slots and positions inside their ranges too
-        args = writer.check_write(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, self.dtype,
-                                  k_scale, v_scale)
+        # (checked_call: a call of the same key as one that passed takes its result)
+        args = writer.checked_call(q, k, v, k_buf, v_buf, loc, positions, cos_sin_cache, is_neox, self.dtype,
+                                   k_scale, v_scale)
         if self.check_slots and loc.is_cuda and loc.shape[0] and not _capturing(loc):  # one device sync
             for name, t, end in (("loc", loc, self.rows), ("positions", positions, cos_sin_cache.shape[0])):
                 lo, hi = (int(x) for x in torch.aminmax(t))
