@@ -12,6 +12,8 @@
 #   eager      the contracts' checks per call, in Python and kept per call key (bench_writer_checks.py);
 #              kvprof bench's eager mode for every fused writer (store, rope + store, MLA, paged), and
 #              lab/eager_split.py: an eager Triton write's host time, layer by layer of its launch path
+#   eager-ab   the rope, MLA and paged eager writes through their pools with the C++ helper and with
+#              KVPROF_TRITON_SIGNATURE=0, alternating, two rounds
 #   prefill    kvprof capture of an eager 1/64/4096-token prefill of the writes alone through the pool,
 #              triton_fused (signed launches, then KVPROF_TRITON_SIGNATURE=0), cuda_fused, store_kv_fused
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
@@ -27,8 +29,8 @@ OUT=${OUT:-/tmp/kvprof-gpu}
 R=$OUT/card-tables
 parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
 for part in $parts; do
-  case $part in env|tests|eager|prefill|peers-32|peers-1-8|own|rope-4096) ;;
-    *) echo "card_tables.sh: unknown part $part (known: env tests eager prefill peers-32 peers-1-8 own rope-4096)" >&2
+  case $part in env|tests|eager|eager-ab|prefill|peers-32|peers-1-8|own|rope-4096) ;;
+    *) echo "card_tables.sh: unknown part $part (known: env tests eager eager-ab prefill peers-32 peers-1-8 own rope-4096)" >&2
        exit 2 ;;
   esac
 done
@@ -56,7 +58,7 @@ run() {  # run PART LIMIT NAME CMD...: output to $R/NAME.txt
 }
 run env 30 env bash gpu/run_gpu_checks.sh env
 # the launcher's C++ signature helper, built once (tens of seconds) before anything is timed
-for part in tests eager prefill; do
+for part in tests eager eager-ab prefill; do
   case $parts in *" $part "*) run $part 120 signature-helper python3 -c "from kvprof.kvcache import \
 signature as s; print('signature helper:', s.load() or 'built')"; break ;; esac
 done
@@ -77,6 +79,19 @@ run eager 55 eager-rope python3 -m kvprof bench --family rope --modes eager \
   --variants rope_then_triton_fused,rope_triton_fused,rope_cuda_fused --shapes 8x1x128 --dtypes bf16 \
   --tokens 1,64,4096 --eager-repeats 20 --out "$R/eager-rope"
 run eager 90 eager-layouts python3 -m kvprof.bench.layouts --tokens 1,64 --replays 20 --out "$R/eager-layouts"
+# the same eager writes through their pools with the C++ helper (signed launches, the contracts'
+# kept checks) and without it (KVPROF_TRITON_SIGNATURE=0), alternating, two rounds in one call
+for round in 1 2; do
+  for helper in on off; do
+    sig=1; [ $helper = off ] && sig=0
+    run eager-ab 35 "ab-rope-$helper-$round" env KVPROF_TRITON_SIGNATURE=$sig python3 -m kvprof bench --family rope \
+      --modes eager --variants rope_triton_fused,rope_cuda_fused --shapes 8x1x128 --dtypes bf16 --tokens 1,64,4096 \
+      --eager-repeats 20 --out "$R/ab-rope-$helper-$round"
+    run eager-ab 50 "ab-layouts-$helper-$round" env KVPROF_TRITON_SIGNATURE=$sig python3 -m kvprof.bench.layouts \
+      --tokens 1,64 --modes eager --replays 20 --variants mla_triton,mla_cuda,paged_triton,paged_cuda \
+      --out "$R/ab-layouts-$helper-$round"
+  done
+done
 # a prefill of the writes alone through the pool, eager, each fused store writer: the Triton writers
 # with their signed launches and with the C++ signature helper left out (the reference's µs per write
 # is the host's launch path where the write is shorter on the GPU; torch.profiler's host launch)
