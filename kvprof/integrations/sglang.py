@@ -961,8 +961,9 @@ class _RopeRoute:
         from kvprof.kvcache.contracts import check_rope_call, checked_impl
 
         self.writer = writer
-        # the route runs the rope contract's checks itself (check_rope_call, unsupported_reason):
-        # it calls the writer's own write
+        # the route runs the rope contract's checks through the writer's checked_call (kept per
+        # call key: a repeated call is one C++ call and a lookup) and then the writer's own write;
+        # check_rope_call and unsupported_reason word a refusal for the log
         self.write_impl = checked_impl(writer)
         self.dtype = pool.dtype  # not the pool: kvprof must not keep a pool SGLang has let go
         self.state = state
@@ -972,7 +973,7 @@ class _RopeRoute:
         self.input_ok: dict[Any, str | None] = {}
 
     def write(self, call: tuple[Any, ...]) -> None:
-        path = self.write_impl(*call, self.dtype)
+        path = self.write_impl(*call)
         self.state.count(f"writer:{self.writer.name}:{path}", WRITE_FUSED_INTO_ROPE)
 
     def prepare(self, found: tuple[Any, int, int], args: tuple[Any, ...],
@@ -998,6 +999,12 @@ class _RopeRoute:
             return "rope + store: its V buffer is not its layer's"
         loc, positions, q, k = fused.cache_loc, call.get("positions"), call.get("q"), call.get("k")
         try:
+            return self.writer.checked_call(q, k, fused.value, k_buf, v_buf, loc, positions, table,  # type: ignore[no-any-return]
+                                            bool(call.get("is_neox")), pool.dtype)
+        except ValueError as exc:
+            refusal = exc
+        # refused: the rope checks, or the writer's unsupported_reason, word it for the log
+        try:
             q, k, v, loc, positions = self.check(q, k, fused.value, k_buf, v_buf, loc, positions,  # type: ignore[arg-type]
                                                  table, pool.dtype)
         except ValueError as exc:
@@ -1006,9 +1013,7 @@ class _RopeRoute:
         if in_dtype not in self.input_ok:
             self.input_ok[in_dtype] = self.writer.unsupported_reason(self.device, pool.dtype, in_dtype)
         refused = self.input_ok[in_dtype]
-        if refused:
-            return refused
-        return (q, k, v, k_buf, v_buf, loc, positions, table, bool(call.get("is_neox")))
+        return refused or f"rope + store: input kvprof's checks refuse ({refusal})"
 
 
 class _LayerMap:
