@@ -134,8 +134,7 @@ class ChecksItsCalls:
         where the checks take 5-25 µs of Python (benchmarks/bench_writer_checks.py). The helper
         is loaded (built, the first time on a machine) at the first call on a CUDA device."""
         call_key = signature.CALL_KEY
-        if call_key is None and signature.pending() and args and getattr(args[0], "is_cuda", False):
-            signature.load()  # at the first CUDA write (a CPU process loads it itself: signature.load)
+        if call_key is None and args and signature.ready(args[0]):  # loaded at the first CUDA write
             call_key = signature.CALL_KEY
         if call_key is None or kwargs or not self.checks_by_key:
             return self.check_write(*args, **kwargs)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import NO_SKIP, RESERVED_SKIP_SLOT, MLAWriter, checked_impl
 from kvprof.kvcache.dtypes import short_name, store_dtype_for
 from kvprof.kvcache.guards import check_memory, memory_limit
@@ -123,8 +124,7 @@ class MLAPool:
         row = check_rows(cache_k, "cache_k", loc.shape[0], 1, self.kv_cache_dim, self.device)
         check_apart((self.kv_buffer[idx],), loc=loc, cache_k=row)
         r = self.kv_lora_rank
-        # the writer's own checks too (kept per call key): on a CPU they read the slots
-        path = self.writer.write(self.kv_buffer[idx], loc, row[..., :r], row[..., r:], self.dtype, NO_SKIP)
+        path = self._write_checked(self.kv_buffer[idx], loc, row[..., :r], row[..., r:], self.dtype, NO_SKIP)
         self.path_counts[path] += 1
 
     def set_mla_kv_buffer(self, layer: Any, loc: torch.Tensor, cache_k_nope: torch.Tensor,
@@ -132,7 +132,7 @@ class MLAPool:
         """Write ``cache_k_nope`` and ``cache_k_rope`` side by side into the rows at ``loc``
         (slot 0 skipped, as SGLang does)."""
         idx = layer_index(layer, layer_id_override, self.start_layer, self.layer_num)
-        if not self.check_slots:
+        if not self.check_slots and signature.ready(loc):
             # the writer's contract checks what the pool's checks do once nope is kv_lora_rank
             # wide (the buffer is the pool's), kept per call key (checked_call); the pool's checks
             # run only to word a refusal
@@ -145,9 +145,14 @@ class MLAPool:
             if args[2].shape[-1] == self.kv_lora_rank:
                 self.path_counts[checked_impl(self.writer)(*args)] += 1
                 return
-        # the pool's checks, then the writer's own (kept per call key): on a CPU they read the slots
-        path = self.writer.write(*self._checked(idx, loc, cache_k_nope, cache_k_rope))
-        self.path_counts[path] += 1
+        self.path_counts[self._write_checked(*self._checked(idx, loc, cache_k_nope, cache_k_rope))] += 1
+
+    def _write_checked(self, *args: Any) -> str:
+        """The writer's own write of a call the pool's checks passed; with ``check_slots`` off, on a
+        CPU the slots are read first as the writer's checks read them (``check_values``)."""
+        if not self.check_slots:
+            self.writer.check_values(*args)
+        return checked_impl(self.writer)(*args)
 
     def _checked(self, idx: int, loc: Any, cache_k_nope: Any, cache_k_rope: Any) -> tuple[Any, ...]:
         """The pool's checks, in SGLang's terms; the writer's arguments."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import PAD_SLOT, PagedWriter, checked_impl
 from kvprof.kvcache.dtypes import short_name, store_dtype_for
 from kvprof.kvcache.guards import check_memory, memory_limit
@@ -114,9 +115,12 @@ class PagedPool:
         """vLLM's write, argument order and all (the caches are the layer's)."""
         idx = layer_index(layer, None, self.start_layer, self.layer_num)
         fp8 = self._fp8
-        if self.check_slots or (not fp8 and (k_scale is not None or v_scale is not None)):
-            # the pool's checks, then the writer's own (kept per call key): on a CPU they read the slots
-            self.path_counts[self.writer.write(*self._checked(idx, key, value, slot_mapping, k_scale, v_scale))] += 1
+        if (self.check_slots or (not fp8 and (k_scale is not None or v_scale is not None))
+                or not signature.ready(slot_mapping)):
+            args = self._checked(idx, key, value, slot_mapping, k_scale, v_scale)
+            if not self.check_slots:
+                self.writer.check_values(*args)  # on a CPU, slots as the writer's checks read them
+            self.path_counts[checked_impl(self.writer)(*args)] += 1
             return
         # the writer's contract checks what the pool's checks do (the caches are the pool's, the
         # scales' values checked here), kept per call key (checked_call); the pool's checks run

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvprof.kvcache import signature
 from kvprof.kvcache.contracts import KVWriter, RopeKVWriter, checked_impl
 from kvprof.kvcache.dtypes import short_name, store_dtype_for
 from kvprof.kvcache.guards import check_memory, memory_limit, pool_bytes
@@ -210,12 +211,12 @@ class KVPool:
             except Exception:
                 self._validate(idx, loc, cache_k, cache_v)  # the pool's one-line ValueError for bad input
                 raise  # the inputs were fine: the writer's own error
-        elif self.check_slots or self._rope_writer:
+        elif self.check_slots or self._rope_writer or not signature.ready(loc):
             loc, cache_k, cache_v = self._validate(idx, loc, cache_k, cache_v)
-            # the writer's own checks too (kept per call key): on a CPU they read the slots
-            path = store.write(
-                self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale
-            )
+            args = (self.k_buffer[idx], self.v_buffer[idx], loc, cache_k, cache_v, self.dtype, k_scale, v_scale)
+            if not self.check_slots:
+                store.check_values(*args)  # on a CPU, slots inside the buffers (as the writer's checks read them)
+            path = self._write(*args)
         else:
             # the writer's contract checks what the pool's checks do and more, kept per call key
             # (checked_call: a repeated call is one C++ call and a lookup); the pool's checks run

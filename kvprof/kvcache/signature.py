@@ -62,9 +62,13 @@ def load() -> str | None:
     return _why
 
 
-def pending() -> bool:
-    """Whether ``load`` has not run yet (and ``KVPROF_TRITON_SIGNATURE=0`` does not stop it)."""
-    return not _tried
+def ready(first: Any) -> bool:
+    """Whether calls can be keyed (``CALL_KEY`` loaded), loading the helper at the first call
+    whose first argument is a CUDA tensor: a CPU process loads it itself (``load``), so a CPU
+    run never waits for a build."""
+    if CALL_KEY is None and not _tried and getattr(first, "is_cuda", False):
+        load()
+    return CALL_KEY is not None
 
 
 def state() -> str:
@@ -82,4 +86,4 @@ def keep(memo: dict[Any, Any], key: Any, value: Any) -> Any:
     return value
 
 
-__all__ = ["CALL_KEY", "ENV_SIGNATURE", "MEMO_LIMIT", "SIGNATURE", "keep", "load", "pending", "state"]
+__all__ = ["CALL_KEY", "ENV_SIGNATURE", "MEMO_LIMIT", "SIGNATURE", "keep", "load", "ready", "state"]
