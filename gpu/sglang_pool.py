@@ -176,9 +176,10 @@ def rope_main(args: argparse.Namespace) -> int:
         def __init__(self, pool: object) -> None:
             self.token_to_kv_pool = pool
 
-    class Batch:  # a plain decode batch: no context parallelism, no DCP mask
+    class Batch:  # a plain decode batch: no context parallelism, no DCP mask, no MoE padding
         def __init__(self, loc: torch.Tensor) -> None:
             self.out_cache_loc, self.forward_mode, self.dcp_kv_mask = loc, None, None
+            self.moe_num_token_non_padded = None  # SGLang 0.5.23's forward_context reads it
 
     heads_q, heads, dim, size = 4 * args.heads, args.heads, args.head_dim, 16384
     with torch.device("cuda"):
