@@ -135,8 +135,10 @@ def main() -> None:
         for contract, writer, call, pool_check in cases(tokens, device):
             unchecked = per_call_ns(lambda w=writer, c=call: w.write_unchecked(*c), args.calls, args.repeats, clock)
             signature.CALL_KEY = None  # every call checked in Python
-            checked = per_call_ns(lambda w=writer, c=call: w.write(*c), args.calls, args.repeats, clock)
-            signature.CALL_KEY = call_key
+            try:
+                checked = per_call_ns(lambda w=writer, c=call: w.write(*c), args.calls, args.repeats, clock)
+            finally:
+                signature.CALL_KEY = call_key
             kept = (per_call_ns(lambda w=writer, c=call: w.write(*c), args.calls, args.repeats, clock)
                     if call_key is not None else None)
             alone = per_call_ns(lambda w=writer, c=call: w.check_write(*c), args.calls, args.repeats, clock)

@@ -225,7 +225,7 @@ def exercise(data: bytes, name: str) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _quiet_dashboard_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _own_cwd_and_dashboard_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVPROF_DASHBOARD_CACHE", str(tmp_path_factory.mktemp("dash-cache")))
     # a working directory of its own: exercise's "nothing new in the cwd" must not see what a
     # test in another worker writes into the checkout (the browser test's test-artifacts/)
