@@ -219,12 +219,14 @@ def env_int(name: str, default: str) -> int:
 
 def tuned(name: str) -> Callable[[], Any] | None:
     """``rope_triton_fused@T.H.W``: kvprof's fused Triton rope + store with one forced launch shape
-    (``block_t`` tokens x ``block_h`` heads per program, ``num_warps``), for tuning its table."""
+    (``block_t`` tokens x ``block_h`` heads per program, ``num_warps``), for tuning its table;
+    a ``t`` after W (``@16.1.8t``) runs the programs token-major (``RopeConfig.token_major``)."""
     base, _, shape = name.partition("@")
     if base != "rope_triton_fused" or not shape:
         return None
+    token_major = shape.endswith("t")
     try:
-        block_t, block_h, warps = (int(x) for x in shape.split("."))
+        block_t, block_h, warps = (int(x) for x in shape.removesuffix("t").split("."))
     except ValueError:
         return None
 
@@ -232,7 +234,7 @@ def tuned(name: str) -> Callable[[], Any] | None:
         from kvprof.kvcache.writers.rope_tables import RopeConfig
         from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
 
-        return RopeTritonFusedWriter(config=RopeConfig(block_t, block_h, warps))
+        return RopeTritonFusedWriter(config=RopeConfig(block_t, block_h, warps, token_major))
 
     return make
 

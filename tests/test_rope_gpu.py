@@ -44,11 +44,13 @@ def _cuda_fused(**options: object) -> Callable[[], RopeKVWriter]:
     return make
 
 
-def _triton(kind: str) -> Callable[[], RopeKVWriter]:
+def _triton(kind: str, **config: object) -> Callable[[], RopeKVWriter]:
     def make() -> RopeKVWriter:
         from kvprof.kvcache.writers import rope_triton as rt
 
-        return rt.RopeTritonFusedWriter() if kind == "fused" else rt.RopeThenStoreWriter(kind)
+        if kind == "fused":
+            return rt.RopeTritonFusedWriter(config=config or None)  # type: ignore[arg-type]
+        return rt.RopeThenStoreWriter(kind)
 
     return make
 
@@ -75,6 +77,10 @@ WRITERS: dict[str, tuple[Callable[[], RopeKVWriter], bool]] = {
     "rope_cuda_fused_pdl": (_cuda_fused(pdl=True), True),
     "rope_cuda_fused_small_grid": (_cuda_fused(config={"threads": 32, "blocks_per_sm": 1}), True),
     "rope_triton_fused": (_triton("fused"), True),
+    # the programs token-major (one axis, head groups fastest), few and many tokens per program
+    "rope_triton_fused_token_major": (_triton("fused", block_t=16, block_h=1, num_warps=8, token_major=True), True),
+    "rope_triton_fused_token_major_t1": (_triton("fused", block_t=1, block_h=2, num_warps=4, token_major=True),
+                                         True),
     "rope_then_cuda_fused": (_triton("cuda_fused"), True),
     "sglang_rope_store": (_sglang("jit"), False),
     "sglang_triton_rope_cache": (_sglang("triton"), False),

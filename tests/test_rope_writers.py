@@ -240,9 +240,11 @@ def test_slots_outside_the_cache_are_refused_on_a_cpu_and_skipped_by_the_kernel(
 @needs_interpreter
 def test_forced_launch_shapes_give_the_same_bits():
     """The shape only decides which program handles which token and head; many small
-    programs (the GPU decode shape) and one big one must write the same bits."""
+    programs (the GPU decode shape) and one big one must write the same bits, in either order
+    of the programs (token-major: one grid axis, head groups fastest)."""
     results = []
-    for cfg in (RopeConfig(1, 1, 1), RopeConfig(2, 2, 2), None):
+    for cfg in (RopeConfig(1, 1, 1), RopeConfig(2, 2, 2), None, RopeConfig(1, 1, 1, token_major=True),
+                RopeConfig(2, 2, 2, token_major=True), RopeConfig(4, 1, 1, token_major=True)):
         q, k, v, cs, pos, loc = make_case(tokens=3, hq=3, hk=1, rope_dim=24)
         k_buf, v_buf = buffers(24, 1, 32, 32, torch.float8_e5m2)
         rt.RopeTritonFusedWriter(config=cfg).write(q, k, v, k_buf, v_buf, loc, pos, cs, False, torch.float8_e5m2,

@@ -58,7 +58,7 @@ class TritonRope:
     or rotating only (``rotate``). Everything that depends only on shapes and dtypes is
     computed once per combination."""
 
-    def __init__(self, name: str, config: RopeConfig | dict[str, int] | None = None, convert: str = "auto",
+    def __init__(self, name: str, config: RopeConfig | dict[str, Any] | None = None, convert: str = "auto",
                  pdl: bool | None = None, table: RopeTable | None = None) -> None:
         """``config`` forces one launch shape (tuning), ``table`` replaces the launch table;
         ``convert``: 'auto', 'hw' or 'int' (the integer emulation of torch's rounding on a
@@ -144,19 +144,22 @@ class TritonRope:
 
     def _launch_plan(self, tokens: int, heads_q: int, heads_k: int, dim: int,
                      plan: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The launch shape of ``tokens`` under ``plan``, its grid and the fp8 encode it needs."""
+        """The launch shape of ``tokens`` under ``plan``, its grid and the mode bits it needs (the
+        fp8 encode, the programs' order)."""
         (_, _, _, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, _, _, interpreted,
          table) = plan
         cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim, max(2 * block_half + block_p, block_dv),
                                 interpreted, table)
         block_t, num_warps = cfg.block_t, cfg.num_warps
         block_hq, block_hk = min(cfg.block_h, next_pow2(heads_q)), min(cfg.block_h, next_pow2(heads_k))
-        fp8_mode = 0
+        shape_mode = 0
         if fp8_hw and not (fp8_tiles_aligned and all(hw_cast_safe(c, 16, block_t * block_hk * c, num_warps)
                                                      for c, w in zip(cols, widths) if w)):
-            fp8_mode = kernel.MODE_FP8_INT
-        grid = (-(-tokens // block_t), -(-heads_q // block_hq) + -(-heads_k // block_hk))
-        return block_t, num_warps, block_hq, block_hk, grid, fp8_mode
+            shape_mode = kernel.MODE_FP8_INT
+        blocks, groups = -(-tokens // block_t), -(-heads_q // block_hq) + -(-heads_k // block_hk)
+        if cfg.token_major:
+            return block_t, num_warps, block_hq, block_hk, (blocks * groups,), shape_mode | kernel.MODE_TOKEN_MAJOR
+        return block_t, num_warps, block_hq, block_hk, (blocks, groups), shape_mode
 
     def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, k_buf: torch.Tensor | None,
                v_buf: torch.Tensor | None, loc: torch.Tensor | None, positions: torch.Tensor,
@@ -272,9 +275,9 @@ class TritonRope:
             scaled = not same and (k_scaled or v_scaled)
             if scaled:
                 mode |= (kernel.MODE_K_SCALED if k_scaled else 0) | (kernel.MODE_V_SCALED if v_scaled else 0)
-        block_t, num_warps, block_hq, block_hk, grid, fp8_mode = self._launch_plan(
+        block_t, num_warps, block_hq, block_hk, grid, shape_mode = self._launch_plan(
             tokens, heads_q, heads_k, dim, plan)
-        mode |= fp8_mode
+        mode |= shape_mode
         q_st, q_sh = q.stride()[:2]
         k_st, k_sh = k.stride()[:2]
         reach = (tokens + block_t) * max(abs(q_st), abs(k_st), abs(v_st), 1)
@@ -303,7 +306,7 @@ class RopeTritonFusedWriter(RopeKVWriter):
     rope_fused = True
     devices = ("cpu", "cuda")
 
-    def __init__(self, config: RopeConfig | dict[str, int] | None = None, convert: str = "auto",
+    def __init__(self, config: RopeConfig | dict[str, Any] | None = None, convert: str = "auto",
                  pdl: bool | None = None) -> None:
         """Options as :class:`TritonRope`: ``config`` (one launch shape), ``convert``, ``pdl``."""
         self.kernel = TritonRope(self.name, config, convert, pdl)
@@ -339,7 +342,7 @@ class RopeThenStoreWriter(RopeKVWriter):
     rope_fused = False
     rope_kernels = 1  # launches before the store's own: the rotary kernel
 
-    def __init__(self, store: str = "index_put", rope_config: RopeConfig | dict[str, int] | None = None,
+    def __init__(self, store: str = "index_put", rope_config: RopeConfig | dict[str, Any] | None = None,
                  rope_pdl: bool | None = None, **store_options: Any) -> None:
         """``store``: a registered MHA store writer, built with the remaining keywords;
         ``rope_config``/``rope_pdl``: the rotary kernel's launch shape and PDL (None: where it
@@ -393,7 +396,7 @@ class RopeThenTwoStreamWriter(RopeThenStoreWriter):
 
     name = "rope_then_two_stream"
 
-    def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
+    def __init__(self, rope_config: RopeConfig | dict[str, Any] | None = None, rope_pdl: bool | None = None,
                  **store_options: Any) -> None:
         super().__init__("two_stream", rope_config, rope_pdl, **store_options)
 
@@ -403,7 +406,7 @@ class RopeThenTritonFusedWriter(RopeThenStoreWriter):
 
     name = "rope_then_triton_fused"
 
-    def __init__(self, rope_config: RopeConfig | dict[str, int] | None = None, rope_pdl: bool | None = None,
+    def __init__(self, rope_config: RopeConfig | dict[str, Any] | None = None, rope_pdl: bool | None = None,
                  **store_options: Any) -> None:
         super().__init__("triton_fused", rope_config, rope_pdl, **store_options)
 

@@ -4,7 +4,10 @@ with ``STORE``, stores the rotated k and v into the cache at ``loc``.
 * Grid ``(token blocks, q head groups + k head groups)``: a program rotates ``BLOCK_HQ``
   heads of q for ``BLOCK_T`` tokens, or ``BLOCK_HK`` heads of k -- and then stores them and
   the same heads of v. Positions, slots and cos/sin are loaded once per program and
-  broadcast over its heads.
+  broadcast over its heads. With ``TOKEN_MAJOR`` the grid is one axis of
+  ``token blocks x groups``, groups fastest: the programs a GPU runs side by side cover
+  whole qkv rows of neighbouring tokens, and the heavier k + v programs are spread among
+  the q programs instead of all running in the last wave.
 * The rotation runs in fp32 and rounds once to the input dtype (what is written back to q
   and k). The writers launch it with fp fusion off, so a GPU computes each product and sum
   as the float32 reference does (no FMA contraction; two more instructions per pair in a
@@ -62,6 +65,7 @@ MODE_FP8_INT = 1 << 15  # fp8 through the integer routines (see triton_kernel.fp
 MODE_POW2 = 1 << 16  # the inverse scales are powers of two (triton_convert.pow2_exact)
 MODE_NEOX = 1 << 17  # GPT-NeoX halves, else GPT-J pairs
 MODE_STORE = 1 << 18  # store k and v into the cache (else rotate only)
+MODE_TOKEN_MAJOR = 1 << 19  # a 1-D grid, head groups fastest (else (token blocks, head groups))
 
 
 def mode_bits(q_kind: int, in_kind: int, out_kind: int, *, hw: bool, sat: bool, neox: bool, store: bool,
@@ -170,14 +174,21 @@ if triton is not None:
         POW2: tl.constexpr = (MODE >> 16) & 1
         NEOX: tl.constexpr = (MODE >> 17) & 1
         STORE: tl.constexpr = (MODE >> 18) & 1
+        TOKEN_MAJOR: tl.constexpr = (MODE >> 19) & 1
         ROPE: tl.constexpr = 2 * HALF
         Q_GROUPS: tl.constexpr = (HQ + BLOCK_HQ - 1) // BLOCK_HQ
+        GROUPS: tl.constexpr = Q_GROUPS + (HK + BLOCK_HK - 1) // BLOCK_HK
 
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        pid = tl.program_id(0)
-        group = tl.program_id(1)
+        if TOKEN_MAJOR:
+            flat = tl.program_id(0)
+            pid = flat // GROUPS
+            group = flat % GROUPS
+        else:
+            pid = tl.program_id(0)
+            group = tl.program_id(1)
         if WIDE:
             tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         else:
