@@ -10,12 +10,17 @@ slots, W writes per captured graph, ``kvprof.bench.run.BenchCase``) times every 
 launch shape of ``lab/tune_fused.py`` plus the shape every card row of
 ``kvprof.kvcache.writers.triton_tables.STORE_TABLES`` hands out there, each checked bitwise against
 index_put first and timed as CUDA-graph replays (median of 100 replays, median over
-``CARDS_CAPTURES`` captures). The fastest becomes the card's row for that point. Then the
-fastest, the shape this card takes today and SGLang's ``store_cache`` (``CARDS_PEER``; it
-needs SGLang on the path, else the comparison says why not) are timed after an L2 flush
-(``kvprof.bench.timing.time_cold``). Points run in order of what the tables decide (the 32x128
-bandwidth-bound points first), the JSON is rewritten after every point, and no new point
-starts after ``CARDS_BUDGET_S`` seconds, so a run cut short keeps every point it measured.
+``CARDS_CAPTURES`` captures), and after an L2 flush (``kvprof.bench.timing.time_cold``), as is
+SGLang's ``store_cache`` (``CARDS_PEER``; it needs SGLang on the path, else the comparison says
+why not). The card's row takes, per point, :func:`pick_best`'s shape: the fastest in graphs is
+not always the fastest from DRAM (on an H100, 32x128 bf16 at 64 tokens: the graphs' fastest
+shape was 6.7 % slower after a flush than the next one, and above store_cache there), so among
+the shapes at or below the peer in both modes, else among all, the one whose worse ratio to
+the fastest of either mode is smallest. ``CARDS_COLD=best`` times only the graphs' fastest
+and the table's shape after a flush (the pick is then the graphs' fastest). Points run in
+order of what the tables decide (the 32x128 bandwidth-bound points first), the JSON is
+rewritten after every point, and no new point starts after ``CARDS_BUDGET_S`` seconds, so a
+run cut short keeps every point it measured.
 
 It prints, for this card: the rows of ``STORE_TABLES`` to commit (16-bit and fp8 tables, row
 classes of the grid that were not measured completely kept from the current row and marked
@@ -28,7 +33,8 @@ slowdown against that card's fastest is the smallest (minimax regret over the me
 
 Environment: ``CARDS_SHAPES`` (``32x128,8x128,1x128``), ``CARDS_DTYPES`` (``bf16,fp8_e4m3``),
 ``CARDS_TOKENS`` (``4096,32768,512,64,8,1``), ``CARDS_CAPTURES`` (3), ``CARDS_PEER``
-(``sglang_store_cache``; empty: none), ``CARDS_BUDGET_S`` (270), ``CARDS_PRECOMPILE`` (1).
+(``sglang_store_cache``; empty: none), ``CARDS_COLD`` (``all``; ``best``), ``CARDS_BUDGET_S``
+(270), ``CARDS_PRECOMPILE`` (1).
 """
 
 from __future__ import annotations
@@ -128,9 +134,36 @@ def derive_rows(points: list[dict], current: dict[bool, list[tuple[int, int, tup
     return out, kept
 
 
+def regret(cand: dict, fastest_us: float, fastest_cold: float | None) -> float:
+    """A candidate's worse ratio to a point's fastest: in graphs, and after a flush where both
+    were timed so."""
+    ratio = cand["us"] / fastest_us
+    if fastest_cold and cand.get("cold_us"):
+        ratio = max(ratio, cand["cold_us"] / fastest_cold)
+    return ratio
+
+
+def pick_best(cands: list[dict], peer: dict) -> tuple[dict, str]:
+    """The point's shape and why: where every timed candidate has an after-flush time, among
+    those at or below the peer in both modes (if the peer was timed and any is), else among
+    all, the smallest :func:`regret` (ties: faster in graphs); without the flush times, the
+    fastest in graphs."""
+    timed = [c for c in cands if "us" in c]
+    fastest = min(timed, key=lambda c: c["us"])
+    if not all("cold_us" in c for c in timed):
+        return fastest, "fastest in graphs"
+    fastest_cold = min(c["cold_us"] for c in timed)
+    g, c = peer.get("graph_us"), peer.get("cold_us")
+    meets = [x for x in timed if g and c and x["us"] <= g and x["cold_us"] <= c]
+    pool = meets or timed
+    best = min(pool, key=lambda x: (regret(x, fastest["us"], fastest_cold), x["us"]))
+    why = "at or below the peer in both modes, least regret" if meets else "least regret over both modes"
+    return best, why
+
+
 def minimax_pick(cards: list[dict[tuple, dict]]):
     """The fallback's pick at a point: among the shapes timed on every card, the one whose
-    largest ratio to that card's fastest is smallest (ties: the first card's faster)."""
+    largest :func:`regret` on any card is smallest (ties: the first card's smaller)."""
     def pick(p: dict) -> tuple:
         key = (p["heads"], p["dim"], p["fp8"], p["tokens"])
         per_card = [c[key] for c in cards if key in c]
@@ -138,14 +171,17 @@ def minimax_pick(cards: list[dict[tuple, dict]]):
         if not common:
             return _cfg(p["best"]["config"])
 
-        def regret(cfg: tuple) -> tuple[float, float]:
+        def worst(cfg: tuple) -> tuple[float, float]:
             ratios = []
             for q in per_card:
-                us = next(x["us"] for x in q["candidates"] if "us" in x and _cfg(x["config"]) == cfg)
-                ratios.append(us / q["best"]["us"])
+                timed = [x for x in q["candidates"] if "us" in x]
+                colds = [x["cold_us"] for x in timed if x.get("cold_us")]
+                cold = min(colds) if len(colds) == len(timed) else None
+                cand = next(x for x in timed if _cfg(x["config"]) == cfg)
+                ratios.append(regret(cand, min(x["us"] for x in timed), cold))
             return max(ratios), ratios[0]
 
-        return min(sorted(common), key=regret)
+        return min(sorted(common), key=worst)
     return pick
 
 
@@ -241,9 +277,11 @@ def sweep(out_dir: Path) -> None:
         doc["elapsed_s"] = round(time.perf_counter() - T0, 1)
         atomic_write_text(path, json.dumps(doc, indent=1))
         best = rec.get("best", {})
-        log(f"{rec['shape']:>6} {rec['dtype']:>13} {n:>6}: best {'/'.join(map(str, best.get('config', [])))} "
-            f"{best.get('us')} µs (table {'/'.join(map(str, rec['table']))} {rec.get('table_us')}), "
-            f"{peer_name or 'peer'} {rec['peer'].get('graph_us', rec['peer'].get('error'))}")
+        log(f"{rec['shape']:>6} {rec['dtype']:>13} {n:>6}: pick {'/'.join(map(str, best.get('config', [])))} "
+            f"{best.get('us')} / {rec.get('best_cold_us')} µs graph / cold, {rec.get('why')} (table "
+            f"{'/'.join(map(str, rec['table']))} {rec.get('table_us')} / {rec.get('table_cold_us')}), "
+            f"{peer_name or 'peer'} {rec['peer'].get('graph_us', rec['peer'].get('error'))} / "
+            f"{rec['peer'].get('cold_us')}")
         torch.cuda.empty_cache()
     report([doc], card_rows=True)
     log(f"wrote {path}")
@@ -251,8 +289,8 @@ def sweep(out_dir: Path) -> None:
 
 def measure_point(heads: int, dim: int, dtype: str, n: int, device: Any, card: str | None, captures: int,
                   peer: Any, peer_name: str) -> dict[str, Any]:
-    """One point: every candidate (graph), the fastest and the table's shape after an L2
-    flush, the peer in both modes."""
+    """One point: every candidate in graphs and (``CARDS_COLD=all``) after an L2 flush, the
+    peer in both modes, the pick (:func:`pick_best`) and the table's shape."""
     import tune_fused as tf_lab
     from kvprof.bench.run import BenchCase, BenchPoint
     from kvprof.bench.timing import time_cold, time_graph
@@ -297,6 +335,7 @@ def measure_point(heads: int, dim: int, dtype: str, n: int, device: Any, card: s
     def writer_of(label: list) -> Any:
         return TritonFusedWriter(config=TritonConfig(*label[:3], "stream" in label))
 
+    cold_all = os.environ.get("CARDS_COLD", "all").strip() != "best"
     for cfg in cands:
         lab = [cfg.block_t, cfg.num_warps, cfg.split] + (["stream"] if cfg.stream else [])
         try:
@@ -305,25 +344,31 @@ def measure_point(heads: int, dim: int, dtype: str, n: int, device: Any, card: s
                 rec["candidates"].append({"config": lab, "error": bad})
                 continue
             us, iqr = graph(writer_of(lab))
-            rec["candidates"].append({"config": lab, "us": round(us, 4), "iqr": round(iqr, 4)})
+            cand = {"config": lab, "us": round(us, 4), "iqr": round(iqr, 4)}
+            if cold_all:
+                cand["cold_us"] = cold(writer_of(lab))
+            rec["candidates"].append(cand)
         except Exception as exc:  # noqa: BLE001  one bad candidate must not lose the run
             rec["candidates"].append({"config": lab, "error": oneline(exc)})
+    rec["peer"] = measure_peer(peer, case, device, graph, cold)
     timed_ok = [c for c in rec["candidates"] if "us" in c]
     if timed_ok:
-        rec["best"] = min(timed_ok, key=lambda c: c["us"])
+        rec["best"], rec["why"] = pick_best(timed_ok, rec["peer"])
+        rec["fastest"] = min(timed_ok, key=lambda c: c["us"])
         table_rec = next((c for c in timed_ok if c["config"] == rec["table"]), None)
         rec["table_us"] = table_rec["us"] if table_rec else None
-        rec.update(cold_pair(rec, table_rec is not None, lambda label: cold(writer_of(label))))
-    rec["peer"] = measure_peer(peer, case, device, graph, cold)
+        rec.update(cold_pair(rec, table_rec, lambda label: cold(writer_of(label))))
     return rec
 
 
-def cold_pair(rec: dict[str, Any], table_timed: bool, cold: Any) -> dict[str, Any]:
-    """The fastest shape, and the table's where it ran, after an L2 flush."""
+def cold_pair(rec: dict[str, Any], table_rec: dict[str, Any] | None, cold: Any) -> dict[str, Any]:
+    """The pick, and the table's shape where it ran, after an L2 flush (timed here unless the
+    sweep timed every candidate so)."""
     try:
-        out = {"best_cold_us": cold(rec["best"]["config"])}
-        if table_timed:
-            out["table_cold_us"] = cold(rec["table"])
+        best = rec["best"]
+        out = {"best_cold_us": best["cold_us"] if "cold_us" in best else cold(best["config"])}
+        if table_rec is not None:
+            out["table_cold_us"] = table_rec["cold_us"] if "cold_us" in table_rec else cold(rec["table"])
         return out
     except Exception as exc:  # noqa: BLE001
         return {"cold_error": oneline(exc)}
