@@ -23,14 +23,20 @@
 #              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
 #              node and SGLang's set_kv_buffer (the fp8 saving)
 #   rope-4096  lab/rope_bench.py at 4096 tokens: rope + store beside the rotary alone (kvprof's, SGLang's)
+#   rope-order the rope + store kernel's two program orders (RopeConfig.token_major): its GPU tests
+#              (bitwise), then lab/rope_bench.py at 4096 and at 1-512 tokens over launch shapes in both
+#   tune-store lab/tune_cards.py: every candidate launch shape of triton_fused at the bench grid's
+#              points, in graphs and after an L2 flush, beside store_cache; this card's rows by both
+#              modes (TUNE_BUDGET seconds for the sweep, default 300)
 # Everything ends up in $OUT/card-tables.tgz (the device returns few files); the log in $OUT/card-tables.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
 R=$OUT/card-tables
 parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
 for part in $parts; do
-  case $part in env|tests|eager|eager-ab|prefill|peers-32|peers-1-8|own|rope-4096) ;;
-    *) echo "card_tables.sh: unknown part $part (known: env tests eager eager-ab prefill peers-32 peers-1-8 own rope-4096)" >&2
+  case $part in env|tests|eager|eager-ab|prefill|peers-32|peers-1-8|own|rope-4096|rope-order|tune-store) ;;
+    *) echo "card_tables.sh: unknown part $part (known: env tests eager eager-ab prefill peers-32 peers-1-8 own" \
+            "rope-4096 rope-order tune-store)" >&2
        exit 2 ;;
   esac
 done
@@ -110,6 +116,16 @@ run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s
   --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
 run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
   ROPE_VARIANTS=rotary:sglang,rotary:kvprof,rope_triton_fused,rope_cuda_fused python3 lab/rope_bench.py
+run rope-order 90 rope-order-tests python3 -m pytest tests/test_rope_gpu.py -m gpu -k rope_triton_fused -q \
+  -p no:cacheprovider -rfs --maxfail=5
+f=rope_triton_fused
+run rope-order 80 rope-order-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-order-4096.json OUT="$R" \
+  ROPE_VARIANTS=rotary:sglang,rotary:kvprof,$f,$f@16.1.8t,$f@8.1.4,$f@8.1.4t,$f@8.1.8t,$f@16.1.4t,$f@32.1.16,\
+$f@32.1.16t,$f@32.1.8t,$f@16.2.8t,$f@8.2.8t,$f@4.1.4t,$f@4.1.2t,$f@64.1.16t python3 lab/rope_bench.py
+run rope-order 80 rope-order-decode env ROPE_TOKENS=1,10,64,512 ROPE_CAPTURES=3 ROPE_JSON=rope-order-decode.json \
+  OUT="$R" ROPE_VARIANTS=$f,$f@1.1.1,$f@1.1.1t,$f@1.1.2t,$f@1.2.4,$f@1.2.4t,$f@2.1.2t,$f@4.1.4t,$f@8.1.4,$f@8.1.4t,\
+$f@16.1.8t python3 lab/rope_bench.py
+run tune-store 400 tune-store env OUT="$R" CARDS_BUDGET_S="${TUNE_BUDGET:-300}" python3 lab/tune_cards.py
 cp "$log" "$R/" 2>/dev/null
 tar czf "$OUT/card-tables.tgz" -C "$OUT" card-tables && rm -rf "$R"
 echo "wrote $OUT/card-tables.tgz after $(( SECONDS - start ))s"
