@@ -17,7 +17,9 @@ index_put does its work twice, which slows the control with the variants: the co
 row (torch's index_put over numpy's) fails. Those captures time 60 reference steps, not the
 CPU default of 10: under a burst of load the machine ran the control 48-71 % slower in NEW,
 and over 10 steps the twice-writer's +47 % had an interval of +7 .. +99 %; 60 steps narrow
-it about 4x (lab/gate_steps.py).
+it about 4x (lab/gate_steps.py). A burst can still make one pair "too noisy to judge" (exit 8,
+the gate's honest answer, not a false fail): that pair is captured again once and the gate's
+second answer is the one asserted (``WriterRuns.judge``).
 """
 
 from __future__ import annotations
@@ -101,24 +103,50 @@ def test_three_identical_captures_never_fail_against_each_other(tmp_path, capsys
     assert ("gate: passed" if rc == 0 else "gate: inconclusive, too noisy to judge") in out
 
 
+class WriterRuns:
+    """BASE, NEW with the writer storing twice, NEW with torch's index_put doing its work twice;
+    ``judge`` compares BASE with one NEW and, where the gate says "too noisy to judge" (exit 8:
+    a load spike on a shared machine ran the control 94 % slower in one NEW here), captures
+    that pair again once -- the gate's answer then, whatever it is, is the one asserted."""
+
+    ARGS = ("--variants", "index_put", "--writer", "gate_writer:make")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.once, self.twice = root / "once_writer", root / "twice_writer"  # the writer's module, not runs
+        for folder, body, how in ((self.once, ONCE, "once"), (self.twice, TWICE, "every write done twice")):
+            folder.mkdir()
+            (folder / "gate_writer.py").write_text(WRITER.format(body=body, how=how))
+        # the reference steps left to their default: on a CPU, as many as fit the pass's budget (up to 100 here)
+        self.base = self.capture("base")
+        self.new = {"twice": self.capture("new_twice", path=self.twice),
+                    "torch": self.capture("new_torch", slow_torch=True)}
+        self.retakes = 0
+
+    def capture(self, run_id: str, path: Path | None = None, slow_torch: bool = False) -> Path:
+        return capture(self.root, run_id, *self.ARGS, path=path or self.once, slow_torch=slow_torch)
+
+    def judge(self, which: str, capsys) -> tuple[int, str, str, Path, Path]:
+        base, new = self.base, self.new[which]
+        rc = main(["compare", str(base), str(new), "--fail-if-slower", THRESHOLD, "--json"])
+        out, err = capsys.readouterr()
+        if rc == 8:
+            self.retakes += 1
+            base = self.capture(f"base_again{self.retakes}")
+            new = (self.capture(f"new_twice_again{self.retakes}", path=self.twice) if which == "twice" else
+                   self.capture(f"new_torch_again{self.retakes}", slow_torch=True))
+            rc = main(["compare", str(base), str(new), "--fail-if-slower", THRESHOLD, "--json"])
+            out, err = capsys.readouterr()
+        return rc, out, err, base, new
+
+
 @pytest.fixture(scope="module")
 def writer_runs(tmp_path_factory):
-    """BASE, NEW with the writer storing twice, NEW with torch's index_put doing its work twice."""
-    root = tmp_path_factory.mktemp("writers")
-    once, twice = root / "once_writer", root / "twice_writer"  # folders of the writer's module, not runs
-    for folder, body, how in ((once, ONCE, "once"), (twice, TWICE, "every write done twice")):
-        folder.mkdir()
-        (folder / "gate_writer.py").write_text(WRITER.format(body=body, how=how))
-    # the reference steps left to their default: on a CPU, as many as fit the pass's budget (up to 100 here)
-    args = ("--variants", "index_put", "--writer", "gate_writer:make")
-    return (capture(root, "base", *args, path=once), capture(root, "new_twice", *args, path=twice),
-            capture(root, "new_torch", *args, path=once, slow_torch=True))
+    return WriterRuns(tmp_path_factory.mktemp("writers"))
 
 
 def test_a_writer_that_writes_twice_fails_the_gate(writer_runs, capsys):
-    base, new, _ = writer_runs
-    rc = main(["compare", str(base), str(new), "--fail-if-slower", THRESHOLD, "--json"])
-    out, err = capsys.readouterr()
+    rc, out, err, base, new = writer_runs.judge("twice", capsys)
     gate = json.loads(out)["gate"]
     rows = {r["variant"]: r for r in gate["rows"]}
     assert rc == 1, err
@@ -140,9 +168,7 @@ def test_a_writer_that_writes_twice_fails_the_gate(writer_runs, capsys):
 def test_a_torch_that_became_slower_fails_the_gate(writer_runs, capsys):
     # torch's index_put doing twice the work slows the variants and torch's control alike: divided by that
     # control alone the rows would pass; the control's own row, over numpy's, fails
-    base, _, slow = writer_runs
-    rc = main(["compare", str(base), str(slow), "--fail-if-slower", THRESHOLD, "--json"])
-    out, err = capsys.readouterr()
+    rc, out, err, _, _ = writer_runs.judge("torch", capsys)
     rows = {r["variant"]: r for r in json.loads(out)["gate"]["rows"]}
     assert rc == 1, err
     assert rows[CONTROL_ROW]["regressed"] and rows[CONTROL_ROW]["low_pct"] > float(THRESHOLD), rows
