@@ -3,17 +3,19 @@
 A program owns ``block_t`` tokens x up to ``block_h`` heads of q, or of k (and then the same
 heads of v): the grid is ``(cdiv(tokens, block_t), cdiv(Hq, bq) + cdiv(Hk, bk))`` with ``bq``
 and ``bk`` the block capped at the next power of two of Hq and of Hk (a GQA model's one k
-head is not padded to four).
-A write of a few tokens (decode) is latency-bound: one head per program spreads it over as
-many SMs as there are heads. A prefill of thousands of tokens is bound by bandwidth (q read
-and written, k and v read, two cache rows written): larger tiles, fewer programs.
+head is not padded to four), or with ``token_major`` one axis of their product, head groups
+fastest. A write of a few tokens (decode) is latency-bound: one head per program spreads it
+over as many SMs as there are heads. A prefill of thousands of tokens is bound by bandwidth
+(q read and written, k and v read, two cache rows written): larger tiles, fewer programs.
 
-Provenance: the head-size-128 rows are the fastest shapes of a sweep on an H200 (Llama-3.1-70B
-at TP8 per rank: 8 q heads, 1 KV head x 128, bf16; 80 layers from CUDA graphs; 24 decode shapes
-at 1, 10 and 64 tokens, 32 prefill shapes at 512 and 4096; ``lab/rope_bench.py`` with
-``rope_triton_fused@T.H.W`` variants, output in ``lab/results/rope-tune-*.txt``). The other rows
-are untimed guesses after the fused store's table (:mod:`kvprof.kvcache.writers.triton_tables`).
-``RopeTritonFusedWriter(config=...)`` overrides them per writer.
+Provenance: the head-size-128 rows of the H200 (and fallback) table are the fastest shapes of
+a sweep on an H200 (Llama-3.1-70B at TP8 per rank: 8 q heads, 1 KV head x 128, bf16; 80
+layers from CUDA graphs; 24 decode shapes at 1, 10 and 64 tokens, 32 prefill shapes at 512
+and 4096; ``lab/rope_bench.py`` with ``rope_triton_fused@T.H.W`` variants, output in
+``lab/results/rope-tune-*.txt``); the H100 row differs at 65-512 tokens (its comment says
+why). The other rows are untimed guesses after the fused store's table
+(:mod:`kvprof.kvcache.writers.triton_tables`). ``RopeTritonFusedWriter(config=...)``
+overrides them per writer.
 Under Triton's interpreter a write takes :func:`interpreted_rope_config` instead.
 """
 
@@ -26,11 +28,14 @@ from kvprof.kvcache.writers.triton_tables import INTERPRETED_TILE
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Tokens per program, heads per program at most (q heads, or k and v heads), warps per program."""
+    """Tokens per program, heads per program at most (q heads, or k and v heads), warps per
+    program, and the programs' order: ``token_major`` runs a token block's head groups side by
+    side (a 1-D grid), else one head group's token blocks (``(token blocks, groups)``)."""
 
     block_t: int
     block_h: int
     num_warps: int
+    token_major: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_t", "block_h"):
@@ -58,10 +63,25 @@ ROPE_TABLE: RopeTable = [
 ]
 
 
+# The H100 SXM's row: lab/rope_bench.py on an H100 80GB HBM3, 2026-12-07, both program orders of
+# the table's and 13 other shapes at 1-4096 tokens: at 513-4096 tokens the token-major 8-token
+# blocks are 11 % faster (512 tokens: 2.38 against 2.67 µs); at 4096 tokens and at 1-64 no shape
+# or order was faster than the H200 row's by more than its spread, so those rows are kept.
+ROPE_TABLE_H100_SXM: RopeTable = [
+    (128, 16, RopeConfig(1, 1, 1)),
+    (128, 64, RopeConfig(1, 2, 4)),
+    (128, 512, RopeConfig(8, 1, 4, token_major=True)),
+    (128, 4096, RopeConfig(16, 1, 8)),
+    (128, _ANY, RopeConfig(16, 1, 8)),
+    *ROPE_TABLE[5:],
+]
+
 # Per card (kvprof.kvcache.writers.card_tables: a device takes its card's row, else "fallback").
-ROPE_TABLES: dict[str, RopeTable] = {"H200": ROPE_TABLE, "fallback": ROPE_TABLE}
+ROPE_TABLES: dict[str, RopeTable] = {"H200": ROPE_TABLE, "H100-SXM": ROPE_TABLE_H100_SXM, "fallback": ROPE_TABLE}
 SOURCES: dict[str, str] = {
     "H200": "lab/rope_bench.py on an H200, 2026-12-04 (lab/results/rope-tune-{decode,prefill}-2026-12-04.txt)",
+    "H100-SXM": "the H200 row, 65-512 tokens token-major 8.1.4: lab/rope_bench.py on an H100, 2026-12-07 "
+                "(lab/results/h100-2026-12-07f/a-order-tune/rope-order-*.txt)",
     "fallback": "the H200 row",
 }
 FALLBACK_WHY = "the only card these shapes were measured on (H200)"
