@@ -18,7 +18,7 @@
 #              triton_fused (signed launches, then KVPROF_TRITON_SIGNATURE=0), cuda_fused, store_kv_fused
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
 #              bf16 and fp8, CUDA-graph replays and after an L2 flush (this card's launch-table row)
-#   peers-1-8  the same for 1x128 and 8x128 rows
+#   peers-1-8  the same for 1x128 and 8x128 rows (PEERS_SHAPES: other shapes, e.g. 8x128 alone)
 #   own        lab/layer_own_time.py: what the fused write adds to the Llama-3.1-70B TP8 decoder layer
 #              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
 #              node and SGLang's set_kv_buffer (the fp8 saving)
@@ -111,7 +111,8 @@ run prefill 60 prefill-analyze bash -c 'for r in signed python; do echo "== $r";
 peers=(python3 -m kvprof bench --variants triton_fused,store_kv_fused,cuda_fused,sglang_store_cache
        --modes graph,cold --dtypes "bf16,fp8_e4m3<-bf16")
 run peers-32 150 bench-peers-32x128 "${peers[@]}" --shapes 32x128 --out "$R/bench-peers-32x128"
-run peers-1-8 120 bench-peers-1-8x128 "${peers[@]}" --shapes 1x128,8x128 --out "$R/bench-peers-1-8x128"
+run peers-1-8 120 bench-peers-1-8x128 "${peers[@]}" --shapes "${PEERS_SHAPES:-1x128,8x128}" \
+  --out "$R/bench-peers-1-8x128"
 run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s "${OWN_BUDGET:-190}" \
   --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
 run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
