@@ -18,7 +18,8 @@
 #              triton_fused (signed launches, then KVPROF_TRITON_SIGNATURE=0), cuda_fused, store_kv_fused
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
 #              bf16 and fp8, CUDA-graph replays and after an L2 flush (this card's launch-table row)
-#   peers-1-8  the same for 1x128 and 8x128 rows (PEERS_SHAPES: other shapes, e.g. 8x128 alone)
+#   peers-1-8  the same for 1x128 and 8x128 rows (PEERS_SHAPES: other shapes, e.g. 8x128 alone, then
+#              written as bench-peers-8x128)
 #   own        lab/layer_own_time.py: what the fused write adds to the Llama-3.1-70B TP8 decoder layer
 #              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
 #              node and SGLang's set_kv_buffer (the fp8 saving)
@@ -27,7 +28,8 @@
 #              (bitwise), then lab/rope_bench.py at 4096 and at 1-512 tokens over launch shapes in both
 #   tune-store lab/tune_cards.py: every candidate launch shape of triton_fused at the bench grid's
 #              points, in graphs and after an L2 flush, beside store_cache; this card's rows by both
-#              modes (TUNE_BUDGET seconds for the sweep, default 300)
+#              modes (TUNE_BUDGET seconds for the sweep, default 300, less where the call's budget
+#              leaves less)
 # Everything ends up in $OUT/card-tables.tgz (the device returns few files); the log in $OUT/card-tables.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvprof-gpu}
@@ -42,6 +44,8 @@ for part in $parts; do
 done
 budget=${CARD_BUDGET:-560}
 case $budget in ''|*[!0-9]*) echo "card_tables.sh: CARD_BUDGET must be whole seconds, got '$budget'" >&2; exit 2 ;; esac
+case ${TUNE_BUDGET:-300} in ''|*[!0-9]*) echo "card_tables.sh: TUNE_BUDGET must be whole seconds, got '$TUNE_BUDGET'" >&2
+  exit 2 ;; esac
 start=$SECONDS
 mkdir -p "$R"
 log=$OUT/card-tables.txt
@@ -111,8 +115,9 @@ run prefill 60 prefill-analyze bash -c 'for r in signed python; do echo "== $r";
 peers=(python3 -m kvprof bench --variants triton_fused,store_kv_fused,cuda_fused,sglang_store_cache
        --modes graph,cold --dtypes "bf16,fp8_e4m3<-bf16")
 run peers-32 150 bench-peers-32x128 "${peers[@]}" --shapes 32x128 --out "$R/bench-peers-32x128"
-run peers-1-8 120 bench-peers-1-8x128 "${peers[@]}" --shapes "${PEERS_SHAPES:-1x128,8x128}" \
-  --out "$R/bench-peers-1-8x128"
+shapes=${PEERS_SHAPES:-1x128,8x128}
+name=bench-peers-1-8x128; [ -n "${PEERS_SHAPES:-}" ] && name=bench-peers-${shapes//,/-}
+run peers-1-8 120 "$name" "${peers[@]}" --shapes "$shapes" --out "$R/$name"
 run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s "${OWN_BUDGET:-190}" \
   --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
 run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
@@ -126,7 +131,10 @@ $f@32.1.16t,$f@32.1.8t,$f@16.2.8t,$f@8.2.8t,$f@4.1.4t,$f@4.1.2t,$f@64.1.16t pyth
 run rope-order 80 rope-order-decode env ROPE_TOKENS=1,10,64,512 ROPE_CAPTURES=3 ROPE_JSON=rope-order-decode.json \
   OUT="$R" ROPE_VARIANTS=$f,$f@1.1.1,$f@1.1.1t,$f@1.1.2t,$f@1.2.4,$f@1.2.4t,$f@2.1.2t,$f@4.1.4t,$f@8.1.4,$f@8.1.4t,\
 $f@16.1.8t python3 lab/rope_bench.py
-run tune-store 400 tune-store env OUT="$R" CARDS_BUDGET_S="${TUNE_BUDGET:-300}" python3 lab/tune_cards.py
+# the sweep's own budget within what the part has left, with a minute for its report
+left=$(( budget - (SECONDS - start) - 5 )); [ "$left" -gt 400 ] && left=400
+tune=${TUNE_BUDGET:-300}; [ "$tune" -gt $(( left - 60 )) ] && tune=$(( left - 60 )); [ "$tune" -lt 1 ] && tune=1
+run tune-store 400 tune-store env OUT="$R" CARDS_BUDGET_S="$tune" python3 lab/tune_cards.py
 cp "$log" "$R/" 2>/dev/null
 tar czf "$OUT/card-tables.tgz" -C "$OUT" card-tables && rm -rf "$R"
 echo "wrote $OUT/card-tables.tgz after $(( SECONDS - start ))s"

@@ -40,6 +40,7 @@ CARD_TABLES = ROOT / "gpu" / "card_tables.sh"
     (["env", "eagr"], {}, "card_tables.sh: unknown part eagr (known: env tests eager eager-ab prefill peers-32 "
                           "peers-1-8 own rope-4096 rope-order tune-store)"),
     (["env"], {"CARD_BUDGET": "5m"}, "card_tables.sh: CARD_BUDGET must be whole seconds, got '5m'"),
+    (["tune-store"], {"TUNE_BUDGET": "x"}, "card_tables.sh: TUNE_BUDGET must be whole seconds, got 'x'"),
 ])
 def test_card_tables_refuses_an_unknown_part_or_budget_and_writes_nothing(tmp_path: Path, args: list[str],
                                                                          env: dict[str, str], said: str) -> None:

@@ -338,6 +338,18 @@ def test_unsupported_reasons():
         assert fused.unsupported_reason(torch.device("cpu"), torch.float8_e5m2, torch.float16) is None
 
 
+def test_token_major_launches_one_grid_axis_with_its_mode_bit():
+    """The bits test above cannot tell the two orders apart: the grid and the mode bit can."""
+    # a plan's fields _launch_plan reads: block_half, block_p, block_dv, no fp8, cols, widths, interpreted, table
+    plan = (0, True, 64, 64, 0, 128, False, True, (64, 0, 128), (64, 0, 128), False, False, False, None)
+    for major in (False, True):
+        kernel = rt.TritonRope("t", RopeConfig(16, 1, 8, token_major=major))
+        *_, grid, mode = kernel._launch_plan(4096, 8, 1, 128, plan)
+        assert grid == ((256 * 9,) if major else (256, 9))  # 256 token blocks x (8 q groups + 1 k group)
+        assert bool(mode & rk.MODE_TOKEN_MAJOR) == major
+    assert rk.MODE_TOKEN_MAJOR > rk.MODE_STORE  # a bit of its own
+
+
 def test_launch_tables():
     assert pick_rope_config(128, 1) == RopeConfig(1, 1, 1)
     assert pick_rope_config(128, 4096).block_t > 1 and pick_rope_config(256, 10**6) is not None

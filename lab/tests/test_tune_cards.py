@@ -81,6 +81,17 @@ def test_the_pick_weighs_both_modes_and_prefers_shapes_at_or_below_the_peer(tc):
     assert best["config"] == [1, 8, 4] and why == "fastest in graphs"
 
 
+def test_the_fallback_weighs_the_flush_where_every_card_timed_it(tc):
+    # card 1: A and C equal in graphs, C 30 % slower after a flush; card 2 (older JSON, graphs only): C best
+    p1 = point(32, 64, False, {A: 1.00, C: 1.00, B: 1.10})
+    for c, cold in zip(p1["candidates"], (2.0, 2.6, 2.0)):
+        c["cold_us"] = cold
+    p2 = point(32, 64, False, {A: 1.05, C: 1.00, B: 1.04})
+    key = (32, 128, False, 64)
+    # by graphs alone C (worst 1.00) would win; with card 1's flush times C's worst is 1.30, A's 1.05, B's 1.10
+    assert tc.minimax_pick([{key: p1}, {key: p2}])(p1) == A
+
+
 def test_derive_prints_every_card_and_the_fallback(tc, tmp_path):
     docs = []
     for card, t in (("H200", {A: 1.0, B: 1.2}), ("H100-SXM", {A: 1.3, B: 1.0})):
@@ -104,6 +115,7 @@ def test_derive_prints_every_card_and_the_fallback(tc, tmp_path):
     (["--derive", "/nonexistent.json"], {}, "cannot read /nonexistent.json"),
     ([], {"CARDS_CAPTURES": "x"}, "CARDS_CAPTURES must be an integer"),
     ([], {"CARDS_TOKENS": "1,x"}, "cannot read CARDS_TOKENS"),
+    ([], {"CARDS_COLD": "some"}, "CARDS_COLD must be all or best, got 'some'"),
     (["--what"], {}, "unknown arguments --what"),
 ])
 def test_a_bad_setting_is_one_line(args, env, words):

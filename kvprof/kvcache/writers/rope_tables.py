@@ -63,12 +63,13 @@ ROPE_TABLE: RopeTable = [
 ]
 
 
-# The H100 SXM's row: lab/rope_bench.py on two H100 80GB HBM3 hosts, 2026-12-07, both program
-# orders of the table's and 13 other shapes at 1-4096 tokens: at 65-512 tokens token-major 8-token
+# The H100 SXM's row: lab/rope_bench.py on two H100 80GB HBM3 hosts, 2026-12-07, launch shapes
+# in both program orders at 1, 10, 64, 512 and 4096 tokens: at 65-512 tokens token-major 8-token
 # blocks are 11 % faster (512 tokens: 2.38 against 2.67 µs, both runs), at 513-4096 token-major
-# 16-token blocks 0.4 and 1.0 % (4096 tokens: 9.186 / 9.202 against 9.224 / 9.291 µs); at 1-64
-# tokens no shape or order was faster than the H200 row's by more than its spread: kept, as the
-# rows past 4096 tokens (not timed).
+# 16-token blocks 0.4 and 1.0 % (4096 tokens: 9.186 / 9.202 against 9.224 / 9.291 µs); each range
+# was timed at its top only. At 1-64 tokens the H200 row's shapes stay (8.1.4 beat 1.1.1 at 1
+# token by 0.03-0.05 µs but lost at 10 by 0.035; no token-major shape won there), as do the rows
+# past 4096 tokens (not timed).
 ROPE_TABLE_H100_SXM: RopeTable = [
     (128, 16, RopeConfig(1, 1, 1)),
     (128, 64, RopeConfig(1, 2, 4)),
