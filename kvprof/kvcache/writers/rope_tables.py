@@ -68,8 +68,8 @@ ROPE_TABLE: RopeTable = [
 # blocks are 11 % faster (512 tokens: 2.38 against 2.67 µs, both runs), at 513-4096 token-major
 # 16-token blocks 0.4 and 1.0 % (4096 tokens: 9.186 / 9.202 against 9.224 / 9.291 µs); each range
 # was timed at its top only. At 1-64 tokens the H200 row's shapes stay (8.1.4 beat 1.1.1 at 1
-# token by 0.03-0.05 µs but lost at 10 by 0.035; no token-major shape won there), as do the rows
-# past 4096 tokens (not timed).
+# token by 0.03-0.05 µs but lost at 10 by 0.035; token-major was level at 10, slower at 1 and
+# 64), as do the rows past 4096 tokens (not timed).
 ROPE_TABLE_H100_SXM: RopeTable = [
     (128, 16, RopeConfig(1, 1, 1)),
     (128, 64, RopeConfig(1, 2, 4)),
