@@ -19,7 +19,7 @@
 #   peers-32   kvprof bench, 32x128 rows: kvprof's fused stores against SGLang's JIT store_cache,
 #              bf16 and fp8, CUDA-graph replays and after an L2 flush (this card's launch-table row)
 #   peers-1-8  the same for 1x128 and 8x128 rows (PEERS_SHAPES: other shapes, e.g. 8x128 alone, then
-#              written as bench-peers-8x128)
+#              written as bench-peers-8x128; PEERS_LIMIT: the part's seconds, default 120)
 #   own        lab/layer_own_time.py: what the fused write adds to the Llama-3.1-70B TP8 decoder layer
 #              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
 #              node and SGLang's set_kv_buffer (the fp8 saving)
@@ -44,6 +44,8 @@ for part in $parts; do
 done
 budget=${CARD_BUDGET:-560}
 case $budget in ''|*[!0-9]*) echo "card_tables.sh: CARD_BUDGET must be whole seconds, got '$budget'" >&2; exit 2 ;; esac
+case ${PEERS_LIMIT:-120} in ''|*[!0-9]*) echo "card_tables.sh: PEERS_LIMIT must be whole seconds, got '$PEERS_LIMIT'" >&2
+  exit 2 ;; esac
 case ${TUNE_BUDGET:-300} in ''|*[!0-9]*) echo "card_tables.sh: TUNE_BUDGET must be whole seconds, got '$TUNE_BUDGET'" >&2
   exit 2 ;; esac
 start=$SECONDS
@@ -117,7 +119,7 @@ peers=(python3 -m kvprof bench --variants triton_fused,store_kv_fused,cuda_fused
 run peers-32 150 bench-peers-32x128 "${peers[@]}" --shapes 32x128 --out "$R/bench-peers-32x128"
 shapes=${PEERS_SHAPES:-1x128,8x128}
 name=bench-peers-1-8x128; [ -n "${PEERS_SHAPES:-}" ] && name=bench-peers-${shapes//,/-}
-run peers-1-8 120 "$name" "${peers[@]}" --shapes "$shapes" --out "$R/$name"
+run peers-1-8 "${PEERS_LIMIT:-120}" "$name" "${peers[@]}" --shapes "$shapes" --out "$R/$name"
 run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s "${OWN_BUDGET:-190}" \
   --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
 run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \

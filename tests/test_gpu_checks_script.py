@@ -41,6 +41,7 @@ CARD_TABLES = ROOT / "gpu" / "card_tables.sh"
                           "peers-1-8 own rope-4096 rope-order tune-store)"),
     (["env"], {"CARD_BUDGET": "5m"}, "card_tables.sh: CARD_BUDGET must be whole seconds, got '5m'"),
     (["tune-store"], {"TUNE_BUDGET": "x"}, "card_tables.sh: TUNE_BUDGET must be whole seconds, got 'x'"),
+    (["peers-1-8"], {"PEERS_LIMIT": "2m"}, "card_tables.sh: PEERS_LIMIT must be whole seconds, got '2m'"),
 ])
 def test_card_tables_refuses_an_unknown_part_or_budget_and_writes_nothing(tmp_path: Path, args: list[str],
                                                                          env: dict[str, str], said: str) -> None:
