@@ -26,6 +26,9 @@
 #   rope-4096  lab/rope_bench.py at 4096 tokens: rope + store beside the rotary alone (kvprof's, SGLang's)
 #   rope-order the rope + store kernel's two program orders (RopeConfig.token_major): its GPU tests
 #              (bitwise), then lab/rope_bench.py at 4096 and at 1-512 tokens over launch shapes in both
+#   rope-grid  the rope + store kernel's persistent grid and streaming cache hints (RopeConfig.persistent,
+#              .stream): its GPU tests (bitwise), then lab/rope_bench.py at 4096 and 512 tokens over
+#              persistent grids of 1-16 programs per SM, with and without the hints, beside the table's
 #   tune-store lab/tune_cards.py: every candidate launch shape of triton_fused at the bench grid's
 #              points, in graphs and after an L2 flush, beside store_cache; this card's rows by both
 #              modes (TUNE_BUDGET seconds for the sweep, default 300, less where the call's budget
@@ -36,9 +39,9 @@ OUT=${OUT:-/tmp/kvprof-gpu}
 R=$OUT/card-tables
 parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
 for part in $parts; do
-  case $part in env|tests|eager|eager-ab|prefill|peers-32|peers-1-8|own|rope-4096|rope-order|tune-store) ;;
+  case $part in env|tests|eager|eager-ab|prefill|peers-32|peers-1-8|own|rope-4096|rope-order|rope-grid|tune-store) ;;
     *) echo "card_tables.sh: unknown part $part (known: env tests eager eager-ab prefill peers-32 peers-1-8 own" \
-            "rope-4096 rope-order tune-store)" >&2
+            "rope-4096 rope-order rope-grid tune-store)" >&2
        exit 2 ;;
   esac
 done
@@ -133,6 +136,15 @@ $f@32.1.16t,$f@32.1.8t,$f@16.2.8t,$f@8.2.8t,$f@4.1.4t,$f@4.1.2t,$f@64.1.16t pyth
 run rope-order 80 rope-order-decode env ROPE_TOKENS=1,10,64,512 ROPE_CAPTURES=3 ROPE_JSON=rope-order-decode.json \
   OUT="$R" ROPE_VARIANTS=$f,$f@1.1.1,$f@1.1.1t,$f@1.1.2t,$f@1.2.4,$f@1.2.4t,$f@2.1.2t,$f@4.1.4t,$f@8.1.4,$f@8.1.4t,\
 $f@16.1.8t python3 lab/rope_bench.py
+run rope-grid 90 rope-grid-tests python3 -m pytest tests/test_rope_gpu.py -m gpu -k rope_triton_fused -q \
+  -p no:cacheprovider -rfs --maxfail=5
+run rope-grid 90 rope-grid-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-grid-4096.json OUT="$R" \
+  ROPE_VARIANTS=rotary:sglang,rotary:kvprof,$f,$f@16.1.8t,$f@16.1.8ts,$f@16.1.8p1,$f@16.1.8p2,$f@16.1.8p4,\
+$f@16.1.8p8,$f@16.1.8sp2,$f@16.1.8sp4,$f@32.1.16p2,$f@32.1.16p4,$f@8.1.4p8,$f@8.1.4p16,$f@16.2.8p4,$f@32.1.8p4 \
+  python3 lab/rope_bench.py
+run rope-grid 70 rope-grid-512 env ROPE_TOKENS=512 ROPE_CAPTURES=3 ROPE_JSON=rope-grid-512.json OUT="$R" \
+  ROPE_VARIANTS=rotary:kvprof,$f,$f@8.1.4t,$f@8.1.4ts,$f@8.1.4p2,$f@8.1.4p4,$f@8.1.4p8,$f@8.1.4sp4,$f@4.1.4p8 \
+  python3 lab/rope_bench.py
 # the sweep's own budget within what the part has left, with a minute for its report
 left=$(( budget - (SECONDS - start) - 5 )); [ "$left" -gt 400 ] && left=400
 tune=${TUNE_BUDGET:-300}; [ "$tune" -gt $(( left - 60 )) ] && tune=$(( left - 60 )); [ "$tune" -lt 1 ] && tune=1

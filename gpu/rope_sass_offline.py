@@ -11,7 +11,8 @@ Llama-3.1-8B's heads (32 q, 8 kv, 128 dims, full NeoX rotary) at 1, 64 and 4096 
 Llama-3.1-70B's per rank at TP 8 (8 q, 1 kv), a partial GPT-J rotary (64 of 128 dims) and the
 rotary-only kernel of the ``rope_then_*`` writers; bf16 caches and fp8 e4m3 from bf16 with
 per-tensor scales (the integer encode where
-the writer takes it). ``--quick``: two compiles, to check that the kernel compiles at all.
+the writer takes it). ``--quick``: three compiles (one a persistent grid with the streaming hints), to check that
+the kernel compiles at all.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def fail(msg: str) -> None:
     raise SystemExit(f"rope_sass_offline.py: error: {msg}")
 
 
-def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: int, dim: int, rope: int) -> str:
+def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: int, dim: int, rope: int,
+                 extra: str = "") -> str:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -45,6 +47,8 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
     bf16 = KINDS[torch.bfloat16]
     cache = KINDS[torch.float8_e4m3fn] if fp8 else bf16
     mode = rk.mode_bits(bf16, bf16, cache, hw=True, sat=True, neox=neox, store=store, pdl=True)
+    # extra shape bits: "persistent" (a fixed grid walking the tiles), "stream" (the cache hints)
+    mode |= rk.MODE_PERSISTENT * ("persistent" in extra) | rk.MODE_STREAM * ("stream" in extra)
     cfg = pick_rope_config(dim, tokens)
     half = rope // 2
     if fp8:
@@ -95,12 +99,13 @@ CASES = [  # name, neox, store, fp8, tokens, hq, hk, dim, rope
     ("gptj-partial", False, True, True, 4096, 32, 2, 128, 64),
     ("rotary-only", True, False, False, 1, 32, 8, 128, 128),
     ("rotary-only", True, False, False, 4096, 32, 8, 128, 128),
+    ("neox-70b-tp8 persistent stream", True, True, False, 4096, 8, 1, 128, 128),
 ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="two compiles: does the kernel compile at all")
+    ap.add_argument("--quick", action="store_true", help="three compiles: does the kernel compile at all")
     ap.add_argument("--out", type=Path, help="also write each listing here")
     args = ap.parse_args()
     try:
@@ -110,21 +115,22 @@ def main() -> None:
         fail(f"needs triton ({type(exc).__name__}: {exc})")
     from kvprof.core.atomic import atomic_write_text
 
-    cases = [CASES[1], CASES[9]] if args.quick else CASES
+    cases = [CASES[1], CASES[9], CASES[12]] if args.quick else CASES
     for name, neox, store, fp8, tokens, hq, hk, dim, rope in cases:
         label = f"{name} {hq}q/{hk}kv x {dim} (rope {rope}) x {tokens} tok, {'fp8 e4m3' if fp8 else 'bf16'} cache"
         if not store:
             label = f"{name} {hq}q/{hk}kv x {dim} x {tokens} tok"
         try:
-            sass = compile_sass(neox, store, fp8, tokens, hq, hk, dim, rope)
+            sass = compile_sass(neox, store, fp8, tokens, hq, hk, dim, rope, extra=name)
         except Exception as exc:  # noqa: BLE001  (a compile or disassembly failure: one line)
             fail(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         ops = [next((tok for tok in ln.split()[1:] if not tok.startswith("@")), "") for ln in sass.splitlines()]
         count = {key: sum(op.startswith(key) for op in ops) for key in ("FFMA", "LDG", "STG")}
+        hinted = sum(op.startswith(("LDG", "STG")) and ".EF" in op for op in ops)
         wide = sum(op.startswith(("LDG", "STG")) and ".128" in op for op in ops)
         digest = hashlib.sha256(sass.encode()).hexdigest()[:16]
         print(f"{label}: {len(ops)} instructions, FFMA {count['FFMA']}, LDG {count['LDG']}, STG {count['STG']} "
-              f"({wide} of the loads and stores 128-bit), sha256 {digest}")
+              f"({wide} of the loads and stores 128-bit, {hinted} evict-first), sha256 {digest}")
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")

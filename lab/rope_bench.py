@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -220,21 +221,23 @@ def env_int(name: str, default: str) -> int:
 def tuned(name: str) -> Callable[[], Any] | None:
     """``rope_triton_fused@T.H.W``: kvprof's fused Triton rope + store with one forced launch shape
     (``block_t`` tokens x ``block_h`` heads per program, ``num_warps``), for tuning its table;
-    a ``t`` after W (``@16.1.8t``) runs the programs token-major (``RopeConfig.token_major``)."""
+    after W, ``t`` runs the programs token-major (``RopeConfig.token_major``), ``s`` with the
+    streaming hints (``stream``), ``pN`` as a persistent grid of N programs per SM
+    (``persistent``): ``@16.1.8t``, ``@16.1.8ts``, ``@16.1.8p4``."""
     base, _, shape = name.partition("@")
     if base != "rope_triton_fused" or not shape:
         return None
-    token_major = shape.endswith("t")
-    try:
-        block_t, block_h, warps = (int(x) for x in shape.removesuffix("t").split("."))
-    except ValueError:
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(t?)(s?)(?:p(\d+))?", shape)
+    if match is None:
         return None
+    block_t, block_h, warps = (int(x) for x in match.group(1, 2, 3))
+    token_major, stream, persistent = bool(match[4]), bool(match[5]), int(match[6] or 0)
 
     def make() -> Any:
         from kvprof.kvcache.writers.rope_tables import RopeConfig
         from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
 
-        return RopeTritonFusedWriter(config=RopeConfig(block_t, block_h, warps, token_major))
+        return RopeTritonFusedWriter(config=RopeConfig(block_t, block_h, warps, token_major, stream, persistent))
 
     return make
 

@@ -81,6 +81,9 @@ WRITERS: dict[str, tuple[Callable[[], RopeKVWriter], bool]] = {
     "rope_triton_fused_token_major": (_triton("fused", block_t=16, block_h=1, num_warps=8, token_major=True), True),
     "rope_triton_fused_token_major_t1": (_triton("fused", block_t=1, block_h=2, num_warps=4, token_major=True),
                                          True),
+    # a persistent grid (2 programs per SM walk the tiles) with the streaming cache hints
+    "rope_triton_fused_persistent": (_triton("fused", block_t=16, block_h=1, num_warps=8, persistent=2, stream=True),
+                                     True),
     "rope_then_cuda_fused": (_triton("cuda_fused"), True),
     "sglang_rope_store": (_sglang("jit"), False),
     "sglang_triton_rope_cache": (_sglang("triton"), False),

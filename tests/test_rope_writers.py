@@ -241,10 +241,13 @@ def test_slots_outside_the_cache_are_refused_on_a_cpu_and_skipped_by_the_kernel(
 def test_forced_launch_shapes_give_the_same_bits():
     """The shape only decides which program handles which token and head; many small
     programs (the GPU decode shape) and one big one must write the same bits, in either order
-    of the programs (token-major: one grid axis, head groups fastest)."""
+    of the programs (token-major: one grid axis, head groups fastest), from a persistent grid
+    (the host counts two SMs: two or four programs walk 12 or 9 tiles) and with the streaming hints."""
     results = []
     for cfg in (RopeConfig(1, 1, 1), RopeConfig(2, 2, 2), None, RopeConfig(1, 1, 1, token_major=True),
-                RopeConfig(2, 2, 2, token_major=True), RopeConfig(4, 1, 1, token_major=True)):
+                RopeConfig(2, 2, 2, token_major=True), RopeConfig(4, 1, 1, token_major=True),
+                RopeConfig(1, 1, 1, persistent=1), RopeConfig(1, 2, 2, persistent=2, stream=True),
+                RopeConfig(2, 1, 1, token_major=True, stream=True)):
         q, k, v, cs, pos, loc = make_case(tokens=3, hq=3, hk=1, rope_dim=24)
         k_buf, v_buf = buffers(24, 1, 32, 32, torch.float8_e5m2)
         rt.RopeTritonFusedWriter(config=cfg).write(q, k, v, k_buf, v_buf, loc, pos, cs, False, torch.float8_e5m2,
@@ -350,6 +353,22 @@ def test_token_major_launches_one_grid_axis_with_its_mode_bit():
     assert rk.MODE_TOKEN_MAJOR > rk.MODE_STORE  # a bit of its own
 
 
+def test_persistent_grid_is_programs_per_sm_capped_at_the_tiles():
+    """A persistent shape launches ``persistent`` programs per SM, never more than the tiles;
+    the streaming hints are a mode bit of their own."""
+    plan = (0, True, 64, 64, 0, 128, False, True, (64, 0, 128), (64, 0, 128), False, False, False, None)
+    kernel = rt.TritonRope("t", RopeConfig(16, 1, 8, persistent=4, stream=True))
+    *_, grid, mode = kernel._launch_plan(4096, 8, 1, 128, plan, sms=132)
+    assert grid == (4 * 132,) and mode & rk.MODE_PERSISTENT and mode & rk.MODE_STREAM
+    *_, grid, _ = kernel._launch_plan(16, 8, 1, 128, plan, sms=132)
+    assert grid == (9,)  # one token block x 9 head groups: one program per tile
+    *_, grid, mode = rt.TritonRope("t", RopeConfig(16, 1, 8))._launch_plan(4096, 8, 1, 128, plan, sms=132)
+    assert grid == (256, 9) and not mode & (rk.MODE_PERSISTENT | rk.MODE_STREAM)
+    assert len({rk.MODE_TOKEN_MAJOR, rk.MODE_STREAM, rk.MODE_PERSISTENT, rk.MODE_STORE}) == 4
+    with pytest.raises(ValueError, match="persistent"):
+        RopeConfig(16, 1, 8, persistent=-1)
+
+
 def test_launch_tables():
     assert pick_rope_config(128, 1) == RopeConfig(1, 1, 1)
     assert pick_rope_config(128, 4096).block_t > 1 and pick_rope_config(256, 10**6) is not None
@@ -367,7 +386,8 @@ def test_kernel_compiles_for_sm90_without_fused_multiply_adds():
     done = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and all("FFMA 0," in line for line in lines), done.stdout
+    assert len(lines) == 3 and all("FFMA 0," in line for line in lines), done.stdout
+    assert "persistent stream" in lines[2] and ", 0 evict-first" not in lines[2]  # the hints reach the SASS
 
 
 # -- GPU -----------------------------------------------------------------------------------------

@@ -30,12 +30,17 @@ from kvprof.kvcache.writers.triton_tables import INTERPRETED_TILE
 class RopeConfig:
     """Tokens per program, heads per program at most (q heads, or k and v heads), warps per
     program, and the programs' order: ``token_major`` runs a token block's head groups side by
-    side (a 1-D grid), else one head group's token blocks (``(token blocks, groups)``)."""
+    side (a 1-D grid), else one head group's token blocks (``(token blocks, groups)``).
+    ``persistent`` > 0 launches that many programs per SM (at most one per tile), each walking
+    the token-major tiles in strides of the grid; ``stream`` loads the inputs evict-first and
+    stores the cache rows streaming (``.cs``)."""
 
     block_t: int
     block_h: int
     num_warps: int
     token_major: bool = False
+    stream: bool = False
+    persistent: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_t", "block_h"):
@@ -44,6 +49,8 @@ class RopeConfig:
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if not 0 <= self.persistent <= 64:
+            raise ValueError(f"persistent must be 0 (off) to 64 programs per SM, got {self.persistent}")
 
 
 RopeTable = list[tuple[int, int, RopeConfig]]

@@ -52,6 +52,18 @@ from kvprof.kvcache.writers.triton_convert import (
 )
 from kvprof.kvcache.writers.triton_launch import launcher_for
 
+_SMS: dict[torch.device, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """The device's SMs (kept per device: a property read is a driver call); 2 on the host, where
+    the interpreter runs a persistent grid as a loop all the same."""
+    sms = _SMS.get(device)
+    if sms is None:
+        sms = _SMS[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                              if device.type == "cuda" else 2)
+    return sms
+
 
 class TritonRope:
     """Plans and launches :func:`rope_kv_kernel`: with the store (``launch(..., store=True)``)
@@ -143,9 +155,10 @@ class TritonRope:
         return pick_rope_config(dim, tokens, table or self.table)
 
     def _launch_plan(self, tokens: int, heads_q: int, heads_k: int, dim: int,
-                     plan: tuple[Any, ...]) -> tuple[Any, ...]:
+                     plan: tuple[Any, ...], sms: int = 1) -> tuple[Any, ...]:
         """The launch shape of ``tokens`` under ``plan``, its grid and the mode bits it needs (the
-        fp8 encode, the programs' order)."""
+        fp8 encode, the programs' order, the streaming hints); ``sms``: the device's SMs, for a
+        persistent shape's grid."""
         (_, _, _, block_half, block_p, block_dv, fp8_hw, fp8_tiles_aligned, cols, widths, _, _, interpreted,
          table) = plan
         cfg = self.launch_shape(tokens, max(heads_q, heads_k), dim, max(2 * block_half + block_p, block_dv),
@@ -157,6 +170,11 @@ class TritonRope:
                                                      for c, w in zip(cols, widths) if w)):
             shape_mode = kernel.MODE_FP8_INT
         blocks, groups = -(-tokens // block_t), -(-heads_q // block_hq) + -(-heads_k // block_hk)
+        if cfg.stream:
+            shape_mode |= kernel.MODE_STREAM
+        if cfg.persistent:
+            programs = min(blocks * groups, cfg.persistent * sms)
+            return block_t, num_warps, block_hq, block_hk, (programs,), shape_mode | kernel.MODE_PERSISTENT
         if cfg.token_major:
             return block_t, num_warps, block_hq, block_hk, (blocks * groups,), shape_mode | kernel.MODE_TOKEN_MAJOR
         return block_t, num_warps, block_hq, block_hk, (blocks, groups), shape_mode
@@ -276,7 +294,7 @@ class TritonRope:
             if scaled:
                 mode |= (kernel.MODE_K_SCALED if k_scaled else 0) | (kernel.MODE_V_SCALED if v_scaled else 0)
         block_t, num_warps, block_hq, block_hk, grid, shape_mode = self._launch_plan(
-            tokens, heads_q, heads_k, dim, plan)
+            tokens, heads_q, heads_k, dim, plan, _sm_count(k.device))
         mode |= shape_mode
         q_st, q_sh = q.stride()[:2]
         k_st, k_sh = k.stride()[:2]

@@ -8,6 +8,11 @@ with ``STORE``, stores the rotated k and v into the cache at ``loc``.
   ``token blocks x groups``, groups fastest: the programs a GPU runs side by side cover
   whole qkv rows of neighbouring tokens, and the heavier k + v programs are spread among
   the q programs instead of all running in the last wave.
+* With ``PERSISTENT`` a fixed grid (a few programs per SM) walks those token-major tiles,
+  each program every grid-th tile (:func:`_rope_tile` is one tile); ``STREAM`` loads q, k
+  and v evict-first and stores the cache rows streaming (``.cs``). Both are launch-shape
+  choices of :class:`~kvprof.kvcache.writers.rope_tables.RopeConfig`, for the tables to take
+  where a card measures them faster.
 * The rotation runs in fp32 and rounds once to the input dtype (what is written back to q
   and k). The writers launch it with fp fusion off, so a GPU computes each product and sum
   as the float32 reference does (no FMA contraction; two more instructions per pair in a
@@ -66,6 +71,8 @@ MODE_POW2 = 1 << 16  # the inverse scales are powers of two (triton_convert.pow2
 MODE_NEOX = 1 << 17  # GPT-NeoX halves, else GPT-J pairs
 MODE_STORE = 1 << 18  # store k and v into the cache (else rotate only)
 MODE_TOKEN_MAJOR = 1 << 19  # a 1-D grid, head groups fastest (else (token blocks, head groups))
+MODE_STREAM = 1 << 20  # inputs loaded evict-first, cache rows stored streaming (.cs)
+MODE_PERSISTENT = 1 << 21  # a fixed grid of programs walks the token-major tiles
 
 
 def mode_bits(q_kind: int, in_kind: int, out_kind: int, *, hw: bool, sat: bool, neox: bool, store: bool,
@@ -120,16 +127,17 @@ if triton is not None:
     @triton.jit
     def _rope_heads(base, rmask, cos, sin, KIND: tl.constexpr, HW: tl.constexpr, SAT: tl.constexpr,
                     NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr):
+                    BLOCK_HALF: tl.constexpr, EVICT: tl.constexpr):
         """Rotate the first 2 * HALF dims of a [BLOCK_T, BLOCK_H] tile of head rows at ``base``
         in fp32, round once to KIND and write them back in place. Returns the rounded bits:
-        NeoX the two halves, GPT-J the interleaved dims (twice)."""
+        NeoX the two halves, GPT-J the interleaved dims (twice). ``EVICT``: the loads' L2
+        eviction policy ("" the default)."""
         if NEOX:
             half = tl.arange(0, BLOCK_HALF)
             m = rmask & (half[None, None, :] < HALF)
             xo = base + half[None, None, :]
-            x = _widen(tl.load(xo, mask=m), KIND, HW)
-            y = _widen(tl.load(xo + HALF, mask=m), KIND, HW)
+            x = _widen(tl.load(xo, mask=m, eviction_policy=EVICT), KIND, HW)
+            y = _widen(tl.load(xo + HALF, mask=m, eviction_policy=EVICT), KIND, HW)
             first = _narrow(x * cos - y * sin, KIND, HW, SAT)
             second = _narrow(x * sin + y * cos, KIND, HW, SAT)
             tl.store(xo, first.to(base.dtype.element_ty, bitcast=True), mask=m)
@@ -138,7 +146,8 @@ if triton is not None:
             pair = tl.arange(0, 2 * BLOCK_HALF)
             m = rmask & (pair[None, None, :] < 2 * HALF)
             xo = base + pair[None, None, :]
-            x, y = tl.split(tl.reshape(_widen(tl.load(xo, mask=m), KIND, HW), [BLOCK_T, BLOCK_H, BLOCK_HALF, 2]))
+            raw = tl.load(xo, mask=m, eviction_policy=EVICT)
+            x, y = tl.split(tl.reshape(_widen(raw, KIND, HW), [BLOCK_T, BLOCK_H, BLOCK_HALF, 2]))
             rx = _narrow(x * cos - y * sin, KIND, HW, SAT)
             ry = _narrow(x * sin + y * cos, KIND, HW, SAT)
             first = tl.reshape(tl.join(rx, ry), [BLOCK_T, BLOCK_H, 2 * BLOCK_HALF])
@@ -146,21 +155,16 @@ if triton is not None:
             tl.store(xo, first.to(base.dtype.element_ty, bitcast=True), mask=m)
         return first, second
 
-    @triton.jit(do_not_specialize=["tokens", "rows", "max_pos"])
-    def rope_kv_kernel(
-        q, k, v, k_out, v_out, loc, pos, cos_sin,
-        k_inv, v_inv,
-        tokens, rows, max_pos,
+    @triton.jit
+    def _rope_tile(
+        pid, group, q, k, v, k_out, v_out, loc, pos, cos_sin, k_inv, v_inv, tokens, rows, max_pos,
         q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, pos_st, cs_st,
         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, MODE: tl.constexpr,
     ):
-        """Program (p, g) owns tokens [p*BLOCK_T, (p+1)*BLOCK_T) and head group g: BLOCK_HQ q
-        heads for g < cdiv(HQ, BLOCK_HQ), else BLOCK_HK k heads (and, with STORE, the same v
-        heads): a GQA model's few k heads do not pad to the q heads' block. ``HALF``:
-        rope_dim / 2; ``BLOCK_P``: the padded pass-through dims D - rope_dim (0: none);
-        the cache rows are [slot, HK * D] and [slot, HK * DV], row-major."""
+        """One tile: tokens [pid*BLOCK_T, (pid+1)*BLOCK_T) of head group ``group`` (see
+        :func:`rope_kv_kernel`)."""
         QIN: tl.constexpr = MODE & 7
         IN: tl.constexpr = (MODE >> 3) & 7
         OUT: tl.constexpr = (MODE >> 6) & 7
@@ -169,26 +173,17 @@ if triton is not None:
         HW: tl.constexpr = (MODE >> 11) & 1
         SAT: tl.constexpr = (MODE >> 12) & 1
         WIDE: tl.constexpr = (MODE >> 13) & 1
-        PDL: tl.constexpr = (MODE >> 14) & 1
         FP8_INT: tl.constexpr = (MODE >> 15) & 1
         POW2: tl.constexpr = (MODE >> 16) & 1
         NEOX: tl.constexpr = (MODE >> 17) & 1
         STORE: tl.constexpr = (MODE >> 18) & 1
-        TOKEN_MAJOR: tl.constexpr = (MODE >> 19) & 1
+        STREAM: tl.constexpr = (MODE >> 20) & 1
         ROPE: tl.constexpr = 2 * HALF
         Q_GROUPS: tl.constexpr = (HQ + BLOCK_HQ - 1) // BLOCK_HQ
-        GROUPS: tl.constexpr = Q_GROUPS + (HK + BLOCK_HK - 1) // BLOCK_HK
-
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        if TOKEN_MAJOR:
-            flat = tl.program_id(0)
-            pid = flat // GROUPS
-            group = flat % GROUPS
-        else:
-            pid = tl.program_id(0)
-            group = tl.program_id(1)
+        # STREAM: the inputs are read once and the cache rows are not read back by this step's
+        # kernels soon, so loads are evicted first and cache rows stored streaming (.cs)
+        EVICT: tl.constexpr = "evict_first" if STREAM else ""
+        ROWS: tl.constexpr = ".cs" if STREAM else ""
         if WIDE:
             tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         else:
@@ -213,7 +208,7 @@ if triton is not None:
             hq = group * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
             qmask = tmask[:, None, None] & (hq[None, :, None] < HQ)  # [BLOCK_T, BLOCK_HQ, 1]
             _rope_heads(q + tok[:, None, None] * q_st + hq[None, :, None] * q_sh, qmask, cos, sin, QIN, HW, SAT,
-                        NEOX, HALF, BLOCK_T, BLOCK_HQ, BLOCK_HALF)
+                        NEOX, HALF, BLOCK_T, BLOCK_HQ, BLOCK_HALF, EVICT)
         else:
             h = (group - Q_GROUPS) * BLOCK_HK + tl.arange(0, BLOCK_HK)
             rmask = tmask[:, None, None] & (h[None, :, None] < HK)
@@ -222,9 +217,10 @@ if triton is not None:
                 slot = tl.load(loc + tok * loc_st, mask=tmask, other=-1)
                 dv = tl.arange(0, BLOCK_DV)[None, None, :]
                 dm = dv < DV
-                vb = as_bits(tl.load(v + tok[:, None, None] * v_st + h[None, :, None] * v_sh + dv, mask=rmask & dm), IN)
+                vb = as_bits(tl.load(v + tok[:, None, None] * v_st + h[None, :, None] * v_sh + dv, mask=rmask & dm,
+                                     eviction_policy=EVICT), IN)
             first, second = _rope_heads(k_in, rmask, cos, sin, IN, HW, SAT, NEOX, HALF, BLOCK_T, BLOCK_HK,
-                                        BLOCK_HALF)
+                                        BLOCK_HALF, EVICT)
             if STORE:
                 ok = tmask & (slot >= 0) & (slot < rows)  # never write outside the buffer
                 if WIDE:
@@ -237,20 +233,62 @@ if triton is not None:
                     wm = wmask & (half[None, None, :] < HALF)
                     ko = k_row + half[None, None, :]
                     tl.store(ko, _to_cache(first, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT, POW2)
-                             .to(k_out.dtype.element_ty, bitcast=True), mask=wm)
+                             .to(k_out.dtype.element_ty, bitcast=True), mask=wm, cache_modifier=ROWS)
                     tl.store(ko + HALF, _to_cache(second, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT, POW2)
-                             .to(k_out.dtype.element_ty, bitcast=True), mask=wm)
+                             .to(k_out.dtype.element_ty, bitcast=True), mask=wm, cache_modifier=ROWS)
                 else:
                     pair = tl.arange(0, 2 * BLOCK_HALF)
                     tl.store(k_row + pair[None, None, :],
                              _to_cache(first, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT, POW2)
-                             .to(k_out.dtype.element_ty, bitcast=True), mask=wmask & (pair[None, None, :] < ROPE))
+                             .to(k_out.dtype.element_ty, bitcast=True), mask=wmask & (pair[None, None, :] < ROPE),
+                             cache_modifier=ROWS)
                 if BLOCK_P > 0:  # partial rotary: the dims past rope_dim go to the cache unrotated
                     rest = ROPE + tl.arange(0, BLOCK_P)[None, None, :]
                     pm = rest < D
                     kp = as_bits(tl.load(k_in + rest, mask=rmask & pm), IN)
                     tl.store(k_row + rest, _to_cache(kp, k_inv, IN, OUT, K_SCALED, HW, SAT, FP8_INT, POW2)
-                             .to(k_out.dtype.element_ty, bitcast=True), mask=wmask & pm)
+                             .to(k_out.dtype.element_ty, bitcast=True), mask=wmask & pm, cache_modifier=ROWS)
                 tl.store(v_out + row[:, None, None] * (HK * DV) + h[None, :, None] * DV + dv,
                          _to_cache(vb, v_inv, IN, OUT, V_SCALED, HW, SAT, FP8_INT, POW2)
-                         .to(v_out.dtype.element_ty, bitcast=True), mask=wmask & dm)
+                         .to(v_out.dtype.element_ty, bitcast=True), mask=wmask & dm, cache_modifier=ROWS)
+
+    @triton.jit(do_not_specialize=["tokens", "rows", "max_pos"])
+    def rope_kv_kernel(
+        q, k, v, k_out, v_out, loc, pos, cos_sin,
+        k_inv, v_inv,
+        tokens, rows, max_pos,
+        q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, pos_st, cs_st,
+        HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HALF: tl.constexpr,
+        BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, MODE: tl.constexpr,
+    ):
+        """Program (p, g) owns tokens [p*BLOCK_T, (p+1)*BLOCK_T) and head group g: BLOCK_HQ q
+        heads for g < cdiv(HQ, BLOCK_HQ), else BLOCK_HK k heads (and, with STORE, the same v
+        heads): a GQA model's few k heads do not pad to the q heads' block. ``HALF``:
+        rope_dim / 2; ``BLOCK_P``: the padded pass-through dims D - rope_dim (0: none);
+        the cache rows are [slot, HK * D] and [slot, HK * DV], row-major."""
+        PDL: tl.constexpr = (MODE >> 14) & 1
+        TOKEN_MAJOR: tl.constexpr = (MODE >> 19) & 1
+        PERSISTENT: tl.constexpr = (MODE >> 21) & 1
+        GROUPS: tl.constexpr = (HQ + BLOCK_HQ - 1) // BLOCK_HQ + (HK + BLOCK_HK - 1) // BLOCK_HK
+
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        if PERSISTENT:  # a fixed grid walks the token-major tiles, each program every num_programs-th
+            tiles = tl.cdiv(tokens, BLOCK_T) * GROUPS
+            for flat in range(tl.program_id(0), tiles, tl.num_programs(0)):
+                _rope_tile(flat // GROUPS, flat % GROUPS, q, k, v, k_out, v_out, loc, pos, cos_sin, k_inv, v_inv,
+                           tokens, rows, max_pos, q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, pos_st, cs_st,
+                           HQ, HK, D, DV, HALF, BLOCK_HALF, BLOCK_P, BLOCK_DV, BLOCK_T, BLOCK_HQ, BLOCK_HK, MODE)
+        else:
+            if TOKEN_MAJOR:
+                flat = tl.program_id(0)
+                pid = flat // GROUPS
+                group = flat % GROUPS
+            else:
+                pid = tl.program_id(0)
+                group = tl.program_id(1)
+            _rope_tile(pid, group, q, k, v, k_out, v_out, loc, pos, cos_sin, k_inv, v_inv,
+                       tokens, rows, max_pos, q_st, q_sh, k_st, k_sh, v_st, v_sh, loc_st, pos_st, cs_st,
+                       HQ, HK, D, DV, HALF, BLOCK_HALF, BLOCK_P, BLOCK_DV, BLOCK_T, BLOCK_HQ, BLOCK_HK, MODE)
