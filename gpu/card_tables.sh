@@ -140,7 +140,7 @@ run rope-grid 90 rope-grid-tests python3 -m pytest tests/test_rope_gpu.py -m gpu
   -p no:cacheprovider -rfs --maxfail=5
 run rope-grid 90 rope-grid-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-grid-4096.json OUT="$R" \
   ROPE_VARIANTS=rotary:sglang,rotary:kvprof,$f,$f@16.1.8t,$f@16.1.8ts,$f@16.1.8p1,$f@16.1.8p2,$f@16.1.8p4,\
-$f@16.1.8p8,$f@16.1.8sp2,$f@16.1.8sp4,$f@32.1.16p2,$f@32.1.16p4,$f@8.1.4p8,$f@8.1.4p16,$f@16.2.8p4,$f@32.1.8p4 \
+$f@16.1.8p8,$f@16.1.8sp2,$f@16.1.8sp4,$f@32.1.16p2,$f@32.1.16p4,$f@8.1.4p8,$f@8.1.4p16,$f@16.2.8p4,$f@32.1.8p4,$f@8.8.8t,$f@8.8.8p2 \
   python3 lab/rope_bench.py
 run rope-grid 70 rope-grid-512 env ROPE_TOKENS=512 ROPE_CAPTURES=3 ROPE_JSON=rope-grid-512.json OUT="$R" \
   ROPE_VARIANTS=rotary:kvprof,$f,$f@8.1.4t,$f@8.1.4ts,$f@8.1.4p2,$f@8.1.4p4,$f@8.1.4p8,$f@8.1.4sp4,$f@4.1.4p8 \
