@@ -894,8 +894,9 @@ class _Route:
         from kvprof.kvcache.validation import check_write_inputs
 
         self.writer = writer
-        # the route runs the store contract's checks on the engine's call itself (check_write_inputs,
-        # unsupported_reason, SGLang's own slot checks): it calls the writer's own write
+        # the route runs the store contract's checks through the writer's checked_call (kept per
+        # call key: a repeated call is one C++ call and a lookup), SGLang's own slot checks, and
+        # then the writer's own write; check_write_inputs and unsupported_reason word a refusal
         self.write_impl = checked_impl(writer)
         self.state = state
         self.check = check_write_inputs
@@ -913,11 +914,11 @@ class _Route:
 
     def write(self, pool: Any, call: tuple[Any, ...]) -> None:
         """The write through kvprof's writer, after SGLang's own checks on the write loc."""
-        loc_info, loc, idx, k, v, k_scale, v_scale = call
+        loc_info, checked = call
         pool._check_physical_write_loc(loc_info, "set_kv_buffer (MHA)")
         if self.oob is not None:
-            self.oob(loc, 0, self.rows, "set_kv_buffer (MHA)")
-        path = self.write_impl(pool.k_buffer[idx], pool.v_buffer[idx], loc, k, v, pool.dtype, k_scale, v_scale)
+            self.oob(checked[2], 0, self.rows, "set_kv_buffer (MHA)")
+        path = self.write_impl(*checked)
         self.state.count(f"writer:{self.writer.name}:{path}", WRITE_SET_KV_BUFFER)
 
     def prepare(self, pool: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | str:
@@ -938,19 +939,22 @@ class _Route:
         if type(layer_id) is not int or not 0 <= layer_id - pool.start_layer < pool.layer_num:
             return f"layer {layer_id!r} is not in this pool"
         idx = layer_id - pool.start_layer
+        k_buf, v_buf = pool.k_buffer[idx], pool.v_buffer[idx]
         try:
-            loc, k, v = self.check(loc, call.get("cache_k"), call.get("cache_v"), pool.head_num, pool.head_dim,
-                                   pool.v_head_dim, self.device, self.device_index, pool.k_buffer[idx],
-                                   pool.v_buffer[idx])
+            return (loc_info, self.writer.checked_call(k_buf, v_buf, loc, call.get("cache_k"), call.get("cache_v"),
+                                                       pool.dtype, call.get("k_scale"), call.get("v_scale")))
+        except ValueError as exc:
+            refusal = exc
+        # refused: the pool's input checks, or the writer's unsupported_reason, word it for the log
+        try:
+            _, k, _ = self.check(loc, call.get("cache_k"), call.get("cache_v"), pool.head_num, pool.head_dim,
+                                 pool.v_head_dim, self.device, self.device_index, k_buf, v_buf)
         except ValueError as exc:
             return f"input kvprof's checks refuse ({exc})"
         in_dtype = k.dtype
         if in_dtype not in self.input_ok:
             self.input_ok[in_dtype] = self.writer.unsupported_reason(self.device, pool.dtype, in_dtype)
-        refused = self.input_ok[in_dtype]
-        if refused:
-            return refused
-        return (loc_info, loc, idx, k, v, call.get("k_scale"), call.get("v_scale"))
+        return self.input_ok[in_dtype] or f"input kvprof's checks refuse ({refusal})"
 
 
 class _RopeRoute:
