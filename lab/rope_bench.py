@@ -230,14 +230,18 @@ def tuned(name: str) -> Callable[[], Any] | None:
     match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(t?)(s?)(?:p(\d+))?", shape)
     if match is None:
         return None
-    block_t, block_h, warps = (int(x) for x in match.group(1, 2, 3))
-    token_major, stream, persistent = bool(match[4]), bool(match[5]), int(match[6] or 0)
+    from kvprof.kvcache.writers.rope_tables import RopeConfig
+
+    try:  # a shape the kernel cannot take is refused before anything runs
+        config = RopeConfig(*(int(x) for x in match.group(1, 2, 3)), bool(match[4]), bool(match[5]),
+                            int(match[6] or 0))
+    except ValueError as exc:
+        fail(f"ROPE_VARIANTS {name}: {exc}")
 
     def make() -> Any:
-        from kvprof.kvcache.writers.rope_tables import RopeConfig
         from kvprof.kvcache.writers.rope_triton import RopeTritonFusedWriter
 
-        return RopeTritonFusedWriter(config=RopeConfig(block_t, block_h, warps, token_major, stream, persistent))
+        return RopeTritonFusedWriter(config=config)
 
     return make
 

@@ -19,6 +19,10 @@ LAB = Path(__file__).resolve().parents[1]
     ("rope_bench.py", {"ROPE_REPLAYS": "many"}, "ROPE_REPLAYS must be an integer"),
     ("rope_bench.py", {"ROPE_VARIANTS": "rope_cuda_fused,nope"}, "unknown ROPE_VARIANTS nope"),
     ("rope_bench.py", {"ROPE_CACHE": "fp32"}, "ROPE_CACHE must be bf16, fp8_e4m3 or fp8_e5m2"),
+    ("rope_bench.py", {"ROPE_VARIANTS": "rope_triton_fused@16.1.3t"},
+     "ROPE_VARIANTS rope_triton_fused@16.1.3t: num_warps must be 1, 2, 4, 8 or 16, got 3"),
+    ("rope_bench.py", {"ROPE_VARIANTS": "rope_triton_fused@12.1.8"},
+     "ROPE_VARIANTS rope_triton_fused@12.1.8: block_t must be a power of two, got 12"),
 ])
 def test_lab_scripts_refuse_a_bad_setting_in_one_line(script, env, words):
     r = subprocess.run([sys.executable, str(LAB / script)], capture_output=True, text=True,
