@@ -11,8 +11,8 @@ Llama-3.1-8B's heads (32 q, 8 kv, 128 dims, full NeoX rotary) at 1, 64 and 4096 
 Llama-3.1-70B's per rank at TP 8 (8 q, 1 kv), a partial GPT-J rotary (64 of 128 dims) and the
 rotary-only kernel of the ``rope_then_*`` writers; bf16 caches and fp8 e4m3 from bf16 with
 per-tensor scales (the integer encode where
-the writer takes it). ``--quick``: three compiles (one a persistent grid with the streaming hints), to check that
-the kernel compiles at all.
+the writer takes it), and one persistent grid with the streaming hints. ``--quick``: three
+compiles (that one among them), to check that the kernel compiles at all.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def compile_sass(neox: bool, store: bool, fp8: bool, tokens: int, hq: int, hk: i
     bf16 = KINDS[torch.bfloat16]
     cache = KINDS[torch.float8_e4m3fn] if fp8 else bf16
     mode = rk.mode_bits(bf16, bf16, cache, hw=True, sat=True, neox=neox, store=store, pdl=True)
-    # extra shape bits: "persistent" (a fixed grid walking the tiles), "stream" (the cache hints)
-    mode |= rk.MODE_PERSISTENT * ("persistent" in extra) | rk.MODE_STREAM * ("stream" in extra)
+    # extra shape bits, words of ``extra``: "persistent" (a fixed grid walking the tiles), "stream" (the hints)
+    words = extra.split()
+    mode |= rk.MODE_PERSISTENT * ("persistent" in words) | rk.MODE_STREAM * ("stream" in words)
     cfg = pick_rope_config(dim, tokens)
     half = rope // 2
     if fp8:
@@ -101,6 +102,8 @@ CASES = [  # name, neox, store, fp8, tokens, hq, hk, dim, rope
     ("rotary-only", True, False, False, 4096, 32, 8, 128, 128),
     ("neox-70b-tp8 persistent stream", True, True, False, 4096, 8, 1, 128, 128),
 ]
+# extra mode bits by case name (the launch-shape choices no table takes yet)
+EXTRA = {"neox-70b-tp8 persistent stream": "persistent stream"}
 
 
 def main() -> None:
@@ -121,7 +124,7 @@ def main() -> None:
         if not store:
             label = f"{name} {hq}q/{hk}kv x {dim} x {tokens} tok"
         try:
-            sass = compile_sass(neox, store, fp8, tokens, hq, hk, dim, rope, extra=name)
+            sass = compile_sass(neox, store, fp8, tokens, hq, hk, dim, rope, extra=EXTRA.get(name, ""))
         except Exception as exc:  # noqa: BLE001  (a compile or disassembly failure: one line)
             fail(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         ops = [next((tok for tok in ln.split()[1:] if not tok.startswith("@")), "") for ln in sass.splitlines()]
