@@ -23,12 +23,14 @@
 #   own        lab/layer_own_time.py: what the fused write adds to the Llama-3.1-70B TP8 decoder layer
 #              and its own time, bf16 and fp8 caches, 3 captures in rotated order, beside an empty PDL
 #              node and SGLang's set_kv_buffer (the fp8 saving)
-#   rope-4096  lab/rope_bench.py at 4096 tokens: rope + store beside the rotary alone (kvprof's, SGLang's)
+#   rope-4096  lab/rope_bench.py at 4096 tokens: rope + store beside the rotary alone (kvprof's, SGLang's) and
+#              a plain copy of its bytes in the same graphs (copy:5376, copy:5120: the floor at its own size)
 #   rope-order the rope + store kernel's two program orders (RopeConfig.token_major): its GPU tests
 #              (bitwise), then lab/rope_bench.py at 4096 and at 1-512 tokens over launch shapes in both
 #   rope-grid  the rope + store kernel's persistent grid and streaming cache hints (RopeConfig.persistent,
 #              .stream): its GPU tests (bitwise), then lab/rope_bench.py at 4096 and 512 tokens over
 #              persistent grids of 1-16 programs per SM, with and without the hints, beside the table's
+#              shapes and the same-size copies
 #   tune-store lab/tune_cards.py: every candidate launch shape of triton_fused at the bench grid's
 #              points, in graphs and after an L2 flush, beside store_cache; this card's rows by both
 #              modes (TUNE_BUDGET seconds for the sweep, default 300, less where the call's budget
@@ -126,7 +128,7 @@ run peers-1-8 "${PEERS_LIMIT:-120}" "$name" "${peers[@]}" --shapes "$shapes" --o
 run own 230 layer-own-time env OUT="$R" python3 lab/layer_own_time.py --budget-s "${OWN_BUDGET:-190}" \
   --variants triton_fused,sglang_set_kv_buffer,floor_empty_pdl --rotations 3 --steps 40 --replays 3
 run rope-4096 70 rope-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-4096.json OUT="$R" \
-  ROPE_VARIANTS=rotary:sglang,rotary:kvprof,rope_triton_fused,rope_cuda_fused python3 lab/rope_bench.py
+  ROPE_VARIANTS=copy:5376,copy:5120,rotary:sglang,rotary:kvprof,rope_triton_fused,rope_cuda_fused python3 lab/rope_bench.py
 run rope-order 90 rope-order-tests python3 -m pytest tests/test_rope_gpu.py -m gpu -k rope_triton_fused -q \
   -p no:cacheprovider -rfs --maxfail=5
 f=rope_triton_fused
@@ -139,11 +141,11 @@ $f@16.1.8t python3 lab/rope_bench.py
 run rope-grid 90 rope-grid-tests python3 -m pytest tests/test_rope_gpu.py -m gpu -k rope_triton_fused -q \
   -p no:cacheprovider -rfs --maxfail=5
 run rope-grid 90 rope-grid-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-grid-4096.json OUT="$R" \
-  ROPE_VARIANTS=rotary:sglang,rotary:kvprof,$f,$f@16.1.8t,$f@16.1.8ts,$f@16.1.8p1,$f@16.1.8p2,$f@16.1.8p4,\
+  ROPE_VARIANTS=copy:5376,copy:5120,rotary:sglang,rotary:kvprof,$f,$f@16.1.8t,$f@16.1.8ts,$f@16.1.8p1,$f@16.1.8p2,$f@16.1.8p4,\
 $f@16.1.8p8,$f@16.1.8sp2,$f@16.1.8sp4,$f@32.1.16p2,$f@32.1.16p4,$f@8.1.4p8,$f@8.1.4p16,$f@16.2.8p4,$f@32.1.8p4,$f@8.8.8t,$f@8.8.8p2 \
   python3 lab/rope_bench.py
 run rope-grid 70 rope-grid-512 env ROPE_TOKENS=512 ROPE_CAPTURES=3 ROPE_JSON=rope-grid-512.json OUT="$R" \
-  ROPE_VARIANTS=rotary:kvprof,$f,$f@8.1.4t,$f@8.1.4ts,$f@8.1.4p2,$f@8.1.4p4,$f@8.1.4p8,$f@8.1.4sp4,$f@4.1.4p8 \
+  ROPE_VARIANTS=copy:5376,rotary:kvprof,$f,$f@8.1.4t,$f@8.1.4ts,$f@8.1.4p2,$f@8.1.4p4,$f@8.1.4p8,$f@8.1.4sp4,$f@4.1.4p8 \
   python3 lab/rope_bench.py
 # the sweep's own budget within what the part has left, with a minute for its report
 left=$(( budget - (SECONDS - start) - 5 )); [ "$left" -gt 400 ] && left=400

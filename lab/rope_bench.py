@@ -16,7 +16,11 @@ q and k again (in place, as the write does); a rotation keeps the values' size, 
 stays the same. Knobs: ROPE_VARIANTS, ROPE_TOKENS, ROPE_CACHE (bf16 or fp8_e4m3, scale 0.5),
 ROPE_LAYERS, ROPE_CAPTURES, ROPE_REPLAYS, ROPE_JSON (the file name). ``rotary:kvprof`` and
 ``rotary:sglang`` time the rotary alone (kvprof's, and the one SGLang runs unfused). ``rope_triton_fused@T.H.W`` in
-ROPE_VARIANTS forces that writer's launch shape (tuning). JSON to $OUT/rope-bench.json.
+ROPE_VARIANTS forces that writer's launch shape (tuning). ``copy:<bytes>`` is a plain device copy
+moving that many bytes a token (half read, half written; each layer its own buffers) in the same
+graphs: the copy floor at the write's own size, where ``bench``'s copy rate is one 1 GiB copy's
+(``copy:5376`` the bytes the rope + store moves for this model, ``copy:5120`` without k written
+back). JSON to $OUT/rope-bench.json.
 """
 
 from __future__ import annotations
@@ -147,6 +151,41 @@ class RotaryOnly:
         return "rotary only"
 
 
+class CopyFloor:
+    """``copy:<bytes>``: a ``copy_`` of ``bytes_per_token`` / 2 bytes a token per layer, so a graph of
+    the layers moves what a write of that many bytes a token moves, with the same count of launches."""
+
+    def __init__(self, bytes_per_token: int) -> None:
+        self.bytes_per_token = bytes_per_token
+
+    def unsupported_reason(self, device: Any, dtype: Any, input_dtype: Any = None) -> str | None:
+        return None
+
+    def prepare(self, device: Any) -> None:
+        """Buffers are per token count: ``bench_tokens`` makes them."""
+
+
+def copy_floor(name: str) -> Callable[[], Any] | None:
+    """``copy:<bytes>`` with an even byte count of at least 2, or None for any other name."""
+    match = re.fullmatch(r"copy:(\d+)", name)
+    if match is None:
+        return None
+    nbytes = int(match[1])
+    if nbytes < 2 or nbytes % 2:
+        fail(f"ROPE_VARIANTS {name}: the bytes a token must be even and at least 2 (half read, half written)")
+    return lambda: CopyFloor(nbytes)
+
+
+def copy_pairs(tokens: int, bytes_per_token: int, layers: int, device: Any) -> list[tuple[Any, Any]]:
+    """Per layer a (source, destination) of ``tokens`` x ``bytes_per_token`` / 2 bytes each: a copy
+    between them reads and writes ``bytes_per_token`` a token, from buffers no other layer touches."""
+    import torch
+
+    half = tokens * bytes_per_token // 2
+    return [(torch.ones(half, dtype=torch.uint8, device=device), torch.empty(half, dtype=torch.uint8, device=device))
+            for _ in range(layers)]
+
+
 def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scale: float | None, layers: int,
                  captures: int, replays: int) -> list[dict[str, Any]]:
     """Every writer at one token count, on its own fresh stack of layers (freed on return)."""
@@ -174,14 +213,22 @@ def bench_tokens(tokens: int, writers: dict[str, Any], cs: Any, cache: Any, scal
 
         # the writer's own write (write_unchecked): what the pools launch, without the checks a
         # direct write runs first (their cost: benchmarks/bench_writer_checks.py)
-        own_write = checked_impl(writer)
+        if isinstance(writer, CopyFloor):
+            pairs = copy_pairs(tokens, writer.bytes_per_token, layers, device)
 
-        def step(write: Any = own_write, paths: set[str] = paths, rope: bool = rope) -> None:
-            for (q, k, v), kb, vb in zip(split, k_bufs, v_bufs):
-                if rope:
-                    paths.add(write(q, k, v, kb, vb, loc, pos, cs, True, cache, scale, scale))
-                else:
-                    paths.add(write(kb, vb, loc, k, v, cache, scale, scale))
+            def step(pairs: list[tuple[Any, Any]] = pairs, paths: set[str] = paths) -> None:
+                for src, dst in pairs:
+                    dst.copy_(src)
+                paths.add("copy")
+        else:
+            own_write = checked_impl(writer)
+
+            def step(write: Any = own_write, paths: set[str] = paths, rope: bool = rope) -> None:
+                for (q, k, v), kb, vb in zip(split, k_bufs, v_bufs):
+                    if rope:
+                        paths.add(write(q, k, v, kb, vb, loc, pos, cs, True, cache, scale, scale))
+                    else:
+                        paths.add(write(kb, vb, loc, k, v, cache, scale, scale))
 
         try:
             graphs = [time_graph(step, layers, replays) for _ in range(captures)]
@@ -250,7 +297,7 @@ def main() -> None:
     makers = factories()
     variants = env_list("ROPE_VARIANTS", ",".join(makers))
     for name in variants:
-        maker = tuned(name)
+        maker = tuned(name) or copy_floor(name)
         if maker is not None:
             makers[name] = maker
     unknown = [v for v in variants if v not in makers]

@@ -23,6 +23,7 @@ LAB = Path(__file__).resolve().parents[1]
      "ROPE_VARIANTS rope_triton_fused@16.1.3t: num_warps must be 1, 2, 4, 8 or 16, got 3"),
     ("rope_bench.py", {"ROPE_VARIANTS": "rope_triton_fused@12.1.8"},
      "ROPE_VARIANTS rope_triton_fused@12.1.8: block_t must be a power of two, got 12"),
+    ("rope_bench.py", {"ROPE_VARIANTS": "copy:5377"}, "ROPE_VARIANTS copy:5377: the bytes a token must be even"),
 ])
 def test_lab_scripts_refuse_a_bad_setting_in_one_line(script, env, words):
     r = subprocess.run([sys.executable, str(LAB / script)], capture_output=True, text=True,
@@ -67,3 +68,19 @@ def test_gate_false_fails_refuses_a_bad_setting_in_one_line(args, words):
                        timeout=120)
     assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+def test_rope_bench_copy_floor_moves_the_bytes_it_names_from_buffers_of_its_own():
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("rope_bench", LAB / "rope_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.copy_floor("rope_triton_fused") is None
+    assert module.copy_floor("copy:5376")().bytes_per_token == 5376
+    pairs = module.copy_pairs(4096, 5376, 3, torch.device("cpu"))
+    assert len(pairs) == 3
+    assert all(s.numel() == d.numel() == 4096 * 2688 for s, d in pairs)
+    assert len({t.data_ptr() for pair in pairs for t in pair}) == 6
