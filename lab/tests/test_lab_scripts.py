@@ -70,11 +70,14 @@ def test_gate_false_fails_refuses_a_bad_setting_in_one_line(args, words):
     assert r.stderr.strip().count("\n") == 0
 
 
-def test_rope_bench_copy_floor_moves_the_bytes_it_names_from_buffers_of_its_own():
+def test_rope_bench_copy_floor_moves_the_bytes_it_names_from_buffers_of_its_own(monkeypatch):
     import importlib.util
 
     import torch
 
+    # the script sets TRITON_INTERPRET=0 as it is imported (for the GPU): this process's value
+    # comes back after the test, for the tests that run after it here
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
     spec = importlib.util.spec_from_file_location("rope_bench", LAB / "rope_bench.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
