@@ -31,6 +31,9 @@
 #              .stream): its GPU tests (bitwise), then lab/rope_bench.py at 4096 and 512 tokens over
 #              persistent grids of 1-16 programs per SM, with and without the hints, beside the table's
 #              shapes and the same-size copies
+#   rope-stream the rope + store kernel's streaming cache hints (RopeConfig.stream) over launch shapes in
+#              both orders: its GPU tests (bitwise, the card's table included), then lab/rope_bench.py at
+#              4096 tokens and at 1-2048 beside the same-size copies (the H100 row's source)
 #   tune-store lab/tune_cards.py: every candidate launch shape of triton_fused at the bench grid's
 #              points, in graphs and after an L2 flush, beside store_cache; this card's rows by both
 #              modes (TUNE_BUDGET seconds for the sweep, default 300, less where the call's budget
@@ -41,9 +44,9 @@ OUT=${OUT:-/tmp/kvprof-gpu}
 R=$OUT/card-tables
 parts=" ${*:-env peers-32 peers-1-8 own rope-4096} "
 for part in $parts; do
-  case $part in env|tests|eager|eager-ab|prefill|peers-32|peers-1-8|own|rope-4096|rope-order|rope-grid|tune-store) ;;
+  case $part in env|tests|eager|eager-ab|prefill|peers-32|peers-1-8|own|rope-4096|rope-order|rope-grid|rope-stream|tune-store) ;;
     *) echo "card_tables.sh: unknown part $part (known: env tests eager eager-ab prefill peers-32 peers-1-8 own" \
-            "rope-4096 rope-order rope-grid tune-store)" >&2
+            "rope-4096 rope-order rope-grid rope-stream tune-store)" >&2
        exit 2 ;;
   esac
 done
@@ -147,6 +150,14 @@ $f@16.1.8p8,$f@16.1.8sp2,$f@16.1.8sp4,$f@32.1.16p2,$f@32.1.16p4,$f@8.1.4p8,$f@8.
 run rope-grid 70 rope-grid-512 env ROPE_TOKENS=512 ROPE_CAPTURES=3 ROPE_JSON=rope-grid-512.json OUT="$R" \
   ROPE_VARIANTS=copy:5376,rotary:kvprof,$f,$f@8.1.4t,$f@8.1.4ts,$f@8.1.4p2,$f@8.1.4p4,$f@8.1.4p8,$f@8.1.4sp4,$f@4.1.4p8 \
   python3 lab/rope_bench.py
+run rope-stream 90 rope-stream-tests python3 -m pytest tests/test_rope_gpu.py -m gpu -k rope_triton_fused -q \
+  -p no:cacheprovider -rfs --maxfail=5
+run rope-stream 70 rope-stream-4096 env ROPE_TOKENS=4096 ROPE_CAPTURES=3 ROPE_JSON=rope-stream-4096.json OUT="$R" \
+  ROPE_VARIANTS=copy:5376,copy:5120,rotary:sglang,$f,$f@16.1.8t,$f@16.1.8ts,$f@16.1.8s,$f@32.1.16ts,$f@32.1.16s,\
+$f@16.1.4ts,$f@16.1.4s,$f@8.1.4ts,$f@8.1.4s,$f@16.2.8ts,$f@32.1.8s,$f@8.1.8s,$f@16.1.16s,$f@64.1.16s python3 lab/rope_bench.py
+run rope-stream 70 rope-stream-decode env ROPE_TOKENS=1,10,64,512,2048 ROPE_CAPTURES=3 ROPE_JSON=rope-stream-decode.json \
+  OUT="$R" ROPE_VARIANTS=copy:5376,$f,$f@1.1.1s,$f@1.1.1ts,$f@1.2.4s,$f@2.1.2ts,$f@4.1.4ts,$f@8.1.4t,$f@8.1.4ts,\
+$f@8.1.4s,$f@16.1.8s,$f@16.1.8ts,$f@8.1.8ts python3 lab/rope_bench.py
 # the sweep's own budget within what the part has left, with a minute for its report
 left=$(( budget - (SECONDS - start) - 5 )); [ "$left" -gt 400 ] && left=400
 tune=${TUNE_BUDGET:-300}; [ "$tune" -gt $(( left - 60 )) ] && tune=$(( left - 60 )); [ "$tune" -lt 1 ] && tune=1

@@ -38,7 +38,7 @@ CARD_TABLES = ROOT / "gpu" / "card_tables.sh"
 
 @pytest.mark.parametrize("args, env, said", [
     (["env", "eagr"], {}, "card_tables.sh: unknown part eagr (known: env tests eager eager-ab prefill peers-32 "
-                          "peers-1-8 own rope-4096 rope-order rope-grid tune-store)"),
+                          "peers-1-8 own rope-4096 rope-order rope-grid rope-stream tune-store)"),
     (["env"], {"CARD_BUDGET": "5m"}, "card_tables.sh: CARD_BUDGET must be whole seconds, got '5m'"),
     (["tune-store"], {"TUNE_BUDGET": "x"}, "card_tables.sh: TUNE_BUDGET must be whole seconds, got 'x'"),
     (["peers-1-8"], {"PEERS_LIMIT": "2m"}, "card_tables.sh: PEERS_LIMIT must be whole seconds, got '2m'"),

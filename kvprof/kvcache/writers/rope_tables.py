@@ -12,7 +12,7 @@ Provenance: the head-size-128 rows of the H200 (and fallback) table are the fast
 a sweep on an H200 (Llama-3.1-70B at TP8 per rank: 8 q heads, 1 KV head x 128, bf16; 80
 layers from CUDA graphs; 24 decode shapes at 1, 10 and 64 tokens, 32 prefill shapes at 512
 and 4096; ``lab/rope_bench.py`` with ``rope_triton_fused@T.H.W`` variants, output in
-``lab/results/rope-tune-*.txt``); the H100 row differs at 65-4096 tokens (its comment says
+``lab/results/rope-tune-*.txt``); the H100 row differs at 1-4096 tokens (its comment says
 why). The other rows are untimed guesses after the fused store's table
 (:mod:`kvprof.kvcache.writers.triton_tables`). ``RopeTritonFusedWriter(config=...)``
 overrides them per writer.
@@ -70,18 +70,21 @@ ROPE_TABLE: RopeTable = [
 ]
 
 
-# The H100 SXM's row: lab/rope_bench.py on two H100 80GB HBM3 hosts, 2026-12-07, launch shapes
-# in both program orders at 1, 10, 64, 512 and 4096 tokens: at 65-512 tokens token-major 8-token
-# blocks are 11 % faster (512 tokens: 2.38 against 2.67 µs, both runs), at 513-4096 token-major
-# 16-token blocks 0.4 and 1.0 % (4096 tokens: 9.186 / 9.202 against 9.224 / 9.291 µs); each range
-# was timed at its top only. At 1-64 tokens the H200 row's shapes stay (8.1.4 beat 1.1.1 at 1
-# token by 0.03-0.05 µs but lost at 10 by 0.035; token-major was level at 10, slower at 1 and
-# 64), as do the rows past 4096 tokens (not timed).
+# The H100 SXM's row: lab/rope_bench.py on H100 80GB HBM3 hosts, 2026-12-07, launch shapes in
+# both program orders and with the streaming cache hints (``stream``), at 1, 10, 64, 512, 2048
+# and 4096 tokens, each range timed at its top (lab/results/h100-2026-12-07f/ and -07g/). Two
+# runs on one host, µs per layer write, against the shapes this row had before the hints:
+# 1-16 tokens 1.1.1 token-major streaming (10 tokens: 1.117 / 1.120 against 1.142 / 1.145);
+# 17-64 2.1.2 token-major streaming (64: 1.183 / 1.180 against 1.212 / 1.213); 65-512 8.1.4
+# token-major streaming (512: 2.312 / 2.321 against 2.372 / 2.375); 513-4096 16.1.8 in order,
+# streaming (4096: 8.973 / 9.016 against 9.150 / 9.185; 2048: 5.196 against 5.400). Persistent
+# grids of 1-16 programs per SM were slower at 512 and 4096 tokens (10.06 µs and more at 4096).
+# Past 4096 tokens the H200 row's shape stays (not timed).
 ROPE_TABLE_H100_SXM: RopeTable = [
-    (128, 16, RopeConfig(1, 1, 1)),
-    (128, 64, RopeConfig(1, 2, 4)),
-    (128, 512, RopeConfig(8, 1, 4, token_major=True)),
-    (128, 4096, RopeConfig(16, 1, 8, token_major=True)),
+    (128, 16, RopeConfig(1, 1, 1, token_major=True, stream=True)),
+    (128, 64, RopeConfig(2, 1, 2, token_major=True, stream=True)),
+    (128, 512, RopeConfig(8, 1, 4, token_major=True, stream=True)),
+    (128, 4096, RopeConfig(16, 1, 8, stream=True)),
     (128, _ANY, RopeConfig(16, 1, 8)),
     *ROPE_TABLE[5:],
 ]
@@ -90,8 +93,8 @@ ROPE_TABLE_H100_SXM: RopeTable = [
 ROPE_TABLES: dict[str, RopeTable] = {"H200": ROPE_TABLE, "H100-SXM": ROPE_TABLE_H100_SXM, "fallback": ROPE_TABLE}
 SOURCES: dict[str, str] = {
     "H200": "lab/rope_bench.py on an H200, 2026-12-04 (lab/results/rope-tune-{decode,prefill}-2026-12-04.txt)",
-    "H100-SXM": "the H200 row, token-major at 65-4096 tokens: lab/rope_bench.py on an H100, 2026-12-07 "
-                "(lab/results/h100-2026-12-07f/*/rope-order-*.txt)",
+    "H100-SXM": "lab/rope_bench.py on H100s, 2026-12-07: streaming hints at 1-4096 tokens, token-major "
+                "at 1-512 (lab/results/h100-2026-12-07f/*/rope-order-*.txt, h100-2026-12-07g/*/)",
     "fallback": "the H200 row",
 }
 FALLBACK_WHY = "the only card these shapes were measured on (H200)"
