@@ -247,7 +247,7 @@ def test_forced_launch_shapes_give_the_same_bits():
     for cfg in (RopeConfig(1, 1, 1), RopeConfig(2, 2, 2), None, RopeConfig(1, 1, 1, token_major=True),
                 RopeConfig(2, 2, 2, token_major=True), RopeConfig(4, 1, 1, token_major=True),
                 RopeConfig(1, 1, 1, persistent=1), RopeConfig(1, 2, 2, persistent=2, stream=True),
-                RopeConfig(2, 1, 1, token_major=True, stream=True)):
+                RopeConfig(2, 1, 1, token_major=True, stream=True), RopeConfig(2, 1, 2, stream=True)):
         q, k, v, cs, pos, loc = make_case(tokens=3, hq=3, hk=1, rope_dim=24)
         k_buf, v_buf = buffers(24, 1, 32, 32, torch.float8_e5m2)
         rt.RopeTritonFusedWriter(config=cfg).write(q, k, v, k_buf, v_buf, loc, pos, cs, False, torch.float8_e5m2,
