@@ -102,7 +102,7 @@ CASES = [  # name, neox, store, fp8, tokens, hq, hk, dim, rope
     ("rotary-only", True, False, False, 4096, 32, 8, 128, 128),
     ("neox-70b-tp8 persistent stream", True, True, False, 4096, 8, 1, 128, 128),
 ]
-# extra mode bits by case name (the launch-shape choices no table takes yet)
+# extra mode bits by case name (choices the fallback row, whose shapes these compiles take, does not make)
 EXTRA = {"neox-70b-tp8 persistent stream": "persistent stream"}
 
 
