@@ -158,9 +158,9 @@ STORE_TABLES: dict[str, tuple[Table, Table]] = {
 }
 SOURCES: dict[str, str] = {
     "H200": "lab/tune_fused.py on an H200, 2026-12-02 (lab/results/tune-2026-12-02.txt, tune-fp8-, tune-fewtokens-)",
-    "H100-SXM": "lab/tune_cards.py on an H100, 2026-12-07 in both modes for 8x128 and 32x128 rows "
-                "(lab/results/h100-2026-12-07f/a-order-tune/cards-H100-SXM.json.gz), 2026-12-06 for 1x128 "
-                "(lab/results/h100-2026-12-06/cards-H100-SXM.json.gz)",
+    "H100-SXM": "lab/tune_cards.py on H100s, 2026-12-07, in both modes: 8x128 and 32x128 rows "
+                "(lab/results/h100-2026-12-07f/a-order-tune/cards-H100-SXM.json.gz), 1x128 rows "
+                "(lab/results/h100-2026-12-07g/c-tune-1x128/cards-H100-SXM.json.gz)",
     "fallback": "the H200 row",
 }
 FALLBACK_WHY = "the only card these shapes were measured on when it was chosen (H200)"
