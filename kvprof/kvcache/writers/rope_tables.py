@@ -72,16 +72,17 @@ ROPE_TABLE: RopeTable = [
 
 # The H100 SXM's row: lab/rope_bench.py on H100 80GB HBM3 hosts, launch shapes in both program
 # orders and with the streaming cache hints (``stream``), at 1, 10, 64, 512, 2048 and 4096 tokens,
-# each range timed at its top; three runs, two on one host on 2026-12-07, one on 2026-12-08
-# (lab/results/h100-2026-12-07f/, -07g/, h100-2026-12-08/). Per range the shape whose largest
-# slowdown against a run's fastest is the smallest, µs per layer write:
-# 1-16 tokens 1.1.1 token-major streaming (10 tokens: 1.120 / 1.117 / 1.190, within 0.7 % of each
-# run's fastest); 17-512 8.1.4 token-major streaming (64 tokens: 1.202 / 1.195 / 1.192, within
-# 1.9 %; 2.1.2, the fastest of the first two runs at 1.180 / 1.183, took 1.314 in the third,
-# +10 %; 512: 2.312 / 2.311 against 2.372 / 2.371 without the hints); 513-4096 16.1.8 in order,
-# streaming (4096: 8.973 / 9.016 / 8.981 against 9.150 / 9.185 without the hints; 2048: 5.196 /
-# 5.194 against 5.400). Persistent grids of 1-16 programs per SM were slower at 512 and 4096
-# tokens (10.06 µs and more at 4096). Past 4096 tokens the H200 row's shape stays (not timed).
+# each range timed at its top; two runs on 2026-12-07, two on 2026-12-08 (the last with the
+# decode shapes alone; lab/results/h100-2026-12-07f/, -07g/, h100-2026-12-08/, -08b/). Per range
+# the shape whose largest slowdown against a run's fastest is the smallest, µs per layer write:
+# 1-16 tokens 1.1.1 token-major streaming (10 tokens: 1.120 / 1.117 / 1.190 / 1.151, within
+# 0.7 % of each run's fastest); 17-512 8.1.4 token-major streaming (64 tokens: 1.202 / 1.195 /
+# 1.192 / 1.370, within 4.2 %; 2.1.2 token-major, fastest in three runs, read 1.314 in the
+# third, +10 %: at 17-64 tokens the shapes' order changes from run to run; 512: 2.312 / 2.311
+# against 2.372 / 2.371 without the hints); 513-4096 16.1.8 in order, streaming (4096: 8.973 /
+# 9.016 / 8.981 against 9.150 / 9.185 without the hints; 2048: 5.196 / 5.194 against 5.400).
+# Persistent grids of 1-16 programs per SM were slower at 512 and 4096 tokens (10.06 µs and more
+# at 4096). Past 4096 tokens the H200 row's shape stays (not timed).
 ROPE_TABLE_H100_SXM: RopeTable = [
     (128, 16, RopeConfig(1, 1, 1, token_major=True, stream=True)),
     (128, 512, RopeConfig(8, 1, 4, token_major=True, stream=True)),
@@ -96,7 +97,7 @@ SOURCES: dict[str, str] = {
     "H200": "lab/rope_bench.py on an H200, 2026-12-04 (lab/results/rope-tune-{decode,prefill}-2026-12-04.txt)",
     "H100-SXM": "lab/rope_bench.py on H100s, 2026-12-07 and -08: streaming hints at 1-4096 tokens, "
                 "token-major at 1-512 (lab/results/h100-2026-12-07f/*/rope-order-*.txt, h100-2026-12-07g/*/, "
-                "h100-2026-12-08/rope-stream-*.txt)",
+                "h100-2026-12-08/rope-stream-*.txt, h100-2026-12-08b/rope-table-decode.txt)",
     "fallback": "the H200 row",
 }
 FALLBACK_WHY = "the only card these shapes were measured on (H200)"
