@@ -259,6 +259,28 @@ def test_forced_launch_shapes_give_the_same_bits():
 
 
 @needs_interpreter
+def test_every_card_table_shape_gives_the_same_bits():
+    """Every launch shape any card's row hands out (``ROPE_TABLES``: a row added for a new
+    card is checked here too) writes the bits of the interpreter's own shape, over enough
+    tokens (19) that the largest token blocks (16) take two programs, the second ragged."""
+    from kvprof.kvcache.writers.rope_tables import ROPE_TABLES
+
+    shapes = sorted({cfg for table in ROPE_TABLES.values() for _, _, cfg in table}, key=repr)
+    assert len(shapes) > 1
+    results = []
+    for cfg in [None, *shapes]:
+        q, k, v, cs, pos, loc = make_case(tokens=19, hq=3, hk=1, rope_dim=24, rows=32)
+        k_buf, v_buf = buffers(32, 1, 32, 32, torch.bfloat16)
+        rt.RopeTritonFusedWriter(config=cfg).write(q, k, v, k_buf, v_buf, loc, pos, cs, True, torch.bfloat16)
+        results.append((cfg, (q, k, k_buf, v_buf)))
+    k_rows, v_rows = results[0][1][2][loc], results[0][1][3][loc]
+    assert k_rows.abs().sum(dim=(1, 2)).all() and v_rows.abs().sum(dim=(1, 2)).all()  # every row written
+    for cfg, got in results[1:]:
+        for a, b in zip(results[0][1], got):
+            assert torch.equal(bits(a), bits(b)), cfg
+
+
+@needs_interpreter
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tokens=st.integers(1, 5), hq=st.integers(1, 5), hk=st.integers(1, 3), dim=st.sampled_from([8, 20, 32]),
        rope_frac=st.sampled_from([1.0, 0.5, 0.25]), v_dim=st.sampled_from([8, 12, 32]), is_neox=st.booleans(),
