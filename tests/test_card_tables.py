@@ -15,10 +15,24 @@ from kvprof.kvcache.writers import card_tables as ct, layout_tables, rope_tables
     ("NVIDIA H100 PCIe", 114, None),  # another memory system and SM count: the fallback
     ("NVIDIA A100-SXM4-80GB", 108, None),
     ("NVIDIA H200 NVL", 132, "H200"),
+    ("NVIDIA H100 NVL", 132, None),  # H100 in its name, 132 SMs, but HBM3 at 3.9 TB/s: not the SXM row
+    ("NVIDIA GH200 480GB", 132, None),  # H200 inside a word of its name: not the H200 row
+    ("NVIDIA H800", 132, None),
+    ("H100-SXM5-80GB", 132, "H100-SXM"),  # the name written another way
+    ("NVIDIA H200", 114, None),  # a row's model with another SM count (a partitioned card)
 ])
 def test_a_device_matches_by_its_name_and_sm_count(name, sms, row):
     card = ct.match_card(name, sms)
     assert (card.name if card else None) == row
+
+
+def test_every_card_row_names_a_model_of_the_spec_table():
+    """A row's model is one the name lookup can return, so no row is unreachable."""
+    from kvprof.core.devices import SPEC_BANDWIDTH
+
+    models = [e.model for e in SPEC_BANDWIDTH]
+    for card in ct.CARDS:
+        assert models.count(card.model) == 1, card
 
 
 @pytest.mark.parametrize("tables", [triton_tables.STORE_TABLES, rope_tables.ROPE_TABLES, layout_tables.MLA_TABLES,

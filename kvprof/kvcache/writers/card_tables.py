@@ -19,32 +19,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvprof.core.devices import spec_entry
+
 FALLBACK = "fallback"
 
 
 @dataclass(frozen=True)
 class Card:
-    """A card the tables have rows for: ``words`` all in the device's name, and ``sms`` its
-    multiprocessor count (None: any)."""
+    """A card the tables have rows for: ``model``, the spec table's model its rows were tuned
+    on (``kvprof.core.devices.SPEC_BANDWIDTH``), and ``sms`` its multiprocessor count (None: any)."""
 
     name: str
-    words: tuple[str, ...]
+    model: str
     sms: int | None
 
 
 CARDS: tuple[Card, ...] = (
-    Card("H200", ("H200",), 132),
-    Card("H100-SXM", ("H100",), 132),
+    Card("H200", "H200 (SXM and NVL, 141 GB HBM3e)", 132),
+    Card("H100-SXM", "H100 SXM (80 GB HBM3)", 132),
 )
 
 
 def match_card(device_name: str, sms: int | None) -> Card | None:
-    """The card row for a device name and SM count, or None."""
-    words = device_name.upper()
-    for card in CARDS:
-        if all(w.upper() in words for w in card.words) and (card.sms is None or card.sms == sms):
-            return card
-    return None
+    """The card row for a device name and SM count, or None: the name must read as the row's
+    model in the spec table, where a more specific model (``H100 NVL``) wins over ``H100``."""
+    spec = spec_entry(device_name)
+    if spec is None:
+        return None
+    return next((c for c in CARDS if c.model == spec.model and (c.sms is None or c.sms == sms)), None)
 
 
 _BY_INDEX: dict[int, tuple[str, str, int]] = {}
