@@ -33,7 +33,8 @@
 #              shapes and the same-size copies
 #   rope-stream the rope + store kernel's streaming cache hints (RopeConfig.stream) over launch shapes in
 #              both orders: its GPU tests (bitwise, the card's table included), then lab/rope_bench.py at
-#              4096 tokens and at 1-2048 beside the same-size copies (the H100 row's source)
+#              4096 tokens and at 1-2048 beside the same-size copies (the H100 row's source), and
+#              lab/rope_rows.py's picks over the two
 #   tune-store lab/tune_cards.py: every candidate launch shape of triton_fused at the bench grid's
 #              points, in graphs and after an L2 flush, beside store_cache; this card's rows by both
 #              modes (TUNE_BUDGET seconds for the sweep, default 300, less where the call's budget
@@ -158,6 +159,9 @@ $f@16.1.4ts,$f@16.1.4s,$f@8.1.4ts,$f@8.1.4s,$f@16.2.8ts,$f@32.1.8s,$f@8.1.8s,$f@
 run rope-stream 70 rope-stream-decode env ROPE_TOKENS=1,10,64,512,2048 ROPE_CAPTURES=3 ROPE_JSON=rope-stream-decode.json \
   OUT="$R" ROPE_VARIANTS=copy:5376,$f,$f@1.1.1s,$f@1.1.1ts,$f@1.2.4s,$f@2.1.2ts,$f@4.1.4ts,$f@8.1.4t,$f@8.1.4ts,\
 $f@8.1.4s,$f@16.1.8s,$f@16.1.8ts,$f@8.1.8ts python3 lab/rope_bench.py
+# the row's entries by least regret over this call's two files (lab/rope_rows.py; with earlier
+# runs' files beside them off the card)
+run rope-stream 20 rope-stream-rows python3 lab/rope_rows.py "$R/rope-stream-decode.json" "$R/rope-stream-4096.json"
 # the sweep's own budget within what the part has left, with a minute for its report
 left=$(( budget - (SECONDS - start) - 5 )); [ "$left" -gt 400 ] && left=400
 tune=${TUNE_BUDGET:-300}; [ "$tune" -gt $(( left - 60 )) ] && tune=$(( left - 60 )); [ "$tune" -lt 1 ] && tune=1
