@@ -13,8 +13,8 @@ time). Forced shapes are the ``rope_triton_fused@T.H.W[t][s][pN]`` variants; the
 ``rope_triton_fused`` and the copies and rotaries are left out (their shape is not in the
 run's JSON). Prints each count's shapes with every run's time and regret, then the picks as
 the row's entries (consecutive counts with one pick merged; a measured count is each entry's
-bound: counts between two measured ones take the larger's pick, untimed). JSON may be gzipped.
-Bad input: one line, exit 2.
+bound: counts between two measured ones take the larger's pick, untimed). A run is its JSON or
+the table it printed, either gzipped. Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -37,21 +37,50 @@ class RowsError(Exception):
     """Bad input: one line for the user."""
 
 
+TEXT_ROW = re.compile(r"(\S+)\s+(\d+)\s+(\S+)\s")  # rope_bench's printed table: variant, tokens, graph µs
+
+
 def load_run(path: Path) -> dict[int, dict[str, float]]:
-    """tokens -> forced shape -> graph µs of one rope_bench JSON."""
+    """tokens -> forced shape -> graph µs of one rope_bench run: its JSON, or the table it
+    printed (runs before the JSON was written), either gzipped."""
     try:
         raw = path.read_bytes()
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
     except (OSError, EOFError, ValueError) as exc:
+        raise RowsError(f"{path}: cannot read it ({type(exc).__name__}: {exc})") from None
+    if not text.lstrip().startswith("{"):
+        return _from_table(path, text)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
         raise RowsError(f"{path}: not a rope_bench JSON ({type(exc).__name__}: {exc})") from None
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list):
         raise RowsError(f"{path}: not a rope_bench JSON (no results list)")
+    rows = [(r.get("variant"), r.get("tokens"), r.get("graph_us")) for r in results if isinstance(r, dict)]
+    return _collect(path, rows)
+
+
+def _from_table(path: Path, text: str) -> dict[int, dict[str, float]]:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.split()[:4] == ["variant", "tokens", "graph", "us"]), None)
+    if start is None:
+        raise RowsError(f"{path}: neither a rope_bench JSON nor its printed table "
+                        "(no 'variant tokens graph us' header)")
+    rows: list[tuple[Any, Any, Any]] = []
+    for line in lines[start + 1:]:
+        m = TEXT_ROW.match(line)
+        if m and SHAPE.fullmatch(m[1]):
+            try:
+                rows.append((m[1], int(m[2]), float(m[3])))
+            except ValueError:
+                raise RowsError(f"{path}: {m[1]} has no number for graph µs at {m[2]} tokens") from None
+    return _collect(path, rows)
+
+
+def _collect(path: Path, rows: list[tuple[Any, Any, Any]]) -> dict[int, dict[str, float]]:
     run: dict[int, dict[str, float]] = {}
-    for r in results:
-        if not isinstance(r, dict):
-            continue
-        variant, tokens, us = r.get("variant"), r.get("tokens"), r.get("graph_us")
+    for variant, tokens, us in rows:
         if not (isinstance(variant, str) and SHAPE.fullmatch(variant)):
             continue
         if not isinstance(tokens, int) or not isinstance(us, (int, float)) or not us > 0:

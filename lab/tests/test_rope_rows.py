@@ -1,5 +1,6 @@
-"""lab/rope_rows.py: the least-regret launch shape over several rope_bench runs, its bad-input
-errors, and the committed H100 runs giving the H100 rope row's entries."""
+"""lab/rope_rows.py: the least-regret launch shape over several rope_bench runs (their JSON or
+printed tables), its bad-input errors, and the committed runs giving the H100 and H200 rope rows'
+entries."""
 
 from __future__ import annotations
 
@@ -70,9 +71,12 @@ def test_equal_regrets_go_to_the_smaller_median_and_equal_picks_merge(rr, tmp_pa
 
 
 @pytest.mark.parametrize("content,args,says", [
-    (None, [], "not a rope_bench JSON (FileNotFoundError"),
-    (b"not json", [], "not a rope_bench JSON (JSONDecodeError"),
-    (b"\x1f\x8b\x08 truncated", [], "not a rope_bench JSON"),
+    (None, [], "cannot read it (FileNotFoundError"),
+    (b"not json", [], "neither a rope_bench JSON nor its printed table"),
+    (b"{not json", [], "not a rope_bench JSON (JSONDecodeError"),
+    (b"\x1f\x8b\x08 truncated", [], "cannot read it"),
+    (b"\xff\xfe binary", [], "cannot read it (UnicodeDecodeError"),
+    (b"variant tokens graph us\nrope_triton_fused@8.1.4  64  n/a  0.1\n", [], "has no number for graph"),
     (b'{"results": 3}', [], "no results list"),
     (b'{"results": [{"variant": "rope_triton_fused@8.1.4", "tokens": 64, "graph_us": -1}]}', [],
      "no positive graph_us"),
@@ -94,6 +98,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, content, args, says):
     assert len(lines) == 1 and lines[0].startswith("rope_rows: ") and says in lines[0], proc.stderr
 
 
+def test_a_printed_table_reads_as_its_json(rr, tmp_path):
+    table = ("NVIDIA H200, torch 2.11.0+cu130; 80 layers ...\n"
+             "variant                    tokens  graph us     IQR      min      max  eager us  host us  path\n"
+             "store:triton_fused              1     0.592   0.008    0.586    0.599    43.675   43.422  fused\n"
+             "rope_triton_fused               1     0.895   0.025    0.891    0.899    84.519   83.652  rope\n"
+             "rope_triton_fused@1.1.1         1     0.902   0.016    0.895    0.909    84.174   83.395  rope\n"
+             "rope_triton_fused@8.1.4ts      64     1.202   0.016    0.895    0.909    84.174   83.395  rope\n"
+             "  rope_cuda_fused: not run (needs CUDA)\n"
+             "wrote /tmp/out/rope-bench.json (12 s)\n")
+    (tmp_path / "run.txt").write_text(table)
+    (tmp_path / "run.txt.gz").write_bytes(gzip.compress(table.encode()))
+    expect = {1: {"1.1.1": 0.902}, 64: {"8.1.4ts": 1.202}}
+    assert rr.load_run(tmp_path / "run.txt") == expect == rr.load_run(tmp_path / "run.txt.gz")
+
+
 def test_the_committed_h100_runs_give_the_h100_rope_rows_entries(rr):
     """The H100 row's entries at 10-4096 tokens are what the tool picks from the runs its
     comment names (rope_tables.py), so a row edited without a run to back it fails here."""
@@ -111,3 +130,14 @@ def test_the_committed_h100_runs_give_the_h100_rope_rows_entries(rr):
         for tokens in counts:
             pick = rr.rank(runs, tokens)[0]["shape"]
             assert rr.shape_config(pick) == pick_rope_config(128, tokens, card="H100-SXM"), tokens
+
+
+def test_the_committed_h200_runs_give_the_h200_rope_rows_entries(rr):
+    """The H200 row (the fallback too) from its two printed tables of 2026-12-04: its shapes at
+    10, 64, 512 and 4096 tokens are the tool's picks."""
+    from kvprof.kvcache.writers.rope_tables import pick_rope_config
+
+    runs = [rr.load_run(RESULTS / f"rope-tune-{part}-2026-12-04.txt") for part in ("decode", "prefill")]
+    for tokens in (10, 64, 512, 4096):
+        pick = rr.rank(runs, tokens)[0]["shape"]
+        assert rr.shape_config(pick) == pick_rope_config(128, tokens, card="H200"), tokens

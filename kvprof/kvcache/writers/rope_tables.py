@@ -83,7 +83,8 @@ ROPE_TABLE: RopeTable = [
 # 9.016 / 8.981 against 9.150 / 9.185 without the hints; 2048: 5.196 / 5.194 against 5.400).
 # Persistent grids of 1-16 programs per SM were slower at 512 and 4096 tokens (10.06 µs and more
 # at 4096). Past 4096 tokens the H200 row's shape stays (not timed). The picks at 10-4096 tokens
-# are lab/rope_rows.py's over those runs (lab/tests/test_rope_rows.py).
+# are lab/rope_rows.py's over those runs, as the H200 row's are over its 2026-12-04 runs
+# (lab/tests/test_rope_rows.py).
 ROPE_TABLE_H100_SXM: RopeTable = [
     (128, 16, RopeConfig(1, 1, 1, token_major=True, stream=True)),
     (128, 512, RopeConfig(8, 1, 4, token_major=True, stream=True)),
