@@ -40,6 +40,7 @@ Environment: ``CARDS_SHAPES`` (``32x128,8x128,1x128``), ``CARDS_DTYPES`` (``bf16
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import statistics
@@ -441,17 +442,26 @@ def report(docs: list[dict], card_rows: bool = False) -> None:
             print(rows_source(f"{'FP8' if fp8 else 'B16'}_FALLBACK", rows[fp8]))
 
 
+def read_cards(name: str) -> dict:
+    """One card's sweep (``cards-*.json``, as written, or gzipped as committed), checked for
+    what ``report`` reads."""
+    try:
+        raw = Path(name).read_bytes()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, ValueError) as exc:
+        fail(f"cannot read {name}: {oneline(exc)}")
+    if not (isinstance(doc, dict) and isinstance(doc.get("points"), list) and isinstance(doc.get("device"), str)
+            and isinstance(doc.get("grid"), dict) and isinstance(doc["grid"].get("tokens"), list)
+            and all(isinstance(p, dict) for p in doc["points"])):
+        fail(f"cannot read {name}: not a tune_cards sweep (needs device, grid.tokens and a points list)")
+    return doc
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--derive"]:
         if len(argv) < 2:
             fail("--derive needs one or more cards-*.json files")
-        docs = []
-        for name in argv[1:]:
-            try:
-                docs.append(json.loads(Path(name).read_text()))
-            except (OSError, ValueError) as exc:
-                fail(f"cannot read {name}: {exc}")
-        report(docs)
+        report([read_cards(name) for name in argv[1:]])
         return
     if argv:
         fail(f"unknown arguments {' '.join(argv)} (none, or --derive FILE...)")

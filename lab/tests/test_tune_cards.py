@@ -110,9 +110,33 @@ def test_derive_prints_every_card_and_the_fallback(tc, tmp_path):
     assert "kept from the current row" in r.stdout  # the grid had 32x128 only
 
 
+def test_the_committed_h100_sweeps_give_the_h100_store_rows(tc, capsys):
+    """The H100-SXM store row is what --derive makes of the sweeps SOURCES names (gzipped as
+    committed): the 8x128 and 32x128 classes from one, the 1x128 class from the other, each
+    keeping the classes it did not measure; a row edited without a sweep fails here."""
+    from kvprof.kvcache.writers import triton_tables
+
+    results = LAB / "results"
+    committed = tc.current_rows("H100-SXM")
+    measured: set[int] = set()
+    for sweep in ("h100-2026-12-07f/a-order-tune", "h100-2026-12-07g/c-tune-1x128"):
+        path = results / sweep / "cards-H100-SXM.json.gz"
+        assert str(path.relative_to(LAB.parent)) in triton_tables.SOURCES["H100-SXM"]
+        doc = tc.read_cards(str(path))
+        rows, kept = tc.derive_rows(doc["points"], committed, doc["grid"]["tokens"])
+        assert rows == committed, sweep
+        measured |= {cls for cls, _, _ in committed[False]} - set(kept[False])
+    assert measured == {cls for cls, _, _ in committed[False]}  # every class from a sweep, none only kept
+    tc.report([tc.read_cards(str(results / "h100-2026-12-07f/a-order-tune/cards-H100-SXM.json.gz"))])
+    assert "B16_H100_SXM: Table = [" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args, env, words", [
     (["--derive"], {}, "--derive needs one or more"),
     (["--derive", "/nonexistent.json"], {}, "cannot read /nonexistent.json"),
+    (["--derive", str(LAB / "README.md")], {}, "README.md: JSONDecodeError"),
+    (["--derive", str(LAB / "results" / "h100-2026-12-07f" / "a-order-tune" / "rope-order-4096.json")], {},
+     "not a tune_cards sweep"),
     ([], {"CARDS_CAPTURES": "x"}, "CARDS_CAPTURES must be an integer"),
     ([], {"CARDS_TOKENS": "1,x"}, "cannot read CARDS_TOKENS"),
     ([], {"CARDS_COLD": "some"}, "CARDS_COLD must be all or best, got 'some'"),
