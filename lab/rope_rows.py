@@ -2,7 +2,7 @@
 """A card's rope row from several ``lab/rope_bench.py`` runs: at each token count, the launch
 shape with the least regret over the runs.
 
-    python lab/rope_rows.py RUN.json [RUN.json ...] [--tokens 10,64]
+    python lab/rope_rows.py RUN [RUN ...] [--tokens 10,64] [--show 6]   # RUN: rope-bench.json or its .txt
 
 Why over runs: at a few tokens the forced shapes' order changes from one run to the next by
 more than they differ within a run (the H100 row at 17-64 tokens, docs/layouts.md), so one
@@ -10,8 +10,8 @@ run's fastest is not a pick. The candidates at a token count are the shapes time
 run that timed that count; a candidate's regret is the largest, over those runs, of its time
 over the run's fastest candidate, and the pick is the least regret (ties: the smaller median
 time). Forced shapes are the ``rope_triton_fused@T.H.W[t][s][pN]`` variants; the table's own
-``rope_triton_fused`` and the copies and rotaries are left out (their shape is not in the
-run's JSON). Prints each count's shapes with every run's time and regret, then the picks as
+``rope_triton_fused`` and the copies and rotaries are left out (a run does not record the
+table's shape). Prints each count's shapes with every run's time and regret, then the picks as
 the row's entries (consecutive counts with one pick merged; a measured count is each entry's
 bound: counts between two measured ones take the larger's pick, untimed). A run is its JSON or
 the table it printed, either gzipped. Bad input: one line, exit 2.
@@ -135,11 +135,13 @@ def entries(picks: list[tuple[int, str, float]]) -> list[tuple[int, str, list[fl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="rope_bench JSON files (one per run)")
+    ap.add_argument("runs", nargs="+", type=Path, help="rope_bench runs: each its JSON or the table it printed")
     ap.add_argument("--tokens", help="token counts to rank (default: every count a run timed)")
     ap.add_argument("--show", type=int, default=6, help="shapes shown per token count (default 6)")
     args = ap.parse_args(argv)
     try:
+        if args.show < 1:
+            raise RowsError(f"--show takes a count of at least 1, got {args.show}")
         runs = [load_run(p) for p in args.runs]
         counts = sorted({t for run in runs for t in run})
         if args.tokens:

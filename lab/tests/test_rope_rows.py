@@ -85,6 +85,8 @@ def test_equal_regrets_go_to_the_smaller_median_and_equal_picks_merge(rr, tmp_pa
      "no run timed a forced shape at [4096] tokens (timed: [64])"),
     (b'{"results": [{"variant": "rope_triton_fused@8.1.4", "tokens": 64, "graph_us": 1}]}', ["--tokens", "6x"],
      "--tokens takes integers"),
+    (b'{"results": [{"variant": "rope_triton_fused@8.1.4", "tokens": 64, "graph_us": 1}]}', ["--show", "0"],
+     "--show takes a count of at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, content, args, says):
     path = tmp_path / "run.json"
