@@ -25,6 +25,7 @@ import json
 import re
 import statistics
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def load_run(path: Path) -> dict[int, dict[str, float]]:
     try:
         raw = path.read_bytes()
         text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
-    except (OSError, EOFError, ValueError) as exc:
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
         raise RowsError(f"{path}: cannot read it ({type(exc).__name__}: {exc})") from None
     if not text.lstrip().startswith("{"):
         return _from_table(path, text)

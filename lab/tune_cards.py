@@ -46,6 +46,7 @@ import os
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -448,7 +449,7 @@ def read_cards(name: str) -> dict:
     try:
         raw = Path(name).read_bytes()
         doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, EOFError, ValueError) as exc:
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
         fail(f"cannot read {name}: {oneline(exc)}")
     if not (isinstance(doc, dict) and isinstance(doc.get("points"), list) and isinstance(doc.get("device"), str)
             and isinstance(doc.get("grid"), dict) and isinstance(doc["grid"].get("tokens"), list)

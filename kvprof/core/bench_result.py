@@ -13,13 +13,17 @@ Torch-free: the dashboard and the renderers read results without importing the w
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from kvprof.core.readers import GZIP_MAGIC
 
 BENCH_KIND = "kvprof-bench"
 BENCH_SCHEMA = "kvprof.bench/1"  # bench.json's "schema" (docs/formats.md)
@@ -231,7 +235,13 @@ class BenchResult:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any] | bytes | str) -> BenchResult:
-        """A ``bench.json`` document (parsed, or its bytes); ValueError if it is not one."""
+        """A ``bench.json`` document (parsed, or its bytes, gzipped as results are kept);
+        ValueError if it is not one."""
+        if isinstance(doc, bytes) and doc[:2] == GZIP_MAGIC:
+            try:
+                doc = gzip.decompress(doc)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise ValueError(f"not kvprof bench output (a broken gzip stream: {exc})") from None
         if isinstance(doc, (bytes, str)):
             doc = orjson.loads(doc)
         if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):

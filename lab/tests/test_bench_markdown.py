@@ -37,3 +37,24 @@ def test_bad_file_is_one_line(tmp_path, capsys):
     assert _module().main([str(bad)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no records" in err[0]
+
+
+def test_a_committed_gzipped_run_reads_as_its_json(capsys):
+    """Results are kept gzipped (lab/results/*/bench-*.json.gz): the same table as the plain file."""
+    import gzip
+
+    gz = ROOT / "lab" / "results" / "h100-2026-12-08b" / "bench-fp8-1x128.json.gz"
+    assert _module().main([str(gz)]) == 0
+    from_gz = capsys.readouterr().out
+    plain = Path(__import__("tempfile").mkdtemp()) / "bench.json"
+    plain.write_bytes(gzip.decompress(gz.read_bytes()))
+    assert _module().main([str(plain)]) == 0
+    assert capsys.readouterr().out == from_gz and from_gz.count("\n") == 2 + 3
+
+
+def test_a_broken_gzip_stream_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bench.json.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00 not the rest of a stream")
+    assert _module().main([str(bad)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a broken gzip stream" in err[0]

@@ -75,6 +75,7 @@ def test_equal_regrets_go_to_the_smaller_median_and_equal_picks_merge(rr, tmp_pa
     (b"not json", [], "neither a rope_bench JSON nor its printed table"),
     (b"{not json", [], "not a rope_bench JSON (JSONDecodeError"),
     (b"\x1f\x8b\x08 truncated", [], "cannot read it"),
+    (b"\x1f\x8b\x08\x00 not the rest of a stream", [], "cannot read it"),
     (b"\xff\xfe binary", [], "cannot read it (UnicodeDecodeError"),
     (b"variant tokens graph us\nrope_triton_fused@8.1.4  64  n/a  0.1\n", [], "has no number for graph"),
     (b'{"results": 3}', [], "no results list"),

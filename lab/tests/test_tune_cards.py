@@ -135,6 +135,7 @@ def test_the_committed_h100_sweeps_give_the_h100_store_rows(tc, capsys):
     (["--derive"], {}, "--derive needs one or more"),
     (["--derive", "/nonexistent.json"], {}, "cannot read /nonexistent.json"),
     (["--derive", str(LAB / "README.md")], {}, "README.md: JSONDecodeError"),
+    (["--derive", str(LAB / "results" / "layer.txt.gz")], {}, "layer.txt.gz: "),
     (["--derive", str(LAB / "results" / "h100-2026-12-07f" / "a-order-tune" / "rope-order-4096.json")], {},
      "not a tune_cards sweep"),
     ([], {"CARDS_CAPTURES": "x"}, "CARDS_CAPTURES must be an integer"),
