@@ -303,7 +303,9 @@ def main() -> int:
         register_floor()
         if args.report:
             try:
-                report(json.loads(Path(args.report).read_text()))
+                from kvprof.core.files import gunzipped
+
+                report(json.loads(gunzipped(Path(args.report).read_bytes())))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise UsageError(f"--report {args.report}: cannot read it ({type(exc).__name__}: {exc})") from None
             return 0

@@ -20,12 +20,10 @@ the table it printed, either gzipped. Bad input: one line, exit 2.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import statistics
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +42,11 @@ TEXT_ROW = re.compile(r"(\S+)\s+(\d+)\s+(\S+)\s")  # rope_bench's printed table:
 def load_run(path: Path) -> dict[int, dict[str, float]]:
     """tokens -> forced shape -> graph µs of one rope_bench run: its JSON, or the table it
     printed (runs before the JSON was written), either gzipped."""
+    from kvprof.core.files import gunzipped
+
     try:
-        raw = path.read_bytes()
-        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
-    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        text = gunzipped(path.read_bytes()).decode()
+    except (OSError, ValueError) as exc:
         raise RowsError(f"{path}: cannot read it ({type(exc).__name__}: {exc})") from None
     if not text.lstrip().startswith("{"):
         return _from_table(path, text)

@@ -40,13 +40,11 @@ Environment: ``CARDS_SHAPES`` (``32x128,8x128,1x128``), ``CARDS_DTYPES`` (``bf16
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import statistics
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -446,10 +444,11 @@ def report(docs: list[dict], card_rows: bool = False) -> None:
 def read_cards(name: str) -> dict:
     """One card's sweep (``cards-*.json``, as written, or gzipped as committed), checked for
     what ``report`` reads."""
+    from kvprof.core.files import gunzipped
+
     try:
-        raw = Path(name).read_bytes()
-        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        doc = json.loads(gunzipped(Path(name).read_bytes()))
+    except (OSError, ValueError) as exc:
         fail(f"cannot read {name}: {oneline(exc)}")
     if not (isinstance(doc, dict) and isinstance(doc.get("points"), list) and isinstance(doc.get("device"), str)
             and isinstance(doc.get("grid"), dict) and isinstance(doc["grid"].get("tokens"), list)

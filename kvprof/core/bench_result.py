@@ -13,9 +13,7 @@ Torch-free: the dashboard and the renderers read results without importing the w
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from kvprof.core.readers import GZIP_MAGIC
+from kvprof.core.files import gunzipped
 
 BENCH_KIND = "kvprof-bench"
 BENCH_SCHEMA = "kvprof.bench/1"  # bench.json's "schema" (docs/formats.md)
@@ -237,11 +235,11 @@ class BenchResult:
     def from_json(cls, doc: dict[str, Any] | bytes | str) -> BenchResult:
         """A ``bench.json`` document (parsed, or its bytes, gzipped as results are kept);
         ValueError if it is not one."""
-        if isinstance(doc, bytes) and doc[:2] == GZIP_MAGIC:
+        if isinstance(doc, bytes):
             try:
-                doc = gzip.decompress(doc)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise ValueError(f"not kvprof bench output (a broken gzip stream: {exc})") from None
+                doc = gunzipped(doc)
+            except ValueError as exc:
+                raise ValueError(f"not kvprof bench output ({exc})") from None
         if isinstance(doc, (bytes, str)):
             doc = orjson.loads(doc)
         if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):

@@ -6,12 +6,15 @@ device named as a trace is refused with one line instead of hanging the command.
 
 from __future__ import annotations
 
+import gzip
 import os
 import stat
+import zlib
 from pathlib import Path
 from typing import IO
 
 from kvprof.core.errors import TraceError, UsageError
+from kvprof.core.readers import GZIP_MAGIC
 
 
 def file_type(mode: int) -> str:
@@ -78,3 +81,14 @@ def read_bounded(path: Path, what: str) -> bytes:
         raise TraceError(f"{path}: {what} larger than {limit / 2**20:g} MiB, the most a trace may hold "
                          f"({MAX_TRACE_MB_ENV} raises it)")
     return data
+
+
+def gunzipped(data: bytes) -> bytes:
+    """``data`` decompressed if it is a gzip stream (results are kept gzipped), else as it is;
+    ValueError naming a broken stream (zlib's own error is no OSError or ValueError)."""
+    if data[:2] != GZIP_MAGIC:
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"a broken gzip stream ({exc})") from None

@@ -52,6 +52,15 @@ def test_report_reprints_a_saved_run(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, lot.__file__, "--report", str(bad)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and "cannot read it" in r.stderr and "Traceback" not in r.stderr
+    broken = tmp_path / "x.json.gz"
+    broken.write_bytes(b"\x1f\x8b\x08\x00 not the rest of a stream")
+    r = subprocess.run([sys.executable, lot.__file__, "--report", str(broken)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "a broken gzip stream" in r.stderr and "Traceback" not in r.stderr
+    kept = Path(lot.__file__).parent / "results" / "h100-2026-12-08b" / "layer-own-time.json.gz"  # as results are kept
+    r = subprocess.run([sys.executable, lot.__file__, "--report", str(kept)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "fp8 cache: each fused writer's saving" in r.stdout, r.stderr
 
 
 @pytest.mark.slow
