@@ -7,6 +7,7 @@ device named as a trace is refused with one line instead of hanging the command.
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import stat
 import zlib
@@ -85,10 +86,19 @@ def read_bounded(path: Path, what: str) -> bytes:
 
 def gunzipped(data: bytes) -> bytes:
     """``data`` decompressed if it is a gzip stream (results are kept gzipped), else as it is;
-    ValueError naming a broken stream (zlib's own error is no OSError or ValueError)."""
+    ValueError naming a broken stream (zlib's own error is no OSError or ValueError) or one
+    that inflates past the size a trace may have (``KVPROF_MAX_TRACE_MB``, as ``read_bounded``)."""
     if data[:2] != GZIP_MAGIC:
         return data
+    from kvprof.core.schema import MAX_TRACE_MB_ENV, max_trace_bytes
+
+    limit = max_trace_bytes()
     try:
-        return gzip.decompress(data)
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as fh:
+            out = fh.read(limit + 1)
     except (OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"a broken gzip stream ({exc})") from None
+    if len(out) > limit:
+        raise ValueError(f"a gzip stream larger than {limit / 2**20:g} MiB once inflated "
+                         f"({MAX_TRACE_MB_ENV} raises it)")
+    return out

@@ -39,14 +39,14 @@ def test_bad_file_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and "no records" in err[0]
 
 
-def test_a_committed_gzipped_run_reads_as_its_json(capsys):
+def test_a_committed_gzipped_run_reads_as_its_json(tmp_path, capsys):
     """Results are kept gzipped (lab/results/*/bench-*.json.gz): the same table as the plain file."""
     import gzip
 
     gz = ROOT / "lab" / "results" / "h100-2026-12-08b" / "bench-fp8-1x128.json.gz"
     assert _module().main([str(gz)]) == 0
     from_gz = capsys.readouterr().out
-    plain = Path(__import__("tempfile").mkdtemp()) / "bench.json"
+    plain = tmp_path / "bench.json"
     plain.write_bytes(gzip.decompress(gz.read_bytes()))
     assert _module().main([str(plain)]) == 0
     assert capsys.readouterr().out == from_gz and from_gz.count("\n") == 2 + 3
@@ -58,3 +58,14 @@ def test_a_broken_gzip_stream_is_one_line(tmp_path, capsys):
     assert _module().main([str(bad)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a broken gzip stream" in err[0]
+
+
+def test_a_stream_that_inflates_past_the_trace_limit_is_one_line(tmp_path, capsys, monkeypatch):
+    import gzip
+
+    monkeypatch.setenv("KVPROF_MAX_TRACE_MB", "1")
+    big = tmp_path / "bench.json.gz"
+    big.write_bytes(gzip.compress(b'{"records": [], "pad": "' + b"x" * (2 << 20) + b'"}'))
+    assert _module().main([str(big)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "larger than 1 MiB once inflated" in err[0]
